@@ -1,0 +1,130 @@
+// lime.h — the interface of lime.cu: LIMe (Layer-Integrated Memory) and its
+// LLaMa baseline, one model, one code path. The math is ../shared/SPEC.md;
+// shape names follow it: B batch, T positions, V vocabulary, L layers,
+// d width, H query heads, R key/value heads, hd head size, F SwiGLU size.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+enum Arch { ARCH_LLAMA = 0, ARCH_LIME = 1 };
+
+struct Config {
+    int V = 0, L = 0, d = 0, H = 0, R = 0, hd = 0, F = 0;
+    int T = 0;                        // max_position_embeddings: longest sequence
+    Arch arch = ARCH_LIME;
+    float rope_theta = 10000.0f;
+    float eps = 1e-6f;                // RMSNorm
+};
+
+// "" when the shapes are consistent, else one line naming the problem and the fix.
+std::string config_check(const Config& c);
+// Layer l mixes the KV buffer through a router: LIMe, every layer but the first.
+inline bool has_router(const Config& c, int l) { return c.arch == ARCH_LIME && l >= 1; }
+const char* arch_name(Arch a);
+bool arch_parse(const std::string& s, Arch* out);
+
+// ---------------------------------------------------------------------------
+// Parameters: one float array, carved into named tensors in this order.
+enum Group { GROUP_MATRIX = 0, GROUP_EMBED_GAIN = 1, GROUP_ROUTER = 2 };  // AdamW groups (SPEC.md)
+
+struct TensorSpec {
+    std::string name;                 // HF LLaMa checkpoint name
+    std::vector<int> shape;
+    size_t offset = 0, numel = 0;     // in floats, inside the parameter array
+    Group group = GROUP_MATRIX;
+};
+std::vector<TensorSpec> param_specs(const Config& c);  // in memory order
+size_t param_count(const Config& c);
+
+struct LayerParams {
+    float* g_attn;   // (d)
+    float* Wq;       // (H*hd, d)
+    float* Wk;       // (R*hd, d)
+    float* Wv;       // (R*hd, d)
+    float* Wo;       // (d, H*hd)
+    float* router;   // (R, (l+1)*R), nullptr where the layer has none
+    float* g_mlp;    // (d)
+    float* Wg;       // (F, d)
+    float* Wu;       // (F, d)
+    float* Wd;       // (d, F)
+};
+struct Params {                       // views into one array: weights, grads, m or v alike
+    float* E = nullptr;               // (V, d), tied to the output layer
+    std::vector<LayerParams> layer;   // L of them
+    float* g_final = nullptr;         // (d)
+};
+Params params_carve(const Config& c, float* base);
+
+// ---------------------------------------------------------------------------
+// Optimiser and schedule (SPEC.md, Optimiser).
+struct AdamWConfig {
+    float lr = 1e-3f, router_lr = 1e-2f, weight_decay = 0.1f;
+    float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, grad_clip = 1.0f;
+};
+enum Schedule { SCHED_CONSTANT = 0, SCHED_COSINE = 1, SCHED_LINEAR = 2 };
+// Learning-rate factor of step s = 1, 2, ...: linear warmup, then cosine or linear decay.
+float lr_factor(int s, int warmup, int steps, Schedule sched, float min_lr_ratio);
+
+// ---------------------------------------------------------------------------
+// The model: parameters, gradients, AdamW state and activations, each one allocation.
+enum Device { DEVICE_CPU = 0, DEVICE_GPU = 1 };
+
+struct Acts;       // activations for backward, defined in lime.cu
+struct GpuState;   // device mirrors, defined in lime.cu's GPU part
+
+struct Model {
+    Config c;
+    int B = 0;                        // batch size the activations are sized for
+    Device device = DEVICE_CPU;
+    std::vector<TensorSpec> specs;
+    size_t n_params = 0;
+    float* params = nullptr;          // host copies (the CPU path works on these)
+    float* grads = nullptr;
+    float* m = nullptr;               // AdamW first moment
+    float* v = nullptr;               // AdamW second moment
+    Params p, g;                      // named views into params, grads
+    int step = 0;                     // optimiser steps taken
+    int cur_B = 0, cur_T = 0;         // batch shape of the last forward
+    Acts* acts = nullptr;
+    GpuState* gpu = nullptr;
+    float last_loss = 0, last_norm = 0;
+};
+
+// Allocate for batches of up to B sequences of up to c.T positions. "" or an error line.
+std::string model_create(Model* m, const Config& c, int B, Device dev);
+void model_free(Model* m);
+// SPEC.md initialisation. Each tensor draws from its own stream, seeded by
+// (seed, name): llama and lime built with one seed share every common tensor.
+void model_init(Model* m, uint64_t seed);
+// Forward over tokens (B, T) with T <= c.T. With targets (B, T) and mask (B, T)
+// it also computes the masked mean cross-entropy and returns it, else 0.
+float model_forward(Model* m, const int* tokens, const int* targets, const float* mask, int B, int T);
+const float* model_logits(Model* m);  // (B, T, V) of the last forward (host memory)
+// Backward of the last forward with targets: fills m->grads.
+void model_backward(Model* m);
+// Global gradient norm, clipping, AdamW with the three groups; returns the norm before clipping.
+float model_update(Model* m, const AdamWConfig& opt, float factor);
+// Copy host params/grads/optimiser state to/from the device (no-ops on the CPU).
+void model_to_device(Model* m);
+void model_to_host(Model* m);
+
+// Checkpoints: safetensors with HF names; metadata holds "config" and whatever the caller adds.
+std::string config_to_json(const Config& c);
+std::string config_from_json(const std::string& json, Config* c);  // "" or error
+// Writes to PATH.tmp, then renames. with_optim adds optim.m.*, optim.v.*, optim.step.
+std::string model_save(Model* m, const std::string& path, const std::map<std::string, std::string>& meta, bool with_optim);
+// Reads the config from a checkpoint without loading it.
+std::string checkpoint_read_config(const std::string& path, Config* c, std::map<std::string, std::string>* meta);
+// Loads weights (and optimiser state when with_optim) into a model created with the file's config.
+std::string model_load(Model* m, const std::string& path, bool with_optim);
+
+// Floating-point operations per token for one training step (forward + backward), router counted.
+double flops_per_token(const Config& c, int T);
+
+// Whether --device gpu can work in this build on this machine; if not, *why says so in one line.
+bool gpu_available(std::string* why);
+// Use TF32 tensor cores for the GPU's matrix products (default on; off for exact float32).
+void gpu_set_tf32(bool on);

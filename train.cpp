@@ -1,0 +1,1035 @@
+// train.cpp — the command-line program `./lime`: train, eval, sample, data,
+// verify and bench, each with --help. The model lives in lime.cu, the tasks
+// in data/; this file reads flags, moves data in and out, and reports.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "data/tasks.h"
+#include "lime.h"
+#include "safetensors.h"
+
+// ===========================================================================
+// Flags: each subcommand lists its flags with defaults and help; anything
+// else is refused with one line that names it.
+// ===========================================================================
+
+struct FlagSpec {
+    const char* name;
+    const char* def;   // nullptr: a switch (no value); "" : no default
+    const char* help;
+};
+
+struct Args {
+    std::string cmd;
+    std::map<std::string, std::vector<std::string>> values;  // a flag may repeat (eval --load A --load B)
+    std::set<std::string> given;
+    std::vector<std::string> positional;
+    std::string err;  // the first problem found; checked once all flags are read
+
+    bool has(const std::string& name) const { return given.count(name) > 0; }
+    std::string str(const std::string& name) const {
+        auto it = values.find(name);
+        return it == values.end() || it->second.empty() ? "" : it->second.back();
+    }
+    void fail(const std::string& msg) { if (err.empty()) err = msg; }
+    long long integer(const std::string& name, long long lo, long long hi) {
+        std::string s = str(name);
+        char* end = nullptr;
+        long long v = strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end) { fail("--" + name + " '" + s + "' is not an integer"); return lo; }
+        if (v < lo || v > hi) {
+            fail("--" + name + " " + s + " is out of range; use " + std::to_string(lo) + " .. " + std::to_string(hi));
+            return lo;
+        }
+        return v;
+    }
+    double number(const std::string& name, double lo, double hi) {
+        std::string s = str(name);
+        char* end = nullptr;
+        double v = strtod(s.c_str(), &end);
+        if (s.empty() || *end || !std::isfinite(v)) { fail("--" + name + " '" + s + "' is not a number"); return lo; }
+        if (v < lo || v > hi) {
+            char buf[200];
+            snprintf(buf, sizeof buf, "--%s %s is out of range; use %g .. %g", name.c_str(), s.c_str(), lo, hi);
+            fail(buf);
+            return lo;
+        }
+        return v;
+    }
+    std::string choice(const std::string& name, const std::vector<std::string>& options) {
+        std::string s = str(name);
+        for (const std::string& o : options) if (s == o) return s;
+        std::string all;
+        for (const std::string& o : options) all += (all.empty() ? "" : "|") + o;
+        fail("--" + name + " '" + s + "' is not one of " + all);
+        return options[0];
+    }
+};
+
+static void print_help(const char* cmd, const char* summary, const std::vector<FlagSpec>& flags) {
+    printf("usage: ./lime %s [flags]\n%s\n\nflags:\n", cmd, summary);
+    for (const FlagSpec& f : flags) {
+        std::string left = std::string("--") + f.name + (f.def ? " X" : "");
+        printf("  %-20s %s", left.c_str(), f.help);
+        if (f.def && *f.def) printf(" (default %s)", f.def);
+        printf("\n");
+    }
+}
+
+static void die(const std::string& cmd, const std::string& msg) {
+    fprintf(stderr, "lime %s: error: %s\n", cmd.c_str(), msg.c_str());
+    exit(2);
+}
+
+// Parses argv into args; --help prints the flags and exits 0.
+static Args parse_args(const std::string& cmd, const char* summary, const std::vector<FlagSpec>& flags, int argc, char** argv,
+                       bool positional_ok) {
+    Args a;
+    a.cmd = cmd;
+    std::map<std::string, const FlagSpec*> known;
+    for (const FlagSpec& f : flags) {
+        known[f.name] = &f;
+        if (f.def && *f.def) a.values[f.name] = {f.def};
+    }
+    for (int i = 0; i < argc; i++) {
+        std::string tok = argv[i];
+        if (tok == "--help" || tok == "-h") { print_help(cmd.c_str(), summary, flags); exit(0); }
+        if (tok.rfind("--", 0) != 0) {
+            if (!positional_ok) die(cmd, "unexpected argument '" + tok + "'; flags start with --, see ./lime " + cmd + " --help");
+            a.positional.push_back(tok);
+            continue;
+        }
+        std::string name = tok.substr(2), value;
+        size_t eq = name.find('=');
+        bool inline_value = eq != std::string::npos;
+        if (inline_value) { value = name.substr(eq + 1); name = name.substr(0, eq); }
+        auto it = known.find(name);
+        if (it == known.end()) die(cmd, "unknown flag --" + name + "; see ./lime " + cmd + " --help");
+        if (!it->second->def) {  // a switch
+            if (inline_value) die(cmd, "--" + name + " takes no value");
+            a.values[name] = {"1"};
+        } else {
+            if (!inline_value) {
+                if (i + 1 >= argc) die(cmd, "--" + name + " needs a value; see ./lime " + cmd + " --help");
+                value = argv[++i];
+            }
+            if (!a.given.count(name)) a.values[name].clear();  // the first given value replaces the default
+            a.values[name].push_back(value);
+        }
+        a.given.insert(name);
+    }
+    return a;
+}
+
+static void set_threads(Args& a) {
+    int n = (int)a.integer("threads", 0, 1024);
+#ifdef _OPENMP
+    if (n > 0) omp_set_num_threads(n);
+#else
+    (void)n;
+#endif
+}
+
+static Device pick_device(Args& a) {
+    std::string d = a.choice("device", {"auto", "cpu", "gpu"});
+    std::string why;
+    if (d == "cpu") return DEVICE_CPU;
+    bool ok = gpu_available(&why);
+    if (d == "gpu" && !ok) die(a.cmd, "--device gpu: " + why);
+    return ok ? DEVICE_GPU : DEVICE_CPU;
+}
+
+static double now_ms() {
+    using namespace std::chrono;
+    return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+static std::string fmt(const char* f, double v) {
+    char buf[64];
+    snprintf(buf, sizeof buf, f, v);
+    return buf;
+}
+
+static std::string duration_str(double seconds) {
+    int s = (int)std::lround(seconds);
+    char buf[32];
+    if (s >= 3600) snprintf(buf, sizeof buf, "%dh%02dm", s / 3600, s / 60 % 60);
+    else if (s >= 60) snprintf(buf, sizeof buf, "%dm%02ds", s / 60, s % 60);
+    else snprintf(buf, sizeof buf, "%ds", s);
+    return buf;
+}
+
+// ===========================================================================
+// Tasks: built from flags, or rebuilt from a checkpoint's metadata
+// ===========================================================================
+
+struct Task {
+    std::string kind;                       // "arith" or "text"
+    ArithData arith;
+    TextData text;
+    Vocab vocab;
+    const std::vector<Sequence>* train = nullptr;
+    const std::vector<Sequence>* test = nullptr;
+    int T = 0;                               // positions a model needs
+    std::map<std::string, std::string> settings;  // what rebuilds it: stored in checkpoints
+};
+
+static const std::vector<FlagSpec> TASK_FLAGS = {
+    {"task", "arith", "arith (TASKS.md 1) or text (TASKS.md 3)"},
+    {"ops", "4", "arith: operators per question, the tier k"},
+    {"modulus", "11", "arith: the prime p"},
+    {"format", "chain", "arith: chain (chain of thought) or direct"},
+    {"train-size", "20000", "arith: training examples"},
+    {"test-size", "500", "arith: test examples"},
+    {"data-seed", "1", "arith: seed of the generated data"},
+    {"text-file", "", "text: a UTF-8 file to model byte by byte"},
+    {"val-frac", "0.1", "text: held-out tail for validation"},
+};
+
+static std::string task_build(const std::map<std::string, std::string>& s, int text_T, Task* t) {
+    auto get = [&](const char* k) { auto it = s.find(k); return it == s.end() ? std::string() : it->second; };
+    t->kind = get("task");
+    t->settings = s;
+    if (t->kind == "arith") {
+        ArithSettings as;
+        as.p = atoi(get("modulus").c_str());
+        as.ops = atoi(get("ops").c_str());
+        as.chain = get("format") != "direct";
+        as.train_size = atoi(get("train-size").c_str());
+        as.test_size = atoi(get("test-size").c_str());
+        as.seed = strtoull(get("data-seed").c_str(), nullptr, 10);
+        std::string err = arith_check_settings(as);
+        if (err.empty()) err = arith_generate(as, &t->arith);
+        if (!err.empty()) return err;
+        t->vocab = t->arith.vocab;
+        t->train = &t->arith.train;
+        t->test = &t->arith.test;
+        t->T = t->arith.seq_len;
+        return "";
+    }
+    if (t->kind == "text") {
+        std::string path = get("text-file");
+        if (path.empty()) return "--task text needs --text-file FILE (any UTF-8 text)";
+        std::string err = text_load(path, text_T, atof(get("val-frac").c_str()), &t->text);
+        if (!err.empty()) return err;
+        t->vocab = t->text.vocab;
+        t->train = &t->text.train;
+        t->test = &t->text.val;
+        t->T = text_T;
+        t->settings["seq-len"] = std::to_string(text_T);
+        return "";
+    }
+    return "--task '" + t->kind + "' is not one of arith|text";
+}
+
+// Reads and checks the task flags; the values form the task's settings.
+static std::map<std::string, std::string> task_settings(Args& a) {
+    std::string task = a.choice("task", {"arith", "text"});
+    std::map<std::string, std::string> s = {{"task", task}};
+    if (task == "arith") {
+        a.integer("ops", 1, 64);
+        a.integer("modulus", 2, 997);
+        a.choice("format", {"chain", "direct"});
+        a.integer("train-size", 1, 10000000);
+        a.integer("test-size", 1, 1000000);
+        a.integer("data-seed", 0, (long long)1 << 62);
+        for (const char* k : {"ops", "modulus", "format", "train-size", "test-size", "data-seed"}) s[k] = a.str(k);
+    } else {
+        a.number("val-frac", 0.0, 0.9);
+        s["text-file"] = a.str("text-file");
+        s["val-frac"] = a.str("val-frac");
+    }
+    return s;
+}
+
+static std::string settings_to_json(const std::map<std::string, std::string>& s) {
+    std::string out = "{";
+    for (auto& kv : s) out += (out.size() > 1 ? ", " : "") + json_quote(kv.first) + ": " + json_quote(kv.second);
+    return out + "}";
+}
+
+static std::string settings_from_json(const std::string& text, std::map<std::string, std::string>* s) {
+    Json j;
+    std::string err = json_parse(text, &j);
+    if (!err.empty() || j.kind != Json::OBJ) return "settings are not a JSON object";
+    for (auto& kv : j.obj) {
+        if (kv.second.kind != Json::STR) return "setting \"" + kv.first + "\" is not a string";
+        (*s)[kv.first] = kv.second.str;
+    }
+    return "";
+}
+
+static std::string vocab_to_json(const Vocab& v) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.tokens.size(); i++) out += (i ? ", " : "") + json_quote(v.tokens[i]);
+    return out + "]";
+}
+
+// ===========================================================================
+// Generation and scoring
+// ===========================================================================
+
+static int argmax(const float* x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static int sample_token(const float* logits, int V, float temperature, Rng* rng) {
+    if (temperature <= 0) return argmax(logits, V);
+    float maxz = logits[argmax(logits, V)];
+    std::vector<double> p(V);
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += p[i] = std::exp((logits[i] - maxz) / temperature);
+    double u = rng->uniform() * sum;
+    for (int i = 0; i < V; i++) if ((u -= p[i]) < 0) return i;
+    return V - 1;
+}
+
+// Extends every sequence until <eos>, max_new new tokens, or the model's
+// length limit (c.T + 1 tokens). Sequences run in batches of the model's B;
+// each forward covers the longest sequence of the batch (causal attention
+// makes the padding after a shorter sequence harmless).
+static void generate(Model* m, const Vocab& v, std::vector<std::vector<int>>* seqs, int max_new, float temperature, Rng* rng) {
+    const Config& c = m->c;
+    std::vector<int> tokens;
+    for (size_t start = 0; start < seqs->size(); start += m->B) {
+        int B = (int)std::min((size_t)m->B, seqs->size() - start);
+        std::vector<int> budget(B, max_new);
+        for (;;) {
+            int T = 0;
+            std::vector<int> active;
+            for (int b = 0; b < B; b++) {
+                std::vector<int>& s = (*seqs)[start + b];
+                bool done = budget[b] == 0 || (int)s.size() > c.T || s.empty() || (s.size() > 1 && s.back() == v.eos);
+                if (!done) { active.push_back(b); T = std::max(T, (int)s.size()); }
+            }
+            if (active.empty()) break;
+            tokens.assign((size_t)B * T, v.pad);
+            for (int b = 0; b < B; b++) {
+                const std::vector<int>& s = (*seqs)[start + b];
+                for (int t = 0; t < T && t < (int)s.size(); t++) tokens[(size_t)b * T + t] = s[t];
+            }
+            model_forward(m, tokens.data(), nullptr, nullptr, B, T);
+            const float* logits = model_logits(m);
+            for (int b : active) {
+                std::vector<int>& s = (*seqs)[start + b];
+                s.push_back(sample_token(logits + ((size_t)b * T + s.size() - 1) * c.V, c.V, temperature, rng));
+                budget[b]--;
+            }
+        }
+    }
+}
+
+struct ArithScore {
+    int n = 0, correct = 0, valid_chains = 0;
+    double accuracy() const { return n ? (double)correct / n : 0; }
+};
+
+// Greedy decoding from each test prompt "E_k =" (TASKS.md 1, Scoring).
+static ArithScore score_arith(Model* m, const Task& t, int limit) {
+    ArithScore sc;
+    int n = std::min((int)t.test->size(), limit > 0 ? limit : (int)t.test->size());
+    std::vector<std::vector<int>> seqs(n);
+    for (int i = 0; i < n; i++) {
+        const Sequence& s = (*t.test)[i];
+        seqs[i].assign(s.tokens.begin(), s.tokens.begin() + s.loss_start);
+    }
+    Rng rng(0);
+    generate(m, t.vocab, &seqs, m->c.T + 1, 0.0f, &rng);
+    for (int i = 0; i < n; i++) {
+        int prompt = (*t.test)[i].loss_start;
+        std::vector<int> gen(seqs[i].begin() + prompt, seqs[i].end());
+        sc.n++;
+        sc.correct += arith_correct(t.vocab, gen, t.arith.test_answers[i]);
+        if (t.arith.s.chain) sc.valid_chains += arith_chain_quality(t.vocab, seqs[i], t.arith.s.p).all_valid;
+    }
+    return sc;
+}
+
+// Mean masked loss over a set of sequences (validation loss).
+static double mean_loss(Model* m, const std::vector<Sequence>& seqs, int T, int pad, int limit) {
+    int n = std::min((int)seqs.size(), limit > 0 ? limit : (int)seqs.size());
+    double total = 0, count = 0;
+    Batch batch;
+    std::vector<int> idx;
+    for (int start = 0; start < n; start += m->B) {
+        int B = std::min(m->B, n - start);
+        idx.resize(B);
+        for (int b = 0; b < B; b++) idx[b] = start + b;
+        make_batch(seqs, idx.data(), B, T, pad, &batch);
+        float loss = model_forward(m, batch.tokens.data(), batch.targets.data(), batch.mask.data(), B, T);
+        double w = 0;
+        for (float x : batch.mask) w += x;
+        total += loss * w;
+        count += w;
+    }
+    return count > 0 ? total / count : 0;
+}
+
+// ===========================================================================
+// ./lime train
+// ===========================================================================
+
+static const std::vector<FlagSpec> SHAPE_FLAGS = {
+    {"arch", "lime", "llama or lime"},
+    {"layers", "4", "L, transformer layers"},
+    {"dim", "32", "d, model width"},
+    {"heads", "4", "H, query heads"},
+    {"kv-heads", "", "R, key/value heads (default: --heads, full attention)"},
+    {"ffn", "", "F, SwiGLU hidden size (default: 3 * dim)"},
+};
+
+static std::vector<FlagSpec> concat(std::vector<std::vector<FlagSpec>> parts) {
+    std::vector<FlagSpec> all;
+    for (auto& p : parts) all.insert(all.end(), p.begin(), p.end());
+    return all;
+}
+
+static Config shape_from_args(Args& a) {
+    Config c;
+    std::string arch = a.choice("arch", {"llama", "lime"});
+    arch_parse(arch, &c.arch);
+    c.L = (int)a.integer("layers", 1, 256);
+    c.d = (int)a.integer("dim", 2, 65536);
+    c.H = (int)a.integer("heads", 1, 1024);
+    c.R = a.has("kv-heads") ? (int)a.integer("kv-heads", 1, 1024) : c.H;
+    c.F = a.has("ffn") ? (int)a.integer("ffn", 1, 1 << 20) : 3 * c.d;
+    c.hd = c.d / c.H;
+    return c;
+}
+
+static const char* TRAIN_HELP =
+    "Trains one model (LLaMa or LIMe) on a task; writes DIR/model.safetensors at the end,\n"
+    "DIR/checkpoint.safetensors on the way (for --resume) and DIR/log.jsonl (every number printed).";
+
+static std::vector<FlagSpec> train_flags() {
+    return concat({SHAPE_FLAGS, TASK_FLAGS, {
+        {"seq-len", "128", "text: T, positions per window (arith: from the data)"},
+        {"batch", "64", "B, sequences per step"},
+        {"steps", "", "optimiser steps (default: from --epochs)"},
+        {"epochs", "8", "passes over the training set (when --steps is not given)"},
+        {"lr", "1e-3", "learning rate of matrices, embedding and gains"},
+        {"router-lr", "1e-2", "learning rate of the LIMe routers"},
+        {"weight-decay", "0.1", "AdamW weight decay of the matrices"},
+        {"grad-clip", "1.0", "global gradient-norm clip (0: off)"},
+        {"warmup", "", "linear warmup steps (default: 2% of steps)"},
+        {"schedule", "linear", "decay after warmup: linear, cosine or constant"},
+        {"min-lr-ratio", "1e-6", "floor of the schedule factor"},
+        {"seed", "1", "initialisation and data order"},
+        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"device", "auto", "auto, cpu or gpu"},
+        {"out", "runs/model", "output directory (created if missing)"},
+        {"resume", "", "continue from a checkpoint written by train"},
+        {"log-every", "", "steps between progress lines (default: ~50 lines per run)"},
+        {"eval-every", "", "steps between evaluations (default: ~5 per run)"},
+        {"eval-size", "200", "test examples scored at each periodic evaluation"},
+        {"save-every", "", "steps between checkpoints (default: at each evaluation)"},
+        {"stop-after", "0", "stop after this many steps of this run, saving a checkpoint (0: run to the end)"},
+        {"quiet", nullptr, "print only the final result"},
+    }});
+}
+
+struct TrainSettings {
+    AdamWConfig opt;
+    int B = 0, steps = 0, warmup = 0, log_every = 0, eval_every = 0, save_every = 0, eval_size = 0, stop_after = 0;
+    Schedule sched = SCHED_LINEAR;
+    float min_lr_ratio = 1e-6f;
+    uint64_t seed = 1;
+};
+
+static bool make_dir(const std::string& dir, std::string* err) {
+    std::string path;
+    for (size_t i = 0; i <= dir.size(); i++) {
+        if (i == dir.size() || dir[i] == '/') {
+            path = dir.substr(0, i);
+            if (!path.empty() && mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+                *err = "cannot create directory " + path + ": " + strerror(errno);
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
+static std::string json_num(double v) { return fmt("%.9g", v); }
+
+struct Logger {
+    FILE* f = nullptr;
+    bool quiet = false;
+    void line(const std::string& json) { if (f) { fprintf(f, "%s\n", json.c_str()); fflush(f); } }
+};
+
+static void evaluate(Model* m, const Task& t, int step, int eval_size, Logger* log, double* val_loss, double* acc) {
+    *val_loss = mean_loss(m, *t.test, t.T, t.vocab.pad, eval_size);
+    std::string msg = "eval step " + std::to_string(step) + " | val loss " + fmt("%.4f", *val_loss);
+    std::string json = "{\"type\": \"eval\", \"step\": " + std::to_string(step) + ", \"val_loss\": " + json_num(*val_loss);
+    *acc = -1;
+    if (t.kind == "arith") {
+        ArithScore sc = score_arith(m, t, eval_size);
+        *acc = sc.accuracy();
+        msg += " | accuracy " + fmt("%.1f%%", 100 * *acc) + " of " + std::to_string(sc.n);
+        json += ", \"accuracy\": " + json_num(*acc) + ", \"n\": " + std::to_string(sc.n);
+    } else {
+        msg += " | perplexity " + fmt("%.3f", std::exp(*val_loss));
+        json += ", \"perplexity\": " + json_num(std::exp(*val_loss));
+    }
+    if (!log->quiet) printf("%s\n", msg.c_str());
+    log->line(json + "}");
+}
+
+static int cmd_train(int argc, char** argv) {
+    std::vector<FlagSpec> flags = train_flags();
+    Args a = parse_args("train", TRAIN_HELP, flags, argc, argv, false);
+    // Resuming: the checkpoint's own flags, with the ones given now on top.
+    std::map<std::string, std::string> resumed_meta;
+    Config resumed;
+    if (a.has("resume")) {
+        std::string err = checkpoint_read_config(a.str("resume"), &resumed, &resumed_meta);
+        if (!err.empty()) die("train", err);
+        std::map<std::string, std::string> saved;
+        if (!resumed_meta.count("args") || !settings_from_json(resumed_meta["args"], &saved).empty())
+            die("train", a.str("resume") + " was not written by ./lime train (no training arguments in it); it can be loaded by eval, not resumed");
+        for (auto& kv : saved)
+            if (!a.has(kv.first) && kv.first != "resume") { a.values[kv.first] = {kv.second}; a.given.insert(kv.first); }
+    }
+    set_threads(a);
+    Device dev = pick_device(a);
+    Config c = shape_from_args(a);
+    std::map<std::string, std::string> ts = task_settings(a);
+    int text_T = (int)a.integer("seq-len", 2, 1 << 16);
+    TrainSettings s;
+    s.B = (int)a.integer("batch", 1, 1 << 20);
+    s.opt.lr = (float)a.number("lr", 0, 10);
+    s.opt.router_lr = (float)a.number("router-lr", 0, 10);
+    s.opt.weight_decay = (float)a.number("weight-decay", 0, 10);
+    s.opt.grad_clip = (float)a.number("grad-clip", 0, 1e9);
+    std::string sched = a.choice("schedule", {"linear", "cosine", "constant"});
+    s.sched = sched == "linear" ? SCHED_LINEAR : sched == "cosine" ? SCHED_COSINE : SCHED_CONSTANT;
+    s.min_lr_ratio = (float)a.number("min-lr-ratio", 0, 1);
+    s.seed = (uint64_t)a.integer("seed", 0, (long long)1 << 62);
+    s.eval_size = (int)a.integer("eval-size", 1, 1 << 30);
+    s.stop_after = (int)a.integer("stop-after", 0, 1 << 30);
+    std::string out = a.str("out");
+    if (out.empty()) a.fail("--out needs a directory");
+    if (!a.err.empty()) die("train", a.err);
+    std::string err = config_check(Config{1, c.L, c.d, c.H, c.R, c.hd, c.F, 1, c.arch});
+    if (!err.empty()) die("train", err);
+
+    Task task;
+    err = task_build(ts, text_T, &task);
+    if (!err.empty()) die("train", err);
+    c.V = task.vocab.size();
+    c.T = task.T;
+    int per_epoch = std::max(1, (int)((task.train->size() + s.B - 1) / s.B));
+    if (a.has("steps")) s.steps = (int)a.integer("steps", 1, 1 << 30);
+    else s.steps = (int)a.integer("epochs", 1, 1 << 20) * per_epoch;
+    s.warmup = a.has("warmup") ? (int)a.integer("warmup", 0, 1 << 30) : s.steps / 50;
+    s.log_every = a.has("log-every") ? (int)a.integer("log-every", 1, 1 << 30) : std::max(1, s.steps / 50);
+    s.eval_every = a.has("eval-every") ? (int)a.integer("eval-every", 1, 1 << 30) : std::max(1, s.steps / 5);
+    s.save_every = a.has("save-every") ? (int)a.integer("save-every", 1, 1 << 30) : s.eval_every;
+    if (!a.err.empty()) die("train", a.err);
+    if (!make_dir(out, &err)) die("train", err + " (choose another --out)");
+
+    Model m;
+    err = model_create(&m, c, s.B, dev);
+    if (!err.empty()) die("train", err);
+    Loader loader;
+    int start_step = 0;
+    if (a.has("resume")) {
+        if (config_to_json(resumed) != config_to_json(c))
+            die("train", "--resume " + a.str("resume") + " holds a different model than these flags describe; drop the shape flags or start a new run");
+        err = model_load(&m, a.str("resume"), true);
+        if (!err.empty()) die("train", err);
+        start_step = m.step;
+        loader.start(task.train, s.seed, atoi(resumed_meta["data_epoch"].c_str()), strtoull(resumed_meta["data_pos"].c_str(), nullptr, 10));
+    } else {
+        model_init(&m, s.seed);
+        loader.start(task.train, s.seed, 0, 0);
+    }
+
+    // everything that rebuilds this run, stored in each checkpoint
+    std::map<std::string, std::string> saved_args;
+    for (const FlagSpec& f : flags)
+        if (f.def && a.has(f.name) && std::string(f.name) != "resume" && std::string(f.name) != "stop-after") saved_args[f.name] = a.str(f.name);
+    for (auto& kv : ts) saved_args[kv.first] = kv.second;
+    saved_args["steps"] = std::to_string(s.steps);
+    saved_args["seed"] = std::to_string(s.seed);
+    auto meta = [&]() {
+        std::map<std::string, std::string> mt;
+        mt["task"] = settings_to_json(task.settings);
+        mt["vocab"] = vocab_to_json(task.vocab);
+        mt["args"] = settings_to_json(saved_args);
+        mt["data_epoch"] = std::to_string(loader.epoch);
+        mt["data_pos"] = std::to_string(loader.pos);
+        return mt;
+    };
+
+    Logger log;
+    log.quiet = a.has("quiet");
+    std::string log_path = out + "/log.jsonl";
+    log.f = fopen(log_path.c_str(), start_step > 0 ? "a" : "w");
+    if (!log.f) die("train", "cannot write " + log_path + ": " + strerror(errno));
+    if (!log.quiet) {
+        printf("train %s on %s: L=%d d=%d H=%d R=%d F=%d V=%d T=%d, %zu parameters, %s, batch %d, %d steps (%d per epoch)%s\n",
+               arch_name(c.arch), ts["task"].c_str(), c.L, c.d, c.H, c.R, c.F, c.V, c.T, m.n_params,
+               dev == DEVICE_GPU ? "gpu" : "cpu", s.B, s.steps, per_epoch,
+               start_step ? (", resuming at step " + std::to_string(start_step)).c_str() : "");
+    }
+    log.line("{\"type\": \"config\", \"arch\": \"" + std::string(arch_name(c.arch)) + "\", \"params\": " + std::to_string(m.n_params) +
+             ", \"config\": " + config_to_json(c) + ", \"args\": " + settings_to_json(saved_args) + "}");
+
+    Batch batch;
+    double t_start = now_ms(), t_last = t_start;
+    int steps_timed = 0, run_steps = 0;
+    double val_loss = 0, acc = -1;
+    for (int step = start_step + 1; step <= s.steps; step++) {
+        loader.next(s.B, c.T, task.vocab.pad, &batch);
+        float loss = model_forward(&m, batch.tokens.data(), batch.targets.data(), batch.mask.data(), s.B, c.T);
+        model_backward(&m);
+        float factor = lr_factor(step, s.warmup, s.steps, s.sched, s.min_lr_ratio);
+        float norm = model_update(&m, s.opt, factor);
+        steps_timed++;
+        run_steps++;
+        bool last = step == s.steps || (s.stop_after && run_steps == s.stop_after);
+        if (step % s.log_every == 0 || last || step == start_step + 1) {
+            double t = now_ms(), ms = (t - t_last) / steps_timed;
+            double tok_s = (double)s.B * c.T / (ms / 1000);
+            double eta = ms * (s.steps - step) / 1000;
+            if (!log.quiet)
+                printf("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms/step | %.0f tok/s | ETA %s\n", step, s.steps, loss,
+                       s.opt.lr * factor, norm, ms, tok_s, duration_str(eta).c_str());
+            log.line("{\"type\": \"train\", \"step\": " + std::to_string(step) + ", \"loss\": " + json_num(loss) + ", \"lr\": " +
+                     json_num(s.opt.lr * factor) + ", \"norm\": " + json_num(norm) + ", \"ms_per_step\": " + json_num(ms) +
+                     ", \"tokens_per_s\": " + json_num(tok_s) + "}");
+            fflush(stdout);
+            t_last = t;
+            steps_timed = 0;
+        }
+        if (!std::isfinite(loss) || !std::isfinite(norm))
+            die("train", "step " + std::to_string(step) + ": the loss or gradient norm is not finite; lower --lr (the last checkpoint in " + out + " is intact)");
+        if (step % s.eval_every == 0 && !last) { evaluate(&m, task, step, s.eval_size, &log, &val_loss, &acc); t_last = now_ms(); }
+        if (step % s.save_every == 0 || last) {
+            err = model_save(&m, out + "/checkpoint.safetensors", meta(), true);
+            if (!err.empty()) die("train", err);
+            t_last = now_ms();
+        }
+        if (last && step != s.steps) {
+            printf("stopped after %d steps of this run at step %d; continue with ./lime train --resume %s/checkpoint.safetensors\n",
+                   run_steps, step, out.c_str());
+            fclose(log.f);
+            model_free(&m);
+            return 0;
+        }
+    }
+    double seconds = (now_ms() - t_start) / 1000;
+    err = model_save(&m, out + "/model.safetensors", meta(), false);
+    if (!err.empty()) die("train", err);
+    evaluate(&m, task, s.steps, task.kind == "arith" ? 0 : s.eval_size, &log, &val_loss, &acc);
+    printf("done: %s, %d steps in %s, val loss %.4f", arch_name(c.arch), s.steps - start_step, duration_str(seconds).c_str(), val_loss);
+    if (acc >= 0) printf(", accuracy %.1f%%", 100 * acc);
+    printf("; wrote %s/model.safetensors\n", out.c_str());
+    log.line("{\"type\": \"done\", \"seconds\": " + json_num(seconds) + ", \"val_loss\": " + json_num(val_loss) +
+             (acc >= 0 ? ", \"accuracy\": " + json_num(acc) : std::string()) + "}");
+    fclose(log.f);
+    model_free(&m);
+    return 0;
+}
+
+// ===========================================================================
+// Loading a trained model with its task (eval, sample)
+// ===========================================================================
+
+struct Loaded {
+    Model m;
+    Task task;
+    std::map<std::string, std::string> meta;
+};
+
+static std::string load_checkpoint(const std::string& path, Device dev, int B, Loaded* out, bool need_task) {
+    Config c;
+    std::string err = checkpoint_read_config(path, &c, &out->meta);
+    if (!err.empty()) return err;
+    err = model_create(&out->m, c, B, dev);
+    if (!err.empty()) return err;
+    err = model_load(&out->m, path, false);
+    if (!err.empty()) return err;
+    std::map<std::string, std::string> ts;
+    if (!out->meta.count("task") || !settings_from_json(out->meta["task"], &ts).empty())
+        return path + ": no task settings in the metadata; was it written by ./lime train?";
+    if (need_task) {
+        err = task_build(ts, c.T, &out->task);
+        if (!err.empty()) return path + ": rebuilding its task: " + err;
+        if (out->task.vocab.size() != c.V)
+            return path + ": its task has " + std::to_string(out->task.vocab.size()) + " tokens but the model " + std::to_string(c.V);
+    } else {
+        out->task.kind = ts["task"];
+        out->task.settings = ts;
+        out->task.vocab = ts["task"] == "text" ? text_vocab() : arith_vocab(atoi(ts["modulus"].c_str()));
+    }
+    return "";
+}
+
+static int cmd_eval(int argc, char** argv) {
+    std::vector<FlagSpec> flags = {
+        {"load", "", "a checkpoint (repeat --load to compare models side by side)"},
+        {"n", "0", "score only the first N test examples (0: all)"},
+        {"batch", "128", "sequences per forward"},
+        {"json", nullptr, "print one JSON object"},
+        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"device", "auto", "auto, cpu or gpu"},
+    };
+    Args a = parse_args("eval", "Scores checkpoints on their task: arith accuracy by greedy decoding, text loss and perplexity.", flags, argc,
+                        argv, false);
+    set_threads(a);
+    Device dev = pick_device(a);
+    int n = (int)a.integer("n", 0, 1 << 30);
+    int B = (int)a.integer("batch", 1, 1 << 16);
+    if (!a.err.empty()) die("eval", a.err);
+    if (!a.has("load")) die("eval", "needs --load FILE (a model.safetensors written by ./lime train)");
+    std::string json = "{";
+    std::vector<std::string> rows;
+    for (const std::string& path : a.values["load"]) {
+        Loaded ld;
+        std::string err = load_checkpoint(path, dev, B, &ld, true);
+        if (err.size()) die("eval", err);
+        const Config& c = ld.m.c;
+        std::string name = std::string(arch_name(c.arch));
+        std::string entry = "\"file\": " + json_quote(path) + ", \"arch\": \"" + name + "\", \"task\": " + json_quote(ld.task.kind);
+        double loss = mean_loss(&ld.m, *ld.task.test, ld.task.T, ld.task.vocab.pad, n);
+        entry += ", \"loss\": " + json_num(loss);
+        char row[512];
+        if (ld.task.kind == "arith") {
+            ArithScore sc = score_arith(&ld.m, ld.task, n);
+            entry += ", \"ops\": " + ld.task.settings["ops"] + ", \"accuracy\": " + json_num(sc.accuracy()) + ", \"n\": " +
+                     std::to_string(sc.n);
+            if (ld.task.arith.s.chain) entry += ", \"valid_chains\": " + json_num((double)sc.valid_chains / std::max(1, sc.n));
+            snprintf(row, sizeof row, "%-6s %-40s tier %-3s accuracy %6.2f%% (%d/%d)  valid chains %6.2f%%  test loss %.4f", name.c_str(),
+                     path.c_str(), ld.task.settings["ops"].c_str(), 100 * sc.accuracy(), sc.correct, sc.n,
+                     100.0 * sc.valid_chains / std::max(1, sc.n), loss);
+        } else {
+            entry += ", \"perplexity\": " + json_num(std::exp(loss));
+            snprintf(row, sizeof row, "%-6s %-40s val loss %.4f  perplexity %.3f", name.c_str(), path.c_str(), loss, std::exp(loss));
+        }
+        rows.push_back(row);
+        json += (json.size() > 1 ? ", " : "") + json_quote(path) + ": {" + entry + "}";
+        model_free(&ld.m);
+    }
+    if (a.has("json")) {
+        if (rows.size() == 1) {  // one model: its object alone
+            size_t colon = json.find(": {");
+            printf("%s\n", json.substr(colon + 2).c_str());
+        } else {
+            printf("%s}\n", json.c_str());
+        }
+    } else {
+        for (const std::string& r : rows) printf("%s\n", r.c_str());
+    }
+    return 0;
+}
+
+static int cmd_sample(int argc, char** argv) {
+    std::vector<FlagSpec> flags = {
+        {"load", "", "a checkpoint written by ./lime train"},
+        {"prompt", "", "the text to continue, in the task's tokens, e.g. \"3 + 4 * 2 =\""},
+        {"max-new", "100", "at most this many new tokens"},
+        {"temperature", "0", "0: greedy; > 0: sample from softmax(logits / temperature)"},
+        {"seed", "1", "for sampling"},
+        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"device", "auto", "auto, cpu or gpu"},
+    };
+    Args a = parse_args("sample", "Continues a prompt with a trained model until <eos>; the continuation is the last line.", flags, argc, argv,
+                        false);
+    set_threads(a);
+    Device dev = pick_device(a);
+    int max_new = (int)a.integer("max-new", 1, 1 << 20);
+    float temperature = (float)a.number("temperature", 0, 100);
+    Rng rng((uint64_t)a.integer("seed", 0, (long long)1 << 62));
+    if (!a.err.empty()) die("sample", a.err);
+    if (!a.has("load")) die("sample", "needs --load FILE (a model.safetensors written by ./lime train)");
+    if (!a.has("prompt")) die("sample", "needs --prompt TEXT, e.g. --prompt \"3 + 4 * 2 =\"");
+    Loaded ld;
+    std::string err = load_checkpoint(a.str("load"), dev, 1, &ld, false);
+    if (!err.empty()) die("sample", err);
+    std::vector<std::vector<int>> seqs(1);
+    err = ld.task.vocab.encode(a.str("prompt"), &seqs[0]);
+    if (!err.empty()) die("sample", "--prompt: " + err);
+    if (seqs[0].empty()) die("sample", "--prompt is empty");
+    if ((int)seqs[0].size() > ld.m.c.T)
+        die("sample", "--prompt has " + std::to_string(seqs[0].size()) + " tokens; the model reads at most " + std::to_string(ld.m.c.T));
+    size_t prompt = seqs[0].size();
+    generate(&ld.m, ld.task.vocab, &seqs, max_new, temperature, &rng);
+    std::vector<int> gen(seqs[0].begin() + prompt, seqs[0].end());
+    if (!gen.empty() && gen.back() == ld.task.vocab.eos) gen.pop_back();
+    printf("%s\n", ld.task.vocab.decode(gen.data(), (int)gen.size()).c_str());
+    model_free(&ld.m);
+    return 0;
+}
+
+static int cmd_data(int argc, char** argv) {
+    std::vector<FlagSpec> flags = concat({TASK_FLAGS, {
+        {"split", "train", "train or test"},
+        {"n", "10", "how many examples to print"},
+        {"seq-len", "128", "text: T, positions per window"},
+    }});
+    Args a = parse_args("data", "Prints generated examples, one per line, exactly as the model sees them.", flags, argc, argv, false);
+    std::map<std::string, std::string> ts = task_settings(a);
+    std::string split = a.choice("split", {"train", "test"});
+    int n = (int)a.integer("n", 0, 1 << 30);
+    int T = (int)a.integer("seq-len", 2, 1 << 16);
+    if (!a.err.empty()) die("data", a.err);
+    Task t;
+    std::string err = task_build(ts, T, &t);
+    if (!err.empty()) die("data", err);
+    const std::vector<Sequence>& seqs = split == "train" ? *t.train : *t.test;
+    for (int i = 0; i < n && i < (int)seqs.size(); i++)
+        printf("%s\n", t.vocab.decode(seqs[i].tokens.data(), (int)seqs[i].tokens.size()).c_str());
+    return 0;
+}
+
+// ===========================================================================
+// ./lime verify: the implementation against reference vectors (SPEC.md)
+// ===========================================================================
+
+struct Verifier {
+    int failed = 0, checked = 0;
+    bool quiet = false;
+    void check(const std::string& what, const float* got, const float* want, size_t n, double tol) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < n; i++) {
+            double diff = (double)got[i] - want[i];
+            num += diff * diff;
+            den += (double)want[i] * want[i];
+        }
+        double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+        bool ok = err < tol;  // a NaN fails too
+        checked++;
+        if (!ok) failed++;
+        if (!quiet || !ok) printf("  %-4s %-62s rel err %.2e  tol %.0e\n", ok ? "ok" : "FAIL", what.c_str(), err, tol);
+    }
+};
+
+static std::string meta_float(const std::map<std::string, std::string>& meta, const char* key, float* out) {
+    auto it = meta.find(key);
+    if (it == meta.end()) return std::string("no \"") + key + "\" in the metadata";
+    char* end = nullptr;
+    *out = strtof(it->second.c_str(), &end);
+    if (*end) return std::string("metadata \"") + key + "\" is not a number";
+    return "";
+}
+
+static std::string verify_file(const std::string& path, Device dev, bool tf32, Verifier* v) {
+    SafeTensors st;
+    std::string err = st_read(path, &st);
+    if (!err.empty()) return err;
+    Config c;
+    std::map<std::string, std::string> meta;
+    err = checkpoint_read_config(path, &c, &meta);
+    if (!err.empty()) return err;
+    const StTensor* tk = st.find("batch.tokens");
+    if (!tk || tk->shape.size() != 2) return path + ": no batch.tokens [B, T]; is it a reference-vector file?";
+    int B = (int)tk->shape[0], T = (int)tk->shape[1];
+    std::vector<int> tokens(B * T), targets(B * T);
+    std::vector<float> mask(B * T), want_loss(1), losses(3);
+    err = st_get_i32(st, "batch.tokens", {B, T}, tokens.data());
+    if (err.empty()) err = st_get_i32(st, "batch.targets", {B, T}, targets.data());
+    if (err.empty()) err = st_get_f32(st, "batch.mask", {B, T}, mask.data());
+    if (err.empty()) err = st_get_f32(st, "expect.loss", {1}, want_loss.data());
+    if (err.empty()) err = st_get_f32(st, "expect.losses", {3}, losses.data());
+    for (int i = 0; i < B * T && err.empty(); i++)
+        if (tokens[i] < 0 || tokens[i] >= c.V || targets[i] < 0 || targets[i] >= c.V) err = path + ": a token id is outside the vocabulary";
+    if (!err.empty()) return err;
+    AdamWConfig opt;
+    for (auto [key, dst] : std::vector<std::pair<const char*, float*>>{{"lr", &opt.lr}, {"router_lr", &opt.router_lr},
+                                                                     {"weight_decay", &opt.weight_decay}, {"beta1", &opt.beta1},
+                                                                     {"beta2", &opt.beta2}, {"eps", &opt.eps}, {"grad_clip", &opt.grad_clip}}) {
+        err = meta_float(meta, key, dst);
+        if (!err.empty()) return path + ": " + err;
+    }
+    gpu_set_tf32(tf32);
+    // TF32 (SPEC.md): logits, losses and gradients at 1e-2; updated weights not checked
+    double tol_fwd = tf32 ? 1e-2 : 1e-5, tol_grad = tf32 ? 1e-2 : 1e-4;
+    Model m;
+    err = model_create(&m, c, B, dev);
+    if (!err.empty()) return err;
+    err = model_load(&m, path, false);
+    if (!err.empty()) { model_free(&m); return err; }
+    printf("%s: %s, B=%d T=%d, %s%s\n", path.c_str(), arch_name(c.arch), B, T, dev == DEVICE_GPU ? "gpu" : "cpu", tf32 ? " (tf32)" : "");
+    std::vector<float> want(0);
+    auto expect = [&](const std::string& name, const std::vector<int64_t>& shape) {
+        size_t n = 1;
+        for (int64_t s : shape) n *= (size_t)s;
+        want.assign(n, 0);
+        return st_get_f32(st, name, shape, want.data());
+    };
+    float loss = model_forward(&m, tokens.data(), targets.data(), mask.data(), B, T);
+    if (!(err = expect("expect.logits", {B, T, c.V})).empty()) { model_free(&m); return err; }
+    v->check("logits", model_logits(&m), want.data(), want.size(), tol_fwd);
+    v->check("loss", &loss, want_loss.data(), 1, tol_fwd);
+    model_backward(&m);
+    model_to_host(&m);
+    auto check_all = [&](const std::string& prefix, const float* base, double tol) {
+        for (const TensorSpec& t : m.specs) {
+            std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
+            err = expect(prefix + t.name, shape);
+            if (!err.empty()) return err;
+            v->check(prefix + t.name, base + t.offset, want.data(), t.numel, tol);
+        }
+        return std::string();
+    };
+    if (!(err = check_all("expect.grad.", m.grads, tol_grad)).empty()) { model_free(&m); return err; }
+    float got_losses[3];
+    for (int step = 1; step <= 3; step++) {
+        if (step > 1) { got_losses[step - 1] = model_forward(&m, tokens.data(), targets.data(), mask.data(), B, T); model_backward(&m); }
+        else got_losses[0] = loss;
+        model_update(&m, opt, 1.0f);
+        model_to_host(&m);
+        if (!tf32 && (step == 1 || step == 3))
+            if (!(err = check_all("expect.step" + std::to_string(step) + ".", m.params, tol_grad)).empty()) { model_free(&m); return err; }
+    }
+    v->check("losses (before each of 3 steps)", got_losses, losses.data(), 3, tol_fwd);
+    model_free(&m);
+    return "";
+}
+
+static int cmd_verify(int argc, char** argv) {
+    std::vector<FlagSpec> flags = {
+        {"device", "cpu", "cpu or gpu"},
+        {"tf32", "0", "gpu: 1 checks with TF32 matrix products at SPEC.md's looser tolerances"},
+        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"quiet", nullptr, "print only failures and the summary"},
+    };
+    Args a = parse_args("verify", "Checks the implementation against reference-vector files (SPEC.md): logits, loss, every gradient,\n"
+                        "three AdamW steps. usage: ./lime verify [flags] FILE...", flags, argc, argv, true);
+    set_threads(a);
+    std::string d = a.choice("device", {"cpu", "gpu"});
+    bool tf32 = a.integer("tf32", 0, 1) == 1;
+    if (!a.err.empty()) die("verify", a.err);
+    Device dev = DEVICE_CPU;
+    if (d == "gpu") {
+        std::string why;
+        if (!gpu_available(&why)) die("verify", "--device gpu: " + why);
+        dev = DEVICE_GPU;
+    }
+    if (a.positional.empty()) die("verify", "needs reference files, e.g. ./lime verify tests/golden/*.safetensors");
+    Verifier v;
+    v.quiet = a.has("quiet");
+    for (const std::string& path : a.positional) {
+        std::string err = verify_file(path, dev, tf32, &v);
+        if (!err.empty()) { printf("  FAIL %s\n", err.c_str()); v.failed++; }
+    }
+    printf("verify: %d checks, %d failed\n", v.checked, v.failed);
+    return v.failed ? 1 : 0;
+}
+
+// ===========================================================================
+// ./lime bench: ms/step and tokens/s of llama and lime on synthetic tokens
+// ===========================================================================
+
+struct BenchResult { double ms = 0, tok_s = 0; };
+
+static BenchResult bench_one(Config c, Arch arch, int B, int steps, Device dev) {
+    c.arch = arch;
+    Model m;
+    std::string err = model_create(&m, c, B, dev);
+    if (!err.empty()) die("bench", err);
+    model_init(&m, 1);
+    Rng rng(7);
+    std::vector<int> tokens((size_t)B * c.T), targets((size_t)B * c.T);
+    std::vector<float> mask((size_t)B * c.T, 1.0f);
+    for (size_t i = 0; i < tokens.size(); i++) { tokens[i] = (int)rng.below(c.V); targets[i] = (int)rng.below(c.V); }
+    AdamWConfig opt;
+    auto step = [&]() {
+        model_forward(&m, tokens.data(), targets.data(), mask.data(), B, c.T);
+        model_backward(&m);
+        model_update(&m, opt, 1.0f);
+    };
+    for (int i = 0; i < 2; i++) step();  // warm up caches and threads
+    model_to_host(&m);
+    double t0 = now_ms();
+    for (int i = 0; i < steps; i++) step();
+    model_to_host(&m);  // waits for the device
+    BenchResult r;
+    r.ms = (now_ms() - t0) / steps;
+    r.tok_s = (double)B * c.T / (r.ms / 1000);
+    model_free(&m);
+    return r;
+}
+
+static int cmd_bench(int argc, char** argv) {
+    std::vector<FlagSpec> flags = concat({SHAPE_FLAGS, {
+        {"vocab", "21", "V, vocabulary size"},
+        {"seq-len", "88", "T, positions"},
+        {"batch", "128", "B, sequences per step"},
+        {"steps", "20", "timed steps per model (after 2 warm-up steps)"},
+        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"device", "auto", "auto, cpu or gpu"},
+        {"json", nullptr, "print one JSON object"},
+    }});
+    Args a = parse_args("bench", "Times training steps of llama and lime on synthetic tokens.", flags, argc, argv, false);
+    set_threads(a);
+    Device dev = pick_device(a);
+    Config c = shape_from_args(a);
+    c.V = (int)a.integer("vocab", 1, 1 << 24);
+    c.T = (int)a.integer("seq-len", 1, 1 << 20);
+    int B = (int)a.integer("batch", 1, 1 << 20);
+    int steps = (int)a.integer("steps", 1, 1 << 20);
+    if (!a.err.empty()) die("bench", a.err);
+    std::string err = config_check(c);
+    if (!err.empty()) die("bench", err);
+    BenchResult llama = bench_one(c, ARCH_LLAMA, B, steps, dev);
+    BenchResult lime = bench_one(c, ARCH_LIME, B, steps, dev);
+    double ratio = lime.ms / llama.ms;
+    if (a.has("json")) {
+        printf("{\"llama\": {\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f}, \"lime\": {\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f}, "
+               "\"lime_over_llama\": %.4f}\n", llama.ms, llama.tok_s, lime.ms, lime.tok_s, ratio);
+    } else {
+        printf("bench %s: L=%d d=%d H=%d R=%d F=%d V=%d B=%d T=%d, %d steps\n", dev == DEVICE_GPU ? "gpu" : "cpu", c.L, c.d, c.H, c.R, c.F,
+               c.V, B, c.T, steps);
+        printf("  llama  %9.2f ms/step  %10.0f tokens/s\n", llama.ms, llama.tok_s);
+        printf("  lime   %9.2f ms/step  %10.0f tokens/s\n", lime.ms, lime.tok_s);
+        printf("  lime / llama step time: %.3f\n", ratio);
+    }
+    return 0;
+}
+
+// ===========================================================================
+
+static void usage() {
+    printf("usage: ./lime COMMAND [flags]   (./lime COMMAND --help for its flags)\n\n"
+           "  train    train one model (llama or lime) on a task\n"
+           "  eval     score checkpoints on their task (side by side with several --load)\n"
+           "  sample   continue a prompt with a trained model\n"
+           "  data     print generated examples as the model sees them\n"
+           "  verify   check the implementation against reference vectors\n"
+           "  bench    time training steps of llama and lime\n");
+}
+
+int main(int argc, char** argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(); return argc < 2 ? 2 : 0; }
+    std::string cmd = argv[1];
+    int n = argc - 2;
+    char** rest = argv + 2;
+    if (cmd == "train") return cmd_train(n, rest);
+    if (cmd == "eval") return cmd_eval(n, rest);
+    if (cmd == "sample") return cmd_sample(n, rest);
+    if (cmd == "data") return cmd_data(n, rest);
+    if (cmd == "verify") return cmd_verify(n, rest);
+    if (cmd == "bench") return cmd_bench(n, rest);
+    fprintf(stderr, "lime: unknown command '%s'; commands: train eval sample data verify bench (./lime --help)\n", cmd.c_str());
+    return 2;
+}
