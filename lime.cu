@@ -179,6 +179,10 @@ struct Acts {
     float* dup;      // (B, T, F)
     float* dh;       // (B, T, F)
     float* datt;     // (B, H, T, T) attention scratch
+    float* kt;       // (B, R, hd, T) attention scratch: keys, values and their gradients transposed
+    float* vt;
+    float* dkt;
+    float* dvt;
     float* scratch;  // matmul transposes: max(B*T, max rows of a weight) * max(V, F, d, H*hd)
     float* rope_cos; // (T, hd/2)
     float* rope_sin; // (T, hd/2)
@@ -228,6 +232,10 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base) {
     take(&A->dup, BT * c.F);
     take(&A->dh, BT * c.F);
     take(&A->datt, BT * c.H * c.T);
+    take(&A->kt, BT * kvd);
+    take(&A->vt, BT * kvd);
+    take(&A->dkt, BT * kvd);
+    take(&A->dvt, BT * kvd);
     take(&A->scratch, rows * wide + wide * std::max(d, (size_t)c.F));
     take(&A->rope_cos, (size_t)c.T * c.hd / 2);
     take(&A->rope_sin, (size_t)c.T * c.hd / 2);
@@ -480,32 +488,53 @@ static void router_backward(float* dW, float* dKbuf, float* dVbuf, const float* 
 //   o[t,h]   = sum_u p[h,t,u] * v[u,h/n_rep]
 // ===========================================================================
 
-static void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H, int R, int hd) {
+// (B, T, R, hd) -> (B, R, hd, T): each kv head's keys as rows over positions,
+// so that the loops over positions u below run over contiguous memory and
+// vectorise (hd is often 8: too short a loop to vectorise on its own).
+static void kv_transpose(float* dst, const float* src, int B, int T, int R, int hd) {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < T; t++)
+                for (int i = 0; i < hd; i++)
+                    dst[(((size_t)b * R + r) * hd + i) * T + t] = src[(((size_t)b * T + t) * R + r) * hd + i];
+}
+
+// out (B, T, H, hd), att (B, H, T, T); q (B, T, H, hd); k, v (B, T, R, hd);
+// kt, vt (B, R, hd, T) scratch for the transposed keys and values.
+static void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, float* kt, float* vt,
+                              int B, int T, int H, int R, int hd) {
     int n_rep = H / R;
     float scale = 1.0f / sqrtf((float)hd);
+    kv_transpose(kt, k, B, T, R, hd);
+    kv_transpose(vt, v, B, T, R, hd);
 #pragma omp parallel for collapse(3) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int t = 0; t < T; t++) {
                 const float* qt = q + (((size_t)b * T + t) * H + h) * hd;
+                const float* Kt = kt + ((size_t)b * R + h / n_rep) * hd * T;  // (hd, T)
+                const float* Vt = vt + ((size_t)b * R + h / n_rep) * hd * T;
                 float* p = att + (((size_t)b * H + h) * T + t) * T;
-                float maxs = -INFINITY;
-                for (int u = 0; u <= t; u++) {
-                    const float* ku = k + (((size_t)b * T + u) * R + h / n_rep) * hd;
-                    float s = 0;
-                    for (int i = 0; i < hd; i++) s += qt[i] * ku[i];
-                    p[u] = s * scale;
-                    maxs = std::max(maxs, p[u]);
+                for (int u = 0; u <= t; u++) p[u] = 0;
+                for (int i = 0; i < hd; i++) {
+                    float qi = qt[i] * scale;
+                    const float* Ki = Kt + (size_t)i * T;
+#pragma omp simd
+                    for (int u = 0; u <= t; u++) p[u] += qi * Ki[u];
                 }
-                float sum = 0;
+                float maxs = -INFINITY, sum = 0;
+                for (int u = 0; u <= t; u++) maxs = std::max(maxs, p[u]);
                 for (int u = 0; u <= t; u++) { p[u] = expf(p[u] - maxs); sum += p[u]; }
                 for (int u = 0; u <= t; u++) p[u] /= sum;
                 for (int u = t + 1; u < T; u++) p[u] = 0;
                 float* o = out + (((size_t)b * T + t) * H + h) * hd;
-                for (int i = 0; i < hd; i++) o[i] = 0;
-                for (int u = 0; u <= t; u++) {
-                    const float* vu = v + (((size_t)b * T + u) * R + h / n_rep) * hd;
-                    for (int i = 0; i < hd; i++) o[i] += p[u] * vu[i];
+                for (int i = 0; i < hd; i++) {
+                    const float* Vi = Vt + (size_t)i * T;
+                    float s = 0;
+#pragma omp simd reduction(+ : s)
+                    for (int u = 0; u <= t; u++) s += p[u] * Vi[u];
+                    o[i] = s;
                 }
             }
 }
@@ -514,54 +543,62 @@ static void attention_forward(float* out, float* att, const float* q, const floa
 // dp[t,u] = dout[t] . v[u]                  dv[u] += sum_t p[t,u] dout[t]
 // ds[t,u] = p[t,u] (dp[t,u] - sum_u' p[t,u'] dp[t,u'])
 // dq[t]   = scale * sum_u ds[t,u] k[u]      dk[u] += scale * sum_t ds[t,u] q[t]
-// dq is written; dk and dv are added to (several query heads share a kv head).
-static void attention_backward(float* dq, float* dk, float* dv, float* datt, const float* dout, const float* q, const float* k,
-                               const float* v, const float* att, int B, int T, int H, int R, int hd) {
+// dq is written; dk and dv are added to. One (b, kv head) per iteration: the
+// query heads sharing a kv head add into its gradient one after another.
+static void attention_backward(float* dq, float* dk, float* dv, float* datt, float* kt, float* vt, float* dkt, float* dvt,
+                               const float* dout, const float* q, const float* k, const float* v, const float* att,
+                               int B, int T, int H, int R, int hd) {
     int n_rep = H / R;
     float scale = 1.0f / sqrtf((float)hd);
-    // ds and dq: independent per (b, h, t)
-#pragma omp parallel for collapse(3) schedule(static)
+    kv_transpose(kt, k, B, T, R, hd);
+    kv_transpose(vt, v, B, T, R, hd);
+#pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int t = 0; t < T; t++) {
-                const float* p = att + (((size_t)b * H + h) * T + t) * T;
-                float* ds = datt + (((size_t)b * H + h) * T + t) * T;
-                const float* go = dout + (((size_t)b * T + t) * H + h) * hd;
-                float pdp = 0;
-                for (int u = 0; u <= t; u++) {
-                    const float* vu = v + (((size_t)b * T + u) * R + h / n_rep) * hd;
-                    float dp = 0;
-                    for (int i = 0; i < hd; i++) dp += go[i] * vu[i];
-                    ds[u] = dp;
-                    pdp += p[u] * dp;
-                }
-                float* gq = dq + (((size_t)b * T + t) * H + h) * hd;
-                for (int i = 0; i < hd; i++) gq[i] = 0;
-                for (int u = 0; u <= t; u++) {
-                    ds[u] = p[u] * (ds[u] - pdp);
-                    const float* ku = k + (((size_t)b * T + u) * R + h / n_rep) * hd;
-                    for (int i = 0; i < hd; i++) gq[i] += scale * ds[u] * ku[i];
-                }
-            }
-    // dk and dv: one (b, kv head, u) per iteration, summing its query heads and t in order
-#pragma omp parallel for collapse(3) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int r = 0; r < R; r++)
-            for (int u = 0; u < T; u++) {
-                float* gk = dk + (((size_t)b * T + u) * R + r) * hd;
-                float* gv = dv + (((size_t)b * T + u) * R + r) * hd;
-                for (int h = r * n_rep; h < (r + 1) * n_rep; h++)
-                    for (int t = u; t < T; t++) {
-                        size_t row = (((size_t)b * H + h) * T + t) * T;
-                        float pu = att[row + u], dsu = datt[row + u];
-                        const float* qt = q + (((size_t)b * T + t) * H + h) * hd;
-                        const float* go = dout + (((size_t)b * T + t) * H + h) * hd;
-                        for (int i = 0; i < hd; i++) {
-                            gk[i] += scale * dsu * qt[i];
-                            gv[i] += pu * go[i];
-                        }
+        for (int r = 0; r < R; r++) {
+            size_t kv = ((size_t)b * R + r) * hd * T;
+            const float *Kt = kt + kv, *Vt = vt + kv;  // (hd, T)
+            float *dKt = dkt + kv, *dVt = dvt + kv;
+            memset(dKt, 0, (size_t)hd * T * sizeof(float));
+            memset(dVt, 0, (size_t)hd * T * sizeof(float));
+            for (int h = r * n_rep; h < (r + 1) * n_rep; h++)
+                for (int t = 0; t < T; t++) {
+                    const float* p = att + (((size_t)b * H + h) * T + t) * T;
+                    float* ds = datt + (((size_t)b * H + h) * T + t) * T;
+                    const float* go = dout + (((size_t)b * T + t) * H + h) * hd;
+                    const float* qt = q + (((size_t)b * T + t) * H + h) * hd;
+                    float* gq = dq + (((size_t)b * T + t) * H + h) * hd;
+                    for (int u = 0; u <= t; u++) ds[u] = 0;
+                    for (int i = 0; i < hd; i++) {
+                        const float* Vi = Vt + (size_t)i * T;
+                        float g = go[i];
+#pragma omp simd
+                        for (int u = 0; u <= t; u++) ds[u] += g * Vi[u];  // dp
                     }
-            }
+                    float pdp = 0;
+#pragma omp simd reduction(+ : pdp)
+                    for (int u = 0; u <= t; u++) pdp += p[u] * ds[u];
+#pragma omp simd
+                    for (int u = 0; u <= t; u++) ds[u] = p[u] * (ds[u] - pdp);
+                    for (int i = 0; i < hd; i++) {
+                        const float* Ki = Kt + (size_t)i * T;
+                        float* dKi = dKt + (size_t)i * T;
+                        float* dVi = dVt + (size_t)i * T;
+                        float s = 0, qs = scale * qt[i], g = go[i];
+#pragma omp simd reduction(+ : s)
+                        for (int u = 0; u <= t; u++) {
+                            s += ds[u] * Ki[u];
+                            dKi[u] += qs * ds[u];
+                            dVi[u] += g * p[u];
+                        }
+                        gq[i] = scale * s;
+                    }
+                }
+            for (int u = 0; u < T; u++)
+                for (int i = 0; i < hd; i++) {
+                    dk[(((size_t)b * T + u) * R + r) * hd + i] += dKt[i * T + u];
+                    dv[(((size_t)b * T + u) * R + r) * hd + i] += dVt[i * T + u];
+                }
+        }
 }
 
 // ===========================================================================
@@ -675,6 +712,9 @@ static void gpu_backward(Model* m);
 static float gpu_update(Model* m, const AdamWConfig& opt, float factor);
 static void gpu_to_device(Model* m);
 static void gpu_to_host(Model* m);
+static void gpu_train_step(Model* m, const int* tokens, const int* targets, const float* mask, int B, int T,
+                           const AdamWConfig& opt, float factor);
+static void gpu_metrics(Model* m);
 #endif
 
 std::string model_create(Model* m, const Config& c, int B, Device dev) {
@@ -801,7 +841,7 @@ static float cpu_forward(Model* m, const int* tokens, const int* targets, const 
         }
         rope_forward(la.q, A->rope_cos, A->rope_sin, B, T, c.H, c.hd);
         rope_forward(la.kr, A->rope_cos, A->rope_sin, B, T, c.R, c.hd);
-        attention_forward(la.o, la.att, la.q, la.kr, vr, B, T, c.H, c.R, c.hd);
+        attention_forward(la.o, la.att, la.q, la.kr, vr, A->kt, A->vt, B, T, c.H, c.R, c.hd);
         memcpy(la.xa, la.x, (size_t)N * d * sizeof(float));
         matmul_forward(la.xa, la.o, w.Wo, N, qd, d, A->scratch, true);  // xa = x + o @ Wo^T
         // MLP block
@@ -858,7 +898,7 @@ static void cpu_backward(Model* m, int B, int T) {
         float* dvr = routed ? A->dvr : dV;  // without a router, attention's values are the buffer itself
         memset(A->dkr, 0, kv_layer * sizeof(float));
         if (routed) memset(A->dvr, 0, kv_layer * sizeof(float));
-        attention_backward(A->dq, A->dkr, dvr, A->datt, A->dout, la.q, la.kr, routed ? la.vr : la.V, la.att, B, T, c.H, c.R, c.hd);
+        attention_backward(A->dq, A->dkr, dvr, A->datt, A->kt, A->vt, A->dkt, A->dvt, A->dout, la.q, la.kr, routed ? la.vr : la.V, la.att, B, T, c.H, c.R, c.hd);
         rope_backward(A->dq, A->rope_cos, A->rope_sin, B, T, c.H, c.hd);
         rope_backward(A->dkr, A->rope_cos, A->rope_sin, B, T, c.R, c.hd);
         if (routed) {
@@ -917,6 +957,24 @@ float model_update(Model* m, const AdamWConfig& opt, float factor) {
     if (m->device == DEVICE_GPU) return m->last_norm = gpu_update(m, opt, factor);
 #endif
     return m->last_norm = cpu_update(m, opt, factor);
+}
+
+void model_train_step(Model* m, const int* tokens, const int* targets, const float* mask, int B, int T,
+                      const AdamWConfig& opt, float factor) {
+#ifdef LIME_GPU
+    if (m->device == DEVICE_GPU) { gpu_train_step(m, tokens, targets, mask, B, T, opt, factor); return; }
+#endif
+    model_forward(m, tokens, targets, mask, B, T);
+    model_backward(m);
+    model_update(m, opt, factor);
+}
+
+void model_metrics(Model* m, float* loss, float* norm) {
+#ifdef LIME_GPU
+    if (m->device == DEVICE_GPU) gpu_metrics(m);
+#endif
+    *loss = m->last_loss;
+    *norm = m->last_norm;
 }
 
 void model_to_device(Model* m) {
@@ -1087,4 +1145,6 @@ static void gpu_backward(Model*) {}
 static float gpu_update(Model*, const AdamWConfig&, float) { return 0; }
 static void gpu_to_device(Model*) {}
 static void gpu_to_host(Model*) {}
+static void gpu_train_step(Model*, const int*, const int*, const float*, int, int, const AdamWConfig&, float) {}
+static void gpu_metrics(Model*) {}
 #endif

@@ -107,6 +107,12 @@ const float* model_logits(Model* m);  // (B, T, V) of the last forward (host mem
 void model_backward(Model* m);
 // Global gradient norm, clipping, AdamW with the three groups; returns the norm before clipping.
 float model_update(Model* m, const AdamWConfig& opt, float factor);
+// One training step: forward, backward, AdamW. On the GPU it is one CUDA graph
+// replay and does not wait for the device; model_metrics reads loss and norm
+// (and waits), so a training loop calls it only when it logs.
+void model_train_step(Model* m, const int* tokens, const int* targets, const float* mask, int B, int T,
+                      const AdamWConfig& opt, float factor);
+void model_metrics(Model* m, float* loss, float* norm);
 // Copy host params/grads/optimiser state to/from the device (no-ops on the CPU).
 void model_to_device(Model* m);
 void model_to_host(Model* m);

@@ -599,14 +599,15 @@ static int cmd_train(int argc, char** argv) {
     double val_loss = 0, acc = -1;
     for (int step = start_step + 1; step <= s.steps; step++) {
         loader.next(s.B, c.T, task.vocab.pad, &batch);
-        float loss = model_forward(&m, batch.tokens.data(), batch.targets.data(), batch.mask.data(), s.B, c.T);
-        model_backward(&m);
         float factor = lr_factor(step, s.warmup, s.steps, s.sched, s.min_lr_ratio);
-        float norm = model_update(&m, s.opt, factor);
+        model_train_step(&m, batch.tokens.data(), batch.targets.data(), batch.mask.data(), s.B, c.T, s.opt, factor);
         steps_timed++;
         run_steps++;
         bool last = step == s.steps || (s.stop_after && run_steps == s.stop_after);
-        if (step % s.log_every == 0 || last || step == start_step + 1) {
+        bool logging = step % s.log_every == 0 || last || step == start_step + 1;
+        float loss = 0, norm = 0;
+        if (logging) model_metrics(&m, &loss, &norm);  // on the GPU this waits: only when it logs
+        if (logging) {
             double t = now_ms(), ms = (t - t_last) / steps_timed;
             double tok_s = (double)s.B * c.T / (ms / 1000);
             double eta = ms * (s.steps - step) / 1000;
@@ -620,7 +621,7 @@ static int cmd_train(int argc, char** argv) {
             t_last = t;
             steps_timed = 0;
         }
-        if (!std::isfinite(loss) || !std::isfinite(norm))
+        if (logging && (!std::isfinite(loss) || !std::isfinite(norm)))
             die("train", "step " + std::to_string(step) + ": the loss or gradient norm is not finite; lower --lr (the last checkpoint in " + out + " is intact)");
         if (step % s.eval_every == 0 && !last) { evaluate(&m, task, step, s.eval_size, &log, &val_loss, &acc); t_last = now_ms(); }
         if (step % s.save_every == 0 || last) {
@@ -953,11 +954,7 @@ static BenchResult bench_one(Config c, Arch arch, int B, int steps, Device dev) 
     std::vector<float> mask((size_t)B * c.T, 1.0f);
     for (size_t i = 0; i < tokens.size(); i++) { tokens[i] = (int)rng.below(c.V); targets[i] = (int)rng.below(c.V); }
     AdamWConfig opt;
-    auto step = [&]() {
-        model_forward(&m, tokens.data(), targets.data(), mask.data(), B, c.T);
-        model_backward(&m);
-        model_update(&m, opt, 1.0f);
-    };
+    auto step = [&]() { model_train_step(&m, tokens.data(), targets.data(), mask.data(), B, c.T, opt, 1.0f); };
     for (int i = 0; i < 2; i++) step();  // warm up caches and threads
     model_to_host(&m);
     double t0 = now_ms();
