@@ -1,0 +1,107 @@
+// safetensors.h — read and write safetensors checkpoints, and the small JSON
+// parser their header needs.
+//
+// The format (github.com/huggingface/safetensors), byte by byte:
+//   [8 bytes]  N, the header length, unsigned little-endian
+//   [N bytes]  a UTF-8 JSON object: {"__metadata__": {"key": "value", ...},
+//              "tensor.name": {"dtype": "F32", "shape": [2, 3],
+//                              "data_offsets": [begin, end]}, ...}
+//   [rest]     the data: tensor bytes, raw little-endian, row-major; a
+//              tensor's bytes are data[begin, end), offsets counted from the
+//              first byte after the header.
+// __metadata__ is optional and holds only strings. Writers pad the header with
+// spaces so the data starts on an 8-byte boundary.
+//
+// Every function that can fail returns std::string: "" on success, else one
+// line naming the file, the problem and the likely fix.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+// ---------------------------------------------------------------------------
+// JSON (RFC 8259). Objects keep their keys in file order.
+struct Json {
+    enum Kind { NUL, BOOL, NUM, STR, ARR, OBJ } kind = NUL;
+    bool b = false;
+    double num = 0;
+    std::string str;
+    std::vector<Json> arr;
+    std::vector<std::pair<std::string, Json>> obj;
+    // The value under key, or nullptr when this is not an object or lacks it.
+    const Json* get(const std::string& key) const;
+};
+
+// Parses one JSON value filling the whole text (whitespace aside). Refuses
+// nesting deeper than JSON_MAX_DEPTH, duplicate keys in one object, invalid
+// UTF-8, lone surrogates and numbers beyond double range. Error: one line with
+// the byte offset. Numbers are read with strtod: C locale assumed (the
+// project never calls setlocale).
+constexpr int JSON_MAX_DEPTH = 64;
+std::string json_parse(const std::string& text, Json* out);
+std::string json_quote(const std::string& s);   // "..." with the escapes JSON needs
+std::string json_dump(const Json& v);           // compact, numbers round-trip exactly
+
+// ---------------------------------------------------------------------------
+// Reading.
+struct StTensor {
+    std::string name, dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;   // byte range inside SafeTensors::data
+};
+
+struct SafeTensors {
+    std::vector<StTensor> tensors;               // in header order
+    std::map<std::string, std::string> meta;     // __metadata__
+    std::vector<char> data;                      // the bytes after the header
+    std::string source;                          // file name, for messages
+    const StTensor* find(const std::string& name) const;  // nullptr if absent
+};
+
+// Bytes per element of a safetensors dtype ("F32" -> 4), 0 if unknown.
+size_t st_dtype_size(const std::string& dtype);
+
+// Parses a whole file held in memory; `what` names it in messages. Checks
+// everything a reader relies on (see st_parse_header in the .cpp), so after
+// success every tensor's [begin, end) lies inside data and holds exactly
+// numel * dtype size bytes. Safe on any input: no crash, and memory bounded
+// by a constant times n. On failure *out is left empty.
+std::string st_parse(const char* bytes, size_t n, SafeTensors* out, const std::string& what);
+// Reads and parses the file at path (the data is read straight into out->data).
+std::string st_read(const std::string& path, SafeTensors* out);
+
+// Copies tensor `name` into out (room for its numel elements), after checking
+// that it exists with dtype F32 (I32) and exactly this shape. A plain memcpy:
+// the host must be little-endian, like the file (checked at compile time).
+std::string st_get_f32(const SafeTensors& st, const std::string& name,
+                       const std::vector<int64_t>& shape, float* out);
+std::string st_get_i32(const SafeTensors& st, const std::string& name,
+                       const std::vector<int64_t>& shape, int32_t* out);
+
+// ---------------------------------------------------------------------------
+// Writing. StWriter stores pointers, not copies: the data added must stay
+// alive and unchanged until st_write returns.
+struct StWriter {
+    struct Entry {
+        std::string name, dtype;
+        std::vector<int64_t> shape;
+        const void* data = nullptr;
+        size_t bytes = 0;
+    };
+    std::vector<Entry> entries;                  // written in this order
+    std::map<std::string, std::string> meta;     // written as __metadata__
+    void add(const std::string& name, const std::string& dtype,
+             const std::vector<int64_t>& shape, const void* data, size_t bytes);
+};
+
+// Validates the entries (known dtype, bytes == numel * dtype size, unique
+// names), then writes PATH.tmp, flushes it to disk and renames it onto PATH:
+// PATH is either the old file or the complete new one, never half-written.
+// On failure the tmp file is removed and PATH is untouched.
+std::string st_write(const std::string& path, const StWriter& w);
+
+// FNV-1a 64-bit hash of n bytes: a cheap fingerprint for tensor data.
+uint64_t st_checksum(const void* data, size_t n);

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# tests/run.sh — runs every test suite of `make test` and adds up their
+# results. Each suite prints PASS/FAIL/SKIP lines and its own count line;
+# this script prints the total as its last line, "N passed, N failed, N skipped",
+# and exits non-zero if anything failed.
+cd "$(dirname "$0")/.." || exit 2
+suites=(
+    "build/test_cpu"             # the model, data and safetensors on the CPU
+    "build/test_emu"             # the CUDA-on-CPU harness itself
+    "build/test_gpu_emu"         # every GPU test, kernels running on the harness
+    "bash tests/test_cli.sh"     # ./lime end to end: verify, bad input, resume
+)
+passed=0; failed=0; skipped=0
+for suite in "${suites[@]}"; do
+    bin=${suite#bash }
+    if [ ! -e "${bin%% *}" ]; then
+        echo "SKIP $suite: not built"
+        skipped=$((skipped + 1))
+        continue
+    fi
+    echo "== $suite"
+    start=$(date +%s)
+    out=$($suite 2>&1)
+    status=$?
+    echo "$out" | grep -v -E '^[0-9]+ passed, [0-9]+ failed'
+    line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1)
+    p=$(echo "$line" | sed -n 's/^\([0-9]*\) passed.*/\1/p')
+    f=$(echo "$line" | sed -n 's/.* \([0-9]*\) failed.*/\1/p')
+    s=$(echo "$line" | sed -n 's/.* \([0-9]*\) skipped.*/\1/p')
+    if [ -z "$line" ]; then
+        echo "FAIL $suite: ended without a result line (exit $status)"
+        failed=$((failed + 1))
+    else
+        passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0})); skipped=$((skipped + ${s:-0}))
+        if [ "$status" -ne 0 ] && [ "${f:-0}" -eq 0 ]; then
+            echo "FAIL $suite: exit status $status"
+            failed=$((failed + 1))
+        fi
+    fi
+    echo "-- $suite: $line ($(( $(date +%s) - start )) s)"
+done
+echo "$passed passed, $failed failed, $skipped skipped"
+[ "$failed" -eq 0 ]
