@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# tests/test_cli.sh — ./lime end to end, as a user runs it: the reference
+# vectors, a tiny training run with eval and sample, resume bit for bit, and
+# bad input (each refused with one clear line and a non-zero exit, no crash).
+cd "$(dirname "$0")/.." || exit 2
+LIME=${LIME:-./lime}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0; failed=0
+
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+
+TINY="--layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 16 --threads 2 --quiet"
+
+# --- the reference vectors of SPEC.md
+if out=$($LIME verify --quiet tests/golden/*.safetensors 2>&1) && echo "$out" | grep -q ", 0 failed"; then
+    pass verify_golden_cpu
+else
+    fail verify_golden_cpu "$(echo "$out" | tail -5)"
+fi
+
+# --- data: one example per line, as the model sees it
+out=$($LIME data --task arith --ops 3 --split train --n 5 2>&1)
+lines=$(echo "$out" | grep -c '<eos>$')
+if [ "$lines" -eq 5 ] && echo "$out" | head -1 | grep -q ' = '; then pass data_prints_examples; else fail data_prints_examples "$out"; fi
+
+# --- a tiny run end to end
+if $LIME train $TINY --arch lime --steps 30 --out "$tmp/run" >"$tmp/train.out" 2>&1 && [ -f "$tmp/run/model.safetensors" ]; then
+    pass train_writes_model
+else
+    fail train_writes_model "$(tail -3 "$tmp/train.out")"
+fi
+if grep -q '"type": "train"' "$tmp/run/log.jsonl" 2>/dev/null && grep -q '"type": "done"' "$tmp/run/log.jsonl"; then
+    pass train_writes_jsonl_log
+else
+    fail train_writes_jsonl_log "no train/done lines in log.jsonl"
+fi
+out=$($LIME eval --load "$tmp/run/model.safetensors" --json 2>&1)
+if echo "$out" | grep -q '"accuracy": ' && echo "$out" | grep -q '"arch": "lime"'; then pass eval_json; else fail eval_json "$out"; fi
+out=$($LIME sample --load "$tmp/run/model.safetensors" --prompt "3 + 4 * 2 =" --max-new 5 2>&1)
+if [ $? -eq 0 ] && [ -n "$(echo "$out" | tail -1)" ]; then pass sample_prints_continuation; else fail sample_prints_continuation "$out"; fi
+
+# --- resume gives the same losses, bit for bit, as the uninterrupted run
+$LIME train $TINY --steps 12 --log-every 1 --out "$tmp/full" >/dev/null 2>&1
+$LIME train $TINY --steps 12 --log-every 1 --stop-after 5 --out "$tmp/part" >/dev/null 2>&1
+$LIME train --resume "$tmp/part/checkpoint.safetensors" --quiet >/dev/null 2>&1
+losses() { grep '"type": "train"' "$1" | sed 's/.*"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/' | awk '$1 > 5'; }
+a=$(losses "$tmp/full/log.jsonl"); b=$(losses "$tmp/part/log.jsonl")
+if [ -n "$a" ] && [ "$a" == "$b" ] && [ "$(echo "$a" | wc -l)" -eq 7 ]; then
+    pass resume_equals_uninterrupted
+else
+    fail resume_equals_uninterrupted "losses after step 5 differ: full [$a] resumed [$b]"
+fi
+
+# --- bad input: exit code 2, one line naming the problem, nothing written
+bad() {  # name, expected word in the message, command...
+    local name=$1 word=$2; shift 2
+    local out status
+    out=$("$@" 2>&1); status=$?
+    if [ $status -eq 0 ] || [ $status -ge 128 ]; then fail "$name" "exit status $status: $out"; return; fi
+    if ! echo "$out" | grep -qi -- "$word"; then fail "$name" "message lacks '$word': $out"; return; fi
+    if [ "$(echo "$out" | wc -l)" -gt 2 ]; then fail "$name" "more than one line: $out"; return; fi
+    pass "$name"
+}
+printf 'not a checkpoint at all\n' > "$tmp/text.safetensors"
+head -c 3000 "$tmp/run/model.safetensors" > "$tmp/truncated.safetensors"
+bad bad_unknown_command     "unknown command"  $LIME frobnicate
+bad bad_unknown_flag        "unknown flag"     $LIME train --frobnicate 3
+bad bad_flag_not_integer    "not an integer"   $LIME train --batch abc
+bad bad_flag_missing_value  "needs a value"    $LIME train --batch
+bad bad_dim_not_divisible   "divisible"        $LIME train --dim 30 --heads 4 --out "$tmp/x"
+bad bad_heads_not_divisible "divisible"        $LIME train --heads 4 --kv-heads 3 --out "$tmp/x"
+bad bad_odd_head_size       "odd"              $LIME train --dim 12 --heads 4 --out "$tmp/x"
+bad bad_modulus_not_prime   "not prime"        $LIME train --modulus 12 --out "$tmp/x"
+bad bad_format              "chain|direct"     $LIME data --format both
+bad bad_missing_checkpoint  "no such file"     $LIME eval --load "$tmp/nope.safetensors"
+bad bad_not_a_checkpoint    "safetensors"      $LIME eval --load "$tmp/text.safetensors"
+bad bad_truncated           "truncated"        $LIME eval --load "$tmp/truncated.safetensors"
+bad bad_resume_other_arch   "different model"  $LIME train --resume "$tmp/part/checkpoint.safetensors" --arch llama
+bad bad_unwritable_out      "cannot"           $LIME train $TINY --steps 2 --out /proc/lime-test
+bad bad_sample_unknown_tok  "unknown"          $LIME sample --load "$tmp/run/model.safetensors" --prompt "3 + x ="
+bad bad_verify_no_files     "needs reference"  $LIME verify
+bad bad_text_without_file   "text-file"        $LIME train --task text --out "$tmp/x"
+if [ -e "$tmp/x/model.safetensors" ]; then fail bad_input_wrote_nothing "a refused run wrote a model"; else pass bad_input_wrote_nothing; fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

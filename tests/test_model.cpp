@@ -1,0 +1,427 @@
+// tests/test_model.cpp — the model on the CPU: each op's backward against
+// finite differences, LIMe with identity routers against LLaMa, AdamW and
+// the schedule against hand-computed values, determinism.
+//
+// lime.cu is included, not linked, so that its static ops can be called.
+#include "../lime.cu"
+
+#include <functional>
+
+#include "test.h"
+
+// Random values in [-scale, scale], the same for the same seed.
+static std::vector<float> randv(size_t n, uint64_t seed, float scale = 1.0f) {
+    Rng r(seed);
+    std::vector<float> v(n);
+    for (float& x : v) x = (float)((2 * r.uniform() - 1) * scale);
+    return v;
+}
+
+static double dot(const std::vector<float>& a, const std::vector<float>& b) {
+    double s = 0;
+    for (size_t i = 0; i < a.size(); i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+// Central differences of loss() with respect to up to `samples` entries of x,
+// compared with the analytic gradient; returns the relative error |a-n|/|n|
+// over the sampled entries. loss() is a weighted sum of an op's outputs,
+// sum(y * w), so its gradient is the op's backward with dy = w.
+static double fd_error(std::vector<float>& x, const std::vector<float>& analytic, const std::function<double()>& loss, int samples = 40) {
+    double num = 0, den = 0;
+    size_t step = std::max<size_t>(1, x.size() / samples);
+    for (size_t i = 0; i < x.size(); i += step) {
+        float keep = x[i], h = 1e-2f * std::max(1.0f, std::fabs(keep));
+        x[i] = keep + h;
+        double up = loss();
+        x[i] = keep - h;
+        double down = loss();
+        x[i] = keep;
+        double numeric = (up - down) / (2.0 * h);
+        num += (analytic[i] - numeric) * (analytic[i] - numeric);
+        den += numeric * numeric;
+    }
+    return std::sqrt(num / std::max(den, 1e-30));
+}
+
+static const double FD_TOL = 2e-3;  // float32 forward, h = 1e-2: the truncation error dominates
+
+// ---------------------------------------------------------------------------
+
+TEST(matmul_backward_matches_finite_differences) {
+    int N = 7, C = 5, OC = 37;  // 37 columns: a full 32-wide tile and an edge tile
+    std::vector<float> inp = randv(N * C, 1), W = randv(OC * C, 2), w = randv(N * OC, 3), out(N * OC);
+    std::vector<float> scratch(64 * 64), dinp(N * C, 0), dW(OC * C, 0);
+    auto loss = [&]() { matmul_forward(out.data(), inp.data(), W.data(), N, C, OC, scratch.data()); return dot(out, w); };
+    matmul_backward(dinp.data(), dW.data(), w.data(), inp.data(), W.data(), N, C, OC, scratch.data());
+    double e1 = fd_error(inp, dinp, loss), e2 = fd_error(W, dW, loss);
+    CHECK(e1 < FD_TOL, "matmul dinp: rel err %.2e", e1);
+    CHECK(e2 < FD_TOL, "matmul dW: rel err %.2e", e2);
+}
+
+TEST(matmul_forward_matches_naive_product) {
+    int N = 9, C = 13, OC = 70;
+    std::vector<float> inp = randv(N * C, 4), W = randv(OC * C, 5), out(N * OC), want(N * OC), scratch(N * OC + OC * C);
+    matmul_forward(out.data(), inp.data(), W.data(), N, C, OC, scratch.data());
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = 0;
+            for (int c = 0; c < C; c++) s += (double)inp[n * C + c] * W[o * C + c];
+            want[n * OC + o] = (float)s;
+        }
+    double e = rel_err(out.data(), want.data(), out.size());
+    CHECK(e < 1e-6, "matmul out vs naive: rel err %.2e", e);
+}
+
+TEST(rmsnorm_backward_matches_finite_differences) {
+    int N = 6, d = 10;
+    std::vector<float> x = randv(N * d, 6), g = randv(d, 7), w = randv(N * d, 8), out(N * d), rstd(N);
+    std::vector<float> dx(N * d, 0), dg(d, 0);
+    auto loss = [&]() { rmsnorm_forward(out.data(), rstd.data(), x.data(), g.data(), N, d, 1e-6f); return dot(out, w); };
+    loss();
+    rmsnorm_backward(dx.data(), dg.data(), w.data(), x.data(), g.data(), rstd.data(), N, d);
+    double e1 = fd_error(x, dx, loss), e2 = fd_error(g, dg, loss);
+    CHECK(e1 < FD_TOL, "rmsnorm dx: rel err %.2e", e1);
+    CHECK(e2 < FD_TOL, "rmsnorm dg: rel err %.2e", e2);
+}
+
+TEST(rope_backward_matches_finite_differences) {
+    int B = 2, T = 5, nh = 3, hd = 6;
+    std::vector<float> cs(T * hd / 2), sn(T * hd / 2);
+    rope_tables(cs.data(), sn.data(), T, hd, 10000.0f);
+    std::vector<float> x = randv(B * T * nh * hd, 9), w = randv(x.size(), 10), y;
+    auto loss = [&]() { y = x; rope_forward(y.data(), cs.data(), sn.data(), B, T, nh, hd); return dot(y, w); };
+    std::vector<float> dx = w;
+    rope_backward(dx.data(), cs.data(), sn.data(), B, T, nh, hd);
+    double e = fd_error(x, dx, loss);
+    CHECK(e < FD_TOL, "rope dx: rel err %.2e", e);
+}
+
+TEST(rope_position_zero_is_identity_and_rotation_keeps_norm) {
+    int T = 4, hd = 8;
+    std::vector<float> cs(T * hd / 2), sn(T * hd / 2);
+    rope_tables(cs.data(), sn.data(), T, hd, 10000.0f);
+    std::vector<float> x = randv(T * hd, 11), y = x;
+    rope_forward(y.data(), cs.data(), sn.data(), 1, T, 1, hd);
+    for (int i = 0; i < hd; i++) CHECK(y[i] == x[i], "rope at t=0 changed entry %d: %g -> %g", i, x[i], y[i]);
+    for (int t = 1; t < T; t++) {
+        double nx = 0, ny = 0;
+        for (int i = 0; i < hd; i++) { nx += x[t * hd + i] * x[t * hd + i]; ny += y[t * hd + i] * y[t * hd + i]; }
+        CHECK(std::fabs(nx - ny) < 1e-5 * nx, "rope at t=%d changed the norm: %g -> %g", t, nx, ny);
+    }
+}
+
+// The router at layer l = 2 of a 3-layer buffer, with R kv heads.
+static void check_router(int R) {
+    int l = 2, N = 5, hd = 4, J = (l + 1) * R;
+    size_t layer = (size_t)N * R * hd;
+    std::vector<float> W = randv(R * J, 12), Kb = randv(3 * layer, 13), Vb = randv(3 * layer, 14);
+    std::vector<float> wk = randv(layer, 15), wv = randv(layer, 16), Kr(layer), Vr(layer);
+    std::vector<float> dW(R * J, 0), dKb(3 * layer, 0), dVb(3 * layer, 0);
+    auto loss = [&]() {
+        router_forward(Kr.data(), Vr.data(), W.data(), Kb.data(), Vb.data(), l, N, R, hd);
+        return dot(Kr, wk) + dot(Vr, wv);
+    };
+    router_backward(dW.data(), dKb.data(), dVb.data(), wk.data(), wv.data(), W.data(), Kb.data(), Vb.data(), l, N, R, hd);
+    double e1 = fd_error(W, dW, loss), e2 = fd_error(Kb, dKb, loss), e3 = fd_error(Vb, dVb, loss);
+    CHECK(e1 < FD_TOL, "router dW (R=%d): rel err %.2e", R, e1);
+    CHECK(e2 < FD_TOL, "router dKbuf (R=%d): rel err %.2e", R, e2);
+    CHECK(e3 < FD_TOL, "router dVbuf (R=%d): rel err %.2e", R, e3);
+}
+TEST(router_backward_matches_finite_differences_R2) { check_router(2); }
+TEST(router_backward_matches_finite_differences_R1) { check_router(1); }
+
+TEST(router_with_identity_block_returns_own_layer) {
+    int l = 1, N = 3, R = 2, hd = 4, J = (l + 1) * R;
+    size_t layer = (size_t)N * R * hd;
+    std::vector<float> W(R * J, 0), Kb = randv(2 * layer, 17), Vb = randv(2 * layer, 18), Kr(layer), Vr(layer);
+    for (int r = 0; r < R; r++) W[r * J + l * R + r] = 1;  // [0 | I]
+    router_forward(Kr.data(), Vr.data(), W.data(), Kb.data(), Vb.data(), l, N, R, hd);
+    CHECK(rel_err(Kr.data(), Kb.data() + layer, layer) == 0, "router [0 | I] keys differ from layer %d's own", l);
+    CHECK(rel_err(Vr.data(), Vb.data() + layer, layer) == 0, "router [0 | I] values differ from layer %d's own", l);
+}
+
+static void check_attention(int H, int R) {
+    int B = 2, T = 6, hd = 4;
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * R * hd;
+    std::vector<float> q = randv(nq, 19), k = randv(nk, 20), v = randv(nk, 21), w = randv(nq, 22);
+    std::vector<float> out(nq), att((size_t)B * H * T * T), datt(att.size()), kt(nk), vt(nk), dkt(nk), dvt(nk);
+    std::vector<float> dq(nq), dk(nk, 0), dv(nk, 0);
+    auto loss = [&]() {
+        attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), kt.data(), vt.data(), B, T, H, R, hd);
+        return dot(out, w);
+    };
+    loss();
+    attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), kt.data(), vt.data(), dkt.data(), dvt.data(), w.data(), q.data(),
+                       k.data(), v.data(), att.data(), B, T, H, R, hd);
+    double e1 = fd_error(q, dq, loss), e2 = fd_error(k, dk, loss), e3 = fd_error(v, dv, loss);
+    CHECK(e1 < FD_TOL, "attention dq (H=%d R=%d): rel err %.2e", H, R, e1);
+    CHECK(e2 < FD_TOL, "attention dk (H=%d R=%d): rel err %.2e", H, R, e2);
+    CHECK(e3 < FD_TOL, "attention dv (H=%d R=%d): rel err %.2e", H, R, e3);
+}
+TEST(attention_backward_matches_finite_differences_full) { check_attention(2, 2); }
+TEST(attention_backward_matches_finite_differences_gqa) { check_attention(4, 2); }
+TEST(attention_backward_matches_finite_differences_R1) { check_attention(3, 1); }
+
+TEST(attention_is_causal) {
+    int B = 1, T = 5, H = 2, R = 1, hd = 4;
+    size_t nq = (size_t)T * H * hd, nk = (size_t)T * R * hd;
+    std::vector<float> q = randv(nq, 23), k = randv(nk, 24), v = randv(nk, 25), out(nq), out2(nq), att(H * T * T), kt(nk), vt(nk);
+    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), kt.data(), vt.data(), B, T, H, R, hd);
+    for (size_t i = (size_t)(T - 1) * R * hd; i < nk; i++) { k[i] += 5; v[i] -= 3; }  // change only the last position
+    attention_forward(out2.data(), att.data(), q.data(), k.data(), v.data(), kt.data(), vt.data(), B, T, H, R, hd);
+    size_t before_last = (size_t)(T - 1) * H * hd;
+    CHECK(rel_err(out2.data(), out.data(), before_last) == 0, "outputs before the last position changed when only its keys did");
+}
+
+TEST(swiglu_backward_matches_finite_differences) {
+    size_t n = 30;
+    std::vector<float> gate = randv(n, 26, 3), up = randv(n, 27), w = randv(n, 28), out(n), dg(n), du(n);
+    auto loss = [&]() { swiglu_forward(out.data(), gate.data(), up.data(), n); return dot(out, w); };
+    swiglu_backward(dg.data(), du.data(), w.data(), gate.data(), up.data(), n);
+    double e1 = fd_error(gate, dg, loss), e2 = fd_error(up, du, loss);
+    CHECK(e1 < FD_TOL, "swiglu dgate: rel err %.2e", e1);
+    CHECK(e2 < FD_TOL, "swiglu dup: rel err %.2e", e2);
+}
+
+TEST(crossentropy_backward_matches_finite_differences) {
+    int N = 6, V = 7;
+    std::vector<float> logits = randv(N * V, 29, 3), probs(N * V), nll(N), mask = {1, 0, 1, 1, 0, 1};
+    std::vector<int> targets = {0, 3, 6, 2, 2, 5};
+    auto loss = [&]() { return (double)crossentropy_forward(probs.data(), nll.data(), logits.data(), targets.data(), mask.data(), N, V); };
+    loss();
+    std::vector<float> dlogits = probs;
+    crossentropy_backward(dlogits.data(), targets.data(), mask.data(), N, V);
+    double e = fd_error(logits, dlogits, loss, 42);
+    CHECK(e < FD_TOL, "cross-entropy dlogits: rel err %.2e", e);
+    for (int i = V; i < 2 * V; i++) CHECK(dlogits[i] == 0, "masked position 1 has gradient %g at logit %d", dlogits[i], i - V);
+}
+
+TEST(crossentropy_all_masked_gives_zero_loss_and_gradient) {
+    int N = 3, V = 4;
+    std::vector<float> logits = randv(N * V, 30), probs(N * V), nll(N), mask(N, 0);
+    std::vector<int> targets = {1, 2, 3};
+    float loss = crossentropy_forward(probs.data(), nll.data(), logits.data(), targets.data(), mask.data(), N, V);
+    crossentropy_backward(probs.data(), targets.data(), mask.data(), N, V);
+    CHECK(loss == 0, "all-masked loss is %g, not 0", loss);
+    for (float g : probs) CHECK(g == 0, "all-masked batch has a non-zero logit gradient %g", g);
+}
+
+TEST(embedding_backward_adds_rows_of_repeated_tokens) {
+    int d = 3;
+    std::vector<int> tokens = {2, 0, 2};
+    std::vector<float> dout = {1, 2, 3, 4, 5, 6, 7, 8, 9}, dE(4 * d, 0);
+    embedding_backward(dE.data(), dout.data(), tokens.data(), 3, d);
+    float want[12] = {4, 5, 6, 0, 0, 0, 8, 10, 12, 0, 0, 0};
+    for (int i = 0; i < 12; i++) CHECK(dE[i] == want[i], "dE[%d] = %g, want %g", i, dE[i], want[i]);
+}
+
+// ---------------------------------------------------------------------------
+// The whole model
+
+static Config tiny_config(Arch arch, int H, int R) {
+    Config c;
+    c.arch = arch;
+    c.V = 11; c.L = 3; c.d = 8 * H / 2; c.H = H; c.R = R; c.hd = c.d / H; c.F = 12; c.T = 6;
+    return c;
+}
+
+struct TinyBatch {
+    int B = 2, T = 6;
+    std::vector<int> tokens, targets;
+    std::vector<float> mask;
+    explicit TinyBatch(int V) {
+        Rng r(31);
+        for (int i = 0; i < B * T; i++) {
+            tokens.push_back((int)r.below(V));
+            targets.push_back((int)r.below(V));
+            mask.push_back(i % 5 == 0 ? 0.0f : 1.0f);
+        }
+    }
+};
+
+// The model's gradient of a few entries of every tensor against central differences.
+static void check_model_gradients(Arch arch, int H, int R) {
+    Config c = tiny_config(arch, H, R);
+    Model m;
+    std::string err = model_create(&m, c, 2, DEVICE_CPU);
+    CHECK(err.empty(), "model_create: %s", err.c_str());
+    model_init(&m, 5);
+    for (size_t i = 0; i < m.n_params; i++) m.params[i] += 0.05f * (float)std::sin(1.7 * i);  // away from the init's symmetries
+    TinyBatch b(c.V);
+    model_forward(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    model_backward(&m);
+    std::vector<float> grads(m.grads, m.grads + m.n_params);
+    for (const TensorSpec& t : m.specs) {
+        std::vector<float> x(m.params + t.offset, m.params + t.offset + t.numel);
+        std::vector<float> g(grads.begin() + t.offset, grads.begin() + t.offset + t.numel);
+        auto loss = [&]() {
+            std::copy(x.begin(), x.end(), m.params + t.offset);
+            return (double)model_forward(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+        };
+        double e = fd_error(x, g, loss, 16);
+        std::copy(x.begin(), x.end(), m.params + t.offset);
+        // the loss is a float32 sum over the whole model: differences of it carry
+        // rounding noise of ~1e-2 relative; a wrong backward is off by O(1)
+        CHECK(e < 5e-2, "%s model gradient of %s: rel err %.2e vs finite differences", arch_name(arch), t.name.c_str(), e);
+    }
+    model_free(&m);
+}
+TEST(lime_model_gradients_match_finite_differences_gqa) { check_model_gradients(ARCH_LIME, 4, 2); }
+TEST(lime_model_gradients_match_finite_differences_R1) { check_model_gradients(ARCH_LIME, 2, 1); }
+TEST(llama_model_gradients_match_finite_differences) { check_model_gradients(ARCH_LLAMA, 2, 2); }
+
+TEST(lime_with_identity_routers_equals_llama) {
+    Config cl = tiny_config(ARCH_LLAMA, 4, 2), cm = tiny_config(ARCH_LIME, 4, 2);
+    Model llama, lime;
+    CHECK(model_create(&llama, cl, 2, DEVICE_CPU).empty() && model_create(&lime, cm, 2, DEVICE_CPU).empty(), "model_create failed");
+    model_init(&llama, 3);
+    model_init(&lime, 3);  // same seed: every shared tensor gets the same values
+    for (int l = 1; l < cm.L; l++) {
+        int J = (l + 1) * cm.R;
+        float* W = lime.p.layer[l].router;
+        for (int i = 0; i < cm.R * J; i++) W[i] = 0;
+        for (int r = 0; r < cm.R; r++) W[r * J + l * cm.R + r] = 1;  // [0 ... 0 | I]
+    }
+    TinyBatch b(cl.V);
+    float l1 = model_forward(&llama, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    float l2 = model_forward(&lime, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    size_t n = (size_t)b.B * b.T * cl.V;
+    double e = rel_err(model_logits(&lime), model_logits(&llama), n);
+    CHECK(e == 0, "lime [0|I] logits differ from llama's: rel err %.2e", e);
+    CHECK(l1 == l2, "lime [0|I] loss %.9g != llama loss %.9g", l2, l1);
+    model_backward(&llama);
+    model_backward(&lime);
+    for (const TensorSpec& t : llama.specs) {  // every llama tensor exists in lime under the same name
+        const TensorSpec* u = nullptr;
+        for (const TensorSpec& s : lime.specs) if (s.name == t.name) u = &s;
+        CHECK(u, "lime has no tensor %s", t.name.c_str());
+        double eg = rel_err(lime.grads + u->offset, llama.grads + t.offset, t.numel);
+        CHECK(eg < 1e-6, "lime [0|I] gradient of %s differs from llama's: rel err %.2e", t.name.c_str(), eg);
+    }
+    model_free(&llama);
+    model_free(&lime);
+}
+
+TEST(router_init_is_uniform_with_identity_block) {
+    Config c = tiny_config(ARCH_LIME, 4, 2);
+    Model m;
+    CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
+    model_init(&m, 9);
+    for (int l = 1; l < c.L; l++) {
+        int J = (l + 1) * c.R;
+        float b = std::sqrt(3.0f / J), *W = m.p.layer[l].router;
+        for (int r = 0; r < c.R; r++)
+            for (int j = 0; j < J; j++) {
+                float w = W[r * J + j];
+                if (j >= J - c.R) CHECK(w == (j - (J - c.R) == r ? 1.0f : 0.0f), "router %d [%d,%d] = %g, not the identity", l, r, j, w);
+                else CHECK(std::fabs(w) <= b, "router %d [%d,%d] = %g outside +-%g", l, r, j, w, b);
+            }
+    }
+    CHECK(m.p.layer[0].router == nullptr, "layer 0 has a router");
+    model_free(&m);
+}
+
+TEST(same_seed_same_losses) {
+    Config c = tiny_config(ARCH_LIME, 4, 2);
+    float losses[2][3];
+    for (int run = 0; run < 2; run++) {
+        Model m;
+        CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create failed");
+        model_init(&m, 42);
+        TinyBatch b(c.V);
+        AdamWConfig opt;
+        for (int s = 0; s < 3; s++) {
+            model_train_step(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T, opt, 1.0f);
+            float norm;
+            model_metrics(&m, &losses[run][s], &norm);
+        }
+        model_free(&m);
+    }
+    for (int s = 0; s < 3; s++) CHECK(losses[0][s] == losses[1][s], "step %d: loss %.9g then %.9g", s, losses[0][s], losses[1][s]);
+}
+
+// ---------------------------------------------------------------------------
+// AdamW and the schedule against hand-computed values
+
+TEST(adamw_first_step_matches_hand_values) {
+    // one weight p = 1, gradient g = 0.5, lr 0.1, wd 0.1, b1 0.9, b2 0.95, eps 1e-8, step 1:
+    // m = 0.05, v = 0.0125, mhat = 0.5, vhat = 0.25, p = 1 - 0.1*0.1*1 - 0.1 * 0.5 / (0.5 + 1e-8) = 0.89
+    float p = 1, m = 0, v = 0, g = 0.5f;
+    AdamWConfig o;
+    o.lr = 0.1f; o.weight_decay = 0.1f;
+    adamw_cpu(&p, &m, &v, &g, 1, o.lr, o.weight_decay, 1.0f, o, 1 - o.beta1, 1 - o.beta2);
+    CHECK(std::fabs(p - 0.89f) < 1e-6, "p after one step = %.9g, want 0.89", p);
+    CHECK(std::fabs(m - 0.05f) < 1e-6 && std::fabs(v - 0.0125f) < 1e-6, "m = %g, v = %g, want 0.05, 0.0125", m, v);
+}
+
+TEST(adamw_groups_clip_and_decay) {
+    Config c = tiny_config(ARCH_LIME, 2, 2);
+    Model m;
+    CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
+    model_init(&m, 1);
+    for (size_t i = 0; i < m.n_params; i++) m.grads[i] = 1.0f;  // norm = sqrt(n)
+    std::vector<float> before(m.params, m.params + m.n_params);
+    AdamWConfig o;
+    o.lr = 0.01f; o.router_lr = 0.05f; o.weight_decay = 0.5f; o.grad_clip = 1.0f;
+    float norm = model_update(&m, o, 0.5f);
+    CHECK(std::fabs(norm - std::sqrt((float)m.n_params)) < 1e-3, "norm %g, want sqrt(%zu)", norm, m.n_params);
+    // clipped gradients are all 1/sqrt(n) > 0; Adam's first step moves each weight by lr*factor (up to eps)
+    for (const TensorSpec& t : m.specs) {
+        float lr = (t.group == GROUP_ROUTER ? o.router_lr : o.lr) * 0.5f;
+        float wd = t.group == GROUP_MATRIX ? o.weight_decay : 0.0f;
+        size_t i = t.offset;
+        float want = before[i] - lr * wd * before[i] - lr;
+        CHECK(std::fabs(m.params[i] - want) < 1e-5, "%s[0] = %.7g, want %.7g (group %d)", t.name.c_str(), m.params[i], want, t.group);
+    }
+    model_free(&m);
+}
+
+TEST(lr_schedule_warmup_then_linear_and_cosine) {
+    CHECK(lr_factor(1, 10, 110, SCHED_LINEAR, 0) == 0.1f, "warmup step 1 of 10: %g", lr_factor(1, 10, 110, SCHED_LINEAR, 0));
+    CHECK(lr_factor(10, 10, 110, SCHED_LINEAR, 0) == 1.0f, "end of warmup: %g", lr_factor(10, 10, 110, SCHED_LINEAR, 0));
+    CHECK(std::fabs(lr_factor(60, 10, 110, SCHED_LINEAR, 0) - 0.5f) < 1e-6, "linear halfway: %g", lr_factor(60, 10, 110, SCHED_LINEAR, 0));
+    CHECK(std::fabs(lr_factor(60, 10, 110, SCHED_COSINE, 0) - 0.5f) < 1e-6, "cosine halfway: %g", lr_factor(60, 10, 110, SCHED_COSINE, 0));
+    CHECK(std::fabs(lr_factor(35, 10, 110, SCHED_COSINE, 0) - 0.5f * (1 + std::cos(M_PI * 0.25))) < 1e-6, "cosine quarter: %g",
+          lr_factor(35, 10, 110, SCHED_COSINE, 0));
+    CHECK(lr_factor(110, 10, 110, SCHED_LINEAR, 1e-6f) == 1e-6f, "linear end floors at min_lr_ratio: %g", lr_factor(110, 10, 110, SCHED_LINEAR, 1e-6f));
+    CHECK(lr_factor(1, 0, 100, SCHED_LINEAR, 0) == 0.99f, "no warmup, first step: %g", lr_factor(1, 0, 100, SCHED_LINEAR, 0));
+    CHECK(lr_factor(7, 0, 100, SCHED_CONSTANT, 0) == 1.0f, "constant: %g", lr_factor(7, 0, 100, SCHED_CONSTANT, 0));
+}
+
+TEST(config_check_refuses_impossible_shapes) {
+    Config c = tiny_config(ARCH_LIME, 4, 2);
+    CHECK(config_check(c).empty(), "a good config was refused: %s", config_check(c).c_str());
+    Config bad = c; bad.H = 3; bad.hd = bad.d / 3;
+    CHECK(config_check(bad).find("divisible") != std::string::npos, "d %% H: '%s'", config_check(bad).c_str());
+    bad = c; bad.R = 3;
+    CHECK(config_check(bad).find("divisible") != std::string::npos, "H %% R: '%s'", config_check(bad).c_str());
+    bad = c; bad.d = 12; bad.H = 4; bad.R = 4; bad.hd = 3;
+    CHECK(config_check(bad).find("odd") != std::string::npos, "odd head size: '%s'", config_check(bad).c_str());
+}
+
+TEST(checkpoint_round_trip_and_wrong_architecture_refused) {
+    Config c = tiny_config(ARCH_LIME, 4, 2);
+    Model m, back, other;
+    CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
+    model_init(&m, 8);
+    m.step = 17;
+    std::string path = "/tmp/lime_test_ckpt.safetensors";
+    std::string err = model_save(&m, path, {{"note", "hello"}}, true);
+    CHECK(err.empty(), "model_save: %s", err.c_str());
+    CHECK(model_create(&back, c, 1, DEVICE_CPU).empty(), "model_create failed");
+    err = model_load(&back, path, true);
+    CHECK(err.empty(), "model_load: %s", err.c_str());
+    CHECK(memcmp(back.params, m.params, 4 * m.n_params * sizeof(float)) == 0 || rel_err(back.params, m.params, m.n_params) == 0,
+          "weights differ after a round trip");
+    CHECK(back.step == 17, "step %d after a round trip, want 17", back.step);
+    Config cl = c;
+    cl.arch = ARCH_LLAMA;
+    CHECK(model_create(&other, cl, 1, DEVICE_CPU).empty(), "model_create failed");
+    err = model_load(&other, path, false);
+    CHECK(err.find("different model") != std::string::npos, "loading a lime checkpoint as llama: '%s'", err.c_str());
+    model_free(&m);
+    model_free(&back);
+    model_free(&other);
+    remove(path.c_str());
+}
