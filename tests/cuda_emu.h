@@ -1,0 +1,1289 @@
+// tests/cuda_emu.h — CUDA on the CPU, so that lime.cu's kernels compile with
+// g++ -DLIME_EMU and run, and can be tested, on a machine without a GPU.
+//
+// The model in one paragraph. A launch runs the grid's blocks one after
+// another on the calling thread. Inside a block every CUDA thread is a fiber
+// (ucontext: its own stack, its own registers) and the fibers are cooperative:
+// a thread runs, uninterrupted, until it reaches __syncthreads(), a warp
+// operation (__shfl_*_sync, __ballot_sync, __syncwarp ...) or its end; then the
+// scheduler runs the next one. So the code between two barriers executes
+// exactly as CUDA promises nothing about: in some order. Which order is yours
+// to pick, forward, reverse or a seeded random permutation per barrier phase
+// (env LIME_EMU_ORDER=forward|reverse|random, LIME_EMU_SEED=n, or
+// emu::set_order) and a kernel that is right only by luck gives different
+// answers under different orders. Shared memory is filled with NaN when each
+// block starts, so reading a slot before anyone wrote it shows too.
+//
+// What this buys over plain loops: a barrier that some thread never reaches is
+// reported as a deadlock (naming the kernel and the threads) instead of hanging,
+// a warp operation waits for every lane its mask names, launches are refused
+// for the reasons CUDA refuses them, and cudaMalloc'd memory starts as NaN.
+// Build with -fsanitize=address to catch out-of-bounds kernel accesses.
+//
+// Not modelled: concurrency between blocks or streams (everything runs in
+// issue order), the memory model (there is no cache to be stale), half/bf16
+// types, cooperative groups, dynamic parallelism, textures, cuBLASLt, timing.
+#pragma once
+#include <math.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#  define LIME_EMU_ASAN 1
+#elif defined(__has_feature)
+#  if __has_feature(address_sanitizer)
+#    define LIME_EMU_ASAN 1
+#  endif
+#endif
+#ifdef LIME_EMU_ASAN
+#  include <sanitizer/asan_interface.h>
+#  include <sanitizer/common_interface_defs.h>
+#endif
+
+// ===========================================================================
+// 1. The language: qualifiers, vector types, built-in variables.
+
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+// __restrict__ is a g++/clang keyword already.
+
+// Static __shared__ variables become static variables in a section of their
+// own; the linker brackets it with __start_/__stop_ symbols, and every block
+// start fills that range with NaN. One copy of each variable exists, so blocks
+// must run one at a time (they do). `used` keeps the compiler from folding a
+// never-written array to its zero initialiser.
+// Limitation: g++ (12) drops the section attribute on static locals of
+// function *templates*; in templated kernels, static __shared__ arrays are
+// neither poisoned nor reset between blocks under g++ (clang++ honours it).
+// Use DYNAMIC_SHARED there if that matters.
+#define __shared__ static __attribute__((section("lime_emu_shared"), aligned(16), used))
+extern "C" char __start_lime_emu_shared[] __attribute__((weak));
+extern "C" char __stop_lime_emu_shared[] __attribute__((weak));
+
+// Dynamic shared memory: a per-launch buffer of the requested bytes.
+#define DYNAMIC_SHARED(type, name) type* name = reinterpret_cast<type*>(::emu::detail::machine.dyn.data())
+
+struct uint3 { unsigned x, y, z; };
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+    constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+};
+struct __align__(8) float2 { float x, y; };
+struct float3 { float x, y, z; };
+struct __align__(16) float4 { float x, y, z, w; };
+struct __align__(8) int2 { int x, y; };
+struct int3 { int x, y, z; };
+struct __align__(16) int4 { int x, y, z, w; };
+struct __align__(8) uint2 { unsigned x, y; };
+struct __align__(16) uint4 { unsigned x, y, z, w; };
+struct __align__(16) double2 { double x, y; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float3 make_float3(float x, float y, float z) { return {x, y, z}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline int2 make_int2(int x, int y) { return {x, y}; }
+inline int3 make_int3(int x, int y, int z) { return {x, y, z}; }
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { return {x, y, z}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline double2 make_double2(double x, double y) { return {x, y}; }
+
+// The built-ins are ordinary globals: the scheduler sets threadIdx before it
+// resumes a thread, blockIdx before each block. A kernel cannot keep a stale
+// copy in a register across a barrier: the barrier is an opaque call.
+inline uint3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0};
+inline dim3 blockDim, gridDim;
+constexpr int warpSize = 32;
+
+// ===========================================================================
+// 2. Runtime types (names and values as in CUDA 13's driver_types.h).
+
+enum cudaError_t {
+    cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2,
+    cudaErrorInitializationError = 3, cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDevicePointer = 17, cudaErrorInvalidMemcpyDirection = 21,
+    cudaErrorInvalidDeviceFunction = 98, cudaErrorNoDevice = 100, cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400, cudaErrorIllegalState = 401, cudaErrorNotReady = 600,
+    cudaErrorIllegalAddress = 700, cudaErrorLaunchOutOfResources = 701, cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900, cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureUnmatched = 903, cudaErrorStreamCaptureUnjoined = 904,
+    cudaErrorStreamCaptureImplicit = 906, cudaErrorCapturedEvent = 907, cudaErrorUnknown = 999,
+};
+enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2,
+                      cudaMemcpyDeviceToDevice = 3, cudaMemcpyDefault = 4 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+                         cudaFuncAttributePreferredSharedMemoryCarveout = 9 };
+enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal = 0, cudaStreamCaptureModeThreadLocal = 1,
+                             cudaStreamCaptureModeRelaxed = 2 };
+enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1,
+                               cudaStreamCaptureStatusInvalidated = 2 };
+enum cudaDeviceAttr {
+    cudaDevAttrMaxThreadsPerBlock = 1, cudaDevAttrMaxSharedMemoryPerBlock = 8, cudaDevAttrWarpSize = 10,
+    cudaDevAttrMultiProcessorCount = 16, cudaDevAttrComputeCapabilityMajor = 75,
+    cudaDevAttrComputeCapabilityMinor = 76, cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+#define cudaStreamDefault 0x00
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
+#define cudaEventBlockingSync 0x01
+#define cudaEventDisableTiming 0x02
+#define cudaHostAllocDefault 0x00
+
+// The subset of cudaDeviceProp a program is likely to read.
+struct cudaDeviceProp {
+    char name[256];
+    size_t totalGlobalMem, sharedMemPerBlock, sharedMemPerBlockOptin, sharedMemPerMultiprocessor, totalConstMem;
+    int regsPerBlock, warpSize, maxThreadsPerBlock, maxThreadsDim[3], maxGridSize[3];
+    int major, minor, multiProcessorCount, maxThreadsPerMultiProcessor, l2CacheSize, memoryBusWidth;
+};
+
+struct CUstream_st; struct CUevent_st; struct CUgraph_st; struct CUgraphExec_st; struct CUgraphNode_st;
+typedef CUstream_st* cudaStream_t;
+typedef CUevent_st* cudaEvent_t;
+typedef CUgraph_st* cudaGraph_t;
+typedef CUgraphExec_st* cudaGraphExec_t;
+typedef CUgraphNode_st* cudaGraphNode_t;
+#define cudaStreamLegacy ((cudaStream_t)0x1)
+#define cudaStreamPerThread ((cudaStream_t)0x2)
+
+// ===========================================================================
+// 3. The machine: settings, errors, fibers and the block scheduler.
+
+namespace emu {
+enum Order { FORWARD, REVERSE, RANDOM };
+
+namespace detail {
+
+struct Settings {
+    Order order = FORWARD;
+    uint64_t seed = 1;
+    size_t stack_bytes = 64 << 10;  // per CUDA thread; kernels keep little on the stack
+    bool quiet = false;             // stderr reports of failures
+    Settings() {
+        if (const char* o = getenv("LIME_EMU_ORDER")) {
+            if (!strcmp(o, "reverse")) order = REVERSE;
+            else if (!strcmp(o, "random")) order = RANDOM;
+            else if (strcmp(o, "forward")) fprintf(stderr, "lime-emu: LIME_EMU_ORDER=%s unknown, using forward\n", o);
+        }
+        if (const char* s = getenv("LIME_EMU_SEED")) seed = strtoull(s, nullptr, 10);
+        if (const char* k = getenv("LIME_EMU_STACK_KB")) stack_bytes = (size_t)atol(k) << 10;
+        if (const char* q = getenv("LIME_EMU_QUIET")) quiet = atoi(q) != 0;
+    }
+};
+inline Settings& settings() { static Settings s; return s; }
+
+// Error state. CUDA's last error is what cudaGetLastError returns and clears;
+// a kernel that fails (deadlock) also leaves a "pending" error that the next
+// synchronisation returns, as a real asynchronous failure would. Unlike real
+// hardware the failure is not sticky: the next launch works again.
+inline cudaError_t last_error = cudaSuccess, pending_error = cudaSuccess;
+inline std::string message;
+inline long kernels_run = 0;
+
+inline std::string vformat(const char* fmt, va_list ap) {
+    char buf[1024];
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    return buf;
+}
+// Say what went wrong: the text for emu::last_error_message, and on stderr.
+inline void vreport(const char* fmt, va_list ap) {
+    message = vformat(fmt, ap);
+    if (!settings().quiet) fprintf(stderr, "lime-emu: %s\n", message.c_str());
+}
+// Record an error: the code for cudaGetLastError, the text as above.
+inline cudaError_t fail(cudaError_t e, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+inline cudaError_t fail(cudaError_t e, const char* fmt, ...) {
+    va_list ap; va_start(ap, fmt); vreport(fmt, ap); va_end(ap);
+    return last_error = e;
+}
+inline void report(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+inline void report(const char* fmt, ...) { va_list ap; va_start(ap, fmt); vreport(fmt, ap); va_end(ap); }
+inline bool no_device() { const char* v = getenv("LIME_EMU_NO_DEVICE"); return v && atoi(v) != 0; }
+
+enum class State { READY, BARRIER, WARP, DONE };
+enum WarpKind { W_SYNC, W_SHFL, W_UP, W_DOWN, W_XOR, W_BALLOT, W_ANY, W_ALL };
+
+struct Fiber {                  // one CUDA thread
+    ucontext_t ctx;
+    void* fake_stack = nullptr; // ASan's bookkeeping for this stack
+    uint3 tid = {0, 0, 0};
+    int lin = 0;                // x + y*bx + z*bx*by: lane = lin % 32, warp = lin / 32
+    State state = State::READY;
+    long done_phase = -1;       // the scheduling phase in which it exited
+    const char* op = "";        // where it waits: operation, file, line
+    const char* file = "";
+    int line = 0;
+    WarpKind kind = W_SYNC;     // what a warp operation needs: mask, value, argument
+    unsigned mask = 0;
+    uint64_t value = 0, result = 0;
+    int arg = 0, width = 32;
+};
+
+struct Machine {
+    std::vector<Fiber> fibers;
+    std::vector<char*> stacks;          // lowest usable byte of each; one guard page below
+    size_t stack_bytes = 0;
+    std::vector<int> order;
+    ucontext_t scheduler;
+    Fiber* cur = nullptr;               // the running thread, nullptr on the host
+    const std::function<void()>* body = nullptr;
+    const void* host_stack = nullptr;   // the scheduler's stack, for ASan
+    size_t host_stack_bytes = 0;
+    const char* kernel = "";
+    long phase = 0;                     // scheduling phases run in this block
+    bool failed = false;
+    std::vector<unsigned char> dyn;     // dynamic shared memory
+    ~Machine() { release_stacks(); }
+    void release_stacks() {
+        for (char* s : stacks) munmap(s - getpagesize(), stack_bytes + getpagesize());
+        stacks.clear();
+    }
+};
+inline Machine machine;
+
+// --- switching between the scheduler and a fiber -------------------------
+// ASan must be told about every stack switch, or it mistakes the fiber's stack
+// for a corrupted one; these wrappers do that and nothing else.
+inline void asan_start(void** save, const void* bottom, size_t size) {
+#ifdef LIME_EMU_ASAN
+    __sanitizer_start_switch_fiber(save, bottom, size);
+#else
+    (void)save; (void)bottom; (void)size;
+#endif
+}
+inline void asan_finish(void* save, const void** bottom, size_t* size) {
+#ifdef LIME_EMU_ASAN
+    __sanitizer_finish_switch_fiber(save, bottom, size);
+#else
+    (void)save; (void)bottom; (void)size;
+#endif
+}
+
+inline void fiber_main() {  // the first frame of every CUDA thread
+    Machine& m = machine;
+    asan_finish(nullptr, &m.host_stack, &m.host_stack_bytes);
+    (*m.body)();
+    m.cur->state = State::DONE;
+    m.cur->done_phase = m.phase;
+    asan_start(nullptr, m.host_stack, m.host_stack_bytes);  // nullptr: this stack is finished
+    setcontext(&m.scheduler);
+}
+inline void resume(Fiber& f) {  // scheduler -> thread f, until it waits or ends
+    Machine& m = machine;
+    m.cur = &f;
+    ::threadIdx = f.tid;
+    void* save = nullptr;
+    asan_start(&save, m.stacks[f.lin], m.stack_bytes);
+    swapcontext(&m.scheduler, &f.ctx);
+    asan_finish(save, nullptr, nullptr);
+    m.cur = nullptr;
+}
+inline void yield(Fiber& f) {   // thread f -> scheduler; returns when resumed
+    Machine& m = machine;
+    asan_start(&f.fake_stack, m.host_stack, m.host_stack_bytes);
+    swapcontext(&f.ctx, &m.scheduler);
+    asan_finish(f.fake_stack, nullptr, nullptr);
+}
+inline Fiber& current(const char* op) {
+    if (!machine.cur) { fprintf(stderr, "lime-emu: %s called outside a kernel\n", op); abort(); }
+    return *machine.cur;
+}
+inline const char* base_name(const char* path) { const char* s = strrchr(path, '/'); return s ? s + 1 : path; }
+
+// A thread misused a warp operation: fail the launch, and park the thread for
+// good. (A parked thread's stack is reused without unwinding, so nothing on it
+// may own heap memory: hence a char buffer, not a std::string.)
+[[noreturn]] inline void misuse(Fiber& f, const char* fmt, ...) {
+    char what[512];
+    va_list ap; va_start(ap, fmt); vsnprintf(what, sizeof what, fmt, ap); va_end(ap);
+    fail(cudaErrorLaunchFailure, "in kernel %s: block (%u,%u,%u) thread (%u,%u,%u) at %s:%d: %s", machine.kernel,
+         blockIdx.x, blockIdx.y, blockIdx.z, f.tid.x, f.tid.y, f.tid.z, base_name(f.file), f.line, what);
+    machine.failed = true;
+    f.state = State::DONE;
+    yield(f);
+    abort();  // never resumed
+}
+
+// --- the block scheduler ---------------------------------------------------
+inline uint64_t splitmix(uint64_t& s) {
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+inline bool ensure_stacks(int n) {  // allocated once, reused by every later launch
+    Machine& m = machine;
+    size_t page = getpagesize();
+    size_t bytes = (settings().stack_bytes + page - 1) / page * page;
+    if (bytes != m.stack_bytes) { m.release_stacks(); m.stack_bytes = bytes; }
+    while ((int)m.stacks.size() < n) {
+        // A guard page below the stack turns an overflow into a segfault
+        // instead of silently corrupting the neighbouring stack.
+        void* p = mmap(nullptr, bytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return false;
+        mprotect(p, page, PROT_NONE);
+        m.stacks.push_back((char*)p + page);
+    }
+    return true;
+}
+
+// The description of thread f for a deadlock message: "(x,y,z) has exited" etc.
+inline std::string describe(const Fiber& f) {
+    char b[400];
+    int n = snprintf(b, sizeof b, "thread (%u,%u,%u) ", f.tid.x, f.tid.y, f.tid.z);
+    if (f.state == State::DONE) snprintf(b + n, sizeof b - n, "has exited");
+    else if (f.state == State::BARRIER) snprintf(b + n, sizeof b - n, "waits at %s at %s:%d", f.op, base_name(f.file), f.line);
+    else snprintf(b + n, sizeof b - n, "waits at %s(mask 0x%08x) at %s:%d", f.op, f.mask, base_name(f.file), f.line);
+    return b;
+}
+inline bool same_barrier(const Fiber& a, const Fiber& b) {
+    return b.state == State::BARRIER && a.line == b.line && !strcmp(a.op, b.op) && !strcmp(a.file, b.file);
+}
+inline unsigned lanes_present(int warp0, int n) { return n - warp0 >= 32 ? ~0u : (1u << (n - warp0)) - 1; }
+
+// Complete every warp operation whose mask's lanes have all arrived at it.
+// Returns how many threads were released.
+inline int complete_warp_ops(int n) {
+    std::vector<Fiber>& F = machine.fibers;
+    int released = 0;
+    for (int w0 = 0; w0 < n; w0 += 32) {
+        unsigned present = lanes_present(w0, n);  // a partial last warp has fewer lanes
+        for (int l = 0; w0 + l < n; l++) {
+            Fiber& f = F[w0 + l];
+            if (f.state != State::WARP) continue;
+            unsigned mask = f.mask & present;
+            bool all = true;
+            for (int j = 0; j < 32 && all; j++)
+                if (mask >> j & 1) {
+                    const Fiber& g = F[w0 + j];
+                    all = g.state == State::WARP && g.kind == f.kind && (g.mask & present) == mask;
+                }
+            if (!all) continue;
+            uint64_t vote = 0, count = 0;
+            for (int j = 0; j < 32; j++)
+                if (mask >> j & 1 && F[w0 + j].value) { vote |= 1ull << j; count++; }
+            for (int j = 0; j < 32; j++) {
+                if (!(mask >> j & 1)) continue;
+                Fiber& g = F[w0 + j];
+                int seg = j & ~(g.width - 1), src = j;   // shuffles work within segments of `width` lanes
+                switch (g.kind) {
+                case W_SHFL: src = seg + (g.arg & (g.width - 1)); break;
+                case W_UP:   src = (j - seg) >= g.arg ? j - g.arg : j; break;
+                case W_DOWN: src = (j - seg) + g.arg < g.width ? j + g.arg : j; break;
+                case W_XOR:  src = (j ^ g.arg) < seg + g.width ? j ^ g.arg : j; break;
+                default: break;
+                }
+                if (g.kind == W_BALLOT) g.result = vote;
+                else if (g.kind == W_ANY) g.result = count > 0;
+                else if (g.kind == W_ALL) g.result = count == (uint64_t)__builtin_popcount(mask);
+                else if (src < 0 || src > 31 || !(mask >> src & 1)) g.result = ~0ull;  // undefined in CUDA: poison
+                else g.result = F[w0 + src].value;
+            }
+            for (int j = 0; j < 32; j++)
+                if (mask >> j & 1) { F[w0 + j].state = State::READY; released++; }
+        }
+    }
+    return released;
+}
+
+inline void report_deadlock(int n) {
+    std::vector<Fiber>& F = machine.fibers;
+    int w = 0;
+    while (F[w].state == State::DONE) w++;   // the first thread still waiting
+    const Fiber* culprit = nullptr;          // one that keeps it waiting
+    if (F[w].state == State::BARRIER) {
+        for (int i = 0; i < n && !culprit; i++) if (!same_barrier(F[w], F[i])) culprit = &F[i];
+    } else {
+        int w0 = w & ~31;
+        unsigned mask = F[w].mask & lanes_present(w0, n);
+        for (int j = 0; j < 32 && !culprit; j++) {
+            const Fiber& g = F[w0 + j];
+            if (mask >> j & 1 && !(g.state == State::WARP && g.kind == F[w].kind &&
+                                   (g.mask & lanes_present(w0, n)) == mask)) culprit = &g;
+        }
+    }
+    if (!culprit) culprit = &F[w];
+    fail(cudaErrorLaunchFailure, "deadlock in kernel %s: block (%u,%u,%u) %s while %s", machine.kernel,
+         blockIdx.x, blockIdx.y, blockIdx.z, describe(F[w]).c_str(), describe(*culprit).c_str());
+}
+
+// Make thread i ready to run from the top of the kernel on its own stack.
+// (Its own function: getcontext "returns twice", which would make the
+// compiler distrust the caller's locals.)
+__attribute__((noinline)) inline void start_fiber(int i) {
+    Machine& m = machine;
+    Fiber& f = m.fibers[i];
+    f.lin = i;
+    f.tid = {i % blockDim.x, (i / blockDim.x) % blockDim.y, i / (blockDim.x * blockDim.y)};
+    f.state = State::READY;
+    f.done_phase = -1;
+    f.fake_stack = nullptr;
+#ifdef LIME_EMU_ASAN
+    // An abandoned (deadlocked) thread leaves its frames' redzones behind.
+    __asan_unpoison_memory_region(m.stacks[i], m.stack_bytes);
+#endif
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = m.stacks[i];
+    f.ctx.uc_stack.ss_size = m.stack_bytes;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_main, 0);
+}
+
+// Run one block to completion. false: it failed (the error is recorded).
+inline bool run_block(int n, uint64_t block_id) {
+    Machine& m = machine;
+    // Poison all shared memory: static (the section) and dynamic.
+    if (__start_lime_emu_shared) memset(__start_lime_emu_shared, 0xFF, __stop_lime_emu_shared - __start_lime_emu_shared);
+    if (!m.dyn.empty()) memset(m.dyn.data(), 0xFF, m.dyn.size());
+    for (int i = 0; i < n; i++) start_fiber(i);
+    uint64_t rng = settings().seed * 0x2545F4914F6CDD1Dull + block_id;  // same seed, same schedule
+    for (;;) {
+        // One phase: run every ready thread, in the chosen order, until it waits or ends.
+        m.phase++;
+        m.order.clear();
+        for (int i = 0; i < n; i++) if (m.fibers[i].state == State::READY) m.order.push_back(i);
+        if (settings().order == REVERSE) std::reverse(m.order.begin(), m.order.end());
+        if (settings().order == RANDOM)
+            for (size_t i = m.order.size(); i > 1; i--) std::swap(m.order[i - 1], m.order[splitmix(rng) % i]);
+        for (int i : m.order) {
+            resume(m.fibers[i]);
+            if (m.failed) return false;
+        }
+        // Now every thread waits or is done. Warp operations first: they need only their lanes.
+        if (complete_warp_ops(n) > 0) continue;
+        int done = 0, waiting = 0;
+        for (int i = 0; i < n; i++) {
+            done += m.fibers[i].state == State::DONE;
+            waiting += same_barrier(m.fibers[0], m.fibers[i]);
+        }
+        if (done == n) return true;
+        if (waiting == n) {   // __syncthreads: everyone arrived at the same one
+            uint64_t count = 0;
+            for (int i = 0; i < n; i++) count += m.fibers[i].value != 0;
+            for (int i = 0; i < n; i++) { m.fibers[i].state = State::READY; m.fibers[i].result = count; }
+            continue;
+        }
+        report_deadlock(n);
+        return false;
+    }
+}
+
+inline bool run_grid(const char* name, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
+    Machine& m = machine;
+    if (m.cur) return fail(cudaErrorLaunchFailure, "kernel %s launched from inside a kernel: not supported", name), false;
+    int n = block.x * block.y * block.z;
+    if (!ensure_stacks(n))
+        return fail(cudaErrorLaunchOutOfResources, "kernel %s: no memory for %d thread stacks", name, n), false;
+    if ((int)m.fibers.size() < n) m.fibers.resize(n);
+    m.dyn.assign(smem, 0);
+    m.body = &body;
+    m.kernel = name;
+    m.failed = false;
+    gridDim = grid;
+    blockDim = block;
+    kernels_run++;
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                blockIdx = {x, y, z};
+                if (!run_block(n, ((uint64_t)z * grid.y + y) * grid.x + x)) {
+                    m.failed = true;
+                    pending_error = cudaErrorLaunchFailure;
+                    return false;
+                }
+            }
+    return true;
+}
+
+// --- thread-side entry points for barriers and warp operations -------------
+inline uint64_t barrier(const char* op, int pred, const char* file, int line) {
+    Fiber& f = current(op);
+    f.state = State::BARRIER; f.op = op; f.file = file; f.line = line; f.value = pred != 0;
+    yield(f);
+    return f.result;  // how many threads passed a nonzero predicate
+}
+inline uint64_t warp_op(WarpKind kind, const char* op, unsigned mask, uint64_t value, int arg, int width,
+                        const char* file, int line) {
+    Fiber& f = current(op);
+    f.file = file; f.line = line;
+    if (!(mask >> (f.lin & 31) & 1)) misuse(f, "%s: mask 0x%08x does not name the calling lane %d", op, mask, f.lin & 31);
+    if (width < 1 || width > 32 || (width & (width - 1))) misuse(f, "%s: width %d is not a power of two <= 32", op, width);
+    f.state = State::WARP; f.kind = kind; f.op = op; f.mask = mask; f.value = value; f.arg = arg; f.width = width;
+    yield(f);
+    return f.result;
+}
+template <class T> uint64_t to_bits(const T& v) {
+    static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8, "warp shuffles move values of up to 8 bytes");
+    uint64_t b = 0;
+    memcpy(&b, &v, sizeof(T));
+    return b;
+}
+template <class T> T from_bits(uint64_t b) { T v; memcpy(&v, &b, sizeof(T)); return v; }
+template <class F> const void* key_of(F* f) { const void* p; static_assert(sizeof p == sizeof f, ""); memcpy(&p, &f, sizeof p); return p; }
+}  // namespace detail
+
+// --- the harness's own API for tests ---------------------------------------
+inline void set_order(Order o, uint64_t seed = 1) { detail::settings().order = o; detail::settings().seed = seed; }
+inline Order order() { return detail::settings().order; }
+inline void set_stack_size(size_t bytes) { detail::settings().stack_bytes = bytes; }
+inline void set_quiet(bool q) { detail::settings().quiet = q; }
+inline const char* last_error_message() { return detail::message.c_str(); }
+inline long kernels_run() { return detail::kernels_run; }  // grids executed so far
+}  // namespace emu
+
+// ===========================================================================
+// 4. Device functions: barriers, warp operations, atomics, math.
+// __FILE__/__LINE__ of the caller come in through defaulted arguments, so a
+// deadlock report can say which barrier each thread waits at.
+#define LIME_EMU_WHERE const char* file_ = __builtin_FILE(), int line_ = __builtin_LINE()
+
+inline void __syncthreads(LIME_EMU_WHERE) { emu::detail::barrier("__syncthreads()", 0, file_, line_); }
+inline int __syncthreads_count(int p, LIME_EMU_WHERE) { return (int)emu::detail::barrier("__syncthreads_count()", p, file_, line_); }
+inline int __syncthreads_and(int p, LIME_EMU_WHERE) {
+    return emu::detail::barrier("__syncthreads_and()", p, file_, line_) == (uint64_t)blockDim.x * blockDim.y * blockDim.z;
+}
+inline int __syncthreads_or(int p, LIME_EMU_WHERE) { return emu::detail::barrier("__syncthreads_or()", p, file_, line_) > 0; }
+// Threads switch only at barriers, so memory is always coherent: fences are no-ops.
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+
+inline void __syncwarp(unsigned mask = 0xffffffffu, LIME_EMU_WHERE) {
+    emu::detail::warp_op(emu::detail::W_SYNC, "__syncwarp", mask, 0, 0, 32, file_, line_);
+}
+template <class T> T __shfl_sync(unsigned mask, T var, int src, int width = warpSize, LIME_EMU_WHERE) {
+    using namespace emu::detail;
+    return from_bits<T>(warp_op(W_SHFL, "__shfl_sync", mask, to_bits(var), src, width, file_, line_));
+}
+template <class T> T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize, LIME_EMU_WHERE) {
+    using namespace emu::detail;
+    return from_bits<T>(warp_op(W_UP, "__shfl_up_sync", mask, to_bits(var), (int)delta, width, file_, line_));
+}
+template <class T> T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize, LIME_EMU_WHERE) {
+    using namespace emu::detail;
+    return from_bits<T>(warp_op(W_DOWN, "__shfl_down_sync", mask, to_bits(var), (int)delta, width, file_, line_));
+}
+template <class T> T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize, LIME_EMU_WHERE) {
+    using namespace emu::detail;
+    return from_bits<T>(warp_op(W_XOR, "__shfl_xor_sync", mask, to_bits(var), lane_mask, width, file_, line_));
+}
+inline unsigned __ballot_sync(unsigned mask, int pred, LIME_EMU_WHERE) {
+    return (unsigned)emu::detail::warp_op(emu::detail::W_BALLOT, "__ballot_sync", mask, pred != 0, 0, 32, file_, line_);
+}
+inline int __any_sync(unsigned mask, int pred, LIME_EMU_WHERE) {
+    return (int)emu::detail::warp_op(emu::detail::W_ANY, "__any_sync", mask, pred != 0, 0, 32, file_, line_);
+}
+inline int __all_sync(unsigned mask, int pred, LIME_EMU_WHERE) {
+    return (int)emu::detail::warp_op(emu::detail::W_ALL, "__all_sync", mask, pred != 0, 0, 32, file_, line_);
+}
+// The lanes of the caller's warp still running when this phase began: a lane
+// that ran ahead to its end in this phase counts, as it would be converged
+// with the caller on a GPU. Not a synchronisation.
+inline unsigned __activemask() {
+    using namespace emu::detail;
+    const Fiber& f = current("__activemask");
+    int w0 = f.lin & ~31, n = (int)(blockDim.x * blockDim.y * blockDim.z);
+    unsigned m = 0;
+    for (int j = 0; j < 32 && w0 + j < n; j++) {
+        const Fiber& g = machine.fibers[w0 + j];
+        if (g.state != State::DONE || g.done_phase == machine.phase) m |= 1u << j;
+    }
+    return m;
+}
+
+// Atomics. A thread is never interrupted between two barriers, and blocks run
+// one at a time, so a plain read-modify-write already is atomic here.
+#define LIME_EMU_ATOMIC(name, T, expr) inline T name(T* a, T v) { T old = *a; *a = (expr); return old; }
+LIME_EMU_ATOMIC(atomicAdd, int, old + v)
+LIME_EMU_ATOMIC(atomicAdd, unsigned, old + v)
+LIME_EMU_ATOMIC(atomicAdd, unsigned long long, old + v)
+LIME_EMU_ATOMIC(atomicAdd, float, old + v)
+LIME_EMU_ATOMIC(atomicAdd, double, old + v)
+LIME_EMU_ATOMIC(atomicSub, int, old - v)
+LIME_EMU_ATOMIC(atomicSub, unsigned, old - v)
+LIME_EMU_ATOMIC(atomicMax, int, std::max(old, v))
+LIME_EMU_ATOMIC(atomicMax, unsigned, std::max(old, v))
+LIME_EMU_ATOMIC(atomicMax, unsigned long long, std::max(old, v))
+LIME_EMU_ATOMIC(atomicMin, int, std::min(old, v))
+LIME_EMU_ATOMIC(atomicMin, unsigned, std::min(old, v))
+LIME_EMU_ATOMIC(atomicMin, unsigned long long, std::min(old, v))
+LIME_EMU_ATOMIC(atomicExch, int, v)
+LIME_EMU_ATOMIC(atomicExch, unsigned, v)
+LIME_EMU_ATOMIC(atomicExch, unsigned long long, v)
+LIME_EMU_ATOMIC(atomicExch, float, v)
+LIME_EMU_ATOMIC(atomicAnd, int, old & v)
+LIME_EMU_ATOMIC(atomicAnd, unsigned, old & v)
+LIME_EMU_ATOMIC(atomicOr, int, old | v)
+LIME_EMU_ATOMIC(atomicOr, unsigned, old | v)
+LIME_EMU_ATOMIC(atomicXor, int, old ^ v)
+LIME_EMU_ATOMIC(atomicXor, unsigned, old ^ v)
+#undef LIME_EMU_ATOMIC
+inline int atomicCAS(int* a, int cmp, int v) { int old = *a; if (old == cmp) *a = v; return old; }
+inline unsigned atomicCAS(unsigned* a, unsigned cmp, unsigned v) { unsigned old = *a; if (old == cmp) *a = v; return old; }
+inline unsigned long long atomicCAS(unsigned long long* a, unsigned long long cmp, unsigned long long v) {
+    unsigned long long old = *a; if (old == cmp) *a = v; return old;
+}
+
+// Math. glibc declares (without defining) __expf, __sinf ... so those are mapped
+// by macro; the fast intrinsics are computed exactly, which is what a CPU
+// reference wants (the GPU's are within a few ulp).
+#define __expf expf
+#define __exp10f exp10f
+#define __logf logf
+#define __log2f log2f
+#define __log10f log10f
+#define __sinf sinf
+#define __cosf cosf
+#define __tanf tanf
+#define __powf powf
+#define __sincosf sincosf
+inline float __fdividef(float a, float b) { return a / b; }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+inline float __frsqrt_rn(float x) { return 1.0f / sqrtf(x); }
+inline float __fsqrt_rn(float x) { return sqrtf(x); }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __saturatef(float x) { return x > 0.0f ? (x < 1.0f ? x : 1.0f) : 0.0f; }  // NaN -> 0
+inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
+inline int __float2int_rz(float x) { return (int)x; }
+inline float __int2float_rn(int x) { return (float)x; }
+inline int __float_as_int(float x) { int i; memcpy(&i, &x, 4); return i; }
+inline unsigned __float_as_uint(float x) { unsigned i; memcpy(&i, &x, 4); return i; }
+inline float __int_as_float(int i) { float x; memcpy(&x, &i, 4); return x; }
+inline float __uint_as_float(unsigned i) { float x; memcpy(&x, &i, 4); return x; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+// CUDA's min/max overloads (device code calls them unqualified).
+#define LIME_EMU_MINMAX(T) inline T min(T a, T b) { return a < b ? a : b; } inline T max(T a, T b) { return a > b ? a : b; }
+LIME_EMU_MINMAX(int) LIME_EMU_MINMAX(unsigned) LIME_EMU_MINMAX(long) LIME_EMU_MINMAX(unsigned long)
+LIME_EMU_MINMAX(long long) LIME_EMU_MINMAX(unsigned long long)
+inline float min(float a, float b) { return fminf(a, b); }
+inline float max(float a, float b) { return fmaxf(a, b); }
+inline double min(double a, double b) { return fmin(a, b); }
+inline double max(double a, double b) { return fmax(a, b); }
+#undef LIME_EMU_MINMAX
+// Cache-hinted loads and stores: the hint means nothing here.
+template <class T> T __ldg(const T* p) { return *p; }
+template <class T> T __ldcs(const T* p) { return *p; }
+template <class T> T __ldcg(const T* p) { return *p; }
+template <class T> void __stcs(T* p, T v) { *p = v; }
+template <class T> void __stcg(T* p, T v) { *p = v; }
+
+// ===========================================================================
+// 5. The runtime API: errors, memory, device, streams, events, graphs, launch.
+
+inline const char* cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+#define C(x) case x: return #x;
+    C(cudaSuccess) C(cudaErrorInvalidValue) C(cudaErrorMemoryAllocation) C(cudaErrorInitializationError)
+    C(cudaErrorInvalidConfiguration) C(cudaErrorInvalidDevicePointer) C(cudaErrorInvalidMemcpyDirection)
+    C(cudaErrorInvalidDeviceFunction) C(cudaErrorNoDevice) C(cudaErrorInvalidDevice) C(cudaErrorInvalidResourceHandle)
+    C(cudaErrorIllegalState) C(cudaErrorNotReady) C(cudaErrorIllegalAddress) C(cudaErrorLaunchOutOfResources)
+    C(cudaErrorLaunchFailure) C(cudaErrorStreamCaptureUnsupported) C(cudaErrorStreamCaptureInvalidated)
+    C(cudaErrorStreamCaptureUnmatched) C(cudaErrorStreamCaptureUnjoined) C(cudaErrorStreamCaptureImplicit)
+    C(cudaErrorCapturedEvent) C(cudaErrorUnknown)
+#undef C
+    }
+    return "cudaErrorUnknown";
+}
+inline const char* cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInitializationError: return "initialization error";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorInvalidDeviceFunction: return "invalid device function";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureUnjoined: return "capturing stream has unjoined work";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
+    default: return "unknown error";
+    }
+}
+inline cudaError_t cudaGetLastError() {
+    cudaError_t e = emu::detail::last_error;
+    emu::detail::last_error = emu::detail::pending_error = cudaSuccess;
+    return e;
+}
+inline cudaError_t cudaPeekAtLastError() { return emu::detail::last_error; }
+
+// --- streams, capture, and the one place work is issued --------------------
+// Work runs when it is issued, in issue order. Anything CUDA orders (two
+// operations in one stream, or across streams joined by an event) therefore
+// runs in that order; what CUDA leaves unordered merely gets one legal order.
+// The price: a missing cudaStreamWaitEvent between streams goes unnoticed.
+namespace emu { namespace detail {
+struct Capture {
+    cudaStreamCaptureMode mode;
+    bool invalid = false;
+    std::vector<std::function<void()>> ops;
+    std::vector<CUstream_st*> streams;  // the origin stream and those that joined through events
+};
+inline std::vector<std::shared_ptr<Capture>> active_captures;
+}}  // namespace emu::detail
+
+struct CUstream_st {
+    unsigned flags = 0;
+    std::shared_ptr<emu::detail::Capture> capture;  // set while the stream captures
+};
+struct CUevent_st {
+    unsigned flags = 0;
+    bool recorded = false;
+    std::chrono::steady_clock::time_point when;
+    std::shared_ptr<emu::detail::Capture> capture;  // last recorded while capturing: for joins
+};
+struct CUgraph_st { std::vector<std::function<void()>> ops; };
+struct CUgraphExec_st { std::vector<std::function<void()>> ops; };
+
+namespace emu { namespace detail {
+inline CUstream_st legacy_stream;
+inline CUstream_st* resolve(cudaStream_t s) {
+    return (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) ? &legacy_stream : s;
+}
+inline void invalidate(CUstream_st* s) { if (s->capture) s->capture->invalid = true; }
+// Issue op on stream s: run it now, or record it if s is capturing.
+inline cudaError_t issue(cudaStream_t stream, std::function<void()> op, const char* what) {
+    CUstream_st* s = resolve(stream);
+    if (s->capture) {
+        if (s->capture->invalid) return fail(cudaErrorStreamCaptureInvalidated, "%s: the capture was invalidated earlier", what);
+        s->capture->ops.push_back(std::move(op));
+        return cudaSuccess;
+    }
+    if (s == &legacy_stream)  // the legacy stream waits for every blocking stream, capturing ones too
+        for (auto& c : active_captures)
+            for (CUstream_st* cs : c->streams)
+                if (!(cs->flags & cudaStreamNonBlocking)) {
+                    c->invalid = true;
+                    return fail(cudaErrorStreamCaptureImplicit, "%s on the legacy stream while a stream is capturing", what);
+                }
+    op();
+    return cudaSuccess;
+}
+// Calls CUDA forbids during a global or thread-local capture (malloc, free, device sync).
+inline cudaError_t capture_forbids(const char* what) {
+    for (auto& c : active_captures)
+        if (c->mode != cudaStreamCaptureModeRelaxed) {
+            c->invalid = true;
+            return fail(cudaErrorStreamCaptureUnsupported, "%s is not permitted while a stream is capturing", what);
+        }
+    return cudaSuccess;
+}
+inline cudaError_t sync_result() {  // what a synchronisation reports: a failed kernel
+    cudaError_t e = pending_error;
+    pending_error = cudaSuccess;
+    return e;
+}
+}}  // namespace emu::detail
+
+// --- device ------------------------------------------------------------------
+namespace emu { namespace detail {
+constexpr size_t kGlobalMem = 24ull << 30, kSmem = 48 << 10, kSmemOptin = 227 << 10;
+}}
+inline cudaError_t cudaGetDeviceCount(int* n) {
+    if (emu::detail::no_device()) { *n = 0; emu::detail::last_error = cudaErrorNoDevice; return cudaErrorNoDevice; }
+    *n = 1;
+    return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int d) {
+    if (emu::detail::no_device()) return emu::detail::last_error = cudaErrorNoDevice;
+    return d == 0 ? cudaSuccess : (emu::detail::last_error = cudaErrorInvalidDevice);
+}
+inline cudaError_t cudaGetDevice(int* d) { *d = 0; return emu::detail::no_device() ? cudaErrorNoDevice : cudaSuccess; }
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+    if (emu::detail::no_device()) return emu::detail::last_error = cudaErrorNoDevice;
+    if (d != 0) return emu::detail::last_error = cudaErrorInvalidDevice;
+    *p = cudaDeviceProp{};
+    snprintf(p->name, sizeof p->name, "lime-emu (CUDA on the CPU)");
+    p->totalGlobalMem = emu::detail::kGlobalMem;
+    p->sharedMemPerBlock = emu::detail::kSmem;
+    p->sharedMemPerBlockOptin = emu::detail::kSmemOptin;
+    p->sharedMemPerMultiprocessor = 228 << 10;
+    p->totalConstMem = 64 << 10;
+    p->regsPerBlock = 65536;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = 1024; p->maxThreadsDim[1] = 1024; p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 2147483647; p->maxGridSize[1] = 65535; p->maxGridSize[2] = 65535;
+    p->major = 9; p->minor = 0;
+    p->multiProcessorCount = 8;
+    p->maxThreadsPerMultiProcessor = 2048;
+    p->l2CacheSize = 50 << 20;
+    p->memoryBusWidth = 5120;
+    return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
+    cudaDeviceProp p;
+    if (cudaError_t e = cudaGetDeviceProperties(&p, d)) return e;
+    switch (a) {
+    case cudaDevAttrMaxThreadsPerBlock: *v = p.maxThreadsPerBlock; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = (int)p.sharedMemPerBlock; break;
+    case cudaDevAttrWarpSize: *v = p.warpSize; break;
+    case cudaDevAttrMultiProcessorCount: *v = p.multiProcessorCount; break;
+    case cudaDevAttrComputeCapabilityMajor: *v = p.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = p.minor; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = (int)p.sharedMemPerBlockOptin; break;
+    default: return emu::detail::last_error = cudaErrorInvalidValue;
+    }
+    return cudaSuccess;
+}
+inline cudaError_t cudaDeviceSynchronize() {
+    if (cudaError_t e = emu::detail::capture_forbids("cudaDeviceSynchronize")) return e;
+    return emu::detail::sync_result();
+}
+
+// --- memory ----------------------------------------------------------------
+// Device memory is host memory, tracked so copies can check their pointers and
+// filled with NaN (0xFF bytes), as uninitialised GPU memory may hold anything.
+namespace emu { namespace detail {
+struct Allocation { size_t bytes; bool pinned; };
+inline std::map<uintptr_t, Allocation> allocations;
+inline size_t device_bytes = 0;
+// Is [p, p+n) inside one device allocation?
+inline bool on_device(const void* p, size_t n) {
+    auto it = allocations.upper_bound((uintptr_t)p);
+    if (it == allocations.begin()) return false;
+    --it;
+    return !it->second.pinned && (uintptr_t)p + n <= it->first + it->second.bytes;
+}
+}}  // namespace emu::detail
+
+inline cudaError_t cudaMalloc(void** p, size_t bytes) {
+    using namespace emu::detail;
+    if (no_device()) return last_error = cudaErrorNoDevice;
+    if (!p) return fail(cudaErrorInvalidValue, "cudaMalloc: null result pointer");
+    if (cudaError_t e = capture_forbids("cudaMalloc")) return e;
+    *p = nullptr;
+    if (bytes == 0) return cudaSuccess;
+    if (bytes > kGlobalMem - device_bytes)
+        return fail(cudaErrorMemoryAllocation, "cudaMalloc of %zu bytes: only %zu of %zu are free", bytes,
+                    kGlobalMem - device_bytes, kGlobalMem);
+    if (posix_memalign(p, 256, bytes)) { *p = nullptr; return fail(cudaErrorMemoryAllocation, "cudaMalloc of %zu bytes: host out of memory", bytes); }
+    memset(*p, 0xFF, bytes);
+    allocations[(uintptr_t)*p] = {bytes, false};
+    device_bytes += bytes;
+    return cudaSuccess;
+}
+template <class T> cudaError_t cudaMalloc(T** p, size_t bytes) { return cudaMalloc((void**)p, bytes); }
+inline cudaError_t cudaFree(void* p) {
+    using namespace emu::detail;
+    if (!p) return cudaSuccess;
+    if (cudaError_t e = capture_forbids("cudaFree")) return e;
+    auto it = allocations.find((uintptr_t)p);
+    if (it == allocations.end() || it->second.pinned) return fail(cudaErrorInvalidValue, "cudaFree(%p): not a cudaMalloc'd pointer", p);
+    device_bytes -= it->second.bytes;
+    allocations.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+inline cudaError_t cudaMallocHost(void** p, size_t bytes, unsigned flags = 0) {
+    (void)flags;
+    if (posix_memalign(p, 256, bytes ? bytes : 1)) return emu::detail::fail(cudaErrorMemoryAllocation, "cudaMallocHost: out of memory");
+    emu::detail::allocations[(uintptr_t)*p] = {bytes, true};
+    return cudaSuccess;
+}
+template <class T> cudaError_t cudaMallocHost(T** p, size_t bytes, unsigned flags = 0) { return cudaMallocHost((void**)p, bytes, flags); }
+inline cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags) { return cudaMallocHost(p, bytes, flags); }
+inline cudaError_t cudaFreeHost(void* p) {
+    auto it = emu::detail::allocations.find((uintptr_t)p);
+    if (!p) return cudaSuccess;
+    if (it == emu::detail::allocations.end() || !it->second.pinned)
+        return emu::detail::fail(cudaErrorInvalidValue, "cudaFreeHost(%p): not a cudaMallocHost'd pointer", p);
+    emu::detail::allocations.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+    if (emu::detail::no_device()) return emu::detail::last_error = cudaErrorNoDevice;
+    *total = emu::detail::kGlobalMem;
+    *free_bytes = *total - emu::detail::device_bytes;
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t s = nullptr) {
+    using namespace emu::detail;
+    if ((unsigned)kind > cudaMemcpyDefault) return fail(cudaErrorInvalidMemcpyDirection, "cudaMemcpy: kind %d", (int)kind);
+    if (n == 0) return cudaSuccess;
+    bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if ((dst_dev && !on_device(dst, n)) || (src_dev && !on_device(src, n)))
+        return fail(cudaErrorInvalidValue, "cudaMemcpy(%p, %p, %zu, %s): the %s range is not inside one cudaMalloc'd block",
+                    dst, src, n, kind == 1 ? "HostToDevice" : kind == 2 ? "DeviceToHost" : "DeviceToDevice",
+                    dst_dev && !on_device(dst, n) ? "destination" : "source");
+    return issue(s, [=] { memmove(dst, src, n); }, "cudaMemcpy");
+}
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+    return cudaMemcpyAsync(dst, src, n, kind, nullptr);  // the legacy stream: issue() makes it synchronous
+}
+inline cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t s = nullptr) {
+    if (n == 0) return cudaSuccess;
+    if (!emu::detail::on_device(p, n)) return emu::detail::fail(cudaErrorInvalidValue, "cudaMemset(%p, %d, %zu): not inside one cudaMalloc'd block", p, value, n);
+    return emu::detail::issue(s, [=] { memset(p, value, n); }, "cudaMemset");
+}
+inline cudaError_t cudaMemset(void* p, int value, size_t n) { return cudaMemsetAsync(p, value, n, nullptr); }
+// __constant__ variables are plain globals, so a symbol copy is a memcpy.
+template <class T> cudaError_t cudaMemcpyToSymbol(T& sym, const void* src, size_t n, size_t off = 0,
+                                                  cudaMemcpyKind = cudaMemcpyHostToDevice) {
+    memcpy((char*)&sym + off, src, n); return cudaSuccess;
+}
+template <class T> cudaError_t cudaMemcpyFromSymbol(void* dst, const T& sym, size_t n, size_t off = 0,
+                                                    cudaMemcpyKind = cudaMemcpyDeviceToHost) {
+    memcpy(dst, (const char*)&sym + off, n); return cudaSuccess;
+}
+
+// --- streams and events --------------------------------------------------------
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
+    if (emu::detail::no_device()) return emu::detail::last_error = cudaErrorNoDevice;
+    *s = new CUstream_st;
+    (*s)->flags = flags;
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread) return emu::detail::last_error = cudaErrorInvalidResourceHandle;
+    delete s;
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (emu::detail::resolve(s)->capture) {
+        emu::detail::invalidate(emu::detail::resolve(s));
+        return emu::detail::fail(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize on a capturing stream");
+    }
+    return emu::detail::sync_result();
+}
+inline cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }  // work is done at issue
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) { *e = new CUevent_st; (*e)->flags = flags; return cudaSuccess; }
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
+    if (!e) return emu::detail::last_error = cudaErrorInvalidResourceHandle;
+    e->capture = emu::detail::resolve(s)->capture;  // a captured record lets other streams join the capture
+    return emu::detail::issue(s, [e] { e->recorded = true; e->when = std::chrono::steady_clock::now(); }, "cudaEventRecord");
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return emu::detail::sync_result(); }
+inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+    if (!a || !b || !a->recorded || !b->recorded || (a->flags | b->flags) & cudaEventDisableTiming)
+        return emu::detail::fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was not recorded, or has timing disabled");
+    *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
+    return cudaSuccess;
+}
+// Work already ran at issue, so waiting is free; but waiting on an event
+// recorded in a capture pulls this stream into the capture (fork/join).
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned flags = 0) {
+    (void)flags;
+    if (!e) return emu::detail::fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: null event");
+    CUstream_st* s = emu::detail::resolve(stream);
+    auto& act = emu::detail::active_captures;
+    if (e->capture && s->capture != e->capture && std::find(act.begin(), act.end(), e->capture) != act.end()) {
+        if (s->capture || s == &emu::detail::legacy_stream)
+            return emu::detail::fail(cudaErrorStreamCaptureImplicit, "cudaStreamWaitEvent: stream cannot join this capture");
+        s->capture = e->capture;
+        e->capture->streams.push_back(s);
+    }
+    return cudaSuccess;
+}
+
+// --- graph capture ---------------------------------------------------------------
+// While a stream captures, issue() appends each operation (a closure holding
+// the kernel's arguments by value) to the capture instead of running it. A
+// graph is that list; launching one runs the list in order.
+inline cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+    CUstream_st* s = emu::detail::resolve(stream);
+    if (s == &emu::detail::legacy_stream) return emu::detail::fail(cudaErrorStreamCaptureUnsupported, "cannot capture the legacy stream");
+    if (s->capture) return emu::detail::fail(cudaErrorIllegalState, "cudaStreamBeginCapture: the stream already captures");
+    s->capture = std::make_shared<emu::detail::Capture>();
+    s->capture->mode = mode;
+    s->capture->streams.push_back(s);
+    emu::detail::active_captures.push_back(s->capture);
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+    CUstream_st* s = emu::detail::resolve(stream);
+    auto c = s->capture;
+    if (!c || c->streams[0] != s) return emu::detail::fail(cudaErrorStreamCaptureUnmatched, "cudaStreamEndCapture: the capture did not begin in this stream");
+    auto& act = emu::detail::active_captures;
+    act.erase(std::find(act.begin(), act.end(), c));
+    for (CUstream_st* m : c->streams) m->capture.reset();
+    *graph = nullptr;
+    if (c->invalid) return emu::detail::fail(cudaErrorStreamCaptureInvalidated, "cudaStreamEndCapture: the capture was invalidated by an earlier error");
+    *graph = new CUgraph_st{std::move(c->ops)};
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* st) {
+    const auto& c = emu::detail::resolve(stream)->capture;
+    *st = !c ? cudaStreamCaptureStatusNone : c->invalid ? cudaStreamCaptureStatusInvalidated : cudaStreamCaptureStatusActive;
+    return cudaSuccess;
+}
+// The count of nodes; node handles themselves are not modelled.
+inline cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t* nodes, size_t* n) {
+    if (nodes) return emu::detail::fail(cudaErrorInvalidValue, "cudaGraphGetNodes: only the count (nodes == nullptr) is supported");
+    *n = g->ops.size();
+    return cudaSuccess;
+}
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t g, unsigned long long flags = 0) {
+    (void)flags;
+    if (!g) return emu::detail::fail(cudaErrorInvalidValue, "cudaGraphInstantiate: null graph");
+    *exec = new CUgraphExec_st{g->ops};
+    return cudaSuccess;
+}
+inline cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t g, unsigned long long flags = 0) {
+    return cudaGraphInstantiate(exec, g, flags);
+}
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+    if (!exec) return emu::detail::fail(cudaErrorInvalidValue, "cudaGraphLaunch: null graph");
+    auto ops = exec->ops;
+    return emu::detail::issue(s, [ops] {
+        emu::detail::machine.failed = false;
+        for (const auto& op : ops) {
+            op();
+            if (emu::detail::machine.failed) break;  // a failed kernel ends the replay
+        }
+    }, "cudaGraphLaunch");
+}
+inline cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSuccess; }
+inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
+
+// --- kernel launch ---------------------------------------------------------------
+namespace emu { namespace detail {
+inline std::map<const void*, int> max_dynamic_smem;  // per kernel, from cudaFuncSetAttribute
+
+inline void launch(const char* name, const void* key, dim3 g, dim3 b, size_t smem, cudaStream_t s,
+                   std::function<void()> body) {
+    if (no_device()) { last_error = cudaErrorNoDevice; return; }
+    uint64_t threads = (uint64_t)b.x * b.y * b.z;
+    cudaError_t e = cudaSuccess;
+    auto it = max_dynamic_smem.find(key);
+    size_t limit = it == max_dynamic_smem.end() ? kSmem : std::max<size_t>(kSmem, it->second);
+    if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z)
+        e = fail(cudaErrorInvalidConfiguration, "launch of %s refused: grid (%u,%u,%u) or block (%u,%u,%u) has a zero dimension",
+                 name, g.x, g.y, g.z, b.x, b.y, b.z);
+    else if (b.x > 1024 || b.y > 1024 || b.z > 64 || threads > 1024)
+        e = fail(cudaErrorInvalidConfiguration, "launch of %s refused: block (%u,%u,%u) exceeds (1024,1024,64) or 1024 threads",
+                 name, b.x, b.y, b.z);
+    else if (g.x > 2147483647u || g.y > 65535 || g.z > 65535)
+        e = fail(cudaErrorInvalidConfiguration, "launch of %s refused: grid (%u,%u,%u) exceeds (2^31-1,65535,65535)", name, g.x, g.y, g.z);
+    else if (smem > limit)
+        e = fail(cudaErrorInvalidValue, "launch of %s refused: %zu bytes of dynamic shared memory > %zu%s", name, smem, limit,
+                 limit == kSmem ? " (above 48 KiB needs cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes))" : "");
+    if (e) { invalidate(resolve(s)); return; }
+    issue(s, [=] { run_grid(name, g, b, smem, body); }, name);
+}
+
+// LAUNCH(k, grid, block, smem, stream) is a Launch; its call operator takes
+// the kernel's arguments, converts them to the parameter types (as <<<>>>
+// does), keeps them by value and issues the grid.
+template <class... P> struct Launch {
+    void (*kernel)(P...);
+    const char* name;
+    dim3 grid, block;
+    size_t smem;
+    cudaStream_t stream;
+    template <class... A> void operator()(A&&... a) const {
+        static_assert(sizeof...(A) == sizeof...(P), "LAUNCH: wrong number of kernel arguments");
+        std::tuple<std::decay_t<P>...> args(std::forward<A>(a)...);
+        auto k = kernel;
+        launch(name, key_of(kernel), grid, block, smem, stream, [k, args] { std::apply(k, args); });
+    }
+};
+template <class... P> Launch<P...> make_launch(void (*k)(P...), const char* name, dim3 g, dim3 b, size_t smem, cudaStream_t s) {
+    return {k, name, g, b, smem, s};
+}
+}}  // namespace emu::detail
+#define LAUNCH(kernel, grid, block, smem, stream) ::emu::detail::make_launch(kernel, #kernel, grid, block, smem, stream)
+
+inline cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+    if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;  // no carveout to prefer
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > emu::detail::kSmemOptin)
+        return emu::detail::fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: attribute %d value %d (max dynamic shared memory is %zu)",
+                                 (int)attr, value, emu::detail::kSmemOptin);
+    emu::detail::max_dynamic_smem[func] = value;
+    return cudaSuccess;
+}
+template <class T> cudaError_t cudaFuncSetAttribute(T* func, cudaFuncAttribute attr, int value) {
+    return cudaFuncSetAttribute(emu::detail::key_of(func), attr, value);
+}
+
+// ===========================================================================
+// 6. cuBLAS: SGEMM, column-major, as cuBLAS defines it:
+//    C = alpha * op(A) * op(B) + beta * C,  op(A) m x k, op(B) k x n, C m x n,
+//    element (i, j) of a matrix X with leading dimension ldX at X[i + j*ldX].
+
+enum cublasStatus_t {
+    CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_INITIALIZED = 1, CUBLAS_STATUS_ALLOC_FAILED = 3,
+    CUBLAS_STATUS_INVALID_VALUE = 7, CUBLAS_STATUS_ARCH_MISMATCH = 8, CUBLAS_STATUS_MAPPING_ERROR = 11,
+    CUBLAS_STATUS_EXECUTION_FAILED = 13, CUBLAS_STATUS_INTERNAL_ERROR = 14, CUBLAS_STATUS_NOT_SUPPORTED = 15,
+};
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 };
+enum cublasMath_t { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TENSOR_OP_MATH = 1, CUBLAS_PEDANTIC_MATH = 2,
+                    CUBLAS_TF32_TENSOR_OP_MATH = 3, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16 };
+struct cublasContext { cudaStream_t stream = nullptr; cublasMath_t math = CUBLAS_DEFAULT_MATH; };
+typedef cublasContext* cublasHandle_t;
+
+inline const char* cublasGetStatusName(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    }
+    return "CUBLAS_STATUS_UNKNOWN";
+}
+inline const char* cublasGetStatusString(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
+    default: return cublasGetStatusName(s);
+    }
+}
+inline cublasStatus_t cublasCreate(cublasHandle_t* h) {
+    if (emu::detail::no_device()) return CUBLAS_STATUS_NOT_INITIALIZED;
+    *h = new cublasContext;
+    return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasDestroy(cublasHandle_t h) { if (!h) return CUBLAS_STATUS_NOT_INITIALIZED; delete h; return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { if (!h) return CUBLAS_STATUS_NOT_INITIALIZED; h->stream = s; return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasGetStream(cublasHandle_t h, cudaStream_t* s) { if (!h) return CUBLAS_STATUS_NOT_INITIALIZED; *s = h->stream; return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m) { if (!h) return CUBLAS_STATUS_NOT_INITIALIZED; h->math = m; return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasGetMathMode(cublasHandle_t h, cublasMath_t* m) { if (!h) return CUBLAS_STATUS_NOT_INITIALIZED; *m = h->math; return CUBLAS_STATUS_SUCCESS; }
+
+namespace emu { namespace detail {
+// TF32 keeps 10 of float's 23 mantissa bits; tensor cores round each input so
+// (to nearest, ties away). Emulating it makes TF32 error budgets testable here.
+inline float tf32(float x) {
+    uint32_t u; memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) { u += 0x1000u; u &= 0xffffe000u; }
+    memcpy(&x, &u, 4);
+    return x;
+}
+// One GEMM per batch entry, parallel over the (batch, column) pairs. Per column j
+// of C: gather column j of op(B) into b (contiguous, whatever its stride), then
+// op(A) = A walks A's columns (axpy, unit stride) and op(A) = A^T takes dot
+// products with A's columns (also unit stride). beta == 0: C is only written.
+template <bool TF32>
+void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, long long sA,
+           const float* B, int ldb, long long sB, float beta, float* C, int ldc, long long sC, int batch) {
+    long long cols = (long long)batch * n;
+    auto rnd = [](float x) { return TF32 ? tf32(x) : x; };
+#if defined(_OPENMP)
+#pragma omp parallel if ((double)cols * m * k > 1e6)
+#endif
+    {
+        std::vector<float> b(k), acc(m);
+#if defined(_OPENMP)
+#pragma omp for schedule(static)
+#endif
+        for (long long c = 0; c < cols; c++) {
+            long long bi = c / n;
+            int j = (int)(c % n);
+            const float* Ab = A + bi * sA;
+            const float* Bb = B + bi * sB;
+            float* Cj = C + bi * sC + (size_t)j * ldc;
+            for (int l = 0; l < k; l++) b[l] = rnd(tb ? Bb[j + (size_t)l * ldb] : Bb[l + (size_t)j * ldb]);
+            if (!ta) {
+                std::fill(acc.begin(), acc.end(), 0.0f);
+                for (int l = 0; l < k; l++) {
+                    const float* Al = Ab + (size_t)l * lda;
+                    float bl = b[l];
+                    for (int i = 0; i < m; i++) acc[i] += rnd(Al[i]) * bl;
+                }
+            } else {
+                for (int i = 0; i < m; i++) {
+                    const float* Ai = Ab + (size_t)i * lda;
+                    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 partial sums, so the loop vectorises
+                    int l = 0;
+                    for (; l + 8 <= k; l += 8)
+                        for (int u = 0; u < 8; u++) s[u] += rnd(Ai[l + u]) * b[l + u];
+                    for (; l < k; l++) s[0] += rnd(Ai[l]) * b[l];
+                    acc[i] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+                }
+            }
+            if (beta == 0.0f) for (int i = 0; i < m; i++) Cj[i] = alpha * acc[i];
+            else for (int i = 0; i < m; i++) Cj[i] = alpha * acc[i] + beta * Cj[i];
+        }
+    }
+}
+// Check the arguments as cuBLAS does, then issue the product on the handle's stream.
+inline cublasStatus_t gemm(const char* fn, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                           int k, const float* alpha, const float* A, int lda, long long sA, const float* B, int ldb,
+                           long long sB, const float* beta, float* C, int ldc, long long sC, int batch) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    bool okop = (unsigned)ta <= CUBLAS_OP_C && (unsigned)tb <= CUBLAS_OP_C;
+    int rowsA = ta == CUBLAS_OP_N ? m : k, rowsB = tb == CUBLAS_OP_N ? k : n;
+    if (!okop || m < 0 || n < 0 || k < 0 || batch < 0 || lda < std::max(1, rowsA) || ldb < std::max(1, rowsB) ||
+        ldc < std::max(1, m) || !alpha || !beta) {
+        // A cuBLAS refusal is not a CUDA error: report it, leave cudaGetLastError alone.
+        report("%s: CUBLAS_STATUS_INVALID_VALUE (m=%d n=%d k=%d lda=%d [needs >= %d] ldb=%d [>= %d] ldc=%d [>= %d] batch=%d)",
+               fn, m, n, k, lda, std::max(1, rowsA), ldb, std::max(1, rowsB), ldc, std::max(1, m), batch);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+    float a = *alpha, b = *beta;  // host pointer mode: the scalars are read at the call
+    bool tA = ta != CUBLAS_OP_N, tB = tb != CUBLAS_OP_N, t32 = (h->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH;
+    if (a == 0.0f) k = 0;  // C = beta * C: as in BLAS, A and B are not read
+    auto op = [=] {
+        if (t32) sgemm<true>(tA, tB, m, n, k, a, A, lda, sA, B, ldb, sB, b, C, ldc, sC, batch);
+        else sgemm<false>(tA, tB, m, n, k, a, A, lda, sA, B, ldb, sB, b, C, ldc, sC, batch);
+    };
+    return issue(h->stream, op, fn) == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+}}  // namespace emu::detail
+
+inline cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                  const float* alpha, const float* A, int lda, const float* B, int ldb,
+                                  const float* beta, float* C, int ldc) {
+    return emu::detail::gemm("cublasSgemm", h, ta, tb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+}
+inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                                                int n, int k, const float* alpha, const float* A, int lda,
+                                                long long strideA, const float* B, int ldb, long long strideB,
+                                                const float* beta, float* C, int ldc, long long strideC, int batch) {
+    return emu::detail::gemm("cublasSgemmStridedBatched", h, ta, tb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
+                             beta, C, ldc, strideC, batch);
+}

@@ -1,0 +1,791 @@
+// tests/test_emu_harness.cpp — tests of tests/cuda_emu.h, the CPU stand-in for
+// CUDA: small kernels written for the purpose, launched through LAUNCH as
+// lime.cu launches its own. They check that correct kernels compute the right
+// thing under every thread order, that broken ones are caught (a missing
+// barrier, a barrier in divergent code), and that the runtime and cuBLAS calls
+// behave, and refuse, as CUDA's do.
+//
+//   g++ -std=c++17 -O2 -g -Wall -Wextra -fopenmp -I. -Itests tests/test_emu_harness.cpp tests/test_main.cpp
+#include <cstring>
+#include <string>
+#include <vector>
+#include "cuda_emu.h"
+#include "test.h"
+
+// ---------------------------------------------------------------------------
+// Helpers.
+namespace {
+const emu::Order kOrders[] = {emu::FORWARD, emu::REVERSE, emu::RANDOM};
+const char* order_name(emu::Order o) { return o == emu::FORWARD ? "forward" : o == emu::REVERSE ? "reverse" : "random"; }
+struct ForwardOnExit { ~ForwardOnExit() { emu::set_order(emu::FORWARD, 1); } };  // tests leave the default behind
+
+template <class T> T* to_device(const std::vector<T>& h) {
+    T* d = nullptr;
+    cudaMalloc(&d, h.size() * sizeof(T));
+    cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return d;
+}
+template <class T> std::vector<T> to_host(const T* d, size_t n) {
+    std::vector<T> h(n);
+    cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+}
+std::vector<float> ramp(size_t n, float scale) {  // deterministic, sign-varying values
+    std::vector<float> v(n);
+    uint64_t s = 12345;
+    for (float& x : v) x = scale * ((float)(emu::detail::splitmix(s) >> 40) / (float)(1 << 24) - 0.5f);
+    return v;
+}
+bool contains(const char* hay, const char* needle) { return strstr(hay, needle) != nullptr; }
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Kernels.
+
+// Sum of each block's slice: a warp reduction with shuffles, the per-warp sums
+// through shared memory, then one more warp reduction.
+__global__ void block_sum_kernel(float* out, const float* in, int n) {
+    __shared__ float warp_sums[32];
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    float v = i < n ? in[i] : 0.0f;
+    for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffff, v, o);
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < (int)blockDim.x / 32 ? warp_sums[lane] : 0.0f;
+        for (int o = 16; o > 0; o /= 2) v += __shfl_down_sync(0xffffffff, v, o);
+        if (lane == 0) out[blockIdx.x] = v;
+    }
+}
+
+// out (cols x rows) = in (rows x cols)^T through a shared tile, so that both
+// the read and the write of global memory go along rows.
+constexpr int TILE = 16;
+__global__ void transpose_kernel(float* out, const float* in, int rows, int cols) {
+    __shared__ float tile[TILE][TILE + 1];  // +1: on a GPU, no bank conflicts reading columns
+    int r = blockIdx.y * TILE + threadIdx.y, c = blockIdx.x * TILE + threadIdx.x;
+    if (r < rows && c < cols) tile[threadIdx.y][threadIdx.x] = in[r * cols + c];
+    __syncthreads();
+    int orow = blockIdx.x * TILE + threadIdx.y, ocol = blockIdx.y * TILE + threadIdx.x;
+    if (orow < cols && ocol < rows) out[orow * rows + ocol] = tile[threadIdx.x][threadIdx.y];
+}
+
+// Histogram of data % 16: per block in shared memory, then added to global.
+__global__ void histogram_kernel(int* bins, float* total, int* largest, const int* data, int n) {
+    __shared__ int local[16];
+    for (int b = threadIdx.x; b < 16; b += blockDim.x) local[b] = 0;
+    __syncthreads();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) {
+        atomicAdd(&local[data[i] % 16], 1);
+        atomicAdd(total, (float)data[i]);
+        atomicMax(largest, data[i]);
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < 16; b += blockDim.x) atomicAdd(&bins[b], local[b]);
+}
+
+// Reverse a block's values through shared memory. The racy version lacks the
+// barrier between the write and the read of the mirrored slot.
+__global__ void mirror_racy_kernel(float* out, const float* in) {
+    __shared__ float s[64];
+    int t = threadIdx.x;
+    s[t] = in[t];
+    out[t] = s[blockDim.x - 1 - t];  // BUG: no __syncthreads() before this read
+}
+__global__ void mirror_kernel(float* out, const float* in) {
+    __shared__ float s[64];
+    int t = threadIdx.x;
+    s[t] = in[t];
+    __syncthreads();
+    out[t] = s[blockDim.x - 1 - t];
+}
+// A write-after-read race that NaN poisoning cannot reveal (every slot is
+// written before): only the order of the threads decides.
+__global__ void shift_racy_kernel(float* out, const float* in) {
+    __shared__ float s[64];
+    int t = threadIdx.x, n = blockDim.x;
+    s[t] = in[t];
+    __syncthreads();
+    float right = t + 1 < n ? s[t + 1] : 0.0f;
+    s[t] = 2.0f * right;  // BUG: thread t-1 may not have read s[t] yet
+    __syncthreads();
+    out[t] = s[t];
+}
+
+// __syncthreads() in a branch only half the block takes.
+__global__ void divergent_barrier_kernel(float* out) {
+    if (threadIdx.x < 16) __syncthreads();
+    out[threadIdx.x] = 1.0f;
+}
+// A full-warp shuffle that half the warp never reaches; then the legal version
+// (mask and width cover only the lanes that take part).
+__global__ void half_warp_shuffle_kernel(float* out) {
+    float v = (float)threadIdx.x;
+    if (threadIdx.x < 16) v += __shfl_down_sync(0xffffffff, v, 1);
+    out[threadIdx.x] = v;
+}
+__global__ void half_warp_shuffle_ok_kernel(float* out) {
+    float v = (float)threadIdx.x;
+    if (threadIdx.x < 16) v += __shfl_down_sync(0x0000ffff, v, 1, 16);
+    out[threadIdx.x] = v;
+}
+// A mask that leaves out the calling lane: undefined in CUDA, refused here.
+__global__ void bad_mask_kernel(float* out) {
+    out[threadIdx.x] = __shfl_sync(1u << ((threadIdx.x + 1) % 32), 1.0f, 0);
+}
+
+// Every warp operation once, with results a host loop can predict.
+__global__ void warp_ops_kernel(int* out) {
+    int t = threadIdx.x, lane = t % 32;
+    int* o = out + t * 9;
+    o[0] = __shfl_sync(0xffffffff, t * 10, 3);   // lane 3's value, in each warp
+    o[1] = __shfl_xor_sync(0xffffffff, t, 1);    // neighbours swap
+    o[2] = __shfl_up_sync(0xffffffff, t, 2, 8);  // within groups of 8 lanes
+    o[3] = __shfl_down_sync(0xffffffff, t, 4, 16);
+    o[4] = (int)__ballot_sync(0xffffffff, lane % 3 == 0);
+    o[5] = __any_sync(0xffffffff, t == 40);
+    o[6] = __all_sync(0xffffffff, lane < 31);
+    o[7] = __syncthreads_count(t % 2);
+    __syncwarp();
+    o[8] = (int)__activemask();
+}
+
+__global__ void fill_kernel(float* out, float v) { out[blockIdx.x * blockDim.x + threadIdx.x] = v; }
+
+// Reverse n floats through dynamic shared memory.
+__global__ void dynamic_smem_kernel(float* out, int n) {
+    DYNAMIC_SHARED(float, buf);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) buf[i] = (float)i;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = buf[n - 1 - i];
+}
+
+// Reads shared memory nobody wrote: must see NaN in every block, although
+// the previous block left 1s behind.
+__global__ void read_before_write_kernel(float* out, int* dyn_out) {
+    __shared__ float s[32];
+    DYNAMIC_SHARED(int, d);
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    out[i] = s[threadIdx.x];
+    dyn_out[i] = d[threadIdx.x];
+    __syncthreads();
+    s[threadIdx.x] = 1.0f;
+    d[threadIdx.x] = 7;
+}
+template <int N> __global__ void template_smem_kernel(float* out) {
+    __shared__ float s[N];
+    out[blockIdx.x * N + threadIdx.x] = s[threadIdx.x];
+    __syncthreads();
+    s[threadIdx.x] = 1.0f;
+}
+
+__global__ void add_kernel(float* x, float v, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += v;
+}
+
+// Each thread takes a ticket twice, a barrier between: the tickets show the
+// order the scheduler ran the threads in, phase by phase.
+__global__ void ticket_kernel(int* tickets, int* counter) {
+    tickets[threadIdx.x] = atomicAdd(counter, 1);
+    __syncthreads();
+    tickets[blockDim.x + threadIdx.x] = atomicAdd(counter, 1) - (int)blockDim.x;
+}
+
+// Needs more stack than the default 64 KiB.
+__global__ void big_stack_kernel(float* out) {
+    volatile float local[24 * 1024];  // 96 KiB
+    for (int i = 0; i < 24 * 1024; i++) local[i] = (float)i;
+    out[threadIdx.x] = local[24 * 1024 - 1 - threadIdx.x];
+}
+
+// ---------------------------------------------------------------------------
+// Tests: kernels.
+
+TEST(emu_block_reduction_with_shuffles) {
+    ForwardOnExit restore;
+    const int n = 1000, block = 128, grid = (n + block - 1) / block;
+    std::vector<float> h = ramp(n, 2.0f);
+    float* in = to_device(h);
+    float* out = nullptr;
+    cudaMalloc(&out, grid * sizeof(float));
+    for (emu::Order o : kOrders) {
+        emu::set_order(o, 3);
+        LAUNCH(block_sum_kernel, grid, block, 0, 0)(out, in, n);
+        CHECK(cudaGetLastError() == cudaSuccess, "launch failed: %s", emu::last_error_message());
+        std::vector<float> got = to_host(out, grid);
+        for (int b = 0; b < grid; b++) {
+            double want = 0;
+            for (int i = b * block; i < std::min(n, (b + 1) * block); i++) want += h[i];
+            CHECK(std::fabs(got[b] - want) < 1e-5, "%s order: block %d sum %g, want %g", order_name(o), b, got[b], want);
+        }
+    }
+    cudaFree(in);
+    cudaFree(out);
+}
+
+TEST(emu_tiled_transpose_at_ragged_shape) {
+    ForwardOnExit restore;
+    const int rows = 37, cols = 53;
+    std::vector<float> h = ramp(rows * cols, 10.0f);
+    float* in = to_device(h);
+    float* out = nullptr;
+    cudaMalloc(&out, rows * cols * sizeof(float));
+    dim3 grid((cols + TILE - 1) / TILE, (rows + TILE - 1) / TILE), block(TILE, TILE);
+    for (emu::Order o : kOrders) {
+        emu::set_order(o, 7);
+        LAUNCH(transpose_kernel, grid, block, 0, 0)(out, in, rows, cols);
+        std::vector<float> got = to_host(out, rows * cols);
+        for (int r = 0; r < rows; r++)
+            for (int c = 0; c < cols; c++)
+                CHECK(got[c * rows + r] == h[r * cols + c], "%s order: out[%d][%d] = %g, want %g", order_name(o), c, r,
+                      got[c * rows + r], h[r * cols + c]);
+    }
+    cudaFree(in);
+    cudaFree(out);
+}
+
+TEST(emu_atomic_histogram) {
+    ForwardOnExit restore;
+    const int n = 5000;
+    std::vector<int> h(n);
+    for (int i = 0; i < n; i++) h[i] = (i * 7919) % 1000;
+    int* data = to_device(h);
+    int *bins, *largest;
+    float* total;
+    cudaMalloc(&bins, 16 * sizeof(int));
+    cudaMalloc(&largest, sizeof(int));
+    cudaMalloc(&total, sizeof(float));
+    std::vector<int> want(16, 0);
+    double want_total = 0;
+    for (int x : h) { want[x % 16]++; want_total += x; }
+    emu::set_order(emu::RANDOM, 11);
+    cudaMemset(bins, 0, 16 * sizeof(int));
+    cudaMemset(largest, 0, sizeof(int));
+    cudaMemset(total, 0, sizeof(float));
+    LAUNCH(histogram_kernel, 7, 96, 0, 0)(bins, total, largest, data, n);
+    std::vector<int> got = to_host(bins, 16);
+    for (int b = 0; b < 16; b++) CHECK(got[b] == want[b], "bin %d: %d, want %d", b, got[b], want[b]);
+    CHECK(to_host(largest, 1)[0] == 999, "atomicMax: %d, want 999", to_host(largest, 1)[0]);
+    float t = to_host(total, 1)[0];
+    CHECK(std::fabs(t - want_total) / want_total < 1e-5, "atomicAdd(float): %g, want %g", t, want_total);
+    cudaFree(data); cudaFree(bins); cudaFree(largest); cudaFree(total);
+}
+
+TEST(emu_catches_missing_syncthreads) {
+    ForwardOnExit restore;
+    const int n = 64;
+    std::vector<float> h = ramp(n, 1.0f);
+    float* in = to_device(h);
+    float* out = nullptr;
+    cudaMalloc(&out, n * sizeof(float));
+    // Did the kernel compute out = reverse(in) (mirror) or out[t] = 2 in[t+1] (shift)?
+    auto right = [&](bool mirror) {
+        std::vector<float> got = to_host(out, n);
+        for (int t = 0; t < n; t++)
+            if (got[t] != (mirror ? h[n - 1 - t] : t + 1 < n ? 2.0f * h[t + 1] : 0.0f)) return false;
+        return true;
+    };
+    auto run = [&](void (*k)(float*, const float*), emu::Order o, uint64_t seed) {
+        emu::set_order(o, seed);
+        LAUNCH(k, 1, n, 0, 0)(out, in);
+    };
+    int mirror_caught = 0, shift_caught = 0;
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+        run(mirror_racy_kernel, emu::RANDOM, seed); mirror_caught += !right(true);
+        run(shift_racy_kernel, emu::RANDOM, seed); shift_caught += !right(false);
+        run(mirror_kernel, emu::RANDOM, seed);
+        CHECK(right(true), "correct mirror kernel wrong under random order, seed %d", (int)seed);
+    }
+    CHECK(mirror_caught == 20, "missing barrier (mirror) caught under %d of 20 random seeds", mirror_caught);
+    CHECK(shift_caught == 20, "missing barrier (shift) caught under %d of 20 random seeds", shift_caught);
+    run(mirror_racy_kernel, emu::REVERSE, 1);
+    CHECK(!right(true), "missing barrier (mirror) not caught under reverse order");
+    run(shift_racy_kernel, emu::REVERSE, 1);
+    CHECK(!right(false), "missing barrier (shift) not caught under reverse order");
+    // Forward order happens to run every reader before the writer it races
+    // with, so the shift race passes there: the reason the other orders exist.
+    run(shift_racy_kernel, emu::FORWARD, 1);
+    CHECK(right(false), "expected the shift race to go unnoticed under forward order");
+    for (emu::Order o : {emu::FORWARD, emu::REVERSE}) {
+        run(mirror_kernel, o, 1);
+        CHECK(right(true), "correct mirror kernel wrong under %s order", order_name(o));
+    }
+    cudaFree(in);
+    cudaFree(out);
+}
+
+TEST(emu_reports_divergent_barrier_as_deadlock) {
+    float* out = nullptr;
+    cudaMalloc(&out, 32 * sizeof(float));
+    LAUNCH(divergent_barrier_kernel, 1, 32, 0, 0)(out);
+    const char* msg = emu::last_error_message();
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "deadlock not reported as a launch failure");
+    CHECK(contains(msg, "deadlock in kernel divergent_barrier_kernel: block (0,0,0) thread (0,0,0) waits at __syncthreads()") &&
+          contains(msg, "while thread (16,0,0) has exited"), "message: %s", msg);
+    // A full-mask shuffle half the warp skips is a deadlock too.
+    LAUNCH(half_warp_shuffle_kernel, 1, 32, 0, 0)(out);
+    msg = emu::last_error_message();
+    CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure, "synchronize did not report the failed kernel");
+    CHECK(contains(msg, "half_warp_shuffle_kernel") && contains(msg, "__shfl_down_sync(mask 0xffffffff)") &&
+          contains(msg, "has exited"), "message: %s", msg);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "cudaGetLastError after the failed shuffle");
+    LAUNCH(bad_mask_kernel, 1, 32, 0, 0)(out);
+    msg = emu::last_error_message();
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure && contains(msg, "bad_mask_kernel") &&
+          contains(msg, "does not name the calling lane"), "message: %s", msg);
+    // The harness recovers: the legal half-warp shuffle runs.
+    LAUNCH(half_warp_shuffle_ok_kernel, 1, 32, 0, 0)(out);
+    CHECK(cudaGetLastError() == cudaSuccess, "launch after a deadlock failed: %s", emu::last_error_message());
+    std::vector<float> got = to_host(out, 32);
+    for (int t = 0; t < 32; t++) {
+        float want = t < 15 ? 2.0f * t + 1 : t == 15 ? 30.0f : (float)t;  // lane 15 is its segment's last
+        CHECK(got[t] == want, "lane %d: %g, want %g", t, got[t], want);
+    }
+    cudaFree(out);
+}
+
+TEST(emu_warp_operations) {
+    ForwardOnExit restore;
+    const int n = 64;
+    int* out = nullptr;
+    cudaMalloc(&out, n * 9 * sizeof(int));
+    for (emu::Order o : kOrders) {
+        emu::set_order(o, 5);
+        LAUNCH(warp_ops_kernel, 1, n, 0, 0)(out);
+        CHECK(cudaGetLastError() == cudaSuccess, "%s", emu::last_error_message());
+        std::vector<int> got = to_host(out, n * 9);
+        unsigned ballot = 0;
+        for (int l = 0; l < 32; l += 3) ballot |= 1u << l;
+        for (int t = 0; t < n; t++) {
+            int lane = t % 32, w0 = t - lane;
+            int want[9] = {(w0 + 3) * 10, t ^ 1, lane % 8 >= 2 ? t - 2 : t, lane % 16 + 4 < 16 ? t + 4 : t,
+                           (int)ballot, w0 == 32, 0, n / 2, -1};
+            for (int j = 0; j < 9; j++)
+                CHECK(got[t * 9 + j] == want[j], "%s order: thread %d op %d: %d, want %d", order_name(o), t, j,
+                      got[t * 9 + j], want[j]);
+        }
+    }
+    // __activemask in a partial warp names only the lanes that exist.
+    LAUNCH(warp_ops_kernel, 1, 48, 0, 0)(out);
+    CHECK(cudaGetLastError() == cudaSuccess, "%s", emu::last_error_message());
+    CHECK(to_host(out, 48 * 9)[40 * 9 + 8] == 0xffff, "__activemask in a 16-lane warp");
+    cudaFree(out);
+}
+
+TEST(emu_thread_order_is_forward_reverse_or_seeded_random) {
+    ForwardOnExit restore;
+    const int n = 64;
+    int *tickets, *counter;
+    cudaMalloc(&tickets, 2 * n * sizeof(int));
+    cudaMalloc(&counter, sizeof(int));
+    auto run = [&](emu::Order o, uint64_t seed) {
+        emu::set_order(o, seed);
+        cudaMemset(counter, 0, sizeof(int));
+        LAUNCH(ticket_kernel, 1, n, 0, 0)(tickets, counter);
+        return to_host(tickets, 2 * n);
+    };
+    std::vector<int> f = run(emu::FORWARD, 1), r = run(emu::REVERSE, 1);
+    for (int t = 0; t < n; t++) {
+        CHECK(f[t] == t && f[n + t] == t, "forward: thread %d ran %d-th", t, f[t]);
+        CHECK(r[t] == n - 1 - t && r[n + t] == n - 1 - t, "reverse: thread %d ran %d-th", t, r[t]);
+    }
+    std::vector<int> a = run(emu::RANDOM, 5), b = run(emu::RANDOM, 5), c = run(emu::RANDOM, 6);
+    CHECK(a == b, "one seed, two schedules");
+    CHECK(a != c, "seeds 5 and 6 gave the same schedule");
+    CHECK(!std::equal(a.begin(), a.begin() + n, a.begin() + n), "the two phases ran in the same order");
+    std::vector<int> seen(n, 0);
+    for (int t = 0; t < n; t++) seen[a[t]]++;
+    CHECK(std::count(seen.begin(), seen.end(), 1) == n, "random order is not a permutation");
+    cudaFree(tickets);
+    cudaFree(counter);
+}
+
+TEST(emu_refuses_launches_cuda_refuses) {
+    float* out = nullptr;
+    cudaMalloc(&out, 2048 * sizeof(float));
+    cudaMemset(out, 0, 2048 * sizeof(float));
+    long before = emu::kernels_run();
+    LAUNCH(fill_kernel, 1, 1025, 0, 0)(out, 1.0f);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "1025 threads accepted");
+    LAUNCH(fill_kernel, 1, dim3(1, 1, 65), 0, 0)(out, 1.0f);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "block.z = 65 accepted");
+    LAUNCH(fill_kernel, 0, 32, 0, 0)(out, 1.0f);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "empty grid accepted");
+    LAUNCH(fill_kernel, dim3(1, 65536), 32, 0, 0)(out, 1.0f);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "grid.y = 65536 accepted");
+    CHECK(emu::kernels_run() == before && to_host(out, 2048)[0] == 0.0f, "a refused launch ran");
+    LAUNCH(fill_kernel, 2, 1024, 0, 0)(out, 1.0f);
+    CHECK(cudaGetLastError() == cudaSuccess && to_host(out, 2048)[2047] == 1.0f, "a legal launch failed");
+
+    // Dynamic shared memory above 48 KiB needs the opt-in, as on the GPU.
+    const int nf = 16 * 1024;  // 64 KiB of floats
+    float* big = nullptr;
+    cudaMalloc(&big, nf * sizeof(float));
+    LAUNCH(dynamic_smem_kernel, 1, 256, nf * sizeof(float), 0)(big, nf);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue, "64 KiB of dynamic smem accepted without the attribute");
+    CHECK(cudaFuncSetAttribute(dynamic_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024) ==
+              cudaErrorInvalidValue, "opt-in beyond 227 KiB accepted");
+    cudaGetLastError();
+    CHECK(cudaFuncSetAttribute(dynamic_smem_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, nf * 4) == cudaSuccess, "opt-in");
+    LAUNCH(dynamic_smem_kernel, 1, 256, nf * sizeof(float), 0)(big, nf);
+    CHECK(cudaGetLastError() == cudaSuccess, "64 KiB after opt-in refused: %s", emu::last_error_message());
+    std::vector<float> got = to_host(big, nf);
+    for (int i = 0; i < nf; i++) CHECK(got[i] == (float)(nf - 1 - i), "dynamic smem out[%d] = %g", i, got[i]);
+    LAUNCH(dynamic_smem_kernel, 1, 256, nf * 4 + 4, 0)(big, nf);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue, "more than the opted-in size accepted");
+    cudaFree(big);
+    cudaFree(out);
+}
+
+TEST(emu_shared_memory_starts_as_nan) {
+    float* out = nullptr;
+    int* dyn = nullptr;
+    cudaMalloc(&out, 64 * sizeof(float));
+    cudaMalloc(&dyn, 64 * sizeof(int));
+    LAUNCH(read_before_write_kernel, 2, 32, 32 * sizeof(int), 0)(out, dyn);
+    std::vector<float> got = to_host(out, 64);
+    std::vector<int> dgot = to_host(dyn, 64);
+    for (int i = 0; i < 64; i++) {
+        CHECK(std::isnan(got[i]), "static __shared__ read before write gave %g at %d (block %d)", got[i], i, i / 32);
+        CHECK(dgot[i] == -1, "dynamic shared read before write gave %d at %d", dgot[i], i);
+    }
+    // cudaMalloc'd memory is NaN too, as uninitialised GPU memory may hold anything.
+    float* fresh = nullptr;
+    cudaMalloc(&fresh, 4 * sizeof(float));
+    CHECK(std::isnan(to_host(fresh, 4)[3]), "fresh cudaMalloc memory is not NaN");
+    cudaFree(fresh); cudaFree(out); cudaFree(dyn);
+}
+
+TEST(emu_shared_memory_in_templated_kernel) {
+    float* out = nullptr;
+    cudaMalloc(&out, 64 * sizeof(float));
+    LAUNCH(template_smem_kernel<32>, 2, 32, 0, 0)(out);
+    std::vector<float> got = to_host(out, 64);
+    cudaFree(out);
+    bool poisoned = std::isnan(got[0]) && std::isnan(got[63]);
+#if defined(__clang__)
+    CHECK(poisoned, "static __shared__ in a template kernel not poisoned: %g", got[63]);
+#else
+    if (!poisoned) SKIP("g++ ignores section attributes in templates: __shared__ there is not NaN-poisoned (see cuda_emu.h)");
+#endif
+}
+
+TEST(emu_graph_capture_records_and_replays) {
+    const int n = 100;
+    float *x, *y;
+    cudaMalloc(&x, n * sizeof(float));
+    cudaMalloc(&y, n * sizeof(float));
+    cudaMemset(x, 0, n * sizeof(float));
+    cudaMemset(y, 0, n * sizeof(float));
+    cudaStream_t s = nullptr;
+    cudaStreamCreate(&s);
+    long before = emu::kernels_run();
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess, "begin capture");
+    float inc = 1.0f;
+    for (int i = 0; i < 3; i++) LAUNCH(add_kernel, (n + 31) / 32, 32, 0, s)(x, inc, n);
+    inc = 100.0f;  // arguments were captured by value: the graph still adds 1
+    cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, s);
+    cudaStreamCaptureStatus st;
+    cudaStreamIsCapturing(s, &st);
+    CHECK(st == cudaStreamCaptureStatusActive, "stream not capturing");
+    cudaGraph_t graph = nullptr;
+    CHECK(cudaStreamEndCapture(s, &graph) == cudaSuccess, "end capture: %s", emu::last_error_message());
+    CHECK(emu::kernels_run() == before && to_host(x, n)[0] == 0.0f, "a captured launch ran during capture");
+    size_t nodes = 0;
+    cudaGraphGetNodes(graph, nullptr, &nodes);
+    CHECK(nodes == 4, "graph has %zu nodes, want 4", nodes);
+    cudaGraphExec_t exec = nullptr;
+    CHECK(cudaGraphInstantiate(&exec, graph, 0ULL) == cudaSuccess, "instantiate");
+    cudaGraphLaunch(exec, s);
+    cudaGraphLaunch(exec, s);
+    cudaStreamSynchronize(s);
+    std::vector<float> hx = to_host(x, n), hy = to_host(y, n);
+    for (int i = 0; i < n; i++) CHECK(hx[i] == 6.0f && hy[i] == 6.0f, "after two replays x[%d] = %g, y = %g, want 6", i, hx[i], hy[i]);
+    CHECK(emu::kernels_run() == before + 6, "%ld kernels ran, want 6", emu::kernels_run() - before);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+
+    // Fork and join through events: work on a second stream joins the capture.
+    cudaStream_t s2 = nullptr;
+    cudaStreamCreate(&s2);
+    cudaEvent_t fork = nullptr, join = nullptr;
+    cudaEventCreate(&fork);
+    cudaEventCreate(&join);
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    cudaEventRecord(fork, s);
+    cudaStreamWaitEvent(s2, fork, 0);
+    LAUNCH(add_kernel, (n + 31) / 32, 32, 0, s2)(y, 10.0f, n);
+    cudaEventRecord(join, s2);
+    cudaStreamWaitEvent(s, join, 0);
+    CHECK(cudaStreamEndCapture(s, &graph) == cudaSuccess, "fork/join capture: %s", emu::last_error_message());
+    CHECK(to_host(y, n)[0] == 6.0f, "the forked launch ran during capture");
+    cudaGraphInstantiate(&exec, graph, 0ULL);
+    cudaGraphLaunch(exec, s);
+    CHECK(to_host(y, n)[0] == 16.0f, "fork/join replay: y = %g, want 16", to_host(y, n)[0]);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+
+    // What CUDA forbids during a global-mode capture invalidates it.
+    void* p = nullptr;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    CHECK(cudaMalloc(&p, 16) == cudaErrorStreamCaptureUnsupported, "cudaMalloc during global capture allowed");
+    CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated && graph == nullptr, "capture not invalidated");
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    std::vector<float> h(n);
+    CHECK(cudaMemcpy(h.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaErrorStreamCaptureImplicit,
+          "synchronous cudaMemcpy during capture allowed");
+    CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated, "capture not invalidated");
+    cudaGetLastError();
+    cudaEventDestroy(fork); cudaEventDestroy(join);
+    cudaStreamDestroy(s); cudaStreamDestroy(s2);
+    cudaFree(x); cudaFree(y);
+}
+
+TEST(emu_streams_and_events) {
+    const int n = 64;
+    float* x = nullptr;
+    cudaMalloc(&x, n * sizeof(float));
+    cudaStream_t a = nullptr, b = nullptr;
+    cudaStreamCreate(&a);
+    cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    cudaEvent_t start = nullptr, stop = nullptr, untimed = nullptr, never = nullptr;
+    cudaEventCreate(&start);
+    cudaEventCreate(&stop);
+    cudaEventCreateWithFlags(&untimed, cudaEventDisableTiming);
+    cudaEventCreate(&never);
+    std::vector<float> h(n, 1.0f), back(n);
+    cudaEventRecord(start, a);
+    cudaMemcpyAsync(x, h.data(), n * sizeof(float), cudaMemcpyHostToDevice, a);
+    LAUNCH(add_kernel, 2, 32, 0, a)(x, 2.0f, n);
+    cudaEventRecord(stop, a);
+    cudaEventRecord(untimed, a);
+    cudaStreamWaitEvent(b, stop, 0);  // b's work comes after a's
+    LAUNCH(add_kernel, 2, 32, 0, b)(x, 4.0f, n);
+    cudaMemcpyAsync(back.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost, b);
+    CHECK(cudaStreamSynchronize(b) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess, "synchronize");
+    for (int i = 0; i < n; i++) CHECK(back[i] == 7.0f, "x[%d] = %g, want 7", i, back[i]);
+    float ms = -1;
+    CHECK(cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && ms >= 0, "elapsed time %g", ms);
+    CHECK(cudaEventElapsedTime(&ms, start, untimed) == cudaErrorInvalidResourceHandle, "timing a DisableTiming event");
+    CHECK(cudaEventElapsedTime(&ms, start, never) == cudaErrorInvalidResourceHandle, "timing an unrecorded event");
+    cudaGetLastError();
+    cudaEventDestroy(start); cudaEventDestroy(stop); cudaEventDestroy(untimed); cudaEventDestroy(never);
+    cudaStreamDestroy(a); cudaStreamDestroy(b);
+    cudaFree(x);
+}
+
+TEST(emu_thread_stack_size_is_configurable) {
+    float* out = nullptr;
+    cudaMalloc(&out, 4 * sizeof(float));
+    emu::set_stack_size(128 << 10);
+    LAUNCH(big_stack_kernel, 1, 4, 0, 0)(out);
+    emu::set_stack_size(64 << 10);
+    CHECK(cudaGetLastError() == cudaSuccess && to_host(out, 4)[3] == (float)(24 * 1024 - 4), "96 KiB of locals on a 128 KiB stack");
+    cudaFree(out);
+}
+
+// ---------------------------------------------------------------------------
+// Tests: runtime API.
+
+TEST(emu_memory_api) {
+    size_t free0 = 0, total = 0, free1 = 0;
+    cudaMemGetInfo(&free0, &total);
+    CHECK(total == (24ull << 30) && free0 <= total, "cudaMemGetInfo: %zu of %zu", free0, total);
+    void* huge = nullptr;
+    CHECK(cudaMalloc(&huge, 1ull << 40) == cudaErrorMemoryAllocation && huge == nullptr, "1 TiB cudaMalloc");
+    CHECK(cudaGetLastError() == cudaErrorMemoryAllocation, "cudaGetLastError after the failed cudaMalloc");
+    float* d = nullptr;
+    CHECK(cudaMalloc(&d, 1 << 20) == cudaSuccess, "cudaMalloc 1 MiB");
+    CHECK(((uintptr_t)d & 255) == 0, "cudaMalloc is 256-byte aligned");
+    cudaMemGetInfo(&free1, &total);
+    CHECK(free0 - free1 == (1 << 20), "cudaMemGetInfo did not see the allocation");
+    std::vector<float> h(16, 3.0f), back(16, 0.0f);
+    float* pinned = nullptr;
+    CHECK(cudaMallocHost(&pinned, 16 * sizeof(float)) == cudaSuccess, "cudaMallocHost");
+    CHECK(cudaMemcpy(d, h.data(), 64, cudaMemcpyHostToDevice) == cudaSuccess, "H2D");
+    CHECK(cudaMemcpy(d + 16, d, 64, cudaMemcpyDeviceToDevice) == cudaSuccess, "D2D");
+    CHECK(cudaMemcpy(pinned, d + 16, 64, cudaMemcpyDefault) == cudaSuccess, "Default");
+    CHECK(cudaMemcpy(back.data(), pinned, 64, cudaMemcpyHostToHost) == cudaSuccess && back == h, "round trip");
+    CHECK(cudaMemset(d, 0, 64) == cudaSuccess && to_host(d, 1)[0] == 0.0f, "cudaMemset");
+    CHECK(cudaMemcpy(h.data(), back.data(), 64, cudaMemcpyHostToDevice) == cudaErrorInvalidValue, "H2D into host memory");
+    CHECK(cudaMemcpy(back.data(), d + (1 << 18) - 8, 64, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue, "D2H past the end");
+    CHECK(cudaMemcpy(back.data(), d, 64, (cudaMemcpyKind)7) == cudaErrorInvalidMemcpyDirection, "bad kind");
+    CHECK(cudaFree(h.data()) == cudaErrorInvalidValue, "cudaFree of host memory");
+    CHECK(cudaFree(d) == cudaSuccess && cudaFreeHost(pinned) == cudaSuccess && cudaFree(nullptr) == cudaSuccess, "free");
+    cudaMemGetInfo(&free1, &total);
+    CHECK(free1 == free0, "memory not returned");
+    cudaGetLastError();
+}
+
+TEST(emu_device_queries_and_no_device) {
+    int count = -1;
+    CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count == 1, "device count %d", count);
+    cudaDeviceProp p;
+    CHECK(cudaGetDeviceProperties(&p, 0) == cudaSuccess, "properties");
+    CHECK(!strcmp(p.name, "lime-emu (CUDA on the CPU)") && p.major == 9 && p.minor == 0 && p.maxThreadsPerBlock == 1024 &&
+          p.sharedMemPerBlock == 48 * 1024 && p.sharedMemPerBlockOptin == 227 * 1024 && p.warpSize == 32 &&
+          p.multiProcessorCount == 8 && p.totalGlobalMem == (24ull << 30), "properties: %s %d.%d", p.name, p.major, p.minor);
+    CHECK(cudaSetDevice(1) == cudaErrorInvalidDevice, "device 1 exists");
+    CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
+    setenv("LIME_EMU_NO_DEVICE", "1", 1);
+    cudaError_t e = cudaGetDeviceCount(&count);
+    void* ptr = nullptr;
+    cudaError_t em = cudaMalloc(&ptr, 16);
+    unsetenv("LIME_EMU_NO_DEVICE");
+    CHECK(e == cudaErrorNoDevice && count == 0, "LIME_EMU_NO_DEVICE=1: %s, count %d", cudaGetErrorName(e), count);
+    CHECK(em == cudaErrorNoDevice, "cudaMalloc without a device: %s", cudaGetErrorName(em));
+    CHECK(!strcmp(cudaGetErrorString(e), "no CUDA-capable device is detected"), "%s", cudaGetErrorString(e));
+    cudaGetLastError();
+    CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count == 1, "device gone after unsetenv");
+}
+
+// ---------------------------------------------------------------------------
+// Tests: cuBLAS.
+
+// The definition, in double: C = alpha op(A) op(B) + beta C, column-major.
+static void gemm_reference(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, const float* B,
+                           int ldb, float beta, float* C, int ldc) {
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double s = 0;
+            for (int l = 0; l < k; l++) s += (double)(ta ? A[l + i * lda] : A[i + l * lda]) * (tb ? B[j + l * ldb] : B[l + j * ldb]);
+            C[i + j * ldc] = (float)(alpha * s + (beta == 0.0f ? 0.0 : (double)beta * C[i + j * ldc]));
+        }
+}
+
+TEST(emu_cublas_sgemm_matches_definition) {
+    cublasHandle_t h = nullptr;
+    CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS, "cublasCreate");
+    const int m = 5, n = 7, k = 3, batch = 3;
+    const float alpha = 0.7f, beta = -1.3f, zero = 0.0f;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            int lda = (ta ? k : m) + 2, ldb = (tb ? n : k) + 1, ldc = m + 3;
+            long long sA = (long long)lda * (ta ? m : k) + 5, sB = (long long)ldb * (tb ? k : n) + 3, sC = (long long)ldc * n + 4;
+            std::vector<float> A = ramp(sA * batch, 2.0f), B = ramp(sB * batch, 3.0f), C0 = ramp(sC * batch, 1.0f);
+            for (float& x : B) x = -x + 0.25f;  // not the same values as A
+            float *dA = to_device(A), *dB = to_device(B), *dC = to_device(C0);
+            cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+
+            // Sgemm, batch entry 0 only; the padding rows of C must survive.
+            std::vector<float> want = C0;
+            gemm_reference(ta, tb, m, n, k, alpha, A.data(), lda, B.data(), ldb, beta, want.data(), ldc);
+            CHECK(cublasSgemm(h, opa, opb, m, n, k, &alpha, dA, lda, dB, ldb, &beta, dC, ldc) == CUBLAS_STATUS_SUCCESS, "sgemm");
+            std::vector<float> got = to_host(dC, sC * batch);
+            CHECK(rel_err(got.data(), want.data(), got.size()) < 1e-6, "sgemm op(%c,%c): rel err %.2e",
+                  "NT"[ta], "NT"[tb], rel_err(got.data(), want.data(), got.size()));
+
+            // Strided batched over 3 entries.
+            cudaMemcpy(dC, C0.data(), C0.size() * sizeof(float), cudaMemcpyHostToDevice);
+            want = C0;
+            for (int b = 0; b < batch; b++)
+                gemm_reference(ta, tb, m, n, k, alpha, A.data() + b * sA, lda, B.data() + b * sB, ldb, beta, want.data() + b * sC, ldc);
+            CHECK(cublasSgemmStridedBatched(h, opa, opb, m, n, k, &alpha, dA, lda, sA, dB, ldb, sB, &beta, dC, ldc, sC, batch) ==
+                      CUBLAS_STATUS_SUCCESS, "strided batched");
+            got = to_host(dC, sC * batch);
+            CHECK(rel_err(got.data(), want.data(), got.size()) < 1e-6, "strided batched op(%c,%c): rel err %.2e",
+                  "NT"[ta], "NT"[tb], rel_err(got.data(), want.data(), got.size()));
+
+            // beta == 0: C is not read, so NaN there does not survive.
+            cudaMemset(dC, 0xFF, C0.size() * sizeof(float));
+            CHECK(cublasSgemm(h, opa, opb, m, n, k, &alpha, dA, lda, dB, ldb, &zero, dC, ldc) == CUBLAS_STATUS_SUCCESS, "beta 0");
+            got = to_host(dC, ldc * n);
+            want.assign(ldc * n, 0.0f);
+            gemm_reference(ta, tb, m, n, k, alpha, A.data(), lda, B.data(), ldb, 0.0f, want.data(), ldc);
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < m; i++)
+                    CHECK(std::fabs(got[i + j * ldc] - want[i + j * ldc]) < 1e-5, "beta 0 op(%c,%c): C(%d,%d) = %g, want %g",
+                          "NT"[ta], "NT"[tb], i, j, got[i + j * ldc], want[i + j * ldc]);
+            cudaFree(dA); cudaFree(dB); cudaFree(dC);
+        }
+    cublasDestroy(h);
+}
+
+TEST(emu_cublas_tf32_and_larger_products) {
+    cublasHandle_t h = nullptr;
+    cublasCreate(&h);
+    const int m = 96, n = 80, k = 200;
+    const float one = 1.0f, zero = 0.0f;
+    std::vector<float> A = ramp(m * k, 2.0f), B = ramp(k * n, 2.0f), want(m * n);
+    for (float& x : B) x = 1.0f - x;
+    gemm_reference(true, false, m, n, k, 1.0f, A.data(), k, B.data(), k, 0.0f, want.data(), m);
+    float *dA = to_device(A), *dB = to_device(B), *dC = nullptr;
+    cudaMalloc(&dC, m * n * sizeof(float));
+    cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dA, k, dB, k, &zero, dC, m);
+    double e32 = rel_err(to_host(dC, m * n).data(), want.data(), m * n);
+    CHECK(cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH) == CUBLAS_STATUS_SUCCESS, "math mode");
+    cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dA, k, dB, k, &zero, dC, m);
+    double etf = rel_err(to_host(dC, m * n).data(), want.data(), m * n);
+    CHECK(e32 < 1e-6, "fp32 rel err %.2e", e32);
+    CHECK(etf > 1e-5 && etf < 2e-3, "tf32 rel err %.2e: inputs should be rounded to 10 mantissa bits", etf);
+    cudaFree(dA); cudaFree(dB); cudaFree(dC);
+    cublasDestroy(h);
+}
+
+TEST(emu_cublas_refuses_what_cublas_refuses) {
+    cublasHandle_t h = nullptr;
+    cublasCreate(&h);
+    const float one = 1.0f;
+    float* C = nullptr;
+    cudaMalloc(&C, 64 * sizeof(float));
+    cudaMemset(C, 0, 64 * sizeof(float));
+    const float* A = C;
+    const float* B = C;
+    struct Case { cublasOperation_t ta, tb; int m, n, k, lda, ldb, ldc, batch; const char* what; };
+    const Case cases[] = {
+        {CUBLAS_OP_N, CUBLAS_OP_N, -1, 2, 2, 2, 2, 2, 1, "m < 0"},
+        {CUBLAS_OP_N, CUBLAS_OP_N, 2, -1, 2, 2, 2, 2, 1, "n < 0"},
+        {CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, -1, 2, 2, 2, 1, "k < 0"},
+        {CUBLAS_OP_N, CUBLAS_OP_N, 4, 2, 3, 3, 3, 4, 1, "lda < m with A not transposed"},
+        {CUBLAS_OP_T, CUBLAS_OP_N, 4, 2, 3, 2, 3, 4, 1, "lda < k with A transposed"},
+        {CUBLAS_OP_N, CUBLAS_OP_N, 4, 2, 3, 4, 2, 4, 1, "ldb < k with B not transposed"},
+        {CUBLAS_OP_N, CUBLAS_OP_T, 4, 2, 3, 4, 1, 4, 1, "ldb < n with B transposed"},
+        {CUBLAS_OP_N, CUBLAS_OP_N, 4, 2, 3, 4, 3, 3, 1, "ldc < m"},
+        {CUBLAS_OP_N, CUBLAS_OP_N, 0, 2, 3, 0, 3, 1, 1, "lda < 1"},
+        {CUBLAS_OP_N, CUBLAS_OP_N, 4, 2, 3, 4, 3, 4, -1, "batchCount < 0"},
+    };
+    for (const Case& c : cases) {
+        cublasStatus_t s = c.batch == 1
+            ? cublasSgemm(h, c.ta, c.tb, c.m, c.n, c.k, &one, A, c.lda, B, c.ldb, &one, C, c.ldc)
+            : cublasSgemmStridedBatched(h, c.ta, c.tb, c.m, c.n, c.k, &one, A, c.lda, 0, B, c.ldb, 0, &one, C, c.ldc, 0, c.batch);
+        CHECK(s == CUBLAS_STATUS_INVALID_VALUE, "%s: %s", c.what, cublasGetStatusName(s));
+    }
+    CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, nullptr, A, 2, B, 2, &one, C, 2) == CUBLAS_STATUS_INVALID_VALUE, "null alpha");
+    CHECK(cublasSgemm(nullptr, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, A, 2, B, 2, &one, C, 2) == CUBLAS_STATUS_NOT_INITIALIZED, "null handle");
+    CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 0, 2, 2, &one, A, 1, B, 2, &one, C, 1) == CUBLAS_STATUS_SUCCESS, "m = 0 is legal");
+    std::vector<float> got = to_host(C, 64);
+    for (float x : got) CHECK(x == 0.0f, "a refused call wrote C");
+    CHECK(cudaGetLastError() == cudaSuccess, "a cuBLAS refusal set a CUDA error");
+    cudaFree(C);
+    cublasDestroy(h);
+}
+
+TEST(emu_cublas_respects_graph_capture) {
+    cublasHandle_t h = nullptr;
+    cublasCreate(&h);
+    cudaStream_t s = nullptr;
+    cudaStreamCreate(&s);
+    cublasSetStream(h, s);
+    const float two = 2.0f, zero = 0.0f;
+    std::vector<float> I = {1, 0, 0, 1}, X = {1, 2, 3, 4};
+    float *dI = to_device(I), *dX = to_device(X), *dC = nullptr;
+    cudaMalloc(&dC, 4 * sizeof(float));
+    cudaMemset(dC, 0, 4 * sizeof(float));
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &two, dI, 2, dX, 2, &zero, dC, 2) == CUBLAS_STATUS_SUCCESS, "captured sgemm");
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(s, &g);
+    CHECK(to_host(dC, 4)[3] == 0.0f, "sgemm ran during capture");
+    cudaGraphExec_t e = nullptr;
+    cudaGraphInstantiate(&e, g, 0ULL);
+    cudaGraphLaunch(e, s);
+    cudaStreamSynchronize(s);
+    std::vector<float> got = to_host(dC, 4);
+    for (int i = 0; i < 4; i++) CHECK(got[i] == 2.0f * X[i], "replayed sgemm C[%d] = %g", i, got[i]);
+    cudaGraphExecDestroy(e); cudaGraphDestroy(g);
+    cudaFree(dI); cudaFree(dX); cudaFree(dC);
+    cudaStreamDestroy(s);
+    cublasDestroy(h);
+}
