@@ -18,160 +18,10 @@
 #include <omp.h>
 #endif
 
+#include "cli.h"
 #include "data/tasks.h"
 #include "lime.h"
 #include "safetensors.h"
-
-// ===========================================================================
-// Flags: each subcommand lists its flags with defaults and help; anything
-// else is refused with one line that names it.
-// ===========================================================================
-
-struct FlagSpec {
-    const char* name;
-    const char* def;   // nullptr: a switch (no value); "" : no default
-    const char* help;
-};
-
-struct Args {
-    std::string cmd;
-    std::map<std::string, std::vector<std::string>> values;  // a flag may repeat (eval --load A --load B)
-    std::set<std::string> given;
-    std::vector<std::string> positional;
-    std::string err;  // the first problem found; checked once all flags are read
-
-    bool has(const std::string& name) const { return given.count(name) > 0; }
-    std::string str(const std::string& name) const {
-        auto it = values.find(name);
-        return it == values.end() || it->second.empty() ? "" : it->second.back();
-    }
-    void fail(const std::string& msg) { if (err.empty()) err = msg; }
-    long long integer(const std::string& name, long long lo, long long hi) {
-        std::string s = str(name);
-        char* end = nullptr;
-        long long v = strtoll(s.c_str(), &end, 10);
-        if (s.empty() || *end) { fail("--" + name + " '" + s + "' is not an integer"); return lo; }
-        if (v < lo || v > hi) {
-            fail("--" + name + " " + s + " is out of range; use " + std::to_string(lo) + " .. " + std::to_string(hi));
-            return lo;
-        }
-        return v;
-    }
-    double number(const std::string& name, double lo, double hi) {
-        std::string s = str(name);
-        char* end = nullptr;
-        double v = strtod(s.c_str(), &end);
-        if (s.empty() || *end || !std::isfinite(v)) { fail("--" + name + " '" + s + "' is not a number"); return lo; }
-        if (v < lo || v > hi) {
-            char buf[200];
-            snprintf(buf, sizeof buf, "--%s %s is out of range; use %g .. %g", name.c_str(), s.c_str(), lo, hi);
-            fail(buf);
-            return lo;
-        }
-        return v;
-    }
-    std::string choice(const std::string& name, const std::vector<std::string>& options) {
-        std::string s = str(name);
-        for (const std::string& o : options) if (s == o) return s;
-        std::string all;
-        for (const std::string& o : options) all += (all.empty() ? "" : "|") + o;
-        fail("--" + name + " '" + s + "' is not one of " + all);
-        return options[0];
-    }
-};
-
-static void print_help(const char* cmd, const char* summary, const std::vector<FlagSpec>& flags) {
-    printf("usage: ./lime %s [flags]\n%s\n\nflags:\n", cmd, summary);
-    for (const FlagSpec& f : flags) {
-        std::string left = std::string("--") + f.name + (f.def ? " X" : "");
-        printf("  %-20s %s", left.c_str(), f.help);
-        if (f.def && *f.def) printf(" (default %s)", f.def);
-        printf("\n");
-    }
-}
-
-static void die(const std::string& cmd, const std::string& msg) {
-    fprintf(stderr, "lime %s: error: %s\n", cmd.c_str(), msg.c_str());
-    exit(2);
-}
-
-// Parses argv into args; --help prints the flags and exits 0.
-static Args parse_args(const std::string& cmd, const char* summary, const std::vector<FlagSpec>& flags, int argc, char** argv,
-                       bool positional_ok) {
-    Args a;
-    a.cmd = cmd;
-    std::map<std::string, const FlagSpec*> known;
-    for (const FlagSpec& f : flags) {
-        known[f.name] = &f;
-        if (f.def && *f.def) a.values[f.name] = {f.def};
-    }
-    for (int i = 0; i < argc; i++) {
-        std::string tok = argv[i];
-        if (tok == "--help" || tok == "-h") { print_help(cmd.c_str(), summary, flags); exit(0); }
-        if (tok.rfind("--", 0) != 0) {
-            if (!positional_ok) die(cmd, "unexpected argument '" + tok + "'; flags start with --, see ./lime " + cmd + " --help");
-            a.positional.push_back(tok);
-            continue;
-        }
-        std::string name = tok.substr(2), value;
-        size_t eq = name.find('=');
-        bool inline_value = eq != std::string::npos;
-        if (inline_value) { value = name.substr(eq + 1); name = name.substr(0, eq); }
-        auto it = known.find(name);
-        if (it == known.end()) die(cmd, "unknown flag --" + name + "; see ./lime " + cmd + " --help");
-        if (!it->second->def) {  // a switch
-            if (inline_value) die(cmd, "--" + name + " takes no value");
-            a.values[name] = {"1"};
-        } else {
-            if (!inline_value) {
-                if (i + 1 >= argc) die(cmd, "--" + name + " needs a value; see ./lime " + cmd + " --help");
-                value = argv[++i];
-            }
-            if (!a.given.count(name)) a.values[name].clear();  // the first given value replaces the default
-            a.values[name].push_back(value);
-        }
-        a.given.insert(name);
-    }
-    return a;
-}
-
-static void set_threads(Args& a) {
-    int n = (int)a.integer("threads", 0, 1024);
-#ifdef _OPENMP
-    if (n > 0) omp_set_num_threads(n);
-#else
-    (void)n;
-#endif
-}
-
-static Device pick_device(Args& a) {
-    std::string d = a.choice("device", {"auto", "cpu", "gpu"});
-    std::string why;
-    if (d == "cpu") return DEVICE_CPU;
-    bool ok = gpu_available(&why);
-    if (d == "gpu" && !ok) die(a.cmd, "--device gpu: " + why);
-    return ok ? DEVICE_GPU : DEVICE_CPU;
-}
-
-static double now_ms() {
-    using namespace std::chrono;
-    return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
-}
-
-static std::string fmt(const char* f, double v) {
-    char buf[64];
-    snprintf(buf, sizeof buf, f, v);
-    return buf;
-}
-
-static std::string duration_str(double seconds) {
-    int s = (int)std::lround(seconds);
-    char buf[32];
-    if (s >= 3600) snprintf(buf, sizeof buf, "%dh%02dm", s / 3600, s / 60 % 60);
-    else if (s >= 60) snprintf(buf, sizeof buf, "%dm%02ds", s / 60, s % 60);
-    else snprintf(buf, sizeof buf, "%ds", s);
-    return buf;
-}
 
 // ===========================================================================
 // Tasks: built from flags, or rebuilt from a checkpoint's metadata
@@ -394,11 +244,6 @@ static const std::vector<FlagSpec> SHAPE_FLAGS = {
     {"ffn", "", "F, SwiGLU hidden size (default: 3 * dim)"},
 };
 
-static std::vector<FlagSpec> concat(std::vector<std::vector<FlagSpec>> parts) {
-    std::vector<FlagSpec> all;
-    for (auto& p : parts) all.insert(all.end(), p.begin(), p.end());
-    return all;
-}
 
 static Config shape_from_args(Args& a) {
     Config c;
@@ -452,21 +297,6 @@ struct TrainSettings {
     uint64_t seed = 1;
 };
 
-static bool make_dir(const std::string& dir, std::string* err) {
-    std::string path;
-    for (size_t i = 0; i <= dir.size(); i++) {
-        if (i == dir.size() || dir[i] == '/') {
-            path = dir.substr(0, i);
-            if (!path.empty() && mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-                *err = "cannot create directory " + path + ": " + strerror(errno);
-                return false;
-            }
-        }
-    }
-    return true;
-}
-
-static std::string json_num(double v) { return fmt("%.9g", v); }
 
 struct Logger {
     FILE* f = nullptr;
