@@ -40,7 +40,7 @@ struct Task {
 
 static const std::vector<FlagSpec> TASK_FLAGS = {
     {"task", "arith", "arith (TASKS.md 1) or text (TASKS.md 3)"},
-    {"ops", "4", "arith: operators per question, the tier k"},
+    {"ops", "3", "arith: operators per question, the tier k"},
     {"modulus", "11", "arith: the prime p"},
     {"format", "chain", "arith: chain (chain of thought) or direct"},
     {"train-size", "20000", "arith: training examples"},
@@ -267,7 +267,7 @@ static std::vector<FlagSpec> train_flags() {
         {"seq-len", "128", "text: T, positions per window (arith: from the data)"},
         {"batch", "64", "B, sequences per step"},
         {"steps", "", "optimiser steps (default: from --epochs)"},
-        {"epochs", "8", "passes over the training set (when --steps is not given)"},
+        {"epochs", "15", "passes over the training set (when --steps is not given)"},
         {"lr", "1e-3", "learning rate of matrices, embedding and gains"},
         {"router-lr", "1e-2", "learning rate of the LIMe routers"},
         {"weight-decay", "0.1", "AdamW weight decay of the matrices"},
@@ -843,7 +843,8 @@ static void usage() {
            "  sample   continue a prompt with a trained model\n"
            "  data     print generated examples as the model sees them\n"
            "  verify   check the implementation against reference vectors\n"
-           "  bench    time training steps of llama and lime\n");
+           "  bench    time training steps of llama and lime\n"
+           "  compare  train both models for several seeds; report with statistics and figures\n");
 }
 
 int main(int argc, char** argv) {
@@ -857,6 +858,6 @@ int main(int argc, char** argv) {
     if (cmd == "data") return cmd_data(n, rest);
     if (cmd == "verify") return cmd_verify(n, rest);
     if (cmd == "bench") return cmd_bench(n, rest);
-    fprintf(stderr, "lime: unknown command '%s'; commands: train eval sample data verify bench (./lime --help)\n", cmd.c_str());
+    fprintf(stderr, "lime: unknown command '%s'; commands: train eval sample data verify bench compare (./lime --help)\n", cmd.c_str());
     return 2;
 }
