@@ -5,6 +5,8 @@
 #   make bench      step time of llama vs lime at the two benchmark configs
 #   make emu        ./lime-emu: the whole program, --device gpu runs the kernels on the CPU
 #   make test-gpu   the GPU tests on a real GPU (skipped, with the reason, without one)
+#   make bench-gpu  step time, MFU and memory of llama vs lime on the GPU (full attention and GQA)
+#   make nvcc-check the CUDA code through nvcc for sm_80 and sm_90, warnings as errors
 CXX      ?= g++
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_LIB ?= $(dir $(NVCC))../lib64
@@ -14,11 +16,11 @@ TESTFLAGS = -std=c++17 -O2 -g $(ARCH_FLAGS) -fopenmp -Wall -Wextra -I. -Itests
 GENCODE  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVFLAGS  ?= -std=c++17 -O3 $(GENCODE) -I. -Xcompiler "-fopenmp $(ARCH_FLAGS) -Wall -Wextra" --Werror all-warnings
 
-HOST_SRC = safetensors.cpp data/arith.cpp data/text.cpp
+HOST_SRC = safetensors.cpp data/arith.cpp data/text.cpp data/task.cpp
 HEADERS  = lime.h safetensors.h data/tasks.h data/rng.h
 B = build
 
-.PHONY: all test test-gpu run bench emu clean
+.PHONY: all test test-gpu run bench bench-gpu emu nvcc-check clean
 all: lime
 
 $(B):
@@ -55,13 +57,31 @@ CPU_TESTS = tests/test_model.cpp tests/test_safetensors.cpp tests/test_data.cpp
 $(B)/test_cpu: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(HOST_SRC) $(HEADERS) | $(B)
 	$(CXX) $(TESTFLAGS) $(CPU_TESTS) tests/test_main.cpp $(HOST_SRC) -o $@
 
+# Every GPU test, twice: kernels on the CPU harness (make test), and natively (make test-gpu).
+$(B)/test_gpu_emu: tests/test_gpu.cpp tests/test_main.cpp tests/test.h tests/cuda_emu.h lime.cu $(HOST_SRC) $(HEADERS) | $(B)
+	$(CXX) $(TESTFLAGS) -DLIME_EMU tests/test_gpu.cpp tests/test_main.cpp $(HOST_SRC) -o $@
+
+ifneq ($(NVCC),)
+$(B)/test_gpu_native.o: tests/test_gpu.cpp tests/test.h lime.cu $(HEADERS) | $(B)
+	$(NVCC) $(NVFLAGS) -Itests -x cu -c tests/test_gpu.cpp -o $@
+$(B)/test_gpu_native: $(B)/test_gpu_native.o tests/test_main.cpp $(HOST_SRC) $(HEADERS)
+	$(CXX) $(CXXFLAGS) -Itests tests/test_main.cpp $(HOST_SRC) $(B)/test_gpu_native.o $(LIME_LIBS) -o $@
+nvcc-check: $(B)/lime.o $(B)/test_gpu_native
+	@echo "nvcc: lime.cu and tests/test_gpu.cpp build for sm_80 and sm_90 with no warnings"
+else
+$(B)/test_gpu_native:
+	@echo "no nvcc: the native GPU tests are not built"
+nvcc-check:
+	@echo "no nvcc found (install the CUDA Toolkit, or set NVCC=/path/to/nvcc)"; exit 1
+endif
+
 $(B)/test_emu: tests/test_emu_harness.cpp tests/test_main.cpp tests/test.h tests/cuda_emu.h | $(B)
 	$(CXX) $(TESTFLAGS) tests/test_emu_harness.cpp tests/test_main.cpp -o $@
 
-test: lime lime-emu $(B)/test_cpu $(B)/test_emu
+test: lime lime-emu $(B)/test_cpu $(B)/test_emu $(B)/test_gpu_emu
 	bash tests/run.sh
 
-test-gpu: lime
+test-gpu: lime $(B)/test_gpu_native
 	bash tests/run_gpu.sh
 
 # Tier 3 (three operators), 20,000 examples, 15 epochs; lr 3e-3 rather than
@@ -76,6 +96,13 @@ run: lime
 bench: lime
 	./lime bench --layers 4 --dim 32 --heads 4 --kv-heads 4 --ffn 96 --vocab 21 --batch 128 --seq-len 88 --steps 10
 	./lime bench --layers 4 --dim 128 --heads 4 --kv-heads 4 --ffn 352 --vocab 32 --batch 32 --seq-len 64 --steps 10
+
+# The two benchmark configs on the GPU, each with full attention (R = H) and GQA.
+bench-gpu: lime
+	./lime bench --device gpu --layers 4 --dim 32 --heads 4 --kv-heads 4 --ffn 96 --vocab 21 --batch 128 --seq-len 88 --steps 20
+	./lime bench --device gpu --layers 4 --dim 32 --heads 4 --kv-heads 2 --ffn 96 --vocab 21 --batch 128 --seq-len 88 --steps 20
+	./lime bench --device gpu --layers 12 --dim 768 --heads 12 --kv-heads 12 --ffn 2048 --vocab 256 --batch 8 --seq-len 1024 --steps 10
+	./lime bench --device gpu --layers 12 --dim 768 --heads 12 --kv-heads 4 --ffn 2048 --vocab 256 --batch 8 --seq-len 1024 --steps 10
 
 clean:
 	rm -rf $(B) lime lime-emu

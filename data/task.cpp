@@ -1,0 +1,65 @@
+// data/task.cpp — a task built from its settings (see data/tasks.h, Task).
+#include <cstdlib>
+
+#include "data/tasks.h"
+#include "safetensors.h"
+
+std::string task_build(const std::map<std::string, std::string>& s, int text_T, Task* t) {
+    auto get = [&](const char* k) { auto it = s.find(k); return it == s.end() ? std::string() : it->second; };
+    t->kind = get("task");
+    t->settings = s;
+    if (t->kind == "arith") {
+        ArithSettings as;
+        as.p = atoi(get("modulus").c_str());
+        as.ops = atoi(get("ops").c_str());
+        as.chain = get("format") != "direct";
+        as.train_size = atoi(get("train-size").c_str());
+        as.test_size = atoi(get("test-size").c_str());
+        as.seed = strtoull(get("data-seed").c_str(), nullptr, 10);
+        std::string err = arith_check_settings(as);
+        if (err.empty()) err = arith_generate(as, &t->arith);
+        if (!err.empty()) return err;
+        t->vocab = t->arith.vocab;
+        t->train = &t->arith.train;
+        t->test = &t->arith.test;
+        t->T = t->arith.seq_len;
+        return "";
+    }
+    if (t->kind == "text") {
+        std::string path = get("text-file");
+        if (path.empty()) return "--task text needs --text-file FILE (any UTF-8 text)";
+        std::string err = text_load(path, text_T, atof(get("val-frac").c_str()), &t->text);
+        if (!err.empty()) return err;
+        t->vocab = t->text.vocab;
+        t->train = &t->text.train;
+        t->test = &t->text.val;
+        t->T = text_T;
+        t->settings["seq-len"] = std::to_string(text_T);
+        return "";
+    }
+    return "--task '" + t->kind + "' is not one of arith|text";
+}
+
+std::string settings_to_json(const std::map<std::string, std::string>& s) {
+    std::string out = "{";
+    for (auto& kv : s) out += (out.size() > 1 ? ", " : "") + json_quote(kv.first) + ": " + json_quote(kv.second);
+    return out + "}";
+}
+
+std::string settings_from_json(const std::string& text, std::map<std::string, std::string>* s) {
+    Json j;
+    std::string err = json_parse(text, &j);
+    if (!err.empty() || j.kind != Json::OBJ) return "settings are not a JSON object";
+    for (auto& kv : j.obj) {
+        if (kv.second.kind != Json::STR) return "setting \"" + kv.first + "\" is not a string";
+        (*s)[kv.first] = kv.second.str;
+    }
+    return "";
+}
+
+std::string vocab_to_json(const Vocab& v) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.tokens.size(); i++) out += (i ? ", " : "") + json_quote(v.tokens[i]);
+    return out + "]";
+}
+
