@@ -7,6 +7,8 @@
 #   make test-gpu   the GPU tests on a real GPU (skipped, with the reason, without one)
 #   make bench-gpu  step time, MFU and memory of llama vs lime on the GPU (full attention and GQA)
 #   make nvcc-check the CUDA code through nvcc for sm_80 and sm_90, warnings as errors
+#   make test-asan  the CPU tests and the CLI suites under AddressSanitizer + UBSan (a few minutes)
+#   make fuzz       libFuzzer on the checkpoint and task parsers, FUZZ_SECONDS each (not in make test)
 CXX      ?= g++
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 CUDA_LIB ?= $(dir $(NVCC))../lib64
@@ -16,11 +18,11 @@ TESTFLAGS = -std=c++17 -O2 -g $(ARCH_FLAGS) -fopenmp -Wall -Wextra -I. -Itests
 GENCODE  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVFLAGS  ?= -std=c++17 -O3 $(GENCODE) -I. -Xcompiler "-fopenmp $(ARCH_FLAGS) -Wall -Wextra" --Werror all-warnings
 
-HOST_SRC = safetensors.cpp data/arith.cpp data/text.cpp data/task.cpp
-HEADERS  = lime.h safetensors.h data/tasks.h data/rng.h
+HOST_SRC = safetensors.cpp data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp plot.cpp study.cpp
+HEADERS  = lime.h safetensors.h data/tasks.h data/rng.h data/prosqa.h cli.h plot.h stats.h study.h
 B = build
 
-.PHONY: all test test-gpu run bench bench-gpu emu nvcc-check clean
+.PHONY: all test test-gpu run bench bench-gpu emu nvcc-check test-asan fuzz clean
 all: lime
 
 $(B):
@@ -52,7 +54,7 @@ emu: lime-emu
 lime-emu: train.cpp $(B)/lime_emu.o $(HOST_SRC) $(HEADERS)
 	$(CXX) $(TESTFLAGS) train.cpp $(HOST_SRC) $(B)/lime_emu.o -o $@
 
-CPU_TESTS = tests/test_model.cpp tests/test_safetensors.cpp tests/test_data.cpp
+CPU_TESTS = tests/test_model.cpp tests/test_safetensors.cpp tests/test_data.cpp tests/test_prosqa.cpp tests/test_stats.cpp tests/test_plot.cpp
 # tests/test_model.cpp includes lime.cu itself, to reach the static ops.
 $(B)/test_cpu: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(HOST_SRC) $(HEADERS) | $(B)
 	$(CXX) $(TESTFLAGS) $(CPU_TESTS) tests/test_main.cpp $(HOST_SRC) -o $@
@@ -103,6 +105,33 @@ bench-gpu: lime
 	./lime bench --device gpu --layers 4 --dim 32 --heads 4 --kv-heads 2 --ffn 96 --vocab 21 --batch 128 --seq-len 88 --steps 20
 	./lime bench --device gpu --layers 12 --dim 768 --heads 12 --kv-heads 12 --ffn 2048 --vocab 256 --batch 8 --seq-len 1024 --steps 10
 	./lime bench --device gpu --layers 12 --dim 768 --heads 12 --kv-heads 4 --ffn 2048 --vocab 256 --batch 8 --seq-len 1024 --steps 10
+
+# Sanitizers: the CPU tests and a CPU-only ./lime (build/lime-asan), built with
+# AddressSanitizer and UndefinedBehaviorSanitizer; tests/run_asan.sh runs the
+# CPU tests and the CLI suites on them and fails on any report.
+ASANFLAGS = -std=c++17 -O1 -g -fopenmp -I. -Itests -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+$(B)/test_cpu_asan: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(HOST_SRC) $(HEADERS) | $(B)
+	$(CXX) $(ASANFLAGS) $(CPU_TESTS) tests/test_main.cpp $(HOST_SRC) -o $@
+$(B)/lime_asan.o: lime.cu $(HEADERS) | $(B)
+	$(CXX) $(ASANFLAGS) -x c++ -c lime.cu -o $@
+$(B)/lime-asan: train.cpp cli.h $(B)/lime_asan.o $(HOST_SRC) $(HEADERS)
+	$(CXX) $(ASANFLAGS) train.cpp $(HOST_SRC) $(B)/lime_asan.o -o $@
+test-asan: $(B)/test_cpu_asan $(B)/lime-asan
+	bash tests/run_asan.sh
+
+# Fuzzing with libFuzzer (clang++; Debian/Ubuntu: packages clang-14 and
+# libclang-rt-14-dev). Each target runs FUZZ_SECONDS from its seed corpus in
+# tests/fuzz_corpus/ (left untouched); a crash, hang or sanitizer report fails.
+FUZZ_SECONDS ?= 60
+FUZZ_CXX  ?= clang++
+FUZZFLAGS = -std=c++17 -O1 -g -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Wno-unknown-pragmas -Wno-format-security
+$(B)/fuzz_safetensors: tests/fuzz_safetensors.cpp safetensors.cpp lime.cu $(HEADERS) | $(B)
+	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_safetensors.cpp safetensors.cpp -x c++ lime.cu -o $@
+FUZZ_TASK_SRC = data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp safetensors.cpp
+$(B)/fuzz_tasks: tests/fuzz_tasks.cpp $(FUZZ_TASK_SRC) $(HEADERS) data/prosqa.h | $(B)
+	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_tasks.cpp $(FUZZ_TASK_SRC) -o $@
+fuzz: $(B)/fuzz_safetensors $(B)/fuzz_tasks
+	bash tests/run_fuzz.sh $(FUZZ_SECONDS) $(B)/fuzz_safetensors $(B)/fuzz_tasks
 
 clean:
 	rm -rf $(B) lime lime-emu

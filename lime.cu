@@ -23,6 +23,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
@@ -183,13 +184,14 @@ struct Acts {
     float* vt;
     float* dkt;
     float* dvt;
-    float* scratch;  // matmul transposes: max(B*T, max rows of a weight) * max(V, F, d, H*hd)
+    float* scratch;  // CPU: matmul transposes, max(B*T, max rows of a weight) * max(V, F, d, H*hd);
+                     // GPU: attention's head-major q, out/dout and dq (3, B, T, H*hd), rmsnorm's gain partials
     float* rope_cos; // (T, hd/2)
     float* rope_sin; // (T, hd/2)
 };
 
-// Carves (or, with base == nullptr, only measures) the activations.
-static size_t acts_carve(Acts* A, const Config& c, int B, float* base) {
+// Carves (or, with base == nullptr, only measures) the activations; only the scratch differs between devices.
+static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device dev = DEVICE_CPU) {
     size_t BT = (size_t)B * c.T, L = c.L, d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd;
     size_t wide = std::max({(size_t)c.V, (size_t)c.F, d, qd});
     size_t rows = std::max({BT, (size_t)c.V, (size_t)c.F, d, qd});
@@ -236,7 +238,7 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base) {
     take(&A->vt, BT * kvd);
     take(&A->dkt, BT * kvd);
     take(&A->dvt, BT * kvd);
-    take(&A->scratch, rows * wide + wide * std::max(d, (size_t)c.F));
+    take(&A->scratch, dev == DEVICE_GPU ? 3 * BT * qd : rows * wide + wide * std::max(d, (size_t)c.F));
     take(&A->rope_cos, (size_t)c.T * c.hd / 2);
     take(&A->rope_sin, (size_t)c.T * c.hd / 2);
     return off;
@@ -250,6 +252,72 @@ static double sum_in_order(const double* part, int n) {
     for (int i = 0; i < n; i++) s += part[i];
     return s;
 }
+
+// ===========================================================================
+// GPU basics: checked calls and the reductions the kernels share.
+// Every op below gets, beside its CPU function `op(...)`, kernels and a
+// launcher `op_gpu(...)` with the same arguments plus a stream (or cuBLAS handle). No kernel adds floats with atomics: every
+// sum runs in an order fixed by the shapes alone, so two runs agree bit for bit.
+// ===========================================================================
+#ifdef LIME_GPU
+static void cuda_check(cudaError_t err, const char* file, int line) {
+    if (err == cudaSuccess) return;
+    fprintf(stderr, "lime: CUDA error at %s:%d: %s\n", file, line, cudaGetErrorString(err));
+    exit(EXIT_FAILURE);
+}
+static void cublas_check(cublasStatus_t status, const char* file, int line) {
+    if (status == CUBLAS_STATUS_SUCCESS) return;
+    fprintf(stderr, "lime: cuBLAS error at %s:%d: %s\n", file, line, cublasGetStatusString(status));
+    exit(EXIT_FAILURE);
+}
+#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
+#define cublasCheck(call) cublas_check((call), __FILE__, __LINE__)
+// After every launch: a refused launch (bad grid, too much shared memory) shows here.
+#define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
+
+// Numbers the device computes and the host reads when it asks (model_metrics).
+struct Metrics {
+    float loss;       // crossentropy_forward_gpu
+    float inv_count;  // 1 / sum(mask), for the backward (0 when the mask is all 0)
+    float norm;       // global gradient norm, before clipping
+    float clip_scale; // min(1, grad_clip / (norm + 1e-6)), or 1 without clipping
+};
+// One optimiser step's numbers, in device memory: written before each step
+// (or graph replay), read by the update kernels.
+struct AdamWStep {
+    float lr, router_lr;  // times the schedule factor
+    float weight_decay, beta1, beta2, eps, grad_clip;
+    float bc1, bc2;       // bias corrections 1 - beta^step
+};
+
+// Blocks for a elements at b per block; at least 1 (the kernels check their bounds).
+static unsigned ceil_div(size_t a, size_t b) { return a ? (unsigned)((a + b - 1) / b) : 1u; }
+
+// Sum over the 32 lanes of a warp. The xor butterfly leaves the same bits in
+// every lane: each step adds a pair of values that both lanes of the pair hold.
+__device__ inline float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+__device__ inline float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+// Sum over the block (blockDim.x a power of two, shared holds blockDim.x
+// values) as a fixed tree; every thread gets the total.
+template <class Num>
+__device__ Num block_sum(Num v, Num* shared) {
+    shared[threadIdx.x] = v;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+        if ((int)threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
+        __syncthreads();
+    }
+    Num total = shared[0];
+    __syncthreads();  // the caller may reuse shared right away
+    return total;
+}
+#endif
 
 // ===========================================================================
 // Matrix products. One CPU kernel, C (+)= A @ B, row-major; the model's
@@ -314,6 +382,39 @@ static void matmul_backward(float* dinp, float* dW, const float* dout, const flo
     gemm_cpu(dW, scratch, inp, OC, C, N, N, C, C, true);
 }
 
+// dst += src, elementwise.
+static void add_inplace(float* dst, const float* src, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+#ifdef LIME_GPU
+// cuBLAS is column-major: a row-major (rows, cols) matrix is a column-major
+// (cols, rows) one. So out (N, OC) = inp (N, C) @ W^T is, column-major,
+// out^T (OC, N) = W^T (OC, C) @ inp^T (C, N): op(W) = T, op(inp) = N.
+static void matmul_forward_gpu(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate, cublasHandle_t blas) {
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, W, C, inp, C, &beta, out, OC));
+}
+
+// dinp^T (C, N) += W^T (C, OC) @ dout^T (OC, N);  dW^T (C, OC) += inp^T (C, N) @ dout (N, OC)
+static void matmul_backward_gpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C, int OC,
+                                cublasHandle_t blas) {
+    const float one = 1.0f;
+    if (dinp) cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, W, C, dout, OC, &one, dinp, C));
+    cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dW, C));
+}
+
+__global__ void add_inplace_kernel(float* dst, const float* src, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] += src[i];
+}
+static void add_inplace_gpu(float* dst, const float* src, size_t n, cudaStream_t stream) {
+    LAUNCH(add_inplace_kernel, ceil_div(n, 256), 256, 0, stream)(dst, src, n);
+    launchCheck();
+}
+#endif
+
 // ===========================================================================
 // Token embedding: x[t] = E[token[t]]
 // ===========================================================================
@@ -332,6 +433,45 @@ static void embedding_backward(float* dE, const float* dout, const int* tokens, 
         for (int i = 0; i < d; i++) row[i] += g[i];
     }
 }
+
+#ifdef LIME_GPU
+__global__ void embedding_forward_kernel(float* out, const int* tokens, const float* E, int N, int d) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // one thread per output float
+    if (idx >= (size_t)N * d) return;
+    size_t n = idx / d;
+    out[idx] = E[(size_t)tokens[n] * d + idx % d];
+}
+static void embedding_forward_gpu(float* out, const int* tokens, const float* E, int N, int d, cudaStream_t stream) {
+    LAUNCH(embedding_forward_kernel, ceil_div((size_t)N * d, 256), 256, 0, stream)(out, tokens, E, N, d);
+    launchCheck();
+}
+
+// Deterministic without atomics: block (v, column slice) owns dE[v, slice]
+// and walks all positions in order, adding the rows whose token is v. The
+// token ids pass through shared memory a tile at a time.
+#define EMBED_TILE 1024
+__global__ void embedding_backward_kernel(float* dE, const float* dout, const int* tokens, int N, int d) {
+    __shared__ int tile[EMBED_TILE];
+    int v = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
+    float sum = 0;
+    for (int n0 = 0; n0 < N; n0 += EMBED_TILE) {
+        int count = min(EMBED_TILE, N - n0);
+        for (int k = threadIdx.x; k < count; k += blockDim.x) tile[k] = tokens[n0 + k];
+        __syncthreads();
+        if (i < d)
+            for (int k = 0; k < count; k++)
+                if (tile[k] == v) sum += dout[(size_t)(n0 + k) * d + i];
+        __syncthreads();
+    }
+    if (i < d) dE[(size_t)v * d + i] += sum;
+}
+// The CPU needs no V; the GPU's grid has one row of blocks per vocabulary entry.
+static void embedding_backward_gpu(float* dE, const float* dout, const int* tokens, int N, int d, int V, cudaStream_t stream) {
+    int threads = std::min(128, (d + 31) / 32 * 32);
+    LAUNCH(embedding_backward_kernel, dim3(V, ceil_div(d, threads)), threads, 0, stream)(dE, dout, tokens, N, d);
+    launchCheck();
+}
+#endif
 
 // ===========================================================================
 // RMSNorm: y_i = x_i * rstd * g_i,  rstd = 1 / sqrt(mean_j x_j^2 + eps)
@@ -372,6 +512,69 @@ static void rmsnorm_backward(float* dinp, float* dg, const float* dout, const fl
         dg[i] += s;
     }
 }
+
+#ifdef LIME_GPU
+// One warp per row (position): lanes stride over the d columns, then a warp sum.
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* g, int N, int d, float eps) {
+    int lane = threadIdx.x % 32, n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (n >= N) return;  // the whole warp leaves together
+    const float* x = inp + (size_t)n * d;
+    float* y = out + (size_t)n * d;
+    float ss = 0;
+    for (int i = lane; i < d; i += 32) ss += x[i] * x[i];
+    float r = 1.0f / sqrtf(warp_sum(ss) / d + eps);
+    for (int i = lane; i < d; i += 32) y[i] = x[i] * r * g[i];
+    if (lane == 0) rstd[n] = r;
+}
+static void rmsnorm_forward_gpu(float* out, float* rstd, const float* inp, const float* g, int N, int d, float eps, cudaStream_t stream) {
+    const int warps = 4;  // rows per block
+    LAUNCH(rmsnorm_forward_kernel, ceil_div(N, warps), 32 * warps, 0, stream)(out, rstd, inp, g, N, d, eps);
+    launchCheck();
+}
+
+// dx: one warp per row, as the forward.
+__global__ void rmsnorm_backward_kernel(float* dinp, const float* dout, const float* inp, const float* g, const float* rstd, int N, int d) {
+    int lane = threadIdx.x % 32, n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (n >= N) return;
+    const float* x = inp + (size_t)n * d;
+    const float* dy = dout + (size_t)n * d;
+    float* dx = dinp + (size_t)n * d;
+    float r = rstd[n], dot = 0;
+    for (int i = lane; i < d; i += 32) dot += g[i] * dy[i] * x[i];
+    float c = r * r * r * warp_sum(dot) / d;
+    for (int i = lane; i < d; i += 32) dx[i] += r * g[i] * dy[i] - x[i] * c;
+}
+// dg in two fixed-order steps: block (column slice, chunk) sums its GAIN_ROWS
+// rows into partial[chunk], then one thread per column adds the chunks in order.
+#define GAIN_ROWS 32
+__global__ void rmsnorm_gain_partial_kernel(float* partial, const float* dout, const float* inp, const float* rstd, int N, int d) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    if (i >= d) return;
+    float s = 0;
+    for (int n = chunk * GAIN_ROWS; n < min(N, (chunk + 1) * GAIN_ROWS); n++)
+        s += dout[(size_t)n * d + i] * inp[(size_t)n * d + i] * rstd[n];
+    partial[(size_t)chunk * d + i] = s;
+}
+__global__ void rmsnorm_gain_reduce_kernel(float* dg, const float* partial, int chunks, int d) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= d) return;
+    float s = 0;
+    for (int c = 0; c < chunks; c++) s += partial[(size_t)c * d + i];
+    dg[i] += s;
+}
+// scratch: ceil(N / GAIN_ROWS) * d floats for the partial sums.
+static void rmsnorm_backward_gpu(float* dinp, float* dg, const float* dout, const float* inp, const float* g, const float* rstd, int N, int d,
+                                 float* scratch, cudaStream_t stream) {
+    const int warps = 4;
+    LAUNCH(rmsnorm_backward_kernel, ceil_div(N, warps), 32 * warps, 0, stream)(dinp, dout, inp, g, rstd, N, d);
+    launchCheck();
+    int chunks = (int)ceil_div(N, GAIN_ROWS), threads = std::min(128, (d + 31) / 32 * 32);
+    LAUNCH(rmsnorm_gain_partial_kernel, dim3(ceil_div(d, threads), chunks), threads, 0, stream)(scratch, dout, inp, rstd, N, d);
+    launchCheck();
+    LAUNCH(rmsnorm_gain_reduce_kernel, ceil_div(d, threads), threads, 0, stream)(dg, scratch, chunks, d);
+    launchCheck();
+}
+#endif
 
 // ===========================================================================
 // RoPE, HF half-split: for i < hd/2, with angle t * theta^(-2i/hd),
@@ -415,6 +618,31 @@ static void rope_forward(float* x, const float* cos_t, const float* sin_t, int B
 static void rope_backward(float* dx, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd) {
     rope_rotate(dx, cos_t, sin_t, B, T, nh, hd, -1.0f);
 }
+
+#ifdef LIME_GPU
+// One thread per rotated pair (b, t, h, i < hd/2); cos_t, sin_t live on the device.
+__global__ void rope_rotate_kernel(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, float sign) {
+    int half = hd / 2;
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * nh * half) return;
+    int i = idx % half;
+    size_t row = idx / half;  // (b * T + t) * nh + h
+    int t = (row / nh) % T;
+    float* v = x + row * hd;
+    float c = cos_t[t * half + i], s = sign * sin_t[t * half + i];
+    float x0 = v[i], x1 = v[i + half];
+    v[i] = x0 * c - x1 * s;
+    v[i + half] = x1 * c + x0 * s;
+}
+static void rope_forward_gpu(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, cudaStream_t stream) {
+    LAUNCH(rope_rotate_kernel, ceil_div((size_t)B * T * nh * (hd / 2), 256), 256, 0, stream)(x, cos_t, sin_t, B, T, nh, hd, 1.0f);
+    launchCheck();
+}
+static void rope_backward_gpu(float* dx, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, cudaStream_t stream) {
+    LAUNCH(rope_rotate_kernel, ceil_div((size_t)B * T * nh * (hd / 2), 256), 256, 0, stream)(dx, cos_t, sin_t, B, T, nh, hd, -1.0f);
+    launchCheck();
+}
+#endif
 
 // ===========================================================================
 // The KV router (Eq. 2): layer l's keys and values are a learned mixture of
@@ -481,6 +709,74 @@ static void router_backward(float* dW, float* dKbuf, float* dVbuf, const float* 
             }
         }
 }
+
+#ifdef LIME_GPU
+// One launch per layer, one thread per output float (n, r, i): it reads the
+// J = (l+1)R buffered entries of its position, column j after column j.
+__global__ void router_forward_kernel(float* Kr, float* Vr, const float* W, const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd) {
+    size_t layer = (size_t)N * R * hd, idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= layer) return;
+    int i = idx % hd, r = (idx / hd) % R, J = (l + 1) * R;
+    size_t n = idx / ((size_t)R * hd);
+    float k = 0, v = 0;
+    for (int j = 0; j < J; j++) {
+        float w = W[r * J + j];
+        size_t src = (j / R) * layer + (n * R + j % R) * hd + i;
+        k += w * Kbuf[src];
+        v += w * Vbuf[src];
+    }
+    Kr[idx] = k;
+    Vr[idx] = v;
+}
+static void router_forward_gpu(float* Kr, float* Vr, const float* W, const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd,
+                               cudaStream_t stream) {
+    LAUNCH(router_forward_kernel, ceil_div((size_t)N * R * hd, 256), 256, 0, stream)(Kr, Vr, W, Kbuf, Vbuf, l, N, R, hd);
+    launchCheck();
+}
+
+// dW[r, j]: one block per router weight, a block-wide sum over (n, i) in a fixed tree.
+#define ROUTER_THREADS 256
+__global__ void router_backward_dw_kernel(float* dW, const float* dKr, const float* dVr, const float* Kbuf, const float* Vbuf, int l, int N,
+                                          int R, int hd) {
+    __shared__ float part[ROUTER_THREADS];
+    int J = (l + 1) * R, r = blockIdx.x / J, j = blockIdx.x % J;
+    size_t src = (j / R) * ((size_t)N * R * hd) + (size_t)(j % R) * hd;  // column j: layer j / R, head j % R
+    float s = 0;
+    for (size_t e = threadIdx.x; e < (size_t)N * hd; e += blockDim.x) {
+        size_t n = e / hd;
+        int i = e % hd;
+        size_t at = (n * R + r) * hd + i, from = src + n * R * hd + i;
+        s += dKr[at] * Kbuf[from] + dVr[at] * Vbuf[from];
+    }
+    s = block_sum(s, part);
+    if (threadIdx.x == 0) dW[blockIdx.x] += s;
+}
+// dKbuf_j[n, i] += sum_r W[r, j] dKr[n, r, i] for every layer l' <= l: one
+// thread per float of those layers' buffer entries, one launch.
+__global__ void router_backward_dbuf_kernel(float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* W, int l, int N,
+                                            int R, int hd) {
+    size_t layer = (size_t)N * R * hd, idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (l + 1) * layer) return;
+    size_t within = idx % layer, n = within / ((size_t)R * hd);
+    int i = within % hd, J = (l + 1) * R, j = (int)(idx / layer) * R + (int)((within / hd) % R);
+    float k = 0, v = 0;
+    for (int r = 0; r < R; r++) {
+        float w = W[r * J + j];
+        k += w * dKr[(n * R + r) * hd + i];
+        v += w * dVr[(n * R + r) * hd + i];
+    }
+    dKbuf[idx] += k;
+    dVbuf[idx] += v;
+}
+static void router_backward_gpu(float* dW, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* W, const float* Kbuf,
+                                const float* Vbuf, int l, int N, int R, int hd, cudaStream_t stream) {
+    int J = (l + 1) * R;
+    LAUNCH(router_backward_dw_kernel, R * J, ROUTER_THREADS, 0, stream)(dW, dKr, dVr, Kbuf, Vbuf, l, N, R, hd);
+    launchCheck();
+    LAUNCH(router_backward_dbuf_kernel, ceil_div((size_t)(l + 1) * N * R * hd, 256), 256, 0, stream)(dKbuf, dVbuf, dKr, dVr, W, l, N, R, hd);
+    launchCheck();
+}
+#endif
 
 // ===========================================================================
 // Causal GQA attention. Query head h reads kv head h / (H / R).
@@ -601,6 +897,118 @@ static void attention_backward(float* dq, float* dk, float* dv, float* datt, flo
         }
 }
 
+#ifdef LIME_GPU
+// On the GPU attention is three batched matrix products around a softmax, as
+// in llm.c. The products want each head's positions contiguous, so q, k, v
+// are first copied head-major: (B, T, nh, hd) -> (B, nh, T, hd). Then the n_rep
+// query heads sharing kv head r are one (n_rep*T, hd) matrix, and batch entry
+// (b, r) of every product is:
+//   scores (n_rep*T, T) = q_g @ k_r^T * scale     -> att, then the causal softmax in place
+//   out_g  (n_rep*T, hd) = att_g @ v_r
+// The scores above the diagonal (u > t) are computed and then set to 0.
+__global__ void split_heads_kernel(float* dst, const float* src, int B, int T, int nh, int hd) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, nh, T, hd)
+    if (idx >= (size_t)B * nh * T * hd) return;
+    int i = idx % hd, t = (idx / hd) % T, h = (idx / ((size_t)hd * T)) % nh;
+    size_t b = idx / ((size_t)hd * T * nh);
+    dst[idx] = src[((b * T + t) * nh + h) * hd + i];
+}
+__global__ void merge_heads_kernel(float* dst, const float* src, int B, int T, int nh, int hd, int accumulate) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, T, nh, hd)
+    if (idx >= (size_t)B * T * nh * hd) return;
+    int i = idx % hd, h = (idx / hd) % nh, t = (idx / ((size_t)hd * nh)) % T;
+    size_t b = idx / ((size_t)hd * nh * T);
+    float v = src[((b * nh + h) * T + t) * hd + i];
+    dst[idx] = accumulate ? dst[idx] + v : v;
+}
+static void split_heads_gpu(float* dst, const float* src, int B, int T, int nh, int hd, cudaStream_t stream) {
+    LAUNCH(split_heads_kernel, ceil_div((size_t)B * T * nh * hd, 256), 256, 0, stream)(dst, src, B, T, nh, hd);
+    launchCheck();
+}
+static void merge_heads_gpu(float* dst, const float* src, int B, int T, int nh, int hd, bool accumulate, cudaStream_t stream) {
+    LAUNCH(merge_heads_kernel, ceil_div((size_t)B * T * nh * hd, 256), 256, 0, stream)(dst, src, B, T, nh, hd, accumulate ? 1 : 0);
+    launchCheck();
+}
+
+// Rows of att (b, h, t), each T long: p[u] = softmax over u <= t, and 0 for u > t. One warp per row.
+__global__ void causal_softmax_kernel(float* att, int rows, int T) {
+    int lane = threadIdx.x % 32, row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= rows) return;
+    int t = row % T;
+    float* p = att + (size_t)row * T;
+    float mx = -INFINITY, sum = 0;
+    for (int u = lane; u <= t; u += 32) mx = fmaxf(mx, p[u]);
+    mx = warp_max(mx);
+    for (int u = lane; u <= t; u += 32) { p[u] = expf(p[u] - mx); sum += p[u]; }
+    sum = warp_sum(sum);
+    for (int u = lane; u < T; u += 32) p[u] = u <= t ? p[u] / sum : 0.0f;
+}
+// In place over dp: ds[u] = p[u] (dp[u] - sum_u' p[u'] dp[u']) for u <= t, 0 beyond.
+__global__ void causal_softmax_backward_kernel(float* datt, const float* att, int rows, int T) {
+    int lane = threadIdx.x % 32, row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (row >= rows) return;
+    int t = row % T;
+    const float* p = att + (size_t)row * T;
+    float* ds = datt + (size_t)row * T;
+    float pdp = 0;
+    for (int u = lane; u <= t; u += 32) pdp += p[u] * ds[u];
+    pdp = warp_sum(pdp);
+    for (int u = lane; u < T; u += 32) ds[u] = u <= t ? p[u] * (ds[u] - pdp) : 0.0f;
+}
+
+// kp, vp (B, R, T, hd): head-major keys and values (the CPU's kt, vt scratch);
+// scratch: 2 * B*T*H*hd floats for head-major q and out.
+static void attention_forward_gpu(float* out, float* att, const float* q, const float* k, const float* v, float* kp, float* vp, int B, int T,
+                                  int H, int R, int hd, float* scratch, cublasHandle_t blas, cudaStream_t stream) {
+    int n_rep = H / R, M = n_rep * T;  // rows of one (b, kv head) group
+    size_t qsize = (size_t)B * T * H * hd;
+    float *qp = scratch, *op = scratch + qsize;
+    const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f;
+    split_heads_gpu(qp, q, B, T, H, hd, stream);
+    split_heads_gpu(kp, k, B, T, R, hd, stream);
+    split_heads_gpu(vp, v, B, T, R, hd, stream);
+    // att_g (M, T) = scale * qp_g (M, hd) @ kp_r^T: matmul_forward_gpu's product, inp = qp_g and W = kp_r
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &scale, kp, hd, (long long)T * hd, qp, hd,
+                                          (long long)M * hd, &zero, att, T, (long long)M * T, B * R));
+    LAUNCH(causal_softmax_kernel, ceil_div((size_t)B * H * T, 4), 128, 0, stream)(att, B * H * T, T);
+    launchCheck();
+    // op_g (M, hd) = att_g (M, T) @ vp_r (T, hd): column-major op_g^T (hd, M) = vp_r^T (hd, T) @ att_g^T (T, M)
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &one, vp, hd, (long long)T * hd, att, T, (long long)M * T,
+                                          &zero, op, hd, (long long)M * hd, B * R));
+    merge_heads_gpu(out, op, B, T, H, hd, false, stream);
+}
+
+// The same products backwards, batch entry (b, r):
+//   datt_g = dout_g @ v_r^T;   dv_r = att_g^T @ dout_g   (sums over the group's heads and positions)
+//   ds = softmax backward (in place over datt)
+//   dq_g = scale * ds_g @ k_r;  dk_r = scale * ds_g^T @ q_g
+// dq is written; dk and dv are added to, as on the CPU.
+// scratch: 3 * B*T*H*hd floats (head-major q, dout, dq).
+static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt, float* kp, float* vp, float* dkp, float* dvp, const float* dout,
+                                   const float* q, const float* k, const float* v, const float* att, int B, int T, int H, int R, int hd,
+                                   float* scratch, cublasHandle_t blas, cudaStream_t stream) {
+    int n_rep = H / R, M = n_rep * T;
+    size_t qsize = (size_t)B * T * H * hd;
+    float *qp = scratch, *dop = scratch + qsize, *dqp = scratch + 2 * qsize;
+    const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f;
+    long long sq = (long long)M * hd, skv = (long long)T * hd, satt = (long long)M * T;
+    split_heads_gpu(qp, q, B, T, H, hd, stream);
+    split_heads_gpu(dop, dout, B, T, H, hd, stream);
+    split_heads_gpu(kp, k, B, T, R, hd, stream);
+    split_heads_gpu(vp, v, B, T, R, hd, stream);
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &one, vp, hd, skv, dop, hd, sq, &zero, datt, T, satt, B * R));
+    // dvp_r^T (hd, T) = dop_g^T (hd, M) @ att_g (M, T)
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &one, dop, hd, sq, att, T, satt, &zero, dvp, hd, skv, B * R));
+    LAUNCH(causal_softmax_backward_kernel, ceil_div((size_t)B * H * T, 4), 128, 0, stream)(datt, att, B * H * T, T);
+    launchCheck();
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &scale, kp, hd, skv, datt, T, satt, &zero, dqp, hd, sq, B * R));
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &scale, qp, hd, sq, datt, T, satt, &zero, dkp, hd, skv, B * R));
+    merge_heads_gpu(dq, dqp, B, T, H, hd, false, stream);
+    merge_heads_gpu(dk, dkp, B, T, R, hd, true, stream);
+    merge_heads_gpu(dv, dvp, B, T, R, hd, true, stream);
+}
+#endif
+
 // ===========================================================================
 // SwiGLU: h = silu(gate) * up,  silu(z) = z / (1 + exp(-z))
 // ===========================================================================
@@ -620,6 +1028,28 @@ static void swiglu_backward(float* dgate, float* dup, const float* dout, const f
         dup[i] = dout[i] * g * s;
     }
 }
+
+#ifdef LIME_GPU
+__global__ void swiglu_forward_kernel(float* out, const float* gate, const float* up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+__global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = gate[i], s = 1.0f / (1.0f + expf(-g));
+    dgate[i] = dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
+    dup[i] = dout[i] * g * s;
+}
+static void swiglu_forward_gpu(float* out, const float* gate, const float* up, size_t n, cudaStream_t stream) {
+    LAUNCH(swiglu_forward_kernel, ceil_div(n, 256), 256, 0, stream)(out, gate, up, n);
+    launchCheck();
+}
+static void swiglu_backward_gpu(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t n, cudaStream_t stream) {
+    LAUNCH(swiglu_backward_kernel, ceil_div(n, 256), 256, 0, stream)(dgate, dup, dout, gate, up, n);
+    launchCheck();
+}
+#endif
 
 // ===========================================================================
 // Softmax cross-entropy over the masked positions of the whole batch:
@@ -658,6 +1088,64 @@ static void crossentropy_backward(float* dlogits_probs, const int* targets, cons
         g[targets[n]] -= s;
     }
 }
+
+#ifdef LIME_GPU
+// probs and nll of one row (position) per warp.
+__global__ void crossentropy_forward_kernel(float* probs, float* nll, const float* logits, const int* targets, int N, int V) {
+    int lane = threadIdx.x % 32, n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (n >= N) return;
+    const float* z = logits + (size_t)n * V;
+    float* p = probs + (size_t)n * V;
+    float maxz = -INFINITY, sum = 0;
+    for (int i = lane; i < V; i += 32) maxz = fmaxf(maxz, z[i]);
+    maxz = warp_max(maxz);
+    for (int i = lane; i < V; i += 32) { p[i] = expf(z[i] - maxz); sum += p[i]; }
+    sum = warp_sum(sum);
+    for (int i = lane; i < V; i += 32) p[i] = p[i] / sum;
+    if (lane == 0) nll[n] = logf(sum) + maxz - z[targets[n]];
+}
+// The masked mean over the batch, in one block (double, a fixed order), and
+// 1 / sum(mask) for the backward.
+__global__ void crossentropy_loss_kernel(Metrics* metrics, const float* nll, const float* mask, int N) {
+    __shared__ double part[256];
+    double total = 0, count = 0;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) {
+        total += (double)mask[n] * nll[n];
+        count += mask[n];
+    }
+    total = block_sum(total, part);
+    count = block_sum(count, part);
+    if (threadIdx.x == 0) {
+        metrics->loss = count > 0 ? (float)(total / count) : 0.0f;
+        metrics->inv_count = count > 0 ? (float)(1.0 / count) : 0.0f;
+    }
+}
+// The loss stays on the device, in metrics->loss.
+static void crossentropy_forward_gpu(float* probs, float* nll, const float* logits, const int* targets, const float* mask, int N, int V,
+                                     Metrics* metrics, cudaStream_t stream) {
+    LAUNCH(crossentropy_forward_kernel, ceil_div(N, 4), 128, 0, stream)(probs, nll, logits, targets, N, V);
+    launchCheck();
+    LAUNCH(crossentropy_loss_kernel, 1, 256, 0, stream)(metrics, nll, mask, N);
+    launchCheck();
+}
+
+// dlogits = mask[n] / sum(mask) * (probs - onehot(target)), in place, the
+// mask and 1 / sum(mask) (from the forward) fused in. One thread per logit.
+__global__ void crossentropy_backward_kernel(float* dlogits_probs, const int* targets, const float* mask, int N, int V, const Metrics* metrics) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)N * V) return;
+    size_t n = idx / V;
+    float s = mask[n] * metrics->inv_count;
+    float g = dlogits_probs[idx] * s;
+    if ((int)(idx % V) == targets[n]) g -= s;
+    dlogits_probs[idx] = g;
+}
+static void crossentropy_backward_gpu(float* dlogits_probs, const int* targets, const float* mask, int N, int V, const Metrics* metrics,
+                                      cudaStream_t stream) {
+    LAUNCH(crossentropy_backward_kernel, ceil_div((size_t)N * V, 256), 256, 0, stream)(dlogits_probs, targets, mask, N, V, metrics);
+    launchCheck();
+}
+#endif
 
 // ===========================================================================
 // AdamW (SPEC.md): global-norm clipping, then per tensor with its group's
@@ -700,21 +1188,141 @@ static void group_lr(const TensorSpec& t, const AdamWConfig& o, float factor, fl
     *wd = t.group == GROUP_MATRIX ? o.weight_decay : 0.0f;
 }
 
+#ifdef LIME_GPU
+// Global norm in two fixed-order steps: `blocks` blocks (a number that depends
+// on n alone) each sum a strided share of g^2 in double, then one block adds
+// the partial sums and sets the clip scale.
+#define NORM_THREADS 256
+static int grad_norm_blocks(size_t n) { return (int)std::min<size_t>(1024, ceil_div(n, NORM_THREADS * 16)); }
+__global__ void grad_sumsq_kernel(double* partial, const float* g, size_t n) {
+    __shared__ double part[NORM_THREADS];
+    double s = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) s += (double)g[i] * g[i];
+    s = block_sum(s, part);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+__global__ void grad_norm_kernel(Metrics* metrics, const double* partial, int blocks, const AdamWStep* step) {
+    __shared__ double part[NORM_THREADS];
+    double s = 0;
+    for (int b = threadIdx.x; b < blocks; b += blockDim.x) s += partial[b];
+    s = block_sum(s, part);
+    if (threadIdx.x == 0) {
+        float norm = (float)sqrt(s), clip = step->grad_clip;
+        metrics->norm = norm;
+        metrics->clip_scale = clip > 0 ? fminf(1.0f, clip / (norm + 1e-6f)) : 1.0f;
+    }
+}
+// partial: grad_norm_blocks(n) doubles.
+static void grad_norm_gpu(Metrics* metrics, double* partial, const float* g, size_t n, const AdamWStep* step, cudaStream_t stream) {
+    int blocks = grad_norm_blocks(n);
+    LAUNCH(grad_sumsq_kernel, blocks, NORM_THREADS, 0, stream)(partial, g, n);
+    launchCheck();
+    LAUNCH(grad_norm_kernel, 1, NORM_THREADS, 0, stream)(metrics, partial, blocks, step);
+    launchCheck();
+}
+
+// AdamW over every tensor in one launch. Element i finds its tensor by binary
+// search in a small table (tensor_end: where each tensor ends, in order;
+// tensor_group: its AdamW group), so the group picks lr and weight decay.
+__global__ void adamw_kernel(float* p, float* m, float* v, const float* g, size_t n, const size_t* tensor_end, const int* tensor_group,
+                             int n_tensors, const AdamWStep* step, const Metrics* metrics) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int lo = 0, hi = n_tensors - 1;  // the first tensor that ends past i
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (tensor_end[mid] > i) hi = mid;
+        else lo = mid + 1;
+    }
+    int group = tensor_group[lo];
+    float lr = group == GROUP_ROUTER ? step->router_lr : step->lr;
+    float wd = group == GROUP_MATRIX ? step->weight_decay : 0.0f;
+    float gi = g[i] * metrics->clip_scale;
+    float mi = step->beta1 * m[i] + (1.0f - step->beta1) * gi;
+    float vi = step->beta2 * v[i] + (1.0f - step->beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    float mhat = mi / step->bc1, vhat = vi / step->bc2;
+    p[i] -= lr * wd * p[i] + lr * mhat / (sqrtf(vhat) + step->eps);
+}
+static void adamw_gpu(float* p, float* m, float* v, const float* g, size_t n, const size_t* tensor_end, const int* tensor_group, int n_tensors,
+                      const AdamWStep* step, const Metrics* metrics, cudaStream_t stream) {
+    LAUNCH(adamw_kernel, ceil_div(n, 256), 256, 0, stream)(p, m, v, g, n, tensor_end, tensor_group, n_tensors, step, metrics);
+    launchCheck();
+}
+#endif
+
 // ===========================================================================
-// The model on the CPU
+// The model: one code path for both devices.
+//
+// forward_pass, backward_pass and update_pass are written once. Each of their
+// steps is an op_*() call that runs the CPU function or launches its GPU twin
+// (DISPATCH is the one `if`). The activations are the same struct, Acts,
+// carved by acts_carve over host memory for the CPU and over device memory
+// for the GPU; the parameters are the same Params views, over host or device
+// memory. On the GPU every op is queued on one stream and nothing inside a
+// pass waits for the device, so a whole training step can be captured as a
+// CUDA graph and replayed.
 // ===========================================================================
 
 #ifdef LIME_GPU
+// Everything the GPU holds for one model; made by gpu_create, nothing allocated per step.
+struct GpuState {
+    float* mem = nullptr;            // params, grads, m, v: one cudaMalloc, laid out as on the host
+    Params p, g;                     // views into mem, like the host's m->p, m->g
+    Acts acts;                       // device activations, one cudaMalloc (acts.mem)
+    void* small = nullptr;           // one cudaMalloc for the optimiser's table and numbers:
+    size_t* tensor_end = nullptr;    //   (n_tensors) where each tensor ends in the parameter array
+    int* tensor_group = nullptr;     //   (n_tensors) its AdamW group
+    int n_tensors = 0;
+    double* norm_partial = nullptr;  //   grad_norm_blocks(n_params) partial sums
+    AdamWStep* step = nullptr;       //   this step's numbers, staged from the host
+    Metrics* metrics = nullptr;      //   loss and norm, written by kernels
+    cudaStream_t stream = nullptr;
+    cublasHandle_t blas = nullptr;
+    bool tf32 = true;                // the math mode the handle is set to
+    // Pinned host staging: the batch and the step's numbers reach the device
+    // through here. Two slots, so the host fills one while the device may
+    // still copy out of the other; `copied` marks the end of a slot's copies.
+    struct Slot {
+        int* tokens;
+        int* targets;
+        float* mask;
+        AdamWStep* step;
+        cudaEvent_t copied;
+    } slot[2] = {};
+    int next_slot = 0;
+    void* pinned = nullptr;          // one cudaMallocHost: both slots and metrics_host
+    Metrics* metrics_host = nullptr;
+    // One captured training step per (B, T, tf32), replayed by model_train_step.
+    std::map<std::tuple<int, int, bool>, cudaGraphExec_t> graphs;
+    size_t device_bytes = 0;         // what the three cudaMallocs hold
+};
+static bool g_tf32 = true;  // gpu_set_tf32: applied to a model's cuBLAS handle at its next call
+static void gpu_stage(Model* m, const int* tokens, const int* targets, const float* mask, int N, const AdamWStep* step);
 static std::string gpu_create(Model* m);
 static void gpu_free(Model* m);
-static float gpu_forward(Model* m, const int* tokens, const int* targets, const float* mask, int B, int T);
-static void gpu_backward(Model* m);
-static float gpu_update(Model* m, const AdamWConfig& opt, float factor);
-static void gpu_to_device(Model* m);
-static void gpu_to_host(Model* m);
-static void gpu_train_step(Model* m, const int* tokens, const int* targets, const float* mask, int B, int T,
-                           const AdamWConfig& opt, float factor);
-static void gpu_metrics(Model* m);
+static void gpu_read_metrics(Model* m);
+static cudaStream_t stream_of(const Model* m) { return m->gpu->stream; }
+static cublasHandle_t blas_of(const Model* m) { return m->gpu->blas; }
+#define DISPATCH(m, gpu_call, cpu_call) \
+    do {                                \
+        if ((m)->device == DEVICE_GPU) {  \
+            gpu_call;                   \
+        } else {                        \
+            cpu_call;                   \
+        }                               \
+    } while (0)
+#else
+#define DISPATCH(m, gpu_call, cpu_call) \
+    do {                                \
+        (void)(m);                      \
+        cpu_call;                       \
+    } while (0)
+#endif
+
+#ifndef LIME_GPU
+static const char NO_GPU_BUILD[] = "this build has no GPU support (built without nvcc); use --device cpu, or install the CUDA Toolkit and run make";
 #endif
 
 std::string model_create(Model* m, const Config& c, int B, Device dev) {
@@ -726,7 +1334,7 @@ std::string model_create(Model* m, const Config& c, int B, Device dev) {
     m->device = dev;
     m->specs = param_specs(c);
     m->n_params = param_count(c);
-    // parameters, gradients, m, v: one allocation each group
+    // parameters, gradients, m, v: one allocation each group (on the GPU, the host copies)
     size_t n = m->n_params;
     m->params = (float*)calloc(n * 4, sizeof(float));
     if (!m->params) return "out of memory allocating " + std::to_string(n * 16 / 1000000) + " MB for parameters and optimiser state";
@@ -736,6 +1344,18 @@ std::string model_create(Model* m, const Config& c, int B, Device dev) {
     m->p = params_carve(c, m->params);
     m->g = params_carve(c, m->grads);
     m->acts = new Acts();
+    m->step = 0;
+    if (dev == DEVICE_GPU) {
+        // The device holds the activations; the host keeps only the logits, for model_logits.
+        float* logits = (float*)calloc((size_t)B * c.T * c.V, sizeof(float));
+        if (!logits) return "out of memory allocating the host copy of the logits";
+        m->acts->mem = m->acts->logits = logits;
+#ifdef LIME_GPU
+        return gpu_create(m);
+#else
+        return NO_GPU_BUILD;
+#endif
+    }
     size_t na = acts_carve(m->acts, c, B, nullptr);
     float* mem = (float*)calloc(na, sizeof(float));
     if (!mem) {
@@ -747,12 +1367,6 @@ std::string model_create(Model* m, const Config& c, int B, Device dev) {
     acts_carve(m->acts, c, B, mem);
     m->acts->mem = mem;
     rope_tables(m->acts->rope_cos, m->acts->rope_sin, c.T, c.hd, c.rope_theta);
-    m->step = 0;
-#ifdef LIME_GPU
-    if (dev == DEVICE_GPU) return gpu_create(m);
-#else
-    if (dev == DEVICE_GPU) return "this build has no GPU support (built without nvcc); use --device cpu, or install the CUDA Toolkit and run make";
-#endif
     return "";
 }
 
@@ -786,9 +1400,7 @@ void model_init(Model* m, uint64_t seed) {
     }
     memset(m->m, 0, 2 * m->n_params * sizeof(float));
     m->step = 0;
-#ifdef LIME_GPU
-    if (m->device == DEVICE_GPU) gpu_to_device(m);
-#endif
+    model_to_device(m);  // initialised on the host, copied to the device
 }
 
 // Pointers of layer l's activations for a (B, T) batch: per-layer strides are B*T*width.
@@ -818,164 +1430,385 @@ static LayerActs layer_acts(const Acts* A, const Config& c, int l, int B, int T)
     return la;
 }
 
-static float cpu_forward(Model* m, const int* tokens, const int* targets, const float* mask, int B, int T) {
-    const Config& c = m->c;
-    Acts* A = m->acts;
-    int N = B * T, d = c.d, qd = c.H * c.hd, kvd = c.R * c.hd;
-    memcpy(A->tokens, tokens, N * sizeof(int));
-    embedding_forward(A->x, tokens, m->p.E, N, d);  // x[0] (B, T, d)
-    for (int l = 0; l < c.L; l++) {
-        const LayerParams& w = m->p.layer[l];
-        LayerActs la = layer_acts(A, c, l, B, T);
-        // attention block
-        rmsnorm_forward(la.a, la.rstd_a, la.x, w.g_attn, N, d, c.eps);
-        matmul_forward(la.q, la.a, w.Wq, N, d, qd, A->scratch);  // (B, T, H, hd)
-        matmul_forward(la.K, la.a, w.Wk, N, d, kvd, A->scratch); // (B, T, R, hd) into the buffer
-        matmul_forward(la.V, la.a, w.Wv, N, d, kvd, A->scratch);
-        const float* vr = la.V;
-        if (has_router(c, l)) {  // LIMe: mix the buffer of layers 0..l
-            router_forward(la.kr, la.vr, w.router, A->Kbuf, A->Vbuf, l, N, c.R, c.hd);
-            vr = la.vr;
-        } else {                 // LLaMa, and LIMe's layer 0: own keys and values
-            memcpy(la.kr, la.K, (size_t)N * kvd * sizeof(float));
-        }
-        rope_forward(la.q, A->rope_cos, A->rope_sin, B, T, c.H, c.hd);
-        rope_forward(la.kr, A->rope_cos, A->rope_sin, B, T, c.R, c.hd);
-        attention_forward(la.o, la.att, la.q, la.kr, vr, A->kt, A->vt, B, T, c.H, c.R, c.hd);
-        memcpy(la.xa, la.x, (size_t)N * d * sizeof(float));
-        matmul_forward(la.xa, la.o, w.Wo, N, qd, d, A->scratch, true);  // xa = x + o @ Wo^T
-        // MLP block
-        rmsnorm_forward(la.m, la.rstd_m, la.xa, w.g_mlp, N, d, c.eps);
-        matmul_forward(la.gate, la.m, w.Wg, N, d, c.F, A->scratch);
-        matmul_forward(la.up, la.m, w.Wu, N, d, c.F, A->scratch);
-        swiglu_forward(la.h, la.gate, la.up, (size_t)N * c.F);
-        memcpy(la.xnext, la.xa, (size_t)N * d * sizeof(float));
-        matmul_forward(la.xnext, la.h, w.Wd, N, c.F, d, A->scratch, true);  // x = xa + h @ Wd^T
-    }
-    float* xL = A->x + (size_t)c.L * N * d;
-    rmsnorm_forward(A->hf, A->rstd_f, xL, m->p.g_final, N, d, c.eps);
-    matmul_forward(A->logits, A->hf, m->p.E, N, d, c.V, A->scratch);  // tied: logits = hf @ E^T
-    if (!targets) return 0;
-    memcpy(A->targets, targets, N * sizeof(int));
-    memcpy(A->mask, mask, N * sizeof(float));
-    return crossentropy_forward(A->probs, A->nll, A->logits, targets, mask, N, c.V);
+// What the passes work on: host memory for the CPU, device memory for the GPU.
+static Acts* pass_acts(Model* m) {
+#ifdef LIME_GPU
+    if (m->device == DEVICE_GPU) return &m->gpu->acts;
+#endif
+    return m->acts;
+}
+static const Params& pass_params(Model* m) {
+#ifdef LIME_GPU
+    if (m->device == DEVICE_GPU) return m->gpu->p;
+#endif
+    return m->p;
+}
+static const Params& pass_grads(Model* m) {
+#ifdef LIME_GPU
+    if (m->device == DEVICE_GPU) return m->gpu->g;
+#endif
+    return m->g;
+}
+static float* pass_grads_base(Model* m) {  // all gradients, one array of n_params
+#ifdef LIME_GPU
+    if (m->device == DEVICE_GPU) return m->gpu->mem + m->n_params;
+#endif
+    return m->grads;
 }
 
-static void cpu_backward(Model* m, int B, int T) {
-    const Config& c = m->c;
-    Acts* A = m->acts;
-    int N = B * T, d = c.d, qd = c.H * c.hd, kvd = c.R * c.hd;
-    size_t kv_layer = (size_t)N * kvd;
-    memset(m->grads, 0, m->n_params * sizeof(float));
-    memset(A->dKbuf, 0, c.L * kv_layer * sizeof(float));
-    memset(A->dVbuf, 0, c.L * kv_layer * sizeof(float));
-    // loss -> logits -> final norm
-    float* dlogits = A->probs;
-    crossentropy_backward(dlogits, A->targets, A->mask, N, c.V);
-    memset(A->dnorm, 0, (size_t)N * d * sizeof(float));
-    matmul_backward(A->dnorm, m->g.E, dlogits, A->hf, m->p.E, N, d, c.V, A->scratch);
-    memset(A->dx, 0, (size_t)N * d * sizeof(float));
-    float* xL = A->x + (size_t)c.L * N * d;
-    rmsnorm_backward(A->dx, m->g.g_final, A->dnorm, xL, m->p.g_final, A->rstd_f, N, d);
-    for (int l = c.L - 1; l >= 0; l--) {
-        const LayerParams& w = m->p.layer[l];
-        const LayerParams& gw = m->g.layer[l];
-        LayerActs la = layer_acts(A, c, l, B, T);
-        float* dK = A->dKbuf + l * kv_layer;  // (B, T, R, hd): complete once layers > l are done
-        float* dV = A->dVbuf + l * kv_layer;
-        // MLP block. forward: xnext = xa + h @ Wd^T, h = swiglu(m Wg^T, m Wu^T), m = rmsnorm(xa)
-        memset(A->dh, 0, (size_t)N * c.F * sizeof(float));
-        matmul_backward(A->dh, gw.Wd, A->dx, la.h, w.Wd, N, c.F, d, A->scratch);
-        swiglu_backward(A->dgate, A->dup, A->dh, la.gate, la.up, (size_t)N * c.F);
-        memset(A->dnorm, 0, (size_t)N * d * sizeof(float));
-        matmul_backward(A->dnorm, gw.Wg, A->dgate, la.m, w.Wg, N, d, c.F, A->scratch);
-        matmul_backward(A->dnorm, gw.Wu, A->dup, la.m, w.Wu, N, d, c.F, A->scratch);
-        rmsnorm_backward(A->dx, gw.g_mlp, A->dnorm, la.xa, w.g_mlp, la.rstd_m, N, d);  // dx is now d xa
-        // attention block. forward: xa = x + o @ Wo^T
-        memset(A->dout, 0, (size_t)N * qd * sizeof(float));
-        matmul_backward(A->dout, gw.Wo, A->dx, la.o, w.Wo, N, qd, d, A->scratch);
-        bool routed = has_router(c, l);
-        float* dvr = routed ? A->dvr : dV;  // without a router, attention's values are the buffer itself
-        memset(A->dkr, 0, kv_layer * sizeof(float));
-        if (routed) memset(A->dvr, 0, kv_layer * sizeof(float));
-        attention_backward(A->dq, A->dkr, dvr, A->datt, A->kt, A->vt, A->dkt, A->dvt, A->dout, la.q, la.kr, routed ? la.vr : la.V, la.att, B, T, c.H, c.R, c.hd);
-        rope_backward(A->dq, A->rope_cos, A->rope_sin, B, T, c.H, c.hd);
-        rope_backward(A->dkr, A->rope_cos, A->rope_sin, B, T, c.R, c.hd);
-        if (routed) {
-            router_backward(gw.router, A->dKbuf, A->dVbuf, A->dkr, A->dvr, w.router, A->Kbuf, A->Vbuf, l, N, c.R, c.hd);
-        } else {
-            for (size_t i = 0; i < kv_layer; i++) dK[i] += A->dkr[i];
-        }
-        // forward: q = a Wq^T, K = a Wk^T, V = a Wv^T, a = rmsnorm(x)
-        memset(A->dnorm, 0, (size_t)N * d * sizeof(float));
-        matmul_backward(A->dnorm, gw.Wq, A->dq, la.a, w.Wq, N, d, qd, A->scratch);
-        matmul_backward(A->dnorm, gw.Wk, dK, la.a, w.Wk, N, d, kvd, A->scratch);
-        matmul_backward(A->dnorm, gw.Wv, dV, la.a, w.Wv, N, d, kvd, A->scratch);
-        rmsnorm_backward(A->dx, gw.g_attn, A->dnorm, la.x, w.g_attn, la.rstd_a, N, d);  // dx is now d x[l]
-    }
-    embedding_backward(m->g.E, A->dx, A->tokens, N, d);
+// --- the ops, each on either device ------------------------------------------
+static void op_copy(Model* m, float* dst, const float* src, size_t n) {
+    DISPATCH(m, cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_of(m))),
+             memcpy(dst, src, n * sizeof(float)));
 }
-
-static float cpu_update(Model* m, const AdamWConfig& o, float factor) {
-    float norm = (float)std::sqrt(grad_sumsq(m->grads, m->n_params));
+static void op_zero(Model* m, float* p, size_t n) {
+    DISPATCH(m, cudaCheck(cudaMemsetAsync(p, 0, n * sizeof(float), stream_of(m))), memset(p, 0, n * sizeof(float)));
+}
+static void op_add(Model* m, float* dst, const float* src, size_t n) {
+    DISPATCH(m, add_inplace_gpu(dst, src, n, stream_of(m)), add_inplace(dst, src, n));
+}
+static void op_matmul_forward(Model* m, float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate = false) {
+    DISPATCH(m, matmul_forward_gpu(out, inp, W, N, C, OC, accumulate, blas_of(m)),
+             matmul_forward(out, inp, W, N, C, OC, m->acts->scratch, accumulate));
+}
+static void op_matmul_backward(Model* m, float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C, int OC) {
+    DISPATCH(m, matmul_backward_gpu(dinp, dW, dout, inp, W, N, C, OC, blas_of(m)),
+             matmul_backward(dinp, dW, dout, inp, W, N, C, OC, m->acts->scratch));
+}
+static void op_embedding_forward(Model* m, float* out, const int* tokens, const float* E, int N) {
+    DISPATCH(m, embedding_forward_gpu(out, tokens, E, N, m->c.d, stream_of(m)), embedding_forward(out, tokens, E, N, m->c.d));
+}
+static void op_embedding_backward(Model* m, float* dE, const float* dout, const int* tokens, int N) {
+    DISPATCH(m, embedding_backward_gpu(dE, dout, tokens, N, m->c.d, m->c.V, stream_of(m)), embedding_backward(dE, dout, tokens, N, m->c.d));
+}
+static void op_rmsnorm_forward(Model* m, float* out, float* rstd, const float* inp, const float* g, int N) {
+    DISPATCH(m, rmsnorm_forward_gpu(out, rstd, inp, g, N, m->c.d, m->c.eps, stream_of(m)), rmsnorm_forward(out, rstd, inp, g, N, m->c.d, m->c.eps));
+}
+static void op_rmsnorm_backward(Model* m, float* dinp, float* dg, const float* dout, const float* inp, const float* g, const float* rstd, int N) {
+    DISPATCH(m, rmsnorm_backward_gpu(dinp, dg, dout, inp, g, rstd, N, m->c.d, pass_acts(m)->scratch, stream_of(m)),
+             rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, m->c.d));
+}
+static void op_rope_forward(Model* m, float* x, int B, int T, int nh) {
+    const Acts* A = pass_acts(m);
+    DISPATCH(m, rope_forward_gpu(x, A->rope_cos, A->rope_sin, B, T, nh, m->c.hd, stream_of(m)), rope_forward(x, A->rope_cos, A->rope_sin, B, T, nh, m->c.hd));
+}
+static void op_rope_backward(Model* m, float* dx, int B, int T, int nh) {
+    const Acts* A = pass_acts(m);
+    DISPATCH(m, rope_backward_gpu(dx, A->rope_cos, A->rope_sin, B, T, nh, m->c.hd, stream_of(m)),
+             rope_backward(dx, A->rope_cos, A->rope_sin, B, T, nh, m->c.hd));
+}
+static void op_router_forward(Model* m, float* Kr, float* Vr, const float* W, const float* Kbuf, const float* Vbuf, int l, int N) {
+    const Config& c = m->c;
+    DISPATCH(m, router_forward_gpu(Kr, Vr, W, Kbuf, Vbuf, l, N, c.R, c.hd, stream_of(m)), router_forward(Kr, Vr, W, Kbuf, Vbuf, l, N, c.R, c.hd));
+}
+static void op_router_backward(Model* m, float* dW, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* W,
+                               const float* Kbuf, const float* Vbuf, int l, int N) {
+    const Config& c = m->c;
+    DISPATCH(m, router_backward_gpu(dW, dKbuf, dVbuf, dKr, dVr, W, Kbuf, Vbuf, l, N, c.R, c.hd, stream_of(m)),
+             router_backward(dW, dKbuf, dVbuf, dKr, dVr, W, Kbuf, Vbuf, l, N, c.R, c.hd));
+}
+static void op_attention_forward(Model* m, float* out, float* att, const float* q, const float* k, const float* v, int B, int T) {
+    const Config& c = m->c;
+    Acts* A = pass_acts(m);
+    DISPATCH(m, attention_forward_gpu(out, att, q, k, v, A->kt, A->vt, B, T, c.H, c.R, c.hd, A->scratch, blas_of(m), stream_of(m)),
+             attention_forward(out, att, q, k, v, A->kt, A->vt, B, T, c.H, c.R, c.hd));
+}
+static void op_attention_backward(Model* m, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                                  const float* att, int B, int T) {
+    const Config& c = m->c;
+    Acts* A = pass_acts(m);
+    DISPATCH(m,
+             attention_backward_gpu(dq, dk, dv, A->datt, A->kt, A->vt, A->dkt, A->dvt, dout, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch,
+                                    blas_of(m), stream_of(m)),
+             attention_backward(dq, dk, dv, A->datt, A->kt, A->vt, A->dkt, A->dvt, dout, q, k, v, att, B, T, c.H, c.R, c.hd));
+}
+static void op_swiglu_forward(Model* m, float* out, const float* gate, const float* up, size_t n) {
+    DISPATCH(m, swiglu_forward_gpu(out, gate, up, n, stream_of(m)), swiglu_forward(out, gate, up, n));
+}
+static void op_swiglu_backward(Model* m, float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t n) {
+    DISPATCH(m, swiglu_backward_gpu(dgate, dup, dout, gate, up, n, stream_of(m)), swiglu_backward(dgate, dup, dout, gate, up, n));
+}
+// The loss lands in m->last_loss on the CPU, in device memory (Metrics) on the GPU.
+static void op_crossentropy_forward(Model* m, float* probs, float* nll, const float* logits, const int* targets, const float* mask, int N) {
+    DISPATCH(m, crossentropy_forward_gpu(probs, nll, logits, targets, mask, N, m->c.V, m->gpu->metrics, stream_of(m)),
+             m->last_loss = crossentropy_forward(probs, nll, logits, targets, mask, N, m->c.V));
+}
+static void op_crossentropy_backward(Model* m, float* dlogits_probs, const int* targets, const float* mask, int N) {
+    DISPATCH(m, crossentropy_backward_gpu(dlogits_probs, targets, mask, N, m->c.V, m->gpu->metrics, stream_of(m)),
+             crossentropy_backward(dlogits_probs, targets, mask, N, m->c.V));
+}
+// Global gradient norm: m->last_norm on the CPU, Metrics (with the clip scale) on the GPU.
+static void op_grad_norm(Model* m) {
+    DISPATCH(m, grad_norm_gpu(m->gpu->metrics, m->gpu->norm_partial, pass_grads_base(m), m->n_params, m->gpu->step, stream_of(m)),
+             m->last_norm = (float)std::sqrt(grad_sumsq(m->grads, m->n_params)));
+}
+// AdamW on every tensor for step m->step. The GPU reads the step's numbers
+// from device memory (staged by the caller), so a captured graph stays valid.
+static void op_adamw(Model* m, const AdamWConfig& o, float factor) {
+#ifdef LIME_GPU
+    if (m->device == DEVICE_GPU) {
+        GpuState* G = m->gpu;
+        size_t n = m->n_params;
+        adamw_gpu(G->mem, G->mem + 2 * n, G->mem + 3 * n, G->mem + n, n, G->tensor_end, G->tensor_group, G->n_tensors, G->step, G->metrics,
+                  G->stream);
+        return;
+    }
+#endif
     // as PyTorch's clip_grad_norm_: scale by min(1, clip / (norm + 1e-6))
-    float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (norm + 1e-6f)) : 1.0f;
-    m->step++;
+    float scale = o.grad_clip > 0 ? std::min(1.0f, o.grad_clip / (m->last_norm + 1e-6f)) : 1.0f;
     float bc1 = 1.0f - powf(o.beta1, (float)m->step), bc2 = 1.0f - powf(o.beta2, (float)m->step);
     for (const TensorSpec& t : m->specs) {
         float lr, wd;
         group_lr(t, o, factor, &lr, &wd);
         adamw_cpu(m->params + t.offset, m->m + t.offset, m->v + t.offset, m->grads + t.offset, t.numel, lr, wd, scale, o, bc1, bc2);
     }
-    return norm;
+}
+
+// --- the passes, written once ----------------------------------------------------
+
+// Forward over the batch already in A->tokens (and A->targets, A->mask with a loss).
+static void forward_pass(Model* m, int B, int T, bool with_loss) {
+    const Config& c = m->c;
+    Acts* A = pass_acts(m);
+    const Params& P = pass_params(m);
+    int N = B * T, d = c.d, qd = c.H * c.hd, kvd = c.R * c.hd;
+    op_embedding_forward(m, A->x, A->tokens, P.E, N);  // x[0] (B, T, d)
+    for (int l = 0; l < c.L; l++) {
+        const LayerParams& w = P.layer[l];
+        LayerActs la = layer_acts(A, c, l, B, T);
+        // attention block
+        op_rmsnorm_forward(m, la.a, la.rstd_a, la.x, w.g_attn, N);
+        op_matmul_forward(m, la.q, la.a, w.Wq, N, d, qd);   // (B, T, H, hd)
+        op_matmul_forward(m, la.K, la.a, w.Wk, N, d, kvd);  // (B, T, R, hd) into the buffer
+        op_matmul_forward(m, la.V, la.a, w.Wv, N, d, kvd);
+        const float* vr = la.V;
+        if (has_router(c, l)) {  // LIMe: mix the buffer of layers 0..l
+            op_router_forward(m, la.kr, la.vr, w.router, A->Kbuf, A->Vbuf, l, N);
+            vr = la.vr;
+        } else {                 // LLaMa, and LIMe's layer 0: own keys and values
+            op_copy(m, la.kr, la.K, (size_t)N * kvd);
+        }
+        op_rope_forward(m, la.q, B, T, c.H);
+        op_rope_forward(m, la.kr, B, T, c.R);
+        op_attention_forward(m, la.o, la.att, la.q, la.kr, vr, B, T);
+        op_copy(m, la.xa, la.x, (size_t)N * d);
+        op_matmul_forward(m, la.xa, la.o, w.Wo, N, qd, d, true);  // xa = x + o @ Wo^T
+        // MLP block
+        op_rmsnorm_forward(m, la.m, la.rstd_m, la.xa, w.g_mlp, N);
+        op_matmul_forward(m, la.gate, la.m, w.Wg, N, d, c.F);
+        op_matmul_forward(m, la.up, la.m, w.Wu, N, d, c.F);
+        op_swiglu_forward(m, la.h, la.gate, la.up, (size_t)N * c.F);
+        op_copy(m, la.xnext, la.xa, (size_t)N * d);
+        op_matmul_forward(m, la.xnext, la.h, w.Wd, N, c.F, d, true);  // x = xa + h @ Wd^T
+    }
+    float* xL = A->x + (size_t)c.L * N * d;
+    op_rmsnorm_forward(m, A->hf, A->rstd_f, xL, P.g_final, N);
+    op_matmul_forward(m, A->logits, A->hf, P.E, N, d, c.V);  // tied: logits = hf @ E^T
+    if (with_loss) op_crossentropy_forward(m, A->probs, A->nll, A->logits, A->targets, A->mask, N);
+}
+
+static void backward_pass(Model* m, int B, int T) {
+    const Config& c = m->c;
+    Acts* A = pass_acts(m);
+    const Params& P = pass_params(m);
+    const Params& G = pass_grads(m);
+    int N = B * T, d = c.d, qd = c.H * c.hd, kvd = c.R * c.hd;
+    size_t kv_layer = (size_t)N * kvd;
+    op_zero(m, pass_grads_base(m), m->n_params);
+    op_zero(m, A->dKbuf, c.L * kv_layer);
+    op_zero(m, A->dVbuf, c.L * kv_layer);
+    // loss -> logits -> final norm
+    float* dlogits = A->probs;
+    op_crossentropy_backward(m, dlogits, A->targets, A->mask, N);
+    op_zero(m, A->dnorm, (size_t)N * d);
+    op_matmul_backward(m, A->dnorm, G.E, dlogits, A->hf, P.E, N, d, c.V);
+    op_zero(m, A->dx, (size_t)N * d);
+    float* xL = A->x + (size_t)c.L * N * d;
+    op_rmsnorm_backward(m, A->dx, G.g_final, A->dnorm, xL, P.g_final, A->rstd_f, N);
+    for (int l = c.L - 1; l >= 0; l--) {
+        const LayerParams& w = P.layer[l];
+        const LayerParams& gw = G.layer[l];
+        LayerActs la = layer_acts(A, c, l, B, T);
+        float* dK = A->dKbuf + l * kv_layer;  // (B, T, R, hd): complete once layers > l are done
+        float* dV = A->dVbuf + l * kv_layer;
+        // MLP block. forward: xnext = xa + h @ Wd^T, h = swiglu(m Wg^T, m Wu^T), m = rmsnorm(xa)
+        op_zero(m, A->dh, (size_t)N * c.F);
+        op_matmul_backward(m, A->dh, gw.Wd, A->dx, la.h, w.Wd, N, c.F, d);
+        op_swiglu_backward(m, A->dgate, A->dup, A->dh, la.gate, la.up, (size_t)N * c.F);
+        op_zero(m, A->dnorm, (size_t)N * d);
+        op_matmul_backward(m, A->dnorm, gw.Wg, A->dgate, la.m, w.Wg, N, d, c.F);
+        op_matmul_backward(m, A->dnorm, gw.Wu, A->dup, la.m, w.Wu, N, d, c.F);
+        op_rmsnorm_backward(m, A->dx, gw.g_mlp, A->dnorm, la.xa, w.g_mlp, la.rstd_m, N);  // dx is now d xa
+        // attention block. forward: xa = x + o @ Wo^T
+        op_zero(m, A->dout, (size_t)N * qd);
+        op_matmul_backward(m, A->dout, gw.Wo, A->dx, la.o, w.Wo, N, qd, d);
+        bool routed = has_router(c, l);
+        float* dvr = routed ? A->dvr : dV;  // without a router, attention's values are the buffer itself
+        op_zero(m, A->dkr, kv_layer);
+        if (routed) op_zero(m, A->dvr, kv_layer);
+        op_attention_backward(m, A->dq, A->dkr, dvr, A->dout, la.q, la.kr, routed ? la.vr : la.V, la.att, B, T);
+        op_rope_backward(m, A->dq, B, T, c.H);
+        op_rope_backward(m, A->dkr, B, T, c.R);
+        if (routed) {
+            op_router_backward(m, gw.router, A->dKbuf, A->dVbuf, A->dkr, A->dvr, w.router, A->Kbuf, A->Vbuf, l, N);
+        } else {
+            op_add(m, dK, A->dkr, kv_layer);
+        }
+        // forward: q = a Wq^T, K = a Wk^T, V = a Wv^T, a = rmsnorm(x)
+        op_zero(m, A->dnorm, (size_t)N * d);
+        op_matmul_backward(m, A->dnorm, gw.Wq, A->dq, la.a, w.Wq, N, d, qd);
+        op_matmul_backward(m, A->dnorm, gw.Wk, dK, la.a, w.Wk, N, d, kvd);
+        op_matmul_backward(m, A->dnorm, gw.Wv, dV, la.a, w.Wv, N, d, kvd);
+        op_rmsnorm_backward(m, A->dx, gw.g_attn, A->dnorm, la.x, w.g_attn, la.rstd_a, N);  // dx is now d x[l]
+    }
+    op_embedding_backward(m, G.E, A->dx, A->tokens, N);
+}
+
+// Global norm, clipping and AdamW (SPEC.md) for step m->step, counted by the caller.
+static void update_pass(Model* m, const AdamWConfig& o, float factor) {
+    op_grad_norm(m);
+    op_adamw(m, o, factor);
 }
 
 // ===========================================================================
-// The model's public calls: one path, the device picks the kernels.
+// The model's public calls
 // ===========================================================================
+
+// The batch into the activations (and, on the GPU, the step's numbers into
+// device memory): plain copies on the CPU; on the GPU through pinned memory,
+// queued on the stream. targets, mask and opt may be null.
+static void stage(Model* m, const int* tokens, const int* targets, const float* mask, int N, const AdamWConfig* opt, float factor) {
+#ifdef LIME_GPU
+    if (m->device == DEVICE_GPU) {
+        AdamWStep s = {};
+        if (opt) {
+            s.lr = opt->lr * factor;
+            s.router_lr = opt->router_lr * factor;
+            s.weight_decay = opt->weight_decay;
+            s.beta1 = opt->beta1;
+            s.beta2 = opt->beta2;
+            s.eps = opt->eps;
+            s.grad_clip = opt->grad_clip;
+            s.bc1 = 1.0f - powf(opt->beta1, (float)m->step);
+            s.bc2 = 1.0f - powf(opt->beta2, (float)m->step);
+        }
+        gpu_stage(m, tokens, targets, mask, N, opt ? &s : nullptr);
+        return;
+    }
+#endif
+    (void)opt;
+    (void)factor;
+    Acts* A = m->acts;
+    if (tokens) memcpy(A->tokens, tokens, N * sizeof(int));
+    if (targets) memcpy(A->targets, targets, N * sizeof(int));
+    if (mask) memcpy(A->mask, mask, N * sizeof(float));
+}
 
 float model_forward(Model* m, const int* tokens, const int* targets, const float* mask, int B, int T) {
     m->cur_B = B;
     m->cur_T = T;
+    stage(m, tokens, targets, mask, B * T, nullptr, 0);
+    forward_pass(m, B, T, targets != nullptr);
 #ifdef LIME_GPU
-    if (m->device == DEVICE_GPU) return m->last_loss = gpu_forward(m, tokens, targets, mask, B, T);
+    if (m->device == DEVICE_GPU) {  // the logits to the host, for model_logits; waits for the device
+        size_t n = (size_t)B * T * m->c.V;
+        cudaCheck(cudaMemcpyAsync(m->acts->logits, m->gpu->acts.logits, n * sizeof(float), cudaMemcpyDeviceToHost, m->gpu->stream));
+        gpu_read_metrics(m);
+    }
 #endif
-    return m->last_loss = cpu_forward(m, tokens, targets, mask, B, T);
+    if (!targets) m->last_loss = 0;
+    return m->last_loss;
 }
 
 const float* model_logits(Model* m) { return m->acts->logits; }
 
-void model_backward(Model* m) {
+// The values layer l attended with in the last forward, (B, T, R, hd) in host
+// memory: routed for LIMe's layers >= 1, the layer's own otherwise (analysis).
+const float* model_values(Model* m, int l) {
+    const Config& c = m->c;
+    size_t n = (size_t)m->cur_B * m->cur_T * c.R * c.hd;  // one layer's slice, packed for this batch
 #ifdef LIME_GPU
-    if (m->device == DEVICE_GPU) { gpu_backward(m); return; }
+    if (m->device == DEVICE_GPU) {
+        const Acts& D = m->gpu->acts;
+        m->host_copy.resize(n);
+        cudaCheck(cudaMemcpy(m->host_copy.data(), (has_router(c, l) ? D.vr : D.Vbuf) + l * n, n * sizeof(float), cudaMemcpyDeviceToHost));
+        return m->host_copy.data();
+    }
 #endif
-    cpu_backward(m, m->cur_B, m->cur_T);
+    return (has_router(c, l) ? m->acts->vr : m->acts->Vbuf) + l * n;
 }
 
+void model_backward(Model* m) { backward_pass(m, m->cur_B, m->cur_T); }
+
 float model_update(Model* m, const AdamWConfig& opt, float factor) {
+    m->step++;
+    stage(m, nullptr, nullptr, nullptr, 0, &opt, factor);
+    update_pass(m, opt, factor);
 #ifdef LIME_GPU
-    if (m->device == DEVICE_GPU) return m->last_norm = gpu_update(m, opt, factor);
+    if (m->device == DEVICE_GPU) gpu_read_metrics(m);  // waits for the device
 #endif
-    return m->last_norm = cpu_update(m, opt, factor);
+    return m->last_norm;
 }
+
+#ifdef LIME_GPU
+// The training step captured once per (B, T, math mode) as a CUDA graph. The
+// graph holds pointers and shapes only: the batch and the step's numbers are
+// read from device memory that stage() fills before every replay.
+static cudaGraphExec_t gpu_graph(Model* m, int B, int T, const AdamWConfig& opt, float factor) {
+    GpuState* G = m->gpu;
+    auto key = std::make_tuple(B, T, G->tf32);
+    auto it = G->graphs.find(key);
+    if (it != G->graphs.end()) return it->second;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaCheck(cudaStreamBeginCapture(G->stream, cudaStreamCaptureModeThreadLocal));
+    forward_pass(m, B, T, true);
+    backward_pass(m, B, T);
+    update_pass(m, opt, factor);
+    cudaCheck(cudaStreamEndCapture(G->stream, &graph));
+    cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
+    cudaCheck(cudaGraphDestroy(graph));
+    G->graphs[key] = exec;
+    return exec;
+}
+#endif
 
 void model_train_step(Model* m, const int* tokens, const int* targets, const float* mask, int B, int T,
                       const AdamWConfig& opt, float factor) {
+    m->cur_B = B;
+    m->cur_T = T;
+    m->step++;
+    stage(m, tokens, targets, mask, B * T, &opt, factor);
 #ifdef LIME_GPU
-    if (m->device == DEVICE_GPU) { gpu_train_step(m, tokens, targets, mask, B, T, opt, factor); return; }
+    if (m->device == DEVICE_GPU && m->use_graph) {  // no waiting: model_metrics waits when asked
+        cudaCheck(cudaGraphLaunch(gpu_graph(m, B, T, opt, factor), m->gpu->stream));
+        return;
+    }
 #endif
-    model_forward(m, tokens, targets, mask, B, T);
-    model_backward(m);
-    model_update(m, opt, factor);
+    forward_pass(m, B, T, true);
+    backward_pass(m, B, T);
+    update_pass(m, opt, factor);
 }
 
 void model_metrics(Model* m, float* loss, float* norm) {
 #ifdef LIME_GPU
-    if (m->device == DEVICE_GPU) gpu_metrics(m);
+    if (m->device == DEVICE_GPU) gpu_read_metrics(m);
 #endif
     *loss = m->last_loss;
     *norm = m->last_norm;
 }
+
+#ifdef LIME_GPU
+// The host arrays (params, grads, m, v: 4 * n_params floats) to and from the device's, in one copy.
+static void gpu_to_device(Model* m) {
+    cudaCheck(cudaMemcpyAsync(m->gpu->mem, m->params, 4 * m->n_params * sizeof(float), cudaMemcpyHostToDevice, m->gpu->stream));
+    cudaCheck(cudaStreamSynchronize(m->gpu->stream));
+}
+static void gpu_to_host(Model* m) {
+    cudaCheck(cudaMemcpyAsync(m->params, m->gpu->mem, 4 * m->n_params * sizeof(float), cudaMemcpyDeviceToHost, m->gpu->stream));
+    cudaCheck(cudaStreamSynchronize(m->gpu->stream));
+}
+#endif
 
 void model_to_device(Model* m) {
 #ifdef LIME_GPU
@@ -1056,6 +1889,54 @@ std::string config_from_json(const std::string& text, Config* c) {
     return config_check(*c);
 }
 
+// --- the checksum ------------------------------------------------------------
+// model_save stores "checksum": "fnv1a64:" + 16 hex digits in the metadata:
+// FNV-1a 64 (st_checksum) of a listing that names, in name order, every
+// tensor with its dtype, its shape and the st_checksum of its bytes, then
+// every other metadata entry. A flipped bit in the data or the metadata
+// changes it; damage to the header's layout is st_parse's to find. Loading
+// checks it when it is there (reference vectors and HF files have none).
+struct ChecksumItem {
+    std::string name, dtype;
+    std::vector<int64_t> shape;
+    const void* data;
+    size_t bytes;
+};
+
+static std::string checksum_of(std::vector<ChecksumItem> items, const std::map<std::string, std::string>& meta) {
+    std::sort(items.begin(), items.end(), [](const ChecksumItem& a, const ChecksumItem& b) { return a.name < b.name; });
+    std::string listing;
+    char hex[17];
+    for (const ChecksumItem& t : items) {
+        listing += t.name + '\0' + t.dtype + '\0';
+        for (int64_t n : t.shape) listing += std::to_string(n) + ',';
+        snprintf(hex, sizeof hex, "%016llx", (unsigned long long)st_checksum(t.data, t.bytes));
+        listing += std::string(hex) + '\n';
+    }
+    for (const auto& kv : meta)
+        if (kv.first != "checksum") listing += kv.first + '\0' + kv.second + '\n';
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)st_checksum(listing.data(), listing.size()));
+    return std::string("fnv1a64:") + hex;
+}
+
+static std::string writer_checksum(const StWriter& w) {
+    std::vector<ChecksumItem> items;
+    for (const StWriter::Entry& e : w.entries) items.push_back({e.name, e.dtype, e.shape, e.data, e.bytes});
+    return checksum_of(items, w.meta);
+}
+
+// "" when the file has no checksum or it matches, else the error.
+static std::string checksum_verify(const SafeTensors& st, const std::string& path) {
+    auto it = st.meta.find("checksum");
+    if (it == st.meta.end()) return "";
+    std::vector<ChecksumItem> items;
+    for (const StTensor& t : st.tensors) items.push_back({t.name, t.dtype, t.shape, st.data.data() + t.begin, (size_t)(t.end - t.begin)});
+    std::string got = checksum_of(items, st.meta);
+    if (got == it->second) return "";
+    return path + ": the checksum does not match (stored " + it->second + ", the contents give " + got +
+           "): the file is corrupt; use an earlier checkpoint or train again";
+}
+
 std::string model_save(Model* m, const std::string& path, const std::map<std::string, std::string>& meta, bool with_optim) {
     model_to_host(m);
     StWriter w;
@@ -1072,12 +1953,14 @@ std::string model_save(Model* m, const std::string& path, const std::map<std::st
         for (const TensorSpec& t : m->specs) add("optim.v." + t.name, t, m->v);
         w.add("optim.step", "I32", {1}, &step, sizeof step);
     }
+    w.meta["checksum"] = writer_checksum(w);  // last: it covers the other metadata
     return st_write(path, w);
 }
 
 std::string checkpoint_read_config(const std::string& path, Config* c, std::map<std::string, std::string>* meta) {
     SafeTensors st;
     std::string err = st_read(path, &st);
+    if (err.empty()) err = checksum_verify(st, path);
     if (!err.empty()) return err;
     auto it = st.meta.find("config");
     if (it == st.meta.end()) return path + ": no \"config\" in the metadata; is this a lime.cu or HF LLaMa checkpoint?";
@@ -1090,6 +1973,7 @@ std::string checkpoint_read_config(const std::string& path, Config* c, std::map<
 std::string model_load(Model* m, const std::string& path, bool with_optim) {
     SafeTensors st;
     std::string err = st_read(path, &st);
+    if (err.empty()) err = checksum_verify(st, path);
     if (!err.empty()) return err;
     Config fc;
     auto it = st.meta.find("config");
@@ -1118,33 +2002,228 @@ std::string model_load(Model* m, const std::string& path, bool with_optim) {
     return "";
 }
 
+// --- training guards: where did a NaN or an Inf appear? ------------------------
+std::string model_first_nonfinite(Model* m, bool params) {
+    model_to_host(m);
+    const float* base = params ? m->params : m->grads;
+    for (const TensorSpec& t : m->specs)
+        for (size_t i = 0; i < t.numel; i++)
+            if (!std::isfinite(base[t.offset + i])) return t.name;
+    return "";
+}
+
 // ===========================================================================
-// GPU path: kernels beside their CPU ops arrive with the GPU issue. Until
-// then a GPU build answers clearly instead of pretending.
+// GPU path: the device, its memory and the staging of each step. The kernels
+// sit beside their CPU ops above; the passes are the model section's.
 // ===========================================================================
 #ifndef LIME_GPU
 bool gpu_available(std::string* why) {
-    *why = "this build has no GPU support (built without nvcc); use --device cpu, or install the CUDA Toolkit and run make";
+    *why = NO_GPU_BUILD;
     return false;
 }
 void gpu_set_tf32(bool) {}
+bool gpu_info(GpuInfo*) { return false; }
+size_t model_device_bytes(const Model*) { return 0; }
 #endif
 #ifdef LIME_GPU
 bool gpu_available(std::string* why) {
-    *why = "the GPU path is not implemented yet in this build; use --device cpu";
-    return false;
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess || n < 1) {
+        cudaGetLastError();  // clear it: asking is not a failure
+        *why = std::string("no CUDA device found (cudaGetDeviceCount: ") + (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") +
+               "); use --device cpu";
+        return false;
+    }
+    return true;
 }
-void gpu_set_tf32(bool) {}
+
+void gpu_set_tf32(bool on) { g_tf32 = on; }
+
+// Sets the handle's math mode to gpu_set_tf32's choice: TF32 tensor cores, or plain float32.
+static void gpu_apply_math(GpuState* G) {
+    if (G->tf32 == g_tf32) return;
+    cublasCheck(cublasSetMathMode(G->blas, g_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    G->tf32 = g_tf32;
+}
+
+// Dense peaks (TFLOP/s, no sparsity) of a few data-centre GPUs, for MFU; the first row whose name the device's contains.
+struct GpuPeak { const char* name; double tf32, fp32; };
+static const GpuPeak GPU_PEAKS[] = {
+    {"H200", 494.7, 66.9},        // SXM; GH200 matches too
+    {"H100 PCIe", 378.0, 51.2},
+    {"H100", 494.7, 66.9},        // SXM
+    {"A100", 156.0, 19.5},
+    {"L40S", 183.0, 91.6},
+    {"A10", 62.5, 31.2},
+};
+
+bool gpu_info(GpuInfo* info) {
+    std::string why;
+    if (!gpu_available(&why)) return false;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    info->name = prop.name;
+    info->major = prop.major;
+    info->minor = prop.minor;
+    cudaCheck(cudaMemGetInfo(&info->free_bytes, &info->total_bytes));
+    info->peak_tf32 = info->peak_fp32 = 0;
+    info->peak_source = "unknown device: no MFU";
+    for (const GpuPeak& p : GPU_PEAKS)
+        if (info->name.find(p.name) != std::string::npos) {
+            info->peak_tf32 = p.tf32;
+            info->peak_fp32 = p.fp32;
+            info->peak_source = std::string(p.name) + " datasheet, dense";
+            return true;
+        }
+    if (prop.major == 9 && prop.minor == 0) { info->peak_tf32 = 494.7; info->peak_fp32 = 66.9; info->peak_source = "sm_90: H100 SXM datasheet, dense"; }
+    if (prop.major == 8 && prop.minor == 0) { info->peak_tf32 = 156.0; info->peak_fp32 = 19.5; info->peak_source = "sm_80: A100 datasheet, dense"; }
+    return true;
+}
+
+size_t model_device_bytes(const Model* m) { return m->gpu ? m->gpu->device_bytes : 0; }
+
+// cuBLAS's workspace, ours so that graph capture allocates nothing (32 MiB: NVIDIA's advice for Hopper).
+static const size_t CUBLAS_WORKSPACE_BYTES = 32u << 20;
+
+static std::string gpu_out_of_memory(size_t need, size_t free_bytes) {
+    char buf[200];
+    snprintf(buf, sizeof buf, "needs %.2f GB of GPU memory, the device has %.2f GB free; lower --batch or --seq-len", need / 1e9, free_bytes / 1e9);
+    return buf;
+}
+
+// Device memory (three cudaMallocs), pinned staging (one cudaMallocHost), the
+// stream, the cuBLAS handle; then the host's parameters copied over.
 static std::string gpu_create(Model* m) {
-    (void)m;
-    return "the GPU path is not implemented yet in this build; use --device cpu";
+    std::string why;
+    if (!gpu_available(&why)) return why;
+    const Config& c = m->c;
+    GpuState* G = m->gpu = new GpuState();
+    size_t n = m->n_params, BT = (size_t)m->B * c.T;
+    // sizes first, so that too big a model is refused with a message, not an abort
+    size_t acts_floats = acts_carve(&G->acts, c, m->B, nullptr, DEVICE_GPU);
+    G->n_tensors = (int)m->specs.size();
+    int norm_blocks = grad_norm_blocks(n);
+    size_t small_bytes = 0;
+    auto place = [](size_t* off, size_t bytes) { size_t at = *off; *off += (bytes + 255) & ~(size_t)255; return at; };
+    size_t at_end = place(&small_bytes, G->n_tensors * sizeof(size_t)), at_group = place(&small_bytes, G->n_tensors * sizeof(int));
+    size_t at_partial = place(&small_bytes, norm_blocks * sizeof(double)), at_step = place(&small_bytes, sizeof(AdamWStep));
+    size_t at_metrics = place(&small_bytes, sizeof(Metrics));
+    size_t at_workspace = place(&small_bytes, CUBLAS_WORKSPACE_BYTES);
+    size_t need = 4 * n * sizeof(float) + acts_floats * sizeof(float) + small_bytes;
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaSetDevice(0));
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (need > free_bytes) return gpu_out_of_memory(need, free_bytes);
+    auto device_alloc = [&](void** p, size_t bytes) {
+        if (cudaMalloc(p, bytes) == cudaSuccess) return true;
+        cudaGetLastError();
+        *p = nullptr;
+        return false;
+    };
+    if (!device_alloc((void**)&G->mem, 4 * n * sizeof(float)) || !device_alloc((void**)&G->acts.mem, acts_floats * sizeof(float)) ||
+        !device_alloc(&G->small, small_bytes))
+        return gpu_out_of_memory(need, free_bytes);
+    G->device_bytes = need;
+    G->p = params_carve(c, G->mem);
+    G->g = params_carve(c, G->mem + n);
+    acts_carve(&G->acts, c, m->B, G->acts.mem, DEVICE_GPU);
+    char* small = (char*)G->small;
+    G->tensor_end = (size_t*)(small + at_end);
+    G->tensor_group = (int*)(small + at_group);
+    G->norm_partial = (double*)(small + at_partial);
+    G->step = (AdamWStep*)(small + at_step);
+    G->metrics = (Metrics*)(small + at_metrics);
+    cudaCheck(cudaStreamCreateWithFlags(&G->stream, cudaStreamNonBlocking));
+    cublasCheck(cublasCreate(&G->blas));
+    cublasCheck(cublasSetStream(G->blas, G->stream));
+    // after cublasSetStream (which resets it): cuBLAS then allocates nothing while a graph is captured
+    cublasCheck(cublasSetWorkspace(G->blas, small + at_workspace, CUBLAS_WORKSPACE_BYTES));
+    G->tf32 = g_tf32;
+    cublasCheck(cublasSetMathMode(G->blas, g_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    // pinned staging: per slot tokens, targets, mask (B*T each) and the step's numbers; then the metrics
+    size_t pinned_bytes = 0, at_slot[2][4];
+    for (auto& s : at_slot) {
+        s[0] = place(&pinned_bytes, BT * sizeof(int));
+        s[1] = place(&pinned_bytes, BT * sizeof(int));
+        s[2] = place(&pinned_bytes, BT * sizeof(float));
+        s[3] = place(&pinned_bytes, sizeof(AdamWStep));
+    }
+    size_t at_metrics_host = place(&pinned_bytes, sizeof(Metrics));
+    cudaCheck(cudaMallocHost(&G->pinned, pinned_bytes));
+    char* pinned = (char*)G->pinned;
+    for (int k = 0; k < 2; k++) {
+        GpuState::Slot& s = G->slot[k];
+        s.tokens = (int*)(pinned + at_slot[k][0]);
+        s.targets = (int*)(pinned + at_slot[k][1]);
+        s.mask = (float*)(pinned + at_slot[k][2]);
+        s.step = (AdamWStep*)(pinned + at_slot[k][3]);
+        cudaCheck(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
+    }
+    G->metrics_host = (Metrics*)(pinned + at_metrics_host);
+    // the optimiser's table: where each tensor ends, its group
+    std::vector<size_t> ends;
+    std::vector<int> groups;
+    for (const TensorSpec& t : m->specs) {
+        ends.push_back(t.offset + t.numel);
+        groups.push_back((int)t.group);
+    }
+    // (every copy on the model's stream: it does not wait for the legacy stream; gpu_to_device below waits)
+    cudaCheck(cudaMemcpyAsync(G->tensor_end, ends.data(), ends.size() * sizeof(size_t), cudaMemcpyHostToDevice, G->stream));
+    cudaCheck(cudaMemcpyAsync(G->tensor_group, groups.data(), groups.size() * sizeof(int), cudaMemcpyHostToDevice, G->stream));
+    cudaCheck(cudaMemsetAsync(G->metrics, 0, sizeof(Metrics), G->stream));
+    // the RoPE tables, computed on the host as the CPU path's
+    std::vector<float> cos_t((size_t)c.T * c.hd / 2), sin_t((size_t)c.T * c.hd / 2);
+    rope_tables(cos_t.data(), sin_t.data(), c.T, c.hd, c.rope_theta);
+    cudaCheck(cudaMemcpyAsync(G->acts.rope_cos, cos_t.data(), cos_t.size() * sizeof(float), cudaMemcpyHostToDevice, G->stream));
+    cudaCheck(cudaMemcpyAsync(G->acts.rope_sin, sin_t.data(), sin_t.size() * sizeof(float), cudaMemcpyHostToDevice, G->stream));
+    gpu_to_device(m);
+    return "";
 }
-static void gpu_free(Model*) {}
-static float gpu_forward(Model*, const int*, const int*, const float*, int, int) { return 0; }
-static void gpu_backward(Model*) {}
-static float gpu_update(Model*, const AdamWConfig&, float) { return 0; }
-static void gpu_to_device(Model*) {}
-static void gpu_to_host(Model*) {}
-static void gpu_train_step(Model*, const int*, const int*, const float*, int, int, const AdamWConfig&, float) {}
-static void gpu_metrics(Model*) {}
+
+static void gpu_free(Model* m) {
+    GpuState* G = m->gpu;
+    if (G->stream) cudaCheck(cudaStreamSynchronize(G->stream));
+    for (auto& kv : G->graphs) cudaCheck(cudaGraphExecDestroy(kv.second));
+    for (auto& s : G->slot)
+        if (s.copied) cudaCheck(cudaEventDestroy(s.copied));
+    if (G->blas) cublasCheck(cublasDestroy(G->blas));
+    if (G->stream) cudaCheck(cudaStreamDestroy(G->stream));
+    cudaCheck(cudaFreeHost(G->pinned));
+    cudaCheck(cudaFree(G->small));
+    cudaCheck(cudaFree(G->acts.mem));
+    cudaCheck(cudaFree(G->mem));
+    delete G;
+    m->gpu = nullptr;
+}
+
+// Host arrays -> pinned slot -> device, queued on the stream. The slot used
+// two calls ago is reused: waiting for its copies to finish is the only
+// waiting here, and it lets the host run up to two steps ahead of the device.
+static void gpu_stage(Model* m, const int* tokens, const int* targets, const float* mask, int N, const AdamWStep* step) {
+    GpuState* G = m->gpu;
+    gpu_apply_math(G);
+    GpuState::Slot& s = G->slot[G->next_slot];
+    G->next_slot ^= 1;
+    cudaCheck(cudaEventSynchronize(s.copied));
+    Acts& A = G->acts;
+    auto up = [&](void* dst, void* pinned, const void* src, size_t bytes) {
+        memcpy(pinned, src, bytes);
+        cudaCheck(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, G->stream));
+    };
+    if (tokens) up(A.tokens, s.tokens, tokens, N * sizeof(int));
+    if (targets) up(A.targets, s.targets, targets, N * sizeof(int));
+    if (mask) up(A.mask, s.mask, mask, N * sizeof(float));
+    if (step) up(G->step, s.step, step, sizeof(AdamWStep));
+    cudaCheck(cudaEventRecord(s.copied, G->stream));
+}
+
+// Waits for the device, then reads the loss and the gradient norm.
+static void gpu_read_metrics(Model* m) {
+    GpuState* G = m->gpu;
+    cudaCheck(cudaMemcpyAsync(G->metrics_host, G->metrics, sizeof(Metrics), cudaMemcpyDeviceToHost, G->stream));
+    cudaCheck(cudaStreamSynchronize(G->stream));
+    m->last_loss = G->metrics_host->loss;
+    m->last_norm = G->metrics_host->norm;
+}
 #endif

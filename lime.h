@@ -91,6 +91,8 @@ struct Model {
     Acts* acts = nullptr;
     GpuState* gpu = nullptr;
     float last_loss = 0, last_norm = 0;
+    std::vector<float> host_copy;     // analysis reads of device activations land here
+    bool use_graph = true;            // GPU: model_train_step replays one captured CUDA graph per batch shape
 };
 
 // Allocate for batches of up to B sequences of up to c.T positions. "" or an error line.
@@ -103,6 +105,7 @@ void model_init(Model* m, uint64_t seed);
 // it also computes the masked mean cross-entropy and returns it, else 0.
 float model_forward(Model* m, const int* tokens, const int* targets, const float* mask, int B, int T);
 const float* model_logits(Model* m);  // (B, T, V) of the last forward (host memory)
+const float* model_values(Model* m, int l);  // (B, T, R, hd): the values layer l attended with
 // Backward of the last forward with targets: fills m->grads.
 void model_backward(Model* m);
 // Global gradient norm, clipping, AdamW with the three groups; returns the norm before clipping.
@@ -126,6 +129,14 @@ std::string model_save(Model* m, const std::string& path, const std::map<std::st
 std::string checkpoint_read_config(const std::string& path, Config* c, std::map<std::string, std::string>* meta);
 // Loads weights (and optimiser state when with_optim) into a model created with the file's config.
 std::string model_load(Model* m, const std::string& path, bool with_optim);
+// Checkpoints carry "checksum" (fnv1a64 of the tensors and metadata) in their
+// metadata; loading refuses a file whose contents do not match it.
+
+// Training guards: the name of the first tensor whose gradient (or, with
+// params, whose weights) hold a NaN or an Inf, "" if none. Reads host memory:
+// on the GPU it copies the model to the host first, so call it when a check
+// has already found a non-finite loss or norm, not every step.
+std::string model_first_nonfinite(Model* m, bool params);
 
 // Floating-point operations per token for one training step (forward + backward), router counted.
 double flops_per_token(const Config& c, int T);
@@ -134,3 +145,16 @@ double flops_per_token(const Config& c, int T);
 bool gpu_available(std::string* why);
 // Use TF32 tensor cores for the GPU's matrix products (default on; off for exact float32).
 void gpu_set_tf32(bool on);
+
+// The GPU for bench: name, memory, and the dense peak its MFU is measured
+// against, from a small datasheet table by name (0 where the device is unknown).
+struct GpuInfo {
+    std::string name;
+    int major = 0, minor = 0;               // compute capability
+    size_t total_bytes = 0, free_bytes = 0; // cudaMemGetInfo now
+    double peak_tf32 = 0, peak_fp32 = 0;    // TFLOP/s
+    std::string peak_source;                // which table row
+};
+bool gpu_info(GpuInfo* info);               // false without a device
+// GPU memory the model allocated (parameters, gradients, AdamW state, activations); 0 on the CPU.
+size_t model_device_bytes(const Model* m);

@@ -734,6 +734,17 @@ static std::string errno_hint(int e) {
 
 // Writes the whole file to tmp and forces it to disk. Removes tmp on failure,
 // but only once this function has created it.
+// Fault injection for tests/test_faults.sh: LIME_TEST_SLOW_SAVE=US flushes
+// and sleeps US microseconds after each tensor, so that a test can kill the
+// writer at many moments while the file is half-written. Unset: nothing.
+static void test_slow_save(FILE* f) {
+    static const char* us = getenv("LIME_TEST_SLOW_SAVE");
+    if (us) {
+        fflush(f);
+        usleep((useconds_t)atoi(us));
+    }
+}
+
 static std::string write_tmp(const std::string& tmp, const std::string& header, const StWriter& w) {
     FILE* f = fopen(tmp.c_str(), "wb");
     if (!f) {
@@ -744,8 +755,10 @@ static std::string write_tmp(const std::string& tmp, const std::string& header, 
     uint64_t n = header.size();
     for (int i = 0; i < 8; i++) len8[i] = (char)(n >> (8 * i));  // little-endian
     bool ok = fwrite(len8, 1, 8, f) == 8 && fwrite(header.data(), 1, header.size(), f) == header.size();
-    for (const StWriter::Entry& e : w.entries)
+    for (const StWriter::Entry& e : w.entries) {
         ok = ok && (e.bytes == 0 || fwrite(e.data, 1, e.bytes, f) == e.bytes);
+        test_slow_save(f);
+    }
     // fflush hands the bytes to the OS, fsync makes the OS put them on disk:
     // without it a crash after the rename could leave PATH empty.
     ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;

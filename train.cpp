@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -21,7 +23,9 @@
 #include "cli.h"
 #include "data/tasks.h"
 #include "lime.h"
+#include "plot.h"
 #include "safetensors.h"
+#include "study.h"
 
 // ===========================================================================
 // Tasks: built from flags, or rebuilt from a checkpoint's metadata
@@ -39,9 +43,19 @@ static const std::vector<FlagSpec> TASK_FLAGS = {
     {"val-frac", "0.1", "text: held-out tail for validation"},
 };
 
+// A flag of the other task would be silently ignored: refuse it instead.
+static void refuse_flags_of_other_task(Args& a, const std::string& task) {
+    static const std::vector<std::string> arith_only = {"ops", "modulus", "format", "train-size", "test-size", "data-seed"};
+    static const std::vector<std::string> text_only = {"text-file", "val-frac", "seq-len"};
+    for (const std::string& f : task == "arith" ? text_only : arith_only)
+        if (a.has(f)) a.fail("--" + f + " is for --task " + (task == "arith" ? "text" : "arith") + "; drop it or add --task " +
+                             (task == "arith" ? "text" : "arith"));
+}
+
 // Reads and checks the task flags; the values form the task's settings.
 static std::map<std::string, std::string> task_settings(Args& a) {
     std::string task = a.choice("task", {"arith", "text"});
+    refuse_flags_of_other_task(a, task);
     std::map<std::string, std::string> s = {{"task", task}};
     if (task == "arith") {
         a.integer("ops", 1, 64);
@@ -208,6 +222,8 @@ static std::vector<FlagSpec> train_flags() {
         {"seed", "1", "initialisation and data order"},
         {"threads", "0", "OpenMP threads (0: all cores)"},
         {"device", "auto", "auto, cpu or gpu"},
+        {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
+        {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
         {"out", "runs/model", "output directory (created if missing)"},
         {"resume", "", "continue from a checkpoint written by train"},
         {"log-every", "", "steps between progress lines (default: ~50 lines per run)"},
@@ -215,6 +231,7 @@ static std::vector<FlagSpec> train_flags() {
         {"eval-size", "200", "test examples scored at each periodic evaluation"},
         {"save-every", "", "steps between checkpoints (default: at each evaluation)"},
         {"stop-after", "0", "stop after this many steps of this run, saving a checkpoint (0: run to the end)"},
+        {"skip-bad-steps", nullptr, "skip a step whose loss or gradient is NaN or Inf (default: stop training there)"},
         {"quiet", nullptr, "print only the final result"},
     }});
 }
@@ -252,9 +269,75 @@ static void evaluate(Model* m, const Task& t, int step, int eval_size, Logger* l
     log->line(json + "}");
 }
 
+// Flags that are each in range but do not go together. `user` holds the
+// flags given on this command line (a resumed run adds its saved ones).
+static void check_train_combinations(Args& a, const std::set<std::string>& user, const TrainSettings& s, const std::string& task) {
+    if (user.count("steps") && user.count("epochs")) a.fail("--steps and --epochs both set the run's length; give one of them");
+    if (s.warmup > s.steps)
+        a.fail("--warmup " + std::to_string(s.warmup) + " is longer than the run (" + std::to_string(s.steps) +
+               " steps): the learning rate would never reach --lr; use at most " + std::to_string(s.steps));
+    if (task == "text" && a.number("val-frac", 0.0, 0.9) == 0.0)
+        a.fail("--val-frac 0 leaves no validation text to evaluate on; use e.g. 0.1");
+}
+
+// --- training guards ---------------------------------------------------------
+// SIGINT (Ctrl-C) and SIGTERM only set this flag; the loop finishes its step,
+// saves a checkpoint and exits. SA_RESETHAND: a second signal kills at once.
+static volatile sig_atomic_t g_stop_signal = 0;
+static void on_stop_signal(int sig) { g_stop_signal = sig; }
+static void catch_stop_signals(bool on) {
+    struct sigaction sa = {};
+    sa.sa_handler = on ? on_stop_signal : SIG_DFL;
+    sa.sa_flags = SA_RESETHAND | SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
+}
+
+// Fault injection for tests/test_faults.sh: LIME_TEST_NAN_STEP=N puts an Inf
+// in the loss mask of step N's batch, as a corrupt batch would, which makes
+// that step's loss and every gradient NaN. Unset: never.
+static int test_nan_step() {
+    const char* v = getenv("LIME_TEST_NAN_STEP");
+    return v ? atoi(v) : 0;
+}
+
+// "NaN", "Inf", "-Inf" or the number: how the guards print a loss or a norm.
+static std::string num_str(double x) { return std::isnan(x) ? "NaN" : std::isinf(x) ? (x > 0 ? "Inf" : "-Inf") : fmt("%g", x); }
+
+// --skip-bad-steps: forward and backward, then the update only when the loss
+// and every gradient are finite (model_train_step would apply the update
+// before anyone could look). "" when the step was applied, else why not.
+// On the GPU the check copies the model to the host: a cost of the switch.
+static std::string guarded_step(Model* m, const Batch& b, const AdamWConfig& opt, float factor) {
+    float loss = model_forward(m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    model_backward(m);
+    std::string tensor = model_first_nonfinite(m, false);
+    if (std::isfinite(loss) && tensor.empty()) {
+        model_update(m, opt, factor);
+        return "";
+    }
+    return "the loss is " + num_str(loss) + (tensor.empty() ? "" : " and the gradient of " + tensor + " is not finite");
+}
+
+// A NaN or an Inf: stop without saving, one line that names the step, the
+// first bad tensor and the checkpoint that is still good. Exit status 1.
+static void training_failed(Logger* log, const std::string& what, int step, int last_good, int last_saved, const std::string& out) {
+    std::string when = last_good == step - 1 ? "step " + std::to_string(step)
+                                              : "between steps " + std::to_string(last_good + 1) + " and " + std::to_string(step) +
+                                                    " (checked at log steps; --log-every 1 finds the step)";
+    std::string kept = last_saved > 0 ? out + "/checkpoint.safetensors (step " + std::to_string(last_saved) + ") is the last good checkpoint"
+                                      : "no checkpoint was saved yet";
+    std::string msg = when + ": " + what + "; stopped without saving: " + kept + "; lower --lr, or pass --skip-bad-steps to skip such steps";
+    log->line("{\"type\": \"error\", \"step\": " + std::to_string(step) + ", \"message\": " + json_quote(msg) + "}");
+    fflush(stdout);
+    fprintf(stderr, "lime train: error: %s\n", msg.c_str());
+    exit(1);
+}
+
 static int cmd_train(int argc, char** argv) {
     std::vector<FlagSpec> flags = train_flags();
     Args a = parse_args("train", TRAIN_HELP, flags, argc, argv, false);
+    const std::set<std::string> user_flags = a.given;  // before a resumed run adds its own
     // Resuming: the checkpoint's own flags, with the ones given now on top.
     std::map<std::string, std::string> resumed_meta;
     Config resumed;
@@ -269,6 +352,8 @@ static int cmd_train(int argc, char** argv) {
     }
     set_threads(a);
     Device dev = pick_device(a);
+    gpu_set_tf32(a.integer("tf32", 0, 1) == 1);
+    bool use_graph = a.integer("graph", 0, 1) == 1;
     Config c = shape_from_args(a);
     std::map<std::string, std::string> ts = task_settings(a);
     int text_T = (int)a.integer("seq-len", 2, 1 << 16);
@@ -302,12 +387,14 @@ static int cmd_train(int argc, char** argv) {
     s.log_every = a.has("log-every") ? (int)a.integer("log-every", 1, 1 << 30) : std::max(1, s.steps / 50);
     s.eval_every = a.has("eval-every") ? (int)a.integer("eval-every", 1, 1 << 30) : std::max(1, s.steps / 5);
     s.save_every = a.has("save-every") ? (int)a.integer("save-every", 1, 1 << 30) : s.eval_every;
+    check_train_combinations(a, user_flags, s, ts["task"]);
     if (!a.err.empty()) die("train", a.err);
-    if (!make_dir(out, &err)) die("train", err + " (choose another --out)");
+    bool skip_bad = a.has("skip-bad-steps");
 
     Model m;
     err = model_create(&m, c, s.B, dev);
     if (!err.empty()) die("train", err);
+    m.use_graph = use_graph;
     Loader loader;
     int start_step = 0;
     if (a.has("resume")) {
@@ -315,7 +402,8 @@ static int cmd_train(int argc, char** argv) {
             die("train", "--resume " + a.str("resume") + " holds a different model than these flags describe; drop the shape flags or start a new run");
         err = model_load(&m, a.str("resume"), true);
         if (!err.empty()) die("train", err);
-        start_step = m.step;
+        // the loop's step; m.step counts the updates applied, fewer when steps were skipped
+        start_step = resumed_meta.count("train_step") ? atoi(resumed_meta["train_step"].c_str()) : m.step;
         loader.start(task.train, s.seed, atoi(resumed_meta["data_epoch"].c_str()), strtoull(resumed_meta["data_pos"].c_str(), nullptr, 10));
     } else {
         model_init(&m, s.seed);
@@ -328,9 +416,12 @@ static int cmd_train(int argc, char** argv) {
         if (f.def && a.has(f.name) && std::string(f.name) != "resume" && std::string(f.name) != "stop-after") saved_args[f.name] = a.str(f.name);
     for (auto& kv : ts) saved_args[kv.first] = kv.second;
     saved_args["steps"] = std::to_string(s.steps);
+    saved_args["batch"] = std::to_string(s.B);
     saved_args["seed"] = std::to_string(s.seed);
+    int done_step = start_step;  // the last step taken, for the metadata
     auto meta = [&]() {
         std::map<std::string, std::string> mt;
+        mt["train_step"] = std::to_string(done_step);
         mt["task"] = settings_to_json(task.settings);
         mt["vocab"] = vocab_to_json(task.vocab);
         mt["args"] = settings_to_json(saved_args);
@@ -339,6 +430,8 @@ static int cmd_train(int argc, char** argv) {
         return mt;
     };
 
+    // only now, when every check has passed, does the run write anything
+    if (!make_dir(out, &err)) die("train", err + " (choose another --out)");
     Logger log;
     log.quiet = a.has("quiet");
     std::string log_path = out + "/log.jsonl";
@@ -356,17 +449,46 @@ static int cmd_train(int argc, char** argv) {
     Batch batch;
     double t_start = now_ms(), t_last = t_start;
     int steps_timed = 0, run_steps = 0;
+    int last_good = start_step, last_saved = start_step, skipped_in_a_row = 0, nan_step = test_nan_step();
     double val_loss = 0, acc = -1;
+    catch_stop_signals(true);
     for (int step = start_step + 1; step <= s.steps; step++) {
         loader.next(s.B, c.T, task.vocab.pad, &batch);
+        if (step == nan_step) batch.mask[0] = INFINITY;
         float factor = lr_factor(step, s.warmup, s.steps, s.sched, s.min_lr_ratio);
-        model_train_step(&m, batch.tokens.data(), batch.targets.data(), batch.mask.data(), s.B, c.T, s.opt, factor);
+        std::string skipped;  // why this step was skipped (--skip-bad-steps), else ""
+        if (skip_bad) skipped = guarded_step(&m, batch, s.opt, factor);
+        else model_train_step(&m, batch.tokens.data(), batch.targets.data(), batch.mask.data(), s.B, c.T, s.opt, factor);
+        done_step = step;
         steps_timed++;
         run_steps++;
+        int stop_signal = g_stop_signal;
         bool last = step == s.steps || (s.stop_after && run_steps == s.stop_after);
         bool logging = step % s.log_every == 0 || last || step == start_step + 1;
+        bool saving = step % s.save_every == 0 || last || stop_signal;
+        if (!skipped.empty()) {
+            if (!log.quiet) printf("step %d/%d skipped: %s\n", step, s.steps, skipped.c_str());
+            log.line("{\"type\": \"skipped\", \"step\": " + std::to_string(step) + ", \"why\": " + json_quote(skipped) + "}");
+            if (++skipped_in_a_row == 20) training_failed(&log, "20 steps in a row were skipped, the last because " + skipped, step, step - 1, last_saved, out);
+            logging = false;
+            last_good = step;  // the weights did not change
+        } else {
+            skipped_in_a_row = 0;
+        }
+        // The guard: never log, evaluate or save a model past a NaN or an Inf.
+        // Reading the metrics is free on the CPU, so every step is checked; on
+        // the GPU it waits for the device, so only steps that log or save are.
         float loss = 0, norm = 0;
-        if (logging) model_metrics(&m, &loss, &norm);  // on the GPU this waits: only when it logs
+        if (skipped.empty() && (logging || saving || m.device == DEVICE_CPU)) {
+            model_metrics(&m, &loss, &norm);
+            if (!std::isfinite(loss) || !std::isfinite(norm)) {
+                std::string tensor = model_first_nonfinite(&m, false);
+                training_failed(&log, "the loss is " + num_str(loss) + " and the gradient norm " + num_str(norm) +
+                                          (tensor.empty() ? "" : "; the first non-finite gradient is in " + tensor),
+                                step, last_good, last_saved, out);
+            }
+            last_good = step;
+        }
         if (logging) {
             double t = now_ms(), ms = (t - t_last) / steps_timed;
             double tok_s = (double)s.B * c.T / (ms / 1000);
@@ -381,13 +503,22 @@ static int cmd_train(int argc, char** argv) {
             t_last = t;
             steps_timed = 0;
         }
-        if (logging && (!std::isfinite(loss) || !std::isfinite(norm)))
-            die("train", "step " + std::to_string(step) + ": the loss or gradient norm is not finite; lower --lr (the last checkpoint in " + out + " is intact)");
-        if (step % s.eval_every == 0 && !last) { evaluate(&m, task, step, s.eval_size, &log, &val_loss, &acc); t_last = now_ms(); }
-        if (step % s.save_every == 0 || last) {
+        if (step % s.eval_every == 0 && !last && !stop_signal) { evaluate(&m, task, step, s.eval_size, &log, &val_loss, &acc); t_last = now_ms(); }
+        if (saving) {
+            std::string tensor = model_first_nonfinite(&m, true);  // the weights too: a NaN model is never saved
+            if (!tensor.empty()) training_failed(&log, "the weights of " + tensor + " are not finite", step, last_good, last_saved, out);
             err = model_save(&m, out + "/checkpoint.safetensors", meta(), true);
             if (!err.empty()) die("train", err);
+            last_saved = step;
             t_last = now_ms();
+        }
+        if (stop_signal) {
+            printf("%s at step %d: saved %s/checkpoint.safetensors; continue with ./lime train --resume %s/checkpoint.safetensors\n",
+                   stop_signal == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)", step, out.c_str(), out.c_str());
+            log.line("{\"type\": \"interrupted\", \"step\": " + std::to_string(step) + ", \"signal\": " + std::to_string(stop_signal) + "}");
+            fclose(log.f);
+            model_free(&m);
+            return 128 + stop_signal;  // the shell's convention for "ended by this signal"
         }
         if (last && step != s.steps) {
             printf("stopped after %d steps of this run at step %d; continue with ./lime train --resume %s/checkpoint.safetensors\n",
@@ -397,6 +528,7 @@ static int cmd_train(int argc, char** argv) {
             return 0;
         }
     }
+    catch_stop_signals(false);  // the final save and evaluation: a signal ends them at once (the save is atomic)
     double seconds = (now_ms() - t_start) / 1000;
     err = model_save(&m, out + "/model.safetensors", meta(), false);
     if (!err.empty()) die("train", err);
@@ -453,11 +585,13 @@ static int cmd_eval(int argc, char** argv) {
         {"json", nullptr, "print one JSON object"},
         {"threads", "0", "OpenMP threads (0: all cores)"},
         {"device", "auto", "auto, cpu or gpu"},
+        {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
     };
     Args a = parse_args("eval", "Scores checkpoints on their task: arith accuracy by greedy decoding, text loss and perplexity.", flags, argc,
                         argv, false);
     set_threads(a);
     Device dev = pick_device(a);
+    gpu_set_tf32(a.integer("tf32", 0, 1) == 1);
     int n = (int)a.integer("n", 0, 1 << 30);
     int B = (int)a.integer("batch", 1, 1 << 16);
     if (!a.err.empty()) die("eval", a.err);
@@ -701,13 +835,31 @@ static int cmd_verify(int argc, char** argv) {
 // ./lime bench: ms/step and tokens/s of llama and lime on synthetic tokens
 // ===========================================================================
 
-struct BenchResult { double ms = 0, tok_s = 0; };
+// printf into a std::string (several values; cli.h's fmt takes one).
+static std::string bfmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+static std::string bfmt(const char* f, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(buf, sizeof buf, f, ap);
+    va_end(ap);
+    return buf;
+}
 
-static BenchResult bench_one(Config c, Arch arch, int B, int steps, Device dev) {
+struct BenchResult {
+    double ms = 0, tok_s = 0;
+    double mfu = 0;                     // model FLOPs utilisation against the device's peak (GPU)
+    double model_gb = 0, device_gb = 0; // GPU memory: the model's allocations; the device's used memory it added
+};
+
+static BenchResult bench_one(Config c, Arch arch, int B, int steps, Device dev, bool graph, double peak_tflops) {
     c.arch = arch;
+    GpuInfo before, after;
+    bool on_gpu = dev == DEVICE_GPU && gpu_info(&before);
     Model m;
     std::string err = model_create(&m, c, B, dev);
     if (!err.empty()) die("bench", err);
+    m.use_graph = graph;
     model_init(&m, 1);
     Rng rng(7);
     std::vector<int> tokens((size_t)B * c.T), targets((size_t)B * c.T);
@@ -715,7 +867,7 @@ static BenchResult bench_one(Config c, Arch arch, int B, int steps, Device dev) 
     for (size_t i = 0; i < tokens.size(); i++) { tokens[i] = (int)rng.below(c.V); targets[i] = (int)rng.below(c.V); }
     AdamWConfig opt;
     auto step = [&]() { model_train_step(&m, tokens.data(), targets.data(), mask.data(), B, c.T, opt, 1.0f); };
-    for (int i = 0; i < 2; i++) step();  // warm up caches and threads
+    for (int i = 0; i < 2; i++) step();  // warm up caches and threads (and capture the GPU's graph)
     model_to_host(&m);
     double t0 = now_ms();
     for (int i = 0; i < steps; i++) step();
@@ -723,6 +875,11 @@ static BenchResult bench_one(Config c, Arch arch, int B, int steps, Device dev) 
     BenchResult r;
     r.ms = (now_ms() - t0) / steps;
     r.tok_s = (double)B * c.T / (r.ms / 1000);
+    if (peak_tflops > 0) r.mfu = flops_per_token(c, c.T) * r.tok_s / (peak_tflops * 1e12);
+    if (on_gpu && gpu_info(&after)) {  // the model's allocations, and all the device lost to it (cuBLAS, graphs included)
+        r.model_gb = model_device_bytes(&m) / 1e9;
+        r.device_gb = ((double)before.free_bytes - (double)after.free_bytes) / 1e9;
+    }
     model_free(&m);
     return r;
 }
@@ -735,9 +892,12 @@ static int cmd_bench(int argc, char** argv) {
         {"steps", "20", "timed steps per model (after 2 warm-up steps)"},
         {"threads", "0", "OpenMP threads (0: all cores)"},
         {"device", "auto", "auto, cpu or gpu"},
+        {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
+        {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
         {"json", nullptr, "print one JSON object"},
     }});
-    Args a = parse_args("bench", "Times training steps of llama and lime on synthetic tokens.", flags, argc, argv, false);
+    Args a = parse_args("bench", "Times training steps of llama and lime on synthetic tokens; on the GPU also MFU and memory.", flags, argc,
+                        argv, false);
     set_threads(a);
     Device dev = pick_device(a);
     Config c = shape_from_args(a);
@@ -745,22 +905,142 @@ static int cmd_bench(int argc, char** argv) {
     c.T = (int)a.integer("seq-len", 1, 1 << 20);
     int B = (int)a.integer("batch", 1, 1 << 20);
     int steps = (int)a.integer("steps", 1, 1 << 20);
+    bool tf32 = a.integer("tf32", 0, 1) == 1, graph = a.integer("graph", 0, 1) == 1;
     if (!a.err.empty()) die("bench", a.err);
     std::string err = config_check(c);
     if (!err.empty()) die("bench", err);
-    BenchResult llama = bench_one(c, ARCH_LLAMA, B, steps, dev);
-    BenchResult lime = bench_one(c, ARCH_LIME, B, steps, dev);
-    double ratio = lime.ms / llama.ms;
+    gpu_set_tf32(tf32);
+    // MFU: flops_per_token (forward + backward, router included) * tokens/s over the
+    // device's dense peak for the math in use: TF32 tensor cores, or plain float32.
+    GpuInfo gi;
+    bool on_gpu = dev == DEVICE_GPU && gpu_info(&gi);
+    double peak = on_gpu ? (tf32 ? gi.peak_tf32 : gi.peak_fp32) : 0;
+    BenchResult llama = bench_one(c, ARCH_LLAMA, B, steps, dev, graph, peak);
+    BenchResult lime = bench_one(c, ARCH_LIME, B, steps, dev, graph, peak);
+    double ratio = lime.ms / llama.ms, mem_ratio = llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0;
+    Config cl = c, cm = c;
+    cl.arch = ARCH_LLAMA;
+    cm.arch = ARCH_LIME;
     if (a.has("json")) {
-        printf("{\"llama\": {\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f}, \"lime\": {\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f}, "
-               "\"lime_over_llama\": %.4f}\n", llama.ms, llama.tok_s, lime.ms, lime.tok_s, ratio);
+        auto one = [&](const BenchResult& r, const Config& rc) {
+            std::string s = bfmt("{\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f, \"flops_per_token\": %.6g", r.ms, r.tok_s, flops_per_token(rc, c.T));
+            if (on_gpu) s += bfmt(", \"mfu\": %.5f, \"model_gb\": %.4f, \"device_gb\": %.4f", r.mfu, r.model_gb, r.device_gb);
+            return s + "}";
+        };
+        std::string s = "{\"device\": \"" + std::string(dev == DEVICE_GPU ? "gpu" : "cpu") + "\"";
+        if (on_gpu)
+            s += ", \"gpu\": " + json_quote(gi.name) + bfmt(", \"tf32\": %d, \"graph\": %d, \"peak_tflops\": %.1f, \"peak_source\": ", tf32, graph, peak) +
+                 json_quote(gi.peak_source);
+        s += ", \"llama\": " + one(llama, cl) + ", \"lime\": " + one(lime, cm) + bfmt(", \"lime_over_llama\": %.4f", ratio);
+        if (on_gpu) s += bfmt(", \"memory_lime_over_llama\": %.4f", mem_ratio);
+        printf("%s}\n", s.c_str());
     } else {
         printf("bench %s: L=%d d=%d H=%d R=%d F=%d V=%d B=%d T=%d, %d steps\n", dev == DEVICE_GPU ? "gpu" : "cpu", c.L, c.d, c.H, c.R, c.F,
                c.V, B, c.T, steps);
-        printf("  llama  %9.2f ms/step  %10.0f tokens/s\n", llama.ms, llama.tok_s);
-        printf("  lime   %9.2f ms/step  %10.0f tokens/s\n", lime.ms, lime.tok_s);
-        printf("  lime / llama step time: %.3f\n", ratio);
+        if (on_gpu)
+            printf("  %s (sm_%d%d), %s, %s; MFU against %.1f TFLOP/s (%s %s)\n", gi.name.c_str(), gi.major, gi.minor, tf32 ? "TF32" : "float32",
+                   graph ? "CUDA graph" : "plain launches", peak, gi.peak_source.c_str(), tf32 ? "TF32" : "FP32");
+        for (auto [name, r] : {std::make_pair("llama", llama), std::make_pair("lime", lime)}) {
+            printf("  %-5s  %9.2f ms/step  %10.0f tokens/s", name, r.ms, r.tok_s);
+            if (on_gpu) printf("  MFU %5.1f%%  memory %.3f GB (model) %.3f GB (device)", 100 * r.mfu, r.model_gb, r.device_gb);
+            printf("\n");
+        }
+        printf("  lime / llama step time: %.3f", ratio);
+        if (on_gpu) printf(", memory: %.3f", mem_ratio);
+        printf("\n");
     }
+    return 0;
+}
+
+// ===========================================================================
+// ./lime analyze: the router heatmap, value entropy per layer, cost
+// ===========================================================================
+
+static int cmd_analyze(int argc, char** argv) {
+    std::vector<FlagSpec> flags = {
+        {"load", "", "a checkpoint written by ./lime train"},
+        {"alpha", "1", "order of the Renyi entropy (1: Shannon)"},
+        {"n", "64", "test sequences the value entropy is averaged over"},
+        {"out", "", "directory for the figures (default: the checkpoint's)"},
+        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"device", "auto", "auto, cpu or gpu"},
+    };
+    Args a = parse_args("analyze", "The router heatmap (paper Fig. 5), value entropy per layer (Sec. 5.2), parameters and FLOPs\n"
+                        "of a checkpoint, with figures and a short summary.", flags, argc, argv, false);
+    set_threads(a);
+    Device dev = pick_device(a);
+    double alpha = a.number("alpha", 0, 100);
+    int n = (int)a.integer("n", 1, 100000);
+    if (!a.err.empty()) die("analyze", a.err);
+    if (!a.has("load")) die("analyze", "needs --load FILE (a model.safetensors written by ./lime train)");
+    std::string path = a.str("load");
+    std::string out = a.has("out") ? a.str("out") : path.substr(0, path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/'));
+    if (out.empty()) out = ".";
+    std::string err;
+    if (!make_dir(out, &err)) die("analyze", err);
+    Loaded ld;
+    err = load_checkpoint(path, dev, n, &ld, true);
+    if (!err.empty()) die("analyze", err);
+    Model& m = ld.m;
+    const Config& c = m.c;
+    printf("%s: %s, L=%d d=%d H=%d R=%d F=%d V=%d T=%d\n", path.c_str(), arch_name(c.arch), c.L, c.d, c.H, c.R, c.F, c.V, c.T);
+    size_t router_params = 0;
+    for (const TensorSpec& t : m.specs) if (t.group == GROUP_ROUTER) router_params += t.numel;
+    Config llama = c;
+    llama.arch = ARCH_LLAMA;
+    printf("parameters: %zu (routers %zu, %.3f%%)\n", m.n_params, router_params, 100.0 * router_params / m.n_params);
+    printf("FLOPs per token, training step at T=%d: %.4g (llama of this shape: %.4g, %+.3f%%)\n", c.T, flops_per_token(c, c.T),
+           flops_per_token(llama, c.T), 100 * (flops_per_token(c, c.T) / flops_per_token(llama, c.T) - 1));
+    model_to_host(&m);
+    if (c.arch == ARCH_LIME && c.L > 1) {
+        std::vector<std::vector<double>> heat = router_heatmap(m);
+        std::vector<std::string> rows, cols;
+        for (int l = 1; l < c.L; l++) rows.push_back("layer " + std::to_string(l));
+        for (int l = 0; l < c.L; l++) cols.push_back(std::to_string(l));
+        printf("router weight by source layer (rows: layer; columns: source layer 0..%d; each row sums to 1):\n", c.L - 1);
+        for (size_t i = 0; i < heat.size(); i++) {
+            printf("  %-9s", rows[i].c_str());
+            for (double v : heat[i]) printf(std::isfinite(v) ? " %5.2f" : "     -", v);
+            int l = (int)i + 1;
+            double own = heat[i][l], best = 0;
+            int best_src = 0;
+            for (int s = 0; s < l; s++) if (heat[i][s] > best) { best = heat[i][s]; best_src = s; }
+            printf("   own %2.0f%%, most from layer %d (%2.0f%%)\n", 100 * own, best_src, 100 * best);
+        }
+        err = plot_heatmap(out + "/router_heatmap.png", "Router weight by source layer (rows sum to 1)", "source layer", "layer", heat, rows, cols);
+        if (!err.empty()) die("analyze", err);
+        printf("wrote %s/router_heatmap.png\n", out.c_str());
+    }
+    // value entropy: the values each layer attends with, per test sequence
+    const std::vector<Sequence>& seqs = *ld.task.test;
+    int B = std::min(n, (int)seqs.size());
+    std::vector<int> idx(B);
+    for (int b = 0; b < B; b++) idx[b] = b;
+    Batch batch;
+    make_batch(seqs, idx.data(), B, c.T, ld.task.vocab.pad, &batch);
+    model_forward(&m, batch.tokens.data(), nullptr, nullptr, B, c.T);
+    int D = c.R * c.hd;
+    Series s;
+    s.label = arch_name(c.arch);
+    printf("value entropy (Renyi, alpha = %g), mean over %d sequences:\n", alpha, B);
+    for (int l = 0; l < c.L; l++) {
+        const float* v = model_values(&m, l);  // (B, T, R, hd)
+        double h = 0;
+        for (int b = 0; b < B; b++) {
+            int len = std::min(c.T, (int)seqs[b].tokens.size() - 1);
+            h += value_entropy(v + (size_t)b * c.T * D, len, D, alpha);
+        }
+        h /= B;
+        s.x.push_back(l);
+        s.y.push_back(h);
+        printf("  layer %d  %.4f\n", l, h);
+    }
+    err = plot_lines(out + "/value_entropy.png", "Value entropy per layer", "layer", "Renyi entropy (alpha " + fmt("%g", alpha) + ")", {s});
+    if (!err.empty()) die("analyze", err);
+    printf("wrote %s/value_entropy.png\n", out.c_str());
+    printf("summary: value entropy goes from %.3f at layer 0 to %.3f at layer %d%s\n", s.y.front(), s.y.back(), c.L - 1,
+           s.y.back() < s.y.front() ? " (representations of later layers are less diverse)" : "");
+    model_free(&m);
     return 0;
 }
 
@@ -788,6 +1068,8 @@ int main(int argc, char** argv) {
     if (cmd == "data") return cmd_data(n, rest);
     if (cmd == "verify") return cmd_verify(n, rest);
     if (cmd == "bench") return cmd_bench(n, rest);
+    if (cmd == "compare") return cmd_compare(n, rest);
+    if (cmd == "analyze") return cmd_analyze(n, rest);
     fprintf(stderr, "lime: unknown command '%s'; commands: train eval sample data verify bench compare (./lime --help)\n", cmd.c_str());
     return 2;
 }

@@ -1192,6 +1192,12 @@ inline cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { if (!h
 inline cublasStatus_t cublasGetStream(cublasHandle_t h, cudaStream_t* s) { if (!h) return CUBLAS_STATUS_NOT_INITIALIZED; *s = h->stream; return CUBLAS_STATUS_SUCCESS; }
 inline cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t m) { if (!h) return CUBLAS_STATUS_NOT_INITIALIZED; h->math = m; return CUBLAS_STATUS_SUCCESS; }
 inline cublasStatus_t cublasGetMathMode(cublasHandle_t h, cublasMath_t* m) { if (!h) return CUBLAS_STATUS_NOT_INITIALIZED; *m = h->math; return CUBLAS_STATUS_SUCCESS; }
+// A user-owned workspace (what a program sets before capturing cuBLAS calls into a graph): accepted, unused here.
+inline cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void* workspace, size_t bytes) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (bytes && !emu::detail::on_device(workspace, bytes)) return CUBLAS_STATUS_INVALID_VALUE;
+    return CUBLAS_STATUS_SUCCESS;
+}
 
 namespace emu { namespace detail {
 // TF32 keeps 10 of float's 23 mantissa bits; tensor cores round each input so

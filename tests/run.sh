@@ -9,6 +9,8 @@ suites=(
     "build/test_emu"             # the CUDA-on-CPU harness itself
     "build/test_gpu_emu"         # every GPU test, kernels running on the harness
     "bash tests/test_cli.sh"     # ./lime end to end: verify, bad input, resume
+    "bash tests/test_flags.sh"   # every command's bad flags: exit 2, one line, nothing written
+    "bash tests/test_faults.sh"  # kills mid-save, Ctrl-C, NaN guards, corrupt checkpoints
 )
 passed=0; failed=0; skipped=0
 for suite in "${suites[@]}"; do

@@ -1,0 +1,477 @@
+// study.cpp — `./lime compare`: LLaMa and LIMe side by side, honestly.
+//
+// Each (tier, model, seed) is one `./lime train` run in its own process and
+// directory; compare runs them (several at a time on a CPU), reads their
+// JSONL logs, and writes DIR/report.md and figures: per model and tier the
+// mean, std and every seed's value; LIMe minus LLaMa with a 95% confidence
+// interval and Welch's t-test; parameters, FLOPs per token (router counted),
+// step time and peak memory. Seed s gives both models the same data order
+// and the same initial values for every tensor they share (model_init draws
+// each tensor from a stream named by the seed and the tensor's name).
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "lime.h"
+#include "plot.h"
+#include "safetensors.h"
+#include "stats.h"
+#include "study.h"
+
+// ---------------------------------------------------------------------------
+// Presets: the train flags of each run, the tiers and the number of seeds.
+
+struct Preset {
+    const char* name;
+    const char* train_args;  // passed to every ./lime train
+    const char* tiers;       // operators per question, comma-separated
+    int seeds;
+    const char* about;
+};
+
+static const Preset PRESETS[] = {
+    {"classroom", "--layers 4 --dim 32 --heads 4 --ops 3 --train-size 10000 --test-size 500 --batch 64 --epochs 15 --lr 3e-3", "3", 3,
+     "two-core CPU, about 10 minutes: tier 3, 3 seeds per model"},
+    {"paper-aet", "--layers 4 --dim 32 --heads 4 --ffn 96 --train-size 50000 --test-size 1000 --batch 128 --epochs 200 --lr 1e-3 --schedule linear",
+     "4,5,6", 5, "the paper's arithmetic setting (TASKS.md 1), for a GPU: tiers 4, 5, 6, 5 seeds per model"},
+    {"tiny", "--layers 2 --dim 16 --heads 2 --ffn 32 --train-size 300 --test-size 20 --batch 16 --steps 30", "2", 2,
+     "seconds: for tests"},
+};
+
+static const Preset* find_preset(const std::string& name) {
+    for (const Preset& p : PRESETS) if (name == p.name) return &p;
+    return nullptr;
+}
+
+static std::vector<std::string> split(const std::string& s, char sep) {
+    std::vector<std::string> out;
+    std::string cur;
+    std::istringstream in(s);
+    while (std::getline(in, cur, sep)) if (!cur.empty()) out.push_back(cur);
+    return out;
+}
+
+// ---------------------------------------------------------------------------
+// One run: a child process, its log, its results.
+
+struct Run {
+    std::string arch, tier, dir;
+    int seed = 0;
+    pid_t pid = 0;
+    int status = -1;
+    double max_rss_mb = 0, seconds = 0;
+    // read from DIR/log.jsonl
+    double accuracy = NAN, val_loss = NAN, ms_per_step = NAN, params = NAN, flops_per_token_ = NAN, tokens_per_step = 0;
+    std::vector<double> steps, losses;            // training loss curve
+    std::vector<double> eval_steps, eval_losses;  // validation loss curve
+    std::string error;
+};
+
+static pid_t start_run(const std::string& self, Run* r, const std::vector<std::string>& args) {
+    std::vector<std::string> all = {self, "train"};
+    all.insert(all.end(), args.begin(), args.end());
+    pid_t pid = fork();
+    if (pid == 0) {
+        std::string out = r->dir + "/train.out";
+        FILE* f = freopen(out.c_str(), "w", stdout);
+        if (f) dup2(fileno(stdout), 2);
+        std::vector<char*> argv;
+        for (std::string& a : all) argv.push_back(&a[0]);
+        argv.push_back(nullptr);
+        execv(self.c_str(), argv.data());
+        _exit(127);
+    }
+    return pid;
+}
+
+static double json_number(const Json& j, const char* key) {
+    const Json* v = j.get(key);
+    return v && v->kind == Json::NUM ? v->num : NAN;
+}
+
+static void read_log(Run* r) {
+    std::ifstream in(r->dir + "/log.jsonl");
+    std::string line;
+    double ms_sum = 0;
+    int ms_n = 0;
+    while (std::getline(in, line)) {
+        Json j;
+        if (!json_parse(line, &j).empty()) continue;
+        const Json* type = j.get("type");
+        if (!type || type->kind != Json::STR) continue;
+        if (type->str == "config") {
+            r->params = json_number(j, "params");
+            const Json* cfg = j.get("config");
+            Config c;
+            if (cfg && config_from_json(json_dump(*cfg), &c).empty()) r->flops_per_token_ = flops_per_token(c, c.T);
+            const Json* args = j.get("args");
+            const Json* batch = args ? args->get("batch") : nullptr;
+            if (batch && batch->kind == Json::STR) r->tokens_per_step = atof(batch->str.c_str()) * c.T;
+        } else if (type->str == "train") {
+            r->steps.push_back(json_number(j, "step"));
+            r->losses.push_back(json_number(j, "loss"));
+            if (r->steps.size() > 1) { ms_sum += json_number(j, "ms_per_step"); ms_n++; }  // the first includes start-up
+        } else if (type->str == "eval") {
+            r->eval_steps.push_back(json_number(j, "step"));
+            r->eval_losses.push_back(json_number(j, "val_loss"));
+        } else if (type->str == "done") {
+            r->accuracy = json_number(j, "accuracy");
+            r->val_loss = json_number(j, "val_loss");
+        }
+    }
+    r->ms_per_step = ms_n ? ms_sum / ms_n : NAN;
+}
+
+// ---------------------------------------------------------------------------
+// The report
+
+struct RunGroup {  // the runs of one (tier, arch)
+    std::string tier, arch;
+    std::vector<const Run*> runs;
+    std::vector<double> values(double Run::*field) const {
+        std::vector<double> v;
+        for (const Run* r : runs) if (std::isfinite(r->*field)) v.push_back(r->*field);
+        return v;
+    }
+};
+
+static std::string pct(double x) { return std::isfinite(x) ? fmt("%.1f%%", 100 * x) : "n/a"; }
+
+static std::string mean_std(const std::vector<double>& v, bool percent) {
+    if (v.empty()) return "n/a";
+    double m = stats_mean(v), s = v.size() > 1 ? stats_std(v) : 0;
+    return percent ? fmt("%.1f", 100 * m) + " ± " + fmt("%.1f%%", 100 * s) : fmt("%.4f", m) + " ± " + fmt("%.4f", s);
+}
+
+static std::string every_value(const std::vector<double>& v, bool percent) {
+    std::string out;
+    for (double x : v) out += (out.empty() ? "" : ", ") + (percent ? fmt("%.1f", 100 * x) : fmt("%.4f", x));
+    return out;
+}
+
+// "LIMe - LLaMa" for one tier, with the 95% interval and Welch's p.
+static std::string difference_line(const std::vector<double>& lime, const std::vector<double>& llama, std::string* verdict) {
+    if (lime.size() < 2 || llama.size() < 2) {
+        *verdict = "too few seeds for a confidence interval (use --seeds 2 or more)";
+        return "n/a";
+    }
+    WelchResult w = stats_welch(lime, llama);
+    char buf[256];
+    if (!std::isfinite(w.t)) {  // no spread in either group: a t-test is undefined
+        snprintf(buf, sizeof buf, "%+.1f points, the same in every seed (no spread, so no interval or test)", 100 * w.diff);
+        *verdict = w.diff > 0 ? "LIMe is ahead in every seed" : w.diff < 0 ? "LLaMa is ahead in every seed" : "no difference at all";
+        return buf;
+    }
+    snprintf(buf, sizeof buf, "%+.1f points (95%% CI %+.1f to %+.1f), Welch t = %.2f, df = %.1f, p = %.3g", 100 * w.diff, 100 * w.lo,
+             100 * w.hi, w.t, w.df, w.p);
+    if (w.lo > 0) *verdict = "LIMe beats LLaMa here: the whole 95% interval of the difference is above zero";
+    else if (w.hi < 0) *verdict = "LLaMa beats LIMe here: the whole 95% interval of the difference is below zero";
+    else *verdict = "no clear difference: the 95% interval of the difference contains zero";
+    return buf;
+}
+
+// Mean curve over seeds, with a min..max band, on the steps all runs logged.
+static Series mean_curve(const std::string& label, const std::vector<const Run*>& runs, bool eval, double x_scale) {
+    Series s;
+    s.label = label;
+    if (runs.empty()) return s;
+    const std::vector<double>& xs = eval ? runs[0]->eval_steps : runs[0]->steps;
+    for (size_t i = 0; i < xs.size(); i++) {
+        std::vector<double> ys;
+        for (const Run* r : runs) {
+            const std::vector<double>& rx = eval ? r->eval_steps : r->steps;
+            const std::vector<double>& ry = eval ? r->eval_losses : r->losses;
+            if (i < rx.size() && rx[i] == xs[i] && std::isfinite(ry[i])) ys.push_back(ry[i]);
+        }
+        if (ys.empty()) continue;
+        s.x.push_back(xs[i] * x_scale);
+        s.y.push_back(stats_mean(ys));
+        s.lo.push_back(*std::min_element(ys.begin(), ys.end()));
+        s.hi.push_back(*std::max_element(ys.begin(), ys.end()));
+    }
+    return s;
+}
+
+static std::string write_report(const std::string& dir, const Preset* preset, const std::string& extra, const std::vector<std::string>& tiers,
+                                const std::vector<std::string>& archs, const std::vector<Run>& runs, std::string* summary) {
+    std::vector<RunGroup> groups;
+    for (const std::string& tier : tiers)
+        for (const std::string& arch : archs) {
+            RunGroup g{tier, arch, {}};
+            for (const Run& r : runs) if (r.tier == tier && r.arch == arch) g.runs.push_back(&r);
+            groups.push_back(g);
+        }
+    auto group = [&](const std::string& tier, const std::string& arch) -> const RunGroup& {
+        for (const RunGroup& g : groups) if (g.tier == tier && g.arch == arch) return g;
+        return groups[0];
+    };
+    std::ostringstream md;
+    md << "# LIMe vs LLaMa: " << (preset ? preset->name : "custom") << "\n\n";
+    md << "Each model trained once per seed with `./lime train " << (preset ? preset->train_args : "") << " " << extra
+       << " --ops TIER --seed S`; a seed gives both models the same data order and the same initial values for every tensor "
+          "they share. Accuracy: greedy decoding on held-out questions (TASKS.md 1).\n\n";
+    md << "## Accuracy\n\n| tier | model | accuracy (mean ± std) | per seed | test loss |\n| --- | --- | --- | --- | --- |\n";
+    for (const RunGroup& g : groups)
+        md << "| " << g.tier << " | " << g.arch << " | " << mean_std(g.values(&Run::accuracy), true) << " | "
+           << every_value(g.values(&Run::accuracy), true) << " | " << mean_std(g.values(&Run::val_loss), false) << " |\n";
+    md << "\n## LIMe minus LLaMa\n\n";
+    for (const std::string& tier : tiers) {
+        std::string verdict;
+        std::string line = difference_line(group(tier, "lime").values(&Run::accuracy), group(tier, "llama").values(&Run::accuracy), &verdict);
+        md << "- tier " << tier << ": " << line << ". " << verdict << ".\n";
+        *summary += "tier " + tier + ": LIMe - LLaMa = " + line + "\n  " + verdict + "\n";
+    }
+    md << "\n## Cost\n\n| tier | model | parameters | FLOPs per token (train step, router counted) | ms per step | peak memory (process RSS) |\n"
+          "| --- | --- | --- | --- | --- | --- |\n";
+    for (const RunGroup& g : groups) {
+        std::vector<double> ms = g.values(&Run::ms_per_step), rss = g.values(&Run::max_rss_mb);
+        const Run* r0 = g.runs.empty() ? nullptr : g.runs[0];
+        md << "| " << g.tier << " | " << g.arch << " | " << (r0 ? fmt("%.0f", r0->params) : "n/a") << " | "
+           << (r0 ? fmt("%.4g", r0->flops_per_token_) : "n/a") << " | " << (ms.empty() ? "n/a" : fmt("%.2f", stats_mean(ms))) << " | "
+           << (rss.empty() ? "n/a" : fmt("%.0f MB", stats_mean(rss))) << " |\n";
+    }
+    md << "\n## Figures\n\n";
+    // figures: loss curves per tier, accuracy bars
+    for (const std::string& tier : tiers) {
+        std::vector<Series> by_step, by_flops, val;
+        for (const std::string& arch : archs) {
+            const RunGroup& g = group(tier, arch);
+            double fpt = g.runs.empty() ? 1 : g.runs[0]->flops_per_token_;
+            by_step.push_back(mean_curve(arch, g.runs, false, 1));
+            val.push_back(mean_curve(arch, g.runs, true, 1));
+            by_flops.push_back(mean_curve(arch, g.runs, true, fpt * (g.runs.empty() ? 0 : g.runs[0]->tokens_per_step)));
+        }
+        std::string f1 = "loss_tier" + tier + ".png", f2 = "val_loss_tier" + tier + ".png";
+        std::string f3 = "val_loss_flops_tier" + tier + ".png";
+        std::string err = plot_lines(dir + "/" + f1, "Training loss, tier " + tier + " (mean, band: min..max over seeds)", "step", "loss", by_step);
+        if (err.empty()) err = plot_lines(dir + "/" + f2, "Validation loss, tier " + tier, "step", "loss", val);
+        if (err.empty()) err = plot_lines(dir + "/" + f3, "Validation loss against training FLOPs, tier " + tier, "FLOPs (router counted)", "loss", by_flops);
+        if (!err.empty()) return err;
+        md << "![training loss](" << f1 << ")\n\n![validation loss](" << f2 << ")\n\n![validation loss against FLOPs](" << f3 << ")\n\n";
+    }
+    std::vector<BarGroup> bars;
+    for (const std::string& arch : archs) {
+        BarGroup b;
+        b.label = arch;
+        for (const std::string& tier : tiers) {
+            std::vector<double> v = group(tier, arch).values(&Run::accuracy);
+            b.values.push_back(v.empty() ? 0 : 100 * stats_mean(v));
+            b.errors.push_back(v.size() > 1 ? 100 * stats_std(v) : 0);
+        }
+        bars.push_back(b);
+    }
+    std::vector<std::string> cats;
+    for (const std::string& t : tiers) cats.push_back("tier " + t);
+    std::string err = plot_bars(dir + "/accuracy.png", "Accuracy per tier (mean ± std over seeds)", "accuracy (%)", cats, bars);
+    if (!err.empty()) return err;
+    md << "![accuracy](accuracy.png)\n";
+    std::string path = dir + "/report.md";
+    std::ofstream out(path + ".tmp");
+    out << md.str();
+    out.close();
+    if (!out || rename((path + ".tmp").c_str(), path.c_str()) != 0) return "cannot write " + path;
+    return "";
+}
+
+// ---------------------------------------------------------------------------
+
+int cmd_compare(int argc, char** argv) {
+    std::vector<FlagSpec> flags = {
+        {"preset", "classroom", "classroom (2 CPU cores, ~10 min), paper-aet (the paper's setting, GPU) or tiny (tests)"},
+        {"seeds", "", "seeds per model (default: the preset's)"},
+        {"tiers", "", "operators per question, e.g. 4,5,6 (default: the preset's)"},
+        {"archs", "llama,lime", "models to compare"},
+        {"train-args", "", "extra flags for every ./lime train, e.g. \"--epochs 30\""},
+        {"jobs", "0", "runs at a time (0: one per core on the CPU, 1 on the GPU)"},
+        {"device", "auto", "auto, cpu or gpu"},
+        {"out", "runs/compare", "output directory: one subdirectory per run, report.md, figures"},
+    };
+    std::string summary_help = "Trains LLaMa and LIMe for several seeds, evaluates them, and writes DIR/report.md with\n"
+                               "mean ± std, the difference with a 95% confidence interval and Welch's t-test, cost, and figures.\nPresets:";
+    for (const Preset& p : PRESETS) summary_help += std::string("\n  ") + p.name + ": " + p.about;
+    Args a = parse_args("compare", summary_help.c_str(), flags, argc, argv, false);
+    const Preset* preset = find_preset(a.str("preset"));
+    if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|paper-aet|tiny");
+    int seeds = a.has("seeds") ? (int)a.integer("seeds", 1, 1000) : preset ? preset->seeds : 1;
+    std::vector<std::string> tiers = split(a.has("tiers") ? a.str("tiers") : preset ? preset->tiers : "3", ',');
+    for (const std::string& t : tiers)
+        if (t.find_first_not_of("0123456789") != std::string::npos || atoi(t.c_str()) < 1 || atoi(t.c_str()) > 64)
+            a.fail("--tiers '" + a.str("tiers") + "': each tier is a number of operators in 1..64, e.g. 4,5,6");
+    std::vector<std::string> archs = split(a.str("archs"), ',');
+    for (const std::string& s : archs) { Arch tmp; if (!arch_parse(s, &tmp)) a.fail("--archs: '" + s + "' is not llama or lime"); }
+    int jobs = (int)a.integer("jobs", 0, 256);
+    std::string device = a.choice("device", {"auto", "cpu", "gpu"});
+    std::string dir = a.str("out");
+    if (!a.err.empty()) die("compare", a.err);
+    std::string why;
+    bool gpu = device == "gpu" || (device == "auto" && gpu_available(&why));
+    if (device == "gpu" && !gpu_available(&why)) die("compare", "--device gpu: " + why);
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (jobs == 0) jobs = gpu ? 1 : std::max(1, cores);
+    int threads = std::max(1, cores / jobs);
+    std::string err;
+    if (!make_dir(dir, &err)) die("compare", err + " (choose another --out)");
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) die("compare", "cannot find this program's path (/proc/self/exe)");
+    self[n] = 0;
+
+    std::vector<Run> runs;
+    for (const std::string& tier : tiers)
+        for (int s = 1; s <= seeds; s++)
+            for (const std::string& arch : archs) {
+                Run r;
+                r.arch = arch; r.tier = tier; r.seed = s;
+                r.dir = dir + "/tier" + tier + "/" + arch + "-seed" + std::to_string(s);
+                runs.push_back(r);
+            }
+    printf("compare %s: %zu runs (%zu tiers x %d seeds x %zu models), %d at a time, %d thread%s each, on the %s\n", preset->name,
+           runs.size(), tiers.size(), seeds, archs.size(), jobs, threads, threads > 1 ? "s" : "", gpu ? "gpu" : "cpu");
+    fflush(stdout);
+    double t0 = now_ms();
+    size_t next = 0, done = 0;
+    int running = 0;
+    std::vector<double> started(runs.size());
+    while (done < runs.size()) {
+        while (running < jobs && next < runs.size()) {
+            Run& r = runs[next];
+            if (!make_dir(r.dir, &err)) die("compare", err);
+            std::vector<std::string> args = split(std::string(preset->train_args) + " " + a.str("train-args"), ' ');
+            std::vector<std::string> own = {"--arch", r.arch, "--ops", r.tier, "--seed", std::to_string(r.seed), "--out", r.dir,
+                                            "--threads", std::to_string(threads), "--device", gpu ? "gpu" : "cpu", "--quiet"};
+            args.insert(args.end(), own.begin(), own.end());
+            r.pid = start_run(self, &r, args);
+            started[next] = now_ms();
+            running++;
+            next++;
+        }
+        int status;
+        struct rusage ru;
+        pid_t pid = wait4(-1, &status, 0, &ru);
+        if (pid < 0) break;
+        for (size_t i = 0; i < runs.size(); i++) {
+            Run& r = runs[i];
+            if (r.pid != pid) continue;
+            r.status = status;
+            r.max_rss_mb = ru.ru_maxrss / 1024.0;
+            r.seconds = (now_ms() - started[i]) / 1000;
+            read_log(&r);
+            running--;
+            done++;
+            bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            printf("[%zu/%zu] tier %s %-5s seed %d: %s in %s%s\n", done, runs.size(), r.tier.c_str(), r.arch.c_str(), r.seed,
+                   ok ? ("accuracy " + pct(r.accuracy)).c_str() : "FAILED", duration_str(r.seconds).c_str(),
+                   ok ? "" : (" (see " + r.dir + "/train.out)").c_str());
+            fflush(stdout);
+        }
+    }
+    for (const Run& r : runs)
+        if (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0)) die("compare", "a run failed: see " + r.dir + "/train.out");
+    std::string summary;
+    err = write_report(dir, preset, a.str("train-args"), tiers, archs, runs, &summary);
+    if (!err.empty()) die("compare", err);
+    printf("%s", summary.c_str());
+    printf("done in %s; wrote %s/report.md and figures\n", duration_str((now_ms() - t0) / 1000).c_str(), dir.c_str());
+    return 0;
+}
+
+// ===========================================================================
+// Analysis (TASKS.md, "Analysis the paper uses")
+// ===========================================================================
+
+// Router weights (paper Section 5.4, Figure 5): for layer l and source layer
+// l', the mean |W[l][r, l'*R + r']| over r and r', each row normalised to sum
+// 1. Row l-1 holds layer l (layers 1..L-1); entries l' > l are NaN (no such source).
+std::vector<std::vector<double>> router_heatmap(const Model& m) {
+    const Config& c = m.c;
+    std::vector<std::vector<double>> rows;
+    for (int l = 1; l < c.L; l++) {
+        std::vector<double> row(c.L, NAN);
+        const float* W = m.p.layer[l].router;
+        if (!W) continue;
+        int J = (l + 1) * c.R;
+        double total = 0;
+        for (int src = 0; src <= l; src++) {
+            double s = 0;
+            for (int r = 0; r < c.R; r++)
+                for (int rr = 0; rr < c.R; rr++) s += std::fabs(W[r * J + src * c.R + rr]);
+            row[src] = s / (c.R * c.R);
+            total += row[src];
+        }
+        for (int src = 0; src <= l; src++) row[src] /= total > 0 ? total : 1;
+        rows.push_back(row);
+    }
+    return rows;
+}
+
+// Eigenvalues of a symmetric n x n matrix (row-major, destroyed) by cyclic
+// Jacobi rotations: slow for big n, exact enough, and twenty lines.
+static std::vector<double> symmetric_eigenvalues(std::vector<double> a, int n) {
+    for (int sweep = 0; sweep < 100; sweep++) {
+        double off = 0;
+        for (int i = 0; i < n; i++)
+            for (int j = i + 1; j < n; j++) off += a[i * n + j] * a[i * n + j];
+        if (off < 1e-22) break;
+        for (int p = 0; p < n; p++)
+            for (int q = p + 1; q < n; q++) {
+                if (std::fabs(a[p * n + q]) < 1e-300) continue;
+                double theta = (a[q * n + q] - a[p * n + p]) / (2 * a[p * n + q]);
+                double t = (theta >= 0 ? 1 : -1) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
+                double c = 1 / std::sqrt(t * t + 1), s = t * c;
+                for (int k = 0; k < n; k++) {  // rotate columns p and q, then rows p and q
+                    double akp = a[k * n + p], akq = a[k * n + q];
+                    a[k * n + p] = c * akp - s * akq;
+                    a[k * n + q] = s * akp + c * akq;
+                }
+                for (int k = 0; k < n; k++) {
+                    double apk = a[p * n + k], aqk = a[q * n + k];
+                    a[p * n + k] = c * apk - s * aqk;
+                    a[q * n + k] = s * apk + c * aqk;
+                }
+            }
+    }
+    std::vector<double> ev(n);
+    for (int i = 0; i < n; i++) ev[i] = a[i * n + i];
+    return ev;
+}
+
+// Value entropy (paper Section 5.2): the value vectors of one sequence, v
+// (T, D), each feature z-scored over the tokens; the eigenvalues of the
+// token Gram matrix Z Z^T divided by its trace; their Renyi entropy of order
+// alpha, log(sum lambda^alpha) / (1 - alpha), Shannon's at alpha = 1. The
+// non-zero eigenvalues of Z Z^T (T x T) are those of Z^T Z (D x D), the smaller one.
+double value_entropy(const float* v, int T, int D, double alpha) {
+    std::vector<double> z((size_t)T * D);
+    for (int j = 0; j < D; j++) {
+        double mean = 0, var = 0;
+        for (int t = 0; t < T; t++) mean += v[(size_t)t * D + j];
+        mean /= T;
+        for (int t = 0; t < T; t++) var += (v[(size_t)t * D + j] - mean) * (v[(size_t)t * D + j] - mean);
+        double sd = std::sqrt(var / T);
+        for (int t = 0; t < T; t++) z[(size_t)t * D + j] = sd > 1e-12 ? (v[(size_t)t * D + j] - mean) / sd : 0;
+    }
+    std::vector<double> gram((size_t)D * D, 0);
+    for (int i = 0; i < D; i++)
+        for (int j = 0; j < D; j++)
+            for (int t = 0; t < T; t++) gram[i * D + j] += z[(size_t)t * D + i] * z[(size_t)t * D + j];
+    std::vector<double> ev = symmetric_eigenvalues(gram, D);
+    double trace = 0;
+    for (double& e : ev) { e = std::max(e, 0.0); trace += e; }
+    if (trace <= 0) return 0;
+    double h = 0;
+    if (std::fabs(alpha - 1) < 1e-9) {
+        for (double e : ev) if (e > 0) h -= (e / trace) * std::log(e / trace);
+        return h;
+    }
+    for (double e : ev) h += std::pow(e / trace, alpha);
+    return std::log(h) / (1 - alpha);
+}

@@ -1,0 +1,80 @@
+// tests/fuzz_safetensors.cpp — libFuzzer target for what reads checkpoints
+// from outside: the safetensors parser, the JSON parser and the model config.
+// Built and run by `make fuzz` (clang++ -fsanitize=fuzzer,address,undefined);
+// seeds in tests/fuzz_corpus/safetensors/.
+//
+// Each input is tried three ways, and besides "no crash, no sanitizer
+// report" each way checks a promise the code makes (a broken promise traps,
+// which libFuzzer reports like a crash):
+//   1. as a whole safetensors file (st_parse): when it is accepted, every
+//      tensor it lists can be read back with its own dtype and shape, and
+//      the "config" metadata goes through config_from_json;
+//   2. as JSON text (json_parse): when it is accepted, json_dump gives text
+//      that parses to the same dump (a round trip);
+//   3. as a model config (config_from_json): when it is accepted, the
+//      config passes config_check.
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "lime.h"
+#include "safetensors.h"
+
+// A broken promise: say which, then trap so libFuzzer keeps the input.
+static void require(bool ok, const char* what) {
+    if (!ok) {
+        fprintf(stderr, "fuzz_safetensors: broken promise: %s\n", what);
+        __builtin_trap();
+    }
+}
+
+static void as_safetensors(const uint8_t* data, size_t size) {
+    SafeTensors st;
+    if (!st_parse((const char*)data, size, &st, "fuzz input").empty()) {
+        require(st.tensors.empty() && st.meta.empty() && st.data.empty(), "st_parse failed but left *out filled");
+        return;
+    }
+    for (const StTensor& t : st.tensors) {
+        size_t numel = 1;
+        for (int64_t n : t.shape) numel *= (size_t)n;
+        require(t.begin <= t.end && t.end <= st.data.size(), "a tensor's bytes lie outside the data");
+        require(numel * st_dtype_size(t.dtype) == t.end - t.begin, "a tensor's byte count is not numel * dtype size");
+        if (t.dtype == "F32") {
+            std::vector<float> buf(numel);
+            require(st_get_f32(st, t.name, t.shape, buf.data()).empty(), "st_get_f32 refused a tensor st_parse accepted");
+        } else if (t.dtype == "I32") {
+            std::vector<int32_t> buf(numel);
+            require(st_get_i32(st, t.name, t.shape, buf.data()).empty(), "st_get_i32 refused a tensor st_parse accepted");
+        }
+        require(st.find(t.name) == &t, "find() does not return the tensor");
+    }
+    st_checksum(st.data.data(), st.data.size());
+    auto it = st.meta.find("config");
+    if (it != st.meta.end()) {
+        Config c;
+        config_from_json(it->second, &c);
+    }
+}
+
+static void as_json(const std::string& text) {
+    Json j;
+    if (!json_parse(text, &j).empty()) return;
+    std::string dump = json_dump(j);
+    Json again;
+    require(json_parse(dump, &again).empty(), "json_dump wrote text that json_parse refuses");
+    require(json_dump(again) == dump, "json_dump -> json_parse -> json_dump changed the text");
+}
+
+static void as_config(const std::string& text) {
+    Config c;
+    if (config_from_json(text, &c).empty()) require(config_check(c).empty(), "config_from_json accepted a config that config_check refuses");
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    as_safetensors(data, size);
+    std::string text((const char*)data, size);
+    as_json(text);
+    as_config(text);
+    return 0;
+}

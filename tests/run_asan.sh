@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# tests/run_asan.sh — `make test-asan`: the CPU tests and the command-line
+# suites, on binaries built with AddressSanitizer and UndefinedBehaviorSanitizer
+# (build/test_cpu_asan, build/lime-asan). Sanitizer reports go to files, so a
+# report in a command whose output a test discards is still seen: any report
+# fails the run, whatever the suites say.
+cd "$(dirname "$0")/.." || exit 2
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+export ASAN_OPTIONS="log_path=$logs/asan:detect_leaks=1:abort_on_error=0:exitcode=99"
+export UBSAN_OPTIONS="log_path=$logs/ubsan:print_stacktrace=1:halt_on_error=1"
+export LIME=build/lime-asan
+failed=0
+for suite in build/test_cpu_asan "bash tests/test_cli.sh" "bash tests/test_flags.sh" "bash tests/test_faults.sh"; do
+    start=$(date +%s)
+    out=$($suite 2>&1); status=$?
+    echo "$out" | grep -E '^(FAIL|SKIP)'
+    echo "-- $suite: $(echo "$out" | tail -1) ($(( $(date +%s) - start )) s)"
+    [ $status -eq 0 ] || failed=$((failed + 1))
+done
+reports=$(ls "$logs")
+if [ -n "$reports" ]; then
+    echo "FAIL sanitizer reports:"
+    for f in "$logs"/*; do echo "== $f"; head -40 "$f"; done
+    failed=$((failed + 1))
+else
+    echo "PASS no sanitizer reports (ASan, UBSan, LeakSanitizer)"
+fi
+[ $failed -eq 0 ] && echo "test-asan: 0 failed" || echo "test-asan: $failed failed"
+[ $failed -eq 0 ]

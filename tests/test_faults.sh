@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# tests/test_faults.sh — what a long run meets, and what it must survive:
+# SIGKILL while a checkpoint is being written (20 times), Ctrl-C and SIGTERM,
+# a NaN in the loss (stop, or --skip-bad-steps), and corrupt checkpoints
+# (flipped bits, cut short). Each ends with a checkpoint that loads and a
+# run that goes on, or with a one-line refusal.
+#
+# Two test-only hooks make the faults happen on cue (both off when unset):
+#   LIME_TEST_SLOW_SAVE=US  safetensors.cpp sleeps US us after each tensor it writes
+#   LIME_TEST_NAN_STEP=N    train.cpp puts an Inf in step N's loss mask: loss and gradients NaN
+cd "$(dirname "$0")/.." || exit 2
+LIME=${LIME:-./lime}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0; failed=0
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+
+TINY="--layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 16 --threads 1 --quiet"
+LONG="--steps 1000000 --log-every 1 --eval-every 1000000"
+
+# Does FILE load (weights, optimiser state and checksum all read)? eval --n 1 loads it whole.
+loads() { $LIME eval --load "$1" --n 1 >/dev/null 2>&1; }
+# The step a checkpoint was saved at, from its metadata.
+saved_step() { grep -ao '"train_step":"[0-9]*"' "$1" | head -1 | tr -dc '0-9'; }
+# Waits (up to 20 s) until FILE exists; for a run to get past its start.
+wait_for() { for _ in $(seq 200); do [ -e "$1" ] && return 0; sleep 0.1; done; return 1; }
+
+# --- SIGKILL while writing a checkpoint, 20 times. Each save here takes about
+# 70 tensors x 2 ms (LIME_TEST_SLOW_SAVE), the steps between them ~1 ms, so a
+# kill after a random sleep nearly always lands mid-file; a kill counts only
+# when checkpoint.safetensors.tmp (made and renamed by every save) was there,
+# i.e. a half-written file existed. After each kill the last checkpoint must
+# load, and the next run resumes from it.
+dir=$tmp/kill
+ck=$dir/checkpoint.safetensors
+$LIME train $TINY --steps 1000000 --stop-after 1 --out "$dir" >/dev/null 2>&1   # the first good checkpoint
+hits=0; tries=0; bad=""; sizes=""
+while [ $hits -lt 20 ] && [ $tries -lt 60 ] && [ -z "$bad" ]; do
+    tries=$((tries + 1))
+    before=$(saved_step "$ck")
+    rm -f "$ck.tmp"
+    LIME_TEST_SLOW_SAVE=2000 $LIME train --resume "$ck" $LONG --save-every 1 >/dev/null 2>&1 &
+    pid=$!
+    wait_for "$ck.tmp"                                        # its first save has begun
+    sleep "0.$(printf '%03d' $((RANDOM % 400)))"               # then a random moment
+    kill -KILL $pid; wait $pid 2>/dev/null
+    if [ -e "$ck.tmp" ]; then hits=$((hits + 1)); sizes="$sizes $(stat -c %s "$ck.tmp")"; fi
+    if ! loads "$ck"; then bad="after kill $tries the checkpoint does not load: $($LIME eval --load "$ck" --n 1 2>&1)"; fi
+    after=$(saved_step "$ck")
+    if [ -z "$bad" ] && [ "${after:-0}" -lt "${before:-0}" ]; then bad="after kill $tries the checkpoint went back from step $before to $after"; fi
+done
+moments=$(echo $sizes | tr ' ' '\n' | sort -u | wc -l)
+if [ -n "$bad" ]; then
+    fail sigkill_during_save "$bad"
+elif [ $hits -lt 20 ]; then
+    fail sigkill_during_save "only $hits of $tries kills landed while a checkpoint was being written"
+else
+    pass "sigkill_during_save ($hits/$hits kills mid-write left a checkpoint that loads; $tries kills, $moments distinct .tmp sizes)"
+fi
+# ... and the run then goes on to its end from the last good checkpoint.
+k=$(saved_step "$ck")
+if out=$($LIME train --resume "$ck" --steps $((k + 3)) 2>&1) && echo "$out" | grep -q "^done:" && loads "$dir/model.safetensors"; then
+    pass "resume_after_kills_finishes (from step $k)"
+else
+    fail resume_after_kills_finishes "$out"
+fi
+
+# --- SIGINT and SIGTERM: finish the step, save, say how to resume, exit 128 + signal.
+for sig in INT TERM; do
+    dir=$tmp/sig$sig
+    $LIME train $TINY $LONG --save-every 1000000 --out "$dir" >"$tmp/sig.out" 2>&1 &
+    pid=$!
+    wait_for "$dir/log.jsonl"; sleep 0.3
+    kill -$sig $pid; wait $pid; status=$?
+    want=$([ $sig = INT ] && echo 130 || echo 143)
+    if [ $status -eq "$want" ] && grep -q -- "--resume $dir/checkpoint.safetensors" "$tmp/sig.out" && loads "$dir/checkpoint.safetensors" &&
+       $LIME train --resume "$dir/checkpoint.safetensors" --stop-after 2 >/dev/null 2>&1; then
+        pass "sig${sig,,}_saves_and_resumes (exit $status at step $(saved_step "$dir/checkpoint.safetensors"))"
+    else
+        fail "sig${sig,,}_saves_and_resumes" "exit $status (want $want): $(tail -2 "$tmp/sig.out")"
+    fi
+done
+
+# --- a NaN at step 7: stop there, name the step and the first bad tensor,
+# keep the step-6 checkpoint, write no model.
+dir=$tmp/nan
+out=$(LIME_TEST_NAN_STEP=7 $LIME train $TINY --steps 20 --save-every 2 --out "$dir" 2>&1); status=$?
+if [ $status -eq 1 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "step 7: the loss is NaN" &&
+   echo "$out" | grep -q "model.embed_tokens.weight" && [ "$(saved_step "$dir/checkpoint.safetensors")" = 6 ] &&
+   loads "$dir/checkpoint.safetensors" && [ ! -e "$dir/model.safetensors" ]; then
+    pass nan_stops_keeping_last_checkpoint
+else
+    fail nan_stops_keeping_last_checkpoint "exit $status: $out"
+fi
+# ... and --resume from there goes on (the fault was one bad batch).
+if $LIME train --resume "$dir/checkpoint.safetensors" >/dev/null 2>&1 && loads "$dir/model.safetensors"; then
+    pass nan_run_resumes
+else
+    fail nan_run_resumes "resuming from step 6 failed"
+fi
+
+# --- --skip-bad-steps: step 7 is skipped (its update not applied), the run finishes.
+dir=$tmp/skip
+out=$(LIME_TEST_NAN_STEP=7 $LIME train ${TINY/--quiet/} --steps 20 --log-every 5 --skip-bad-steps --out "$dir" 2>&1); status=$?
+if [ $status -eq 0 ] && echo "$out" | grep -q "step 7/20 skipped: the loss is NaN" && grep -q '"type": "skipped", "step": 7' "$dir/log.jsonl" &&
+   loads "$dir/model.safetensors"; then
+    pass skip_bad_steps_skips_and_finishes
+else
+    fail skip_bad_steps_skips_and_finishes "exit $status: $(echo "$out" | tail -3)"
+fi
+
+# --- corrupt checkpoints are refused with one line, never loaded, never a crash.
+good=$tmp/skip/model.safetensors
+size=$(stat -c %s "$good")
+hlen=$(od -An -t u8 -N 8 "$good" | tr -d ' ')   # the header length: data starts at 8 + hlen
+flip() {  # copy of $good with the byte at offset $1 inverted
+    cp "$good" "$tmp/flip.safetensors"
+    b=$(od -An -t u1 -j "$1" -N 1 "$good" | tr -d ' ')
+    printf "\\$(printf '%03o' $((255 - b)))" | dd of="$tmp/flip.safetensors" bs=1 seek="$1" conv=notrunc status=none
+}
+refused() {  # refused FILE WORD: eval exits 2 with one line containing WORD
+    local out status
+    out=$($LIME eval --load "$1" --n 1 2>&1); status=$?
+    [ $status -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -qi -- "$2"
+}
+bad=""
+for i in $(seq 10); do  # bits in the tensor data: the checksum catches them
+    off=$((8 + hlen + (RANDOM * 32768 + RANDOM) % (size - 8 - hlen)))
+    flip $off
+    refused "$tmp/flip.safetensors" "checksum does not match" || bad="$bad data@$off"
+done
+for i in $(seq 10); do  # bits anywhere in the header or its length: refused one way or another
+    off=$(((RANDOM * 32768 + RANDOM) % (8 + hlen)))
+    flip $off
+    refused "$tmp/flip.safetensors" "" || bad="$bad header@$off"
+done
+if [ -z "$bad" ]; then pass bit_flips_refused; else fail bit_flips_refused "accepted or crashed at:$bad"; fi
+bad=""
+for n in 0 5 8 100 $((8 + hlen)) $((8 + hlen + 4)) $((size - 1)); do
+    head -c $n "$good" > "$tmp/cut.safetensors"
+    refused "$tmp/cut.safetensors" "truncated\|empty" || bad="$bad $n:$($LIME eval --load "$tmp/cut.safetensors" 2>&1)"
+done
+if [ -z "$bad" ]; then pass truncated_refused; else fail truncated_refused "$bad"; fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# tests/test_flags.sh — every command refuses bad flags the same way: exit
+# status 2, one line that names the problem (checked by a key word), no
+# crash, and nothing written. Each row of the table below is one invocation,
+# run from an empty directory that must still be empty afterwards (train's
+# default --out is runs/model, relative to it).
+cd "$(dirname "$0")/.." || exit 2
+LIME=$(realpath "${LIME:-./lime}")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0; failed=0
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+
+# What the rows need: a short text, a trained model and its checkpoint.
+head -c 3000 README.md > "$tmp/short.txt"
+TINY="--layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 16 --threads 1 --quiet"
+$LIME train $TINY --steps 2 --out "$tmp/run" >/dev/null 2>&1
+M=$tmp/run/model.safetensors
+C=$tmp/run/checkpoint.safetensors
+[ -f "$M" ] && [ -f "$C" ] || { echo "FAIL flags_setup: could not train the tiny model"; echo "0 passed, 1 failed"; exit 1; }
+T="--task text --text-file $tmp/short.txt"
+A="--train-size 300 --test-size 20"     # a small arithmetic task: quick to generate
+LONG_PROMPT="$(printf '1 + %.0s' $(seq 40))1 ="
+
+mkdir "$tmp/cwd"
+bad() {  # name, key word of the message (grep -i), then the arguments of ./lime
+    local name=$1 word=$2; shift 2
+    local out status
+    out=$(cd "$tmp/cwd" && "$LIME" "$@" 2>&1); status=$?
+    if [ $status -ne 2 ]; then fail "$name" "exit status $status, want 2: $out"
+    elif [ "$(echo "$out" | wc -l)" -ne 1 ]; then fail "$name" "not one line: $out"
+    elif ! echo "$out" | grep -qi -- "$word"; then fail "$name" "message lacks '$word': $out"
+    elif [ -n "$(ls -A "$tmp/cwd")" ]; then fail "$name" "wrote $(ls -A "$tmp/cwd")"; rm -rf "${tmp:?}/cwd/"*
+    else pass "$name"
+    fi
+}
+
+# --- train: one flag out of range or malformed
+bad train_batch_zero          "out of range"       train $A --batch 0
+bad train_batch_huge          "out of range"       train $A --batch 100000000
+bad train_batch_no_memory     "out of memory"      train $A --batch 1000000
+bad train_steps_zero          "out of range"       train $A --steps 0
+bad train_steps_fraction      "not an integer"     train $A --steps 1.5
+bad train_lr_negative         "out of range"       train $A --lr -1
+bad train_lr_nan              "not a number"       train $A --lr nan
+bad train_lr_huge             "out of range"       train $A --lr 1e30
+bad train_grad_clip_negative  "out of range"       train $A --grad-clip -1
+bad train_min_lr_ratio        "out of range"       train $A --min-lr-ratio 2
+bad train_schedule            "linear|cosine"      train $A --schedule step
+bad train_arch                "llama|lime"         train $A --arch gpt
+bad train_device              "auto|cpu|gpu"       train $A --device tpu
+bad train_layers_zero         "out of range"       train $A --layers 0
+bad train_threads_negative    "out of range"       train $A --threads -1
+bad train_log_every_zero      "out of range"       train $A --log-every 0
+bad train_eval_size_zero      "out of range"       train $A --eval-size 0
+bad train_stop_after_negative "out of range"       train $A --stop-after -1
+bad train_out_empty           "needs a directory"  train $A --out ""
+bad train_switch_with_value   "takes no value"     train $A --skip-bad-steps=1
+bad train_positional          "unexpected"         train $A 100
+bad train_kv_heads            "divisible"          train $A --heads 4 --kv-heads 3
+# --- train: flags that do not go together
+bad train_warmup_past_steps   "warmup"             train $A --steps 10 --warmup 100
+bad train_steps_and_epochs    "one of them"        train $A --steps 10 --epochs 2
+bad train_seq_len_on_arith    "is for --task text" train $A --seq-len 64
+bad train_ops_on_text         "is for --task arith" train $T --ops 3
+bad train_val_frac_zero       "val-frac 0"         train $T --val-frac 0
+bad train_val_frac_high       "out of range"       train $T --val-frac 0.95
+bad train_seq_len_vs_file     "fewer than"         train $T --seq-len 2000
+bad train_text_file_missing   "cannot open"        train --task text --text-file "$tmp/nope.txt"
+bad train_resume_missing      "no such file"       train --resume "$tmp/nope.safetensors"
+bad train_resume_final_model  "resuming needs"     train --resume "$M" --out "$tmp/cwd/x"
+bad train_resume_other_shape  "different model"    train --resume "$C" --dim 32 --out "$tmp/cwd/x"
+# --- sample
+bad sample_no_prompt          "needs --prompt"     sample --load "$M"
+bad sample_empty_prompt       "empty"              sample --load "$M" --prompt ""
+bad sample_long_prompt        "at most"            sample --load "$M" --prompt "$LONG_PROMPT"
+bad sample_temperature_neg    "out of range"       sample --load "$M" --prompt "1 =" --temperature -1
+bad sample_temperature_inf    "not a number"       sample --load "$M" --prompt "1 =" --temperature inf
+bad sample_max_new_zero       "out of range"       sample --load "$M" --prompt "1 =" --max-new 0
+# --- eval
+bad eval_no_load              "needs --load"       eval
+bad eval_n_negative           "out of range"       eval --load "$M" --n -1
+bad eval_batch_zero           "out of range"       eval --load "$M" --batch 0
+bad eval_reference_file       "task settings"      eval --load "$PWD/tests/golden/lime_tiny.safetensors"
+# --- data
+bad data_n_negative           "out of range"       data $A --n -1
+bad data_split                "train|test"         data $A --split valid
+bad data_modulus_not_prime    "not prime"          data $A --modulus 12
+bad data_ops_zero             "out of range"       data $A --ops 0
+bad data_text_without_file    "text-file"          data --task text
+bad data_format_on_text       "is for --task arith" data $T --format chain
+# --- verify, bench
+bad verify_tf32               "out of range"       verify --tf32 2 "$PWD/tests/golden/lime_tiny.safetensors"
+bad bench_steps_zero          "out of range"       bench --steps 0
+bad bench_no_memory           "out of memory"      bench --batch 1000000 --steps 1
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,582 @@
+// tests/test_gpu.cpp — the GPU path: every kernel against its CPU op, the
+// whole model against the reference vectors and against the CPU path, CUDA
+// graph replay against plain launches, determinism, checkpoints across devices.
+//
+// Built twice from this one file:
+//   g++ -DLIME_EMU  (build/test_gpu_emu, `make test`): the kernels run on the
+//                   CPU harness tests/cuda_emu.h, so the shapes here are tiny;
+//   nvcc -x cu      (build/test_gpu_native, `make test-gpu`): on a real GPU.
+// lime.cu is included, not linked, so that its static ops and kernels can be called.
+#include "../lime.cu"
+
+#include <functional>
+
+#include "test.h"
+
+#ifndef LIME_GPU
+#error "tests/test_gpu.cpp needs the GPU build: nvcc -x cu, or g++ -DLIME_EMU"
+#endif
+
+#define NEED_GPU()                                   \
+    do {                                             \
+        std::string why_;                            \
+        if (!gpu_available(&why_)) SKIP("%s", why_.c_str()); \
+    } while (0)
+
+// One stream and one cuBLAS handle (plain float32) for the op tests.
+struct Ctx {
+    cudaStream_t stream = nullptr;
+    cublasHandle_t blas = nullptr;
+};
+static Ctx& ctx() {
+    static Ctx c;
+    if (!c.stream) {
+        cudaCheck(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+        cublasCheck(cublasCreate(&c.blas));
+        cublasCheck(cublasSetStream(c.blas, c.stream));
+        cublasCheck(cublasSetMathMode(c.blas, CUBLAS_DEFAULT_MATH));
+    }
+    return c;
+}
+
+// A device copy of a host vector; get() waits for the test stream and reads it back.
+template <class Tv>
+struct DevBuf {
+    Tv* p = nullptr;
+    size_t n = 0;
+    explicit DevBuf(size_t n_) : n(n_) { cudaCheck(cudaMalloc((void**)&p, std::max<size_t>(1, n) * sizeof(Tv))); }
+    explicit DevBuf(const std::vector<Tv>& h) : DevBuf(h.size()) {  // on the test stream: the kernels after it see it
+        cudaCheck(cudaMemcpyAsync(p, h.data(), n * sizeof(Tv), cudaMemcpyHostToDevice, ctx().stream));
+        cudaCheck(cudaStreamSynchronize(ctx().stream));
+    }
+    std::vector<Tv> get() const {
+        cudaCheck(cudaStreamSynchronize(ctx().stream));
+        std::vector<Tv> h(n);
+        cudaCheck(cudaMemcpy(h.data(), p, n * sizeof(Tv), cudaMemcpyDeviceToHost));
+        return h;
+    }
+    ~DevBuf() { cudaFree(p); }
+    DevBuf(const DevBuf&) = delete;
+    DevBuf& operator=(const DevBuf&) = delete;
+};
+typedef DevBuf<float> DevF;
+
+static std::vector<float> randv(size_t n, uint64_t seed, float scale = 1.0f) {
+    Rng r(seed);
+    std::vector<float> v(n);
+    for (float& x : v) x = (float)((2 * r.uniform() - 1) * scale);
+    return v;
+}
+static std::vector<int> randi(size_t n, uint64_t seed, int below) {
+    Rng r(seed);
+    std::vector<int> v(n);
+    for (int& x : v) x = (int)r.below(below);
+    return v;
+}
+static double err_of(const std::vector<float>& got, const std::vector<float>& want) {
+    return got.size() == want.size() ? rel_err(got.data(), want.data(), want.size()) : 1e30;
+}
+static bool same_bits(const float* a, const float* b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+static const double TOL_FWD = 1e-5, TOL_BWD = 1e-4;
+
+// ===========================================================================
+// Each op: the GPU launcher against the CPU function, same inputs.
+// ===========================================================================
+
+TEST(gpu_matmul_forward_backward_match_cpu) {
+    NEED_GPU();
+    int N = 26, C = 24, OC = 40;
+    auto inp = randv((size_t)N * C, 1), W = randv((size_t)OC * C, 2), out0 = randv((size_t)N * OC, 3), dout = randv((size_t)N * OC, 4);
+    auto dinp0 = randv((size_t)N * C, 5), dW0 = randv((size_t)OC * C, 6);
+    std::vector<float> scratch((size_t)(N + OC) * (C + OC) * 2);
+    for (bool acc : {false, true}) {
+        std::vector<float> out = out0;
+        matmul_forward(out.data(), inp.data(), W.data(), N, C, OC, scratch.data(), acc);
+        DevF dinp_(inp), dW_(W), dout_(out0);
+        matmul_forward_gpu(dout_.p, dinp_.p, dW_.p, N, C, OC, acc, ctx().blas);
+        double e = err_of(dout_.get(), out);
+        CHECK(e < TOL_FWD, "matmul forward (accumulate %d): rel err %.2e", acc, e);
+    }
+    std::vector<float> dinp = dinp0, dW = dW0;
+    matmul_backward(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, scratch.data());
+    DevF gdinp(dinp0), gdW(dW0), gdout(dout), ginp(inp), gW(W);
+    matmul_backward_gpu(gdinp.p, gdW.p, gdout.p, ginp.p, gW.p, N, C, OC, ctx().blas);
+    double e1 = err_of(gdinp.get(), dinp), e2 = err_of(gdW.get(), dW);
+    CHECK(e1 < TOL_BWD && e2 < TOL_BWD, "matmul backward: dinp %.2e, dW %.2e", e1, e2);
+}
+
+TEST(gpu_embedding_forward_backward_match_cpu) {
+    NEED_GPU();
+    int N = 26, d = 20, V = 7;  // 26 positions over 7 ids: every id repeats
+    auto tokens = randi(N, 1, V);
+    auto E = randv((size_t)V * d, 2), dout = randv((size_t)N * d, 3), dE0 = randv((size_t)V * d, 4);
+    std::vector<float> out((size_t)N * d);
+    embedding_forward(out.data(), tokens.data(), E.data(), N, d);
+    DevBuf<int> gtok(tokens);
+    DevF gE(E), gout(out.size());
+    embedding_forward_gpu(gout.p, gtok.p, gE.p, N, d, ctx().stream);
+    CHECK(gout.get() == out, "embedding forward differs");
+    std::vector<float> dE = dE0;
+    embedding_backward(dE.data(), dout.data(), tokens.data(), N, d);
+    DevF gdE(dE0), gdout(dout);
+    embedding_backward_gpu(gdE.p, gdout.p, gtok.p, N, d, V, ctx().stream);
+    double e = err_of(gdE.get(), dE);
+    CHECK(e < TOL_BWD, "embedding backward: rel err %.2e", e);
+}
+
+static void check_rmsnorm(int N, int d) {
+    auto x = randv((size_t)N * d, 1), g = randv(d, 2), dy = randv((size_t)N * d, 3), dx0 = randv((size_t)N * d, 4), dg0 = randv(d, 5);
+    std::vector<float> y((size_t)N * d), rstd(N);
+    rmsnorm_forward(y.data(), rstd.data(), x.data(), g.data(), N, d, 1e-6f);
+    DevF gx(x), gg(g), gy(y.size()), grstd(N);
+    rmsnorm_forward_gpu(gy.p, grstd.p, gx.p, gg.p, N, d, 1e-6f, ctx().stream);
+    double e1 = err_of(gy.get(), y), e2 = err_of(grstd.get(), rstd);
+    CHECK(e1 < TOL_FWD && e2 < TOL_FWD, "rmsnorm forward N=%d d=%d: out %.2e, rstd %.2e", N, d, e1, e2);
+    std::vector<float> dx = dx0, dg = dg0;
+    rmsnorm_backward(dx.data(), dg.data(), dy.data(), x.data(), g.data(), rstd.data(), N, d);
+    DevF gdx(dx0), gdg(dg0), gdy(dy), scratch((size_t)ceil_div(N, GAIN_ROWS) * d);
+    rmsnorm_backward_gpu(gdx.p, gdg.p, gdy.p, gx.p, gg.p, grstd.p, N, d, scratch.p, ctx().stream);
+    double e3 = err_of(gdx.get(), dx), e4 = err_of(gdg.get(), dg);
+    CHECK(e3 < TOL_BWD && e4 < TOL_BWD, "rmsnorm backward N=%d d=%d: dx %.2e, dg %.2e", N, d, e3, e4);
+}
+TEST(gpu_rmsnorm_matches_cpu) {
+    NEED_GPU();
+    check_rmsnorm(26, 24);
+    if (test_state().outcome == TEST_FAIL) return;
+    check_rmsnorm(70, 40);  // three gain chunks, the last partial; d not a multiple of 32
+}
+
+TEST(gpu_rope_matches_cpu) {
+    NEED_GPU();
+    int B = 2, T = 13, nh = 3, hd = 6;
+    std::vector<float> cs(T * hd / 2), sn(T * hd / 2);
+    rope_tables(cs.data(), sn.data(), T, hd, 10000.0f);
+    auto x = randv((size_t)B * T * nh * hd, 1);
+    DevF gcs(cs), gsn(sn);
+    for (int dir = 0; dir < 2; dir++) {
+        std::vector<float> y = x;
+        DevF gy(x);
+        if (dir == 0) {
+            rope_forward(y.data(), cs.data(), sn.data(), B, T, nh, hd);
+            rope_forward_gpu(gy.p, gcs.p, gsn.p, B, T, nh, hd, ctx().stream);
+        } else {
+            rope_backward(y.data(), cs.data(), sn.data(), B, T, nh, hd);
+            rope_backward_gpu(gy.p, gcs.p, gsn.p, B, T, nh, hd, ctx().stream);
+        }
+        double e = err_of(gy.get(), y);
+        CHECK(e < TOL_FWD, "rope %s: rel err %.2e", dir ? "backward" : "forward", e);
+    }
+}
+
+static void check_router(int R) {
+    int L = 3, l = 2, N = 26, hd = 6, J = (l + 1) * R;
+    size_t layer = (size_t)N * R * hd;
+    auto Kbuf = randv(L * layer, 1), Vbuf = randv(L * layer, 2), W = randv((size_t)R * J, 3);
+    auto dKr = randv(layer, 4), dVr = randv(layer, 5), dW0 = randv((size_t)R * J, 6);
+    auto dKbuf0 = randv(L * layer, 7), dVbuf0 = randv(L * layer, 8);
+    std::vector<float> Kr(layer), Vr(layer);
+    router_forward(Kr.data(), Vr.data(), W.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
+    DevF gK(Kbuf), gV(Vbuf), gW(W), gKr(layer), gVr(layer);
+    router_forward_gpu(gKr.p, gVr.p, gW.p, gK.p, gV.p, l, N, R, hd, ctx().stream);
+    double e1 = err_of(gKr.get(), Kr), e2 = err_of(gVr.get(), Vr);
+    CHECK(e1 < TOL_FWD && e2 < TOL_FWD, "router forward R=%d: Kr %.2e, Vr %.2e", R, e1, e2);
+    std::vector<float> dW = dW0, dKbuf = dKbuf0, dVbuf = dVbuf0;
+    router_backward(dW.data(), dKbuf.data(), dVbuf.data(), dKr.data(), dVr.data(), W.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
+    DevF gdW(dW0), gdK(dKbuf0), gdV(dVbuf0), gdKr(dKr), gdVr(dVr);
+    router_backward_gpu(gdW.p, gdK.p, gdV.p, gdKr.p, gdVr.p, gW.p, gK.p, gV.p, l, N, R, hd, ctx().stream);
+    double e3 = err_of(gdW.get(), dW), e4 = err_of(gdK.get(), dKbuf), e5 = err_of(gdV.get(), dVbuf);
+    CHECK(e3 < TOL_BWD && e4 < TOL_BWD && e5 < TOL_BWD, "router backward R=%d: dW %.2e, dKbuf %.2e, dVbuf %.2e", R, e3, e4, e5);
+}
+TEST(gpu_router_matches_cpu_R2) { NEED_GPU(); check_router(2); }
+TEST(gpu_router_matches_cpu_R1) { NEED_GPU(); check_router(1); }
+
+static void check_attention(int B, int T, int H, int R, int hd) {
+    size_t qn = (size_t)B * T * H * hd, kn = (size_t)B * T * R * hd, an = (size_t)B * H * T * T;
+    auto q = randv(qn, 1), k = randv(kn, 2), v = randv(kn, 3), dout = randv(qn, 4), dk0 = randv(kn, 5), dv0 = randv(kn, 6);
+    std::vector<float> out(qn), att(an), kt(kn), vt(kn), dkt(kn), dvt(kn), datt(an);
+    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), kt.data(), vt.data(), B, T, H, R, hd);
+    DevF gq(q), gk(k), gv(v), gout(qn), gatt(an), gkp(kn), gvp(kn), gdkp(kn), gdvp(kn), gdatt(an), scratch(3 * qn);
+    attention_forward_gpu(gout.p, gatt.p, gq.p, gk.p, gv.p, gkp.p, gvp.p, B, T, H, R, hd, scratch.p, ctx().blas, ctx().stream);
+    double e1 = err_of(gout.get(), out), e2 = err_of(gatt.get(), att);
+    CHECK(e1 < TOL_FWD && e2 < TOL_FWD, "attention forward B=%d T=%d H=%d R=%d: out %.2e, att %.2e", B, T, H, R, e1, e2);
+    std::vector<float> dq(qn), dk = dk0, dv = dv0;
+    attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), kt.data(), vt.data(), dkt.data(), dvt.data(), dout.data(), q.data(),
+                       k.data(), v.data(), att.data(), B, T, H, R, hd);
+    DevF gdq(qn), gdk(dk0), gdv(dv0), gdout(dout);
+    attention_backward_gpu(gdq.p, gdk.p, gdv.p, gdatt.p, gkp.p, gvp.p, gdkp.p, gdvp.p, gdout.p, gq.p, gk.p, gv.p, gatt.p, B, T, H, R, hd,
+                           scratch.p, ctx().blas, ctx().stream);
+    double e3 = err_of(gdq.get(), dq), e4 = err_of(gdk.get(), dk), e5 = err_of(gdv.get(), dv);
+    CHECK(e3 < TOL_BWD && e4 < TOL_BWD && e5 < TOL_BWD, "attention backward B=%d T=%d H=%d R=%d: dq %.2e, dk %.2e, dv %.2e", B, T, H, R, e3,
+          e4, e5);
+}
+TEST(gpu_attention_matches_cpu_gqa_T13) { NEED_GPU(); check_attention(2, 13, 4, 2, 6); }
+TEST(gpu_attention_matches_cpu_full_T13) { NEED_GPU(); check_attention(2, 13, 2, 2, 4); }
+TEST(gpu_attention_matches_cpu_R1) { NEED_GPU(); check_attention(2, 13, 3, 1, 4); }
+TEST(gpu_attention_matches_cpu_larger) { NEED_GPU(); check_attention(3, 40, 4, 2, 8); }
+
+TEST(gpu_swiglu_matches_cpu) {
+    NEED_GPU();
+    size_t n = 26 * 40;
+    auto gate = randv(n, 1, 4.0f), up = randv(n, 2), dh = randv(n, 3);
+    std::vector<float> h(n), dgate(n), dup(n);
+    swiglu_forward(h.data(), gate.data(), up.data(), n);
+    swiglu_backward(dgate.data(), dup.data(), dh.data(), gate.data(), up.data(), n);
+    DevF gg(gate), gu(up), gdh(dh), gh(n), gdg(n), gdu(n);
+    swiglu_forward_gpu(gh.p, gg.p, gu.p, n, ctx().stream);
+    swiglu_backward_gpu(gdg.p, gdu.p, gdh.p, gg.p, gu.p, n, ctx().stream);
+    double e1 = err_of(gh.get(), h), e2 = err_of(gdg.get(), dgate), e3 = err_of(gdu.get(), dup);
+    CHECK(e1 < TOL_FWD && e2 < TOL_BWD && e3 < TOL_BWD, "swiglu: h %.2e, dgate %.2e, dup %.2e", e1, e2, e3);
+}
+
+static void check_crossentropy(const std::vector<float>& mask) {
+    int N = (int)mask.size(), V = 11;
+    auto logits = randv((size_t)N * V, 1, 3.0f);
+    auto targets = randi(N, 2, V);
+    std::vector<float> probs((size_t)N * V), nll(N);
+    float loss = crossentropy_forward(probs.data(), nll.data(), logits.data(), targets.data(), mask.data(), N, V);
+    crossentropy_backward(probs.data(), targets.data(), mask.data(), N, V);
+    DevF gl(logits), gm(mask), gp(probs.size()), gn(N), gmet(sizeof(Metrics) / sizeof(float));
+    DevBuf<int> gt(targets);
+    Metrics* met = (Metrics*)gmet.p;
+    crossentropy_forward_gpu(gp.p, gn.p, gl.p, gt.p, gm.p, N, V, met, ctx().stream);
+    std::vector<float> m = gmet.get();
+    float gloss = m[0];
+    double e1 = err_of(gn.get(), nll), e2 = std::fabs(gloss - loss) / std::max(1e-30f, std::fabs(loss));
+    if (loss == 0) e2 = std::fabs(gloss);
+    CHECK(e1 < TOL_FWD && e2 < TOL_FWD, "crossentropy forward: nll %.2e, loss %g vs %g", e1, gloss, loss);
+    crossentropy_backward_gpu(gp.p, gt.p, gm.p, N, V, met, ctx().stream);
+    std::vector<float> gd = gp.get();
+    double e3 = err_of(gd, probs);
+    CHECK(e3 < TOL_BWD, "crossentropy backward: rel err %.2e", e3);
+}
+TEST(gpu_crossentropy_matches_cpu_with_mask) {
+    NEED_GPU();
+    std::vector<float> mask(26, 1.0f);
+    for (int i = 0; i < 26; i += 3) mask[i] = 0;
+    check_crossentropy(mask);
+}
+TEST(gpu_crossentropy_all_masked_gives_zero) {
+    NEED_GPU();
+    check_crossentropy(std::vector<float>(13, 0.0f));
+}
+
+// ===========================================================================
+// The model through the public API. Compared with the CPU, the GPU's matrix
+// products run in plain float32 (gpu_set_tf32(false)); TF32 is the default.
+// ===========================================================================
+
+static Config tiny_config(Arch arch, int H, int R, int T) {
+    Config c;
+    c.V = 13;
+    c.L = 2;
+    c.d = 4 * H;
+    c.H = H;
+    c.R = R;
+    c.hd = 4;
+    c.F = 24;
+    c.T = T;
+    c.arch = arch;
+    return c;
+}
+
+struct Batch {
+    std::vector<int> tokens, targets;
+    std::vector<float> mask;
+};
+static Batch make_batch(int B, int T, int V, uint64_t seed) {
+    Batch b;
+    b.tokens = randi((size_t)B * T, seed, V);
+    b.targets = randi((size_t)B * T, seed + 1, V);
+    b.mask.assign((size_t)B * T, 1.0f);
+    for (int i = 0; i < B * T; i += 4) b.mask[i] = 0;  // some positions unscored
+    return b;
+}
+
+// Every AdamW group, clipping on and off, after the same gradients on both devices.
+TEST(gpu_adamw_and_grad_norm_match_cpu) {
+    NEED_GPU();
+    gpu_set_tf32(false);
+    Config c = tiny_config(ARCH_LIME, 4, 2, 7);
+    Model cpu, gpu;
+    CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU).empty(), "model_create failed");
+    model_init(&cpu, 3);
+    model_init(&gpu, 3);
+    AdamWConfig opt;
+    for (int step = 0; step < 3; step++) {
+        opt.grad_clip = step == 1 ? 0.0f : 0.5f;  // clipping, none, clipping
+        auto g = randv(cpu.n_params, 10 + step, 0.1f);
+        memcpy(cpu.grads, g.data(), g.size() * sizeof(float));
+        model_to_host(&gpu);
+        memcpy(gpu.grads, g.data(), g.size() * sizeof(float));
+        model_to_device(&gpu);
+        float n1 = model_update(&cpu, opt, 0.7f), n2 = model_update(&gpu, opt, 0.7f);
+        model_to_host(&gpu);
+        CHECK(std::fabs(n1 - n2) <= 1e-6f * n1, "step %d: norm %g (cpu) vs %g (gpu)", step + 1, n1, n2);
+        for (const TensorSpec& t : cpu.specs) {
+            double e = rel_err(gpu.params + t.offset, cpu.params + t.offset, t.numel);
+            double em = rel_err(gpu.m + t.offset, cpu.m + t.offset, t.numel), ev = rel_err(gpu.v + t.offset, cpu.v + t.offset, t.numel);
+            CHECK(e < TOL_BWD && em < TOL_BWD && ev < TOL_BWD, "step %d %s: params %.2e, m %.2e, v %.2e", step + 1, t.name.c_str(), e, em, ev);
+        }
+    }
+    model_free(&cpu);
+    model_free(&gpu);
+}
+
+static std::string fmt_err(double e) {
+    char buf[32];
+    snprintf(buf, sizeof buf, " (%.2e)", e);
+    return buf;
+}
+
+// The reference vectors through the GPU path: what ./lime verify --device gpu checks.
+static std::string golden_on_gpu(const std::string& path, bool tf32, std::string* worst) {
+    SafeTensors st;
+    std::string err = st_read(path, &st);
+    if (!err.empty()) return err;
+    Config c;
+    std::map<std::string, std::string> meta;
+    if (!(err = checkpoint_read_config(path, &c, &meta)).empty()) return err;
+    const StTensor* tk = st.find("batch.tokens");
+    if (!tk) return "no batch.tokens";
+    int B = (int)tk->shape[0], T = (int)tk->shape[1];
+    std::vector<int> tokens(B * T), targets(B * T);
+    std::vector<float> mask(B * T), want_loss(1), losses(3);
+    st_get_i32(st, "batch.tokens", {B, T}, tokens.data());
+    st_get_i32(st, "batch.targets", {B, T}, targets.data());
+    st_get_f32(st, "batch.mask", {B, T}, mask.data());
+    st_get_f32(st, "expect.loss", {1}, want_loss.data());
+    st_get_f32(st, "expect.losses", {3}, losses.data());
+    AdamWConfig opt;
+    std::pair<const char*, float*> keys[] = {{"lr", &opt.lr},       {"router_lr", &opt.router_lr}, {"weight_decay", &opt.weight_decay},
+                                             {"beta1", &opt.beta1}, {"beta2", &opt.beta2},         {"eps", &opt.eps},
+                                             {"grad_clip", &opt.grad_clip}};
+    for (auto& kv : keys) *kv.second = strtof(meta[kv.first].c_str(), nullptr);
+    double tol_fwd = tf32 ? 1e-2 : TOL_FWD, tol_bwd = tf32 ? 1e-2 : TOL_BWD, max_ratio = 0;
+    std::string fails;
+    auto check = [&](const std::string& what, const float* got, const std::string& name, size_t n, double tol) {
+        std::vector<float> want(n);
+        const StTensor* t = st.find(name);
+        if (!t) { fails += " missing " + name; return; }
+        if (!st_get_f32(st, name, t->shape, want.data()).empty()) { fails += " unreadable " + name; return; }
+        double e = rel_err(got, want.data(), n);
+        if (!(e < tol)) fails += " " + what + fmt_err(e);
+        if (e / tol > max_ratio) { max_ratio = e / tol; *worst = what; }
+    };
+    gpu_set_tf32(tf32);
+    Model m;
+    if (!(err = model_create(&m, c, B, DEVICE_GPU)).empty()) return err;
+    if (!(err = model_load(&m, path, false)).empty()) { model_free(&m); return err; }
+    float got_losses[3];
+    got_losses[0] = model_forward(&m, tokens.data(), targets.data(), mask.data(), B, T);
+    check("logits", model_logits(&m), "expect.logits", (size_t)B * T * c.V, tol_fwd);
+    check("loss", &got_losses[0], "expect.loss", 1, tol_fwd);
+    model_backward(&m);
+    model_to_host(&m);
+    for (const TensorSpec& t : m.specs) check("grad " + t.name, m.grads + t.offset, "expect.grad." + t.name, t.numel, tol_bwd);
+    for (int step = 1; step <= 3; step++) {
+        if (step > 1) {
+            got_losses[step - 1] = model_forward(&m, tokens.data(), targets.data(), mask.data(), B, T);
+            model_backward(&m);
+        }
+        model_update(&m, opt, 1.0f);
+        model_to_host(&m);
+        if (!tf32 && (step == 1 || step == 3))
+            for (const TensorSpec& t : m.specs)
+                check("step" + std::to_string(step) + " " + t.name, m.params + t.offset, "expect.step" + std::to_string(step) + "." + t.name,
+                      t.numel, tol_bwd);
+    }
+    std::vector<float> want(losses);
+    double e = rel_err(got_losses, want.data(), 3);
+    if (!(e < tol_fwd)) fails += " losses" + fmt_err(e);
+    model_free(&m);
+    gpu_set_tf32(true);
+    return fails.empty() ? "" : path + ":" + fails;
+}
+
+static const char* GOLDEN[] = {"tests/golden/llama_tiny.safetensors", "tests/golden/lime_tiny.safetensors", "tests/golden/lime_gqa.safetensors"};
+
+TEST(gpu_matches_reference_vectors_float32) {
+    NEED_GPU();
+    for (const char* path : GOLDEN) {
+        std::string worst, err = golden_on_gpu(path, false, &worst);
+        CHECK(err.empty(), "%s", err.c_str());
+    }
+}
+
+TEST(gpu_matches_reference_vectors_tf32) {
+    NEED_GPU();
+    for (const char* path : GOLDEN) {
+        std::string worst, err = golden_on_gpu(path, true, &worst);
+        CHECK(err.empty(), "%s", err.c_str());
+    }
+}
+
+// Trains two models, one per device (or both on the GPU, with and without
+// the graph), on the same batches; returns the loss and norm after each step.
+struct Run {
+    std::vector<float> losses, norms;
+    std::vector<float> params;
+};
+static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t seed, bool vary_shape = false) {
+    Run r;  // the caller picks the math mode (gpu_set_tf32)
+    int B = 3;
+    Model m;
+    std::string err = model_create(&m, c, B, dev);
+    if (!err.empty()) { fprintf(stderr, "%s\n", err.c_str()); return r; }
+    m.use_graph = graph;
+    model_init(&m, seed);
+    AdamWConfig opt;
+    for (int s = 0; s < steps; s++) {
+        int b = vary_shape && s % 2 ? 2 : B, T = vary_shape && s % 2 ? c.T - 2 : c.T;  // a second graph, then back
+        Batch batch = make_batch(b, T, c.V, 100 + s);
+        model_train_step(&m, batch.tokens.data(), batch.targets.data(), batch.mask.data(), b, T, opt, lr_factor(s + 1, 2, steps, SCHED_COSINE, 0.1f));
+        float loss, norm;
+        model_metrics(&m, &loss, &norm);
+        r.losses.push_back(loss);
+        r.norms.push_back(norm);
+    }
+    model_to_host(&m);
+    r.params.assign(m.params, m.params + 4 * m.n_params);  // params, grads, m, v
+    model_free(&m);
+    return r;
+}
+
+static void check_gpu_trains_like_cpu(Arch arch, int H, int R) {
+    Config c = tiny_config(arch, H, R, 9);
+    Run cpu = train_steps(c, DEVICE_CPU, false, 4, 5), gpu = train_steps(c, DEVICE_GPU, true, 4, 5);
+    CHECK(gpu.losses.size() == 4, "GPU training did not run");
+    for (int s = 0; s < 4; s++) {
+        double e = std::fabs(gpu.losses[s] - cpu.losses[s]) / cpu.losses[s];
+        CHECK(e < 1e-4, "%s step %d: loss %.7f (gpu) vs %.7f (cpu)", arch_name(arch), s + 1, gpu.losses[s], cpu.losses[s]);
+        double en = std::fabs(gpu.norms[s] - cpu.norms[s]) / cpu.norms[s];
+        CHECK(en < 1e-4, "%s step %d: norm %.7f (gpu) vs %.7f (cpu)", arch_name(arch), s + 1, gpu.norms[s], cpu.norms[s]);
+    }
+    size_t n = cpu.params.size() / 4;
+    double e = rel_err(gpu.params.data(), cpu.params.data(), n);
+    CHECK(e < TOL_BWD, "%s: parameters after 4 steps, rel err %.2e", arch_name(arch), e);
+}
+TEST(gpu_training_steps_match_cpu_lime_gqa) { NEED_GPU(); gpu_set_tf32(false); check_gpu_trains_like_cpu(ARCH_LIME, 4, 2); }
+TEST(gpu_training_steps_match_cpu_llama) { NEED_GPU(); gpu_set_tf32(false); check_gpu_trains_like_cpu(ARCH_LLAMA, 2, 2); }
+
+TEST(gpu_graph_replay_equals_plain_launches) {
+    NEED_GPU();
+    gpu_set_tf32(false);
+    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    Run graph = train_steps(c, DEVICE_GPU, true, 4, 7, true), plain = train_steps(c, DEVICE_GPU, false, 4, 7, true);
+    CHECK(graph.losses.size() == 4 && plain.losses.size() == 4, "training did not run");
+    CHECK(same_bits(graph.losses.data(), plain.losses.data(), 4), "losses differ: graph %.9g vs plain %.9g (step 1)", graph.losses[0],
+          plain.losses[0]);
+    CHECK(same_bits(graph.norms.data(), plain.norms.data(), 4), "gradient norms differ");
+    CHECK(same_bits(graph.params.data(), plain.params.data(), graph.params.size()), "parameters or optimiser state differ");
+}
+
+TEST(gpu_same_seed_gives_bit_identical_losses) {
+    NEED_GPU();
+    gpu_set_tf32(false);
+    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    Run a = train_steps(c, DEVICE_GPU, true, 3, 11);
+#ifdef LIME_EMU
+    emu::set_order(emu::RANDOM, 12345);  // the threads of every block in another order: same bits still
+#endif
+    Run b = train_steps(c, DEVICE_GPU, true, 3, 11);
+#ifdef LIME_EMU
+    emu::set_order(emu::FORWARD);
+#endif
+    CHECK(a.losses.size() == 3 && same_bits(a.losses.data(), b.losses.data(), 3), "losses differ between two runs with one seed");
+    CHECK(same_bits(a.params.data(), b.params.data(), a.params.size()), "parameters differ between two runs with one seed");
+}
+
+TEST(gpu_forward_without_targets_gives_cpu_logits) {
+    NEED_GPU();
+    gpu_set_tf32(false);
+    Config c = tiny_config(ARCH_LIME, 4, 1, 8);
+    Model cpu, gpu;
+    CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU).empty(), "model_create failed");
+    model_init(&cpu, 2);
+    model_init(&gpu, 2);
+    Batch b = make_batch(2, 5, c.V, 9);  // T = 5 < c.T
+    float l1 = model_forward(&cpu, b.tokens.data(), nullptr, nullptr, 2, 5), l2 = model_forward(&gpu, b.tokens.data(), nullptr, nullptr, 2, 5);
+    double e = rel_err(model_logits(&gpu), model_logits(&cpu), (size_t)2 * 5 * c.V);
+    CHECK(l1 == 0 && l2 == 0, "loss without targets: %g, %g", l1, l2);
+    CHECK(e < TOL_FWD, "logits: rel err %.2e", e);
+    model_free(&cpu);
+    model_free(&gpu);
+}
+
+TEST(gpu_checkpoints_load_on_either_device) {
+    NEED_GPU();
+    gpu_set_tf32(false);
+    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    Model gpu, cpu, back;
+    CHECK(model_create(&gpu, c, 3, DEVICE_GPU).empty() && model_create(&cpu, c, 3, DEVICE_CPU).empty() &&
+              model_create(&back, c, 3, DEVICE_GPU).empty(),
+          "model_create failed");
+    model_init(&gpu, 4);
+    AdamWConfig opt;
+    Batch b = make_batch(3, 9, c.V, 21);
+    for (int s = 0; s < 2; s++) model_train_step(&gpu, b.tokens.data(), b.targets.data(), b.mask.data(), 3, 9, opt, 1.0f);
+    std::string path = "build/test_gpu_checkpoint.safetensors";
+    std::string err = model_save(&gpu, path, {}, true);
+    CHECK(err.empty(), "save: %s", err.c_str());
+    CHECK((err = model_load(&cpu, path, true)).empty(), "load on the CPU: %s", err.c_str());
+    size_t n = cpu.n_params;
+    CHECK(cpu.step == 2 && same_bits(cpu.params, gpu.params, n) && same_bits(cpu.m, gpu.m, 2 * n),
+          "the CPU model (weights, AdamW state) differs from the GPU model it was saved from");
+    // and back: the CPU's checkpoint onto the GPU, then one more step on each
+    CHECK((err = model_save(&cpu, path, {}, true)).empty(), "save from the CPU: %s", err.c_str());
+    CHECK((err = model_load(&back, path, true)).empty(), "load on the GPU: %s", err.c_str());
+    model_train_step(&cpu, b.tokens.data(), b.targets.data(), b.mask.data(), 3, 9, opt, 1.0f);
+    model_train_step(&back, b.tokens.data(), b.targets.data(), b.mask.data(), 3, 9, opt, 1.0f);
+    float l1, l2, n1, n2;
+    model_metrics(&cpu, &l1, &n1);
+    model_metrics(&back, &l2, &n2);
+    CHECK(std::fabs(l1 - l2) < 1e-4f * l1, "loss after resuming: %g (cpu) vs %g (gpu)", l1, l2);
+    remove(path.c_str());
+    model_free(&gpu);
+    model_free(&cpu);
+    model_free(&back);
+}
+
+TEST(gpu_too_big_a_batch_is_refused_with_the_sizes) {
+    NEED_GPU();
+    Config c = tiny_config(ARCH_LLAMA, 4, 4, 1024);
+    Model m;
+    std::string err = model_create(&m, c, 8192, DEVICE_GPU);  // attention probabilities alone: ~275 GB
+    CHECK(err.find("needs ") == 0 && err.find("GB of GPU memory, the device has") != std::string::npos &&
+              err.find("lower --batch or --seq-len") != std::string::npos,
+          "unexpected answer: '%s'", err.c_str());
+    model_free(&m);
+}
+
+TEST(gpu_tf32_switch_changes_the_products_only_slightly) {
+    NEED_GPU();
+    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    gpu_set_tf32(false);
+    Run exact = train_steps(c, DEVICE_GPU, true, 2, 3);
+    gpu_set_tf32(true);
+    Run tf32 = train_steps(c, DEVICE_GPU, true, 2, 3);
+    CHECK(exact.losses.size() == 2 && tf32.losses.size() == 2, "training did not run");
+    double e = std::fabs(exact.losses[0] - tf32.losses[0]) / exact.losses[0];
+    CHECK(e < 1e-2, "TF32 loss %g vs float32 %g", tf32.losses[0], exact.losses[0]);
+#ifdef LIME_EMU
+    CHECK(exact.losses[0] != tf32.losses[0], "the TF32 switch changed nothing");  // the harness rounds TF32 inputs as tensor cores do
+#endif
+}
+
+#ifdef LIME_EMU
+// The harness can pretend there is no device: the message names the cause and the way out.
+TEST(gpu_absent_device_is_reported_clearly) {
+    setenv("LIME_EMU_NO_DEVICE", "1", 1);
+    std::string why;
+    bool ok = gpu_available(&why);
+    Model m;
+    std::string err = model_create(&m, tiny_config(ARCH_LIME, 4, 2, 9), 2, DEVICE_GPU);
+    model_free(&m);
+    unsetenv("LIME_EMU_NO_DEVICE");
+    CHECK(!ok, "gpu_available said yes with no device");
+    CHECK(why.find("no CUDA device found (cudaGetDeviceCount: ") == 0 && why.find("use --device cpu") != std::string::npos, "message: '%s'",
+          why.c_str());
+    CHECK(err == why, "model_create answered '%s'", err.c_str());
+}
+#endif
