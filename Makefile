@@ -54,7 +54,7 @@ emu: lime-emu
 lime-emu: train.cpp $(B)/lime_emu.o $(HOST_SRC) $(HEADERS)
 	$(CXX) $(TESTFLAGS) train.cpp $(HOST_SRC) $(B)/lime_emu.o -o $@
 
-CPU_TESTS = tests/test_model.cpp tests/test_safetensors.cpp tests/test_data.cpp tests/test_prosqa.cpp tests/test_stats.cpp tests/test_plot.cpp
+CPU_TESTS = tests/test_model.cpp tests/test_safetensors.cpp tests/test_data.cpp tests/test_prosqa.cpp tests/test_stats.cpp tests/test_plot.cpp tests/test_checkpoint.cpp
 # tests/test_model.cpp includes lime.cu itself, to reach the static ops.
 $(B)/test_cpu: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(HOST_SRC) $(HEADERS) | $(B)
 	$(CXX) $(TESTFLAGS) $(CPU_TESTS) tests/test_main.cpp $(HOST_SRC) -o $@
@@ -116,7 +116,8 @@ $(B)/lime_asan.o: lime.cu $(HEADERS) | $(B)
 	$(CXX) $(ASANFLAGS) -x c++ -c lime.cu -o $@
 $(B)/lime-asan: train.cpp cli.h $(B)/lime_asan.o $(HOST_SRC) $(HEADERS)
 	$(CXX) $(ASANFLAGS) train.cpp $(HOST_SRC) $(B)/lime_asan.o -o $@
-test-asan: $(B)/test_cpu_asan $(B)/lime-asan
+test-asan:
+	$(MAKE) -j2 $(B)/test_cpu_asan $(B)/lime-asan
 	bash tests/run_asan.sh
 
 # Fuzzing with libFuzzer (clang++; Debian/Ubuntu: packages clang-14 and

@@ -1889,6 +1889,22 @@ std::string config_from_json(const std::string& text, Config* c) {
     return config_check(*c);
 }
 
+std::string config_diff(const Config& a, const Config& b) {
+    // the fields of config_to_json, compared as they are written there
+    auto fields = [](const Config& c) {
+        Json j;
+        json_parse(config_to_json(c), &j);
+        return j.obj;
+    };
+    std::vector<std::pair<std::string, Json>> fa = fields(a), fb = fields(b);
+    std::string out;
+    for (size_t i = 0; i < fa.size() && i < fb.size(); i++) {
+        std::string va = json_dump(fa[i].second), vb = json_dump(fb[i].second);
+        if (va != vb) out += (out.empty() ? "" : ", ") + fa[i].first + " " + va + " vs " + vb;
+    }
+    return out;
+}
+
 // --- the checksum ------------------------------------------------------------
 // model_save stores "checksum": "fnv1a64:" + 16 hex digits in the metadata:
 // FNV-1a 64 (st_checksum) of a listing that names, in name order, every
@@ -1981,7 +1997,7 @@ std::string model_load(Model* m, const std::string& path, bool with_optim) {
     err = config_from_json(it->second, &fc);
     if (!err.empty()) return path + ": " + err;
     if (config_to_json(fc) != config_to_json(m->c))
-        return path + ": holds a different model (" + config_to_json(fc) + ") than expected (" + config_to_json(m->c) + ")";
+        return path + ": holds a different model than expected (" + config_diff(fc, m->c) + ", in the file vs expected)";
     for (const TensorSpec& t : m->specs) {
         std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
         err = st_get_f32(st, t.name, shape, m->params + t.offset);

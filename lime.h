@@ -125,6 +125,9 @@ std::string config_to_json(const Config& c);
 std::string config_from_json(const std::string& json, Config* c);  // "" or error
 // Writes to PATH.tmp, then renames. with_optim adds optim.m.*, optim.v.*, optim.step.
 std::string model_save(Model* m, const std::string& path, const std::map<std::string, std::string>& meta, bool with_optim);
+// "" when a and b describe the same model, else the fields that differ,
+// e.g. "architecture lime vs llama, hidden_size 16 vs 32".
+std::string config_diff(const Config& a, const Config& b);
 // Reads the config from a checkpoint without loading it.
 std::string checkpoint_read_config(const std::string& path, Config* c, std::map<std::string, std::string>* meta);
 // Loads weights (and optimiser state when with_optim) into a model created with the file's config.

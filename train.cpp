@@ -280,6 +280,18 @@ static void check_train_combinations(Args& a, const std::set<std::string>& user,
         a.fail("--val-frac 0 leaves no validation text to evaluate on; use e.g. 0.1");
 }
 
+// A resumed run keeps its task: another --ops or --train-size would quietly
+// train the rest of the run on other data. (--lr, --steps and the reporting
+// flags may change; the shape flags are checked against the checkpoint.)
+static void refuse_task_change(const Args& a, const std::map<std::string, std::string>& saved) {
+    for (const FlagSpec& f : TASK_FLAGS) {
+        auto it = saved.find(f.name);
+        if (a.has(f.name) && it != saved.end() && a.str(f.name) != it->second)
+            die("train", std::string("--") + f.name + " " + a.str(f.name) + " differs from the run being resumed (" + it->second +
+                             "): a resumed run keeps its task; start a new run to change it");
+    }
+}
+
 // --- training guards ---------------------------------------------------------
 // SIGINT (Ctrl-C) and SIGTERM only set this flag; the loop finishes its step,
 // saves a checkpoint and exits. SA_RESETHAND: a second signal kills at once.
@@ -347,6 +359,7 @@ static int cmd_train(int argc, char** argv) {
         std::map<std::string, std::string> saved;
         if (!resumed_meta.count("args") || !settings_from_json(resumed_meta["args"], &saved).empty())
             die("train", a.str("resume") + " was not written by ./lime train (no training arguments in it); it can be loaded by eval, not resumed");
+        refuse_task_change(a, saved);
         for (auto& kv : saved)
             if (!a.has(kv.first) && kv.first != "resume") { a.values[kv.first] = {kv.second}; a.given.insert(kv.first); }
     }
@@ -399,7 +412,8 @@ static int cmd_train(int argc, char** argv) {
     int start_step = 0;
     if (a.has("resume")) {
         if (config_to_json(resumed) != config_to_json(c))
-            die("train", "--resume " + a.str("resume") + " holds a different model than these flags describe; drop the shape flags or start a new run");
+            die("train", "--resume " + a.str("resume") + " holds a different model than these flags describe (" + config_diff(resumed, c) +
+                             ", in the file vs the flags); drop the shape flags or start a new run");
         err = model_load(&m, a.str("resume"), true);
         if (!err.empty()) die("train", err);
         // the loop's step; m.step counts the updates applied, fewer when steps were skipped

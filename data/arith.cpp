@@ -145,6 +145,11 @@ struct Parser {
     std::string err;                          // first error
     bool div_zero = false;                    // that error is a division by zero
     bool allow_div0 = false;                  // syntax only: x / 0 gives 0, no error
+    int depth = 0;                            // brackets open at pos
+    // Each open bracket is a level of recursion: without a cap, a line of
+    // 100,000 "(" (a model's output, say) would overflow the stack. The
+    // generator's lines never nest deeper than their 64 operators.
+    static constexpr int MAX_DEPTH = 256;
 
     Parser(const std::vector<std::string>& toks, uint64_t mod, uint64_t lim, const std::vector<uint64_t>* s)
         : t(toks), m(mod), limit(lim), subst(s) {}
@@ -184,10 +189,13 @@ struct Parser {
         if (!err.empty()) return 0;
         if (pos >= t.size()) { fail("the expression ends early" + where()); return 0; }
         if (t[pos] == "(") {
+            if (depth == MAX_DEPTH) { fail("brackets nested deeper than " + std::to_string(MAX_DEPTH) + where()); return 0; }
+            depth++;
             pos++;
             uint64_t v = expr();
             if (err.empty() && peek() != RPAREN) fail("expected ')'" + where());
             pos++;
+            depth--;
             return v;
         }
         uint64_t v;

@@ -12,9 +12,18 @@
 //   2. as JSON text (json_parse): when it is accepted, json_dump gives text
 //      that parses to the same dump (a round trip);
 //   3. as a model config (config_from_json): when it is accepted, the
-//      config passes config_check.
+//      config passes config_check;
+//   4. as a checkpoint on disk, the way ./lime eval loads one:
+//      checkpoint_read_config (the checksum checked), then, for a small
+//      config, model_create and model_load; when model_load accepts the
+//      file, every weight it read is the file's.
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -71,10 +80,38 @@ static void as_config(const std::string& text) {
     if (config_from_json(text, &c).empty()) require(config_check(c).empty(), "config_from_json accepted a config that config_check refuses");
 }
 
+static void as_checkpoint(const uint8_t* data, size_t size) {
+    static const std::string path = std::string(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp") + "/fuzz_safetensors." +
+                                    std::to_string(getpid()) + ".safetensors";
+    FILE* f = fopen(path.c_str(), "wb");
+    require(f != nullptr, "cannot write the temporary file");
+    fwrite(data, 1, size, f);
+    fclose(f);
+    Config c;
+    std::map<std::string, std::string> meta;
+    if (!checkpoint_read_config(path, &c, &meta).empty()) return;
+    // small models only: a fuzzed config may ask for any size
+    if (param_count(c) > 100000 || c.T > 64 || c.L > 8 || c.H > 16 || c.V > 4096) return;
+    Model m;
+    if (model_create(&m, c, 1, DEVICE_CPU).empty() && model_load(&m, path, true).empty()) {
+        SafeTensors st;
+        require(st_read(path, &st).empty(), "model_load accepted a file st_read refuses");
+        std::vector<float> w;
+        for (const TensorSpec& t : m.specs) {
+            w.resize(t.numel);
+            require(st_get_f32(st, t.name, std::vector<int64_t>(t.shape.begin(), t.shape.end()), w.data()).empty() &&
+                        std::equal(w.begin(), w.end(), m.params + t.offset, [](float a, float b) { return memcmp(&a, &b, 4) == 0; }),
+                    "model_load's weights differ from the file's");
+        }
+    }
+    model_free(&m);
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     as_safetensors(data, size);
     std::string text((const char*)data, size);
     as_json(text);
     as_config(text);
+    as_checkpoint(data, size);
     return 0;
 }

@@ -16,7 +16,7 @@ for bin in "$@"; do
     name=${bin##*/fuzz_}
     mkdir -p "$scratch/$name"
     log=build/fuzz-artifacts/$name.log
-    "$bin" "$scratch/$name" "tests/fuzz_corpus/$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+    TMPDIR=$scratch "$bin" "$scratch/$name" "tests/fuzz_corpus/$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
         -max_len=8192 -print_final_stats=1 -artifact_prefix=build/fuzz-artifacts/"$name"- >"$log" 2>&1
     rc=$?
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")

@@ -627,3 +627,19 @@ TEST(text_load_refusals) {
     err = text_load(write_temp("short3", std::string(18, 'x')), 8, 0.1, &d);
     CHECK(err.find("raise val_frac") != std::string::npos, "validation tail too short: '%s'", err.c_str());
 }
+
+// Brackets nested 100,000 deep used to overflow the parser's stack (found
+// while writing tests/fuzz_tasks.cpp); now they are refused with a line.
+TEST(arith_eval_refuses_deep_brackets) {
+    std::vector<std::string> e(100000, "(");
+    e.push_back("1");
+    e.insert(e.end(), 100000, ")");
+    int v = -1;
+    std::string err = arith_eval(e, 11, &v);
+    CHECK(err.find("nested deeper") != std::string::npos, "100,000 nested brackets: '%s'", err.c_str());
+    std::vector<std::string> ok(64, "(");
+    ok.push_back("3");
+    ok.insert(ok.end(), 64, ")");
+    err = arith_eval(ok, 11, &v);
+    CHECK(err.empty() && v == 3, "64 nested brackets: '%s', value %d", err.c_str(), v);
+}

@@ -71,6 +71,7 @@ bad train_text_file_missing   "cannot open"        train --task text --text-file
 bad train_resume_missing      "no such file"       train --resume "$tmp/nope.safetensors"
 bad train_resume_final_model  "resuming needs"     train --resume "$M" --out "$tmp/cwd/x"
 bad train_resume_other_shape  "different model"    train --resume "$C" --dim 32 --out "$tmp/cwd/x"
+bad train_resume_other_task   "keeps its task"     train --resume "$C" --ops 3 --out "$tmp/cwd/x"
 # --- sample
 bad sample_no_prompt          "needs --prompt"     sample --load "$M"
 bad sample_empty_prompt       "empty"              sample --load "$M" --prompt ""

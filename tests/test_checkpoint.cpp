@@ -1,0 +1,167 @@
+// tests/test_checkpoint.cpp — checkpoints that survive: model_save's
+// checksum, its check on load (a flipped bit in the data or the metadata is
+// refused; a file without a checksum still loads), and the training guards'
+// model_first_nonfinite. The public API only (lime.h, safetensors.h).
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "lime.h"
+#include "safetensors.h"
+#include "test.h"
+
+namespace {
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+Config tiny_config() {
+    Config c;
+    c.V = 11; c.L = 2; c.d = 8; c.H = 2; c.R = 1; c.hd = 4; c.F = 12; c.T = 6;
+    c.arch = ARCH_LIME;
+    return c;
+}
+
+// A scratch file name, removed with its .tmp by the destructor.
+struct TmpFile {
+    std::string path;
+    TmpFile() {
+        char tmpl[] = "/tmp/lime_ckpt_test_XXXXXX";
+        int fd = mkstemp(tmpl);
+        if (fd >= 0) close(fd);
+        path = tmpl;
+    }
+    ~TmpFile() { remove(path.c_str()); remove((path + ".tmp").c_str()); }
+};
+
+std::vector<char> read_all(const std::string& path) {
+    std::vector<char> bytes;
+    FILE* f = fopen(path.c_str(), "rb");
+    if (!f) return bytes;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) bytes.insert(bytes.end(), buf, buf + n);
+    fclose(f);
+    return bytes;
+}
+
+void write_all(const std::string& path, const std::vector<char>& bytes) {
+    FILE* f = fopen(path.c_str(), "wb");
+    if (!f) return;
+    fwrite(bytes.data(), 1, bytes.size(), f);
+    fclose(f);
+}
+
+// A saved tiny model: m (initialised, with some optimiser state) and its file.
+struct Saved {
+    Model m;
+    TmpFile file;
+    std::string err;
+    Saved() {
+        err = model_create(&m, tiny_config(), 2, DEVICE_CPU);
+        if (!err.empty()) return;
+        model_init(&m, 7);
+        for (size_t i = 0; i < m.n_params; i++) { m.m[i] = 0.01f * (float)i; m.v[i] = 0.001f; }
+        m.step = 3;
+        err = model_save(&m, file.path, {{"data_pos", "12"}}, true);
+    }
+    ~Saved() { model_free(&m); }
+};
+
+}  // namespace
+
+TEST(checkpoint_has_checksum_and_loads) {
+    Saved s;
+    CHECK(s.err.empty(), "save: %s", s.err.c_str());
+    SafeTensors st;
+    std::string err = st_read(s.file.path, &st);
+    CHECK(err.empty(), "st_read: %s", err.c_str());
+    auto it = st.meta.find("checksum");
+    CHECK(it != st.meta.end(), "no \"checksum\" in the metadata");
+    CHECK(it->second.size() == 8 + 16 && it->second.rfind("fnv1a64:", 0) == 0, "checksum \"%s\" is not fnv1a64:<16 hex>", it->second.c_str());
+    Model m2;
+    CHECK(model_create(&m2, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
+    err = model_load(&m2, s.file.path, true);
+    bool same = err.empty() && m2.step == 3;
+    for (size_t i = 0; same && i < m2.n_params; i++) same = m2.params[i] == s.m.params[i] && m2.m[i] == s.m.m[i];
+    model_free(&m2);
+    CHECK(err.empty(), "model_load: %s", err.c_str());
+    CHECK(same, "the loaded weights or optimiser state differ from the saved ones");
+}
+
+TEST(checkpoint_flipped_data_bit_refused) {
+    Saved s;
+    CHECK(s.err.empty(), "save: %s", s.err.c_str());
+    std::vector<char> bytes = read_all(s.file.path);
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++) hlen |= (uint64_t)(unsigned char)bytes[i] << (8 * i);
+    // one bit in the first weight, in the middle of the data, in the last byte
+    for (size_t off : {(size_t)(8 + hlen), (size_t)(8 + hlen + (bytes.size() - 8 - hlen) / 2), bytes.size() - 1}) {
+        std::vector<char> bad = bytes;
+        bad[off] ^= 0x10;
+        write_all(s.file.path, bad);
+        Config c;
+        std::string err = checkpoint_read_config(s.file.path, &c, nullptr);
+        CHECK(contains(err, "checksum does not match") && contains(err, "corrupt"), "byte %zu flipped: checkpoint_read_config says '%s'", off,
+              err.c_str());
+        Model m2;
+        CHECK(model_create(&m2, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
+        err = model_load(&m2, s.file.path, false);
+        model_free(&m2);
+        CHECK(contains(err, "checksum does not match"), "byte %zu flipped: model_load says '%s'", off, err.c_str());
+    }
+}
+
+// The checksum covers the metadata too: the same file with "data_pos" changed
+// (a valid header, the old checksum) is refused.
+TEST(checkpoint_changed_metadata_refused) {
+    Saved s;
+    CHECK(s.err.empty(), "save: %s", s.err.c_str());
+    std::vector<char> bytes = read_all(s.file.path);
+    std::string text(bytes.begin(), bytes.end());
+    size_t at = text.find("\"data_pos\":\"12\"");
+    CHECK(at != std::string::npos, "no data_pos in the header");
+    bytes[at + 13] = '3';  // "12" -> "13"
+    write_all(s.file.path, bytes);
+    Config c;
+    std::string err = checkpoint_read_config(s.file.path, &c, nullptr);
+    CHECK(contains(err, "checksum does not match"), "metadata changed: '%s'", err.c_str());
+}
+
+// Reference vectors and HF checkpoints carry no checksum: they load as before.
+TEST(checkpoint_without_checksum_loads) {
+    Saved s;
+    CHECK(s.err.empty(), "save: %s", s.err.c_str());
+    StWriter w;
+    w.meta["config"] = config_to_json(s.m.c);
+    for (const TensorSpec& t : s.m.specs)
+        w.add(t.name, "F32", std::vector<int64_t>(t.shape.begin(), t.shape.end()), s.m.params + t.offset, t.numel * sizeof(float));
+    TmpFile plain;
+    std::string err = st_write(plain.path, w);
+    CHECK(err.empty(), "st_write: %s", err.c_str());
+    Model m2;
+    CHECK(model_create(&m2, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
+    err = model_load(&m2, plain.path, false);
+    model_free(&m2);
+    CHECK(err.empty(), "a file without a checksum is refused: %s", err.c_str());
+}
+
+TEST(first_nonfinite_names_the_tensor) {
+    Model m;
+    CHECK(model_create(&m, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
+    model_init(&m, 1);
+    std::string clean_grads = model_first_nonfinite(&m, false), clean_params = model_first_nonfinite(&m, true);
+    const TensorSpec& t = m.specs[3];
+    m.grads[t.offset + t.numel - 1] = NAN;
+    std::string grads = model_first_nonfinite(&m, false);
+    m.params[t.offset] = -INFINITY;
+    std::string params = model_first_nonfinite(&m, true);
+    std::string name = t.name;
+    model_free(&m);
+    CHECK(clean_grads.empty() && clean_params.empty(), "a fresh model reports '%s' / '%s'", clean_grads.c_str(), clean_params.c_str());
+    CHECK(grads == name, "a NaN gradient in %s reported as '%s'", name.c_str(), grads.c_str());
+    CHECK(params == name, "an -Inf weight in %s reported as '%s'", name.c_str(), params.c_str());
+}
