@@ -3,6 +3,7 @@
 // errors, threads and device choice, timing and formatting.
 #pragma once
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
@@ -192,3 +193,12 @@ inline bool make_dir(const std::string& dir, std::string* err) {
 }
 
 inline std::string json_num(double v) { return fmt("%.9g", v); }
+
+// The directory this program lives in (where the repository's data/ is).
+inline std::string exe_dir() {
+    char path[4096];
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+    if (n <= 0) return ".";
+    std::string p(path, n);
+    return p.substr(0, p.find_last_of('/'));
+}

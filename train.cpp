@@ -21,7 +21,7 @@
 #endif
 
 #include "cli.h"
-#include "data/tasks.h"
+#include "data/task.h"
 #include "lime.h"
 #include "plot.h"
 #include "safetensors.h"
@@ -32,29 +32,33 @@
 // ===========================================================================
 
 static const std::vector<FlagSpec> TASK_FLAGS = {
-    {"task", "arith", "arith (TASKS.md 1) or text (TASKS.md 3)"},
+    {"task", "arith", "arith (TASKS.md 1), prosqa (2) or text (3)"},
     {"ops", "3", "arith: operators per question, the tier k"},
     {"modulus", "11", "arith: the prime p"},
     {"format", "chain", "arith: chain (chain of thought) or direct"},
-    {"train-size", "20000", "arith: training examples"},
-    {"test-size", "500", "arith: test examples"},
-    {"data-seed", "1", "arith: seed of the generated data"},
+    {"train-size", "20000", "arith, prosqa: training examples"},
+    {"test-size", "500", "arith, prosqa: test examples"},
+    {"data-seed", "1", "arith, prosqa: seed of the generated data"},
+    {"prosqa-test", "data/prosqa/prosqa_test.json", "prosqa: the real Coconut file scored on"},
     {"text-file", "", "text: a UTF-8 file to model byte by byte"},
     {"val-frac", "0.1", "text: held-out tail for validation"},
 };
 
-// A flag of the other task would be silently ignored: refuse it instead.
+// A flag of another task would be silently ignored: refuse it instead.
 static void refuse_flags_of_other_task(Args& a, const std::string& task) {
-    static const std::vector<std::string> arith_only = {"ops", "modulus", "format", "train-size", "test-size", "data-seed"};
-    static const std::vector<std::string> text_only = {"text-file", "val-frac", "seq-len"};
-    for (const std::string& f : task == "arith" ? text_only : arith_only)
-        if (a.has(f)) a.fail("--" + f + " is for --task " + (task == "arith" ? "text" : "arith") + "; drop it or add --task " +
-                             (task == "arith" ? "text" : "arith"));
+    static const std::map<std::string, std::vector<std::string>> owners = {
+        {"ops", {"arith"}}, {"modulus", {"arith"}}, {"format", {"arith"}}, {"train-size", {"arith", "prosqa"}},
+        {"test-size", {"arith", "prosqa"}}, {"data-seed", {"arith", "prosqa"}}, {"prosqa-test", {"prosqa"}},
+        {"text-file", {"text"}}, {"val-frac", {"text"}}, {"seq-len", {"text"}}};
+    for (auto& [flag, tasks] : owners) {
+        if (!a.has(flag) || std::find(tasks.begin(), tasks.end(), task) != tasks.end()) continue;
+        a.fail("--" + flag + " is for --task " + tasks[0] + "; drop it or add --task " + tasks[0]);
+    }
 }
 
 // Reads and checks the task flags; the values form the task's settings.
 static std::map<std::string, std::string> task_settings(Args& a) {
-    std::string task = a.choice("task", {"arith", "text"});
+    std::string task = a.choice("task", {"arith", "prosqa", "text"});
     refuse_flags_of_other_task(a, task);
     std::map<std::string, std::string> s = {{"task", task}};
     if (task == "arith") {
@@ -65,6 +69,13 @@ static std::map<std::string, std::string> task_settings(Args& a) {
         a.integer("test-size", 1, 1000000);
         a.integer("data-seed", 0, (long long)1 << 62);
         for (const char* k : {"ops", "modulus", "format", "train-size", "test-size", "data-seed"}) s[k] = a.str(k);
+    } else if (task == "prosqa") {
+        a.integer("train-size", 1, 10000000);
+        a.integer("test-size", 1, 1000000);
+        a.integer("data-seed", 0, (long long)1 << 62);
+        for (const char* k : {"train-size", "test-size", "data-seed", "prosqa-test"}) s[k] = a.str(k);
+        // the default test file lives in the repository: find it from elsewhere too
+        if (!a.has("prosqa-test") && access(s["prosqa-test"].c_str(), R_OK) != 0) s["prosqa-test"] = exe_dir() + "/" + s["prosqa-test"];
     } else {
         a.number("val-frac", 0.0, 0.9);
         s["text-file"] = a.str("text-file");
@@ -129,14 +140,16 @@ static void generate(Model* m, const Vocab& v, std::vector<std::vector<int>>* se
     }
 }
 
-struct ArithScore {
+struct Score {
     int n = 0, correct = 0, valid_chains = 0;
     double accuracy() const { return n ? (double)correct / n : 0; }
 };
 
-// Greedy decoding from each test prompt "E_k =" (TASKS.md 1, Scoring).
-static ArithScore score_arith(Model* m, const Task& t, int limit) {
-    ArithScore sc;
+// Greedy decoding from each test prompt, scored as its task says: arith
+// (TASKS.md 1), the token before the first <eos> is the answer; prosqa (2),
+// the text after the last '#' is the answer.
+static Score score_answers(Model* m, const Task& t, int limit) {
+    Score sc;
     int n = std::min((int)t.test->size(), limit > 0 ? limit : (int)t.test->size());
     std::vector<std::vector<int>> seqs(n);
     for (int i = 0; i < n; i++) {
@@ -149,6 +162,11 @@ static ArithScore score_arith(Model* m, const Task& t, int limit) {
         int prompt = (*t.test)[i].loss_start;
         std::vector<int> gen(seqs[i].begin() + prompt, seqs[i].end());
         sc.n++;
+        if (t.kind == "prosqa") {
+            size_t end = std::find(gen.begin(), gen.end(), t.vocab.eos) - gen.begin();
+            sc.correct += prosqa_correct(prosqa_detokenize(t.vocab, gen.data(), (int)end), t.prosqa.test_answers[i]);
+            continue;
+        }
         sc.correct += arith_correct(t.vocab, gen, t.arith.test_answers[i]);
         if (t.arith.s.chain) sc.valid_chains += arith_chain_quality(t.vocab, seqs[i], t.arith.s.p).all_valid;
     }
@@ -256,8 +274,8 @@ static void evaluate(Model* m, const Task& t, int step, int eval_size, Logger* l
     std::string msg = "eval step " + std::to_string(step) + " | val loss " + fmt("%.4f", *val_loss);
     std::string json = "{\"type\": \"eval\", \"step\": " + std::to_string(step) + ", \"val_loss\": " + json_num(*val_loss);
     *acc = -1;
-    if (t.kind == "arith") {
-        ArithScore sc = score_arith(m, t, eval_size);
+    if (t.kind != "text") {
+        Score sc = score_answers(m, t, eval_size);
         *acc = sc.accuracy();
         msg += " | accuracy " + fmt("%.1f%%", 100 * *acc) + " of " + std::to_string(sc.n);
         json += ", \"accuracy\": " + json_num(*acc) + ", \"n\": " + std::to_string(sc.n);
@@ -546,7 +564,7 @@ static int cmd_train(int argc, char** argv) {
     double seconds = (now_ms() - t_start) / 1000;
     err = model_save(&m, out + "/model.safetensors", meta(), false);
     if (!err.empty()) die("train", err);
-    evaluate(&m, task, s.steps, task.kind == "arith" ? 0 : s.eval_size, &log, &val_loss, &acc);
+    evaluate(&m, task, s.steps, task.kind != "text" ? 0 : s.eval_size, &log, &val_loss, &acc);
     printf("done: %s, %d steps in %s, val loss %.4f", arch_name(c.arch), s.steps - start_step, duration_str(seconds).c_str(), val_loss);
     if (acc >= 0) printf(", accuracy %.1f%%", 100 * acc);
     printf("; wrote %s/model.safetensors\n", out.c_str());
@@ -586,7 +604,7 @@ static std::string load_checkpoint(const std::string& path, Device dev, int B, L
     } else {
         out->task.kind = ts["task"];
         out->task.settings = ts;
-        out->task.vocab = ts["task"] == "text" ? text_vocab() : arith_vocab(atoi(ts["modulus"].c_str()));
+        out->task.vocab = ts["task"] == "text" ? text_vocab() : ts["task"] == "prosqa" ? prosqa_vocab() : arith_vocab(atoi(ts["modulus"].c_str()));
     }
     return "";
 }
@@ -622,8 +640,13 @@ static int cmd_eval(int argc, char** argv) {
         double loss = mean_loss(&ld.m, *ld.task.test, ld.task.T, ld.task.vocab.pad, n);
         entry += ", \"loss\": " + json_num(loss);
         char row[512];
-        if (ld.task.kind == "arith") {
-            ArithScore sc = score_arith(&ld.m, ld.task, n);
+        if (ld.task.kind == "prosqa") {
+            Score sc = score_answers(&ld.m, ld.task, n);
+            entry += ", \"accuracy\": " + json_num(sc.accuracy()) + ", \"n\": " + std::to_string(sc.n);
+            snprintf(row, sizeof row, "%-6s %-40s prosqa accuracy %6.2f%% (%d/%d)  test loss %.4f", name.c_str(), path.c_str(),
+                     100 * sc.accuracy(), sc.correct, sc.n, loss);
+        } else if (ld.task.kind == "arith") {
+            Score sc = score_answers(&ld.m, ld.task, n);
             entry += ", \"ops\": " + ld.task.settings["ops"] + ", \"accuracy\": " + json_num(sc.accuracy()) + ", \"n\": " +
                      std::to_string(sc.n);
             if (ld.task.arith.s.chain) entry += ", \"valid_chains\": " + json_num((double)sc.valid_chains / std::max(1, sc.n));
@@ -675,7 +698,7 @@ static int cmd_sample(int argc, char** argv) {
     std::string err = load_checkpoint(a.str("load"), dev, 1, &ld, false);
     if (!err.empty()) die("sample", err);
     std::vector<std::vector<int>> seqs(1);
-    err = ld.task.vocab.encode(a.str("prompt"), &seqs[0]);
+    err = ld.task.kind == "prosqa" ? prosqa_tokenize(ld.task.vocab, a.str("prompt"), &seqs[0]) : ld.task.vocab.encode(a.str("prompt"), &seqs[0]);
     if (!err.empty()) die("sample", "--prompt: " + err);
     if (seqs[0].empty()) die("sample", "--prompt is empty");
     if ((int)seqs[0].size() > ld.m.c.T)
@@ -684,7 +707,9 @@ static int cmd_sample(int argc, char** argv) {
     generate(&ld.m, ld.task.vocab, &seqs, max_new, temperature, &rng);
     std::vector<int> gen(seqs[0].begin() + prompt, seqs[0].end());
     if (!gen.empty() && gen.back() == ld.task.vocab.eos) gen.pop_back();
-    printf("%s\n", ld.task.vocab.decode(gen.data(), (int)gen.size()).c_str());
+    std::string text = ld.task.kind == "prosqa" ? prosqa_detokenize(ld.task.vocab, gen.data(), (int)gen.size())
+                                                : ld.task.vocab.decode(gen.data(), (int)gen.size());
+    printf("%s\n", text.c_str());
     model_free(&ld.m);
     return 0;
 }
@@ -706,7 +731,8 @@ static int cmd_data(int argc, char** argv) {
     if (!err.empty()) die("data", err);
     const std::vector<Sequence>& seqs = split == "train" ? *t.train : *t.test;
     for (int i = 0; i < n && i < (int)seqs.size(); i++)
-        printf("%s\n", t.vocab.decode(seqs[i].tokens.data(), (int)seqs[i].tokens.size()).c_str());
+        printf("%s\n", t.kind == "prosqa" ? prosqa_detokenize(t.vocab, seqs[i].tokens.data(), (int)seqs[i].tokens.size()).c_str()
+                                        : t.vocab.decode(seqs[i].tokens.data(), (int)seqs[i].tokens.size()).c_str());
     return 0;
 }
 

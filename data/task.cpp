@@ -1,7 +1,8 @@
 // data/task.cpp — a task built from its settings (see data/tasks.h, Task).
+#include <algorithm>
 #include <cstdlib>
 
-#include "data/tasks.h"
+#include "data/task.h"
 #include "safetensors.h"
 
 std::string task_build(const std::map<std::string, std::string>& s, int text_T, Task* t) {
@@ -25,6 +26,19 @@ std::string task_build(const std::map<std::string, std::string>& s, int text_T, 
         t->T = t->arith.seq_len;
         return "";
     }
+    if (t->kind == "prosqa") {
+        std::string err = prosqa_build(atoi(get("train-size").c_str()), strtoull(get("data-seed").c_str(), nullptr, 10),
+                                       get("prosqa-test"), &t->prosqa);
+        if (!err.empty()) return err;
+        size_t keep = std::min(t->prosqa.test.size(), (size_t)atoi(get("test-size").c_str()));
+        t->prosqa.test.resize(keep);
+        t->prosqa.test_answers.resize(keep);
+        t->vocab = t->prosqa.vocab;
+        t->train = &t->prosqa.train;
+        t->test = &t->prosqa.test;
+        t->T = t->prosqa.seq_len;
+        return "";
+    }
     if (t->kind == "text") {
         std::string path = get("text-file");
         if (path.empty()) return "--task text needs --text-file FILE (any UTF-8 text)";
@@ -37,7 +51,7 @@ std::string task_build(const std::map<std::string, std::string>& s, int text_T, 
         t->settings["seq-len"] = std::to_string(text_T);
         return "";
     }
-    return "--task '" + t->kind + "' is not one of arith|text";
+    return "--task '" + t->kind + "' is not one of arith|prosqa|text";
 }
 
 std::string settings_to_json(const std::map<std::string, std::string>& s) {

@@ -177,25 +177,3 @@ Vocab text_vocab();
 // validation. Each part is cut into windows of T+1 bytes with stride T, so
 // every byte after the first of a part is a target exactly once.
 std::string text_load(const std::string& path, int T, double val_frac, TextData* out);
-
-// ---------------------------------------------------------------------------
-// A task as a run sees it (data/task.cpp): built from its settings, the
-// string map that flags give and that checkpoints store in their metadata
-// ("task": {"task": "arith", "ops": "3", ...}), so a checkpoint rebuilds it.
-
-struct Task {
-    std::string kind;                       // "arith" or "text"
-    ArithData arith;
-    TextData text;
-    Vocab vocab;
-    const std::vector<Sequence>* train = nullptr;
-    const std::vector<Sequence>* test = nullptr;
-    int T = 0;                               // positions a model needs
-    std::map<std::string, std::string> settings;  // what rebuilds it: stored in checkpoints
-};
-
-// "" or one line naming the problem. text_T: window length of the text task.
-std::string task_build(const std::map<std::string, std::string>& settings, int text_T, Task* t);
-std::string settings_to_json(const std::map<std::string, std::string>& s);
-std::string settings_from_json(const std::string& text, std::map<std::string, std::string>* s);
-std::string vocab_to_json(const Vocab& v);  // the token strings in id order, a JSON list

@@ -41,6 +41,29 @@ if echo "$out" | grep -q '"accuracy": ' && echo "$out" | grep -q '"arch": "lime"
 out=$($LIME sample --load "$tmp/run/model.safetensors" --prompt "3 + 4 * 2 =" --max-new 5 2>&1)
 if [ $? -eq 0 ] && [ -n "$(echo "$out" | tail -1)" ]; then pass sample_prints_continuation; else fail sample_prints_continuation "$out"; fi
 
+# --- ProsQA (TASKS.md 2): generated training graphs, the real test file, exact-match scoring
+if $LIME train --task prosqa --train-size 64 --test-size 4 --layers 1 --dim 16 --heads 2 --ffn 32 --batch 8 --steps 3 --threads 2 \
+        --quiet --out "$tmp/prosqa" >"$tmp/prosqa.out" 2>&1 &&
+    $LIME eval --load "$tmp/prosqa/model.safetensors" --json 2>&1 | grep -q '"task": "prosqa".*"n": 4'; then
+    pass prosqa_trains_and_scores
+else
+    fail prosqa_trains_and_scores "$(tail -3 "$tmp/prosqa.out")"
+fi
+
+# --- compare and analyze: a tiny study end to end, its report and figures
+if $LIME compare --preset tiny --out "$tmp/study" >"$tmp/study.out" 2>&1 && grep -q "LIMe minus LLaMa" "$tmp/study/report.md" &&
+    [ -s "$tmp/study/accuracy.png" ] && [ "$(head -c 4 "$tmp/study/accuracy.png" | tail -c 3)" == "PNG" ]; then
+    pass compare_tiny_writes_report_and_figures
+else
+    fail compare_tiny_writes_report_and_figures "$(tail -3 "$tmp/study.out")"
+fi
+if $LIME analyze --load "$tmp/run/model.safetensors" --out "$tmp/analysis" >"$tmp/analyze.out" 2>&1 &&
+    grep -q "value entropy" "$tmp/analyze.out" && [ -s "$tmp/analysis/router_heatmap.png" ] && [ -s "$tmp/analysis/value_entropy.png" ]; then
+    pass analyze_writes_heatmap_and_entropy
+else
+    fail analyze_writes_heatmap_and_entropy "$(tail -3 "$tmp/analyze.out")"
+fi
+
 # --- resume gives the same losses, bit for bit, as the uninterrupted run
 $LIME train $TINY --steps 12 --log-every 1 --out "$tmp/full" >/dev/null 2>&1
 $LIME train $TINY --steps 12 --log-every 1 --stop-after 5 --out "$tmp/part" >/dev/null 2>&1
