@@ -39,7 +39,7 @@ struct Preset {
 };
 
 static const Preset PRESETS[] = {
-    {"classroom", "--layers 4 --dim 32 --heads 4 --ops 3 --train-size 10000 --test-size 500 --batch 64 --epochs 15 --lr 3e-3", "3", 3,
+    {"classroom", "--layers 4 --dim 32 --heads 4 --ops 3 --train-size 20000 --test-size 500 --batch 64 --epochs 15 --lr 3e-3", "3", 3,
      "two-core CPU, about 10 minutes: tier 3, 3 seeds per model"},
     {"paper-aet", "--layers 4 --dim 32 --heads 4 --ffn 96 --train-size 50000 --test-size 1000 --batch 128 --epochs 200 --lr 1e-3 --schedule linear",
      "4,5,6", 5, "the paper's arithmetic setting (TASKS.md 1), for a GPU: tiers 4, 5, 6, 5 seeds per model"},
