@@ -6,6 +6,7 @@
 #   4. the benchmark configs (a) and (b), full attention and GQA, TF32 and CUDA graphs, and (a) without the graph
 # and prints a short table. Exit status: non-zero if a test or a verify failed.
 cd "$(dirname "$0")/.." || exit 2
+set -o pipefail
 GENCODE=${GENCODE:-"-gencode arch=compute_90,code=sm_90"}
 status=0
 nvidia-smi -L 2>/dev/null || echo "(nvidia-smi not found)"
@@ -28,21 +29,9 @@ runs=(
     "b full R=12|$B --kv-heads 12"
     "b GQA R=4|$B --kv-heads 4"
 )
-results=()
 for r in "${runs[@]}"; do
     name=${r%%|*}; flags=${r#*|}
-    json=$(./lime bench --device gpu --json $flags 2>&1) || { echo "bench $name failed: $json"; status=1; continue; }
-    results+=("$name|$json")
+    echo "-- $name"
+    ./lime bench --device gpu $flags 2>&1 | sed 's/^/   /' || { echo "   bench $name failed"; status=1; }
 done
-python3 - "${results[@]}" <<'PY' || printf '%s\n' "${results[@]}"
-import json, sys
-rows = [r.split("|", 1) for r in sys.argv[1:]]
-first = json.loads(rows[0][1]) if rows else {}
-print(f"GPU: {first.get('gpu')}, MFU against {first.get('peak_tflops')} TFLOP/s ({first.get('peak_source')}), TF32 {first.get('tf32')}")
-print(f"{'config':18} {'llama ms':>9} {'lime ms':>9} {'ratio':>6} {'llama MFU':>9} {'lime MFU':>9} {'llama GB':>9} {'lime GB':>8} {'mem ratio':>9}")
-for name, js in rows:
-    j = json.loads(js); l, m = j["llama"], j["lime"]
-    print(f"{name:18} {l['ms_per_step']:9.3f} {m['ms_per_step']:9.3f} {j['lime_over_llama']:6.3f} {100*l['mfu']:8.1f}% {100*m['mfu']:8.1f}% "
-          f"{l['device_gb']:9.3f} {m['device_gb']:8.3f} {j['memory_lime_over_llama']:9.3f}")
-PY
 exit $status
