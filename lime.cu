@@ -24,6 +24,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 #ifdef _OPENMP
 #include <omp.h>
@@ -69,7 +70,95 @@ std::string config_check(const Config& c) {
     if (c.F < 1) return fail("--ffn %d must be at least 1", c.F);
     if (c.T < 1) return fail("--seq-len %d must be at least 1", c.T);
     if (!(c.rope_theta > 0) || !(c.eps > 0)) return fail("rope_theta and rms_norm_eps must be positive");
+    if (c.arch == ARCH_LLAMA && (c.router != ROUTER_STATIC || c.router_kv_separate))
+        return fail("--router and --router-kv are for --arch lime: llama has no router");
+    if (c.arch == ARCH_LIME && c.L > 64) return fail("--layers %d: lime has at most 64 layers here (router_sources keeps a bit per layer)", c.L);
+    if ((c.router == ROUTER_LAST || c.router == ROUTER_FIRST) && (c.router_j < 1 || c.router_j > c.L))
+        return fail("--router %s: J must be 1 .. %d (the number of layers)", router_name(c).c_str(), c.L);
     return "";
+}
+
+// --- router variants (paper Appendix D, Table 7) -----------------------------
+// Each variant is the static router of Eq. 2 with some of its weights held
+// fixed. router_sources(c, l) has bit l' set when layer l's router may give
+// source layer l' (its columns l'*R .. l'*R + R-1) a non-zero weight:
+//   static   every buffered layer 0..l; all weights learned (Eq. 2).
+//   last-J   only the most recent J layers, l' in [l-J+1, l] (the layer itself
+//            included); learned. The other columns are 0 and stay 0.
+//   first-J  the first J layers, the preceding layer and the layer itself:
+//            l' < J or l' >= l-1; learned. The other columns are 0 and stay 0.
+//   average  every layer 0..l with FIXED weights W[r, l'*R + r'] = 1/(l+1) if
+//            r' == r, else 0: each kv head is the mean of that same head over
+//            layers 0..l. Nothing is learned. Why this reading of "uniform over
+//            all buffered entries": the paper's router is a per-head weight over
+//            layers (the authors' code: heads x (l+1) weights), and there the
+//            uniform choice is 1/(l+1) per layer; spreading 1/((l+1)R) over every
+//            column instead would give all R kv heads the same key and value,
+//            collapsing GQA to one kv head, a different change than the ablation's.
+// The weights a variant holds fixed get no gradient (router_backward skips the
+// columns router_learned leaves out) and routers have no weight decay, so
+// AdamW never moves them: they stay exactly as model_init set them.
+uint64_t router_sources(const Config& c, int l) {
+    uint64_t sources = 0;
+    for (int src = 0; src <= l; src++) {
+        bool on = c.router == ROUTER_LAST    ? src > l - c.router_j
+                  : c.router == ROUTER_FIRST ? src < c.router_j || src >= l - 1
+                                             : true;  // static, average
+        if (on) sources |= 1ull << src;
+    }
+    return sources;
+}
+uint64_t router_learned(const Config& c, int l) { return c.router == ROUTER_AVERAGE ? 0 : router_sources(c, l); }
+
+std::string router_name(const Config& c) {
+    switch (c.router) {
+    case ROUTER_AVERAGE: return "average";
+    case ROUTER_LAST: return "last-" + std::to_string(c.router_j);
+    case ROUTER_FIRST: return "first-" + std::to_string(c.router_j);
+    default: return "static";
+    }
+}
+
+bool router_parse(const std::string& s, Config* c) {
+    if (s == "static" || s == "average") {
+        c->router = s == "static" ? ROUTER_STATIC : ROUTER_AVERAGE;
+        c->router_j = 0;
+        return true;
+    }
+    for (auto [prefix, kind] : {std::make_pair(std::string("last-"), ROUTER_LAST), std::make_pair(std::string("first-"), ROUTER_FIRST)}) {
+        std::string j = s.substr(0, prefix.size()) == prefix ? s.substr(prefix.size()) : "";
+        if (j.empty() || j.size() > 6 || j.find_first_not_of("0123456789") != std::string::npos) continue;
+        c->router = kind;
+        c->router_j = atoi(j.c_str());  // 0 and J > L parse; config_check refuses them with the range
+        return true;
+    }
+    return false;
+}
+
+std::string model_name(const Config& c) {
+    std::string s = arch_name(c.arch);
+    if (c.arch == ARCH_LIME && c.router != ROUTER_STATIC) s += ":" + router_name(c);
+    if (c.arch == ARCH_LIME && c.router_kv_separate) s += ":separate";
+    return s;
+}
+
+bool model_parse(const std::string& s, Config* c) {
+    size_t colon = s.find(':');
+    if (!arch_parse(s.substr(0, colon), &c->arch)) return false;
+    c->router = ROUTER_STATIC;
+    c->router_j = 0;
+    c->router_kv_separate = false;
+    if (colon == std::string::npos) return true;
+    if (c->arch != ARCH_LIME) return false;  // llama has no router to name
+    std::string rest = s.substr(colon + 1);
+    for (size_t at = 0; at <= rest.size();) {
+        size_t end = std::min(rest.find(':', at), rest.size());
+        std::string part = rest.substr(at, end - at);
+        if (part == "separate" || part == "shared") c->router_kv_separate = part == "separate";
+        else if (!router_parse(part, c)) return false;
+        at = end + 1;
+    }
+    return true;
 }
 
 // Every tensor of the model, in memory order, with its checkpoint name and AdamW group.
@@ -96,6 +185,7 @@ std::vector<TensorSpec> param_specs(const Config& c) {
         add(p + "self_attn.v_proj.weight", {c.R * c.hd, c.d}, GROUP_MATRIX);
         add(p + "self_attn.o_proj.weight", {c.d, c.H * c.hd}, GROUP_MATRIX);
         if (has_router(c, l)) add(p + "self_attn.router.weight", {c.R, (l + 1) * c.R}, GROUP_ROUTER);
+        if (has_router(c, l) && c.router_kv_separate) add(p + "self_attn.router_v.weight", {c.R, (l + 1) * c.R}, GROUP_ROUTER);
         add(p + "post_attention_layernorm.weight", {c.d}, GROUP_EMBED_GAIN);
         add(p + "mlp.gate_proj.weight", {c.F, c.d}, GROUP_MATRIX);
         add(p + "mlp.up_proj.weight", {c.F, c.d}, GROUP_MATRIX);
@@ -126,6 +216,7 @@ Params params_carve(const Config& c, float* base) {
         w.Wv = next();
         w.Wo = next();
         w.router = has_router(c, l) ? next() : nullptr;
+        w.router_v = has_router(c, l) && c.router_kv_separate ? next() : nullptr;
         w.g_mlp = next();
         w.Wg = next();
         w.Wu = next();
@@ -179,12 +270,12 @@ struct Acts {
     float* dgate;    // (B, T, F)
     float* dup;      // (B, T, F)
     float* dh;       // (B, T, F)
-    float* datt;     // (B, H, T, T) attention scratch
-    float* kt;       // (B, R, hd, T) attention scratch: keys, values and their gradients transposed
+    float* datt;     // (B, H, T, T) GPU attention scratch
+    float* kt;       // (B, R, T, hd) GPU attention scratch: keys, values and their gradients, head-major
     float* vt;
     float* dkt;
     float* dvt;
-    float* scratch;  // CPU: matmul transposes, max(B*T, max rows of a weight) * max(V, F, d, H*hd);
+    float* scratch;  // CPU: gemm's packed panels, max(B*T, max rows of a weight) * max(V, F, d, H*hd) rounded up to 32;
                      // GPU: attention's head-major q, out/dout and dq (3, B, T, H*hd), rmsnorm's gain partials
     float* rope_cos; // (T, hd/2)
     float* rope_sin; // (T, hd/2)
@@ -238,7 +329,7 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->vt, BT * kvd);
     take(&A->dkt, BT * kvd);
     take(&A->dvt, BT * kvd);
-    take(&A->scratch, dev == DEVICE_GPU ? 3 * BT * qd : rows * wide + wide * std::max(d, (size_t)c.F));
+    take(&A->scratch, dev == DEVICE_GPU ? 3 * BT * qd : rows * ((wide + 31) / 32 * 32));
     take(&A->rope_cos, (size_t)c.T * c.hd / 2);
     take(&A->rope_sin, (size_t)c.T * c.hd / 2);
     return off;
@@ -251,6 +342,42 @@ static double sum_in_order(const double* part, int n) {
     double s = 0;
     for (int i = 0; i < n; i++) s += part[i];
     return s;
+}
+
+// e^x for the CPU loops (softmax, SwiGLU, cross-entropy), within about 1 ulp
+// of expf, in plain arithmetic the compiler vectorises (a call to expf stops
+// it). e^x = 2^n * e^r with n = round(x / ln 2) and |r| <= ln(2) / 2; e^r is
+// the Cephes polynomial, 2^n is built from its bits. Below -87 it gives 0,
+// above 88 infinity (e^x < 1.7e-38 or > 1.6e38 there); NaN stays NaN.
+static inline float exp_cpu(float x) {
+    const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer, n, held in the low bits
+    float xc = std::min(std::max(x, -87.0f), 88.0f);
+    float t = xc * 1.44269504f + shifter;
+    float n = t - shifter;
+    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln 2, ln 2 in two parts
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    uint32_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    bits = (bits << 23) + (127u << 23);  // the exponent field of 2^n: n + 127
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return x < -87.0f ? 0.0f : x > 88.0f ? INFINITY : p * scale;
+}
+
+// Calls f(w) with w a compile-time constant dividing hd: 32, 8 or 2 (hd is
+// even). CPU loops over a head's hd floats go W = w at a time, W known to the
+// compiler, so that their sums stay in registers.
+template <class F>
+static void with_width(int hd, F f) {
+    if (hd % 32 == 0) f(std::integral_constant<int, 32>());
+    else if (hd % 8 == 0) f(std::integral_constant<int, 8>());
+    else f(std::integral_constant<int, 2>());
 }
 
 // ===========================================================================
@@ -320,66 +447,84 @@ __device__ Num block_sum(Num v, Num* shared) {
 #endif
 
 // ===========================================================================
-// Matrix products. One CPU kernel, C (+)= A @ B, row-major; the model's
-// products are that kernel after a transpose. On the GPU, cuBLAS.
+// Matrix products. One CPU kernel, C (+)= A @ B, where A and B may be read
+// transposed in place; the model's products are that kernel. On the GPU, cuBLAS.
 // ===========================================================================
 
-// C[M, N] (+)= A[M, K] @ B[K, N]; lda, ldb, ldc are row strides.
-// Tiles of 4 rows x 32 columns of C live in registers while k runs; the
-// innermost loop over 32 contiguous columns is what the compiler vectorises.
-static void gemm_cpu(float* C, const float* A, const float* Bm, int M, int N, int K, int lda, int ldb, int ldc, bool accumulate) {
-    const int MR = 4, NR = 32;
-    int row_tiles = (M + MR - 1) / MR, col_tiles = (N + NR - 1) / NR;
-#pragma omp parallel for collapse(2) schedule(static) if ((double)M * N * K > 32768)
-    for (int rt = 0; rt < row_tiles; rt++) {
-        for (int ct = 0; ct < col_tiles; ct++) {
-            int i0 = rt * MR, j0 = ct * NR;
-            int mr = std::min(MR, M - i0), nr = std::min(NR, N - j0);
-            float acc[MR][NR] = {};
-            if (mr == MR && nr == NR) {  // the fast, fixed-size path
-                for (int k = 0; k < K; k++) {
-                    const float* b = Bm + (size_t)k * ldb + j0;
-                    for (int i = 0; i < MR; i++) {
-                        float aik = A[(size_t)(i0 + i) * lda + k];
-                        for (int j = 0; j < NR; j++) acc[i][j] += aik * b[j];
-                    }
-                }
-            } else {  // edge tiles
-                for (int k = 0; k < K; k++) {
-                    const float* b = Bm + (size_t)k * ldb + j0;
-                    for (int i = 0; i < mr; i++) {
-                        float aik = A[(size_t)(i0 + i) * lda + k];
-                        for (int j = 0; j < nr; j++) acc[i][j] += aik * b[j];
-                    }
-                }
-            }
-            for (int i = 0; i < mr; i++) {
-                float* c = C + (size_t)(i0 + i) * ldc + j0;
-                for (int j = 0; j < nr; j++) c[j] = accumulate ? c[j] + acc[i][j] : acc[i][j];
-            }
+// An operand of a product, read where it lies: element (i, k) is p[i*rs + k*cs].
+// A row-major (rows, cols) array is {p, cols, 1}; its transpose is {p, 1, cols}.
+struct MatView {
+    const float* p;
+    size_t rs, cs;
+};
+
+// The tile kernel: C[8, 32] (+)= A[8, K] @ B[K, 32], B a panel whose rows are
+// ldb apart, a[i] row i of A (its k-th element at a[i][k * a_cs]). The 8 x 32
+// sums live in 16 vector registers of 16 floats while k runs: per k, two
+// loads of B, eight broadcasts of A and 16 fused multiply-adds (the compiler
+// vectorises the loops over j). Only the first mr rows and nr columns are stored.
+static const int GEMM_MR = 8, GEMM_NR = 32;
+static inline void gemm_tile(float* C, int ldc, const float* const* a, size_t a_cs, const float* b, size_t ldb, int K, int mr, int nr,
+                             bool accumulate) {
+    float acc[GEMM_MR][GEMM_NR] = {};
+    for (int k = 0; k < K; k++, b += ldb)
+        for (int i = 0; i < GEMM_MR; i++) {
+            float aik = a[i][k * a_cs];
+            for (int j = 0; j < GEMM_NR; j++) acc[i][j] += aik * b[j];
         }
+    for (int i = 0; i < mr; i++) {
+        float* c = C + (size_t)i * ldc;
+        for (int j = 0; j < nr; j++) c[j] = accumulate ? c[j] + acc[i][j] : acc[i][j];
     }
 }
 
-// dst[cols, rows] = src[rows, cols]^T
-static void transpose(float* dst, const float* src, int rows, int cols) {
-#pragma omp parallel for schedule(static) if ((size_t)rows * cols > 65536)
-    for (int j = 0; j < cols; j++)
-        for (int i = 0; i < rows; i++) dst[(size_t)j * rows + i] = src[(size_t)i * cols + j];
+// C[M, N] (+)= A[M, K] @ B[K, N]; C row-major with row stride ldc.
+// B is read in panels of 32 columns: in place when its rows are contiguous
+// and the panel is whole, else first copied into scratch, zero-padded (at
+// most K * round_up(N, 32) floats). The last row tile repeats A's last row
+// where M runs out, and does not store it. Each element of C sums over k in
+// order, so the result does not depend on the number of threads.
+static void gemm_cpu(float* C, int ldc, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
+    const int MR = GEMM_MR, NR = GEMM_NR;
+    int row_tiles = (M + MR - 1) / MR, panels = (N + NR - 1) / NR;
+    auto in_place = [&](int p) { return B.cs == 1 && (p + 1) * NR <= N; };
+#pragma omp parallel if ((double)M * N * K > 32768)
+    {
+#pragma omp for schedule(static)
+        for (int p = 0; p < panels; p++) {
+            if (in_place(p)) continue;
+            float* panel = scratch + (size_t)p * K * NR;
+            for (int k = 0; k < K; k++)
+                for (int j = 0; j < NR; j++) {
+                    size_t col = (size_t)p * NR + j;
+                    panel[(size_t)k * NR + j] = col < (size_t)N ? B.p[k * B.rs + col * B.cs] : 0.0f;
+                }
+        }
+#pragma omp for collapse(2) schedule(static)
+        for (int rt = 0; rt < row_tiles; rt++)
+            for (int p = 0; p < panels; p++) {
+                int i0 = rt * MR, j0 = p * NR;
+                const float* a[GEMM_MR];
+                for (int i = 0; i < MR; i++) a[i] = A.p + (size_t)std::min(i0 + i, M - 1) * A.rs;
+                const float* b = in_place(p) ? B.p + j0 : scratch + (size_t)p * K * NR;
+                gemm_tile(C + (size_t)i0 * ldc + j0, ldc, a, A.cs, b, in_place(p) ? B.rs : NR, K, std::min(MR, M - i0), std::min(NR, N - j0),
+                          accumulate);
+            }
+    }
 }
 
 // out (N, OC) (+)= inp (N, C) @ W^T, W (OC, C): every projection of the model.
+// scratch: C * round_up(OC, 32) floats (W^T, packed).
 static void matmul_forward(float* out, const float* inp, const float* W, int N, int C, int OC, float* scratch, bool accumulate = false) {
-    transpose(scratch, W, OC, C);  // (C, OC)
-    gemm_cpu(out, inp, scratch, N, OC, C, C, OC, OC, accumulate);
+    gemm_cpu(out, OC, {inp, (size_t)C, 1}, {W, 1, (size_t)C}, N, OC, C, accumulate, scratch);
 }
 
 // forward: out = inp @ W^T
 // dinp (N, C) += dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp
+// scratch: max(N, OC) * round_up(C, 32) floats (used only when C is not a multiple of 32).
 static void matmul_backward(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C, int OC, float* scratch) {
-    if (dinp) gemm_cpu(dinp, dout, W, N, C, OC, OC, C, C, true);
-    transpose(scratch, dout, N, OC);  // (OC, N)
-    gemm_cpu(dW, scratch, inp, OC, C, N, N, C, C, true);
+    if (dinp) gemm_cpu(dinp, C, {dout, (size_t)OC, 1}, {W, (size_t)C, 1}, N, C, OC, true, scratch);
+    gemm_cpu(dW, C, {dout, 1, (size_t)OC}, {inp, (size_t)C, 1}, OC, C, N, true, scratch);
 }
 
 // dst += src, elementwise.
@@ -647,133 +792,226 @@ static void rope_backward_gpu(float* dx, const float* cos_t, const float* sin_t,
 // ===========================================================================
 // The KV router (Eq. 2): layer l's keys and values are a learned mixture of
 // the buffered keys and values of layers 0..l, mixed per position:
-//   Kr[n, r, :] = sum_{j < (l+1)R} W[r, j] * Kbuf[j / R][n, j % R, :]
+//   Kr[n, r, :] = sum_{j < (l+1)R} Wk[r, j] * Kbuf[j / R][n, j % R, :]
+//   Vr[n, r, :] = sum_{j < (l+1)R} Wv[r, j] * Vbuf[j / R][n, j % R, :]
 // Column j = l'*R + r' reads layer l', kv head r'. Kbuf is (L, N, R, hd), so
-// layer l' sits at Kbuf + l' * N*R*hd. Keys and values share W.
+// layer l' sits at Kbuf + l' * N*R*hd. Eq. 2 has one W for both: Wk == Wv,
+// the same pointer; with --router-kv separate they are two tensors.
+// The variants (router_sources) need nothing here but the `learned` mask of
+// the backward: a weight they hold fixed is only a fixed number in W.
 // ===========================================================================
 
-static void router_forward(float* Kr, float* Vr, const float* W, const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd) {
-    size_t layer = (size_t)N * R * hd;  // stride between buffered layers
-    int J = (l + 1) * R;                 // router columns
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int r = 0; r < R; r++) {
-            float* kr = Kr + ((size_t)n * R + r) * hd;
-            float* vr = Vr + ((size_t)n * R + r) * hd;
-            for (int i = 0; i < hd; i++) kr[i] = vr[i] = 0;
-            for (int j = 0; j < J; j++) {
-                float w = W[r * J + j];
-                size_t src = (j / R) * layer + ((size_t)n * R + j % R) * hd;
-                for (int i = 0; i < hd; i++) {
-                    kr[i] += w * Kbuf[src + i];
-                    vr[i] += w * Vbuf[src + i];
-                }
-            }
-        }
+// On the CPU the loops go over a head's hd floats W at a time (with_width),
+// and over 4 router rows (or columns) at once: 4 independent sums in
+// registers, each value loaded once for all 4. Rows past the end get weight 0.
+static const int ROUTER_BLOCK = 4;
+
+// Where column j's entry for position 0 starts in the buffer: layer j / R, kv head j % R.
+static std::vector<size_t> router_columns(int l, int N, int R, int hd) {
+    std::vector<size_t> at((size_t)(l + 1) * R);
+    for (size_t j = 0; j < at.size(); j++) at[j] = (j / R) * ((size_t)N * R * hd) + (j % R) * hd;
+    return at;
 }
 
-// forward: Kr[n,r,:] = sum_j W[r,j] * Kbuf_j[n,:]  (and Vr likewise)
-// dW[r,j]      += sum_{n,i} dKr[n,r,i] * Kbuf_j[n,i] + dVr[n,r,i] * Vbuf_j[n,i]
-// dKbuf_j[n,:] += sum_r W[r,j] * dKr[n,r,:]        (and dVbuf likewise)
-// This is where the gradient reaches the keys and values of earlier layers.
-static void router_backward(float* dW, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* W,
-                            const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd) {
-    size_t layer = (size_t)N * R * hd;
-    int J = (l + 1) * R;
+template <int W>
+static void router_forward_w(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l, int N, int R,
+                             int hd) {
+    const int RB = ROUTER_BLOCK;
+    int J = (l + 1) * R;  // router columns
+    std::vector<size_t> col = router_columns(l, N, R, hd);
 #pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int r0 = 0; r0 < R; r0 += RB)  // output heads r0 .. r0 + RB - 1
+            for (int i0 = 0; i0 < hd; i0 += W) {
+                float k[RB][W] = {}, v[RB][W] = {};
+                for (int j = 0; j < J; j++) {
+                    const float* ks = Kbuf + col[j] + (size_t)n * R * hd + i0;
+                    const float* vs = Vbuf + col[j] + (size_t)n * R * hd + i0;
+                    for (int b = 0; b < RB; b++) {
+                        float wk = r0 + b < R ? Wk[(r0 + b) * J + j] : 0.0f, wv = r0 + b < R ? Wv[(r0 + b) * J + j] : 0.0f;
+#pragma omp simd
+                        for (int i = 0; i < W; i++) {
+                            k[b][i] += wk * ks[i];
+                            v[b][i] += wv * vs[i];
+                        }
+                    }
+                }
+                for (int b = 0; b < RB && r0 + b < R; b++) {
+                    memcpy(Kr + ((size_t)n * R + r0 + b) * hd + i0, k[b], sizeof k[b]);
+                    memcpy(Vr + ((size_t)n * R + r0 + b) * hd + i0, v[b], sizeof v[b]);
+                }
+            }
+}
+static void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l, int N, int R,
+                           int hd) {
+    with_width(hd, [&](auto w) { router_forward_w<decltype(w)::value>(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd); });
+}
+
+// forward: Kr[n,r,:] = sum_j Wk[r,j] * Kbuf_j[n,:],  Vr[n,r,:] = sum_j Wv[r,j] * Vbuf_j[n,:]
+// dWk[r,j]     += sum_{n,i} dKr[n,r,i] * Kbuf_j[n,i]    dWv[r,j] += sum_{n,i} dVr[n,r,i] * Vbuf_j[n,i]
+//                 (one W, Eq. 2: dWk == dWv, and it gets both sums)
+// dKbuf_j[n,:] += sum_r Wk[r,j] * dKr[n,r,:]            dVbuf_j[n,:] += sum_r Wv[r,j] * dVr[n,r,:]
+// This is where the gradient reaches the keys and values of earlier layers.
+// Only columns whose source layer j / R has its bit in `learned` (router_learned)
+// get a gradient; the others are left as they are (0: backward_pass zeroes
+// the gradients), so AdamW keeps those weights where model_init put them.
+// The sums for dW run over CHUNKS fixed slices of the positions, each into
+// W lanes per weight, then lanes and slices in order: the same for any thread count.
+template <int W>
+static void router_backward_w(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* Wk,
+                              const float* Wv, const float* Kbuf, const float* Vbuf, int l, uint64_t learned, int N, int R, int hd) {
+    const int RB = ROUTER_BLOCK;
+    int J = (l + 1) * R;
+    std::vector<size_t> col = router_columns(l, N, R, hd);
+    size_t slice = (size_t)2 * R * J * W;  // one chunk's lanes: the keys' (R, J, W), then the values'
+    std::vector<float> lanes(CHUNKS * slice);
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < CHUNKS; c++)
+        for (int r = 0; r < R; r++)
+            for (int j0 = 0; j0 < J; j0 += RB) {  // columns j0 .. j0 + RB - 1 (past J: column J - 1 again, not kept)
+                float k[RB][W] = {}, v[RB][W] = {};
+                for (size_t n = (size_t)N * c / CHUNKS; n < (size_t)N * (c + 1) / CHUNKS; n++)
+                    for (int i0 = 0; i0 < hd; i0 += W) {
+                        const float* dk = dKr + (n * R + r) * hd + i0;
+                        const float* dv = dVr + (n * R + r) * hd + i0;
+                        for (int b = 0; b < RB; b++) {
+                            size_t at = col[std::min(j0 + b, J - 1)] + n * R * hd + i0;
+#pragma omp simd
+                            for (int i = 0; i < W; i++) {
+                                k[b][i] += dk[i] * Kbuf[at + i];
+                                v[b][i] += dv[i] * Vbuf[at + i];
+                            }
+                        }
+                    }
+                for (int b = 0; b < RB && j0 + b < J; b++) {
+                    memcpy(&lanes[c * slice + ((size_t)r * J + j0 + b) * W], k[b], sizeof k[b]);
+                    memcpy(&lanes[c * slice + slice / 2 + ((size_t)r * J + j0 + b) * W], v[b], sizeof v[b]);
+                }
+            }
     for (int rj = 0; rj < R * J; rj++) {
-        int r = rj / J, j = rj % J;
-        size_t src = (j / R) * layer + (size_t)(j % R) * hd;
-        float s = 0;
-        for (int n = 0; n < N; n++) {
-            const float* dk = dKr + ((size_t)n * R + r) * hd;
-            const float* dv = dVr + ((size_t)n * R + r) * hd;
-            const float* k = Kbuf + src + (size_t)n * R * hd;
-            const float* v = Vbuf + src + (size_t)n * R * hd;
-            for (int i = 0; i < hd; i++) s += dk[i] * k[i] + dv[i] * v[i];
+        if (!(learned >> (rj % J / R) & 1)) continue;  // a weight the variant holds fixed
+        float k = 0, v = 0;
+        for (int c = 0; c < CHUNKS; c++)
+            for (int i = 0; i < W; i++) {
+                k += lanes[c * slice + (size_t)rj * W + i];
+                v += lanes[c * slice + slice / 2 + (size_t)rj * W + i];
+            }
+        if (dWk == dWv) {
+            dWk[rj] += k + v;
+        } else {
+            dWk[rj] += k;
+            dWv[rj] += v;
         }
-        dW[rj] += s;
     }
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
-        for (int j = 0; j < J; j++) {
-            size_t dst = (j / R) * layer + ((size_t)n * R + j % R) * hd;
-            for (int r = 0; r < R; r++) {
-                float w = W[r * J + j];
-                const float* dk = dKr + ((size_t)n * R + r) * hd;
-                const float* dv = dVr + ((size_t)n * R + r) * hd;
-                for (int i = 0; i < hd; i++) {
-                    dKbuf[dst + i] += w * dk[i];
-                    dVbuf[dst + i] += w * dv[i];
+        for (int j0 = 0; j0 < J; j0 += RB)  // buffer entries j0 .. j0 + RB - 1
+            for (int i0 = 0; i0 < hd; i0 += W) {
+                float k[RB][W], v[RB][W];
+                for (int b = 0; b < RB; b++) {  // past J: column J - 1 again, weight 0, not stored
+                    size_t at = col[std::min(j0 + b, J - 1)] + (size_t)n * R * hd + i0;
+                    memcpy(k[b], dKbuf + at, sizeof k[b]);
+                    memcpy(v[b], dVbuf + at, sizeof v[b]);
+                }
+                for (int r = 0; r < R; r++) {
+                    const float* dk = dKr + ((size_t)n * R + r) * hd + i0;
+                    const float* dv = dVr + ((size_t)n * R + r) * hd + i0;
+                    for (int b = 0; b < RB; b++) {
+                        float wk = j0 + b < J ? Wk[r * J + j0 + b] : 0.0f, wv = j0 + b < J ? Wv[r * J + j0 + b] : 0.0f;
+#pragma omp simd
+                        for (int i = 0; i < W; i++) {
+                            k[b][i] += wk * dk[i];
+                            v[b][i] += wv * dv[i];
+                        }
+                    }
+                }
+                for (int b = 0; b < RB && j0 + b < J; b++) {
+                    size_t at = col[j0 + b] + (size_t)n * R * hd + i0;
+                    memcpy(dKbuf + at, k[b], sizeof k[b]);
+                    memcpy(dVbuf + at, v[b], sizeof v[b]);
                 }
             }
-        }
+}
+static void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* Wk,
+                            const float* Wv, const float* Kbuf, const float* Vbuf, int l, uint64_t learned, int N, int R, int hd) {
+    with_width(hd, [&](auto w) {
+        router_backward_w<decltype(w)::value>(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd);
+    });
 }
 
 #ifdef LIME_GPU
 // One launch per layer, one thread per output float (n, r, i): it reads the
 // J = (l+1)R buffered entries of its position, column j after column j.
-__global__ void router_forward_kernel(float* Kr, float* Vr, const float* W, const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd) {
+__global__ void router_forward_kernel(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l, int N,
+                                      int R, int hd) {
     size_t layer = (size_t)N * R * hd, idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= layer) return;
     int i = idx % hd, r = (idx / hd) % R, J = (l + 1) * R;
     size_t n = idx / ((size_t)R * hd);
     float k = 0, v = 0;
     for (int j = 0; j < J; j++) {
-        float w = W[r * J + j];
         size_t src = (j / R) * layer + (n * R + j % R) * hd + i;
-        k += w * Kbuf[src];
-        v += w * Vbuf[src];
+        k += Wk[r * J + j] * Kbuf[src];
+        v += Wv[r * J + j] * Vbuf[src];
     }
     Kr[idx] = k;
     Vr[idx] = v;
 }
-static void router_forward_gpu(float* Kr, float* Vr, const float* W, const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd,
-                               cudaStream_t stream) {
-    LAUNCH(router_forward_kernel, ceil_div((size_t)N * R * hd, 256), 256, 0, stream)(Kr, Vr, W, Kbuf, Vbuf, l, N, R, hd);
+static void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l, int N, int R,
+                               int hd, cudaStream_t stream) {
+    LAUNCH(router_forward_kernel, ceil_div((size_t)N * R * hd, 256), 256, 0, stream)(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd);
     launchCheck();
 }
 
-// dW[r, j]: one block per router weight, a block-wide sum over (n, i) in a fixed tree.
+// dW[r, j]: one block per router weight, a block-wide sum over (n, i) in a
+// fixed tree (two sums when the key and value routers are separate).
 #define ROUTER_THREADS 256
-__global__ void router_backward_dw_kernel(float* dW, const float* dKr, const float* dVr, const float* Kbuf, const float* Vbuf, int l, int N,
-                                          int R, int hd) {
+__global__ void router_backward_dw_kernel(float* dWk, float* dWv, const float* dKr, const float* dVr, const float* Kbuf, const float* Vbuf, int l,
+                                          uint64_t learned, int N, int R, int hd) {
     __shared__ float part[ROUTER_THREADS];
     int J = (l + 1) * R, r = blockIdx.x / J, j = blockIdx.x % J;
+    if (!(learned >> (j / R) & 1)) return;  // a weight the variant holds fixed: the whole block leaves
+    bool shared = dWk == dWv;
     size_t src = (j / R) * ((size_t)N * R * hd) + (size_t)(j % R) * hd;  // column j: layer j / R, head j % R
-    float s = 0;
+    float sk = 0, sv = 0;
     for (size_t e = threadIdx.x; e < (size_t)N * hd; e += blockDim.x) {
         size_t n = e / hd;
         int i = e % hd;
         size_t at = (n * R + r) * hd + i, from = src + n * R * hd + i;
-        s += dKr[at] * Kbuf[from] + dVr[at] * Vbuf[from];
+        if (shared) sk += dKr[at] * Kbuf[from] + dVr[at] * Vbuf[from];
+        else { sk += dKr[at] * Kbuf[from]; sv += dVr[at] * Vbuf[from]; }
     }
-    s = block_sum(s, part);
-    if (threadIdx.x == 0) dW[blockIdx.x] += s;
+    sk = block_sum(sk, part);
+    if (!shared) sv = block_sum(sv, part);
+    if (threadIdx.x == 0) {
+        dWk[blockIdx.x] += sk;
+        if (!shared) dWv[blockIdx.x] += sv;
+    }
 }
-// dKbuf_j[n, i] += sum_r W[r, j] dKr[n, r, i] for every layer l' <= l: one
-// thread per float of those layers' buffer entries, one launch.
-__global__ void router_backward_dbuf_kernel(float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* W, int l, int N,
-                                            int R, int hd) {
+// dKbuf_j[n, i] += sum_r Wk[r, j] dKr[n, r, i] for every layer l' <= l (and
+// dVbuf with Wv): one thread per float of those layers' buffer entries, one launch.
+__global__ void router_backward_dbuf_kernel(float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* Wk, const float* Wv,
+                                            int l, int N, int R, int hd) {
     size_t layer = (size_t)N * R * hd, idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (l + 1) * layer) return;
     size_t within = idx % layer, n = within / ((size_t)R * hd);
     int i = within % hd, J = (l + 1) * R, j = (int)(idx / layer) * R + (int)((within / hd) % R);
     float k = 0, v = 0;
     for (int r = 0; r < R; r++) {
-        float w = W[r * J + j];
-        k += w * dKr[(n * R + r) * hd + i];
-        v += w * dVr[(n * R + r) * hd + i];
+        k += Wk[r * J + j] * dKr[(n * R + r) * hd + i];
+        v += Wv[r * J + j] * dVr[(n * R + r) * hd + i];
     }
     dKbuf[idx] += k;
     dVbuf[idx] += v;
 }
-static void router_backward_gpu(float* dW, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* W, const float* Kbuf,
-                                const float* Vbuf, int l, int N, int R, int hd, cudaStream_t stream) {
+static void router_backward_gpu(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* Wk,
+                                const float* Wv, const float* Kbuf, const float* Vbuf, int l, uint64_t learned, int N, int R, int hd,
+                                cudaStream_t stream) {
     int J = (l + 1) * R;
-    LAUNCH(router_backward_dw_kernel, R * J, ROUTER_THREADS, 0, stream)(dW, dKr, dVr, Kbuf, Vbuf, l, N, R, hd);
+    LAUNCH(router_backward_dw_kernel, R * J, ROUTER_THREADS, 0, stream)(dWk, dWv, dKr, dVr, Kbuf, Vbuf, l, learned, N, R, hd);
     launchCheck();
-    LAUNCH(router_backward_dbuf_kernel, ceil_div((size_t)(l + 1) * N * R * hd, 256), 256, 0, stream)(dKbuf, dVbuf, dKr, dVr, W, l, N, R, hd);
+    LAUNCH(router_backward_dbuf_kernel, ceil_div((size_t)(l + 1) * N * R * hd, 256), 256, 0, stream)(dKbuf, dVbuf, dKr, dVr, Wk, Wv, l, N, R,
+                                                                                                      hd);
     launchCheck();
 }
 #endif
@@ -784,117 +1022,227 @@ static void router_backward_gpu(float* dW, float* dKbuf, float* dVbuf, const flo
 //   o[t,h]   = sum_u p[h,t,u] * v[u,h/n_rep]
 // ===========================================================================
 
-// (B, T, R, hd) -> (B, R, hd, T): each kv head's keys as rows over positions,
-// so that the loops over positions u below run over contiguous memory and
-// vectorise (hd is often 8: too short a loop to vectorise on its own).
-static void kv_transpose(float* dst, const float* src, int B, int T, int R, int hd) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int r = 0; r < R; r++)
-            for (int t = 0; t < T; t++)
-                for (int i = 0; i < hd; i++)
-                    dst[(((size_t)b * R + r) * hd + i) * T + t] = src[(((size_t)b * T + t) * R + r) * hd + i];
+// On the CPU one thread takes a (batch entry, kv head) pair at a time, and
+// the query rows of its heads ATT_ROWS at a time; each value it loads serves
+// all those rows. Two kinds of loop, so that both vectorise:
+//  - over key positions u, 16 at a time: the scores q . k (and backward,
+//    dout . v) read the keys transposed, (hd, Tp) with Tp = T rounded up to
+//    16 and zeros past T, and fill rows of Tp floats: whole vectors only;
+//  - over the head's hd floats, W at a time (p @ v; dq, dk, dv): W is a
+//    compile-time constant dividing hd (32, 8 or 2; hd is even) so that the
+//    ATT_ROWS x W sums live in registers.
+// A block that runs past the last position gets rows that read zeros and
+// write to a sink, so every loop works on all ATT_ROWS rows.
+static const int ATT_ROWS = 4;
+
+// xt (hd, Tp) = x[b, :, r, :]^T for x (B, T, R, hd); zero past T.
+static void head_transposed(float* xt, const float* x, int b, int r, int T, int Tp, int R, int hd) {
+    for (int i = 0; i < hd; i++)
+        for (int u = 0; u < Tp; u++) xt[(size_t)i * Tp + u] = u < T ? x[(((size_t)b * T + u) * R + r) * hd + i] : 0.0f;
 }
 
-// out (B, T, H, hd), att (B, H, T, T); q (B, T, H, hd); k, v (B, T, R, hd);
-// kt, vt (B, R, hd, T) scratch for the transposed keys and values.
-static void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, float* kt, float* vt,
-                              int B, int T, int H, int R, int hd) {
-    int n_rep = H / R;
-    float scale = 1.0f / sqrtf((float)hd);
-    kv_transpose(kt, k, B, T, R, hd);
-    kv_transpose(vt, v, B, T, R, hd);
-#pragma omp parallel for collapse(3) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int h = 0; h < H; h++)
-            for (int t = 0; t < T; t++) {
-                const float* qt = q + (((size_t)b * T + t) * H + h) * hd;
-                const float* Kt = kt + ((size_t)b * R + h / n_rep) * hd * T;  // (hd, T)
-                const float* Vt = vt + ((size_t)b * R + h / n_rep) * hd * T;
-                float* p = att + (((size_t)b * H + h) * T + t) * T;
-                for (int u = 0; u <= t; u++) p[u] = 0;
-                for (int i = 0; i < hd; i++) {
-                    float qi = qt[i] * scale;
-                    const float* Ki = Kt + (size_t)i * T;
+// s[j, u] = scale * a[j] . xt[:, u] for the ATT_ROWS rows a[j] (hd floats) and
+// u < n, a multiple of 16; s has rows of Tp floats.
+static void rows_dot_keys(float* s, int Tp, const float* const* a, const float* xt, int hd, int n, float scale) {
+    for (int u0 = 0; u0 < n; u0 += 16) {
+        float acc[ATT_ROWS][16] = {};
+        for (int i = 0; i < hd; i++) {
+            const float* x = xt + (size_t)i * Tp + u0;
+            for (int j = 0; j < ATT_ROWS; j++)
 #pragma omp simd
-                    for (int u = 0; u <= t; u++) p[u] += qi * Ki[u];
-                }
-                float maxs = -INFINITY, sum = 0;
-                for (int u = 0; u <= t; u++) maxs = std::max(maxs, p[u]);
-                for (int u = 0; u <= t; u++) { p[u] = expf(p[u] - maxs); sum += p[u]; }
-                for (int u = 0; u <= t; u++) p[u] /= sum;
-                for (int u = t + 1; u < T; u++) p[u] = 0;
-                float* o = out + (((size_t)b * T + t) * H + h) * hd;
-                for (int i = 0; i < hd; i++) {
-                    const float* Vi = Vt + (size_t)i * T;
-                    float s = 0;
-#pragma omp simd reduction(+ : s)
-                    for (int u = 0; u <= t; u++) s += p[u] * Vi[u];
-                    o[i] = s;
-                }
+                for (int u = 0; u < 16; u++) acc[j][u] += a[j][i] * x[u];
+        }
+        for (int j = 0; j < ATT_ROWS; j++)
+            for (int u = 0; u < 16; u++) s[(size_t)j * Tp + u0 + u] = scale * acc[j][u];
+    }
+}
+
+// out[j][i] = scale * sum_{u < n} p[j][u] * m[u * ldm + i], i < hd: rows of
+// weights times n rows of m (values, or keys).
+template <int W>
+static void rows_times_matrix(float* const* out, const float* const* p, int n, const float* m, size_t ldm, int hd, float scale) {
+    for (int i0 = 0; i0 < hd; i0 += W) {
+        float acc[ATT_ROWS][W] = {};
+        for (int u = 0; u < n; u++) {
+            const float* mu = m + (size_t)u * ldm + i0;
+            for (int j = 0; j < ATT_ROWS; j++) {
+                float pju = p[j][u];
+#pragma omp simd  // (without it, the compiler vectorises over u instead, badly)
+                for (int i = 0; i < W; i++) acc[j][i] += pju * mu[i];
             }
+        }
+        for (int j = 0; j < ATT_ROWS; j++)
+            for (int i = 0; i < W; i++) out[j][i0 + i] = scale * acc[j][i];
+    }
+}
+
+// dst[u * ld + i] += sum_j a[j][u] * scale * x[j][i] for u < n, i < hd: the
+// gradient of n rows of m above (keys or values), from the ATT_ROWS rows.
+template <int W>
+static void add_rows_outer(float* dst, size_t ld, int n, const float* const* a, const float* const* x, int hd, float scale) {
+    for (int i0 = 0; i0 < hd; i0 += W) {
+        float xs[ATT_ROWS][W];
+        for (int j = 0; j < ATT_ROWS; j++)
+            for (int i = 0; i < W; i++) xs[j][i] = scale * x[j][i0 + i];
+        for (int u = 0; u < n; u++) {
+            float* d = dst + (size_t)u * ld + i0;
+            float au[ATT_ROWS];
+            for (int j = 0; j < ATT_ROWS; j++) au[j] = a[j][u];
+#pragma omp simd
+            for (int i = 0; i < W; i++) {
+                float s = d[i];
+                for (int j = 0; j < ATT_ROWS; j++) s += au[j] * xs[j][i];
+                d[i] = s;
+            }
+        }
+    }
+}
+
+// The sum and the maximum of 16 lanes, as a fixed tree.
+static inline float lanes_sum(const float* a) {
+    float b[8], c[4];
+    for (int i = 0; i < 8; i++) b[i] = a[i] + a[i + 8];
+    for (int i = 0; i < 4; i++) c[i] = b[i] + b[i + 4];
+    return (c[0] + c[2]) + (c[1] + c[3]);
+}
+static inline float lanes_max(const float* a) {
+    float b[8], c[4];
+    for (int i = 0; i < 8; i++) b[i] = std::max(a[i], a[i + 8]);
+    for (int i = 0; i < 4; i++) c[i] = std::max(b[i], b[i + 4]);
+    return std::max(std::max(c[0], c[2]), std::max(c[1], c[3]));
+}
+
+// p[u] = softmax of the scores s[u] over u <= t, and 0 for t < u < T. s has
+// n floats, n a multiple of 16; the loops run over 16 lanes, each lane
+// keeping its own maximum and sum, which a fixed tree combines.
+static void softmax_row(float* p, float* s, int t, int n, int T) {
+    for (int u = t + 1; u < n; u++) s[u] = -INFINITY;  // masked: e^-inf = 0
+    float mx[16], sum[16];
+    for (int i = 0; i < 16; i++) mx[i] = -INFINITY, sum[i] = 0;
+    for (int u = 0; u < n; u += 16)
+        for (int i = 0; i < 16; i++) mx[i] = s[u + i] > mx[i] ? s[u + i] : mx[i];
+    float m = lanes_max(mx);
+    for (int u = 0; u < n; u += 16)
+        for (int i = 0; i < 16; i++) {
+            s[u + i] = exp_cpu(s[u + i] - m);
+            sum[i] += s[u + i];
+        }
+    float inv = 1.0f / lanes_sum(sum);
+    int w = std::min(n, T);
+    for (int u = 0; u < w; u++) p[u] = s[u] * inv;
+    if (w < T) memset(p + w, 0, (size_t)(T - w) * sizeof(float));
+}
+
+// In place over dp: ds[u] = p[u] (dp[u] - sum_u' p[u'] dp[u']) for u < n, n a
+// multiple of 16 (p is 0 past the row's own position).
+static void softmax_backward_row(float* ds, const float* p, int n) {
+    float part[16] = {};
+    for (int u = 0; u < n; u += 16)
+        for (int i = 0; i < 16; i++) part[i] += p[u + i] * ds[u + i];
+    float pdp = lanes_sum(part);
+    for (int u = 0; u < n; u++) ds[u] = p[u] * (ds[u] - pdp);
+}
+
+// Per thread: the transposed keys (or values) of one kv head, ATT_ROWS rows
+// of scores (and backward, of probabilities), a row of zeros and a sink for
+// the rows past T.
+struct AttentionBuffers {
+    std::vector<float> xt, rows, probs, zero, sink;
+    AttentionBuffers(int Tp, int hd)
+        : xt((size_t)hd * Tp), rows((size_t)ATT_ROWS * Tp), probs((size_t)ATT_ROWS * Tp), zero(std::max(Tp, hd), 0.0f),
+          sink(std::max(Tp, hd)) {}
+};
+
+// out (B, T, H, hd), att (B, H, T, T); q (B, T, H, hd); k, v (B, T, R, hd).
+template <int W>
+static void attention_forward_w(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H, int R, int hd) {
+    int n_rep = H / R, Tp = (T + 15) / 16 * 16;
+    float scale = 1.0f / sqrtf((float)hd);
+#pragma omp parallel
+    {
+        AttentionBuffers buf(Tp, hd);
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int r = 0; r < R; r++) {
+                head_transposed(buf.xt.data(), k, b, r, T, Tp, R, hd);
+                const float* vr = v + ((size_t)b * T * R + r) * hd;  // v[b, u, r, :] = vr[u * R*hd ...]
+                for (int h = r * n_rep; h < (r + 1) * n_rep; h++)
+                    for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
+                        int last = std::min(t0 + ATT_ROWS, T) - 1;  // rows t0 .. last
+                        const float *qt[ATT_ROWS], *pt[ATT_ROWS];
+                        float *o[ATT_ROWS], *p[ATT_ROWS];
+                        for (int j = 0; j < ATT_ROWS; j++) {
+                            int t = t0 + j;
+                            bool in = t <= last;
+                            qt[j] = in ? q + (((size_t)b * T + t) * H + h) * hd : buf.zero.data();
+                            p[j] = in ? att + (((size_t)b * H + h) * T + t) * T : buf.sink.data();
+                            o[j] = in ? out + (((size_t)b * T + t) * H + h) * hd : buf.sink.data();
+                            pt[j] = in ? p[j] : buf.zero.data();
+                        }
+                        int n16 = (last + 16) / 16 * 16;  // positions 0 .. last in whole vectors
+                        rows_dot_keys(buf.rows.data(), Tp, qt, buf.xt.data(), hd, n16, scale);
+                        for (int t = t0; t <= last; t++) softmax_row(p[t - t0], buf.rows.data() + (size_t)(t - t0) * Tp, t, n16, T);
+                        rows_times_matrix<W>(o, pt, last + 1, vr, (size_t)R * hd, hd, 1.0f);
+                    }
+            }
+    }
+}
+static void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H, int R, int hd) {
+    with_width(hd, [&](auto w) { attention_forward_w<decltype(w)::value>(out, att, q, k, v, B, T, H, R, hd); });
 }
 
 // forward: o[t] = sum_u p[t,u] v[u],  p = softmax(s),  s[t,u] = q[t].k[u] * scale
 // dp[t,u] = dout[t] . v[u]                  dv[u] += sum_t p[t,u] dout[t]
 // ds[t,u] = p[t,u] (dp[t,u] - sum_u' p[t,u'] dp[t,u'])
 // dq[t]   = scale * sum_u ds[t,u] k[u]      dk[u] += scale * sum_t ds[t,u] q[t]
-// dq is written; dk and dv are added to. One (b, kv head) per iteration: the
-// query heads sharing a kv head add into its gradient one after another.
-static void attention_backward(float* dq, float* dk, float* dv, float* datt, float* kt, float* vt, float* dkt, float* dvt,
-                               const float* dout, const float* q, const float* k, const float* v, const float* att,
-                               int B, int T, int H, int R, int hd) {
-    int n_rep = H / R;
+// dq is written; dk and dv are added to. One thread owns a (b, kv head) and
+// adds its query heads' and rows' shares in order: the same sums for any thread count.
+template <int W>
+static void attention_backward_w(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                                 const float* att, int B, int T, int H, int R, int hd) {
+    int n_rep = H / R, Tp = (T + 15) / 16 * 16;
     float scale = 1.0f / sqrtf((float)hd);
-    kv_transpose(kt, k, B, T, R, hd);
-    kv_transpose(vt, v, B, T, R, hd);
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int r = 0; r < R; r++) {
-            size_t kv = ((size_t)b * R + r) * hd * T;
-            const float *Kt = kt + kv, *Vt = vt + kv;  // (hd, T)
-            float *dKt = dkt + kv, *dVt = dvt + kv;
-            memset(dKt, 0, (size_t)hd * T * sizeof(float));
-            memset(dVt, 0, (size_t)hd * T * sizeof(float));
-            for (int h = r * n_rep; h < (r + 1) * n_rep; h++)
-                for (int t = 0; t < T; t++) {
-                    const float* p = att + (((size_t)b * H + h) * T + t) * T;
-                    float* ds = datt + (((size_t)b * H + h) * T + t) * T;
-                    const float* go = dout + (((size_t)b * T + t) * H + h) * hd;
-                    const float* qt = q + (((size_t)b * T + t) * H + h) * hd;
-                    float* gq = dq + (((size_t)b * T + t) * H + h) * hd;
-                    for (int u = 0; u <= t; u++) ds[u] = 0;
-                    for (int i = 0; i < hd; i++) {
-                        const float* Vi = Vt + (size_t)i * T;
-                        float g = go[i];
-#pragma omp simd
-                        for (int u = 0; u <= t; u++) ds[u] += g * Vi[u];  // dp
-                    }
-                    float pdp = 0;
-#pragma omp simd reduction(+ : pdp)
-                    for (int u = 0; u <= t; u++) pdp += p[u] * ds[u];
-#pragma omp simd
-                    for (int u = 0; u <= t; u++) ds[u] = p[u] * (ds[u] - pdp);
-                    for (int i = 0; i < hd; i++) {
-                        const float* Ki = Kt + (size_t)i * T;
-                        float* dKi = dKt + (size_t)i * T;
-                        float* dVi = dVt + (size_t)i * T;
-                        float s = 0, qs = scale * qt[i], g = go[i];
-#pragma omp simd reduction(+ : s)
-                        for (int u = 0; u <= t; u++) {
-                            s += ds[u] * Ki[u];
-                            dKi[u] += qs * ds[u];
-                            dVi[u] += g * p[u];
+#pragma omp parallel
+    {
+        AttentionBuffers buf(Tp, hd);
+#pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++)
+            for (int r = 0; r < R; r++) {
+                head_transposed(buf.xt.data(), v, b, r, T, Tp, R, hd);
+                size_t kv = ((size_t)b * T * R + r) * hd, ld = (size_t)R * hd;  // row u of this kv head: kv + u * ld
+                for (int h = r * n_rep; h < (r + 1) * n_rep; h++)
+                    for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
+                        int last = std::min(t0 + ATT_ROWS, T) - 1;
+                        const float *go[ATT_ROWS], *qt[ATT_ROWS], *p[ATT_ROWS], *ds[ATT_ROWS];
+                        float* gq[ATT_ROWS];
+                        for (int j = 0; j < ATT_ROWS; j++) {
+                            int t = t0 + j;
+                            bool in = t <= last;
+                            size_t row = (((size_t)b * T + t) * H + h) * hd;
+                            go[j] = in ? dout + row : buf.zero.data();
+                            qt[j] = in ? q + row : buf.zero.data();
+                            gq[j] = in ? dq + row : buf.sink.data();
+                            p[j] = in ? buf.probs.data() + (size_t)j * Tp : buf.zero.data();
+                            ds[j] = in ? buf.rows.data() + (size_t)j * Tp : buf.zero.data();
                         }
-                        gq[i] = scale * s;
+                        int n16 = (last + 16) / 16 * 16;
+                        for (int t = t0; t <= last; t++) {  // this row of att, zero-padded to n16
+                            float* pj = buf.probs.data() + (size_t)(t - t0) * Tp;
+                            memcpy(pj, att + (((size_t)b * H + h) * T + t) * T, (size_t)(t + 1) * sizeof(float));
+                            memset(pj + t + 1, 0, (size_t)(n16 - t - 1) * sizeof(float));
+                        }
+                        rows_dot_keys(buf.rows.data(), Tp, go, buf.xt.data(), hd, n16, 1.0f);  // dp
+                        for (int j = 0; j <= last - t0; j++) softmax_backward_row(buf.rows.data() + (size_t)j * Tp, p[j], n16);
+                        rows_times_matrix<W>(gq, ds, last + 1, k + kv, ld, hd, scale);
+                        add_rows_outer<W>(dk + kv, ld, last + 1, ds, qt, hd, scale);
+                        add_rows_outer<W>(dv + kv, ld, last + 1, p, go, hd, 1.0f);
                     }
-                }
-            for (int u = 0; u < T; u++)
-                for (int i = 0; i < hd; i++) {
-                    dk[(((size_t)b * T + u) * R + r) * hd + i] += dKt[i * T + u];
-                    dv[(((size_t)b * T + u) * R + r) * hd + i] += dVt[i * T + u];
-                }
-        }
+            }
+    }
+}
+static void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                               const float* att, int B, int T, int H, int R, int hd) {
+    with_width(hd, [&](auto w) { attention_backward_w<decltype(w)::value>(dq, dk, dv, dout, q, k, v, att, B, T, H, R, hd); });
 }
 
 #ifdef LIME_GPU
@@ -1015,7 +1363,7 @@ static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt,
 
 static void swiglu_forward(float* out, const float* gate, const float* up, size_t n) {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    for (size_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + exp_cpu(-gate[i])) * up[i];
 }
 
 // forward: h = silu(g) * u
@@ -1023,7 +1371,7 @@ static void swiglu_forward(float* out, const float* gate, const float* up, size_
 static void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t n) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
-        float g = gate[i], s = 1.0f / (1.0f + expf(-g));
+        float g = gate[i], s = 1.0f / (1.0f + exp_cpu(-g));
         dgate[i] = dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
         dup[i] = dout[i] * g * s;
     }
@@ -1065,7 +1413,8 @@ static float crossentropy_forward(float* probs, float* nll, const float* logits,
         float maxz = z[0];
         for (int i = 1; i < V; i++) maxz = std::max(maxz, z[i]);
         double sum = 0;
-        for (int i = 0; i < V; i++) { p[i] = expf(z[i] - maxz); sum += p[i]; }
+        for (int i = 0; i < V; i++) p[i] = exp_cpu(z[i] - maxz);
+        for (int i = 0; i < V; i++) sum += p[i];
         for (int i = 0; i < V; i++) p[i] = (float)(p[i] / sum);
         nll[n] = (float)(std::log(sum) + maxz - z[targets[n]]);
     }
@@ -1387,17 +1736,30 @@ void model_init(Model* m, uint64_t seed) {
         Rng rng(seed_for(seed, t.name));
         if (t.group == GROUP_ROUTER) {
             // uniform in [-b, b], b = sqrt(3 / ((l+1) R)), then the last R x R block = I
-            int J = t.shape[1], R = c.R;
+            int J = t.shape[1], R = c.R, l = J / R - 1;
             double b = std::sqrt(3.0 / J);
             for (size_t i = 0; i < t.numel; i++) p[i] = (float)((2.0 * rng.uniform() - 1.0) * b);
             for (int r = 0; r < R; r++)
                 for (int k = 0; k < R; k++) p[r * J + (J - R) + k] = r == k ? 1.0f : 0.0f;
+            // the variants (router_sources): 0 for the layers a router does not read;
+            // average's fixed weights, 1/(l+1) for the same kv head of every layer
+            uint64_t sources = router_sources(c, l);
+            for (int r = 0; r < R; r++)
+                for (int j = 0; j < J; j++) {
+                    if (!(sources >> (j / R) & 1)) p[r * J + j] = 0.0f;
+                    if (c.router == ROUTER_AVERAGE) p[r * J + j] = j % R == r ? 1.0f / (l + 1) : 0.0f;
+                }
         } else if (t.shape.size() == 1) {
             for (size_t i = 0; i < t.numel; i++) p[i] = 1.0f;  // RMSNorm gains
         } else {
             for (size_t i = 0; i < t.numel; i++) p[i] = (float)(0.02 * rng.normal());
         }
     }
+    // --router-kv separate: the value router starts as a copy of the key router,
+    // so at step 0 the model computes what the shared one does; training alone
+    // tells keys and values apart.
+    for (int l = 0; l < c.L; l++)
+        if (m->p.layer[l].router_v) memcpy(m->p.layer[l].router_v, m->p.layer[l].router, (size_t)c.R * (l + 1) * c.R * sizeof(float));
     memset(m->m, 0, 2 * m->n_params * sizeof(float));
     m->step = 0;
     model_to_device(m);  // initialised on the host, copied to the device
@@ -1497,30 +1859,32 @@ static void op_rope_backward(Model* m, float* dx, int B, int T, int nh) {
     DISPATCH(m, rope_backward_gpu(dx, A->rope_cos, A->rope_sin, B, T, nh, m->c.hd, stream_of(m)),
              rope_backward(dx, A->rope_cos, A->rope_sin, B, T, nh, m->c.hd));
 }
-static void op_router_forward(Model* m, float* Kr, float* Vr, const float* W, const float* Kbuf, const float* Vbuf, int l, int N) {
+static void op_router_forward(Model* m, float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l, int N) {
     const Config& c = m->c;
-    DISPATCH(m, router_forward_gpu(Kr, Vr, W, Kbuf, Vbuf, l, N, c.R, c.hd, stream_of(m)), router_forward(Kr, Vr, W, Kbuf, Vbuf, l, N, c.R, c.hd));
+    DISPATCH(m, router_forward_gpu(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, c.R, c.hd, stream_of(m)),
+             router_forward(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, c.R, c.hd));
 }
-static void op_router_backward(Model* m, float* dW, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* W,
-                               const float* Kbuf, const float* Vbuf, int l, int N) {
+static void op_router_backward(Model* m, float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* Wk,
+                               const float* Wv, const float* Kbuf, const float* Vbuf, int l, int N) {
     const Config& c = m->c;
-    DISPATCH(m, router_backward_gpu(dW, dKbuf, dVbuf, dKr, dVr, W, Kbuf, Vbuf, l, N, c.R, c.hd, stream_of(m)),
-             router_backward(dW, dKbuf, dVbuf, dKr, dVr, W, Kbuf, Vbuf, l, N, c.R, c.hd));
+    uint64_t learned = router_learned(c, l);  // the variant's trainable columns
+    DISPATCH(m, router_backward_gpu(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, c.R, c.hd, stream_of(m)),
+             router_backward(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, c.R, c.hd));
 }
 static void op_attention_forward(Model* m, float* out, float* att, const float* q, const float* k, const float* v, int B, int T) {
     const Config& c = m->c;
-    Acts* A = pass_acts(m);
+    [[maybe_unused]] Acts* A = pass_acts(m);  // the GPU's scratch
     DISPATCH(m, attention_forward_gpu(out, att, q, k, v, A->kt, A->vt, B, T, c.H, c.R, c.hd, A->scratch, blas_of(m), stream_of(m)),
-             attention_forward(out, att, q, k, v, A->kt, A->vt, B, T, c.H, c.R, c.hd));
+             attention_forward(out, att, q, k, v, B, T, c.H, c.R, c.hd));
 }
 static void op_attention_backward(Model* m, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
                                   const float* att, int B, int T) {
     const Config& c = m->c;
-    Acts* A = pass_acts(m);
+    [[maybe_unused]] Acts* A = pass_acts(m);  // the GPU's scratch
     DISPATCH(m,
              attention_backward_gpu(dq, dk, dv, A->datt, A->kt, A->vt, A->dkt, A->dvt, dout, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch,
                                     blas_of(m), stream_of(m)),
-             attention_backward(dq, dk, dv, A->datt, A->kt, A->vt, A->dkt, A->dvt, dout, q, k, v, att, B, T, c.H, c.R, c.hd));
+             attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd));
 }
 static void op_swiglu_forward(Model* m, float* out, const float* gate, const float* up, size_t n) {
     DISPATCH(m, swiglu_forward_gpu(out, gate, up, n, stream_of(m)), swiglu_forward(out, gate, up, n));
@@ -1566,6 +1930,10 @@ static void op_adamw(Model* m, const AdamWConfig& o, float factor) {
 
 // --- the passes, written once ----------------------------------------------------
 
+// The router that mixes the values: the one router of Eq. 2, or with
+// --router-kv separate a second one (the same for gradients: Params alike).
+static float* value_router(const LayerParams& w) { return w.router_v ? w.router_v : w.router; }
+
 // Forward over the batch already in A->tokens (and A->targets, A->mask with a loss).
 static void forward_pass(Model* m, int B, int T, bool with_loss) {
     const Config& c = m->c;
@@ -1583,7 +1951,7 @@ static void forward_pass(Model* m, int B, int T, bool with_loss) {
         op_matmul_forward(m, la.V, la.a, w.Wv, N, d, kvd);
         const float* vr = la.V;
         if (has_router(c, l)) {  // LIMe: mix the buffer of layers 0..l
-            op_router_forward(m, la.kr, la.vr, w.router, A->Kbuf, A->Vbuf, l, N);
+            op_router_forward(m, la.kr, la.vr, w.router, value_router(w), A->Kbuf, A->Vbuf, l, N);
             vr = la.vr;
         } else {                 // LLaMa, and LIMe's layer 0: own keys and values
             op_copy(m, la.kr, la.K, (size_t)N * kvd);
@@ -1650,7 +2018,8 @@ static void backward_pass(Model* m, int B, int T) {
         op_rope_backward(m, A->dq, B, T, c.H);
         op_rope_backward(m, A->dkr, B, T, c.R);
         if (routed) {
-            op_router_backward(m, gw.router, A->dKbuf, A->dVbuf, A->dkr, A->dvr, w.router, A->Kbuf, A->Vbuf, l, N);
+            op_router_backward(m, gw.router, value_router(gw), A->dKbuf, A->dVbuf, A->dkr, A->dvr, w.router, value_router(w), A->Kbuf, A->Vbuf,
+                               l, N);
         } else {
             op_add(m, dK, A->dkr, kv_layer);
         }
@@ -1845,14 +2214,19 @@ double flops_per_token(const Config& c, int T) {
 // Checkpoints (SPEC.md): safetensors, HF LLaMa names, config in __metadata__
 // ===========================================================================
 
+// A lime config also names its router variant ("router": "last-2") and whether
+// keys and values share it ("router_kv": "shared" or "separate"); a config
+// without them (llama, HF files, older checkpoints) reads as static and shared.
 std::string config_to_json(const Config& c) {
-    char buf[512];
+    std::string router = c.arch != ARCH_LIME ? ""
+                         : ", \"router\": \"" + router_name(c) + "\", \"router_kv\": \"" + (c.router_kv_separate ? "separate" : "shared") + "\"";
+    char buf[640];
     snprintf(buf, sizeof buf,
              "{\"architecture\": \"%s\", \"head_dim\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
              "\"max_position_embeddings\": %d, \"num_attention_heads\": %d, \"num_hidden_layers\": %d, "
-             "\"num_key_value_heads\": %d, \"rms_norm_eps\": %.9g, \"rope_theta\": %.9g, \"tie_word_embeddings\": true, "
+             "\"num_key_value_heads\": %d, \"rms_norm_eps\": %.9g, \"rope_theta\": %.9g%s, \"tie_word_embeddings\": true, "
              "\"vocab_size\": %d}",
-             arch_name(c.arch), c.hd, c.d, c.F, c.T, c.H, c.L, c.R, c.eps, c.rope_theta, c.V);
+             arch_name(c.arch), c.hd, c.d, c.F, c.T, c.H, c.L, c.R, c.eps, c.rope_theta, router.c_str(), c.V);
     return buf;
 }
 
@@ -1871,7 +2245,7 @@ std::string config_from_json(const std::string& text, Config* c) {
         {"vocab_size", &c->V}, {"num_hidden_layers", &c->L}, {"hidden_size", &c->d}, {"num_attention_heads", &c->H},
         {"num_key_value_heads", &c->R}, {"head_dim", &c->hd}, {"intermediate_size", &c->F}, {"max_position_embeddings", &c->T}};
     for (auto& f : ints) {
-        double v;
+        double v = 0;
         err = num(f.key, &v);
         if (!err.empty()) return err;
         if (v != std::floor(v) || v < 0 || v > 1e8) return std::string("config \"") + f.key + "\" is not a sensible integer";
@@ -1886,6 +2260,15 @@ std::string config_from_json(const std::string& text, Config* c) {
     c->arch = ARCH_LLAMA;  // an HF LLaMa config has no "architecture": it is llama
     if (arch && (arch->kind != Json::STR || !arch_parse(arch->str, &c->arch)))
         return "config \"architecture\" must be \"llama\" or \"lime\"";
+    const Json* router = j.get("router");
+    c->router = ROUTER_STATIC;
+    c->router_j = 0;
+    if (router && (router->kind != Json::STR || !router_parse(router->str, c)))
+        return "config \"router\" must be \"static\", \"average\", \"last-J\" or \"first-J\"";
+    const Json* kv = j.get("router_kv");
+    c->router_kv_separate = kv && kv->kind == Json::STR && kv->str == "separate";
+    if (kv && (kv->kind != Json::STR || (kv->str != "shared" && kv->str != "separate")))
+        return "config \"router_kv\" must be \"shared\" or \"separate\"";
     return config_check(*c);
 }
 
@@ -1898,9 +2281,10 @@ std::string config_diff(const Config& a, const Config& b) {
     };
     std::vector<std::pair<std::string, Json>> fa = fields(a), fb = fields(b);
     std::string out;
-    for (size_t i = 0; i < fa.size() && i < fb.size(); i++) {
-        std::string va = json_dump(fa[i].second), vb = json_dump(fb[i].second);
-        if (va != vb) out += (out.empty() ? "" : ", ") + fa[i].first + " " + va + " vs " + vb;
+    for (const auto& [key, value] : fa) {  // by key: only lime configs have "router"
+        std::string va = json_dump(value), vb = "none";
+        for (const auto& kv : fb) if (kv.first == key) vb = json_dump(kv.second);
+        if (va != vb) out += (out.empty() ? "" : ", ") + key + " " + va + " vs " + vb;
     }
     return out;
 }

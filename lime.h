@@ -10,6 +10,9 @@
 #include <vector>
 
 enum Arch { ARCH_LLAMA = 0, ARCH_LIME = 1 };
+// Router variants (paper Appendix D, Table 7; lime.cu's router_sources says
+// exactly which weights each one learns): static is Eq. 2 itself.
+enum RouterKind { ROUTER_STATIC = 0, ROUTER_AVERAGE = 1, ROUTER_LAST = 2, ROUTER_FIRST = 3 };
 
 struct Config {
     int V = 0, L = 0, d = 0, H = 0, R = 0, hd = 0, F = 0;
@@ -17,6 +20,9 @@ struct Config {
     Arch arch = ARCH_LIME;
     float rope_theta = 10000.0f;
     float eps = 1e-6f;                // RMSNorm
+    RouterKind router = ROUTER_STATIC;
+    int router_j = 0;                 // the J of last-J and first-J (layers), else 0
+    bool router_kv_separate = false;  // one router for keys, another for values
 };
 
 // "" when the shapes are consistent, else one line naming the problem and the fix.
@@ -25,6 +31,17 @@ std::string config_check(const Config& c);
 inline bool has_router(const Config& c, int l) { return c.arch == ARCH_LIME && l >= 1; }
 const char* arch_name(Arch a);
 bool arch_parse(const std::string& s, Arch* out);
+// "static", "average", "last-2", "first-1"; and back (false when s is none of them).
+std::string router_name(const Config& c);
+bool router_parse(const std::string& s, Config* c);
+// A model as compare names it: "llama", "lime", "lime:last-2", "lime:average:separate"
+// (lime, then its router when not static, then ":separate" for --router-kv separate).
+std::string model_name(const Config& c);
+bool model_parse(const std::string& s, Config* c);  // sets arch and the router fields
+// Bit l' set: layer l's router may give source layer l' a non-zero weight
+// (router_sources), and learns those weights (router_learned). L <= 64 for lime.
+uint64_t router_sources(const Config& c, int l);
+uint64_t router_learned(const Config& c, int l);
 
 // ---------------------------------------------------------------------------
 // Parameters: one float array, carved into named tensors in this order.
@@ -45,7 +62,8 @@ struct LayerParams {
     float* Wk;       // (R*hd, d)
     float* Wv;       // (R*hd, d)
     float* Wo;       // (d, H*hd)
-    float* router;   // (R, (l+1)*R), nullptr where the layer has none
+    float* router;   // (R, (l+1)*R), nullptr where the layer has none; the key router when separate
+    float* router_v; // (R, (l+1)*R) the value router with --router-kv separate, else nullptr (router mixes both)
     float* g_mlp;    // (d)
     float* Wg;       // (F, d)
     float* Wu;       // (F, d)

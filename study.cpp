@@ -158,8 +158,10 @@ static std::string every_value(const std::vector<double>& v, bool percent) {
     return out;
 }
 
-// "LIMe - LLaMa" for one tier, with the 95% interval and Welch's p.
-static std::string difference_line(const std::vector<double>& lime, const std::vector<double>& llama, std::string* verdict) {
+// "LIMe - LLaMa" for one tier, with the 95% interval and Welch's p; `who`
+// names the LIMe model ("LIMe", or a variant such as "lime:last-2").
+static std::string difference_line(const std::vector<double>& lime, const std::vector<double>& llama, const std::string& who,
+                                   std::string* verdict) {
     if (lime.size() < 2 || llama.size() < 2) {
         *verdict = "too few seeds for a confidence interval (use --seeds 2 or more)";
         return "n/a";
@@ -168,13 +170,13 @@ static std::string difference_line(const std::vector<double>& lime, const std::v
     char buf[256];
     if (!std::isfinite(w.t)) {  // no spread in either group: a t-test is undefined
         snprintf(buf, sizeof buf, "%+.1f points, the same in every seed (no spread, so no interval or test)", 100 * w.diff);
-        *verdict = w.diff > 0 ? "LIMe is ahead in every seed" : w.diff < 0 ? "LLaMa is ahead in every seed" : "no difference at all";
+        *verdict = w.diff > 0 ? who + " is ahead in every seed" : w.diff < 0 ? "LLaMa is ahead in every seed" : "no difference at all";
         return buf;
     }
     snprintf(buf, sizeof buf, "%+.1f points (95%% CI %+.1f to %+.1f), Welch t = %.2f, df = %.1f, p = %.3g", 100 * w.diff, 100 * w.lo,
              100 * w.hi, w.t, w.df, w.p);
-    if (w.lo > 0) *verdict = "LIMe beats LLaMa here: the whole 95% interval of the difference is above zero";
-    else if (w.hi < 0) *verdict = "LLaMa beats LIMe here: the whole 95% interval of the difference is below zero";
+    if (w.lo > 0) *verdict = who + " beats LLaMa here: the whole 95% interval of the difference is above zero";
+    else if (w.hi < 0) *verdict = "LLaMa beats " + who + " here: the whole 95% interval of the difference is below zero";
     else *verdict = "no clear difference: the 95% interval of the difference contains zero";
     return buf;
 }
@@ -219,17 +221,24 @@ static std::string write_report(const std::string& dir, const Preset* preset, co
     md << "Each model trained once per seed with `./lime train " << (preset ? preset->train_args : "") << " " << extra
        << " --ops TIER --seed S`; a seed gives both models the same data order and the same initial values for every tensor "
           "they share. Accuracy: greedy decoding on held-out questions (TASKS.md 1).\n\n";
+    if (std::any_of(archs.begin(), archs.end(), [](const std::string& a) { return a.find(':') != std::string::npos; }))
+        md << "Model `lime:X` is trained with `--arch lime --router X` (`:separate` adds `--router-kv separate`): the router "
+              "variants of the paper's Table 7 (README, `--router`).\n\n";
     md << "## Accuracy\n\n| tier | model | accuracy (mean ± std) | per seed | test loss |\n| --- | --- | --- | --- | --- |\n";
     for (const RunGroup& g : groups)
         md << "| " << g.tier << " | " << g.arch << " | " << mean_std(g.values(&Run::accuracy), true) << " | "
            << every_value(g.values(&Run::accuracy), true) << " | " << mean_std(g.values(&Run::val_loss), false) << " |\n";
     md << "\n## LIMe minus LLaMa\n\n";
-    for (const std::string& tier : tiers) {
-        std::string verdict;
-        std::string line = difference_line(group(tier, "lime").values(&Run::accuracy), group(tier, "llama").values(&Run::accuracy), &verdict);
-        md << "- tier " << tier << ": " << line << ". " << verdict << ".\n";
-        *summary += "tier " + tier + ": LIMe - LLaMa = " + line + "\n  " + verdict + "\n";
-    }
+    bool has_llama = std::find(archs.begin(), archs.end(), "llama") != archs.end();
+    if (!has_llama) md << "No llama in --archs: nothing to subtract.\n";
+    for (const std::string& tier : tiers)
+        for (const std::string& arch : archs) {  // each LIMe model (a router variant too) against LLaMa
+            if (!has_llama || arch == "llama") continue;
+            std::string who = arch == "lime" ? "LIMe" : arch, verdict;
+            std::string line = difference_line(group(tier, arch).values(&Run::accuracy), group(tier, "llama").values(&Run::accuracy), who, &verdict);
+            md << "- tier " << tier << (arch == "lime" ? "" : ", " + arch) << ": " << line << ". " << verdict << ".\n";
+            *summary += "tier " + tier + ": " + who + " - LLaMa = " + line + "\n  " + verdict + "\n";
+        }
     md << "\n## Cost\n\n| tier | model | parameters | FLOPs per token (train step, router counted) | ms per step | peak memory (process RSS) |\n"
           "| --- | --- | --- | --- | --- | --- |\n";
     for (const RunGroup& g : groups) {
@@ -271,7 +280,7 @@ static std::string write_report(const std::string& dir, const Preset* preset, co
     }
     std::vector<std::string> cats;
     for (const std::string& t : tiers) cats.push_back("tier " + t);
-    std::string err = plot_bars(dir + "/accuracy.png", "Accuracy per tier (mean ± std over seeds)", "accuracy (%)", cats, bars);
+    std::string err = plot_bars(dir + "/accuracy.png", "Accuracy per tier (mean and std over seeds)", "accuracy (%)", cats, bars);
     if (!err.empty()) return err;
     md << "![accuracy](accuracy.png)\n";
     std::string path = dir + "/report.md";
@@ -289,7 +298,7 @@ int cmd_compare(int argc, char** argv) {
         {"preset", "classroom", "classroom (2 CPU cores, ~10 min), paper-aet (the paper's setting, GPU) or tiny (tests)"},
         {"seeds", "", "seeds per model (default: the preset's)"},
         {"tiers", "", "operators per question, e.g. 4,5,6 (default: the preset's)"},
-        {"archs", "llama,lime", "models to compare"},
+        {"archs", "llama,lime", "models to compare: llama, lime, or lime:VARIANT (lime:average, lime:last-2, lime:first-1, lime:separate)"},
         {"train-args", "", "extra flags for every ./lime train, e.g. \"--epochs 30\""},
         {"jobs", "0", "runs at a time (0: one per core on the CPU, 1 on the GPU)"},
         {"device", "auto", "auto, cpu or gpu"},
@@ -306,8 +315,14 @@ int cmd_compare(int argc, char** argv) {
     for (const std::string& t : tiers)
         if (t.find_first_not_of("0123456789") != std::string::npos || atoi(t.c_str()) < 1 || atoi(t.c_str()) > 64)
             a.fail("--tiers '" + a.str("tiers") + "': each tier is a number of operators in 1..64, e.g. 4,5,6");
+    // models: llama, lime, or lime with a router variant and/or separate K/V routers,
+    // e.g. lime:last-2, lime:average, lime:separate (model_parse)
     std::vector<std::string> archs = split(a.str("archs"), ',');
-    for (const std::string& s : archs) { Arch tmp; if (!arch_parse(s, &tmp)) a.fail("--archs: '" + s + "' is not llama or lime"); }
+    for (const std::string& s : archs) {
+        Config tmp;
+        if (!model_parse(s, &tmp))
+            a.fail("--archs: '" + s + "' is not llama, lime or lime:VARIANT (static, average, last-J, first-J, separate; e.g. lime:last-2)");
+    }
     int jobs = (int)a.integer("jobs", 0, 256);
     std::string device = a.choice("device", {"auto", "cpu", "gpu"});
     std::string dir = a.str("out");
@@ -331,7 +346,9 @@ int cmd_compare(int argc, char** argv) {
             for (const std::string& arch : archs) {
                 Run r;
                 r.arch = arch; r.tier = tier; r.seed = s;
-                r.dir = dir + "/tier" + tier + "/" + arch + "-seed" + std::to_string(s);
+                std::string name = arch;
+                std::replace(name.begin(), name.end(), ':', '-');  // lime:last-2 runs in lime-last-2-seed1
+                r.dir = dir + "/tier" + tier + "/" + name + "-seed" + std::to_string(s);
                 runs.push_back(r);
             }
     printf("compare %s: %zu runs (%zu tiers x %d seeds x %zu models), %d at a time, %d thread%s each, on the %s\n", preset->name,
@@ -346,8 +363,12 @@ int cmd_compare(int argc, char** argv) {
             Run& r = runs[next];
             if (!make_dir(r.dir, &err)) die("compare", err);
             std::vector<std::string> args = split(std::string(preset->train_args) + " " + a.str("train-args"), ' ');
-            std::vector<std::string> own = {"--arch", r.arch, "--ops", r.tier, "--seed", std::to_string(r.seed), "--out", r.dir,
+            Config model;
+            model_parse(r.arch, &model);
+            std::vector<std::string> own = {"--arch", arch_name(model.arch), "--ops", r.tier, "--seed", std::to_string(r.seed), "--out", r.dir,
                                             "--threads", std::to_string(threads), "--device", gpu ? "gpu" : "cpu", "--quiet"};
+            if (model.arch == ARCH_LIME && model.router != ROUTER_STATIC) own.insert(own.end(), {"--router", router_name(model)});
+            if (model.router_kv_separate) own.insert(own.end(), {"--router-kv", "separate"});
             args.insert(args.end(), own.begin(), own.end());
             r.pid = start_run(self, &r, args);
             started[next] = now_ms();
@@ -391,20 +412,23 @@ int cmd_compare(int argc, char** argv) {
 // Router weights (paper Section 5.4, Figure 5): for layer l and source layer
 // l', the mean |W[l][r, l'*R + r']| over r and r', each row normalised to sum
 // 1. Row l-1 holds layer l (layers 1..L-1); entries l' > l are NaN (no such source).
+// With --router-kv separate the mean runs over the key and the value router.
 std::vector<std::vector<double>> router_heatmap(const Model& m) {
     const Config& c = m.c;
     std::vector<std::vector<double>> rows;
     for (int l = 1; l < c.L; l++) {
         std::vector<double> row(c.L, NAN);
-        const float* W = m.p.layer[l].router;
-        if (!W) continue;
+        std::vector<const float*> routers;
+        for (const float* W : {m.p.layer[l].router, m.p.layer[l].router_v}) if (W) routers.push_back(W);
+        if (routers.empty()) continue;
         int J = (l + 1) * c.R;
         double total = 0;
         for (int src = 0; src <= l; src++) {
             double s = 0;
-            for (int r = 0; r < c.R; r++)
-                for (int rr = 0; rr < c.R; rr++) s += std::fabs(W[r * J + src * c.R + rr]);
-            row[src] = s / (c.R * c.R);
+            for (const float* W : routers)
+                for (int r = 0; r < c.R; r++)
+                    for (int rr = 0; rr < c.R; rr++) s += std::fabs(W[r * J + src * c.R + rr]);
+            row[src] = s / (routers.size() * c.R * c.R);
             total += row[src];
         }
         for (int src = 0; src <= l; src++) row[src] /= total > 0 ? total : 1;

@@ -204,6 +204,8 @@ static const std::vector<FlagSpec> SHAPE_FLAGS = {
     {"heads", "4", "H, query heads"},
     {"kv-heads", "", "R, key/value heads (default: --heads, full attention)"},
     {"ffn", "", "F, SwiGLU hidden size (default: 3 * dim)"},
+    {"router", "static", "lime's router: static (Eq. 2), average, last-J or first-J (paper Table 7)"},
+    {"router-kv", "shared", "lime: one router for keys and values (shared) or one each (separate)"},
 };
 
 
@@ -217,6 +219,11 @@ static Config shape_from_args(Args& a) {
     c.R = a.has("kv-heads") ? (int)a.integer("kv-heads", 1, 1024) : c.H;
     c.F = a.has("ffn") ? (int)a.integer("ffn", 1, 1 << 20) : 3 * c.d;
     c.hd = c.d / c.H;
+    if (!router_parse(a.str("router"), &c))
+        a.fail("--router '" + a.str("router") + "' is not one of static|average|last-J|first-J (J: layers, e.g. last-2)");
+    c.router_kv_separate = a.choice("router-kv", {"shared", "separate"}) == "separate";
+    if (c.arch == ARCH_LLAMA && (a.has("router") || a.has("router-kv")))
+        a.fail("--router and --router-kv are for --arch lime: llama has no router");
     return c;
 }
 
@@ -403,7 +410,9 @@ static int cmd_train(int argc, char** argv) {
     std::string out = a.str("out");
     if (out.empty()) a.fail("--out needs a directory");
     if (!a.err.empty()) die("train", a.err);
-    std::string err = config_check(Config{1, c.L, c.d, c.H, c.R, c.hd, c.F, 1, c.arch});
+    Config shape = c;  // the task sets V and T below; check the rest now
+    shape.V = shape.T = 1;
+    std::string err = config_check(shape);
     if (!err.empty()) die("train", err);
 
     Task task;
@@ -471,7 +480,7 @@ static int cmd_train(int argc, char** argv) {
     if (!log.f) die("train", "cannot write " + log_path + ": " + strerror(errno));
     if (!log.quiet) {
         printf("train %s on %s: L=%d d=%d H=%d R=%d F=%d V=%d T=%d, %zu parameters, %s, batch %d, %d steps (%d per epoch)%s\n",
-               arch_name(c.arch), ts["task"].c_str(), c.L, c.d, c.H, c.R, c.F, c.V, c.T, m.n_params,
+               model_name(c).c_str(), ts["task"].c_str(), c.L, c.d, c.H, c.R, c.F, c.V, c.T, m.n_params,
                dev == DEVICE_GPU ? "gpu" : "cpu", s.B, s.steps, per_epoch,
                start_step ? (", resuming at step " + std::to_string(start_step)).c_str() : "");
     }
@@ -565,7 +574,7 @@ static int cmd_train(int argc, char** argv) {
     err = model_save(&m, out + "/model.safetensors", meta(), false);
     if (!err.empty()) die("train", err);
     evaluate(&m, task, s.steps, task.kind != "text" ? 0 : s.eval_size, &log, &val_loss, &acc);
-    printf("done: %s, %d steps in %s, val loss %.4f", arch_name(c.arch), s.steps - start_step, duration_str(seconds).c_str(), val_loss);
+    printf("done: %s, %d steps in %s, val loss %.4f", model_name(c).c_str(), s.steps - start_step, duration_str(seconds).c_str(), val_loss);
     if (acc >= 0) printf(", accuracy %.1f%%", 100 * acc);
     printf("; wrote %s/model.safetensors\n", out.c_str());
     log.line("{\"type\": \"done\", \"seconds\": " + json_num(seconds) + ", \"val_loss\": " + json_num(val_loss) +
@@ -635,8 +644,9 @@ static int cmd_eval(int argc, char** argv) {
         std::string err = load_checkpoint(path, dev, B, &ld, true);
         if (err.size()) die("eval", err);
         const Config& c = ld.m.c;
-        std::string name = std::string(arch_name(c.arch));
-        std::string entry = "\"file\": " + json_quote(path) + ", \"arch\": \"" + name + "\", \"task\": " + json_quote(ld.task.kind);
+        std::string name = model_name(c);  // "lime", or with its router variant: "lime:last-2"
+        std::string entry = "\"file\": " + json_quote(path) + ", \"arch\": \"" + arch_name(c.arch) + "\", \"model\": " + json_quote(name) +
+                            ", \"task\": " + json_quote(ld.task.kind);
         double loss = mean_loss(&ld.m, *ld.task.test, ld.task.T, ld.task.vocab.pad, n);
         entry += ", \"loss\": " + json_num(loss);
         char row[512];
@@ -894,6 +904,7 @@ struct BenchResult {
 
 static BenchResult bench_one(Config c, Arch arch, int B, int steps, Device dev, bool graph, double peak_tflops) {
     c.arch = arch;
+    if (arch == ARCH_LLAMA) model_parse("llama", &c);  // no router: --router and --router-kv are lime's
     GpuInfo before, after;
     bool on_gpu = dev == DEVICE_GPU && gpu_info(&before);
     Model m;
@@ -959,7 +970,7 @@ static int cmd_bench(int argc, char** argv) {
     BenchResult lime = bench_one(c, ARCH_LIME, B, steps, dev, graph, peak);
     double ratio = lime.ms / llama.ms, mem_ratio = llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0;
     Config cl = c, cm = c;
-    cl.arch = ARCH_LLAMA;
+    model_parse("llama", &cl);
     cm.arch = ARCH_LIME;
     if (a.has("json")) {
         auto one = [&](const BenchResult& r, const Config& rc) {
@@ -975,8 +986,8 @@ static int cmd_bench(int argc, char** argv) {
         if (on_gpu) s += bfmt(", \"memory_lime_over_llama\": %.4f", mem_ratio);
         printf("%s}\n", s.c_str());
     } else {
-        printf("bench %s: L=%d d=%d H=%d R=%d F=%d V=%d B=%d T=%d, %d steps\n", dev == DEVICE_GPU ? "gpu" : "cpu", c.L, c.d, c.H, c.R, c.F,
-               c.V, B, c.T, steps);
+        printf("bench %s: L=%d d=%d H=%d R=%d F=%d V=%d B=%d T=%d, %d steps, lime is %s\n", dev == DEVICE_GPU ? "gpu" : "cpu", c.L, c.d, c.H,
+               c.R, c.F, c.V, B, c.T, steps, model_name(cm).c_str());
         if (on_gpu)
             printf("  %s (sm_%d%d), %s, %s; MFU against %.1f TFLOP/s (%s %s)\n", gi.name.c_str(), gi.major, gi.minor, tf32 ? "TF32" : "float32",
                    graph ? "CUDA graph" : "plain launches", peak, gi.peak_source.c_str(), tf32 ? "TF32" : "FP32");
@@ -1023,11 +1034,11 @@ static int cmd_analyze(int argc, char** argv) {
     if (!err.empty()) die("analyze", err);
     Model& m = ld.m;
     const Config& c = m.c;
-    printf("%s: %s, L=%d d=%d H=%d R=%d F=%d V=%d T=%d\n", path.c_str(), arch_name(c.arch), c.L, c.d, c.H, c.R, c.F, c.V, c.T);
+    printf("%s: %s, L=%d d=%d H=%d R=%d F=%d V=%d T=%d\n", path.c_str(), model_name(c).c_str(), c.L, c.d, c.H, c.R, c.F, c.V, c.T);
     size_t router_params = 0;
     for (const TensorSpec& t : m.specs) if (t.group == GROUP_ROUTER) router_params += t.numel;
     Config llama = c;
-    llama.arch = ARCH_LLAMA;
+    model_parse("llama", &llama);
     printf("parameters: %zu (routers %zu, %.3f%%)\n", m.n_params, router_params, 100.0 * router_params / m.n_params);
     printf("FLOPs per token, training step at T=%d: %.4g (llama of this shape: %.4g, %+.3f%%)\n", c.T, flops_per_token(c, c.T),
            flops_per_token(llama, c.T), 100 * (flops_per_token(c, c.T) / flops_per_token(llama, c.T) - 1));
@@ -1061,7 +1072,7 @@ static int cmd_analyze(int argc, char** argv) {
     model_forward(&m, batch.tokens.data(), nullptr, nullptr, B, c.T);
     int D = c.R * c.hd;
     Series s;
-    s.label = arch_name(c.arch);
+    s.label = model_name(c);
     printf("value entropy (Renyi, alpha = %g), mean over %d sequences:\n", alpha, B);
     for (int l = 0; l < c.L; l++) {
         const float* v = model_values(&m, l);  // (B, T, R, hd)

@@ -64,6 +64,28 @@ else
     fail analyze_writes_heatmap_and_entropy "$(tail -3 "$tmp/analyze.out")"
 fi
 
+# --- router variants (paper Table 7) and separate key/value routers: train, the config they leave, analyze, compare
+if $LIME train $TINY --router last-2 --router-kv separate --steps 5 --out "$tmp/variant" >"$tmp/variant.out" 2>&1 &&
+    grep -q '"router": "last-2", "router_kv": "separate"' "$tmp/variant/log.jsonl" &&
+    $LIME eval --load "$tmp/variant/model.safetensors" --json 2>&1 | grep -q '"model": "lime:last-2:separate"'; then
+    pass train_router_variant
+else
+    fail train_router_variant "$(tail -3 "$tmp/variant.out")"
+fi
+if $LIME analyze --load "$tmp/variant/model.safetensors" --out "$tmp/variant_analysis" >"$tmp/variant_an.out" 2>&1 &&
+    grep -q "lime:last-2:separate" "$tmp/variant_an.out" && [ -s "$tmp/variant_analysis/router_heatmap.png" ]; then
+    pass analyze_router_variant
+else
+    fail analyze_router_variant "$(tail -3 "$tmp/variant_an.out")"
+fi
+if $LIME compare --preset tiny --seeds 1 --archs llama,lime:average,lime:first-1 --out "$tmp/variants" >"$tmp/variants.out" 2>&1 &&
+    grep -q "| lime:average |" "$tmp/variants/report.md" && grep -q "| lime:first-1 |" "$tmp/variants/report.md" &&
+    grep -q '"router": "average"' "$tmp/variants/tier2/lime-average-seed1/log.jsonl"; then
+    pass compare_router_variants
+else
+    fail compare_router_variants "$(tail -3 "$tmp/variants.out")"
+fi
+
 # --- resume gives the same losses, bit for bit, as the uninterrupted run
 $LIME train $TINY --steps 12 --log-every 1 --out "$tmp/full" >/dev/null 2>&1
 $LIME train $TINY --steps 12 --log-every 1 --stop-after 5 --out "$tmp/part" >/dev/null 2>&1

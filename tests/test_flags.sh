@@ -59,6 +59,12 @@ bad train_out_empty           "needs a directory"  train $A --out ""
 bad train_switch_with_value   "takes no value"     train $A --skip-bad-steps=1
 bad train_positional          "unexpected"         train $A 100
 bad train_kv_heads            "divisible"          train $A --heads 4 --kv-heads 3
+bad train_router_bogus        "not one of"         train $A --router bogus
+bad train_router_last_zero    "J must be 1 .. 4"   train $A --router last-0
+bad train_router_first_past_L "J must be 1 .. 2"   train $A --layers 2 --router first-3
+bad train_router_on_llama     "for --arch lime"    train $A --arch llama --router average
+bad train_router_kv_on_llama  "for --arch lime"    train $A --arch llama --router-kv separate
+bad train_router_kv_bogus     "shared|separate"    train $A --router-kv both
 # --- train: flags that do not go together
 bad train_warmup_past_steps   "warmup"             train $A --steps 10 --warmup 100
 bad train_steps_and_epochs    "one of them"        train $A --steps 10 --epochs 2
@@ -95,6 +101,10 @@ bad data_format_on_text       "is for --task arith" data $T --format chain
 bad verify_tf32               "out of range"       verify --tf32 2 "$PWD/tests/golden/lime_tiny.safetensors"
 bad bench_steps_zero          "out of range"       bench --steps 0
 bad bench_no_memory           "out of memory"      bench --batch 1000000 --steps 1
+bad bench_router_last_zero    "J must be"          bench --router last-0 --steps 1
+# --- compare
+bad compare_archs_variant     "lime:VARIANT"       compare --preset tiny --archs llama,lime:last-x
+bad compare_archs_llama_variant "lime:VARIANT"     compare --preset tiny --archs llama:average,lime
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

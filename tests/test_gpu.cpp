@@ -169,40 +169,52 @@ TEST(gpu_rope_matches_cpu) {
     }
 }
 
-static void check_router(int R) {
+// `learned`: the source layers whose columns get a gradient (router_learned);
+// `separate`: a key router and a value router instead of one.
+static void check_router(int R, uint64_t learned = 7, bool separate = false) {
     int L = 3, l = 2, N = 26, hd = 6, J = (l + 1) * R;
     size_t layer = (size_t)N * R * hd;
-    auto Kbuf = randv(L * layer, 1), Vbuf = randv(L * layer, 2), W = randv((size_t)R * J, 3);
-    auto dKr = randv(layer, 4), dVr = randv(layer, 5), dW0 = randv((size_t)R * J, 6);
+    auto Kbuf = randv(L * layer, 1), Vbuf = randv(L * layer, 2), Wk = randv((size_t)R * J, 3), Wv = separate ? randv((size_t)R * J, 9) : Wk;
+    auto dKr = randv(layer, 4), dVr = randv(layer, 5), dW0 = randv((size_t)R * J, 6), dWv0 = randv((size_t)R * J, 10);
     auto dKbuf0 = randv(L * layer, 7), dVbuf0 = randv(L * layer, 8);
     std::vector<float> Kr(layer), Vr(layer);
-    router_forward(Kr.data(), Vr.data(), W.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
-    DevF gK(Kbuf), gV(Vbuf), gW(W), gKr(layer), gVr(layer);
-    router_forward_gpu(gKr.p, gVr.p, gW.p, gK.p, gV.p, l, N, R, hd, ctx().stream);
+    router_forward(Kr.data(), Vr.data(), Wk.data(), Wv.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
+    DevF gK(Kbuf), gV(Vbuf), gWk(Wk), gWv(Wv), gKr(layer), gVr(layer);
+    const float* gwv = separate ? gWv.p : gWk.p;  // shared: one pointer, as the model passes it
+    router_forward_gpu(gKr.p, gVr.p, gWk.p, gwv, gK.p, gV.p, l, N, R, hd, ctx().stream);
     double e1 = err_of(gKr.get(), Kr), e2 = err_of(gVr.get(), Vr);
     CHECK(e1 < TOL_FWD && e2 < TOL_FWD, "router forward R=%d: Kr %.2e, Vr %.2e", R, e1, e2);
-    std::vector<float> dW = dW0, dKbuf = dKbuf0, dVbuf = dVbuf0;
-    router_backward(dW.data(), dKbuf.data(), dVbuf.data(), dKr.data(), dVr.data(), W.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
-    DevF gdW(dW0), gdK(dKbuf0), gdV(dVbuf0), gdKr(dKr), gdVr(dVr);
-    router_backward_gpu(gdW.p, gdK.p, gdV.p, gdKr.p, gdVr.p, gW.p, gK.p, gV.p, l, N, R, hd, ctx().stream);
-    double e3 = err_of(gdW.get(), dW), e4 = err_of(gdK.get(), dKbuf), e5 = err_of(gdV.get(), dVbuf);
-    CHECK(e3 < TOL_BWD && e4 < TOL_BWD && e5 < TOL_BWD, "router backward R=%d: dW %.2e, dKbuf %.2e, dVbuf %.2e", R, e3, e4, e5);
+    std::vector<float> dW = dW0, dWv = dWv0, dKbuf = dKbuf0, dVbuf = dVbuf0;
+    router_backward(dW.data(), separate ? dWv.data() : dW.data(), dKbuf.data(), dVbuf.data(), dKr.data(), dVr.data(), Wk.data(), Wv.data(),
+                    Kbuf.data(), Vbuf.data(), l, learned, N, R, hd);
+    DevF gdW(dW0), gdWv(dWv0), gdK(dKbuf0), gdV(dVbuf0), gdKr(dKr), gdVr(dVr);
+    router_backward_gpu(gdW.p, separate ? gdWv.p : gdW.p, gdK.p, gdV.p, gdKr.p, gdVr.p, gWk.p, gwv, gK.p, gV.p, l, learned, N, R, hd,
+                        ctx().stream);
+    double e3 = err_of(gdW.get(), dW), e4 = err_of(gdK.get(), dKbuf), e5 = err_of(gdV.get(), dVbuf), e6 = err_of(gdWv.get(), dWv);
+    CHECK(e3 < TOL_BWD && e4 < TOL_BWD && e5 < TOL_BWD && e6 < TOL_BWD, "router backward R=%d learned %#llx%s: dW %.2e, dKbuf %.2e, dVbuf %.2e, dWv %.2e",
+          R, (unsigned long long)learned, separate ? " separate" : "", e3, e4, e5, e6);
+    std::vector<float> got = gdW.get();
+    for (int i = 0; i < R * J; i++)  // fixed columns: the gradient is left exactly as it was
+        CHECK((learned >> (i % J / R) & 1) || got[i] == dW0[i], "router column %d of a fixed layer changed: %g -> %g", i % J, dW0[i], got[i]);
 }
 TEST(gpu_router_matches_cpu_R2) { NEED_GPU(); check_router(2); }
 TEST(gpu_router_matches_cpu_R1) { NEED_GPU(); check_router(1); }
+TEST(gpu_router_masked_matches_cpu) { NEED_GPU(); check_router(2, 0b101); }
+TEST(gpu_router_nothing_learned_matches_cpu) { NEED_GPU(); check_router(2, 0); }
+TEST(gpu_router_separate_kv_matches_cpu) { NEED_GPU(); check_router(2, 7, true); }
+TEST(gpu_router_separate_kv_masked_matches_cpu) { NEED_GPU(); check_router(1, 0b110, true); }
 
 static void check_attention(int B, int T, int H, int R, int hd) {
     size_t qn = (size_t)B * T * H * hd, kn = (size_t)B * T * R * hd, an = (size_t)B * H * T * T;
     auto q = randv(qn, 1), k = randv(kn, 2), v = randv(kn, 3), dout = randv(qn, 4), dk0 = randv(kn, 5), dv0 = randv(kn, 6);
-    std::vector<float> out(qn), att(an), kt(kn), vt(kn), dkt(kn), dvt(kn), datt(an);
-    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), kt.data(), vt.data(), B, T, H, R, hd);
+    std::vector<float> out(qn), att(an);
+    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
     DevF gq(q), gk(k), gv(v), gout(qn), gatt(an), gkp(kn), gvp(kn), gdkp(kn), gdvp(kn), gdatt(an), scratch(3 * qn);
     attention_forward_gpu(gout.p, gatt.p, gq.p, gk.p, gv.p, gkp.p, gvp.p, B, T, H, R, hd, scratch.p, ctx().blas, ctx().stream);
     double e1 = err_of(gout.get(), out), e2 = err_of(gatt.get(), att);
     CHECK(e1 < TOL_FWD && e2 < TOL_FWD, "attention forward B=%d T=%d H=%d R=%d: out %.2e, att %.2e", B, T, H, R, e1, e2);
     std::vector<float> dq(qn), dk = dk0, dv = dv0;
-    attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), kt.data(), vt.data(), dkt.data(), dvt.data(), dout.data(), q.data(),
-                       k.data(), v.data(), att.data(), B, T, H, R, hd);
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
     DevF gdq(qn), gdk(dk0), gdv(dv0), gdout(dout);
     attention_backward_gpu(gdq.p, gdk.p, gdv.p, gdatt.p, gkp.p, gvp.p, gdkp.p, gdvp.p, gdout.p, gq.p, gk.p, gv.p, gatt.p, B, T, H, R, hd,
                            scratch.p, ctx().blas, ctx().stream);
@@ -442,22 +454,31 @@ static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t see
     return r;
 }
 
-static void check_gpu_trains_like_cpu(Arch arch, int H, int R) {
-    Config c = tiny_config(arch, H, R, 9);
+static void check_gpu_trains_like_cpu(Config c) {
     Run cpu = train_steps(c, DEVICE_CPU, false, 4, 5), gpu = train_steps(c, DEVICE_GPU, true, 4, 5);
     CHECK(gpu.losses.size() == 4, "GPU training did not run");
     for (int s = 0; s < 4; s++) {
         double e = std::fabs(gpu.losses[s] - cpu.losses[s]) / cpu.losses[s];
-        CHECK(e < 1e-4, "%s step %d: loss %.7f (gpu) vs %.7f (cpu)", arch_name(arch), s + 1, gpu.losses[s], cpu.losses[s]);
+        CHECK(e < 1e-4, "%s step %d: loss %.7f (gpu) vs %.7f (cpu)", model_name(c).c_str(), s + 1, gpu.losses[s], cpu.losses[s]);
         double en = std::fabs(gpu.norms[s] - cpu.norms[s]) / cpu.norms[s];
-        CHECK(en < 1e-4, "%s step %d: norm %.7f (gpu) vs %.7f (cpu)", arch_name(arch), s + 1, gpu.norms[s], cpu.norms[s]);
+        CHECK(en < 1e-4, "%s step %d: norm %.7f (gpu) vs %.7f (cpu)", model_name(c).c_str(), s + 1, gpu.norms[s], cpu.norms[s]);
     }
     size_t n = cpu.params.size() / 4;
     double e = rel_err(gpu.params.data(), cpu.params.data(), n);
-    CHECK(e < TOL_BWD, "%s: parameters after 4 steps, rel err %.2e", arch_name(arch), e);
+    CHECK(e < TOL_BWD, "%s: parameters after 4 steps, rel err %.2e", model_name(c).c_str(), e);
 }
+static void check_gpu_trains_like_cpu(Arch arch, int H, int R) { check_gpu_trains_like_cpu(tiny_config(arch, H, R, 9)); }
 TEST(gpu_training_steps_match_cpu_lime_gqa) { NEED_GPU(); gpu_set_tf32(false); check_gpu_trains_like_cpu(ARCH_LIME, 4, 2); }
 TEST(gpu_training_steps_match_cpu_llama) { NEED_GPU(); gpu_set_tf32(false); check_gpu_trains_like_cpu(ARCH_LLAMA, 2, 2); }
+// A router variant with separate key and value routers (3 layers: layer 2 reads layers 1 and 2 only).
+TEST(gpu_training_steps_match_cpu_lime_last2_separate_kv) {
+    NEED_GPU();
+    gpu_set_tf32(false);
+    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    c.L = 3;
+    CHECK(model_parse("lime:last-2:separate", &c), "model_parse failed");
+    check_gpu_trains_like_cpu(c);
+}
 
 TEST(gpu_graph_replay_equals_plain_launches) {
     NEED_GPU();

@@ -26,11 +26,14 @@ static double dot(const std::vector<float>& a, const std::vector<float>& b) {
 // Central differences of loss() with respect to up to `samples` entries of x,
 // compared with the analytic gradient; returns the relative error |a-n|/|n|
 // over the sampled entries. loss() is a weighted sum of an op's outputs,
-// sum(y * w), so its gradient is the op's backward with dy = w.
-static double fd_error(std::vector<float>& x, const std::vector<float>& analytic, const std::function<double()>& loss, int samples = 40) {
+// sum(y * w), so its gradient is the op's backward with dy = w. With `only`,
+// the entries where it is 0 are left out (weights a router variant holds fixed).
+static double fd_error(std::vector<float>& x, const std::vector<float>& analytic, const std::function<double()>& loss, int samples = 40,
+                       const std::vector<char>* only = nullptr) {
     double num = 0, den = 0;
     size_t step = std::max<size_t>(1, x.size() / samples);
     for (size_t i = 0; i < x.size(); i += step) {
+        if (only && !(*only)[i]) continue;
         float keep = x[i], h = 1e-2f * std::max(1.0f, std::fabs(keep));
         x[i] = keep + h;
         double up = loss();
@@ -111,32 +114,47 @@ TEST(rope_position_zero_is_identity_and_rotation_keeps_norm) {
     }
 }
 
-// The router at layer l = 2 of a 3-layer buffer, with R kv heads.
-static void check_router(int R) {
+// The router at layer l = 2 of a 3-layer buffer, with R kv heads. `learned`:
+// the source layers whose columns get a gradient (router_learned); the others
+// must get exactly none. `separate`: one router for keys, another for values.
+static void check_router(int R, uint64_t learned = 7, bool separate = false) {
     int l = 2, N = 5, hd = 4, J = (l + 1) * R;
     size_t layer = (size_t)N * R * hd;
-    std::vector<float> W = randv(R * J, 12), Kb = randv(3 * layer, 13), Vb = randv(3 * layer, 14);
+    std::vector<float> Wk = randv(R * J, 12), Wv = separate ? randv(R * J, 17) : Wk, Kb = randv(3 * layer, 13), Vb = randv(3 * layer, 14);
     std::vector<float> wk = randv(layer, 15), wv = randv(layer, 16), Kr(layer), Vr(layer);
-    std::vector<float> dW(R * J, 0), dKb(3 * layer, 0), dVb(3 * layer, 0);
+    std::vector<float> dWk(R * J, 0), dWv(R * J, 0), dKb(3 * layer, 0), dVb(3 * layer, 0);
     auto loss = [&]() {
-        router_forward(Kr.data(), Vr.data(), W.data(), Kb.data(), Vb.data(), l, N, R, hd);
+        router_forward(Kr.data(), Vr.data(), Wk.data(), separate ? Wv.data() : Wk.data(), Kb.data(), Vb.data(), l, N, R, hd);
         return dot(Kr, wk) + dot(Vr, wv);
     };
-    router_backward(dW.data(), dKb.data(), dVb.data(), wk.data(), wv.data(), W.data(), Kb.data(), Vb.data(), l, N, R, hd);
-    double e1 = fd_error(W, dW, loss), e2 = fd_error(Kb, dKb, loss), e3 = fd_error(Vb, dVb, loss);
-    CHECK(e1 < FD_TOL, "router dW (R=%d): rel err %.2e", R, e1);
+    router_backward(dWk.data(), separate ? dWv.data() : dWk.data(), dKb.data(), dVb.data(), wk.data(), wv.data(), Wk.data(),
+                    separate ? Wv.data() : Wk.data(), Kb.data(), Vb.data(), l, learned, N, R, hd);
+    std::vector<char> on(R * J);
+    for (int i = 0; i < R * J; i++) on[i] = learned >> (i % J / R) & 1;
+    double e1 = fd_error(Wk, dWk, loss, 40, &on), e2 = fd_error(Kb, dKb, loss), e3 = fd_error(Vb, dVb, loss);
+    CHECK(e1 < FD_TOL, "router dW%s (R=%d, learned %#llx): rel err %.2e", separate ? "k" : "", R, (unsigned long long)learned, e1);
     CHECK(e2 < FD_TOL, "router dKbuf (R=%d): rel err %.2e", R, e2);
     CHECK(e3 < FD_TOL, "router dVbuf (R=%d): rel err %.2e", R, e3);
+    if (separate) {
+        double e4 = fd_error(Wv, dWv, loss, 40, &on);
+        CHECK(e4 < FD_TOL, "router dWv (R=%d, learned %#llx): rel err %.2e", R, (unsigned long long)learned, e4);
+    }
+    for (int i = 0; i < R * J; i++)
+        CHECK(on[i] || (dWk[i] == 0 && dWv[i] == 0), "router column %d of a fixed source layer got gradient %g / %g", i % J, dWk[i], dWv[i]);
 }
 TEST(router_backward_matches_finite_differences_R2) { check_router(2); }
 TEST(router_backward_matches_finite_differences_R1) { check_router(1); }
+TEST(router_backward_masked_matches_finite_differences) { check_router(2, 0b101); }  // layers 0 and 2 learn, 1 is fixed
+TEST(router_backward_nothing_learned_gives_no_weight_gradient) { check_router(2, 0); }  // average
+TEST(router_backward_separate_kv_matches_finite_differences) { check_router(2, 7, true); }
+TEST(router_backward_separate_kv_masked_matches_finite_differences) { check_router(1, 0b110, true); }
 
 TEST(router_with_identity_block_returns_own_layer) {
     int l = 1, N = 3, R = 2, hd = 4, J = (l + 1) * R;
     size_t layer = (size_t)N * R * hd;
     std::vector<float> W(R * J, 0), Kb = randv(2 * layer, 17), Vb = randv(2 * layer, 18), Kr(layer), Vr(layer);
     for (int r = 0; r < R; r++) W[r * J + l * R + r] = 1;  // [0 | I]
-    router_forward(Kr.data(), Vr.data(), W.data(), Kb.data(), Vb.data(), l, N, R, hd);
+    router_forward(Kr.data(), Vr.data(), W.data(), W.data(), Kb.data(), Vb.data(), l, N, R, hd);
     CHECK(rel_err(Kr.data(), Kb.data() + layer, layer) == 0, "router [0 | I] keys differ from layer %d's own", l);
     CHECK(rel_err(Vr.data(), Vb.data() + layer, layer) == 0, "router [0 | I] values differ from layer %d's own", l);
 }
@@ -145,15 +163,14 @@ static void check_attention(int H, int R) {
     int B = 2, T = 6, hd = 4;
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * R * hd;
     std::vector<float> q = randv(nq, 19), k = randv(nk, 20), v = randv(nk, 21), w = randv(nq, 22);
-    std::vector<float> out(nq), att((size_t)B * H * T * T), datt(att.size()), kt(nk), vt(nk), dkt(nk), dvt(nk);
+    std::vector<float> out(nq), att((size_t)B * H * T * T);
     std::vector<float> dq(nq), dk(nk, 0), dv(nk, 0);
     auto loss = [&]() {
-        attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), kt.data(), vt.data(), B, T, H, R, hd);
+        attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
         return dot(out, w);
     };
     loss();
-    attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), kt.data(), vt.data(), dkt.data(), dvt.data(), w.data(), q.data(),
-                       k.data(), v.data(), att.data(), B, T, H, R, hd);
+    attention_backward(dq.data(), dk.data(), dv.data(), w.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
     double e1 = fd_error(q, dq, loss), e2 = fd_error(k, dk, loss), e3 = fd_error(v, dv, loss);
     CHECK(e1 < FD_TOL, "attention dq (H=%d R=%d): rel err %.2e", H, R, e1);
     CHECK(e2 < FD_TOL, "attention dk (H=%d R=%d): rel err %.2e", H, R, e2);
@@ -166,13 +183,72 @@ TEST(attention_backward_matches_finite_differences_R1) { check_attention(3, 1); 
 TEST(attention_is_causal) {
     int B = 1, T = 5, H = 2, R = 1, hd = 4;
     size_t nq = (size_t)T * H * hd, nk = (size_t)T * R * hd;
-    std::vector<float> q = randv(nq, 23), k = randv(nk, 24), v = randv(nk, 25), out(nq), out2(nq), att(H * T * T), kt(nk), vt(nk);
-    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), kt.data(), vt.data(), B, T, H, R, hd);
+    std::vector<float> q = randv(nq, 23), k = randv(nk, 24), v = randv(nk, 25), out(nq), out2(nq), att(H * T * T);
+    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
     for (size_t i = (size_t)(T - 1) * R * hd; i < nk; i++) { k[i] += 5; v[i] -= 3; }  // change only the last position
-    attention_forward(out2.data(), att.data(), q.data(), k.data(), v.data(), kt.data(), vt.data(), B, T, H, R, hd);
+    attention_forward(out2.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
     size_t before_last = (size_t)(T - 1) * H * hd;
     CHECK(rel_err(out2.data(), out.data(), before_last) == 0, "outputs before the last position changed when only its keys did");
 }
+
+// The blocked CPU attention against the formulas in plain loops (double),
+// for head sizes that take each of its paths (hd a multiple of 32, of 8, or
+// neither) and lengths that leave partial blocks of rows and of 16 positions.
+static void check_attention_reference(int B, int T, int H, int R, int hd) {
+    int n_rep = H / R;
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * R * hd;
+    std::vector<float> q = randv(nq, 40), k = randv(nk, 41), v = randv(nk, 42), dout = randv(nq, 43), dk0 = randv(nk, 44), dv0 = randv(nk, 45);
+    std::vector<float> out(nq), att((size_t)B * H * T * T), dq(nq), dk = dk0, dv = dv0;
+    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
+    std::vector<float> want_out(nq), want_att(att.size()), want_dq(nq), want_dk(dk0), want_dv(dv0);
+    std::vector<double> dkd(nk, 0), dvd(nk, 0);
+    double scale = 1.0 / std::sqrt((double)hd);
+    auto Q = [&](int b, int t, int h) { return &q[(((size_t)b * T + t) * H + h) * hd]; };
+    auto KV = [&](const std::vector<float>& x, int b, int u, int r) { return &x[(((size_t)b * T + u) * R + r) * hd]; };
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (int t = 0; t < T; t++) {
+                int r = h / n_rep;
+                std::vector<double> p(T, 0.0), dp(T, 0.0);
+                double mx = -1e300, sum = 0, pdp = 0;
+                for (int u = 0; u <= t; u++) {
+                    double s = 0;
+                    for (int i = 0; i < hd; i++) s += (double)Q(b, t, h)[i] * KV(k, b, u, r)[i];
+                    p[u] = s * scale;
+                    mx = std::max(mx, p[u]);
+                }
+                for (int u = 0; u <= t; u++) sum += p[u] = std::exp(p[u] - mx);
+                const float* go = &dout[(((size_t)b * T + t) * H + h) * hd];
+                for (int u = 0; u <= t; u++) {
+                    p[u] /= sum;
+                    for (int i = 0; i < hd; i++) dp[u] += (double)go[i] * KV(v, b, u, r)[i];
+                    pdp += p[u] * dp[u];
+                }
+                for (int u = 0; u < T; u++) want_att[(((size_t)b * H + h) * T + t) * T + u] = (float)p[u];
+                for (int i = 0; i < hd; i++) {
+                    double o = 0, g = 0;
+                    for (int u = 0; u <= t; u++) {
+                        double ds = p[u] * (dp[u] - pdp);
+                        o += p[u] * KV(v, b, u, r)[i];
+                        g += ds * KV(k, b, u, r)[i] * scale;
+                        dkd[(((size_t)b * T + u) * R + r) * hd + i] += ds * Q(b, t, h)[i] * scale;
+                        dvd[(((size_t)b * T + u) * R + r) * hd + i] += p[u] * go[i];
+                    }
+                    want_out[(((size_t)b * T + t) * H + h) * hd + i] = (float)o;
+                    want_dq[(((size_t)b * T + t) * H + h) * hd + i] = (float)g;
+                }
+            }
+    for (size_t i = 0; i < nk; i++) { want_dk[i] = (float)(dk0[i] + dkd[i]); want_dv[i] = (float)(dv0[i] + dvd[i]); }
+    double e1 = rel_err(out.data(), want_out.data(), nq), e2 = rel_err(att.data(), want_att.data(), att.size());
+    double e3 = rel_err(dq.data(), want_dq.data(), nq), e4 = rel_err(dk.data(), want_dk.data(), nk), e5 = rel_err(dv.data(), want_dv.data(), nk);
+    CHECK(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5 && e4 < 1e-5 && e5 < 1e-5,
+          "attention vs reference B=%d T=%d H=%d R=%d hd=%d: out %.1e att %.1e dq %.1e dk %.1e dv %.1e", B, T, H, R, hd, e1, e2, e3, e4, e5);
+}
+TEST(attention_matches_reference_hd8) { check_attention_reference(2, 37, 4, 2, 8); }
+TEST(attention_matches_reference_hd32) { check_attention_reference(1, 21, 2, 2, 32); }
+TEST(attention_matches_reference_hd6_T1) { check_attention_reference(2, 1, 3, 1, 6); }
+TEST(attention_matches_reference_hd48_T16) { check_attention_reference(1, 16, 2, 1, 48); }
 
 TEST(swiglu_backward_matches_finite_differences) {
     size_t n = 30;
@@ -240,36 +316,100 @@ struct TinyBatch {
     }
 };
 
-// The model's gradient of a few entries of every tensor against central differences.
-static void check_model_gradients(Arch arch, int H, int R) {
-    Config c = tiny_config(arch, H, R);
+// Which entries of a router tensor (layer l, R kv heads) its variant learns: 1, or 0 where it holds them fixed.
+static std::vector<char> learned_entries(const Config& c, int l) {
+    int J = (l + 1) * c.R;
+    std::vector<char> on((size_t)c.R * J);
+    for (int i = 0; i < c.R * J; i++) on[i] = router_learned(c, l) >> (i % J / c.R) & 1;
+    return on;
+}
+static int layer_of(const std::string& name) { return atoi(name.c_str() + strlen("model.layers.")); }
+
+// The model's gradient of a few entries of every tensor against central
+// differences. Router weights a variant holds fixed keep their init values
+// and must get a gradient of exactly 0. `spread`: how far the weights are moved
+// from the init; the variants need more (0.2), or their small key gradients
+// (average mixes each key in at 1/(l+1)) drown in float32 rounding.
+static void check_model_gradients(const Config& c, float spread = 0.05f) {
     Model m;
     std::string err = model_create(&m, c, 2, DEVICE_CPU);
     CHECK(err.empty(), "model_create: %s", err.c_str());
     model_init(&m, 5);
-    for (size_t i = 0; i < m.n_params; i++) m.params[i] += 0.05f * (float)std::sin(1.7 * i);  // away from the init's symmetries
+    std::vector<float> init(m.params, m.params + m.n_params);
+    for (size_t i = 0; i < m.n_params; i++) m.params[i] += spread * (float)std::sin(1.7 * i);  // away from the init's symmetries
+    for (const TensorSpec& t : m.specs)  // ... except the fixed router weights: they stay as initialised
+        if (t.group == GROUP_ROUTER) {
+            std::vector<char> on = learned_entries(c, layer_of(t.name));
+            for (size_t i = 0; i < t.numel; i++) if (!on[i]) m.params[t.offset + i] = init[t.offset + i];
+        }
     TinyBatch b(c.V);
     model_forward(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
     model_backward(&m);
     std::vector<float> grads(m.grads, m.grads + m.n_params);
+    std::string name = model_name(c);
     for (const TensorSpec& t : m.specs) {
         std::vector<float> x(m.params + t.offset, m.params + t.offset + t.numel);
         std::vector<float> g(grads.begin() + t.offset, grads.begin() + t.offset + t.numel);
+        std::vector<char> on = t.group == GROUP_ROUTER ? learned_entries(c, layer_of(t.name)) : std::vector<char>(t.numel, 1);
         auto loss = [&]() {
             std::copy(x.begin(), x.end(), m.params + t.offset);
             return (double)model_forward(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
         };
-        double e = fd_error(x, g, loss, 16);
+        double e = fd_error(x, g, loss, 16, &on);
         std::copy(x.begin(), x.end(), m.params + t.offset);
         // the loss is a float32 sum over the whole model: differences of it carry
         // rounding noise of ~1e-2 relative; a wrong backward is off by O(1)
-        CHECK(e < 5e-2, "%s model gradient of %s: rel err %.2e vs finite differences", arch_name(arch), t.name.c_str(), e);
+        CHECK(e < 5e-2, "%s model gradient of %s: rel err %.2e vs finite differences", name.c_str(), t.name.c_str(), e);
+        for (size_t i = 0; i < t.numel; i++)
+            CHECK(on[i] || g[i] == 0, "%s: fixed weight %zu of %s has gradient %g", name.c_str(), i, t.name.c_str(), g[i]);
     }
     model_free(&m);
+}
+static void check_model_gradients(Arch arch, int H, int R) { check_model_gradients(tiny_config(arch, H, R)); }
+// A lime config with a router variant (and 4 layers, where first-1 and last-1 differ from static).
+static Config variant_config(const char* model, int H, int R) {
+    Config c = tiny_config(ARCH_LIME, H, R);
+    c.L = 4;
+    if (!model_parse(model, &c)) c.L = 0;  // config_check refuses it, and the test says so
+    return c;
 }
 TEST(lime_model_gradients_match_finite_differences_gqa) { check_model_gradients(ARCH_LIME, 4, 2); }
 TEST(lime_model_gradients_match_finite_differences_R1) { check_model_gradients(ARCH_LIME, 2, 1); }
 TEST(llama_model_gradients_match_finite_differences) { check_model_gradients(ARCH_LLAMA, 2, 2); }
+TEST(lime_average_model_gradients_match_finite_differences) { check_model_gradients(variant_config("lime:average", 4, 2), 0.2f); }
+TEST(lime_last1_model_gradients_match_finite_differences) { check_model_gradients(variant_config("lime:last-1", 4, 2), 0.2f); }
+TEST(lime_first1_model_gradients_match_finite_differences) { check_model_gradients(variant_config("lime:first-1", 4, 2), 0.2f); }
+TEST(lime_separate_kv_model_gradients_match_finite_differences) { check_model_gradients(variant_config("lime:separate", 4, 2), 0.2f); }
+TEST(lime_last2_separate_kv_model_gradients_match_finite_differences) { check_model_gradients(variant_config("lime:last-2:separate", 2, 1), 0.2f); }
+
+// Exact, beside the finite differences: a variant is the static router with
+// some weights held fixed, so with the same weights it computes the same loss
+// and the same gradients, except that the fixed router weights get none.
+TEST(router_variant_gradients_equal_static_on_learned_weights) {
+    for (const char* model : {"lime:average", "lime:last-1", "lime:first-1", "lime:last-2"}) {
+        Config c = variant_config(model, 4, 2), s = variant_config("lime", 4, 2);
+        Model v, st;
+        CHECK(model_create(&v, c, 2, DEVICE_CPU).empty() && model_create(&st, s, 2, DEVICE_CPU).empty(), "model_create failed");
+        model_init(&v, 6);
+        for (size_t i = 0; i < v.n_params; i++) v.params[i] += 0.05f * (float)std::sin(0.9 * i);
+        memcpy(st.params, v.params, v.n_params * sizeof(float));  // one layout: the same tensors in the same order
+        TinyBatch b(c.V);
+        float lv = model_forward(&v, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+        float ls = model_forward(&st, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+        CHECK(lv == ls, "%s: loss %.9g, static with its weights %.9g", model, lv, ls);
+        model_backward(&v);
+        model_backward(&st);
+        for (const TensorSpec& t : v.specs) {
+            std::vector<char> on = t.group == GROUP_ROUTER ? learned_entries(c, layer_of(t.name)) : std::vector<char>(t.numel, 1);
+            for (size_t i = 0; i < t.numel; i++) {
+                float want = on[i] ? st.grads[t.offset + i] : 0.0f;
+                CHECK(v.grads[t.offset + i] == want, "%s: gradient %zu of %s is %g, want %g", model, i, t.name.c_str(), v.grads[t.offset + i], want);
+            }
+        }
+        model_free(&v);
+        model_free(&st);
+    }
+}
 
 TEST(lime_with_identity_routers_equals_llama) {
     Config cl = tiny_config(ARCH_LLAMA, 4, 2), cm = tiny_config(ARCH_LIME, 4, 2);
@@ -320,6 +460,155 @@ TEST(router_init_is_uniform_with_identity_block) {
     }
     CHECK(m.p.layer[0].router == nullptr, "layer 0 has a router");
     model_free(&m);
+}
+
+// ---------------------------------------------------------------------------
+// Router variants (paper Table 7) and separate key/value routers
+
+TEST(router_sources_of_each_variant) {
+    Config c = tiny_config(ARCH_LIME, 4, 2);
+    c.L = 6;
+    struct { const char* model; int l; uint64_t sources, learned; } cases[] = {
+        {"lime", 4, 0b11111, 0b11111},          {"lime:average", 4, 0b11111, 0},       {"lime:last-1", 4, 0b10000, 0b10000},
+        {"lime:last-2", 4, 0b11000, 0b11000},    {"lime:last-6", 3, 0b1111, 0b1111},    {"lime:first-1", 5, 0b110001, 0b110001},
+        {"lime:first-2", 5, 0b110011, 0b110011}, {"lime:first-2", 2, 0b111, 0b111},     {"lime:first-1:separate", 3, 0b1101, 0b1101},
+    };
+    for (auto& k : cases) {
+        CHECK(model_parse(k.model, &c), "model_parse(%s) failed", k.model);
+        CHECK(config_check(c).empty(), "%s refused: %s", k.model, config_check(c).c_str());
+        CHECK(router_sources(c, k.l) == k.sources, "%s layer %d: sources %#llx, want %#llx", k.model, k.l,
+              (unsigned long long)router_sources(c, k.l), (unsigned long long)k.sources);
+        CHECK(router_learned(c, k.l) == k.learned, "%s layer %d: learned %#llx, want %#llx", k.model, k.l,
+              (unsigned long long)router_learned(c, k.l), (unsigned long long)k.learned);
+        CHECK(model_name(c) == k.model, "model_name %s, want %s", model_name(c).c_str(), k.model);
+    }
+}
+
+TEST(router_variant_names_are_checked) {
+    Config c = tiny_config(ARCH_LIME, 4, 2);  // 3 layers
+    for (const char* bad : {"bogus", "last-", "last-x", "first--1", "lime", "last-2 ", ""})
+        CHECK(!router_parse(bad, &c), "router_parse accepted '%s'", bad);
+    for (const char* bad : {"last-0", "first-0", "last-4"}) {
+        CHECK(router_parse(bad, &c), "router_parse refused '%s'", bad);
+        CHECK(config_check(c).find("J must be 1 .. 3") != std::string::npos, "--router %s: '%s'", bad, config_check(c).c_str());
+    }
+    Config l = tiny_config(ARCH_LLAMA, 4, 2);
+    l.router = ROUTER_AVERAGE;
+    CHECK(config_check(l).find("for --arch lime") != std::string::npos, "llama with a router: '%s'", config_check(l).c_str());
+    l = tiny_config(ARCH_LLAMA, 4, 2);
+    l.router_kv_separate = true;
+    CHECK(config_check(l).find("for --arch lime") != std::string::npos, "llama with --router-kv separate: '%s'", config_check(l).c_str());
+    CHECK(!model_parse("llama:average", &l) && !model_parse("lime:", &l) && !model_parse("lime:sideways", &l), "bad model names parsed");
+}
+
+TEST(router_variant_init_zeroes_unread_layers_and_average_is_fixed) {
+    for (const char* model : {"lime:last-1", "lime:first-1", "lime:average", "lime:last-2:separate"}) {
+        Config c = tiny_config(ARCH_LIME, 4, 2), s = c;
+        c.L = s.L = 4;
+        model_parse(model, &c);
+        Model m, st;
+        CHECK(model_create(&m, c, 1, DEVICE_CPU).empty() && model_create(&st, s, 1, DEVICE_CPU).empty(), "model_create failed");
+        model_init(&m, 9);
+        model_init(&st, 9);
+        for (int l = 1; l < c.L; l++) {
+            int J = (l + 1) * c.R;
+            uint64_t sources = router_sources(c, l);
+            for (const float* W : {m.p.layer[l].router, m.p.layer[l].router_v}) {
+                if (!W) continue;
+                for (int r = 0; r < c.R; r++)
+                    for (int j = 0; j < J; j++) {
+                        float w = W[r * J + j], want = c.router == ROUTER_AVERAGE ? (j % c.R == r ? 1.0f / (l + 1) : 0.0f)
+                                                       : sources >> (j / c.R) & 1 ? st.p.layer[l].router[r * J + j]  // static's value
+                                                                                   : 0.0f;
+                        CHECK(w == want, "%s router %d [%d,%d] = %g, want %g", model, l, r, j, w, want);
+                    }
+            }
+        }
+        model_free(&m);
+        model_free(&st);
+    }
+}
+
+// A few AdamW steps move every learned router weight and none that the variant holds fixed.
+TEST(router_variant_fixed_weights_do_not_move_in_training) {
+    for (const char* model : {"lime:average", "lime:last-1", "lime:first-1", "lime:last-2:separate"}) {
+        Config c = tiny_config(ARCH_LIME, 4, 2);
+        c.L = 4;
+        model_parse(model, &c);
+        Model m;
+        CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create failed");
+        model_init(&m, 4);
+        std::vector<float> before(m.params, m.params + m.n_params);
+        TinyBatch b(c.V);
+        AdamWConfig opt;
+        for (int s = 0; s < 3; s++) model_train_step(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T, opt, 1.0f);
+        int moved = 0, fixed = 0;
+        for (const TensorSpec& t : m.specs) {
+            if (t.group != GROUP_ROUTER) continue;
+            std::vector<char> on = learned_entries(c, layer_of(t.name));
+            for (size_t i = 0; i < t.numel; i++) {
+                float now = m.params[t.offset + i], was = before[t.offset + i];
+                if (on[i]) moved += now != was;
+                else { fixed++; CHECK(now == was, "%s: fixed weight %zu of %s moved: %g -> %g", model, i, t.name.c_str(), was, now); }
+            }
+        }
+        CHECK(c.router == ROUTER_AVERAGE ? moved == 0 : moved > 0, "%s: %d learned router weights moved", model, moved);
+        CHECK(fixed > 0, "%s: no fixed router weights to check", model);
+        model_free(&m);
+    }
+}
+
+TEST(checkpoint_round_trip_of_a_router_variant) {
+    Config c = tiny_config(ARCH_LIME, 4, 2);
+    c.L = 4;
+    model_parse("lime:last-2:separate", &c);
+    Model m, back, other;
+    CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
+    model_init(&m, 8);
+    for (size_t i = 0; i < m.n_params; i++) m.params[i] += 0.01f * (float)std::cos(0.3 * i);  // the two routers differ
+    std::string path = "/tmp/lime_test_variant_ckpt.safetensors";
+    std::string err = model_save(&m, path, {}, true);
+    CHECK(err.empty(), "model_save: %s", err.c_str());
+    Config fc;
+    std::map<std::string, std::string> meta;
+    err = checkpoint_read_config(path, &fc, &meta);
+    CHECK(err.empty(), "checkpoint_read_config: %s", err.c_str());
+    CHECK(fc.router == ROUTER_LAST && fc.router_j == 2 && fc.router_kv_separate, "config read back as %s", model_name(fc).c_str());
+    CHECK(meta["config"].find("\"router\": \"last-2\", \"router_kv\": \"separate\"") != std::string::npos, "config JSON: %s",
+          meta["config"].c_str());
+    CHECK(model_create(&back, fc, 1, DEVICE_CPU).empty(), "model_create failed");
+    err = model_load(&back, path, true);
+    CHECK(err.empty(), "model_load: %s", err.c_str());
+    CHECK(memcmp(back.params, m.params, 4 * m.n_params * sizeof(float)) == 0, "weights differ after a round trip");
+    bool has_v = false;
+    for (const TensorSpec& t : back.specs) has_v |= t.name == "model.layers.3.self_attn.router_v.weight";
+    CHECK(has_v, "no value router in the loaded model");
+    Config st = c;
+    model_parse("lime", &st);  // static, shared: another model
+    CHECK(model_create(&other, st, 1, DEVICE_CPU).empty(), "model_create failed");
+    err = model_load(&other, path, false);
+    CHECK(err.find("different model") != std::string::npos && err.find("router") != std::string::npos, "loading as static lime: '%s'",
+          err.c_str());
+    model_free(&m);
+    model_free(&back);
+    model_free(&other);
+    remove(path.c_str());
+}
+
+TEST(config_without_router_reads_as_static_shared) {
+    Config c = tiny_config(ARCH_LIME, 4, 2);
+    std::string json = config_to_json(c);
+    CHECK(json.find("\"router\": \"static\", \"router_kv\": \"shared\"") != std::string::npos, "lime config JSON: %s", json.c_str());
+    size_t at = json.find(", \"router\"");
+    std::string old = json.substr(0, at) + json.substr(json.find(", \"tie_word"));  // as written before the variants
+    Config back;
+    back.router = ROUTER_AVERAGE;
+    back.router_kv_separate = true;
+    CHECK(config_from_json(old, &back).empty(), "config without router refused");
+    CHECK(back.router == ROUTER_STATIC && !back.router_kv_separate, "config without router read as %s", model_name(back).c_str());
+    CHECK(config_to_json(tiny_config(ARCH_LLAMA, 4, 2)).find("router") == std::string::npos, "llama config names a router");
+    Config bad;
+    CHECK(!config_from_json(json.replace(json.find("static"), 6, "sideways"), &bad).empty(), "router \"sideways\" accepted");
 }
 
 TEST(same_seed_same_losses) {
