@@ -1105,7 +1105,8 @@ static void usage() {
            "  data     print generated examples as the model sees them\n"
            "  verify   check the implementation against reference vectors\n"
            "  bench    time training steps of llama and lime\n"
-           "  compare  train both models for several seeds; report with statistics and figures\n");
+           "  compare  train both models for several seeds; report with statistics and figures\n"
+           "  analyze  router heatmap, value entropy per layer and cost of a checkpoint\n");
 }
 
 int main(int argc, char** argv) {
@@ -1121,6 +1122,6 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return cmd_bench(n, rest);
     if (cmd == "compare") return cmd_compare(n, rest);
     if (cmd == "analyze") return cmd_analyze(n, rest);
-    fprintf(stderr, "lime: unknown command '%s'; commands: train eval sample data verify bench compare (./lime --help)\n", cmd.c_str());
+    fprintf(stderr, "lime: unknown command '%s'; commands: train eval sample data verify bench compare analyze (./lime --help)\n", cmd.c_str());
     return 2;
 }
