@@ -474,7 +474,10 @@ static inline void gemm_tile(float* C, int ldc, const float* const* a, size_t a_
         }
     for (int i = 0; i < mr; i++) {
         float* c = C + (size_t)i * ldc;
-        for (int j = 0; j < nr; j++) c[j] = accumulate ? c[j] + acc[i][j] : acc[i][j];
+        if (nr == GEMM_NR)  // (a whole row: the compiler's fixed-size vector stores)
+            for (int j = 0; j < GEMM_NR; j++) c[j] = accumulate ? c[j] + acc[i][j] : acc[i][j];
+        else
+            for (int j = 0; j < nr; j++) c[j] = accumulate ? c[j] + acc[i][j] : acc[i][j];
     }
 }
 
@@ -531,6 +534,22 @@ static void matmul_backward(float* dinp, float* dW, const float* dout, const flo
 static void add_inplace(float* dst, const float* src, size_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
+}
+
+// dst = src, and p = 0: memcpy and memset in CHUNKS pieces shared by the threads.
+static void copy_cpu(float* dst, const float* src, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int c = 0; c < CHUNKS; c++) {
+        size_t from = n * c / CHUNKS, to = n * (c + 1) / CHUNKS;
+        memcpy(dst + from, src + from, (to - from) * sizeof(float));
+    }
+}
+static void zero_cpu(float* p, size_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int c = 0; c < CHUNKS; c++) {
+        size_t from = n * c / CHUNKS, to = n * (c + 1) / CHUNKS;
+        memset(p + from, 0, (to - from) * sizeof(float));
+    }
 }
 
 #ifdef LIME_GPU
@@ -628,6 +647,7 @@ static void rmsnorm_forward(float* out, float* rstd, const float* inp, const flo
         const float* x = inp + (size_t)n * d;
         float* y = out + (size_t)n * d;
         float ss = 0;
+#pragma omp simd reduction(+ : ss)
         for (int i = 0; i < d; i++) ss += x[i] * x[i];
         float r = 1.0f / sqrtf(ss / d + eps);
         for (int i = 0; i < d; i++) y[i] = x[i] * r * g[i];
@@ -638,24 +658,29 @@ static void rmsnorm_forward(float* out, float* rstd, const float* inp, const flo
 // forward: y_i = x_i * r * g_i
 // dx_i += r * g_i * dy_i - x_i * r^3 * mean_j(g_j * dy_j * x_j)
 // dg_i += sum_n dy_i * x_i * r
+// dg is summed over CHUNKS fixed slices of the rows, then the slices in
+// order, so the sum is the same for any thread count.
 static void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp, const float* g, const float* rstd, int N, int d) {
+    std::vector<float> part((size_t)CHUNKS * d, 0.0f);
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) {
-        const float* x = inp + (size_t)n * d;
-        const float* dy = dout + (size_t)n * d;
-        float* dx = dinp + (size_t)n * d;
-        float r = rstd[n], dot = 0;
-        for (int i = 0; i < d; i++) dot += g[i] * dy[i] * x[i];
-        float c = r * r * r * dot / d;
-        for (int i = 0; i < d; i++) dx[i] += r * g[i] * dy[i] - x[i] * c;
+    for (int c = 0; c < CHUNKS; c++) {
+        float* dgc = &part[(size_t)c * d];
+        for (size_t n = (size_t)N * c / CHUNKS; n < (size_t)N * (c + 1) / CHUNKS; n++) {
+            const float* x = inp + n * d;
+            const float* dy = dout + n * d;
+            float* dx = dinp + n * d;
+            float r = rstd[n], dot = 0;
+#pragma omp simd reduction(+ : dot)
+            for (int i = 0; i < d; i++) dot += g[i] * dy[i] * x[i];
+            float k = r * r * r * dot / d;
+            for (int i = 0; i < d; i++) {
+                dx[i] += r * g[i] * dy[i] - x[i] * k;
+                dgc[i] += dy[i] * x[i] * r;
+            }
+        }
     }
-    // dg: one column per iteration, rows in order, so the sum is the same for any thread count
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < d; i++) {
-        float s = 0;
-        for (int n = 0; n < N; n++) s += dout[(size_t)n * d + i] * inp[(size_t)n * d + i] * rstd[n];
-        dg[i] += s;
-    }
+    for (int c = 0; c < CHUNKS; c++)
+        for (int i = 0; i < d; i++) dg[i] += part[(size_t)c * d + i];
 }
 
 #ifdef LIME_GPU
@@ -806,10 +831,15 @@ static void rope_backward_gpu(float* dx, const float* cos_t, const float* sin_t,
 // registers, each value loaded once for all 4. Rows past the end get weight 0.
 static const int ROUTER_BLOCK = 4;
 
-// Where column j's entry for position 0 starts in the buffer: layer j / R, kv head j % R.
+// Where column j's entry for position 0 starts in the buffer: layer j / R,
+// kv head j % R. Padded to whole blocks with the last column again.
 static std::vector<size_t> router_columns(int l, int N, int R, int hd) {
-    std::vector<size_t> at((size_t)(l + 1) * R);
-    for (size_t j = 0; j < at.size(); j++) at[j] = (j / R) * ((size_t)N * R * hd) + (j % R) * hd;
+    size_t J = (size_t)(l + 1) * R;
+    std::vector<size_t> at((J + ROUTER_BLOCK - 1) / ROUTER_BLOCK * ROUTER_BLOCK);
+    for (size_t j = 0; j < at.size(); j++) {
+        size_t c = std::min(j, J - 1);
+        at[j] = (c / R) * ((size_t)N * R * hd) + (c % R) * hd;
+    }
     return at;
 }
 
@@ -819,6 +849,13 @@ static void router_forward_w(float* Kr, float* Vr, const float* Wk, const float*
     const int RB = ROUTER_BLOCK;
     int J = (l + 1) * R;  // router columns
     std::vector<size_t> col = router_columns(l, N, R, hd);
+    // The weights of output heads r0 .. r0 + RB - 1 for column j side by side (0 past R).
+    std::vector<float> wk((size_t)(R + RB - 1) / RB * J * RB, 0.0f), wv(wk.size(), 0.0f);
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < J; j++) {
+            wk[((size_t)r / RB * J + j) * RB + r % RB] = Wk[r * J + j];
+            wv[((size_t)r / RB * J + j) * RB + r % RB] = Wv[r * J + j];
+        }
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         for (int r0 = 0; r0 < R; r0 += RB)  // output heads r0 .. r0 + RB - 1
@@ -827,14 +864,14 @@ static void router_forward_w(float* Kr, float* Vr, const float* Wk, const float*
                 for (int j = 0; j < J; j++) {
                     const float* ks = Kbuf + col[j] + (size_t)n * R * hd + i0;
                     const float* vs = Vbuf + col[j] + (size_t)n * R * hd + i0;
-                    for (int b = 0; b < RB; b++) {
-                        float wk = r0 + b < R ? Wk[(r0 + b) * J + j] : 0.0f, wv = r0 + b < R ? Wv[(r0 + b) * J + j] : 0.0f;
+                    const float* wkj = &wk[((size_t)r0 / RB * J + j) * RB];
+                    const float* wvj = &wv[((size_t)r0 / RB * J + j) * RB];
+                    for (int b = 0; b < RB; b++)
 #pragma omp simd
                         for (int i = 0; i < W; i++) {
-                            k[b][i] += wk * ks[i];
-                            v[b][i] += wv * vs[i];
+                            k[b][i] += wkj[b] * ks[i];
+                            v[b][i] += wvj[b] * vs[i];
                         }
-                    }
                 }
                 for (int b = 0; b < RB && r0 + b < R; b++) {
                     memcpy(Kr + ((size_t)n * R + r0 + b) * hd + i0, k[b], sizeof k[b]);
@@ -856,7 +893,7 @@ static void router_forward(float* Kr, float* Vr, const float* Wk, const float* W
 // get a gradient; the others are left as they are (0: backward_pass zeroes
 // the gradients), so AdamW keeps those weights where model_init put them.
 // The sums for dW run over CHUNKS fixed slices of the positions, each into
-// W lanes per weight, then lanes and slices in order: the same for any thread count.
+// W lanes per weight, then the slices and the lanes in order: the same for any thread count.
 template <int W>
 static void router_backward_w(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr, const float* Wk,
                               const float* Wv, const float* Kbuf, const float* Vbuf, int l, uint64_t learned, int N, int R, int hd) {
@@ -875,7 +912,7 @@ static void router_backward_w(float* dWk, float* dWv, float* dKbuf, float* dVbuf
                         const float* dk = dKr + (n * R + r) * hd + i0;
                         const float* dv = dVr + (n * R + r) * hd + i0;
                         for (int b = 0; b < RB; b++) {
-                            size_t at = col[std::min(j0 + b, J - 1)] + n * R * hd + i0;
+                            size_t at = col[j0 + b] + n * R * hd + i0;
 #pragma omp simd
                             for (int i = 0; i < W; i++) {
                                 k[b][i] += dk[i] * Kbuf[at + i];
@@ -890,12 +927,13 @@ static void router_backward_w(float* dWk, float* dWv, float* dKbuf, float* dVbuf
             }
     for (int rj = 0; rj < R * J; rj++) {
         if (!(learned >> (rj % J / R) & 1)) continue;  // a weight the variant holds fixed
-        float k = 0, v = 0;
+        float lk[W] = {}, lv[W] = {}, k = 0, v = 0;
         for (int c = 0; c < CHUNKS; c++)
             for (int i = 0; i < W; i++) {
-                k += lanes[c * slice + (size_t)rj * W + i];
-                v += lanes[c * slice + slice / 2 + (size_t)rj * W + i];
+                lk[i] += lanes[c * slice + (size_t)rj * W + i];
+                lv[i] += lanes[c * slice + slice / 2 + (size_t)rj * W + i];
             }
+        for (int i = 0; i < W; i++) k += lk[i], v += lv[i];
         if (dWk == dWv) {
             dWk[rj] += k + v;
         } else {
@@ -903,27 +941,31 @@ static void router_backward_w(float* dWk, float* dWv, float* dKbuf, float* dVbuf
             dWv[rj] += v;
         }
     }
+    int Jp = (J + RB - 1) / RB * RB;  // each router row padded with zeros to whole blocks of columns
+    std::vector<float> wk((size_t)R * Jp, 0.0f), wv(wk.size(), 0.0f);
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < J; j++) wk[(size_t)r * Jp + j] = Wk[r * J + j], wv[(size_t)r * Jp + j] = Wv[r * J + j];
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         for (int j0 = 0; j0 < J; j0 += RB)  // buffer entries j0 .. j0 + RB - 1
             for (int i0 = 0; i0 < hd; i0 += W) {
                 float k[RB][W], v[RB][W];
                 for (int b = 0; b < RB; b++) {  // past J: column J - 1 again, weight 0, not stored
-                    size_t at = col[std::min(j0 + b, J - 1)] + (size_t)n * R * hd + i0;
+                    size_t at = col[j0 + b] + (size_t)n * R * hd + i0;
                     memcpy(k[b], dKbuf + at, sizeof k[b]);
                     memcpy(v[b], dVbuf + at, sizeof v[b]);
                 }
                 for (int r = 0; r < R; r++) {
                     const float* dk = dKr + ((size_t)n * R + r) * hd + i0;
                     const float* dv = dVr + ((size_t)n * R + r) * hd + i0;
-                    for (int b = 0; b < RB; b++) {
-                        float wk = j0 + b < J ? Wk[r * J + j0 + b] : 0.0f, wv = j0 + b < J ? Wv[r * J + j0 + b] : 0.0f;
+                    const float* wkr = &wk[(size_t)r * Jp + j0];
+                    const float* wvr = &wv[(size_t)r * Jp + j0];
+                    for (int b = 0; b < RB; b++)
 #pragma omp simd
                         for (int i = 0; i < W; i++) {
-                            k[b][i] += wk * dk[i];
-                            v[b][i] += wv * dv[i];
+                            k[b][i] += wkr[b] * dk[i];
+                            v[b][i] += wvr[b] * dv[i];
                         }
-                    }
                 }
                 for (int b = 0; b < RB && j0 + b < J; b++) {
                     size_t at = col[j0 + b] + (size_t)n * R * hd + i0;
@@ -1227,8 +1269,9 @@ static void attention_backward_w(float* dq, float* dk, float* dv, const float* d
                         }
                         int n16 = (last + 16) / 16 * 16;
                         for (int t = t0; t <= last; t++) {  // this row of att, zero-padded to n16
+                            const float* from = att + (((size_t)b * H + h) * T + t) * T;
                             float* pj = buf.probs.data() + (size_t)(t - t0) * Tp;
-                            memcpy(pj, att + (((size_t)b * H + h) * T + t) * T, (size_t)(t + 1) * sizeof(float));
+                            memcpy(pj, from, (size_t)(t + 1) * sizeof(float));
                             memset(pj + t + 1, 0, (size_t)(n16 - t - 1) * sizeof(float));
                         }
                         rows_dot_keys(buf.rows.data(), Tp, go, buf.xt.data(), hd, n16, 1.0f);  // dp
@@ -1820,11 +1863,10 @@ static float* pass_grads_base(Model* m) {  // all gradients, one array of n_para
 
 // --- the ops, each on either device ------------------------------------------
 static void op_copy(Model* m, float* dst, const float* src, size_t n) {
-    DISPATCH(m, cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_of(m))),
-             memcpy(dst, src, n * sizeof(float)));
+    DISPATCH(m, cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_of(m))), copy_cpu(dst, src, n));
 }
 static void op_zero(Model* m, float* p, size_t n) {
-    DISPATCH(m, cudaCheck(cudaMemsetAsync(p, 0, n * sizeof(float), stream_of(m))), memset(p, 0, n * sizeof(float)));
+    DISPATCH(m, cudaCheck(cudaMemsetAsync(p, 0, n * sizeof(float), stream_of(m))), zero_cpu(p, n));
 }
 static void op_add(Model* m, float* dst, const float* src, size_t n) {
     DISPATCH(m, add_inplace_gpu(dst, src, n, stream_of(m)), add_inplace(dst, src, n));
