@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "data/prosqa.h"
-#include "data/tasks.h"
+#include "data/task.h"
 
 static void require(bool ok, const char* what) {
     if (!ok) {
