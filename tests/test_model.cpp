@@ -250,6 +250,19 @@ TEST(attention_matches_reference_hd32) { check_attention_reference(1, 21, 2, 2, 
 TEST(attention_matches_reference_hd6_T1) { check_attention_reference(2, 1, 3, 1, 6); }
 TEST(attention_matches_reference_hd48_T16) { check_attention_reference(1, 16, 2, 1, 48); }
 
+// The CPU loops' e^x against double precision: within 2 ulp from -87 to 88,
+// 0 below, infinity above, NaN through.
+TEST(exp_cpu_is_within_2_ulp) {
+    double worst = 0;
+    for (float x = -87.0f; x <= 88.0f; x += 0.00137f) {
+        double want = std::exp((double)x), ulp = std::nextafter((float)want, INFINITY) - (float)want;
+        worst = std::max(worst, std::fabs(exp_cpu(x) - want) / ulp);
+    }
+    CHECK(worst <= 2.0, "exp_cpu: %.2f ulp from exp", worst);
+    CHECK(exp_cpu(0.0f) == 1.0f && exp_cpu(-100.0f) == 0.0f && exp_cpu(-INFINITY) == 0.0f, "exp_cpu at 0 or far below");
+    CHECK(std::isinf(exp_cpu(100.0f)) && std::isnan(exp_cpu(NAN)), "exp_cpu above 88 or of NaN");
+}
+
 TEST(swiglu_backward_matches_finite_differences) {
     size_t n = 30;
     std::vector<float> gate = randv(n, 26, 3), up = randv(n, 27), w = randv(n, 28), out(n), dg(n), du(n);
