@@ -39,8 +39,8 @@ struct Preset {
 };
 
 static const Preset PRESETS[] = {
-    {"classroom", "--layers 4 --dim 32 --heads 4 --ops 3 --train-size 20000 --test-size 500 --batch 64 --epochs 15 --lr 3e-3", "3", 3,
-     "two-core CPU, about 10 minutes: tier 3, 3 seeds per model"},
+    {"classroom", "--layers 4 --dim 32 --heads 4 --ops 3 --train-size 20000 --test-size 500 --batch 64 --epochs 15 --lr 3e-3", "3", 5,
+     "two-core CPU, about 10 minutes: tier 3, 5 seeds per model"},
     {"paper-aet", "--layers 4 --dim 32 --heads 4 --ffn 96 --train-size 50000 --test-size 1000 --batch 128 --epochs 200 --lr 1e-3 --schedule linear",
      "4,5,6", 5, "the paper's arithmetic setting (TASKS.md 1), for a GPU: tiers 4, 5, 6, 5 seeds per model"},
     {"tiny", "--layers 2 --dim 16 --heads 2 --ffn 32 --train-size 300 --test-size 20 --batch 16 --steps 30", "2", 2,
