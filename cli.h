@@ -194,11 +194,15 @@ inline bool make_dir(const std::string& dir, std::string* err) {
 
 inline std::string json_num(double v) { return fmt("%.9g", v); }
 
-// The directory this program lives in (where the repository's data/ is).
-inline std::string exe_dir() {
+// This program's own path, "" if it cannot be found (compare re-runs it).
+inline std::string exe_path() {
     char path[4096];
     ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
-    if (n <= 0) return ".";
-    std::string p(path, n);
-    return p.substr(0, p.find_last_of('/'));
+    return n > 0 ? std::string(path, n) : std::string();
+}
+
+// The directory this program lives in (where the repository's data/ is).
+inline std::string exe_dir() {
+    std::string p = exe_path();
+    return p.empty() ? "." : p.substr(0, p.find_last_of('/'));
 }

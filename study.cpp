@@ -335,10 +335,8 @@ int cmd_compare(int argc, char** argv) {
     int threads = std::max(1, cores / jobs);
     std::string err;
     if (!make_dir(dir, &err)) die("compare", err + " (choose another --out)");
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) die("compare", "cannot find this program's path (/proc/self/exe)");
-    self[n] = 0;
+    std::string self = exe_path();
+    if (self.empty()) die("compare", "cannot find this program's path (/proc/self/exe)");
 
     std::vector<Run> runs;
     for (const std::string& tier : tiers)
