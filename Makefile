@@ -11,7 +11,18 @@
 #   make fuzz       libFuzzer on the checkpoint and task parsers, FUZZ_SECONDS each (not in make test)
 CXX      ?= g++
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
-CUDA_LIB ?= $(dir $(NVCC))../lib64
+# Where the toolkit's libraries live: asked of nvcc itself, since `nvcc` on the PATH
+# may be a wrapper script (e.g. /usr/local/bin/nvcc running /usr/local/cuda-13.0/bin/nvcc).
+ifneq ($(NVCC),)
+NVCC_TOP := $(shell $(NVCC) --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^\#\$$ TOP=//p' | head -1)
+CUDA_LIB ?= $(firstword $(foreach h,$(NVCC_TOP) $(CUDA_HOME) /usr/local/cuda,\
+              $(foreach d,lib64 targets/x86_64-linux/lib targets/sbsa-linux/lib lib,\
+                $(if $(wildcard $(h)/$(d)/libcublas.so),$(abspath $(h)/$(d))))))
+ifeq ($(CUDA_LIB),)
+$(warning nvcc found ($(NVCC)) but no libcublas.so beside it: building the CPU-only ./lime; set CUDA_LIB=/path/to/cuda/lib64 for the GPU path)
+override NVCC :=
+endif
+endif
 ARCH_FLAGS ?= $(shell $(CXX) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native)
 CXXFLAGS ?= -std=c++17 -O3 $(ARCH_FLAGS) -fopenmp -Wall -Wextra -I.
 TESTFLAGS = -std=c++17 -O2 -g $(ARCH_FLAGS) -fopenmp -Wall -Wextra -I. -Itests
