@@ -116,6 +116,7 @@ bench-gpu: lime
 	./lime bench --device gpu --layers 4 --dim 32 --heads 4 --kv-heads 2 --ffn 96 --vocab 21 --batch 128 --seq-len 88 --steps 20
 	./lime bench --device gpu --layers 12 --dim 768 --heads 12 --kv-heads 12 --ffn 2048 --vocab 256 --batch 8 --seq-len 1024 --steps 10
 	./lime bench --device gpu --layers 12 --dim 768 --heads 12 --kv-heads 4 --ffn 2048 --vocab 256 --batch 8 --seq-len 1024 --steps 10
+	./lime bench --device gpu --layers 12 --dim 768 --heads 12 --kv-heads 12 --ffn 2048 --vocab 256 --batch 8 --seq-len 1024 --steps 10 --attention flash
 
 # Sanitizers: the CPU tests and a CPU-only ./lime (build/lime-asan), built with
 # AddressSanitizer and UndefinedBehaviorSanitizer; tests/run_asan.sh runs the

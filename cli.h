@@ -152,6 +152,15 @@ inline Device pick_device(Args& a) {
     return ok ? DEVICE_GPU : DEVICE_CPU;
 }
 
+// --attention: how a model made after this call runs attention on the GPU (lime.h, gpu_set_attention).
+#define ATTENTION_FLAG \
+    {"attention", "auto", "gpu: matmul (products around a stored T x T softmax, fast), flash (memory O(T), slower) or auto (matmul when it fits)"}
+inline void set_attention(Args& a) {
+    Attention at = ATTENTION_AUTO;
+    attention_parse(a.choice("attention", {"auto", "matmul", "flash"}), &at);
+    gpu_set_attention(at);
+}
+
 inline double now_ms() {
     using namespace std::chrono;
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();

@@ -51,6 +51,13 @@
 
 const char* arch_name(Arch a) { return a == ARCH_LIME ? "lime" : "llama"; }
 
+bool attention_parse(const std::string& s, Attention* out) {
+    if (s == "auto") { *out = ATTENTION_AUTO; return true; }
+    if (s == "matmul") { *out = ATTENTION_MATMUL; return true; }
+    if (s == "flash") { *out = ATTENTION_FLASH; return true; }
+    return false;
+}
+
 bool arch_parse(const std::string& s, Arch* out) {
     if (s == "lime") { *out = ARCH_LIME; return true; }
     if (s == "llama") { *out = ARCH_LLAMA; return true; }
@@ -233,6 +240,7 @@ Params params_carve(const Config& c, float* base) {
 
 struct Acts {
     float* mem = nullptr;
+    bool flash = false;  // GPU flash attention: att keeps one number per row, not the probabilities
     // forward, kept for backward
     float* x;        // (L+1, B, T, d) residual stream entering layer l; x[L] enters the final norm
     float* xa;       // (L, B, T, d)   residual stream after attention
@@ -243,7 +251,7 @@ struct Acts {
     float* Vbuf;     // (L, B, T, R, hd) ... and values
     float* kr;       // (L, B, T, R, hd) keys attention reads (routed, after RoPE)
     float* vr;       // (L, B, T, R, hd) values attention reads (routed; unused without a router)
-    float* att;      // (L, B, H, T, T) attention probabilities
+    float* att;      // (L, B, H, T, T) attention probabilities; with flash, (L, B, H, T): each row's log-sum-exp
     float* o;        // (L, B, T, H*hd) attention output, heads concatenated
     float* m;        // (L, B, T, d)   rmsnorm(xa) entering the MLP
     float* rstd_m;   // (L, B, T)
@@ -270,8 +278,8 @@ struct Acts {
     float* dgate;    // (B, T, F)
     float* dup;      // (B, T, F)
     float* dh;       // (B, T, F)
-    float* datt;     // (B, H, T, T) GPU attention scratch
-    float* kt;       // (B, R, T, hd) GPU attention scratch: keys, values and their gradients, head-major
+    float* datt;     // (B, H, T, T) GPU attention scratch (empty on the CPU)
+    float* kt;       // (B, R, T, hd) GPU attention scratch: keys, values and their gradients, head-major (empty on the CPU)
     float* vt;
     float* dkt;
     float* dvt;
@@ -282,13 +290,15 @@ struct Acts {
 };
 
 // Carves (or, with base == nullptr, only measures) the activations; only the scratch differs between devices.
-static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device dev = DEVICE_CPU) {
+static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device dev = DEVICE_CPU, bool flash = false) {
     size_t BT = (size_t)B * c.T, L = c.L, d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd;
     size_t wide = std::max({(size_t)c.V, (size_t)c.F, d, qd});
     size_t rows = std::max({BT, (size_t)c.V, (size_t)c.F, d, qd});
     size_t off = 0;
     auto take = [&](float** p, size_t n) { if (base) *p = base + off; off += (n + 15) & ~(size_t)15; };
     auto take_int = [&](int** p, size_t n) { if (base) *p = (int*)(base + off); off += (n + 15) & ~(size_t)15; };
+    flash = flash && dev == DEVICE_GPU;
+    A->flash = flash;
     take(&A->x, (L + 1) * BT * d);
     take(&A->xa, L * BT * d);
     take(&A->a, L * BT * d);
@@ -298,7 +308,7 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->Vbuf, L * BT * kvd);
     take(&A->kr, L * BT * kvd);
     take(&A->vr, L * BT * kvd);
-    take(&A->att, L * BT * c.H * c.T);
+    take(&A->att, L * BT * c.H * (flash ? 1 : c.T));
     take(&A->o, L * BT * qd);
     take(&A->m, L * BT * d);
     take(&A->rstd_m, L * BT);
@@ -324,11 +334,12 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->dgate, BT * c.F);
     take(&A->dup, BT * c.F);
     take(&A->dh, BT * c.F);
-    take(&A->datt, BT * c.H * c.T);
-    take(&A->kt, BT * kvd);
-    take(&A->vt, BT * kvd);
-    take(&A->dkt, BT * kvd);
-    take(&A->dvt, BT * kvd);
+    size_t gpu = dev == DEVICE_GPU && !flash ? 1 : 0;  // only the GPU's matrix-product attention uses these
+    take(&A->datt, gpu * BT * c.H * c.T);
+    take(&A->kt, gpu * BT * kvd);
+    take(&A->vt, gpu * BT * kvd);
+    take(&A->dkt, gpu * BT * kvd);
+    take(&A->dvt, gpu * BT * kvd);
     take(&A->scratch, dev == DEVICE_GPU ? 3 * BT * qd : rows * ((wide + 31) / 32 * 32));
     take(&A->rope_cos, (size_t)c.T * c.hd / 2);
     take(&A->rope_sin, (size_t)c.T * c.hd / 2);
@@ -1398,6 +1409,215 @@ static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt,
     merge_heads_gpu(dk, dkp, B, T, R, hd, true, stream);
     merge_heads_gpu(dv, dvp, B, T, R, hd, true, stream);
 }
+
+// ---------------------------------------------------------------------------
+// Flash-style attention (Dao et al. 2022): the same outputs without storing the
+// (B, H, T, T) probabilities, for sequences long enough that those would not
+// fit (`--attention flash`, or `auto` when the matrix products' version does
+// not fit in GPU memory). Keys and values stream through shared memory a tile
+// at a time; each thread owns one query row and keeps the running maximum mx,
+// the running sum l and the unnormalised output (the online softmax). Forward
+// keeps only lse = mx + log l per row, and backward recomputes the
+// probabilities tile by tile:
+//   p[t][u] = exp(s - lse[t]),  s = scale * q_t . k_u,  u <= t
+//   D[t]    = dout_t . out_t              (= sum_u p dp: the softmax backward's dot)
+//   dp = dout_t . v_u,   ds = p (dp - D[t])
+//   dv_u += p dout_t,    dk_u += scale ds q_t    (one thread per key: queries t >= u, the group's heads)
+//   dq_t  = scale sum_u ds k_u                   (one thread per query)
+// No atomics: every output row is one thread's sum in a fixed order. A row's
+// hd floats are held in registers, padded to HD (8, 16, 32, 64 or 128) with zeros.
+// This is the simple form of the algorithm (one thread per row, scalar FMAs):
+// it trades the batched products' speed for O(T) memory.
+static const int FLASH_MAX_HD = 128;
+template <int HD>
+struct Flash {
+    static constexpr int TILE = HD >= 128 ? 32 : 64;  // rows per tile, and threads per block
+};
+
+// tile (TILE, HD) = rows t0 .. t0+TILE-1 of head `head` of x (B, T, nh, hd); zeros past T and past hd.
+template <int HD>
+__device__ void flash_load_rows(float* tile, const float* x, int b, int t0, int T, int nh, int head, int hd) {
+    for (int e = threadIdx.x; e < Flash<HD>::TILE * HD; e += blockDim.x) {
+        int j = e / HD, i = e % HD, t = t0 + j;
+        tile[e] = t < T && i < hd ? x[(((size_t)b * T + t) * nh + head) * hd + i] : 0.0f;
+    }
+}
+// row (HD) = x's row t of head `head`, zero padded.
+template <int HD>
+__device__ void flash_load_row(float* row, const float* x, int b, int t, int T, int nh, int head, int hd) {
+    for (int i = 0; i < HD; i++) row[i] = t < T && i < hd ? x[(((size_t)b * T + t) * nh + head) * hd + i] : 0.0f;
+}
+template <int HD>
+__device__ float flash_dot(const float* a, const float* b) {
+    float s = 0.0f;
+    for (int i = 0; i < HD; i++) s += a[i] * b[i];
+    return s;
+}
+
+// grid (T / TILE, H, B), TILE threads; thread = query t. lse (B, H, T).
+template <int HD>
+__global__ void flash_attention_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v, int T, int H, int R, int hd,
+                                               float scale) {
+    constexpr int TILE = Flash<HD>::TILE;
+    DYNAMIC_SHARED(float, smem);
+    float *ks = smem, *vs = smem + TILE * HD;  // (TILE, HD) each
+    int t = blockIdx.x * TILE + threadIdx.x, h = blockIdx.y, b = blockIdx.z, r = h / (H / R);
+    float qt[HD], acc[HD];
+    flash_load_row<HD>(qt, q, b, t, T, H, h, hd);
+    for (int i = 0; i < HD; i++) acc[i] = 0.0f;
+    float mx = -INFINITY, l = 0.0f;
+    int end = min(T, (int)(blockIdx.x + 1) * TILE);  // the block's last query sees keys u < end
+    for (int u0 = 0; u0 < end; u0 += TILE) {
+        __syncthreads();  // everyone is done with the previous tile
+        flash_load_rows<HD>(ks, k, b, u0, T, R, r, hd);
+        flash_load_rows<HD>(vs, v, b, u0, T, R, r, hd);
+        __syncthreads();
+        int n = t < T ? min(TILE, t - u0 + 1) : 0;  // this tile's keys u <= t
+        for (int j = 0; j < n; j++) {
+            float s = scale * flash_dot<HD>(qt, ks + j * HD);
+            if (s > mx) {  // a new maximum: rescale what is summed so far
+                float c = expf(mx - s);
+                l *= c;
+                for (int i = 0; i < HD; i++) acc[i] *= c;
+                mx = s;
+            }
+            float p = expf(s - mx);
+            l += p;
+            for (int i = 0; i < HD; i++) acc[i] += p * vs[j * HD + i];
+        }
+    }
+    if (t >= T) return;
+    float* o = out + (((size_t)b * T + t) * H + h) * hd;
+    for (int i = 0; i < hd; i++) o[i] = acc[i] / l;
+    lse[((size_t)b * H + h) * T + t] = mx + logf(l);
+}
+
+// D (B, H, T) = the dot of dout and out, per row.
+__global__ void flash_rowdot_kernel(float* D, const float* dout, const float* out, int B, int T, int H, int hd) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // over (B, H, T)
+    if (idx >= (size_t)B * H * T) return;
+    int t = idx % T, h = (idx / T) % H;
+    size_t b = idx / ((size_t)T * H), row = ((b * T + t) * H + h) * hd;
+    float s = 0.0f;
+    for (int i = 0; i < hd; i++) s += dout[row + i] * out[row + i];
+    D[idx] = s;
+}
+
+// grid (T / TILE, R, B), TILE threads; thread = key u of kv head r. Adds into dk, dv.
+template <int HD>
+__global__ void flash_attention_backward_kv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                                                   const float* lse, const float* D, int T, int H, int R, int hd, float scale) {
+    constexpr int TILE = Flash<HD>::TILE;
+    DYNAMIC_SHARED(float, smem);
+    float *qs = smem, *dos = smem + TILE * HD, *lses = smem + 2 * TILE * HD, *Ds = lses + TILE;  // (TILE, HD) x2, (TILE) x2
+    int u = blockIdx.x * TILE + threadIdx.x, r = blockIdx.y, b = blockIdx.z, n_rep = H / R;
+    float ku[HD], vu[HD], dku[HD], dvu[HD];
+    flash_load_row<HD>(ku, k, b, u, T, R, r, hd);
+    flash_load_row<HD>(vu, v, b, u, T, R, r, hd);
+    for (int i = 0; i < HD; i++) dku[i] = dvu[i] = 0.0f;
+    for (int g = 0; g < n_rep; g++) {
+        int h = r * n_rep + g;
+        for (int t0 = blockIdx.x * TILE; t0 < T; t0 += TILE) {  // queries before the block's first key see none of its keys
+            __syncthreads();
+            flash_load_rows<HD>(qs, q, b, t0, T, H, h, hd);
+            flash_load_rows<HD>(dos, dout, b, t0, T, H, h, hd);
+            for (int j = threadIdx.x; j < TILE; j += blockDim.x) {
+                size_t row = ((size_t)b * H + h) * T + t0 + j;
+                lses[j] = t0 + j < T ? lse[row] : 0.0f;
+                Ds[j] = t0 + j < T ? D[row] : 0.0f;
+            }
+            __syncthreads();
+            if (u >= T) continue;
+            int n = min(TILE, T - t0);
+            for (int j = max(0, u - t0); j < n; j++) {  // queries t = t0 + j >= u
+                const float *qj = qs + j * HD, *dj = dos + j * HD;
+                float p = expf(scale * flash_dot<HD>(qj, ku) - lses[j]);
+                float ds = p * (flash_dot<HD>(dj, vu) - Ds[j]);
+                for (int i = 0; i < HD; i++) {
+                    dvu[i] += p * dj[i];
+                    dku[i] += scale * ds * qj[i];
+                }
+            }
+        }
+    }
+    if (u >= T) return;
+    size_t row = (((size_t)b * T + u) * R + r) * hd;
+    for (int i = 0; i < hd; i++) {
+        dk[row + i] += dku[i];
+        dv[row + i] += dvu[i];
+    }
+}
+
+// grid (T / TILE, H, B), TILE threads; thread = query t. Writes dq.
+template <int HD>
+__global__ void flash_attention_backward_q_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v, const float* lse,
+                                                  const float* D, int T, int H, int R, int hd, float scale) {
+    constexpr int TILE = Flash<HD>::TILE;
+    DYNAMIC_SHARED(float, smem);
+    float *ks = smem, *vs = smem + TILE * HD;
+    int t = blockIdx.x * TILE + threadIdx.x, h = blockIdx.y, b = blockIdx.z, r = h / (H / R);
+    float qt[HD], dot[HD], dqt[HD];
+    flash_load_row<HD>(qt, q, b, t, T, H, h, hd);
+    flash_load_row<HD>(dot, dout, b, t, T, H, h, hd);
+    for (int i = 0; i < HD; i++) dqt[i] = 0.0f;
+    size_t row = ((size_t)b * H + h) * T + t;
+    float lse_t = t < T ? lse[row] : 0.0f, D_t = t < T ? D[row] : 0.0f;
+    int end = min(T, (int)(blockIdx.x + 1) * TILE);
+    for (int u0 = 0; u0 < end; u0 += TILE) {
+        __syncthreads();
+        flash_load_rows<HD>(ks, k, b, u0, T, R, r, hd);
+        flash_load_rows<HD>(vs, v, b, u0, T, R, r, hd);
+        __syncthreads();
+        int n = t < T ? min(TILE, t - u0 + 1) : 0;
+        for (int j = 0; j < n; j++) {
+            const float* kj = ks + j * HD;
+            float p = expf(scale * flash_dot<HD>(qt, kj) - lse_t);
+            float ds = p * (flash_dot<HD>(dot, vs + j * HD) - D_t);
+            for (int i = 0; i < HD; i++) dqt[i] += ds * kj[i];
+        }
+    }
+    if (t >= T) return;
+    float* out = dq + (((size_t)b * T + t) * H + h) * hd;
+    for (int i = 0; i < hd; i++) out[i] = scale * dqt[i];
+}
+
+// Calls f(w) with w the compile-time row width HD for hd <= FLASH_MAX_HD.
+template <class F>
+static void with_flash_width(int hd, F f) {
+    if (hd <= 8) f(std::integral_constant<int, 8>());
+    else if (hd <= 16) f(std::integral_constant<int, 16>());
+    else if (hd <= 32) f(std::integral_constant<int, 32>());
+    else if (hd <= 64) f(std::integral_constant<int, 64>());
+    else f(std::integral_constant<int, 128>());
+}
+
+// lse (B, H, T): what backward needs of the probabilities.
+static void flash_attention_forward_gpu(float* out, float* lse, const float* q, const float* k, const float* v, int B, int T, int H, int R, int hd,
+                                        cudaStream_t stream) {
+    float scale = 1.0f / sqrtf((float)hd);
+    with_flash_width(hd, [&](auto w) {
+        constexpr int HD = decltype(w)::value, TILE = Flash<HD>::TILE;
+        LAUNCH(flash_attention_forward_kernel<HD>, dim3(ceil_div(T, TILE), H, B), TILE, 2 * TILE * HD * sizeof(float), stream)(
+            out, lse, q, k, v, T, H, R, hd, scale);
+    });
+    launchCheck();
+}
+
+// dq is written; dk and dv are added to, as on the CPU. scratch: B*H*T floats (D).
+static void flash_attention_backward_gpu(float* dq, float* dk, float* dv, const float* dout, const float* out, const float* q, const float* k,
+                                         const float* v, const float* lse, int B, int T, int H, int R, int hd, float* scratch, cudaStream_t stream) {
+    float scale = 1.0f / sqrtf((float)hd), *D = scratch;
+    LAUNCH(flash_rowdot_kernel, ceil_div((size_t)B * H * T, 256), 256, 0, stream)(D, dout, out, B, T, H, hd);
+    launchCheck();
+    with_flash_width(hd, [&](auto w) {
+        constexpr int HD = decltype(w)::value, TILE = Flash<HD>::TILE;
+        LAUNCH(flash_attention_backward_kv_kernel<HD>, dim3(ceil_div(T, TILE), R, B), TILE, (2 * TILE * HD + 2 * TILE) * sizeof(float), stream)(
+            dk, dv, dout, q, k, v, lse, D, T, H, R, hd, scale);
+        LAUNCH(flash_attention_backward_q_kernel<HD>, dim3(ceil_div(T, TILE), H, B), TILE, 2 * TILE * HD * sizeof(float), stream)(
+            dq, dout, q, k, v, lse, D, T, H, R, hd, scale);
+    });
+    launchCheck();
+}
 #endif
 
 // ===========================================================================
@@ -1691,6 +1911,7 @@ struct GpuState {
     size_t device_bytes = 0;         // what the three cudaMallocs hold
 };
 static bool g_tf32 = true;  // gpu_set_tf32: applied to a model's cuBLAS handle at its next call
+static Attention g_attention = ATTENTION_AUTO;  // gpu_set_attention: read by gpu_create
 static void gpu_stage(Model* m, const int* tokens, const int* targets, const float* mask, int N, const AdamWStep* step);
 static std::string gpu_create(Model* m);
 static void gpu_free(Model* m);
@@ -1825,7 +2046,7 @@ static LayerActs layer_acts(const Acts* A, const Config& c, int l, int B, int T)
     la.V = A->Vbuf + l * BT * kvd;
     la.kr = A->kr + l * BT * kvd;
     la.vr = A->vr + l * BT * kvd;
-    la.att = A->att + l * BT * c.H * T;
+    la.att = A->att + l * BT * c.H * (A->flash ? 1 : T);
     la.o = A->o + l * BT * qd;
     la.m = A->m + l * BT * d;
     la.rstd_m = A->rstd_m + l * BT;
@@ -1913,19 +2134,25 @@ static void op_router_backward(Model* m, float* dWk, float* dWv, float* dKbuf, f
     DISPATCH(m, router_backward_gpu(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, c.R, c.hd, stream_of(m)),
              router_backward(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, c.R, c.hd));
 }
+// On the GPU, A->flash picks the flash-style kernels (att then holds each row's log-sum-exp).
 static void op_attention_forward(Model* m, float* out, float* att, const float* q, const float* k, const float* v, int B, int T) {
     const Config& c = m->c;
     [[maybe_unused]] Acts* A = pass_acts(m);  // the GPU's scratch
-    DISPATCH(m, attention_forward_gpu(out, att, q, k, v, A->kt, A->vt, B, T, c.H, c.R, c.hd, A->scratch, blas_of(m), stream_of(m)),
+    DISPATCH(m,
+             if (A->flash) flash_attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(m));
+             else attention_forward_gpu(out, att, q, k, v, A->kt, A->vt, B, T, c.H, c.R, c.hd, A->scratch, blas_of(m), stream_of(m)),
              attention_forward(out, att, q, k, v, B, T, c.H, c.R, c.hd));
 }
-static void op_attention_backward(Model* m, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
-                                  const float* att, int B, int T) {
+// out: the forward's output (flash backward needs dout . out per row).
+static void op_attention_backward(Model* m, float* dq, float* dk, float* dv, const float* dout, const float* out, const float* q, const float* k,
+                                  const float* v, const float* att, int B, int T) {
     const Config& c = m->c;
     [[maybe_unused]] Acts* A = pass_acts(m);  // the GPU's scratch
+    (void)out;
     DISPATCH(m,
-             attention_backward_gpu(dq, dk, dv, A->datt, A->kt, A->vt, A->dkt, A->dvt, dout, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch,
-                                    blas_of(m), stream_of(m)),
+             if (A->flash) flash_attention_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch, stream_of(m));
+             else attention_backward_gpu(dq, dk, dv, A->datt, A->kt, A->vt, A->dkt, A->dvt, dout, q, k, v, att, B, T, c.H, c.R, c.hd,
+                                         A->scratch, blas_of(m), stream_of(m)),
              attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd));
 }
 static void op_swiglu_forward(Model* m, float* out, const float* gate, const float* up, size_t n) {
@@ -2056,7 +2283,7 @@ static void backward_pass(Model* m, int B, int T) {
         float* dvr = routed ? A->dvr : dV;  // without a router, attention's values are the buffer itself
         op_zero(m, A->dkr, kv_layer);
         if (routed) op_zero(m, A->dvr, kv_layer);
-        op_attention_backward(m, A->dq, A->dkr, dvr, A->dout, la.q, la.kr, routed ? la.vr : la.V, la.att, B, T);
+        op_attention_backward(m, A->dq, A->dkr, dvr, A->dout, la.o, la.q, la.kr, routed ? la.vr : la.V, la.att, B, T);
         op_rope_backward(m, A->dq, B, T, c.H);
         op_rope_backward(m, A->dkr, B, T, c.R);
         if (routed) {
@@ -2464,6 +2691,8 @@ bool gpu_available(std::string* why) {
     return false;
 }
 void gpu_set_tf32(bool) {}
+void gpu_set_attention(Attention) {}
+const char* model_attention_name(const Model*) { return "cpu"; }
 bool gpu_info(GpuInfo*) { return false; }
 size_t model_device_bytes(const Model*) { return 0; }
 #endif
@@ -2481,6 +2710,8 @@ bool gpu_available(std::string* why) {
 }
 
 void gpu_set_tf32(bool on) { g_tf32 = on; }
+void gpu_set_attention(Attention a) { g_attention = a; }
+const char* model_attention_name(const Model* m) { return !m->gpu ? "cpu" : m->gpu->acts.flash ? "flash" : "matmul"; }
 
 // Sets the handle's math mode to gpu_set_tf32's choice: TF32 tensor cores, or plain float32.
 static void gpu_apply_math(GpuState* G) {
@@ -2542,8 +2773,12 @@ static std::string gpu_create(Model* m) {
     const Config& c = m->c;
     GpuState* G = m->gpu = new GpuState();
     size_t n = m->n_params, BT = (size_t)m->B * c.T;
+    if (g_attention == ATTENTION_FLASH && c.hd > FLASH_MAX_HD)
+        return "--attention flash handles head dims up to " + std::to_string(FLASH_MAX_HD) + ", this model has " + std::to_string(c.hd) +
+               "; use --attention matmul";
     // sizes first, so that too big a model is refused with a message, not an abort
-    size_t acts_floats = acts_carve(&G->acts, c, m->B, nullptr, DEVICE_GPU);
+    bool flash = g_attention == ATTENTION_FLASH;
+    size_t acts_floats = acts_carve(&G->acts, c, m->B, nullptr, DEVICE_GPU, flash);
     G->n_tensors = (int)m->specs.size();
     int norm_blocks = grad_norm_blocks(n);
     size_t small_bytes = 0;
@@ -2556,6 +2791,12 @@ static std::string gpu_create(Model* m) {
     size_t free_bytes = 0, total_bytes = 0;
     cudaCheck(cudaSetDevice(0));
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (need > free_bytes && g_attention == ATTENTION_AUTO && c.hd <= FLASH_MAX_HD) {  // the (T, T) probabilities do not fit: flash
+        flash = true;
+        need -= acts_floats * sizeof(float);
+        acts_floats = acts_carve(&G->acts, c, m->B, nullptr, DEVICE_GPU, flash);
+        need += acts_floats * sizeof(float);
+    }
     if (need > free_bytes) return gpu_out_of_memory(need, free_bytes);
     auto device_alloc = [&](void** p, size_t bytes) {
         if (cudaMalloc(p, bytes) == cudaSuccess) return true;
@@ -2569,7 +2810,7 @@ static std::string gpu_create(Model* m) {
     G->device_bytes = need;
     G->p = params_carve(c, G->mem);
     G->g = params_carve(c, G->mem + n);
-    acts_carve(&G->acts, c, m->B, G->acts.mem, DEVICE_GPU);
+    acts_carve(&G->acts, c, m->B, G->acts.mem, DEVICE_GPU, flash);
     char* small = (char*)G->small;
     G->tensor_end = (size_t*)(small + at_end);
     G->tensor_group = (int*)(small + at_group);

@@ -166,6 +166,14 @@ double flops_per_token(const Config& c, int T);
 bool gpu_available(std::string* why);
 // Use TF32 tensor cores for the GPU's matrix products (default on; off for exact float32).
 void gpu_set_tf32(bool on);
+// GPU attention, for models created after the call. matmul: batched matrix
+// products around a stored (B, H, T, T) softmax (fast); flash: tiled kernels
+// that keep one number per row instead (memory O(T), slower; head dims up to 128);
+// auto (the default): matmul when it fits in GPU memory, else flash.
+enum Attention { ATTENTION_AUTO = 0, ATTENTION_MATMUL = 1, ATTENTION_FLASH = 2 };
+bool attention_parse(const std::string& s, Attention* out);
+void gpu_set_attention(Attention a);
+const char* model_attention_name(const Model* m);  // "matmul" or "flash" on the GPU, "cpu" on the CPU
 
 // The GPU for bench: name, memory, and the dense peak its MFU is measured
 // against, from a small datasheet table by name (0 where the device is unknown).

@@ -248,6 +248,7 @@ static std::vector<FlagSpec> train_flags() {
         {"threads", "0", "OpenMP threads (0: all cores)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
+        ATTENTION_FLAG,
         {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
         {"out", "runs/model", "output directory (created if missing)"},
         {"resume", "", "continue from a checkpoint written by train"},
@@ -391,6 +392,7 @@ static int cmd_train(int argc, char** argv) {
     set_threads(a);
     Device dev = pick_device(a);
     gpu_set_tf32(a.integer("tf32", 0, 1) == 1);
+    set_attention(a);
     bool use_graph = a.integer("graph", 0, 1) == 1;
     Config c = shape_from_args(a);
     std::map<std::string, std::string> ts = task_settings(a);
@@ -627,12 +629,14 @@ static int cmd_eval(int argc, char** argv) {
         {"threads", "0", "OpenMP threads (0: all cores)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
+        ATTENTION_FLAG,
     };
     Args a = parse_args("eval", "Scores checkpoints on their task: arith accuracy by greedy decoding, text loss and perplexity.", flags, argc,
                         argv, false);
     set_threads(a);
     Device dev = pick_device(a);
     gpu_set_tf32(a.integer("tf32", 0, 1) == 1);
+    set_attention(a);
     int n = (int)a.integer("n", 0, 1 << 30);
     int B = (int)a.integer("batch", 1, 1 << 16);
     if (!a.err.empty()) die("eval", a.err);
@@ -813,7 +817,8 @@ static std::string verify_file(const std::string& path, Device dev, bool tf32, V
     if (!err.empty()) return err;
     err = model_load(&m, path, false);
     if (!err.empty()) { model_free(&m); return err; }
-    printf("%s: %s, B=%d T=%d, %s%s\n", path.c_str(), arch_name(c.arch), B, T, dev == DEVICE_GPU ? "gpu" : "cpu", tf32 ? " (tf32)" : "");
+    printf("%s: %s, B=%d T=%d, %s%s\n", path.c_str(), arch_name(c.arch), B, T,
+           dev == DEVICE_GPU ? (std::string("gpu, ") + model_attention_name(&m) + " attention").c_str() : "cpu", tf32 ? " (tf32)" : "");
     std::vector<float> want(0);
     auto expect = [&](const std::string& name, const std::vector<int64_t>& shape) {
         size_t n = 1;
@@ -855,6 +860,7 @@ static int cmd_verify(int argc, char** argv) {
     std::vector<FlagSpec> flags = {
         {"device", "cpu", "cpu or gpu"},
         {"tf32", "0", "gpu: 1 checks with TF32 matrix products at SPEC.md's looser tolerances"},
+        ATTENTION_FLAG,
         {"threads", "0", "OpenMP threads (0: all cores)"},
         {"quiet", nullptr, "print only failures and the summary"},
     };
@@ -863,6 +869,7 @@ static int cmd_verify(int argc, char** argv) {
     set_threads(a);
     std::string d = a.choice("device", {"cpu", "gpu"});
     bool tf32 = a.integer("tf32", 0, 1) == 1;
+    set_attention(a);
     if (!a.err.empty()) die("verify", a.err);
     Device dev = DEVICE_CPU;
     if (d == "gpu") {
@@ -900,6 +907,7 @@ struct BenchResult {
     double ms = 0, tok_s = 0;
     double mfu = 0;                     // model FLOPs utilisation against the device's peak (GPU)
     double model_gb = 0, device_gb = 0; // GPU memory: the model's allocations; the device's used memory it added
+    std::string attention;              // matmul or flash on the GPU, cpu on the CPU
 };
 
 static BenchResult bench_one(Config c, Arch arch, int B, int steps, Device dev, bool graph, double peak_tflops) {
@@ -931,6 +939,7 @@ static BenchResult bench_one(Config c, Arch arch, int B, int steps, Device dev, 
         r.model_gb = model_device_bytes(&m) / 1e9;
         r.device_gb = ((double)before.free_bytes - (double)after.free_bytes) / 1e9;
     }
+    r.attention = model_attention_name(&m);
     model_free(&m);
     return r;
 }
@@ -944,6 +953,7 @@ static int cmd_bench(int argc, char** argv) {
         {"threads", "0", "OpenMP threads (0: all cores)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
+        ATTENTION_FLAG,
         {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
         {"json", nullptr, "print one JSON object"},
     }});
@@ -957,6 +967,7 @@ static int cmd_bench(int argc, char** argv) {
     int B = (int)a.integer("batch", 1, 1 << 20);
     int steps = (int)a.integer("steps", 1, 1 << 20);
     bool tf32 = a.integer("tf32", 0, 1) == 1, graph = a.integer("graph", 0, 1) == 1;
+    set_attention(a);
     if (!a.err.empty()) die("bench", a.err);
     std::string err = config_check(c);
     if (!err.empty()) die("bench", err);
@@ -975,7 +986,9 @@ static int cmd_bench(int argc, char** argv) {
     if (a.has("json")) {
         auto one = [&](const BenchResult& r, const Config& rc) {
             std::string s = bfmt("{\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f, \"flops_per_token\": %.6g", r.ms, r.tok_s, flops_per_token(rc, c.T));
-            if (on_gpu) s += bfmt(", \"mfu\": %.5f, \"model_gb\": %.4f, \"device_gb\": %.4f", r.mfu, r.model_gb, r.device_gb);
+            if (on_gpu)
+                s += bfmt(", \"mfu\": %.5f, \"model_gb\": %.4f, \"device_gb\": %.4f, \"attention\": ", r.mfu, r.model_gb, r.device_gb) +
+                     json_quote(r.attention);
             return s + "}";
         };
         std::string s = "{\"device\": \"" + std::string(dev == DEVICE_GPU ? "gpu" : "cpu") + "\"";
@@ -993,7 +1006,9 @@ static int cmd_bench(int argc, char** argv) {
                    graph ? "CUDA graph" : "plain launches", peak, gi.peak_source.c_str(), tf32 ? "TF32" : "FP32");
         for (auto [name, r] : {std::make_pair("llama", llama), std::make_pair("lime", lime)}) {
             printf("  %-5s  %9.2f ms/step  %10.0f tokens/s", name, r.ms, r.tok_s);
-            if (on_gpu) printf("  MFU %5.1f%%  memory %.3f GB (model) %.3f GB (device)", 100 * r.mfu, r.model_gb, r.device_gb);
+            if (on_gpu)
+                printf("  MFU %5.1f%%  memory %.3f GB (model) %.3f GB (device)  %s attention", 100 * r.mfu, r.model_gb, r.device_gb,
+                       r.attention.c_str());
             printf("\n");
         }
         printf("  lime / llama step time: %.3f", ratio);

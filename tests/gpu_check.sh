@@ -2,8 +2,8 @@
 # tests/gpu_check.sh — everything that needs a real GPU, in one go (under 5 minutes on an H100/H200):
 #   1. builds ./lime and the native GPU tests for sm_90 (set GENCODE to build for another GPU)
 #   2. runs the native GPU tests (every kernel against the CPU, reference vectors, graphs, determinism)
-#   3. ./lime verify --device gpu --tf32 0 on every reference file (exact float32 tolerances)
-#   4. the benchmark configs (a) and (b), full attention and GQA, TF32 and CUDA graphs, and (a) without the graph
+#   3. ./lime verify --device gpu --tf32 0 on every reference file (exact float32 tolerances), matmul and flash attention
+#   4. the benchmark configs (a) and (b), full attention and GQA, TF32 and CUDA graphs, (a) without the graph, (b) with flash attention
 # and prints a short table. Exit status: non-zero if a test or a verify failed.
 cd "$(dirname "$0")/.." || exit 2
 set -o pipefail
@@ -18,6 +18,7 @@ echo "== native GPU tests"
 build/test_gpu_native | grep -v '^PASS' || status=1
 echo "== verify --device gpu --tf32 0"
 ./lime verify --device gpu --tf32 0 --quiet tests/golden/*.safetensors || status=1
+./lime verify --device gpu --tf32 0 --attention flash --quiet tests/golden/*.safetensors || status=1
 
 echo "== bench"
 A="--layers 4 --dim 32 --heads 4 --ffn 96 --vocab 21 --batch 128 --seq-len 88 --steps 30"
@@ -28,6 +29,7 @@ runs=(
     "a full, no graph|$A --kv-heads 4 --graph 0"
     "b full R=12|$B --kv-heads 12"
     "b GQA R=4|$B --kv-heads 4"
+    "b full, flash attention|$B --kv-heads 12 --attention flash"
 )
 for r in "${runs[@]}"; do
     name=${r%%|*}; flags=${r#*|}

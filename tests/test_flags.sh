@@ -50,6 +50,7 @@ bad train_min_lr_ratio        "out of range"       train $A --min-lr-ratio 2
 bad train_schedule            "linear|cosine"      train $A --schedule step
 bad train_arch                "llama|lime"         train $A --arch gpt
 bad train_device              "auto|cpu|gpu"       train $A --device tpu
+bad train_attention           "auto|matmul|flash"  train $A --attention paged
 bad train_layers_zero         "out of range"       train $A --layers 0
 bad train_threads_negative    "out of range"       train $A --threads -1
 bad train_log_every_zero      "out of range"       train $A --log-every 0
@@ -100,6 +101,7 @@ bad data_format_on_text       "is for --task arith" data $T --format chain
 # --- verify, bench
 bad verify_tf32               "out of range"       verify --tf32 2 "$PWD/tests/golden/lime_tiny.safetensors"
 bad bench_steps_zero          "out of range"       bench --steps 0
+bad bench_attention           "auto|matmul|flash"  bench --attention 1 --steps 1
 bad bench_no_memory           "out of memory"      bench --batch 1000000 --steps 1
 bad bench_router_last_zero    "J must be"          bench --router last-0 --steps 1
 # --- compare

@@ -227,6 +227,27 @@ TEST(gpu_attention_matches_cpu_full_T13) { NEED_GPU(); check_attention(2, 13, 2,
 TEST(gpu_attention_matches_cpu_R1) { NEED_GPU(); check_attention(2, 13, 3, 1, 4); }
 TEST(gpu_attention_matches_cpu_larger) { NEED_GPU(); check_attention(3, 40, 4, 2, 8); }
 
+// Flash-style attention against the CPU's: the same outputs and gradients, from
+// one log-sum-exp per row instead of the (T, T) probabilities.
+static void check_flash_attention(int B, int T, int H, int R, int hd) {
+    size_t qn = (size_t)B * T * H * hd, kn = (size_t)B * T * R * hd;
+    auto q = randv(qn, 1), k = randv(kn, 2), v = randv(kn, 3), dout = randv(qn, 4), dk0 = randv(kn, 5), dv0 = randv(kn, 6);
+    std::vector<float> out(qn), att((size_t)B * H * T * T), dq(qn), dk = dk0, dv = dv0;
+    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
+    DevF gq(q), gk(k), gv(v), gout(qn), glse((size_t)B * H * T), gdq(qn), gdk(dk0), gdv(dv0), gdout(dout), scratch((size_t)B * H * T);
+    flash_attention_forward_gpu(gout.p, glse.p, gq.p, gk.p, gv.p, B, T, H, R, hd, ctx().stream);
+    flash_attention_backward_gpu(gdq.p, gdk.p, gdv.p, gdout.p, gout.p, gq.p, gk.p, gv.p, glse.p, B, T, H, R, hd, scratch.p, ctx().stream);
+    double e1 = err_of(gout.get(), out), e2 = err_of(gdq.get(), dq), e3 = err_of(gdk.get(), dk), e4 = err_of(gdv.get(), dv);
+    CHECK(e1 < TOL_FWD, "flash attention forward B=%d T=%d H=%d R=%d hd=%d: out %.2e", B, T, H, R, hd, e1);
+    CHECK(e2 < TOL_BWD && e3 < TOL_BWD && e4 < TOL_BWD, "flash attention backward B=%d T=%d H=%d R=%d hd=%d: dq %.2e, dk %.2e, dv %.2e", B, T,
+          H, R, hd, e2, e3, e4);
+}
+TEST(gpu_flash_attention_matches_cpu_gqa_T13) { NEED_GPU(); check_flash_attention(2, 13, 4, 2, 6); }
+TEST(gpu_flash_attention_matches_cpu_three_tiles_R1) { NEED_GPU(); check_flash_attention(2, 150, 2, 1, 8); }  // 64 + 64 + 22 rows
+TEST(gpu_flash_attention_matches_cpu_hd20_padded_to_32) { NEED_GPU(); check_flash_attention(1, 70, 3, 3, 20); }
+TEST(gpu_flash_attention_matches_cpu_hd128_tile32) { NEED_GPU(); check_flash_attention(1, 45, 2, 1, 128); }
+
 TEST(gpu_swiglu_matches_cpu) {
     NEED_GPU();
     size_t n = 26 * 40;
@@ -424,6 +445,16 @@ TEST(gpu_matches_reference_vectors_tf32) {
     }
 }
 
+TEST(gpu_flash_matches_reference_vectors_float32) {
+    NEED_GPU();
+    gpu_set_attention(ATTENTION_FLASH);
+    for (const char* path : GOLDEN) {
+        std::string worst, err = golden_on_gpu(path, false, &worst);
+        CHECK(err.empty(), "%s (flash attention)", err.c_str());
+    }
+    gpu_set_attention(ATTENTION_AUTO);
+}
+
 // Trains two models, one per device (or both on the GPU, with and without
 // the graph), on the same batches; returns the loss and norm after each step.
 struct Run {
@@ -470,6 +501,20 @@ static void check_gpu_trains_like_cpu(Config c) {
 static void check_gpu_trains_like_cpu(Arch arch, int H, int R) { check_gpu_trains_like_cpu(tiny_config(arch, H, R, 9)); }
 TEST(gpu_training_steps_match_cpu_lime_gqa) { NEED_GPU(); gpu_set_tf32(false); check_gpu_trains_like_cpu(ARCH_LIME, 4, 2); }
 TEST(gpu_training_steps_match_cpu_llama) { NEED_GPU(); gpu_set_tf32(false); check_gpu_trains_like_cpu(ARCH_LLAMA, 2, 2); }
+// The whole model with flash attention, over more than one tile of positions.
+static void check_flash_trains_like_cpu(Arch arch, int H, int R, int T) {
+    gpu_set_tf32(false);
+    gpu_set_attention(ATTENTION_FLASH);
+    Config c = tiny_config(arch, H, R, T);
+    Model probe;
+    std::string err = model_create(&probe, c, 3, DEVICE_GPU);
+    CHECK(err.empty() && std::string(model_attention_name(&probe)) == "flash", "'%s', %s attention", err.c_str(), model_attention_name(&probe));
+    model_free(&probe);
+    check_gpu_trains_like_cpu(c);
+    gpu_set_attention(ATTENTION_AUTO);
+}
+TEST(gpu_flash_training_steps_match_cpu_lime_gqa) { NEED_GPU(); check_flash_trains_like_cpu(ARCH_LIME, 4, 2, 70); }
+TEST(gpu_flash_training_steps_match_cpu_llama) { NEED_GPU(); check_flash_trains_like_cpu(ARCH_LLAMA, 2, 2, 9); }
 // A router variant with separate key and value routers (3 layers: layer 2 reads layers 1 and 2 only).
 TEST(gpu_training_steps_match_cpu_lime_last2_separate_kv) {
     NEED_GPU();
@@ -563,11 +608,46 @@ TEST(gpu_too_big_a_batch_is_refused_with_the_sizes) {
     NEED_GPU();
     Config c = tiny_config(ARCH_LLAMA, 4, 4, 1024);
     Model m;
+    gpu_set_attention(ATTENTION_MATMUL);
     std::string err = model_create(&m, c, 8192, DEVICE_GPU);  // attention probabilities alone: ~275 GB
+    gpu_set_attention(ATTENTION_AUTO);
     CHECK(err.find("needs ") == 0 && err.find("GB of GPU memory, the device has") != std::string::npos &&
               err.find("lower --batch or --seq-len") != std::string::npos,
           "unexpected answer: '%s'", err.c_str());
     model_free(&m);
+}
+
+// --attention auto: the matrix products while their (B, H, T, T) probabilities fit, flash beyond.
+TEST(gpu_auto_attention_turns_to_flash_when_the_probabilities_do_not_fit) {
+    NEED_GPU();
+    GpuInfo gi;
+    CHECK(gpu_info(&gi), "gpu_info failed");
+    Config c = tiny_config(ARCH_LIME, 4, 4, 8192);
+    double per_sequence = (double)c.L * c.H * c.T * c.T * sizeof(float);  // probabilities: 2.1 GB per sequence
+    int B = (int)(1.5 * gi.free_bytes / per_sequence) + 1;
+    gpu_set_attention(ATTENTION_AUTO);
+    Model small, big;
+    std::string e1 = model_create(&small, tiny_config(ARCH_LIME, 4, 2, 9), 2, DEVICE_GPU);
+    std::string e2 = model_create(&big, c, B, DEVICE_GPU);
+    CHECK(e1.empty() && std::string(model_attention_name(&small)) == "matmul", "small model: '%s', %s attention", e1.c_str(),
+          model_attention_name(&small));
+    CHECK(e2.empty() && std::string(model_attention_name(&big)) == "flash", "B=%d T=%d: '%s', %s attention", B, c.T, e2.c_str(),
+          model_attention_name(&big));
+    model_free(&small);
+    model_free(&big);
+}
+
+TEST(gpu_flash_attention_refuses_head_dims_over_128) {
+    NEED_GPU();
+    Config c = tiny_config(ARCH_LIME, 1, 1, 9);
+    c.hd = 136;
+    c.d = 136;
+    gpu_set_attention(ATTENTION_FLASH);
+    Model m;
+    std::string err = model_create(&m, c, 2, DEVICE_GPU);
+    gpu_set_attention(ATTENTION_AUTO);
+    model_free(&m);
+    CHECK(err == "--attention flash handles head dims up to 128, this model has 136; use --attention matmul", "answer: '%s'", err.c_str());
 }
 
 TEST(gpu_tf32_switch_changes_the_products_only_slightly) {
