@@ -39,8 +39,8 @@ struct Preset {
 };
 
 static const Preset PRESETS[] = {
-    {"classroom", "--layers 4 --dim 32 --heads 4 --ops 3 --train-size 20000 --test-size 500 --batch 64 --epochs 15 --lr 3e-3", "3", 5,
-     "two-core CPU, about 5 minutes: tier 3, 5 seeds per model"},
+    {"classroom", "--layers 4 --dim 32 --heads 4 --ops 3 --train-size 20000 --test-size 500 --batch 64 --epochs 15 --lr 3e-3", "3", 10,
+     "two-core CPU, about 10 minutes: tier 3, 10 seeds per model"},
     {"paper-aet", "--layers 4 --dim 32 --heads 4 --ffn 96 --train-size 50000 --test-size 1000 --batch 128 --epochs 200 --lr 1e-3 --schedule linear",
      "4,5,6", 5, "the paper's arithmetic setting (TASKS.md 1), for a GPU: tiers 4, 5, 6, 5 seeds per model"},
     {"tiny", "--layers 2 --dim 16 --heads 2 --ffn 32 --train-size 300 --test-size 20 --batch 16 --steps 30", "2", 2,
@@ -295,7 +295,7 @@ static std::string write_report(const std::string& dir, const Preset* preset, co
 
 int cmd_compare(int argc, char** argv) {
     std::vector<FlagSpec> flags = {
-        {"preset", "classroom", "classroom (2 CPU cores, ~5 min), paper-aet (the paper's setting, GPU) or tiny (tests)"},
+        {"preset", "classroom", "classroom (2 CPU cores, ~10 min), paper-aet (the paper's setting, GPU) or tiny (tests)"},
         {"seeds", "", "seeds per model (default: the preset's)"},
         {"tiers", "", "operators per question, e.g. 4,5,6 (default: the preset's)"},
         {"archs", "llama,lime", "models to compare: llama, lime, or lime:VARIANT (lime:average, lime:last-2, lime:first-1, lime:separate)"},
