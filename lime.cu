@@ -1938,6 +1938,22 @@ static cublasHandle_t blas_of(const Model* m) { return m->gpu->blas; }
 static const char NO_GPU_BUILD[] = "this build has no GPU support (built without nvcc); use --device cpu, or install the CUDA Toolkit and run make";
 #endif
 
+// What this machine can still give without swapping: MemAvailable of a
+// /proc/meminfo-style file, in bytes; 0 where unknown (not Linux). Checked
+// before the activations are allocated, because calloc would succeed anyway
+// (pages are promised, not given) and the run would then be killed, or crawl
+// in swap, part way through its first step.
+static size_t memory_available(const char* meminfo) {
+    FILE* f = fopen(meminfo, "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (size_t)kb * 1024;
+}
+
 std::string model_create(Model* m, const Config& c, int B, Device dev) {
     std::string err = config_check(c);
     if (!err.empty()) return err;
@@ -1969,12 +1985,13 @@ std::string model_create(Model* m, const Config& c, int B, Device dev) {
         return NO_GPU_BUILD;
 #endif
     }
-    size_t na = acts_carve(m->acts, c, B, nullptr);
-    float* mem = (float*)calloc(na, sizeof(float));
+    size_t na = acts_carve(m->acts, c, B, nullptr), available = memory_available("/proc/meminfo");
+    float* mem = available && na * sizeof(float) > available ? nullptr : (float*)calloc(na, sizeof(float));
     if (!mem) {
-        char buf[200];
-        snprintf(buf, sizeof buf, "out of memory: activations need %.1f GB at batch %d x %d positions; lower --batch or --seq-len",
-                 na * 4.0 / 1e9, B, c.T);
+        char buf[200], free_part[64] = "";
+        if (available) snprintf(free_part, sizeof free_part, ", %.1f GB is available", available / 1e9);
+        snprintf(buf, sizeof buf, "out of memory: activations need %.1f GB at batch %d x %d positions%s; lower --batch or --seq-len",
+                 na * 4.0 / 1e9, B, c.T, free_part);
         return buf;
     }
     acts_carve(m->acts, c, B, mem);

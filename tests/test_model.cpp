@@ -5,6 +5,8 @@
 // lime.cu is included, not linked, so that its static ops can be called.
 #include "../lime.cu"
 
+#include <unistd.h>
+
 #include <functional>
 
 #include "test.h"
@@ -700,6 +702,35 @@ TEST(config_check_refuses_impossible_shapes) {
     CHECK(config_check(bad).find("divisible") != std::string::npos, "H %% R: '%s'", config_check(bad).c_str());
     bad = c; bad.d = 12; bad.H = 4; bad.R = 4; bad.hd = 3;
     CHECK(config_check(bad).find("odd") != std::string::npos, "odd head size: '%s'", config_check(bad).c_str());
+}
+
+// model_create refuses activations larger than the machine's MemAvailable.
+TEST(memory_available_reads_meminfo) {
+    char path[] = "/tmp/lime_meminfo_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp failed");
+    const char text[] = "MemTotal:       16384000 kB\nMemFree:         1000 kB\nMemAvailable:    2048 kB\nBuffers:  1 kB\n";
+    CHECK(write(fd, text, sizeof text - 1) == (ssize_t)(sizeof text - 1), "write failed");
+    close(fd);
+    size_t got = memory_available(path);
+    remove(path);
+    CHECK(got == 2048u * 1024, "MemAvailable 2048 kB read as %zu bytes", got);
+    CHECK(memory_available("/nonexistent/meminfo") == 0, "a missing file should mean unknown (0)");
+}
+
+TEST(cpu_activations_beyond_available_memory_are_refused) {
+    size_t available = memory_available("/proc/meminfo");
+    if (!available) SKIP("no /proc/meminfo here");
+    Config c = tiny_config(ARCH_LIME, 4, 2);
+    c.T = 1024;
+    Acts probe;
+    double per_sequence = (double)acts_carve(&probe, c, 1, nullptr) * sizeof(float);
+    int B = (int)std::min(1e9, 1.5 * available / per_sequence) + 1;  // 1.5x what is available: calloc alone might still say yes
+    Model m;
+    std::string err = model_create(&m, c, B, DEVICE_CPU);
+    model_free(&m);
+    CHECK(err.find("out of memory: activations need ") == 0 && err.find("GB is available; lower --batch or --seq-len") != std::string::npos,
+          "B=%d: '%s'", B, err.c_str());
 }
 
 TEST(checkpoint_round_trip_and_wrong_architecture_refused) {
