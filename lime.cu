@@ -284,7 +284,8 @@ struct Acts {
     float* dkt;
     float* dvt;
     float* scratch;  // CPU: gemm's packed panels, max(B*T, max rows of a weight) * max(V, F, d, H*hd) rounded up to 32;
-                     // GPU: attention's head-major q, out/dout and dq (3, B, T, H*hd), rmsnorm's gain partials
+                     // GPU: attention's head-major q, out/dout and dq (3, B, T, H*hd), rmsnorm's gain partials,
+                     // flash attention's D (B, H, T)
     float* rope_cos; // (T, hd/2)
     float* rope_sin; // (T, hd/2)
 };
@@ -1358,7 +1359,7 @@ __global__ void causal_softmax_backward_kernel(float* datt, const float* att, in
     for (int u = lane; u < T; u += 32) ds[u] = u <= t ? p[u] * (ds[u] - pdp) : 0.0f;
 }
 
-// kp, vp (B, R, T, hd): head-major keys and values (the CPU's kt, vt scratch);
+// kp, vp (B, R, T, hd): head-major keys and values (Acts kt, vt);
 // scratch: 2 * B*T*H*hd floats for head-major q and out.
 static void attention_forward_gpu(float* out, float* att, const float* q, const float* k, const float* v, float* kp, float* vp, int B, int T,
                                   int H, int R, int hd, float* scratch, cublasHandle_t blas, cudaStream_t stream) {
@@ -2804,15 +2805,14 @@ static std::string gpu_create(Model* m) {
     size_t at_partial = place(&small_bytes, norm_blocks * sizeof(double)), at_step = place(&small_bytes, sizeof(AdamWStep));
     size_t at_metrics = place(&small_bytes, sizeof(Metrics));
     size_t at_workspace = place(&small_bytes, CUBLAS_WORKSPACE_BYTES);
-    size_t need = 4 * n * sizeof(float) + acts_floats * sizeof(float) + small_bytes;
+    size_t fixed_bytes = 4 * n * sizeof(float) + small_bytes, need = fixed_bytes + acts_floats * sizeof(float);
     size_t free_bytes = 0, total_bytes = 0;
     cudaCheck(cudaSetDevice(0));
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     if (need > free_bytes && g_attention == ATTENTION_AUTO && c.hd <= FLASH_MAX_HD) {  // the (T, T) probabilities do not fit: flash
         flash = true;
-        need -= acts_floats * sizeof(float);
         acts_floats = acts_carve(&G->acts, c, m->B, nullptr, DEVICE_GPU, flash);
-        need += acts_floats * sizeof(float);
+        need = fixed_bytes + acts_floats * sizeof(float);
     }
     if (need > free_bytes) return gpu_out_of_memory(need, free_bytes);
     auto device_alloc = [&](void** p, size_t bytes) {

@@ -3,13 +3,7 @@
 # vectors, a tiny training run with eval and sample, resume bit for bit, and
 # bad input (each refused with one clear line and a non-zero exit, no crash).
 cd "$(dirname "$0")/.." || exit 2
-LIME=${LIME:-./lime}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-passed=0; failed=0
-
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+source tests/lib.sh
 
 TINY="--layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 16 --threads 2 --quiet"
 
@@ -129,5 +123,4 @@ bad bad_verify_no_files     "needs reference"  $LIME verify
 bad bad_text_without_file   "text-file"        $LIME train --task text --out "$tmp/x"
 if [ -e "$tmp/x/model.safetensors" ]; then fail bad_input_wrote_nothing "a refused run wrote a model"; else pass bad_input_wrote_nothing; fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary

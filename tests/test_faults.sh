@@ -9,12 +9,7 @@
 #   LIME_TEST_SLOW_SAVE=US  safetensors.cpp sleeps US us after each tensor it writes
 #   LIME_TEST_NAN_STEP=N    train.cpp puts an Inf in step N's loss mask: loss and gradients NaN
 cd "$(dirname "$0")/.." || exit 2
-LIME=${LIME:-./lime}
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-passed=0; failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+source tests/lib.sh
 
 TINY="--layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 16 --threads 1 --quiet"
 LONG="--steps 1000000 --log-every 1 --eval-every 1000000"
@@ -143,5 +138,4 @@ for n in 0 5 8 100 $((8 + hlen)) $((8 + hlen + 4)) $((size - 1)); do
 done
 if [ -z "$bad" ]; then pass truncated_refused; else fail truncated_refused "$bad"; fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary

@@ -5,12 +5,8 @@
 # run from an empty directory that must still be empty afterwards (train's
 # default --out is runs/model, relative to it).
 cd "$(dirname "$0")/.." || exit 2
-LIME=$(realpath "${LIME:-./lime}")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-passed=0; failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+source tests/lib.sh
+LIME=$(realpath "$LIME")  # the rows run from their own empty directories
 
 # What the rows need: a short text, a trained model and its checkpoint.
 head -c 3000 README.md > "$tmp/short.txt"
@@ -108,5 +104,4 @@ bad bench_router_last_zero    "J must be"          bench --router last-0 --steps
 bad compare_archs_variant     "lime:VARIANT"       compare --preset tiny --archs llama,lime:last-x
 bad compare_archs_llama_variant "lime:VARIANT"     compare --preset tiny --archs llama:average,lime
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary
