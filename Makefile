@@ -29,8 +29,8 @@ TESTFLAGS = -std=c++17 -O2 -g $(ARCH_FLAGS) -fopenmp -Wall -Wextra -I. -Itests
 GENCODE  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
 NVFLAGS  ?= -std=c++17 -O3 $(GENCODE) -I. -Xcompiler "-fopenmp $(ARCH_FLAGS) -Wall -Wextra" --Werror all-warnings
 
-HOST_SRC = safetensors.cpp data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp plot.cpp study.cpp
-HEADERS  = lime.h safetensors.h data/tasks.h data/rng.h data/prosqa.h cli.h plot.h stats.h study.h
+HOST_SRC = support/safetensors.cpp data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp support/plot.cpp support/study.cpp
+HEADERS  = support/lime.h support/safetensors.h data/tasks.h data/rng.h data/prosqa.h support/cli.h support/plot.h support/stats.h support/study.h
 B = build
 
 .PHONY: all test test-gpu run bench bench-gpu emu nvcc-check test-asan fuzz clean
@@ -58,7 +58,7 @@ $(B)/lime_cpu.o: lime.cu $(HEADERS) | $(B)
 	$(CXX) $(CXXFLAGS) -x c++ -c lime.cu -o $@
 
 # The CUDA code compiled by g++ against the harness: kernels run on the CPU.
-$(B)/lime_emu.o: lime.cu $(HEADERS) tests/cuda_emu.h | $(B)
+$(B)/lime_emu.o: lime.cu $(HEADERS) support/cuda_on_cpu.h | $(B)
 	$(CXX) $(TESTFLAGS) -DLIME_EMU -x c++ -c lime.cu -o $@
 
 emu: lime-emu
@@ -71,7 +71,7 @@ $(B)/test_cpu: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(HOST_SRC)
 	$(CXX) $(TESTFLAGS) $(CPU_TESTS) tests/test_main.cpp $(HOST_SRC) -o $@
 
 # Every GPU test, twice: kernels on the CPU harness (make test), and natively (make test-gpu).
-$(B)/test_gpu_emu: tests/test_gpu.cpp tests/test_main.cpp tests/test.h tests/cuda_emu.h lime.cu $(HOST_SRC) $(HEADERS) | $(B)
+$(B)/test_gpu_emu: tests/test_gpu.cpp tests/test_main.cpp tests/test.h support/cuda_on_cpu.h lime.cu $(HOST_SRC) $(HEADERS) | $(B)
 	$(CXX) $(TESTFLAGS) -DLIME_EMU tests/test_gpu.cpp tests/test_main.cpp $(HOST_SRC) -o $@
 
 ifneq ($(NVCC),)
@@ -88,7 +88,7 @@ nvcc-check:
 	@echo "no nvcc found (install the CUDA Toolkit, or set NVCC=/path/to/nvcc)"; exit 1
 endif
 
-$(B)/test_emu: tests/test_emu_harness.cpp tests/test_main.cpp tests/test.h tests/cuda_emu.h | $(B)
+$(B)/test_emu: tests/test_emu_harness.cpp tests/test_main.cpp tests/test.h support/cuda_on_cpu.h | $(B)
 	$(CXX) $(TESTFLAGS) tests/test_emu_harness.cpp tests/test_main.cpp -o $@
 
 test: lime lime-emu $(B)/test_cpu $(B)/test_emu $(B)/test_gpu_emu
@@ -126,7 +126,7 @@ $(B)/test_cpu_asan: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(HOST
 	$(CXX) $(ASANFLAGS) $(CPU_TESTS) tests/test_main.cpp $(HOST_SRC) -o $@
 $(B)/lime_asan.o: lime.cu $(HEADERS) | $(B)
 	$(CXX) $(ASANFLAGS) -x c++ -c lime.cu -o $@
-$(B)/lime-asan: train.cpp cli.h $(B)/lime_asan.o $(HOST_SRC) $(HEADERS)
+$(B)/lime-asan: train.cpp support/cli.h $(B)/lime_asan.o $(HOST_SRC) $(HEADERS)
 	$(CXX) $(ASANFLAGS) train.cpp $(HOST_SRC) $(B)/lime_asan.o -o $@
 test-asan:
 	$(MAKE) -j2 $(B)/test_cpu_asan $(B)/lime-asan
@@ -138,9 +138,9 @@ test-asan:
 FUZZ_SECONDS ?= 60
 FUZZ_CXX  ?= clang++
 FUZZFLAGS = -std=c++17 -O1 -g -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Wno-unknown-pragmas -Wno-format-security
-$(B)/fuzz_safetensors: tests/fuzz_safetensors.cpp safetensors.cpp lime.cu $(HEADERS) | $(B)
-	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_safetensors.cpp safetensors.cpp -x c++ lime.cu -o $@
-FUZZ_TASK_SRC = data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp safetensors.cpp
+$(B)/fuzz_safetensors: tests/fuzz_safetensors.cpp support/safetensors.cpp lime.cu $(HEADERS) | $(B)
+	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_safetensors.cpp support/safetensors.cpp -x c++ lime.cu -o $@
+FUZZ_TASK_SRC = data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp support/safetensors.cpp
 $(B)/fuzz_tasks: tests/fuzz_tasks.cpp $(FUZZ_TASK_SRC) $(HEADERS) data/prosqa.h | $(B)
 	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_tasks.cpp $(FUZZ_TASK_SRC) -o $@
 fuzz: $(B)/fuzz_safetensors $(B)/fuzz_tasks

@@ -15,7 +15,7 @@
 // That mixture, `router_forward`, is the one place the two models differ.
 //
 // Builds: g++ -x c++ lime.cu (CPU only); nvcc (CPU and GPU); g++ -DLIME_EMU
-// with tests/cuda_emu.h (the CUDA kernels run on the CPU, for tests).
+// with support/cuda_on_cpu.h (the CUDA kernels run on the CPU, for tests).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -31,11 +31,11 @@
 #endif
 
 #include "data/rng.h"
-#include "lime.h"
-#include "safetensors.h"
+#include "support/lime.h"
+#include "support/safetensors.h"
 
 #if defined(LIME_EMU)  // g++ with the harness: the CUDA code runs on the CPU
-#include "tests/cuda_emu.h"
+#include "support/cuda_on_cpu.h"
 #define LIME_GPU 1
 #elif defined(__CUDACC__)
 #include <cublas_v2.h>

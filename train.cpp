@@ -20,12 +20,12 @@
 #include <omp.h>
 #endif
 
-#include "cli.h"
+#include "support/cli.h"
 #include "data/task.h"
-#include "lime.h"
-#include "plot.h"
-#include "safetensors.h"
-#include "study.h"
+#include "support/lime.h"
+#include "support/plot.h"
+#include "support/safetensors.h"
+#include "support/study.h"
 
 // ===========================================================================
 // Tasks: built from flags, or rebuilt from a checkpoint's metadata

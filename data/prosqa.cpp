@@ -9,7 +9,7 @@
 #include <map>
 #include <set>
 
-#include "safetensors.h"   // Json, json_parse
+#include "support/safetensors.h"   // Json, json_parse
 
 namespace {
 

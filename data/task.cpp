@@ -3,7 +3,7 @@
 #include <cstdlib>
 
 #include "data/task.h"
-#include "safetensors.h"
+#include "support/safetensors.h"
 
 std::string task_build(const std::map<std::string, std::string>& s, int text_T, Task* t) {
     auto get = [&](const char* k) { auto it = s.find(k); return it == s.end() ? std::string() : it->second; };

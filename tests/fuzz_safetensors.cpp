@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "lime.h"
-#include "safetensors.h"
+#include "support/lime.h"
+#include "support/safetensors.h"
 
 // A broken promise: say which, then trap so libFuzzer keeps the input.
 static void require(bool ok, const char* what) {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "lime.h"
-#include "safetensors.h"
+#include "support/lime.h"
+#include "support/safetensors.h"
 #include "test.h"
 
 namespace {

@@ -4,7 +4,7 @@
 //
 // Built twice from this one file:
 //   g++ -DLIME_EMU  (build/test_gpu_emu, `make test`): the kernels run on the
-//                   CPU harness tests/cuda_emu.h, so the shapes here are tiny;
+//                   CPU harness support/cuda_on_cpu.h, so the shapes here are tiny;
 //   nvcc -x cu      (build/test_gpu_native, `make test-gpu`): on a real GPU.
 // lime.cu is included, not linked, so that its static ops and kernels can be called.
 #include "../lime.cu"

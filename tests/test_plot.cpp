@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "plot.h"
+#include "support/plot.h"
 #include "test.h"
 
 #pragma GCC diagnostic push

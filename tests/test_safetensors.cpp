@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "safetensors.h"
+#include "support/safetensors.h"
 #include "test.h"
 
 // ---------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 // Python with mpmath 1.3 at 30 digits: the t CDF by numerical integration of
 // the t density (mpmath.quad), quantiles by root finding on that integral,
 // Welch's t and df from the textbook formulas.
-#include "stats.h"
+#include "support/stats.h"
 #include "test.h"
 
 static bool near(double got, double want, double tol) { return std::fabs(got - want) <= tol * (1 + std::fabs(want)); }

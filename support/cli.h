@@ -19,7 +19,7 @@
 #include <omp.h>
 #endif
 
-#include "lime.h"
+#include "support/lime.h"
 
 // ===========================================================================
 // Flags: each subcommand lists its flags with defaults and help; anything

@@ -20,12 +20,12 @@
 #include <string>
 #include <vector>
 
-#include "cli.h"
-#include "lime.h"
-#include "plot.h"
-#include "safetensors.h"
-#include "stats.h"
-#include "study.h"
+#include "support/cli.h"
+#include "support/lime.h"
+#include "support/plot.h"
+#include "support/safetensors.h"
+#include "support/stats.h"
+#include "support/study.h"
 
 // ---------------------------------------------------------------------------
 // Presets: the train flags of each run, the tiers and the number of seeds.

@@ -1,7 +1,7 @@
 // safetensors.cpp — see safetensors.h for the format. Three parts: a JSON
 // parser and writer (the header is JSON), the reader with its validation, and
 // the atomic writer.
-#include "safetensors.h"
+#include "support/safetensors.h"
 
 #include <algorithm>
 #include <cerrno>

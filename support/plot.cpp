@@ -9,7 +9,7 @@
 //
 // Text comes from stb_easy_font, which describes each glyph (5 x 7 units) as
 // axis-aligned rectangles; we scale and rasterise them.
-#include "plot.h"
+#include "support/plot.h"
 
 #include <algorithm>
 #include <cerrno>
