@@ -22,6 +22,7 @@
 
 #include "support/cli.h"
 #include "data/task.h"
+#include "support/gpu_peaks.h"
 #include "support/lime.h"
 #include "support/plot.h"
 #include "support/safetensors.h"
@@ -32,7 +33,7 @@
 // ===========================================================================
 
 static const std::vector<FlagSpec> TASK_FLAGS = {
-    {"task", "arith", "arith (TASKS.md 1), prosqa (2) or text (3)"},
+    {"task", "arith", "arith (docs/tasks.md 1), prosqa (2) or text (3)"},
     {"ops", "3", "arith: operators per question, the tier k"},
     {"modulus", "11", "arith: the prime p"},
     {"format", "chain", "arith: chain (chain of thought) or direct"},
@@ -75,7 +76,8 @@ static std::map<std::string, std::string> task_settings(Args& a) {
         a.integer("data-seed", 0, (long long)1 << 62);
         for (const char* k : {"train-size", "test-size", "data-seed", "prosqa-test"}) s[k] = a.str(k);
         // the default test file lives in the repository: find it from elsewhere too
-        if (!a.has("prosqa-test") && access(s["prosqa-test"].c_str(), R_OK) != 0) s["prosqa-test"] = exe_dir() + "/" + s["prosqa-test"];
+        if (!a.has("prosqa-test") && access(s["prosqa-test"].c_str(), R_OK) != 0)
+            s["prosqa-test"] = exe_dir() + "/" + s["prosqa-test"];
     } else {
         a.number("val-frac", 0.0, 0.9);
         s["text-file"] = a.str("text-file");
@@ -109,11 +111,12 @@ static int sample_token(const float* logits, int V, float temperature, Rng* rng)
 // length limit (c.T + 1 tokens). Sequences run in batches of the model's B;
 // each forward covers the longest sequence of the batch (causal attention
 // makes the padding after a shorter sequence harmless).
-static void generate(Model* m, const Vocab& v, std::vector<std::vector<int>>* seqs, int max_new, float temperature, Rng* rng) {
-    const Config& c = m->c;
+static void generate(Model* model, const Vocab& v, std::vector<std::vector<int>>* seqs, int max_new,
+                     float temperature, Rng* rng) {
+    const Config& c = model->c;
     std::vector<int> tokens;
-    for (size_t start = 0; start < seqs->size(); start += m->B) {
-        int B = (int)std::min((size_t)m->B, seqs->size() - start);
+    for (size_t start = 0; start < seqs->size(); start += model->B) {
+        int B = (int)std::min((size_t)model->B, seqs->size() - start);
         std::vector<int> budget(B, max_new);
         for (;;) {
             int T = 0;
@@ -129,8 +132,8 @@ static void generate(Model* m, const Vocab& v, std::vector<std::vector<int>>* se
                 const std::vector<int>& s = (*seqs)[start + b];
                 for (int t = 0; t < T && t < (int)s.size(); t++) tokens[(size_t)b * T + t] = s[t];
             }
-            model_forward(m, tokens.data(), nullptr, nullptr, B, T);
-            const float* logits = model_logits(m);
+            model_forward(model, tokens.data(), nullptr, nullptr, B, T);
+            const float* logits = model_logits(model);
             for (int b : active) {
                 std::vector<int>& s = (*seqs)[start + b];
                 s.push_back(sample_token(logits + ((size_t)b * T + s.size() - 1) * c.V, c.V, temperature, rng));
@@ -145,10 +148,10 @@ struct Score {
     double accuracy() const { return n ? (double)correct / n : 0; }
 };
 
-// Greedy decoding from each test prompt, scored as its task says: arith
-// (TASKS.md 1), the token before the first <eos> is the answer; prosqa (2),
-// the text after the last '#' is the answer.
-static Score score_answers(Model* m, const Task& t, int limit) {
+// Greedy decoding from each test prompt, scored as its task says
+// (docs/tasks.md): arith, the token before the first <eos> is the answer;
+// prosqa, the text after the last '#' is the answer.
+static Score score_answers(Model* model, const Task& t, int limit) {
     Score sc;
     int n = std::min((int)t.test->size(), limit > 0 ? limit : (int)t.test->size());
     std::vector<std::vector<int>> seqs(n);
@@ -157,7 +160,7 @@ static Score score_answers(Model* m, const Task& t, int limit) {
         seqs[i].assign(s.tokens.begin(), s.tokens.begin() + s.loss_start);
     }
     Rng rng(0);
-    generate(m, t.vocab, &seqs, m->c.T + 1, 0.0f, &rng);
+    generate(model, t.vocab, &seqs, model->c.T + 1, 0.0f, &rng);
     for (int i = 0; i < n; i++) {
         int prompt = (*t.test)[i].loss_start;
         std::vector<int> gen(seqs[i].begin() + prompt, seqs[i].end());
@@ -174,17 +177,17 @@ static Score score_answers(Model* m, const Task& t, int limit) {
 }
 
 // Mean masked loss over a set of sequences (validation loss).
-static double mean_loss(Model* m, const std::vector<Sequence>& seqs, int T, int pad, int limit) {
+static double mean_loss(Model* model, const std::vector<Sequence>& seqs, int T, int pad, int limit) {
     int n = std::min((int)seqs.size(), limit > 0 ? limit : (int)seqs.size());
     double total = 0, count = 0;
     Batch batch;
     std::vector<int> idx;
-    for (int start = 0; start < n; start += m->B) {
-        int B = std::min(m->B, n - start);
+    for (int start = 0; start < n; start += model->B) {
+        int B = std::min(model->B, n - start);
         idx.resize(B);
         for (int b = 0; b < B; b++) idx[b] = start + b;
         make_batch(seqs, idx.data(), B, T, pad, &batch);
-        float loss = model_forward(m, batch.tokens.data(), batch.targets.data(), batch.mask.data(), B, T);
+        float loss = model_forward(model, batch.tokens.data(), batch.targets.data(), batch.mask.data(), B, T);
         double w = 0;
         for (float x : batch.mask) w += x;
         total += loss * w;
@@ -208,7 +211,7 @@ static const std::vector<FlagSpec> SHAPE_FLAGS = {
     {"router-kv", "shared", "lime: one router for keys and values (shared) or one each (separate)"},
 };
 
-
+// The model's shape from the shape flags (V and T come from the task or --vocab, --seq-len).
 static Config shape_from_args(Args& a) {
     Config c;
     std::string arch = a.choice("arch", {"llama", "lime"});
@@ -220,7 +223,8 @@ static Config shape_from_args(Args& a) {
     c.F = a.has("ffn") ? (int)a.integer("ffn", 1, 1 << 20) : 3 * c.d;
     c.hd = c.d / c.H;
     if (!router_parse(a.str("router"), &c))
-        a.fail("--router '" + a.str("router") + "' is not one of static|average|last-J|first-J (J: layers, e.g. last-2)");
+        a.fail("--router '" + a.str("router") +
+               "' is not one of static|average|last-J|first-J (J: layers, e.g. last-2)");
     c.router_kv_separate = a.choice("router-kv", {"shared", "separate"}) == "separate";
     if (c.arch == ARCH_LLAMA && (a.has("router") || a.has("router-kv")))
         a.fail("--router and --router-kv are for --arch lime: llama has no router");
@@ -268,8 +272,9 @@ struct TrainSettings {
     Schedule sched = SCHED_LINEAR;
     float min_lr_ratio = 1e-6f;
     uint64_t seed = 1;
+    std::string out;        // the output directory
+    bool skip_bad = false;  // --skip-bad-steps
 };
-
 
 struct Logger {
     FILE* f = nullptr;
@@ -277,13 +282,40 @@ struct Logger {
     void line(const std::string& json) { if (f) { fprintf(f, "%s\n", json.c_str()); fflush(f); } }
 };
 
-static void evaluate(Model* m, const Task& t, int step, int eval_size, Logger* log, double* val_loss, double* acc) {
-    *val_loss = mean_loss(m, *t.test, t.T, t.vocab.pad, eval_size);
+// One training run: what the parts of cmd_train share.
+struct TrainRun {
+    TrainSettings s;
+    Config c;                                       // the model; V and T come from the task
+    Device dev = DEVICE_CPU;
+    ModelSettings settings;                         // --attention, --tf32, --graph
+    std::map<std::string, std::string> ts;          // the task's settings, from the flags
+    Task task;
+    int per_epoch = 1;                              // steps per pass over the training set
+    Model model;
+    Loader loader;
+    Logger log;
+    std::map<std::string, std::string> saved_args;  // everything that rebuilds this run, in each checkpoint
+    int start_step = 0;                             // the step a resumed run continues after, else 0
+    int done_step = 0;                              // the last step taken, for the metadata
+    int run_steps = 0;                              // steps taken by this process
+    int last_good = 0, last_saved = 0;              // the last step checked finite; the last checkpoint's step
+    int skipped_in_a_row = 0;                       // --skip-bad-steps
+    int steps_timed = 0;                            // steps since the last progress line
+    double t_start = 0, t_last = 0;                 // ms: the loop's start, the last progress line
+    double val_loss = 0, acc = -1;                  // of the last evaluation (acc -1: text)
+};
+
+// Validation loss and (arith, prosqa) accuracy on the first eval_size test
+// examples (0: all); printed unless quiet, and logged.
+static void evaluate(Model* model, const Task& t, int step, int eval_size, Logger* log, double* val_loss,
+                     double* acc) {
+    *val_loss = mean_loss(model, *t.test, t.T, t.vocab.pad, eval_size);
     std::string msg = "eval step " + std::to_string(step) + " | val loss " + fmt("%.4f", *val_loss);
-    std::string json = "{\"type\": \"eval\", \"step\": " + std::to_string(step) + ", \"val_loss\": " + json_num(*val_loss);
+    std::string json =
+        "{\"type\": \"eval\", \"step\": " + std::to_string(step) + ", \"val_loss\": " + json_num(*val_loss);
     *acc = -1;
     if (t.kind != "text") {
-        Score sc = score_answers(m, t, eval_size);
+        Score sc = score_answers(model, t, eval_size);
         *acc = sc.accuracy();
         msg += " | accuracy " + fmt("%.1f%%", 100 * *acc) + " of " + std::to_string(sc.n);
         json += ", \"accuracy\": " + json_num(*acc) + ", \"n\": " + std::to_string(sc.n);
@@ -295,10 +327,14 @@ static void evaluate(Model* m, const Task& t, int step, int eval_size, Logger* l
     log->line(json + "}");
 }
 
+// --- reading the flags -------------------------------------------------------
+
 // Flags that are each in range but do not go together. `user` holds the
 // flags given on this command line (a resumed run adds its saved ones).
-static void check_train_combinations(Args& a, const std::set<std::string>& user, const TrainSettings& s, const std::string& task) {
-    if (user.count("steps") && user.count("epochs")) a.fail("--steps and --epochs both set the run's length; give one of them");
+static void check_train_combinations(Args& a, const std::set<std::string>& user, const TrainSettings& s,
+                                     const std::string& task) {
+    if (user.count("steps") && user.count("epochs"))
+        a.fail("--steps and --epochs both set the run's length; give one of them");
     if (s.warmup > s.steps)
         a.fail("--warmup " + std::to_string(s.warmup) + " is longer than the run (" + std::to_string(s.steps) +
                " steps): the learning rate would never reach --lr; use at most " + std::to_string(s.steps));
@@ -313,9 +349,170 @@ static void refuse_task_change(const Args& a, const std::map<std::string, std::s
     for (const FlagSpec& f : TASK_FLAGS) {
         auto it = saved.find(f.name);
         if (a.has(f.name) && it != saved.end() && a.str(f.name) != it->second)
-            die("train", std::string("--") + f.name + " " + a.str(f.name) + " differs from the run being resumed (" + it->second +
-                             "): a resumed run keeps its task; start a new run to change it");
+            die("train", std::string("--") + f.name + " " + a.str(f.name) + " differs from the run being resumed (" +
+                             it->second + "): a resumed run keeps its task; start a new run to change it");
     }
+}
+
+// The run --resume continues: its checkpoint, model and metadata.
+struct Resumed {
+    std::string path;  // "" when not resuming
+    Config c;
+    std::map<std::string, std::string> meta;
+    // meta[key], or "" when the key is missing
+    std::string get(const std::string& key) const {
+        auto it = meta.find(key);
+        return it == meta.end() ? "" : it->second;
+    }
+};
+
+// --resume: reads the checkpoint, refuses a change of task, and takes its
+// saved flags for those not given now (the ones given now win).
+static Resumed resume_flags(Args& a) {
+    Resumed r;
+    if (!a.has("resume")) return r;
+    r.path = a.str("resume");
+    std::string err = checkpoint_read_config(r.path, &r.c, &r.meta);
+    if (!err.empty()) die("train", err);
+    std::map<std::string, std::string> saved;
+    if (!r.meta.count("args") || !settings_from_json(r.meta["args"], &saved).empty())
+        die("train", r.path + " was not written by ./lime train (no training arguments in it); "
+                     "it can be loaded by eval, not resumed");
+    refuse_task_change(a, saved);
+    for (auto& kv : saved)
+        if (!a.has(kv.first) && kv.first != "resume") { a.values[kv.first] = {kv.second}; a.given.insert(kv.first); }
+    return r;
+}
+
+// The flags that do not depend on the task: batch, optimiser, schedule,
+// seed, evaluation size, --stop-after and the output directory.
+static TrainSettings train_settings(Args& a) {
+    TrainSettings s;
+    s.B = (int)a.integer("batch", 1, 1 << 20);
+    s.opt.lr = (float)a.number("lr", 0, 10);
+    s.opt.router_lr = (float)a.number("router-lr", 0, 10);
+    s.opt.weight_decay = (float)a.number("weight-decay", 0, 10);
+    s.opt.grad_clip = (float)a.number("grad-clip", 0, 1e9);
+    std::string sched = a.choice("schedule", {"linear", "cosine", "constant"});
+    s.sched = sched == "linear" ? SCHED_LINEAR : sched == "cosine" ? SCHED_COSINE : SCHED_CONSTANT;
+    s.min_lr_ratio = (float)a.number("min-lr-ratio", 0, 1);
+    s.seed = (uint64_t)a.integer("seed", 0, (long long)1 << 62);
+    s.eval_size = (int)a.integer("eval-size", 1, 1 << 30);
+    s.stop_after = (int)a.integer("stop-after", 0, 1 << 30);
+    s.out = a.str("out");
+    if (s.out.empty()) a.fail("--out needs a directory");
+    s.skip_bad = a.has("skip-bad-steps");
+    return s;
+}
+
+// The run's length and its intervals, from the flags or, by default, from
+// the length: --epochs passes of per_epoch steps, warmup 2%, ~50 progress
+// lines, ~5 evaluations, a checkpoint at each evaluation.
+static void train_lengths(Args& a, int per_epoch, TrainSettings* s) {
+    if (a.has("steps")) s->steps = (int)a.integer("steps", 1, 1 << 30);
+    else s->steps = (int)a.integer("epochs", 1, 1 << 20) * per_epoch;
+    s->warmup = a.has("warmup") ? (int)a.integer("warmup", 0, 1 << 30) : s->steps / 50;
+    s->log_every = a.has("log-every") ? (int)a.integer("log-every", 1, 1 << 30) : std::max(1, s->steps / 50);
+    s->eval_every = a.has("eval-every") ? (int)a.integer("eval-every", 1, 1 << 30) : std::max(1, s->steps / 5);
+    s->save_every = a.has("save-every") ? (int)a.integer("save-every", 1, 1 << 30) : s->eval_every;
+}
+
+// Reads and checks every flag of train (a resumed run's saved ones included)
+// and builds the task; dies with one line at the first problem.
+static void train_from_flags(Args& a, const std::set<std::string>& user_flags, TrainRun* r) {
+    set_threads(a);
+    r->dev = pick_device(a);
+    r->settings = model_settings(a);
+    r->c = shape_from_args(a);
+    r->ts = task_settings(a);
+    int text_T = (int)a.integer("seq-len", 2, 1 << 16);
+    r->s = train_settings(a);
+    if (!a.err.empty()) die("train", a.err);
+    Config shape = r->c;  // the task sets V and T below; check the rest now
+    shape.V = shape.T = 1;
+    std::string err = config_check(shape);
+    if (!err.empty()) die("train", err);
+    err = task_build(r->ts, text_T, &r->task);
+    if (!err.empty()) die("train", err);
+    r->c.V = r->task.vocab.size();
+    r->c.T = r->task.T;
+    r->per_epoch = std::max(1, (int)((r->task.train->size() + r->s.B - 1) / r->s.B));
+    train_lengths(a, r->per_epoch, &r->s);
+    check_train_combinations(a, user_flags, r->s, r->ts["task"]);
+    if (!a.err.empty()) die("train", a.err);
+}
+
+// --- setting the run up --------------------------------------------------------
+
+// Creates the model and starts the data: loaded from the checkpoint being
+// resumed (weights, optimiser state, step and data position), else fresh.
+static void train_start_model(const Resumed& resumed, TrainRun* r) {
+    std::string err = model_create(&r->model, r->c, r->s.B, r->dev, r->settings);
+    if (!err.empty()) die("train", err);
+    if (resumed.path.empty()) {
+        model_init(&r->model, r->s.seed);
+        r->loader.start(r->task.train, r->s.seed, 0, 0);
+        return;
+    }
+    if (config_to_json(resumed.c) != config_to_json(r->c))
+        die("train", "--resume " + resumed.path + " holds a different model than these flags describe (" +
+                         config_diff(resumed.c, r->c) +
+                         ", in the file vs the flags); drop the shape flags or start a new run");
+    err = model_load(&r->model, resumed.path, true);
+    if (!err.empty()) die("train", err);
+    // the loop's step; model.step counts the updates applied, fewer when steps were skipped
+    r->start_step = resumed.meta.count("train_step") ? atoi(resumed.get("train_step").c_str()) : r->model.step;
+    r->done_step = r->start_step;
+    r->loader.start(r->task.train, r->s.seed, atoi(resumed.get("data_epoch").c_str()),
+                    strtoull(resumed.get("data_pos").c_str(), nullptr, 10));
+}
+
+// The flags that rebuild this run, stored in each checkpoint: those given
+// (or resumed) but --resume and --stop-after, the task's settings, and the
+// length, batch and seed as decided.
+static void train_saved_args(const Args& a, const std::vector<FlagSpec>& flags, TrainRun* r) {
+    for (const FlagSpec& f : flags)
+        if (f.def && a.has(f.name) && std::string(f.name) != "resume" && std::string(f.name) != "stop-after")
+            r->saved_args[f.name] = a.str(f.name);
+    for (auto& kv : r->ts) r->saved_args[kv.first] = kv.second;
+    r->saved_args["steps"] = std::to_string(r->s.steps);
+    r->saved_args["batch"] = std::to_string(r->s.B);
+    r->saved_args["seed"] = std::to_string(r->s.seed);
+}
+
+// The metadata of each checkpoint: the step, the task, its vocabulary, the
+// flags and the data position.
+static std::map<std::string, std::string> train_meta(const TrainRun& r) {
+    std::map<std::string, std::string> meta;
+    meta["train_step"] = std::to_string(r.done_step);
+    meta["task"] = settings_to_json(r.task.settings);
+    meta["vocab"] = vocab_to_json(r.task.vocab);
+    meta["args"] = settings_to_json(r.saved_args);
+    meta["data_epoch"] = std::to_string(r.loader.epoch);
+    meta["data_pos"] = std::to_string(r.loader.pos);
+    return meta;
+}
+
+// Only now, when every check has passed, does the run write anything: the
+// output directory, the log (appended to when resuming), the first line.
+static void train_open_output(bool quiet, TrainRun* r) {
+    std::string err;
+    if (!make_dir(r->s.out, &err)) die("train", err + " (choose another --out)");
+    r->log.quiet = quiet;
+    std::string log_path = r->s.out + "/log.jsonl";
+    r->log.f = fopen(log_path.c_str(), r->start_step > 0 ? "a" : "w");
+    if (!r->log.f) die("train", "cannot write " + log_path + ": " + strerror(errno));
+    const Config& c = r->c;
+    if (!r->log.quiet) {
+        printf("train %s on %s: L=%d d=%d H=%d R=%d F=%d V=%d T=%d, %zu parameters, %s, batch %d, %d steps "
+               "(%d per epoch)%s\n",
+               model_name(c).c_str(), r->ts["task"].c_str(), c.L, c.d, c.H, c.R, c.F, c.V, c.T, r->model.n_params,
+               r->dev == DEVICE_GPU ? "gpu" : "cpu", r->s.B, r->s.steps, r->per_epoch,
+               r->start_step ? (", resuming at step " + std::to_string(r->start_step)).c_str() : "");
+    }
+    r->log.line("{\"type\": \"config\", \"arch\": \"" + std::string(arch_name(c.arch)) + "\", \"params\": " +
+                std::to_string(r->model.n_params) + ", \"config\": " + config_to_json(c) +
+                ", \"args\": " + settings_to_json(r->saved_args) + "}");
 }
 
 // --- training guards ---------------------------------------------------------
@@ -331,27 +528,36 @@ static void catch_stop_signals(bool on) {
     sigaction(SIGTERM, &sa, nullptr);
 }
 
-// Fault injection for tests/test_faults.sh: LIME_TEST_NAN_STEP=N puts an Inf
-// in the loss mask of step N's batch, as a corrupt batch would, which makes
-// that step's loss and every gradient NaN. Unset: never.
+#ifdef LIME_TESTING
+// Fault injection for tests/test_faults.sh, compiled only into testing builds
+// (LIME_TESTING: ./lime-emu, build/lime-asan; never ./lime):
+// LIME_TEST_NAN_STEP=N puts an Inf in the loss mask of step N's batch, as a
+// corrupt batch would, which makes that step's loss and every gradient NaN.
+// Unset: never.
 static int test_nan_step() {
-    const char* v = getenv("LIME_TEST_NAN_STEP");
-    return v ? atoi(v) : 0;
+    static const int step = [] {
+        const char* v = getenv("LIME_TEST_NAN_STEP");
+        return v ? atoi(v) : 0;
+    }();
+    return step;
 }
+#endif
 
 // "NaN", "Inf", "-Inf" or the number: how the guards print a loss or a norm.
-static std::string num_str(double x) { return std::isnan(x) ? "NaN" : std::isinf(x) ? (x > 0 ? "Inf" : "-Inf") : fmt("%g", x); }
+static std::string num_str(double x) {
+    return std::isnan(x) ? "NaN" : std::isinf(x) ? (x > 0 ? "Inf" : "-Inf") : fmt("%g", x);
+}
 
 // --skip-bad-steps: forward and backward, then the update only when the loss
 // and every gradient are finite (model_train_step would apply the update
 // before anyone could look). "" when the step was applied, else why not.
 // On the GPU the check copies the model to the host: a cost of the switch.
-static std::string guarded_step(Model* m, const Batch& b, const AdamWConfig& opt, float factor) {
-    float loss = model_forward(m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
-    model_backward(m);
-    std::string tensor = model_first_nonfinite(m, false);
+static std::string guarded_step(Model* model, const Batch& b, const AdamWConfig& opt, float factor) {
+    float loss = model_forward(model, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    model_backward(model);
+    std::string tensor = model_first_nonfinite(model, false);
     if (std::isfinite(loss) && tensor.empty()) {
-        model_update(m, opt, factor);
+        model_update(model, opt, factor);
         return "";
     }
     return "the loss is " + num_str(loss) + (tensor.empty() ? "" : " and the gradient of " + tensor + " is not finite");
@@ -359,231 +565,182 @@ static std::string guarded_step(Model* m, const Batch& b, const AdamWConfig& opt
 
 // A NaN or an Inf: stop without saving, one line that names the step, the
 // first bad tensor and the checkpoint that is still good. Exit status 1.
-static void training_failed(Logger* log, const std::string& what, int step, int last_good, int last_saved, const std::string& out) {
+static void training_failed(TrainRun* r, const std::string& what, int step, int last_good) {
     std::string when = last_good == step - 1 ? "step " + std::to_string(step)
-                                              : "between steps " + std::to_string(last_good + 1) + " and " + std::to_string(step) +
-                                                    " (checked at log steps; --log-every 1 finds the step)";
-    std::string kept = last_saved > 0 ? out + "/checkpoint.safetensors (step " + std::to_string(last_saved) + ") is the last good checkpoint"
-                                      : "no checkpoint was saved yet";
-    std::string msg = when + ": " + what + "; stopped without saving: " + kept + "; lower --lr, or pass --skip-bad-steps to skip such steps";
-    log->line("{\"type\": \"error\", \"step\": " + std::to_string(step) + ", \"message\": " + json_quote(msg) + "}");
+                                             : "between steps " + std::to_string(last_good + 1) + " and " +
+                                                   std::to_string(step) +
+                                                   " (checked at log steps; --log-every 1 finds the step)";
+    std::string kept = r->last_saved > 0 ? r->s.out + "/checkpoint.safetensors (step " +
+                                               std::to_string(r->last_saved) + ") is the last good checkpoint"
+                                         : "no checkpoint was saved yet";
+    std::string msg = when + ": " + what + "; stopped without saving: " + kept +
+                      "; lower --lr, or pass --skip-bad-steps to skip such steps";
+    r->log.line("{\"type\": \"error\", \"step\": " + std::to_string(step) + ", \"message\": " + json_quote(msg) + "}");
     fflush(stdout);
     fprintf(stderr, "lime train: error: %s\n", msg.c_str());
     exit(1);
+}
+
+// A step --skip-bad-steps skipped: say why; 20 in a row end the run.
+static void note_skipped(TrainRun* r, int step, const std::string& why) {
+    if (!r->log.quiet) printf("step %d/%d skipped: %s\n", step, r->s.steps, why.c_str());
+    r->log.line("{\"type\": \"skipped\", \"step\": " + std::to_string(step) + ", \"why\": " + json_quote(why) + "}");
+    if (++r->skipped_in_a_row == 20)
+        training_failed(r, "20 steps in a row were skipped, the last because " + why, step, step - 1);
+    r->last_good = step;  // the weights did not change
+}
+
+// The guard: never log, evaluate or save a model past a NaN or an Inf.
+// Reads the loss and gradient norm of the step just taken into *loss, *norm
+// (on the GPU this waits for the device), and stops the run if either is not finite.
+static void check_finite(TrainRun* r, int step, float* loss, float* norm) {
+    model_metrics(&r->model, loss, norm);
+    if (!std::isfinite(*loss) || !std::isfinite(*norm)) {
+        std::string tensor = model_first_nonfinite(&r->model, false);
+        training_failed(r, "the loss is " + num_str(*loss) + " and the gradient norm " + num_str(*norm) +
+                               (tensor.empty() ? "" : "; the first non-finite gradient is in " + tensor),
+                        step, r->last_good);
+    }
+    r->last_good = step;
+}
+
+// --- the training loop ---------------------------------------------------------
+
+// Takes one step: the next batch, then forward, backward and AdamW (with
+// --skip-bad-steps, the update only when all is finite). Returns why the
+// step was skipped, else "".
+static std::string take_step(TrainRun* r, int step, float factor, Batch* batch) {
+    const TrainSettings& s = r->s;
+    r->loader.next(s.B, r->c.T, r->task.vocab.pad, batch);
+#ifdef LIME_TESTING
+    if (step == test_nan_step()) batch->mask[0] = INFINITY;
+#endif
+    std::string skipped;
+    if (s.skip_bad) skipped = guarded_step(&r->model, *batch, s.opt, factor);
+    else model_train_step(&r->model, batch->tokens.data(), batch->targets.data(), batch->mask.data(), s.B, r->c.T,
+                          s.opt, factor);
+    r->done_step = step;
+    r->steps_timed++;
+    r->run_steps++;
+    return skipped;
+}
+
+// The progress line and its log entry: loss, learning rate, gradient norm,
+// speed since the last line, time left.
+static void log_progress(TrainRun* r, int step, float loss, float norm, float factor) {
+    const TrainSettings& s = r->s;
+    double t = now_ms(), ms = (t - r->t_last) / r->steps_timed;
+    double tok_s = (double)s.B * r->c.T / (ms / 1000);
+    double eta = ms * (s.steps - step) / 1000;
+    if (!r->log.quiet)
+        printf("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms/step | %.0f tok/s | ETA %s\n", step, s.steps,
+               loss, s.opt.lr * factor, norm, ms, tok_s, duration_str(eta).c_str());
+    r->log.line("{\"type\": \"train\", \"step\": " + std::to_string(step) + ", \"loss\": " + json_num(loss) +
+                ", \"lr\": " + json_num(s.opt.lr * factor) + ", \"norm\": " + json_num(norm) +
+                ", \"ms_per_step\": " + json_num(ms) + ", \"tokens_per_s\": " + json_num(tok_s) + "}");
+    fflush(stdout);
+    r->t_last = t;
+    r->steps_timed = 0;
+}
+
+// DIR/checkpoint.safetensors with the optimiser state, for --resume; a
+// model whose weights hold a NaN or an Inf is never saved.
+static void save_checkpoint(TrainRun* r, int step) {
+    std::string tensor = model_first_nonfinite(&r->model, true);
+    if (!tensor.empty()) training_failed(r, "the weights of " + tensor + " are not finite", step, r->last_good);
+    std::string err = model_save(&r->model, r->s.out + "/checkpoint.safetensors", train_meta(*r), true);
+    if (!err.empty()) die("train", err);
+    r->last_saved = step;
+    r->t_last = now_ms();
+}
+
+// Ended by SIGINT or SIGTERM, its checkpoint saved: how to go on, and the
+// shell's exit status for "ended by this signal", 128 + the signal.
+static int train_interrupted(TrainRun* r, int step, int sig) {
+    printf("%s at step %d: saved %s/checkpoint.safetensors; continue with ./lime train --resume "
+           "%s/checkpoint.safetensors\n",
+           sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)", step, r->s.out.c_str(), r->s.out.c_str());
+    r->log.line("{\"type\": \"interrupted\", \"step\": " + std::to_string(step) + ", \"signal\": " +
+                std::to_string(sig) + "}");
+    return 128 + sig;
+}
+
+// --stop-after ended this process's part of the run, its checkpoint saved: how to go on.
+static int train_stopped(TrainRun* r, int step) {
+    printf("stopped after %d steps of this run at step %d; continue with ./lime train --resume "
+           "%s/checkpoint.safetensors\n",
+           r->run_steps, step, r->s.out.c_str());
+    return 0;
+}
+
+// The steps after start_step up to --steps, each checked, logged, evaluated
+// and saved as the flags say. Returns the exit status when the run ends
+// early (a signal, --stop-after), -1 when it reached its last step.
+static int train_loop(TrainRun* r) {
+    const TrainSettings& s = r->s;
+    Batch batch;
+    r->t_start = r->t_last = now_ms();
+    r->last_good = r->last_saved = r->start_step;
+    catch_stop_signals(true);
+    for (int step = r->start_step + 1; step <= s.steps; step++) {
+        float factor = lr_factor(step, s.warmup, s.steps, s.sched, s.min_lr_ratio);
+        std::string skipped = take_step(r, step, factor, &batch);  // why --skip-bad-steps skipped it, else ""
+        int stop_signal = g_stop_signal;
+        bool last = step == s.steps || (s.stop_after && r->run_steps == s.stop_after);
+        bool logging = skipped.empty() && (step % s.log_every == 0 || last || step == r->start_step + 1);
+        bool saving = step % s.save_every == 0 || last || stop_signal;
+        if (!skipped.empty()) note_skipped(r, step, skipped);
+        else r->skipped_in_a_row = 0;
+        // Reading the metrics is free on the CPU, so every step is checked; on
+        // the GPU it waits for the device, so only steps that log or save are.
+        float loss = 0, norm = 0;
+        bool checking = skipped.empty() && (logging || saving || r->model.device == DEVICE_CPU);
+        if (checking) check_finite(r, step, &loss, &norm);
+        if (logging) log_progress(r, step, loss, norm, factor);
+        if (step % s.eval_every == 0 && !last && !stop_signal) {
+            evaluate(&r->model, r->task, step, s.eval_size, &r->log, &r->val_loss, &r->acc);
+            r->t_last = now_ms();
+        }
+        if (saving) save_checkpoint(r, step);
+        if (stop_signal) return train_interrupted(r, step, stop_signal);
+        if (last && step != s.steps) return train_stopped(r, step);
+    }
+    return -1;
+}
+
+// The end of the run: DIR/model.safetensors (no optimiser state), the final
+// evaluation (every test question; text: --eval-size windows) and the line "done: ...".
+static int train_finish(TrainRun* r) {
+    catch_stop_signals(false);  // the final save and evaluation: a signal ends them at once (the save is atomic)
+    double seconds = (now_ms() - r->t_start) / 1000;
+    std::string err = model_save(&r->model, r->s.out + "/model.safetensors", train_meta(*r), false);
+    if (!err.empty()) die("train", err);
+    const Task& task = r->task;
+    evaluate(&r->model, task, r->s.steps, task.kind != "text" ? 0 : r->s.eval_size, &r->log, &r->val_loss, &r->acc);
+    printf("done: %s, %d steps in %s, val loss %.4f", model_name(r->c).c_str(), r->s.steps - r->start_step,
+           duration_str(seconds).c_str(), r->val_loss);
+    if (r->acc >= 0) printf(", accuracy %.1f%%", 100 * r->acc);
+    printf("; wrote %s/model.safetensors\n", r->s.out.c_str());
+    r->log.line("{\"type\": \"done\", \"seconds\": " + json_num(seconds) + ", \"val_loss\": " + json_num(r->val_loss) +
+                (r->acc >= 0 ? ", \"accuracy\": " + json_num(r->acc) : std::string()) + "}");
+    return 0;
 }
 
 static int cmd_train(int argc, char** argv) {
     std::vector<FlagSpec> flags = train_flags();
     Args a = parse_args("train", TRAIN_HELP, flags, argc, argv, false);
     const std::set<std::string> user_flags = a.given;  // before a resumed run adds its own
-    // Resuming: the checkpoint's own flags, with the ones given now on top.
-    std::map<std::string, std::string> resumed_meta;
-    Config resumed;
-    if (a.has("resume")) {
-        std::string err = checkpoint_read_config(a.str("resume"), &resumed, &resumed_meta);
-        if (!err.empty()) die("train", err);
-        std::map<std::string, std::string> saved;
-        if (!resumed_meta.count("args") || !settings_from_json(resumed_meta["args"], &saved).empty())
-            die("train", a.str("resume") + " was not written by ./lime train (no training arguments in it); it can be loaded by eval, not resumed");
-        refuse_task_change(a, saved);
-        for (auto& kv : saved)
-            if (!a.has(kv.first) && kv.first != "resume") { a.values[kv.first] = {kv.second}; a.given.insert(kv.first); }
-    }
-    set_threads(a);
-    Device dev = pick_device(a);
-    gpu_set_tf32(a.integer("tf32", 0, 1) == 1);
-    set_attention(a);
-    bool use_graph = a.integer("graph", 0, 1) == 1;
-    Config c = shape_from_args(a);
-    std::map<std::string, std::string> ts = task_settings(a);
-    int text_T = (int)a.integer("seq-len", 2, 1 << 16);
-    TrainSettings s;
-    s.B = (int)a.integer("batch", 1, 1 << 20);
-    s.opt.lr = (float)a.number("lr", 0, 10);
-    s.opt.router_lr = (float)a.number("router-lr", 0, 10);
-    s.opt.weight_decay = (float)a.number("weight-decay", 0, 10);
-    s.opt.grad_clip = (float)a.number("grad-clip", 0, 1e9);
-    std::string sched = a.choice("schedule", {"linear", "cosine", "constant"});
-    s.sched = sched == "linear" ? SCHED_LINEAR : sched == "cosine" ? SCHED_COSINE : SCHED_CONSTANT;
-    s.min_lr_ratio = (float)a.number("min-lr-ratio", 0, 1);
-    s.seed = (uint64_t)a.integer("seed", 0, (long long)1 << 62);
-    s.eval_size = (int)a.integer("eval-size", 1, 1 << 30);
-    s.stop_after = (int)a.integer("stop-after", 0, 1 << 30);
-    std::string out = a.str("out");
-    if (out.empty()) a.fail("--out needs a directory");
-    if (!a.err.empty()) die("train", a.err);
-    Config shape = c;  // the task sets V and T below; check the rest now
-    shape.V = shape.T = 1;
-    std::string err = config_check(shape);
-    if (!err.empty()) die("train", err);
-
-    Task task;
-    err = task_build(ts, text_T, &task);
-    if (!err.empty()) die("train", err);
-    c.V = task.vocab.size();
-    c.T = task.T;
-    int per_epoch = std::max(1, (int)((task.train->size() + s.B - 1) / s.B));
-    if (a.has("steps")) s.steps = (int)a.integer("steps", 1, 1 << 30);
-    else s.steps = (int)a.integer("epochs", 1, 1 << 20) * per_epoch;
-    s.warmup = a.has("warmup") ? (int)a.integer("warmup", 0, 1 << 30) : s.steps / 50;
-    s.log_every = a.has("log-every") ? (int)a.integer("log-every", 1, 1 << 30) : std::max(1, s.steps / 50);
-    s.eval_every = a.has("eval-every") ? (int)a.integer("eval-every", 1, 1 << 30) : std::max(1, s.steps / 5);
-    s.save_every = a.has("save-every") ? (int)a.integer("save-every", 1, 1 << 30) : s.eval_every;
-    check_train_combinations(a, user_flags, s, ts["task"]);
-    if (!a.err.empty()) die("train", a.err);
-    bool skip_bad = a.has("skip-bad-steps");
-
-    Model m;
-    err = model_create(&m, c, s.B, dev);
-    if (!err.empty()) die("train", err);
-    m.use_graph = use_graph;
-    Loader loader;
-    int start_step = 0;
-    if (a.has("resume")) {
-        if (config_to_json(resumed) != config_to_json(c))
-            die("train", "--resume " + a.str("resume") + " holds a different model than these flags describe (" + config_diff(resumed, c) +
-                             ", in the file vs the flags); drop the shape flags or start a new run");
-        err = model_load(&m, a.str("resume"), true);
-        if (!err.empty()) die("train", err);
-        // the loop's step; m.step counts the updates applied, fewer when steps were skipped
-        start_step = resumed_meta.count("train_step") ? atoi(resumed_meta["train_step"].c_str()) : m.step;
-        loader.start(task.train, s.seed, atoi(resumed_meta["data_epoch"].c_str()), strtoull(resumed_meta["data_pos"].c_str(), nullptr, 10));
-    } else {
-        model_init(&m, s.seed);
-        loader.start(task.train, s.seed, 0, 0);
-    }
-
-    // everything that rebuilds this run, stored in each checkpoint
-    std::map<std::string, std::string> saved_args;
-    for (const FlagSpec& f : flags)
-        if (f.def && a.has(f.name) && std::string(f.name) != "resume" && std::string(f.name) != "stop-after") saved_args[f.name] = a.str(f.name);
-    for (auto& kv : ts) saved_args[kv.first] = kv.second;
-    saved_args["steps"] = std::to_string(s.steps);
-    saved_args["batch"] = std::to_string(s.B);
-    saved_args["seed"] = std::to_string(s.seed);
-    int done_step = start_step;  // the last step taken, for the metadata
-    auto meta = [&]() {
-        std::map<std::string, std::string> mt;
-        mt["train_step"] = std::to_string(done_step);
-        mt["task"] = settings_to_json(task.settings);
-        mt["vocab"] = vocab_to_json(task.vocab);
-        mt["args"] = settings_to_json(saved_args);
-        mt["data_epoch"] = std::to_string(loader.epoch);
-        mt["data_pos"] = std::to_string(loader.pos);
-        return mt;
-    };
-
-    // only now, when every check has passed, does the run write anything
-    if (!make_dir(out, &err)) die("train", err + " (choose another --out)");
-    Logger log;
-    log.quiet = a.has("quiet");
-    std::string log_path = out + "/log.jsonl";
-    log.f = fopen(log_path.c_str(), start_step > 0 ? "a" : "w");
-    if (!log.f) die("train", "cannot write " + log_path + ": " + strerror(errno));
-    if (!log.quiet) {
-        printf("train %s on %s: L=%d d=%d H=%d R=%d F=%d V=%d T=%d, %zu parameters, %s, batch %d, %d steps (%d per epoch)%s\n",
-               model_name(c).c_str(), ts["task"].c_str(), c.L, c.d, c.H, c.R, c.F, c.V, c.T, m.n_params,
-               dev == DEVICE_GPU ? "gpu" : "cpu", s.B, s.steps, per_epoch,
-               start_step ? (", resuming at step " + std::to_string(start_step)).c_str() : "");
-    }
-    log.line("{\"type\": \"config\", \"arch\": \"" + std::string(arch_name(c.arch)) + "\", \"params\": " + std::to_string(m.n_params) +
-             ", \"config\": " + config_to_json(c) + ", \"args\": " + settings_to_json(saved_args) + "}");
-
-    Batch batch;
-    double t_start = now_ms(), t_last = t_start;
-    int steps_timed = 0, run_steps = 0;
-    int last_good = start_step, last_saved = start_step, skipped_in_a_row = 0, nan_step = test_nan_step();
-    double val_loss = 0, acc = -1;
-    catch_stop_signals(true);
-    for (int step = start_step + 1; step <= s.steps; step++) {
-        loader.next(s.B, c.T, task.vocab.pad, &batch);
-        if (step == nan_step) batch.mask[0] = INFINITY;
-        float factor = lr_factor(step, s.warmup, s.steps, s.sched, s.min_lr_ratio);
-        std::string skipped;  // why this step was skipped (--skip-bad-steps), else ""
-        if (skip_bad) skipped = guarded_step(&m, batch, s.opt, factor);
-        else model_train_step(&m, batch.tokens.data(), batch.targets.data(), batch.mask.data(), s.B, c.T, s.opt, factor);
-        done_step = step;
-        steps_timed++;
-        run_steps++;
-        int stop_signal = g_stop_signal;
-        bool last = step == s.steps || (s.stop_after && run_steps == s.stop_after);
-        bool logging = step % s.log_every == 0 || last || step == start_step + 1;
-        bool saving = step % s.save_every == 0 || last || stop_signal;
-        if (!skipped.empty()) {
-            if (!log.quiet) printf("step %d/%d skipped: %s\n", step, s.steps, skipped.c_str());
-            log.line("{\"type\": \"skipped\", \"step\": " + std::to_string(step) + ", \"why\": " + json_quote(skipped) + "}");
-            if (++skipped_in_a_row == 20) training_failed(&log, "20 steps in a row were skipped, the last because " + skipped, step, step - 1, last_saved, out);
-            logging = false;
-            last_good = step;  // the weights did not change
-        } else {
-            skipped_in_a_row = 0;
-        }
-        // The guard: never log, evaluate or save a model past a NaN or an Inf.
-        // Reading the metrics is free on the CPU, so every step is checked; on
-        // the GPU it waits for the device, so only steps that log or save are.
-        float loss = 0, norm = 0;
-        if (skipped.empty() && (logging || saving || m.device == DEVICE_CPU)) {
-            model_metrics(&m, &loss, &norm);
-            if (!std::isfinite(loss) || !std::isfinite(norm)) {
-                std::string tensor = model_first_nonfinite(&m, false);
-                training_failed(&log, "the loss is " + num_str(loss) + " and the gradient norm " + num_str(norm) +
-                                          (tensor.empty() ? "" : "; the first non-finite gradient is in " + tensor),
-                                step, last_good, last_saved, out);
-            }
-            last_good = step;
-        }
-        if (logging) {
-            double t = now_ms(), ms = (t - t_last) / steps_timed;
-            double tok_s = (double)s.B * c.T / (ms / 1000);
-            double eta = ms * (s.steps - step) / 1000;
-            if (!log.quiet)
-                printf("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms/step | %.0f tok/s | ETA %s\n", step, s.steps, loss,
-                       s.opt.lr * factor, norm, ms, tok_s, duration_str(eta).c_str());
-            log.line("{\"type\": \"train\", \"step\": " + std::to_string(step) + ", \"loss\": " + json_num(loss) + ", \"lr\": " +
-                     json_num(s.opt.lr * factor) + ", \"norm\": " + json_num(norm) + ", \"ms_per_step\": " + json_num(ms) +
-                     ", \"tokens_per_s\": " + json_num(tok_s) + "}");
-            fflush(stdout);
-            t_last = t;
-            steps_timed = 0;
-        }
-        if (step % s.eval_every == 0 && !last && !stop_signal) { evaluate(&m, task, step, s.eval_size, &log, &val_loss, &acc); t_last = now_ms(); }
-        if (saving) {
-            std::string tensor = model_first_nonfinite(&m, true);  // the weights too: a NaN model is never saved
-            if (!tensor.empty()) training_failed(&log, "the weights of " + tensor + " are not finite", step, last_good, last_saved, out);
-            err = model_save(&m, out + "/checkpoint.safetensors", meta(), true);
-            if (!err.empty()) die("train", err);
-            last_saved = step;
-            t_last = now_ms();
-        }
-        if (stop_signal) {
-            printf("%s at step %d: saved %s/checkpoint.safetensors; continue with ./lime train --resume %s/checkpoint.safetensors\n",
-                   stop_signal == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)", step, out.c_str(), out.c_str());
-            log.line("{\"type\": \"interrupted\", \"step\": " + std::to_string(step) + ", \"signal\": " + std::to_string(stop_signal) + "}");
-            fclose(log.f);
-            model_free(&m);
-            return 128 + stop_signal;  // the shell's convention for "ended by this signal"
-        }
-        if (last && step != s.steps) {
-            printf("stopped after %d steps of this run at step %d; continue with ./lime train --resume %s/checkpoint.safetensors\n",
-                   run_steps, step, out.c_str());
-            fclose(log.f);
-            model_free(&m);
-            return 0;
-        }
-    }
-    catch_stop_signals(false);  // the final save and evaluation: a signal ends them at once (the save is atomic)
-    double seconds = (now_ms() - t_start) / 1000;
-    err = model_save(&m, out + "/model.safetensors", meta(), false);
-    if (!err.empty()) die("train", err);
-    evaluate(&m, task, s.steps, task.kind != "text" ? 0 : s.eval_size, &log, &val_loss, &acc);
-    printf("done: %s, %d steps in %s, val loss %.4f", model_name(c).c_str(), s.steps - start_step, duration_str(seconds).c_str(), val_loss);
-    if (acc >= 0) printf(", accuracy %.1f%%", 100 * acc);
-    printf("; wrote %s/model.safetensors\n", out.c_str());
-    log.line("{\"type\": \"done\", \"seconds\": " + json_num(seconds) + ", \"val_loss\": " + json_num(val_loss) +
-             (acc >= 0 ? ", \"accuracy\": " + json_num(acc) : std::string()) + "}");
-    fclose(log.f);
-    model_free(&m);
-    return 0;
+    Resumed resumed = resume_flags(a);                 // the checkpoint's own flags, with the ones given now on top
+    TrainRun run;
+    train_from_flags(a, user_flags, &run);
+    train_start_model(resumed, &run);
+    train_saved_args(a, flags, &run);
+    train_open_output(a.has("quiet"), &run);
+    int status = train_loop(&run);
+    if (status < 0) status = train_finish(&run);
+    fclose(run.log.f);
+    model_free(&run.model);
+    return status;
 }
 
 // ===========================================================================
@@ -591,18 +748,21 @@ static int cmd_train(int argc, char** argv) {
 // ===========================================================================
 
 struct Loaded {
-    Model m;
+    Model model;
     Task task;
     std::map<std::string, std::string> meta;
 };
 
-static std::string load_checkpoint(const std::string& path, Device dev, int B, Loaded* out, bool need_task) {
+// A checkpoint written by train, in a model made for batches of B; with
+// need_task its task is rebuilt (test set included), else only its vocabulary.
+static std::string load_checkpoint(const std::string& path, Device dev, const ModelSettings& settings, int B,
+                                   Loaded* out, bool need_task) {
     Config c;
     std::string err = checkpoint_read_config(path, &c, &out->meta);
     if (!err.empty()) return err;
-    err = model_create(&out->m, c, B, dev);
+    err = model_create(&out->model, c, B, dev, settings);
     if (!err.empty()) return err;
-    err = model_load(&out->m, path, false);
+    err = model_load(&out->model, path, false);
     if (!err.empty()) return err;
     std::map<std::string, std::string> ts;
     if (!out->meta.count("task") || !settings_from_json(out->meta["task"], &ts).empty())
@@ -611,13 +771,66 @@ static std::string load_checkpoint(const std::string& path, Device dev, int B, L
         err = task_build(ts, c.T, &out->task);
         if (!err.empty()) return path + ": rebuilding its task: " + err;
         if (out->task.vocab.size() != c.V)
-            return path + ": its task has " + std::to_string(out->task.vocab.size()) + " tokens but the model " + std::to_string(c.V);
+            return path + ": its task has " + std::to_string(out->task.vocab.size()) + " tokens but the model " +
+                   std::to_string(c.V);
     } else {
         out->task.kind = ts["task"];
         out->task.settings = ts;
-        out->task.vocab = ts["task"] == "text" ? text_vocab() : ts["task"] == "prosqa" ? prosqa_vocab() : arith_vocab(atoi(ts["modulus"].c_str()));
+        out->task.vocab = ts["task"] == "text"     ? text_vocab()
+                          : ts["task"] == "prosqa" ? prosqa_vocab()
+                                                   : arith_vocab(atoi(ts["modulus"].c_str()));
     }
     return "";
+}
+
+// ===========================================================================
+// ./lime eval, sample, data
+// ===========================================================================
+
+// Scores one loaded checkpoint on the first n test examples (0: all): its
+// JSON fields go to *entry, its table row is returned.
+static std::string eval_one(const std::string& path, int n, Loaded* ld, std::string* entry) {
+    const Config& c = ld->model.c;
+    Task& task = ld->task;
+    std::string name = model_name(c);  // "lime", or with its router variant: "lime:last-2"
+    *entry = "\"file\": " + json_quote(path) + ", \"arch\": \"" + arch_name(c.arch) + "\", \"model\": " +
+             json_quote(name) + ", \"task\": " + json_quote(task.kind);
+    double loss = mean_loss(&ld->model, *task.test, task.T, task.vocab.pad, n);
+    *entry += ", \"loss\": " + json_num(loss);
+    char row[512];
+    if (task.kind == "prosqa") {
+        Score sc = score_answers(&ld->model, task, n);
+        *entry += ", \"accuracy\": " + json_num(sc.accuracy()) + ", \"n\": " + std::to_string(sc.n);
+        snprintf(row, sizeof row, "%-6s %-40s prosqa accuracy %6.2f%% (%d/%d)  test loss %.4f", name.c_str(),
+                 path.c_str(), 100 * sc.accuracy(), sc.correct, sc.n, loss);
+    } else if (task.kind == "arith") {
+        Score sc = score_answers(&ld->model, task, n);
+        *entry += ", \"ops\": " + task.settings["ops"] + ", \"accuracy\": " + json_num(sc.accuracy()) +
+                  ", \"n\": " + std::to_string(sc.n);
+        if (task.arith.s.chain)
+            *entry += ", \"valid_chains\": " + json_num((double)sc.valid_chains / std::max(1, sc.n));
+        snprintf(row, sizeof row, "%-6s %-40s tier %-3s accuracy %6.2f%% (%d/%d)  valid chains %6.2f%%  test loss %.4f",
+                 name.c_str(), path.c_str(), task.settings["ops"].c_str(), 100 * sc.accuracy(), sc.correct, sc.n,
+                 100.0 * sc.valid_chains / std::max(1, sc.n), loss);
+    } else {
+        *entry += ", \"perplexity\": " + json_num(std::exp(loss));
+        snprintf(row, sizeof row, "%-6s %-40s val loss %.4f  perplexity %.3f", name.c_str(), path.c_str(), loss,
+                 std::exp(loss));
+    }
+    return row;
+}
+
+// The scores: one row per checkpoint, or with --json one object (keyed by
+// file; a single checkpoint's object alone).
+static void print_eval(const std::string& json, const std::vector<std::string>& rows, bool as_json) {
+    if (!as_json) {
+        for (const std::string& r : rows) printf("%s\n", r.c_str());
+    } else if (rows.size() == 1) {
+        size_t colon = json.find(": {");
+        printf("%s\n", json.substr(colon + 2).c_str());
+    } else {
+        printf("%s}\n", json.c_str());
+    }
 }
 
 static int cmd_eval(int argc, char** argv) {
@@ -631,12 +844,11 @@ static int cmd_eval(int argc, char** argv) {
         {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
         ATTENTION_FLAG,
     };
-    Args a = parse_args("eval", "Scores checkpoints on their task: arith accuracy by greedy decoding, text loss and perplexity.", flags, argc,
-                        argv, false);
+    Args a = parse_args("eval", "Scores checkpoints on their task: arith accuracy by greedy decoding, text loss and "
+                        "perplexity.", flags, argc, argv, false);
     set_threads(a);
     Device dev = pick_device(a);
-    gpu_set_tf32(a.integer("tf32", 0, 1) == 1);
-    set_attention(a);
+    ModelSettings settings = model_settings(a);
     int n = (int)a.integer("n", 0, 1 << 30);
     int B = (int)a.integer("batch", 1, 1 << 16);
     if (!a.err.empty()) die("eval", a.err);
@@ -645,46 +857,14 @@ static int cmd_eval(int argc, char** argv) {
     std::vector<std::string> rows;
     for (const std::string& path : a.values["load"]) {
         Loaded ld;
-        std::string err = load_checkpoint(path, dev, B, &ld, true);
+        std::string err = load_checkpoint(path, dev, settings, B, &ld, true);
         if (err.size()) die("eval", err);
-        const Config& c = ld.m.c;
-        std::string name = model_name(c);  // "lime", or with its router variant: "lime:last-2"
-        std::string entry = "\"file\": " + json_quote(path) + ", \"arch\": \"" + arch_name(c.arch) + "\", \"model\": " + json_quote(name) +
-                            ", \"task\": " + json_quote(ld.task.kind);
-        double loss = mean_loss(&ld.m, *ld.task.test, ld.task.T, ld.task.vocab.pad, n);
-        entry += ", \"loss\": " + json_num(loss);
-        char row[512];
-        if (ld.task.kind == "prosqa") {
-            Score sc = score_answers(&ld.m, ld.task, n);
-            entry += ", \"accuracy\": " + json_num(sc.accuracy()) + ", \"n\": " + std::to_string(sc.n);
-            snprintf(row, sizeof row, "%-6s %-40s prosqa accuracy %6.2f%% (%d/%d)  test loss %.4f", name.c_str(), path.c_str(),
-                     100 * sc.accuracy(), sc.correct, sc.n, loss);
-        } else if (ld.task.kind == "arith") {
-            Score sc = score_answers(&ld.m, ld.task, n);
-            entry += ", \"ops\": " + ld.task.settings["ops"] + ", \"accuracy\": " + json_num(sc.accuracy()) + ", \"n\": " +
-                     std::to_string(sc.n);
-            if (ld.task.arith.s.chain) entry += ", \"valid_chains\": " + json_num((double)sc.valid_chains / std::max(1, sc.n));
-            snprintf(row, sizeof row, "%-6s %-40s tier %-3s accuracy %6.2f%% (%d/%d)  valid chains %6.2f%%  test loss %.4f", name.c_str(),
-                     path.c_str(), ld.task.settings["ops"].c_str(), 100 * sc.accuracy(), sc.correct, sc.n,
-                     100.0 * sc.valid_chains / std::max(1, sc.n), loss);
-        } else {
-            entry += ", \"perplexity\": " + json_num(std::exp(loss));
-            snprintf(row, sizeof row, "%-6s %-40s val loss %.4f  perplexity %.3f", name.c_str(), path.c_str(), loss, std::exp(loss));
-        }
-        rows.push_back(row);
+        std::string entry;
+        rows.push_back(eval_one(path, n, &ld, &entry));
         json += (json.size() > 1 ? ", " : "") + json_quote(path) + ": {" + entry + "}";
-        model_free(&ld.m);
+        model_free(&ld.model);
     }
-    if (a.has("json")) {
-        if (rows.size() == 1) {  // one model: its object alone
-            size_t colon = json.find(": {");
-            printf("%s\n", json.substr(colon + 2).c_str());
-        } else {
-            printf("%s}\n", json.c_str());
-        }
-    } else {
-        for (const std::string& r : rows) printf("%s\n", r.c_str());
-    }
+    print_eval(json, rows, a.has("json"));
     return 0;
 }
 
@@ -698,8 +878,8 @@ static int cmd_sample(int argc, char** argv) {
         {"threads", "0", "OpenMP threads (0: all cores)"},
         {"device", "auto", "auto, cpu or gpu"},
     };
-    Args a = parse_args("sample", "Continues a prompt with a trained model until <eos>; the continuation is the last line.", flags, argc, argv,
-                        false);
+    Args a = parse_args("sample", "Continues a prompt with a trained model until <eos>; the continuation is the last "
+                        "line.", flags, argc, argv, false);
     set_threads(a);
     Device dev = pick_device(a);
     int max_new = (int)a.integer("max-new", 1, 1 << 20);
@@ -709,22 +889,25 @@ static int cmd_sample(int argc, char** argv) {
     if (!a.has("load")) die("sample", "needs --load FILE (a model.safetensors written by ./lime train)");
     if (!a.has("prompt")) die("sample", "needs --prompt TEXT, e.g. --prompt \"3 + 4 * 2 =\"");
     Loaded ld;
-    std::string err = load_checkpoint(a.str("load"), dev, 1, &ld, false);
+    std::string err = load_checkpoint(a.str("load"), dev, model_settings(a), 1, &ld, false);
     if (!err.empty()) die("sample", err);
+    const Vocab& vocab = ld.task.vocab;
+    bool prosqa = ld.task.kind == "prosqa";
     std::vector<std::vector<int>> seqs(1);
-    err = ld.task.kind == "prosqa" ? prosqa_tokenize(ld.task.vocab, a.str("prompt"), &seqs[0]) : ld.task.vocab.encode(a.str("prompt"), &seqs[0]);
+    err = prosqa ? prosqa_tokenize(vocab, a.str("prompt"), &seqs[0]) : vocab.encode(a.str("prompt"), &seqs[0]);
     if (!err.empty()) die("sample", "--prompt: " + err);
     if (seqs[0].empty()) die("sample", "--prompt is empty");
-    if ((int)seqs[0].size() > ld.m.c.T)
-        die("sample", "--prompt has " + std::to_string(seqs[0].size()) + " tokens; the model reads at most " + std::to_string(ld.m.c.T));
+    if ((int)seqs[0].size() > ld.model.c.T)
+        die("sample", "--prompt has " + std::to_string(seqs[0].size()) + " tokens; the model reads at most " +
+                          std::to_string(ld.model.c.T));
     size_t prompt = seqs[0].size();
-    generate(&ld.m, ld.task.vocab, &seqs, max_new, temperature, &rng);
+    generate(&ld.model, vocab, &seqs, max_new, temperature, &rng);
     std::vector<int> gen(seqs[0].begin() + prompt, seqs[0].end());
-    if (!gen.empty() && gen.back() == ld.task.vocab.eos) gen.pop_back();
-    std::string text = ld.task.kind == "prosqa" ? prosqa_detokenize(ld.task.vocab, gen.data(), (int)gen.size())
-                                                : ld.task.vocab.decode(gen.data(), (int)gen.size());
+    if (!gen.empty() && gen.back() == vocab.eos) gen.pop_back();
+    std::string text = prosqa ? prosqa_detokenize(vocab, gen.data(), (int)gen.size())
+                              : vocab.decode(gen.data(), (int)gen.size());
     printf("%s\n", text.c_str());
-    model_free(&ld.m);
+    model_free(&ld.model);
     return 0;
 }
 
@@ -734,7 +917,8 @@ static int cmd_data(int argc, char** argv) {
         {"n", "10", "how many examples to print"},
         {"seq-len", "128", "text: T, positions per window"},
     }});
-    Args a = parse_args("data", "Prints generated examples, one per line, exactly as the model sees them.", flags, argc, argv, false);
+    Args a = parse_args("data", "Prints generated examples, one per line, exactly as the model sees them.", flags,
+                        argc, argv, false);
     std::map<std::string, std::string> ts = task_settings(a);
     std::string split = a.choice("split", {"train", "test"});
     int n = (int)a.integer("n", 0, 1 << 30);
@@ -744,14 +928,16 @@ static int cmd_data(int argc, char** argv) {
     std::string err = task_build(ts, T, &t);
     if (!err.empty()) die("data", err);
     const std::vector<Sequence>& seqs = split == "train" ? *t.train : *t.test;
-    for (int i = 0; i < n && i < (int)seqs.size(); i++)
-        printf("%s\n", t.kind == "prosqa" ? prosqa_detokenize(t.vocab, seqs[i].tokens.data(), (int)seqs[i].tokens.size()).c_str()
-                                        : t.vocab.decode(seqs[i].tokens.data(), (int)seqs[i].tokens.size()).c_str());
+    for (int i = 0; i < n && i < (int)seqs.size(); i++) {
+        const std::vector<int>& tok = seqs[i].tokens;
+        printf("%s\n", t.kind == "prosqa" ? prosqa_detokenize(t.vocab, tok.data(), (int)tok.size()).c_str()
+                                          : t.vocab.decode(tok.data(), (int)tok.size()).c_str());
+    }
     return 0;
 }
 
 // ===========================================================================
-// ./lime verify: the implementation against reference vectors (SPEC.md)
+// ./lime verify: the implementation against reference vectors (docs/checkpoint.md)
 // ===========================================================================
 
 struct Verifier {
@@ -781,7 +967,108 @@ static std::string meta_float(const std::map<std::string, std::string>& meta, co
     return "";
 }
 
-static std::string verify_file(const std::string& path, Device dev, bool tf32, Verifier* v) {
+// A reference-vector file's batch and the losses it expects.
+struct RefBatch {
+    int B = 0, T = 0;
+    std::vector<int> tokens, targets;
+    std::vector<float> mask, want_loss, losses;  // expect.loss [1], expect.losses [3]
+};
+
+// Reads the batch (token ids inside the vocabulary of c) and the expected losses.
+static std::string read_ref_batch(const SafeTensors& st, const std::string& path, const Config& c, RefBatch* rb) {
+    const StTensor* tk = st.find("batch.tokens");
+    if (!tk || tk->shape.size() != 2) return path + ": no batch.tokens [B, T]; is it a reference-vector file?";
+    int B = rb->B = (int)tk->shape[0], T = rb->T = (int)tk->shape[1];
+    rb->tokens.assign(B * T, 0);
+    rb->targets.assign(B * T, 0);
+    rb->mask.assign(B * T, 0);
+    rb->want_loss.assign(1, 0);
+    rb->losses.assign(3, 0);
+    std::string err = st_get_i32(st, "batch.tokens", {B, T}, rb->tokens.data());
+    if (err.empty()) err = st_get_i32(st, "batch.targets", {B, T}, rb->targets.data());
+    if (err.empty()) err = st_get_f32(st, "batch.mask", {B, T}, rb->mask.data());
+    if (err.empty()) err = st_get_f32(st, "expect.loss", {1}, rb->want_loss.data());
+    if (err.empty()) err = st_get_f32(st, "expect.losses", {3}, rb->losses.data());
+    for (int i = 0; i < B * T && err.empty(); i++)
+        if (rb->tokens[i] < 0 || rb->tokens[i] >= c.V || rb->targets[i] < 0 || rb->targets[i] >= c.V)
+            err = path + ": a token id is outside the vocabulary";
+    return err;
+}
+
+// The AdamW settings of the file's three steps, from its metadata.
+static std::string read_ref_adamw(const std::map<std::string, std::string>& meta, const std::string& path,
+                                  AdamWConfig* opt) {
+    const std::vector<std::pair<const char*, float*>> fields = {
+        {"lr", &opt->lr}, {"router_lr", &opt->router_lr}, {"weight_decay", &opt->weight_decay},
+        {"beta1", &opt->beta1}, {"beta2", &opt->beta2}, {"eps", &opt->eps}, {"grad_clip", &opt->grad_clip}};
+    for (auto [key, dst] : fields) {
+        std::string err = meta_float(meta, key, dst);
+        if (!err.empty()) return path + ": " + err;
+    }
+    return "";
+}
+
+// The file's expected tensor `name` of `shape`, into *want.
+static std::string ref_expect(const SafeTensors& st, const std::string& name, const std::vector<int64_t>& shape,
+                              std::vector<float>* want) {
+    size_t n = 1;
+    for (int64_t s : shape) n *= (size_t)s;
+    want->assign(n, 0);
+    return st_get_f32(st, name, shape, want->data());
+}
+
+// Every model tensor of base (the gradients or the weights) against the file's prefix + name.
+static std::string check_all(const SafeTensors& st, const Model& model, const std::string& prefix, const float* base,
+                             double tol, Verifier* v) {
+    std::vector<float> want;
+    for (const TensorSpec& t : model.specs) {
+        std::string err = ref_expect(st, prefix + t.name, std::vector<int64_t>(t.shape.begin(), t.shape.end()), &want);
+        if (!err.empty()) return err;
+        v->check(prefix + t.name, base + t.offset, want.data(), t.numel, tol);
+    }
+    return "";
+}
+
+// The checks on a loaded model: logits and loss, every gradient, then three
+// AdamW steps on the same batch (weights after steps 1 and 3, not with TF32;
+// the loss before each). TF32 (docs/checkpoint.md): logits, losses and
+// gradients at 1e-2.
+static std::string verify_model(Model* model, const SafeTensors& st, const RefBatch& rb, const AdamWConfig& opt,
+                                bool tf32, Verifier* v) {
+    double tol_fwd = tf32 ? 1e-2 : 1e-5, tol_grad = tf32 ? 1e-2 : 1e-4;
+    const int* tokens = rb.tokens.data();
+    const int* targets = rb.targets.data();
+    const float* mask = rb.mask.data();
+    std::vector<float> want;
+    float loss = model_forward(model, tokens, targets, mask, rb.B, rb.T);
+    std::string err = ref_expect(st, "expect.logits", {rb.B, rb.T, model->c.V}, &want);
+    if (!err.empty()) return err;
+    v->check("logits", model_logits(model), want.data(), want.size(), tol_fwd);
+    v->check("loss", &loss, rb.want_loss.data(), 1, tol_fwd);
+    model_backward(model);
+    model_to_host(model);
+    if (!(err = check_all(st, *model, "expect.grad.", model->grads, tol_grad, v)).empty()) return err;
+    float got_losses[3];
+    for (int step = 1; step <= 3; step++) {
+        if (step > 1) {
+            got_losses[step - 1] = model_forward(model, tokens, targets, mask, rb.B, rb.T);
+            model_backward(model);
+        } else {
+            got_losses[0] = loss;
+        }
+        model_update(model, opt, 1.0f);
+        model_to_host(model);
+        if (!tf32 && (step == 1 || step == 3)) {
+            err = check_all(st, *model, "expect.step" + std::to_string(step) + ".", model->params, tol_grad, v);
+            if (!err.empty()) return err;
+        }
+    }
+    v->check("losses (before each of 3 steps)", got_losses, rb.losses.data(), 3, tol_fwd);
+    return "";
+}
+
+// One reference-vector file: its model loaded, then verify_model's checks.
+static std::string verify_file(const std::string& path, Device dev, const ModelSettings& settings, Verifier* v) {
     SafeTensors st;
     std::string err = st_read(path, &st);
     if (!err.empty()) return err;
@@ -789,87 +1076,39 @@ static std::string verify_file(const std::string& path, Device dev, bool tf32, V
     std::map<std::string, std::string> meta;
     err = checkpoint_read_config(path, &c, &meta);
     if (!err.empty()) return err;
-    const StTensor* tk = st.find("batch.tokens");
-    if (!tk || tk->shape.size() != 2) return path + ": no batch.tokens [B, T]; is it a reference-vector file?";
-    int B = (int)tk->shape[0], T = (int)tk->shape[1];
-    std::vector<int> tokens(B * T), targets(B * T);
-    std::vector<float> mask(B * T), want_loss(1), losses(3);
-    err = st_get_i32(st, "batch.tokens", {B, T}, tokens.data());
-    if (err.empty()) err = st_get_i32(st, "batch.targets", {B, T}, targets.data());
-    if (err.empty()) err = st_get_f32(st, "batch.mask", {B, T}, mask.data());
-    if (err.empty()) err = st_get_f32(st, "expect.loss", {1}, want_loss.data());
-    if (err.empty()) err = st_get_f32(st, "expect.losses", {3}, losses.data());
-    for (int i = 0; i < B * T && err.empty(); i++)
-        if (tokens[i] < 0 || tokens[i] >= c.V || targets[i] < 0 || targets[i] >= c.V) err = path + ": a token id is outside the vocabulary";
-    if (!err.empty()) return err;
+    RefBatch rb;
+    if (!(err = read_ref_batch(st, path, c, &rb)).empty()) return err;
     AdamWConfig opt;
-    for (auto [key, dst] : std::vector<std::pair<const char*, float*>>{{"lr", &opt.lr}, {"router_lr", &opt.router_lr},
-                                                                     {"weight_decay", &opt.weight_decay}, {"beta1", &opt.beta1},
-                                                                     {"beta2", &opt.beta2}, {"eps", &opt.eps}, {"grad_clip", &opt.grad_clip}}) {
-        err = meta_float(meta, key, dst);
-        if (!err.empty()) return path + ": " + err;
-    }
-    gpu_set_tf32(tf32);
-    // TF32 (SPEC.md): logits, losses and gradients at 1e-2; updated weights not checked
-    double tol_fwd = tf32 ? 1e-2 : 1e-5, tol_grad = tf32 ? 1e-2 : 1e-4;
-    Model m;
-    err = model_create(&m, c, B, dev);
+    if (!(err = read_ref_adamw(meta, path, &opt)).empty()) return err;
+    Model model;
+    err = model_create(&model, c, rb.B, dev, settings);
     if (!err.empty()) return err;
-    err = model_load(&m, path, false);
-    if (!err.empty()) { model_free(&m); return err; }
-    printf("%s: %s, B=%d T=%d, %s%s\n", path.c_str(), arch_name(c.arch), B, T,
-           dev == DEVICE_GPU ? (std::string("gpu, ") + model_attention_name(&m) + " attention").c_str() : "cpu", tf32 ? " (tf32)" : "");
-    std::vector<float> want(0);
-    auto expect = [&](const std::string& name, const std::vector<int64_t>& shape) {
-        size_t n = 1;
-        for (int64_t s : shape) n *= (size_t)s;
-        want.assign(n, 0);
-        return st_get_f32(st, name, shape, want.data());
-    };
-    float loss = model_forward(&m, tokens.data(), targets.data(), mask.data(), B, T);
-    if (!(err = expect("expect.logits", {B, T, c.V})).empty()) { model_free(&m); return err; }
-    v->check("logits", model_logits(&m), want.data(), want.size(), tol_fwd);
-    v->check("loss", &loss, want_loss.data(), 1, tol_fwd);
-    model_backward(&m);
-    model_to_host(&m);
-    auto check_all = [&](const std::string& prefix, const float* base, double tol) {
-        for (const TensorSpec& t : m.specs) {
-            std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
-            err = expect(prefix + t.name, shape);
-            if (!err.empty()) return err;
-            v->check(prefix + t.name, base + t.offset, want.data(), t.numel, tol);
-        }
-        return std::string();
-    };
-    if (!(err = check_all("expect.grad.", m.grads, tol_grad)).empty()) { model_free(&m); return err; }
-    float got_losses[3];
-    for (int step = 1; step <= 3; step++) {
-        if (step > 1) { got_losses[step - 1] = model_forward(&m, tokens.data(), targets.data(), mask.data(), B, T); model_backward(&m); }
-        else got_losses[0] = loss;
-        model_update(&m, opt, 1.0f);
-        model_to_host(&m);
-        if (!tf32 && (step == 1 || step == 3))
-            if (!(err = check_all("expect.step" + std::to_string(step) + ".", m.params, tol_grad)).empty()) { model_free(&m); return err; }
+    err = model_load(&model, path, false);
+    if (err.empty()) {
+        std::string where =
+            dev == DEVICE_GPU ? std::string("gpu, ") + model_attention_name(&model) + " attention" : "cpu";
+        printf("%s: %s, B=%d T=%d, %s%s\n", path.c_str(), arch_name(c.arch), rb.B, rb.T, where.c_str(),
+               settings.tf32 ? " (tf32)" : "");
+        err = verify_model(&model, st, rb, opt, settings.tf32, v);
     }
-    v->check("losses (before each of 3 steps)", got_losses, losses.data(), 3, tol_fwd);
-    model_free(&m);
-    return "";
+    model_free(&model);
+    return err;
 }
 
 static int cmd_verify(int argc, char** argv) {
     std::vector<FlagSpec> flags = {
         {"device", "cpu", "cpu or gpu"},
-        {"tf32", "0", "gpu: 1 checks with TF32 matrix products at SPEC.md's looser tolerances"},
+        {"tf32", "0", "gpu: 1 checks with TF32 matrix products at docs/checkpoint.md's looser tolerances"},
         ATTENTION_FLAG,
         {"threads", "0", "OpenMP threads (0: all cores)"},
         {"quiet", nullptr, "print only failures and the summary"},
     };
-    Args a = parse_args("verify", "Checks the implementation against reference-vector files (SPEC.md): logits, loss, every gradient,\n"
-                        "three AdamW steps. usage: ./lime verify [flags] FILE...", flags, argc, argv, true);
+    Args a = parse_args("verify", "Checks the implementation against reference-vector files (docs/checkpoint.md): "
+                        "logits, loss, every gradient,\nthree AdamW steps. usage: ./lime verify [flags] FILE...",
+                        flags, argc, argv, true);
     set_threads(a);
     std::string d = a.choice("device", {"cpu", "gpu"});
-    bool tf32 = a.integer("tf32", 0, 1) == 1;
-    set_attention(a);
+    ModelSettings settings = model_settings(a);
     if (!a.err.empty()) die("verify", a.err);
     Device dev = DEVICE_CPU;
     if (d == "gpu") {
@@ -881,7 +1120,7 @@ static int cmd_verify(int argc, char** argv) {
     Verifier v;
     v.quiet = a.has("quiet");
     for (const std::string& path : a.positional) {
-        std::string err = verify_file(path, dev, tf32, &v);
+        std::string err = verify_file(path, dev, settings, &v);
         if (!err.empty()) { printf("  FAIL %s\n", err.c_str()); v.failed++; }
     }
     printf("verify: %d checks, %d failed\n", v.checked, v.failed);
@@ -903,6 +1142,19 @@ static std::string bfmt(const char* f, ...) {
     return buf;
 }
 
+// What bench times: the shape (lime's router included), the batch, the
+// device and how the models run; on a GPU, the device and its peaks.
+struct BenchSetup {
+    Config c;
+    int B = 0, steps = 0;
+    Device dev = DEVICE_CPU;
+    ModelSettings settings;   // --attention, --tf32, --graph
+    bool on_gpu = false;      // a GPU gpu_info describes: MFU and memory are measured
+    GpuInfo gpu;
+    GpuPeak peak;
+    double peak_tflops = 0;   // the peak of the math in use (TF32 or float32); 0: no MFU
+};
+
 struct BenchResult {
     double ms = 0, tok_s = 0;
     double mfu = 0;                     // model FLOPs utilisation against the device's peak (GPU)
@@ -910,38 +1162,118 @@ struct BenchResult {
     std::string attention;              // matmul or flash on the GPU, cpu on the CPU
 };
 
-static BenchResult bench_one(Config c, Arch arch, int B, int steps, Device dev, bool graph, double peak_tflops) {
+// Times b.steps training steps (after two warm-up steps) of the model of b's shape with architecture arch.
+static BenchResult bench_one(const BenchSetup& b, Arch arch) {
+    Config c = b.c;
     c.arch = arch;
     if (arch == ARCH_LLAMA) model_parse("llama", &c);  // no router: --router and --router-kv are lime's
     GpuInfo before, after;
-    bool on_gpu = dev == DEVICE_GPU && gpu_info(&before);
-    Model m;
-    std::string err = model_create(&m, c, B, dev);
+    bool on_gpu = b.dev == DEVICE_GPU && gpu_info(&before);
+    Model model;
+    std::string err = model_create(&model, c, b.B, b.dev, b.settings);
     if (!err.empty()) die("bench", err);
-    m.use_graph = graph;
-    model_init(&m, 1);
+    model_init(&model, 1);
     Rng rng(7);
-    std::vector<int> tokens((size_t)B * c.T), targets((size_t)B * c.T);
-    std::vector<float> mask((size_t)B * c.T, 1.0f);
+    std::vector<int> tokens((size_t)b.B * c.T), targets((size_t)b.B * c.T);
+    std::vector<float> mask((size_t)b.B * c.T, 1.0f);
     for (size_t i = 0; i < tokens.size(); i++) { tokens[i] = (int)rng.below(c.V); targets[i] = (int)rng.below(c.V); }
     AdamWConfig opt;
-    auto step = [&]() { model_train_step(&m, tokens.data(), targets.data(), mask.data(), B, c.T, opt, 1.0f); };
+    auto step = [&]() { model_train_step(&model, tokens.data(), targets.data(), mask.data(), b.B, c.T, opt, 1.0f); };
     for (int i = 0; i < 2; i++) step();  // warm up caches and threads (and capture the GPU's graph)
-    model_to_host(&m);
+    model_to_host(&model);
     double t0 = now_ms();
-    for (int i = 0; i < steps; i++) step();
-    model_to_host(&m);  // waits for the device
+    for (int i = 0; i < b.steps; i++) step();
+    model_to_host(&model);  // waits for the device
     BenchResult r;
-    r.ms = (now_ms() - t0) / steps;
-    r.tok_s = (double)B * c.T / (r.ms / 1000);
-    if (peak_tflops > 0) r.mfu = flops_per_token(c, c.T) * r.tok_s / (peak_tflops * 1e12);
-    if (on_gpu && gpu_info(&after)) {  // the model's allocations, and all the device lost to it (cuBLAS, graphs included)
-        r.model_gb = model_device_bytes(&m) / 1e9;
+    r.ms = (now_ms() - t0) / b.steps;
+    r.tok_s = (double)b.B * c.T / (r.ms / 1000);
+    if (b.peak_tflops > 0) r.mfu = flops_per_token(c, c.T) * r.tok_s / (b.peak_tflops * 1e12);
+    // the model's allocations, and all the device lost to it (cuBLAS, graphs included)
+    if (on_gpu && gpu_info(&after)) {
+        r.model_gb = model_device_bytes(&model) / 1e9;
         r.device_gb = ((double)before.free_bytes - (double)after.free_bytes) / 1e9;
     }
-    r.attention = model_attention_name(&m);
-    model_free(&m);
+    r.attention = model_attention_name(&model);
+    model_free(&model);
     return r;
+}
+
+// The shapes bench names: llama (no router) and lime (the flags' router).
+static void bench_configs(const BenchSetup& b, Config* llama, Config* lime) {
+    *llama = *lime = b.c;
+    model_parse("llama", llama);
+    lime->arch = ARCH_LIME;
+}
+
+// --json: one object with both models' numbers and their ratios.
+static void print_bench_json(const BenchSetup& b, const BenchResult& llama, const BenchResult& lime) {
+    Config cl, cm;
+    bench_configs(b, &cl, &cm);
+    auto one = [&](const BenchResult& r, const Config& rc) {
+        std::string s = bfmt("{\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f, \"flops_per_token\": %.6g", r.ms, r.tok_s,
+                             flops_per_token(rc, b.c.T));
+        if (b.on_gpu)
+            s += bfmt(", \"mfu\": %.5f, \"model_gb\": %.4f, \"device_gb\": %.4f, \"attention\": ", r.mfu, r.model_gb,
+                      r.device_gb) + json_quote(r.attention);
+        return s + "}";
+    };
+    std::string s = "{\"device\": \"" + std::string(b.dev == DEVICE_GPU ? "gpu" : "cpu") + "\"";
+    if (b.on_gpu)
+        s += ", \"gpu\": " + json_quote(b.gpu.name) +
+             bfmt(", \"tf32\": %d, \"graph\": %d, \"peak_tflops\": %.1f, \"peak_source\": ", b.settings.tf32,
+                  b.settings.graph, b.peak_tflops) + json_quote(b.peak.source);
+    s += ", \"llama\": " + one(llama, cl) + ", \"lime\": " + one(lime, cm) +
+         bfmt(", \"lime_over_llama\": %.4f", lime.ms / llama.ms);
+    if (b.on_gpu)
+        s += bfmt(", \"memory_lime_over_llama\": %.4f", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
+    printf("%s}\n", s.c_str());
+}
+
+// The table: the setting, one line per model, the ratios lime / llama.
+static void print_bench_text(const BenchSetup& b, const BenchResult& llama, const BenchResult& lime) {
+    Config cl, cm;
+    bench_configs(b, &cl, &cm);
+    const Config& c = b.c;
+    bool tf32 = b.settings.tf32;
+    printf("bench %s: L=%d d=%d H=%d R=%d F=%d V=%d B=%d T=%d, %d steps, lime is %s\n",
+           b.dev == DEVICE_GPU ? "gpu" : "cpu", c.L, c.d, c.H, c.R, c.F, c.V, b.B, c.T, b.steps,
+           model_name(cm).c_str());
+    if (b.on_gpu)
+        printf("  %s (sm_%d%d), %s, %s; MFU against %.1f TFLOP/s (%s %s)\n", b.gpu.name.c_str(), b.gpu.major,
+               b.gpu.minor, tf32 ? "TF32" : "float32", b.settings.graph ? "CUDA graph" : "plain launches",
+               b.peak_tflops, b.peak.source.c_str(), tf32 ? "TF32" : "FP32");
+    for (auto [name, r] : {std::make_pair("llama", llama), std::make_pair("lime", lime)}) {
+        printf("  %-5s  %9.2f ms/step  %10.0f tokens/s", name, r.ms, r.tok_s);
+        if (b.on_gpu)
+            printf("  MFU %5.1f%%  memory %.3f GB (model) %.3f GB (device)  %s attention", 100 * r.mfu, r.model_gb,
+                   r.device_gb, r.attention.c_str());
+        printf("\n");
+    }
+    printf("  lime / llama step time: %.3f", lime.ms / llama.ms);
+    if (b.on_gpu) printf(", memory: %.3f", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
+    printf("\n");
+}
+
+// The flags of bench, read and checked; on a GPU also its description and peaks.
+static BenchSetup bench_setup(Args& a) {
+    BenchSetup b;
+    set_threads(a);
+    b.dev = pick_device(a);
+    b.c = shape_from_args(a);
+    b.c.V = (int)a.integer("vocab", 1, 1 << 24);
+    b.c.T = (int)a.integer("seq-len", 1, 1 << 20);
+    b.B = (int)a.integer("batch", 1, 1 << 20);
+    b.steps = (int)a.integer("steps", 1, 1 << 20);
+    b.settings = model_settings(a);
+    if (!a.err.empty()) die("bench", a.err);
+    std::string err = config_check(b.c);
+    if (!err.empty()) die("bench", err);
+    // MFU: flops_per_token (forward + backward, router included) * tokens/s over the
+    // device's dense peak for the math in use: TF32 tensor cores, or plain float32.
+    b.on_gpu = b.dev == DEVICE_GPU && gpu_info(&b.gpu);
+    b.peak = gpu_peak(b.gpu);
+    b.peak_tflops = b.on_gpu ? (b.settings.tf32 ? b.peak.tf32 : b.peak.fp32) : 0;
+    return b;
 }
 
 static int cmd_bench(int argc, char** argv) {
@@ -957,64 +1289,13 @@ static int cmd_bench(int argc, char** argv) {
         {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
         {"json", nullptr, "print one JSON object"},
     }});
-    Args a = parse_args("bench", "Times training steps of llama and lime on synthetic tokens; on the GPU also MFU and memory.", flags, argc,
-                        argv, false);
-    set_threads(a);
-    Device dev = pick_device(a);
-    Config c = shape_from_args(a);
-    c.V = (int)a.integer("vocab", 1, 1 << 24);
-    c.T = (int)a.integer("seq-len", 1, 1 << 20);
-    int B = (int)a.integer("batch", 1, 1 << 20);
-    int steps = (int)a.integer("steps", 1, 1 << 20);
-    bool tf32 = a.integer("tf32", 0, 1) == 1, graph = a.integer("graph", 0, 1) == 1;
-    set_attention(a);
-    if (!a.err.empty()) die("bench", a.err);
-    std::string err = config_check(c);
-    if (!err.empty()) die("bench", err);
-    gpu_set_tf32(tf32);
-    // MFU: flops_per_token (forward + backward, router included) * tokens/s over the
-    // device's dense peak for the math in use: TF32 tensor cores, or plain float32.
-    GpuInfo gi;
-    bool on_gpu = dev == DEVICE_GPU && gpu_info(&gi);
-    double peak = on_gpu ? (tf32 ? gi.peak_tf32 : gi.peak_fp32) : 0;
-    BenchResult llama = bench_one(c, ARCH_LLAMA, B, steps, dev, graph, peak);
-    BenchResult lime = bench_one(c, ARCH_LIME, B, steps, dev, graph, peak);
-    double ratio = lime.ms / llama.ms, mem_ratio = llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0;
-    Config cl = c, cm = c;
-    model_parse("llama", &cl);
-    cm.arch = ARCH_LIME;
-    if (a.has("json")) {
-        auto one = [&](const BenchResult& r, const Config& rc) {
-            std::string s = bfmt("{\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f, \"flops_per_token\": %.6g", r.ms, r.tok_s, flops_per_token(rc, c.T));
-            if (on_gpu)
-                s += bfmt(", \"mfu\": %.5f, \"model_gb\": %.4f, \"device_gb\": %.4f, \"attention\": ", r.mfu, r.model_gb, r.device_gb) +
-                     json_quote(r.attention);
-            return s + "}";
-        };
-        std::string s = "{\"device\": \"" + std::string(dev == DEVICE_GPU ? "gpu" : "cpu") + "\"";
-        if (on_gpu)
-            s += ", \"gpu\": " + json_quote(gi.name) + bfmt(", \"tf32\": %d, \"graph\": %d, \"peak_tflops\": %.1f, \"peak_source\": ", tf32, graph, peak) +
-                 json_quote(gi.peak_source);
-        s += ", \"llama\": " + one(llama, cl) + ", \"lime\": " + one(lime, cm) + bfmt(", \"lime_over_llama\": %.4f", ratio);
-        if (on_gpu) s += bfmt(", \"memory_lime_over_llama\": %.4f", mem_ratio);
-        printf("%s}\n", s.c_str());
-    } else {
-        printf("bench %s: L=%d d=%d H=%d R=%d F=%d V=%d B=%d T=%d, %d steps, lime is %s\n", dev == DEVICE_GPU ? "gpu" : "cpu", c.L, c.d, c.H,
-               c.R, c.F, c.V, B, c.T, steps, model_name(cm).c_str());
-        if (on_gpu)
-            printf("  %s (sm_%d%d), %s, %s; MFU against %.1f TFLOP/s (%s %s)\n", gi.name.c_str(), gi.major, gi.minor, tf32 ? "TF32" : "float32",
-                   graph ? "CUDA graph" : "plain launches", peak, gi.peak_source.c_str(), tf32 ? "TF32" : "FP32");
-        for (auto [name, r] : {std::make_pair("llama", llama), std::make_pair("lime", lime)}) {
-            printf("  %-5s  %9.2f ms/step  %10.0f tokens/s", name, r.ms, r.tok_s);
-            if (on_gpu)
-                printf("  MFU %5.1f%%  memory %.3f GB (model) %.3f GB (device)  %s attention", 100 * r.mfu, r.model_gb, r.device_gb,
-                       r.attention.c_str());
-            printf("\n");
-        }
-        printf("  lime / llama step time: %.3f", ratio);
-        if (on_gpu) printf(", memory: %.3f", mem_ratio);
-        printf("\n");
-    }
+    Args a = parse_args("bench", "Times training steps of llama and lime on synthetic tokens; on the GPU also MFU and "
+                        "memory.", flags, argc, argv, false);
+    BenchSetup b = bench_setup(a);
+    BenchResult llama = bench_one(b, ARCH_LLAMA);
+    BenchResult lime = bench_one(b, ARCH_LIME);
+    if (a.has("json")) print_bench_json(b, llama, lime);
+    else print_bench_text(b, llama, lime);
     return 0;
 }
 
@@ -1022,75 +1303,63 @@ static int cmd_bench(int argc, char** argv) {
 // ./lime analyze: the router heatmap, value entropy per layer, cost
 // ===========================================================================
 
-static int cmd_analyze(int argc, char** argv) {
-    std::vector<FlagSpec> flags = {
-        {"load", "", "a checkpoint written by ./lime train"},
-        {"alpha", "1", "order of the Renyi entropy (1: Shannon)"},
-        {"n", "64", "test sequences the value entropy is averaged over"},
-        {"out", "", "directory for the figures (default: the checkpoint's)"},
-        {"threads", "0", "OpenMP threads (0: all cores)"},
-        {"device", "auto", "auto, cpu or gpu"},
-    };
-    Args a = parse_args("analyze", "The router heatmap (paper Fig. 5), value entropy per layer (Sec. 5.2), parameters and FLOPs\n"
-                        "of a checkpoint, with figures and a short summary.", flags, argc, argv, false);
-    set_threads(a);
-    Device dev = pick_device(a);
-    double alpha = a.number("alpha", 0, 100);
-    int n = (int)a.integer("n", 1, 100000);
-    if (!a.err.empty()) die("analyze", a.err);
-    if (!a.has("load")) die("analyze", "needs --load FILE (a model.safetensors written by ./lime train)");
-    std::string path = a.str("load");
-    std::string out = a.has("out") ? a.str("out") : path.substr(0, path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/'));
-    if (out.empty()) out = ".";
-    std::string err;
-    if (!make_dir(out, &err)) die("analyze", err);
-    Loaded ld;
-    err = load_checkpoint(path, dev, n, &ld, true);
-    if (!err.empty()) die("analyze", err);
-    Model& m = ld.m;
-    const Config& c = m.c;
-    printf("%s: %s, L=%d d=%d H=%d R=%d F=%d V=%d T=%d\n", path.c_str(), model_name(c).c_str(), c.L, c.d, c.H, c.R, c.F, c.V, c.T);
+// Parameters (the routers' share) and FLOPs per token against a llama of the same shape.
+static void print_cost(const Model& model) {
+    const Config& c = model.c;
     size_t router_params = 0;
-    for (const TensorSpec& t : m.specs) if (t.group == GROUP_ROUTER) router_params += t.numel;
+    for (const TensorSpec& t : model.specs) if (t.group == GROUP_ROUTER) router_params += t.numel;
     Config llama = c;
     model_parse("llama", &llama);
-    printf("parameters: %zu (routers %zu, %.3f%%)\n", m.n_params, router_params, 100.0 * router_params / m.n_params);
-    printf("FLOPs per token, training step at T=%d: %.4g (llama of this shape: %.4g, %+.3f%%)\n", c.T, flops_per_token(c, c.T),
-           flops_per_token(llama, c.T), 100 * (flops_per_token(c, c.T) / flops_per_token(llama, c.T) - 1));
-    model_to_host(&m);
-    if (c.arch == ARCH_LIME && c.L > 1) {
-        std::vector<std::vector<double>> heat = router_heatmap(m);
-        std::vector<std::string> rows, cols;
-        for (int l = 1; l < c.L; l++) rows.push_back("layer " + std::to_string(l));
-        for (int l = 0; l < c.L; l++) cols.push_back(std::to_string(l));
-        printf("router weight by source layer (rows: layer; columns: source layer 0..%d; each row sums to 1):\n", c.L - 1);
-        for (size_t i = 0; i < heat.size(); i++) {
-            printf("  %-9s", rows[i].c_str());
-            for (double v : heat[i]) printf(std::isfinite(v) ? " %5.2f" : "     -", v);
-            int l = (int)i + 1;
-            double own = heat[i][l], best = 0;
-            int best_src = 0;
-            for (int s = 0; s < l; s++) if (heat[i][s] > best) { best = heat[i][s]; best_src = s; }
-            printf("   own %2.0f%%, most from layer %d (%2.0f%%)\n", 100 * own, best_src, 100 * best);
-        }
-        err = plot_heatmap(out + "/router_heatmap.png", "Router weight by source layer (rows sum to 1)", "source layer", "layer", heat, rows, cols);
-        if (!err.empty()) die("analyze", err);
-        printf("wrote %s/router_heatmap.png\n", out.c_str());
+    printf("parameters: %zu (routers %zu, %.3f%%)\n", model.n_params, router_params,
+           100.0 * router_params / model.n_params);
+    printf("FLOPs per token, training step at T=%d: %.4g (llama of this shape: %.4g, %+.3f%%)\n", c.T,
+           flops_per_token(c, c.T), flops_per_token(llama, c.T),
+           100 * (flops_per_token(c, c.T) / flops_per_token(llama, c.T) - 1));
+}
+
+// The router heatmap (paper Fig. 5) of a lime model: printed, one row per
+// layer with its own share and its largest source, and drawn to OUT/router_heatmap.png.
+static std::string analyze_routers(const Model& model, const std::string& out) {
+    const Config& c = model.c;
+    std::vector<std::vector<double>> heat = router_heatmap(model);
+    std::vector<std::string> rows, cols;
+    for (int l = 1; l < c.L; l++) rows.push_back("layer " + std::to_string(l));
+    for (int l = 0; l < c.L; l++) cols.push_back(std::to_string(l));
+    printf("router weight by source layer (rows: layer; columns: source layer 0..%d; each row sums to 1):\n", c.L - 1);
+    for (size_t i = 0; i < heat.size(); i++) {
+        printf("  %-9s", rows[i].c_str());
+        for (double v : heat[i]) printf(std::isfinite(v) ? " %5.2f" : "     -", v);
+        int l = (int)i + 1;
+        double own = heat[i][l], best = 0;
+        int best_src = 0;
+        for (int s = 0; s < l; s++) if (heat[i][s] > best) { best = heat[i][s]; best_src = s; }
+        printf("   own %2.0f%%, most from layer %d (%2.0f%%)\n", 100 * own, best_src, 100 * best);
     }
-    // value entropy: the values each layer attends with, per test sequence
-    const std::vector<Sequence>& seqs = *ld.task.test;
+    std::string err = plot_heatmap(out + "/router_heatmap.png", "Router weight by source layer (rows sum to 1)",
+                                   "source layer", "layer", heat, rows, cols);
+    if (!err.empty()) return err;
+    printf("wrote %s/router_heatmap.png\n", out.c_str());
+    return "";
+}
+
+// Value entropy per layer (paper Sec. 5.2): the values each layer attends
+// with, per test sequence, averaged over the first n; printed, drawn to
+// OUT/value_entropy.png, and summarised in one line.
+static std::string analyze_value_entropy(Model* model, const Task& task, int n, double alpha, const std::string& out) {
+    const Config& c = model->c;
+    const std::vector<Sequence>& seqs = *task.test;
     int B = std::min(n, (int)seqs.size());
     std::vector<int> idx(B);
     for (int b = 0; b < B; b++) idx[b] = b;
     Batch batch;
-    make_batch(seqs, idx.data(), B, c.T, ld.task.vocab.pad, &batch);
-    model_forward(&m, batch.tokens.data(), nullptr, nullptr, B, c.T);
+    make_batch(seqs, idx.data(), B, c.T, task.vocab.pad, &batch);
+    model_forward(model, batch.tokens.data(), nullptr, nullptr, B, c.T);
     int D = c.R * c.hd;
     Series s;
     s.label = model_name(c);
     printf("value entropy (Renyi, alpha = %g), mean over %d sequences:\n", alpha, B);
     for (int l = 0; l < c.L; l++) {
-        const float* v = model_values(&m, l);  // (B, T, R, hd)
+        const float* v = model_values(model, l);  // (B, T, R, hd)
         double h = 0;
         for (int b = 0; b < B; b++) {
             int len = std::min(c.T, (int)seqs[b].tokens.size() - 1);
@@ -1101,12 +1370,53 @@ static int cmd_analyze(int argc, char** argv) {
         s.y.push_back(h);
         printf("  layer %d  %.4f\n", l, h);
     }
-    err = plot_lines(out + "/value_entropy.png", "Value entropy per layer", "layer", "Renyi entropy (alpha " + fmt("%g", alpha) + ")", {s});
-    if (!err.empty()) die("analyze", err);
+    std::string err = plot_lines(out + "/value_entropy.png", "Value entropy per layer", "layer",
+                                 "Renyi entropy (alpha " + fmt("%g", alpha) + ")", {s});
+    if (!err.empty()) return err;
     printf("wrote %s/value_entropy.png\n", out.c_str());
     printf("summary: value entropy goes from %.3f at layer 0 to %.3f at layer %d%s\n", s.y.front(), s.y.back(), c.L - 1,
            s.y.back() < s.y.front() ? " (representations of later layers are less diverse)" : "");
-    model_free(&m);
+    return "";
+}
+
+static int cmd_analyze(int argc, char** argv) {
+    std::vector<FlagSpec> flags = {
+        {"load", "", "a checkpoint written by ./lime train"},
+        {"alpha", "1", "order of the Renyi entropy (1: Shannon)"},
+        {"n", "64", "test sequences the value entropy is averaged over"},
+        {"out", "", "directory for the figures (default: the checkpoint's)"},
+        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"device", "auto", "auto, cpu or gpu"},
+    };
+    const char* summary =
+        "The router heatmap (paper Fig. 5), value entropy per layer (Sec. 5.2), parameters and FLOPs\n"
+        "of a checkpoint, with figures and a short summary.";
+    Args a = parse_args("analyze", summary, flags, argc, argv, false);
+    set_threads(a);
+    Device dev = pick_device(a);
+    double alpha = a.number("alpha", 0, 100);
+    int n = (int)a.integer("n", 1, 100000);
+    if (!a.err.empty()) die("analyze", a.err);
+    if (!a.has("load")) die("analyze", "needs --load FILE (a model.safetensors written by ./lime train)");
+    std::string path = a.str("load");
+    size_t slash = path.find_last_of('/');
+    std::string out = a.has("out") ? a.str("out") : path.substr(0, slash == std::string::npos ? 0 : slash);
+    if (out.empty()) out = ".";
+    std::string err;
+    if (!make_dir(out, &err)) die("analyze", err);
+    Loaded ld;
+    err = load_checkpoint(path, dev, model_settings(a), n, &ld, true);
+    if (!err.empty()) die("analyze", err);
+    Model& model = ld.model;
+    const Config& c = model.c;
+    printf("%s: %s, L=%d d=%d H=%d R=%d F=%d V=%d T=%d\n", path.c_str(), model_name(c).c_str(), c.L, c.d, c.H, c.R,
+           c.F, c.V, c.T);
+    print_cost(model);
+    model_to_host(&model);
+    if (c.arch == ARCH_LIME && c.L > 1 && !(err = analyze_routers(model, out)).empty()) die("analyze", err);
+    err = analyze_value_entropy(&model, ld.task, n, alpha, out);
+    if (!err.empty()) die("analyze", err);
+    model_free(&model);
     return 0;
 }
 
@@ -1125,7 +1435,10 @@ static void usage() {
 }
 
 int main(int argc, char** argv) {
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) { usage(); return argc < 2 ? 2 : 0; }
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage();
+        return argc < 2 ? 2 : 0;
+    }
     std::string cmd = argv[1];
     int n = argc - 2;
     char** rest = argv + 2;
@@ -1137,6 +1450,7 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return cmd_bench(n, rest);
     if (cmd == "compare") return cmd_compare(n, rest);
     if (cmd == "analyze") return cmd_analyze(n, rest);
-    fprintf(stderr, "lime: unknown command '%s'; commands: train eval sample data verify bench compare analyze (./lime --help)\n", cmd.c_str());
+    fprintf(stderr, "lime: unknown command '%s'; commands: train eval sample data verify bench compare analyze "
+            "(./lime --help)\n", cmd.c_str());
     return 2;
 }

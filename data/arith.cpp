@@ -1,4 +1,4 @@
-// data/arith.cpp — arithmetic expressions modulo a prime p (TASKS.md §1),
+// data/arith.cpp — arithmetic expressions modulo a prime p (docs/tasks.md §1),
 // after Feng et al. 2023: generation, the sequence formats, an evaluator,
 // the checks of a chain step and of brackets, and scoring.
 //
@@ -75,7 +75,7 @@ bool is_prime(int n) {
 }
 
 // ---------------------------------------------------------------------------
-// Generation (TASKS.md §1, step 2).
+// Generation (docs/tasks.md §1, step 2).
 
 // "keeping the brackets only where they are needed for ordinary precedence
 // (left to right within a level): needed when the token before is `/`; when
@@ -220,7 +220,7 @@ struct Parser {
 const uint64_t BIG_PRIME = 2147483647;  // 2^31 - 1, the field arith_same_function works in
 
 // ---------------------------------------------------------------------------
-// Formats (TASKS.md §1): chain "E_k = E_{k-1} = ... = E_0 <eos>", direct "E_k = E_0 <eos>".
+// Formats (docs/tasks.md §1): chain "E_k = E_{k-1} = ... = E_0 <eos>", direct "E_k = E_0 <eos>".
 
 Sequence to_sequence(const std::vector<std::vector<int>>& chain, bool chain_format) {
     int k = (int)chain.size() - 1;

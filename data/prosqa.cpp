@@ -1,5 +1,5 @@
 // data/prosqa.cpp — ProsQA: the real files, the graph generator, text and
-// tokens, scoring. See data/prosqa.h and TASKS.md §2.
+// tokens, scoring. See data/prosqa.h and docs/tasks.md §2.
 #include "data/prosqa.h"
 
 #include <algorithm>
@@ -321,7 +321,8 @@ void add_token(Vocab* v, const std::string& t) {
 
 std::string prosqa_load_json(const std::string& path, std::vector<ProsqaItem>* out) {
     std::ifstream f(path, std::ios::binary);
-    if (!f) return "cannot open '" + path + "': copy it from ../shared/data/prosqa/ into data/prosqa/";
+    if (!f)
+        return "cannot open '" + path + "': does the file exist? (the real ones are in the repository's data/prosqa/)";
     std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     Json root;
     std::string err = json_parse(text, &root);

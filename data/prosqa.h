@@ -1,4 +1,4 @@
-// data/prosqa.h — ProsQA (TASKS.md §2; Hao et al. 2024, "Coconut"): questions
+// data/prosqa.h — ProsQA (docs/tasks.md §2; Hao et al. 2024, "Coconut"): questions
 // about reachability in a small random DAG of "is a" facts, e.g.
 //
 //   Every shumpus is a rempus. Tom is a terpus. ... Is Tom a lempus or scrompus?

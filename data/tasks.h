@@ -1,5 +1,5 @@
-// data/tasks.h — what the model learns on: the arithmetic task of TASKS.md §1
-// (data/arith.cpp) and plain text of TASKS.md §3 (data/text.cpp), turned
+// data/tasks.h — what the model learns on: the arithmetic task of docs/tasks.md §1
+// (data/arith.cpp) and plain text of docs/tasks.md §3 (data/text.cpp), turned
 // into token sequences, batches and a resumable, shuffled order.
 //
 // Every function that can fail returns a std::string: "" on success, else
@@ -73,7 +73,7 @@ struct Loader {
 std::vector<int> epoch_order(size_t n, uint64_t seed, int epoch);
 
 // ---------------------------------------------------------------------------
-// Arithmetic modulo a prime p (TASKS.md §1).
+// Arithmetic modulo a prime p (docs/tasks.md §1).
 
 struct ArithSettings {
     int p = 11;              // the field: integers mod p, p prime
@@ -93,7 +93,7 @@ std::string arith_check_settings(const ArithSettings& s);
 Vocab arith_vocab(int p);
 
 // One example's k+1 expressions E_0 = [x], E_1, ..., E_k as token strings,
-// by the generation algorithm of TASKS.md §1. E_0[0] is the answer.
+// by the generation algorithm of docs/tasks.md §1. E_0[0] is the answer.
 std::vector<std::vector<std::string>> arith_chain(Rng& rng, int p, int k);
 
 // The same on token ids of arith_vocab(p) (what arith_generate uses).
@@ -161,7 +161,7 @@ struct ChainQuality {
 ChainQuality arith_chain_quality(const Vocab& v, const std::vector<int>& prompt_and_generated, int p);
 
 // ---------------------------------------------------------------------------
-// Plain text (TASKS.md §3): byte-level language modelling.
+// Plain text (docs/tasks.md §3): byte-level language modelling.
 
 struct TextData {
     Vocab vocab;                        // byte vocabulary, see text_vocab

@@ -1,5 +1,5 @@
 // data/text.cpp — the task-independent pieces (Vocab, make_batch, Loader)
-// and plain text as byte-level language modelling (TASKS.md §3).
+// and plain text as byte-level language modelling (docs/tasks.md §3).
 #include <algorithm>
 #include <cstdio>
 #include <fstream>

@@ -1,6 +1,8 @@
-// cli.h — the command line's small tools, shared by train.cpp and study.cpp:
-// flags (each command lists its own; anything else is refused with one line),
-// errors, threads and device choice, timing and formatting.
+// support/cli.h — the command line's small tools, shared by train.cpp and
+// support/study.cpp: flags (each command lists its own; anything else is
+// refused with one line), errors, threads, device and model settings, names
+// of models and routers, timing and formatting. support/cli.cpp holds the
+// parsers and the memory probe.
 #pragma once
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,6 +22,18 @@
 #endif
 
 #include "support/lime.h"
+
+// Names on the command line and in checkpoints, parsed (support/cli.cpp).
+bool arch_parse(const std::string& s, Arch* out);                // "lime" or "llama"
+bool router_parse(const std::string& s, Config* c);              // "static", "average", "last-J", "first-J"
+bool attention_parse(const std::string& s, Attention* out);      // "auto", "matmul", "flash"
+// A model as compare names it: "llama", "lime", "lime:last-2", "lime:average:separate"
+// (lime, then its router when not static, then ":separate" for --router-kv separate).
+std::string model_name(const Config& c);
+bool model_parse(const std::string& s, Config* c);  // sets arch and the router fields
+// What this machine can still give without swapping: MemAvailable of a
+// /proc/meminfo-style file, in bytes; 0 where unknown (not Linux).
+size_t memory_available(const char* meminfo);
 
 // ===========================================================================
 // Flags: each subcommand lists its flags with defaults and help; anything
@@ -152,13 +166,19 @@ inline Device pick_device(Args& a) {
     return ok ? DEVICE_GPU : DEVICE_CPU;
 }
 
-// --attention: how a model made after this call runs attention on the GPU (lime.h, gpu_set_attention).
+// --attention: how the GPU runs attention (ModelSettings in support/lime.h).
 #define ATTENTION_FLAG \
     {"attention", "auto", "gpu: matmul (products around a stored T x T softmax, fast), flash (memory O(T), slower) or auto (matmul when it fits)"}
-inline void set_attention(Args& a) {
-    Attention at = ATTENTION_AUTO;
-    attention_parse(a.choice("attention", {"auto", "matmul", "flash"}), &at);
-    gpu_set_attention(at);
+// The settings a model is created with, from the flags this command has
+// (--attention, --tf32, --graph; the others keep their defaults), and the
+// memory the host can give, so that model_create refuses what would not fit.
+inline ModelSettings model_settings(Args& a) {
+    ModelSettings s;
+    if (a.values.count("tf32")) s.tf32 = a.integer("tf32", 0, 1) == 1;
+    if (a.values.count("attention")) attention_parse(a.choice("attention", {"auto", "matmul", "flash"}), &s.attention);
+    if (a.values.count("graph")) s.graph = a.integer("graph", 0, 1) == 1;
+    s.host_bytes = memory_available("/proc/meminfo");
+    return s;
 }
 
 inline double now_ms() {

@@ -1,6 +1,6 @@
-// lime.h — the interface of lime.cu: LIMe (Layer-Integrated Memory) and its
-// LLaMa baseline, one model, one code path. The math is ../shared/SPEC.md;
-// shape names follow it: B batch, T positions, V vocabulary, L layers,
+// support/lime.h — the interface of lime.cu: LIMe (Layer-Integrated Memory)
+// and its LLaMa baseline, one model, one code path. The math is
+// docs/model.md; shape names follow it: B batch, T positions, V vocabulary, L layers,
 // d width, H query heads, R key/value heads, hd head size, F SwiGLU size.
 #pragma once
 #include <cstddef>
@@ -30,14 +30,8 @@ std::string config_check(const Config& c);
 // Layer l mixes the KV buffer through a router: LIMe, every layer but the first.
 inline bool has_router(const Config& c, int l) { return c.arch == ARCH_LIME && l >= 1; }
 const char* arch_name(Arch a);
-bool arch_parse(const std::string& s, Arch* out);
-// "static", "average", "last-2", "first-1"; and back (false when s is none of them).
+// "static", "average", "last-2", "first-1" (support/cli.h parses them back).
 std::string router_name(const Config& c);
-bool router_parse(const std::string& s, Config* c);
-// A model as compare names it: "llama", "lime", "lime:last-2", "lime:average:separate"
-// (lime, then its router when not static, then ":separate" for --router-kv separate).
-std::string model_name(const Config& c);
-bool model_parse(const std::string& s, Config* c);  // sets arch and the router fields
 // Bit l' set: layer l's router may give source layer l' a non-zero weight
 // (router_sources), and learns those weights (router_learned). L <= 64 for lime.
 uint64_t router_sources(const Config& c, int l);
@@ -45,7 +39,7 @@ uint64_t router_learned(const Config& c, int l);
 
 // ---------------------------------------------------------------------------
 // Parameters: one float array, carved into named tensors in this order.
-enum Group { GROUP_MATRIX = 0, GROUP_EMBED_GAIN = 1, GROUP_ROUTER = 2 };  // AdamW groups (SPEC.md)
+enum Group { GROUP_MATRIX = 0, GROUP_EMBED_GAIN = 1, GROUP_ROUTER = 2 };  // AdamW groups (docs/training.md)
 
 struct TensorSpec {
     std::string name;                 // HF LLaMa checkpoint name
@@ -69,7 +63,7 @@ struct LayerParams {
     float* Wu;       // (F, d)
     float* Wd;       // (d, F)
 };
-struct Params {                       // views into one array: weights, grads, m or v alike
+struct Params {                       // views into one array: weights, grads, adam_m or adam_v alike
     float* E = nullptr;               // (V, d), tied to the output layer
     std::vector<LayerParams> layer;   // L of them
     float* g_final = nullptr;         // (d)
@@ -77,10 +71,19 @@ struct Params {                       // views into one array: weights, grads, m
 Params params_carve(const Config& c, float* base);
 
 // ---------------------------------------------------------------------------
-// Optimiser and schedule (SPEC.md, Optimiser).
+// Optimiser and schedule (docs/training.md).
 struct AdamWConfig {
     float lr = 1e-3f, router_lr = 1e-2f, weight_decay = 0.1f;
     float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, grad_clip = 1.0f;
+};
+// One update's numbers, from AdamWConfig, the schedule factor and the step
+// (adamw_numbers in lime.cu). The GPU keeps a copy in device memory that a
+// captured training step reads, so the graph stays valid from step to step.
+struct AdamWNumbers {
+    float lr[3];          // per Group: the group's learning rate times the schedule factor
+    float weight_decay[3];// per Group: weight_decay for matrices, 0 for the others
+    float beta1, beta2, eps, grad_clip;
+    float bc1, bc2;       // bias corrections 1 - beta^step
 };
 enum Schedule { SCHED_CONSTANT = 0, SCHED_COSINE = 1, SCHED_LINEAR = 2 };
 // Learning-rate factor of step s = 1, 2, ...: linear warmup, then cosine or linear decay.
@@ -93,6 +96,21 @@ enum Device { DEVICE_CPU = 0, DEVICE_GPU = 1 };
 struct Acts;       // activations for backward, defined in lime.cu
 struct GpuState;   // device mirrors, defined in lime.cu's GPU part
 
+// GPU attention kernels. matmul: batched matrix products around a stored
+// (B, H, T, T) softmax (fast); flash: tiled kernels that keep one number per
+// row instead (memory O(T), slower; head dims up to 128); auto: matmul when it
+// fits in GPU memory, else flash.
+enum Attention { ATTENTION_AUTO = 0, ATTENTION_MATMUL = 1, ATTENTION_FLASH = 2 };
+
+// How a model runs, chosen when it is made. The GPU reads tf32 again before
+// each step, so a test may change it between steps.
+struct ModelSettings {
+    Attention attention = ATTENTION_AUTO;  // GPU attention kernels
+    bool tf32 = true;                      // GPU: TF32 tensor cores for the matrix products
+    bool graph = true;                     // GPU: model_train_step replays one captured CUDA graph per batch shape
+    size_t host_bytes = 0;                 // CPU: memory the host can give (MemAvailable); 0 = unknown, unchecked
+};
+
 struct Model {
     Config c;
     int B = 0;                        // batch size the activations are sized for
@@ -101,8 +119,8 @@ struct Model {
     size_t n_params = 0;
     float* params = nullptr;          // host copies (the CPU path works on these)
     float* grads = nullptr;
-    float* m = nullptr;               // AdamW first moment
-    float* v = nullptr;               // AdamW second moment
+    float* adam_m = nullptr;          // AdamW first moment
+    float* adam_v = nullptr;          // AdamW second moment
     Params p, g;                      // named views into params, grads
     int step = 0;                     // optimiser steps taken
     int cur_B = 0, cur_T = 0;         // batch shape of the last forward
@@ -110,46 +128,50 @@ struct Model {
     GpuState* gpu = nullptr;
     float last_loss = 0, last_norm = 0;
     std::vector<float> host_copy;     // analysis reads of device activations land here
-    bool use_graph = true;            // GPU: model_train_step replays one captured CUDA graph per batch shape
+    ModelSettings settings;
+    AdamWNumbers numbers = {};        // the current update's numbers (model_update, model_train_step)
 };
 
 // Allocate for batches of up to B sequences of up to c.T positions. "" or an error line.
-std::string model_create(Model* m, const Config& c, int B, Device dev);
-void model_free(Model* m);
-// SPEC.md initialisation. Each tensor draws from its own stream, seeded by
+std::string model_create(Model* model, const Config& c, int B, Device dev,
+                         const ModelSettings& settings = ModelSettings());
+void model_free(Model* model);
+// The initialisation of docs/model.md. Each tensor draws from its own stream, seeded by
 // (seed, name): llama and lime built with one seed share every common tensor.
-void model_init(Model* m, uint64_t seed);
+void model_init(Model* model, uint64_t seed);
 // Forward over tokens (B, T) with T <= c.T. With targets (B, T) and mask (B, T)
 // it also computes the masked mean cross-entropy and returns it, else 0.
-float model_forward(Model* m, const int* tokens, const int* targets, const float* mask, int B, int T);
-const float* model_logits(Model* m);  // (B, T, V) of the last forward (host memory)
-const float* model_values(Model* m, int l);  // (B, T, R, hd): the values layer l attended with
+float model_forward(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T);
+const float* model_logits(Model* model);  // (B, T, V) of the last forward (host memory)
+const float* model_values(Model* model, int l);  // (B, T, R, hd): the values layer l attended with
 // Backward of the last forward with targets: fills m->grads.
-void model_backward(Model* m);
+void model_backward(Model* model);
 // Global gradient norm, clipping, AdamW with the three groups; returns the norm before clipping.
-float model_update(Model* m, const AdamWConfig& opt, float factor);
+float model_update(Model* model, const AdamWConfig& opt, float factor);
 // One training step: forward, backward, AdamW. On the GPU it is one CUDA graph
 // replay and does not wait for the device; model_metrics reads loss and norm
 // (and waits), so a training loop calls it only when it logs.
-void model_train_step(Model* m, const int* tokens, const int* targets, const float* mask, int B, int T,
+void model_train_step(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T,
                       const AdamWConfig& opt, float factor);
-void model_metrics(Model* m, float* loss, float* norm);
+void model_metrics(Model* model, float* loss, float* norm);
 // Copy host params/grads/optimiser state to/from the device (no-ops on the CPU).
-void model_to_device(Model* m);
-void model_to_host(Model* m);
+void model_to_device(Model* model);
+void model_to_host(Model* model);
 
-// Checkpoints: safetensors with HF names; metadata holds "config" and whatever the caller adds.
+// Checkpoints (support/checkpoint.cpp, docs/checkpoint.md): safetensors with
+// HF names; metadata holds "config" and whatever the caller adds.
 std::string config_to_json(const Config& c);
 std::string config_from_json(const std::string& json, Config* c);  // "" or error
 // Writes to PATH.tmp, then renames. with_optim adds optim.m.*, optim.v.*, optim.step.
-std::string model_save(Model* m, const std::string& path, const std::map<std::string, std::string>& meta, bool with_optim);
+std::string model_save(Model* model, const std::string& path, const std::map<std::string, std::string>& meta,
+                       bool with_optim);
 // "" when a and b describe the same model, else the fields that differ,
 // e.g. "architecture lime vs llama, hidden_size 16 vs 32".
 std::string config_diff(const Config& a, const Config& b);
 // Reads the config from a checkpoint without loading it.
 std::string checkpoint_read_config(const std::string& path, Config* c, std::map<std::string, std::string>* meta);
 // Loads weights (and optimiser state when with_optim) into a model created with the file's config.
-std::string model_load(Model* m, const std::string& path, bool with_optim);
+std::string model_load(Model* model, const std::string& path, bool with_optim);
 // Checkpoints carry "checksum" (fnv1a64 of the tensors and metadata) in their
 // metadata; loading refuses a file whose contents do not match it.
 
@@ -157,33 +179,22 @@ std::string model_load(Model* m, const std::string& path, bool with_optim);
 // params, whose weights) hold a NaN or an Inf, "" if none. Reads host memory:
 // on the GPU it copies the model to the host first, so call it when a check
 // has already found a non-finite loss or norm, not every step.
-std::string model_first_nonfinite(Model* m, bool params);
+std::string model_first_nonfinite(Model* model, bool params);
 
 // Floating-point operations per token for one training step (forward + backward), router counted.
 double flops_per_token(const Config& c, int T);
 
 // Whether --device gpu can work in this build on this machine; if not, *why says so in one line.
 bool gpu_available(std::string* why);
-// Use TF32 tensor cores for the GPU's matrix products (default on; off for exact float32).
-void gpu_set_tf32(bool on);
-// GPU attention, for models created after the call. matmul: batched matrix
-// products around a stored (B, H, T, T) softmax (fast); flash: tiled kernels
-// that keep one number per row instead (memory O(T), slower; head dims up to 128);
-// auto (the default): matmul when it fits in GPU memory, else flash.
-enum Attention { ATTENTION_AUTO = 0, ATTENTION_MATMUL = 1, ATTENTION_FLASH = 2 };
-bool attention_parse(const std::string& s, Attention* out);
-void gpu_set_attention(Attention a);
-const char* model_attention_name(const Model* m);  // "matmul" or "flash" on the GPU, "cpu" on the CPU
+const char* model_attention_name(const Model* model);  // "matmul" or "flash" on the GPU, "cpu" on the CPU
 
-// The GPU for bench: name, memory, and the dense peak its MFU is measured
-// against, from a small datasheet table by name (0 where the device is unknown).
+// The GPU for bench: name, compute capability and memory (support/gpu_peaks.h
+// has the dense peaks its MFU is measured against).
 struct GpuInfo {
     std::string name;
     int major = 0, minor = 0;               // compute capability
     size_t total_bytes = 0, free_bytes = 0; // cudaMemGetInfo now
-    double peak_tf32 = 0, peak_fp32 = 0;    // TFLOP/s
-    std::string peak_source;                // which table row
 };
 bool gpu_info(GpuInfo* info);               // false without a device
 // GPU memory the model allocated (parameters, gradients, AdamW state, activations); 0 on the CPU.
-size_t model_device_bytes(const Model* m);
+size_t model_device_bytes(const Model* model);

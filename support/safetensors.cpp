@@ -732,19 +732,25 @@ static std::string errno_hint(int e) {
     }
 }
 
-// Writes the whole file to tmp and forces it to disk. Removes tmp on failure,
-// but only once this function has created it.
-// Fault injection for tests/test_faults.sh: LIME_TEST_SLOW_SAVE=US flushes
-// and sleeps US microseconds after each tensor, so that a test can kill the
-// writer at many moments while the file is half-written. Unset: nothing.
+// Fault injection for tests/test_faults.sh, compiled only into testing builds
+// (LIME_TESTING: ./lime-emu, build/lime-asan; never ./lime):
+// LIME_TEST_SLOW_SAVE=US flushes and sleeps US microseconds after each tensor,
+// so that a test can kill the writer at many moments while the file is
+// half-written. Unset, or in ./lime: nothing.
 static void test_slow_save(FILE* f) {
+#ifdef LIME_TESTING
     static const char* us = getenv("LIME_TEST_SLOW_SAVE");
     if (us) {
         fflush(f);
         usleep((useconds_t)atoi(us));
     }
+#else
+    (void)f;
+#endif
 }
 
+// Writes the whole file to tmp and forces it to disk. Removes tmp on failure,
+// but only once this function has created it.
 static std::string write_tmp(const std::string& tmp, const std::string& header, const StWriter& w) {
     FILE* f = fopen(tmp.c_str(), "wb");
     if (!f) {

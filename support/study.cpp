@@ -39,10 +39,13 @@ struct Preset {
 };
 
 static const Preset PRESETS[] = {
-    {"classroom", "--layers 4 --dim 32 --heads 4 --ops 3 --train-size 20000 --test-size 500 --batch 64 --epochs 15 --lr 3e-3", "3", 10,
-     "two-core CPU, about 10 minutes: tier 3, 10 seeds per model"},
-    {"paper-aet", "--layers 4 --dim 32 --heads 4 --ffn 96 --train-size 50000 --test-size 1000 --batch 128 --epochs 200 --lr 1e-3 --schedule linear",
-     "4,5,6", 5, "the paper's arithmetic setting (TASKS.md 1), for a GPU: tiers 4, 5, 6, 5 seeds per model"},
+    {"classroom",
+     "--layers 4 --dim 32 --heads 4 --ops 3 --train-size 20000 --test-size 500 --batch 64 --epochs 15 --lr 3e-3",
+     "3", 10, "two-core CPU, about 10 minutes: tier 3, 10 seeds per model"},
+    {"paper-aet",
+     "--layers 4 --dim 32 --heads 4 --ffn 96 --train-size 50000 --test-size 1000 --batch 128 --epochs 200 --lr 1e-3 "
+     "--schedule linear",
+     "4,5,6", 5, "the paper's arithmetic setting (docs/tasks.md 1), for a GPU: tiers 4, 5, 6, 5 seeds per model"},
     {"tiny", "--layers 2 --dim 16 --heads 2 --ffn 32 --train-size 300 --test-size 20 --batch 16 --steps 30", "2", 2,
      "seconds: for tests"},
 };
@@ -119,7 +122,8 @@ static void read_log(Run* r) {
         } else if (type->str == "train") {
             r->steps.push_back(json_number(j, "step"));
             r->losses.push_back(json_number(j, "loss"));
-            if (r->steps.size() > 1) { ms_sum += json_number(j, "ms_per_step"); ms_n++; }  // the first includes start-up
+            // the first line's speed includes the start-up
+            if (r->steps.size() > 1) { ms_sum += json_number(j, "ms_per_step"); ms_n++; }
         } else if (type->str == "eval") {
             r->eval_steps.push_back(json_number(j, "step"));
             r->eval_losses.push_back(json_number(j, "val_loss"));
@@ -148,8 +152,9 @@ static std::string pct(double x) { return std::isfinite(x) ? fmt("%.1f%%", 100 *
 
 static std::string mean_std(const std::vector<double>& v, bool percent) {
     if (v.empty()) return "n/a";
-    double m = stats_mean(v), s = v.size() > 1 ? stats_std(v) : 0;
-    return percent ? fmt("%.1f", 100 * m) + " ± " + fmt("%.1f%%", 100 * s) : fmt("%.4f", m) + " ± " + fmt("%.4f", s);
+    double mean = stats_mean(v), sd = v.size() > 1 ? stats_std(v) : 0;
+    return percent ? fmt("%.1f", 100 * mean) + " ± " + fmt("%.1f%%", 100 * sd)
+                   : fmt("%.4f", mean) + " ± " + fmt("%.4f", sd);
 }
 
 static std::string every_value(const std::vector<double>& v, bool percent) {
@@ -160,8 +165,8 @@ static std::string every_value(const std::vector<double>& v, bool percent) {
 
 // "LIMe - LLaMa" for one tier, with the 95% interval and Welch's p; `who`
 // names the LIMe model ("LIMe", or a variant such as "lime:last-2").
-static std::string difference_line(const std::vector<double>& lime, const std::vector<double>& llama, const std::string& who,
-                                   std::string* verdict) {
+static std::string difference_line(const std::vector<double>& lime, const std::vector<double>& llama,
+                                   const std::string& who, std::string* verdict) {
     if (lime.size() < 2 || llama.size() < 2) {
         *verdict = "too few seeds for a confidence interval (use --seeds 2 or more)";
         return "n/a";
@@ -169,14 +174,19 @@ static std::string difference_line(const std::vector<double>& lime, const std::v
     WelchResult w = stats_welch(lime, llama);
     char buf[256];
     if (!std::isfinite(w.t)) {  // no spread in either group: a t-test is undefined
-        snprintf(buf, sizeof buf, "%+.1f points, the same in every seed (no spread, so no interval or test)", 100 * w.diff);
-        *verdict = w.diff > 0 ? who + " is ahead in every seed" : w.diff < 0 ? "LLaMa is ahead in every seed" : "no difference at all";
+        snprintf(buf, sizeof buf, "%+.1f points, the same in every seed (no spread, so no interval or test)",
+                 100 * w.diff);
+        *verdict = w.diff > 0   ? who + " is ahead in every seed"
+                   : w.diff < 0 ? "LLaMa is ahead in every seed"
+                                : "no difference at all";
         return buf;
     }
-    snprintf(buf, sizeof buf, "%+.1f points (95%% CI %+.1f to %+.1f), Welch t = %.2f, df = %.1f, p = %.3g", 100 * w.diff, 100 * w.lo,
-             100 * w.hi, w.t, w.df, w.p);
-    if (w.lo > 0) *verdict = who + " beats LLaMa here: the whole 95% interval of the difference is above zero";
-    else if (w.hi < 0) *verdict = "LLaMa beats " + who + " here: the whole 95% interval of the difference is below zero";
+    snprintf(buf, sizeof buf, "%+.1f points (95%% CI %+.1f to %+.1f), Welch t = %.2f, df = %.1f, p = %.3g",
+             100 * w.diff, 100 * w.lo, 100 * w.hi, w.t, w.df, w.p);
+    if (w.lo > 0)
+        *verdict = who + " beats LLaMa here: the whole 95% interval of the difference is above zero";
+    else if (w.hi < 0)
+        *verdict = "LLaMa beats " + who + " here: the whole 95% interval of the difference is below zero";
     else *verdict = "no clear difference: the 95% interval of the difference contains zero";
     return buf;
 }
@@ -203,86 +213,145 @@ static Series mean_curve(const std::string& label, const std::vector<const Run*>
     return s;
 }
 
-static std::string write_report(const std::string& dir, const Preset* preset, const std::string& extra, const std::vector<std::string>& tiers,
-                                const std::vector<std::string>& archs, const std::vector<Run>& runs, std::string* summary) {
+// The runs grouped by (tier, model), in the order of the report's tables.
+struct Report {
+    std::vector<std::string> tiers, archs;
     std::vector<RunGroup> groups;
-    for (const std::string& tier : tiers)
-        for (const std::string& arch : archs) {
-            RunGroup g{tier, arch, {}};
-            for (const Run& r : runs) if (r.tier == tier && r.arch == arch) g.runs.push_back(&r);
-            groups.push_back(g);
-        }
-    auto group = [&](const std::string& tier, const std::string& arch) -> const RunGroup& {
+    Report(const std::vector<std::string>& t, const std::vector<std::string>& a, const std::vector<Run>& runs)
+        : tiers(t), archs(a) {
+        for (const std::string& tier : tiers)
+            for (const std::string& arch : archs) {
+                RunGroup g{tier, arch, {}};
+                for (const Run& r : runs) if (r.tier == tier && r.arch == arch) g.runs.push_back(&r);
+                groups.push_back(g);
+            }
+    }
+    const RunGroup& group(const std::string& tier, const std::string& arch) const {
         for (const RunGroup& g : groups) if (g.tier == tier && g.arch == arch) return g;
         return groups[0];
-    };
-    std::ostringstream md;
+    }
+};
+
+// The report's title and how its runs were made.
+static void report_intro(std::ostringstream& md, const Preset* preset, const std::string& extra,
+                         const std::vector<std::string>& archs) {
     md << "# LIMe vs LLaMa: " << (preset ? preset->name : "custom") << "\n\n";
     md << "Each model trained once per seed with `./lime train " << (preset ? preset->train_args : "") << " " << extra
-       << " --ops TIER --seed S`; a seed gives both models the same data order and the same initial values for every tensor "
-          "they share. Accuracy: greedy decoding on held-out questions (TASKS.md 1).\n\n";
+       << " --ops TIER --seed S`; a seed gives both models the same data order and the same initial values for "
+          "every tensor they share. Accuracy: greedy decoding on held-out questions (docs/tasks.md 1).\n\n";
     if (std::any_of(archs.begin(), archs.end(), [](const std::string& a) { return a.find(':') != std::string::npos; }))
-        md << "Model `lime:X` is trained with `--arch lime --router X` (`:separate` adds `--router-kv separate`): the router "
-              "variants of the paper's Table 7 (README, `--router`).\n\n";
-    md << "## Accuracy\n\n| tier | model | accuracy (mean ± std) | per seed | test loss |\n| --- | --- | --- | --- | --- |\n";
-    for (const RunGroup& g : groups)
+        md << "Model `lime:X` is trained with `--arch lime --router X` (`:separate` adds `--router-kv separate`): "
+              "the router variants of the paper's Table 7 (README, `--router`).\n\n";
+}
+
+// Accuracy per tier and model: mean ± std, every seed, test loss.
+static void report_accuracy(std::ostringstream& md, const Report& rep) {
+    md << "## Accuracy\n\n| tier | model | accuracy (mean ± std) | per seed | test loss |\n"
+          "| --- | --- | --- | --- | --- |\n";
+    for (const RunGroup& g : rep.groups)
         md << "| " << g.tier << " | " << g.arch << " | " << mean_std(g.values(&Run::accuracy), true) << " | "
-           << every_value(g.values(&Run::accuracy), true) << " | " << mean_std(g.values(&Run::val_loss), false) << " |\n";
+           << every_value(g.values(&Run::accuracy), true) << " | " << mean_std(g.values(&Run::val_loss), false)
+           << " |\n";
+}
+
+// Each LIMe model (a router variant too) minus LLaMa, per tier; the same
+// lines, with their verdicts, go to *summary for the terminal.
+static void report_differences(std::ostringstream& md, const Report& rep, std::string* summary) {
     md << "\n## LIMe minus LLaMa\n\n";
-    bool has_llama = std::find(archs.begin(), archs.end(), "llama") != archs.end();
+    bool has_llama = std::find(rep.archs.begin(), rep.archs.end(), "llama") != rep.archs.end();
     if (!has_llama) md << "No llama in --archs: nothing to subtract.\n";
-    for (const std::string& tier : tiers)
-        for (const std::string& arch : archs) {  // each LIMe model (a router variant too) against LLaMa
+    for (const std::string& tier : rep.tiers)
+        for (const std::string& arch : rep.archs) {
             if (!has_llama || arch == "llama") continue;
             std::string who = arch == "lime" ? "LIMe" : arch, verdict;
-            std::string line = difference_line(group(tier, arch).values(&Run::accuracy), group(tier, "llama").values(&Run::accuracy), who, &verdict);
+            std::string line = difference_line(rep.group(tier, arch).values(&Run::accuracy),
+                                               rep.group(tier, "llama").values(&Run::accuracy), who, &verdict);
             md << "- tier " << tier << (arch == "lime" ? "" : ", " + arch) << ": " << line << ". " << verdict << ".\n";
             *summary += "tier " + tier + ": " + who + " - LLaMa = " + line + "\n  " + verdict + "\n";
         }
-    md << "\n## Cost\n\n| tier | model | parameters | FLOPs per token (train step, router counted) | ms per step | peak memory (process RSS) |\n"
+}
+
+// Parameters, FLOPs per token, step time and peak memory per tier and model.
+static void report_cost(std::ostringstream& md, const Report& rep) {
+    md << "\n## Cost\n\n| tier | model | parameters | FLOPs per token (train step, router counted) | ms per step "
+          "| peak memory (process RSS) |\n"
           "| --- | --- | --- | --- | --- | --- |\n";
-    for (const RunGroup& g : groups) {
+    for (const RunGroup& g : rep.groups) {
         std::vector<double> ms = g.values(&Run::ms_per_step), rss = g.values(&Run::max_rss_mb);
         const Run* r0 = g.runs.empty() ? nullptr : g.runs[0];
         md << "| " << g.tier << " | " << g.arch << " | " << (r0 ? fmt("%.0f", r0->params) : "n/a") << " | "
-           << (r0 ? fmt("%.4g", r0->flops_per_token_) : "n/a") << " | " << (ms.empty() ? "n/a" : fmt("%.2f", stats_mean(ms))) << " | "
+           << (r0 ? fmt("%.4g", r0->flops_per_token_) : "n/a") << " | "
+           << (ms.empty() ? "n/a" : fmt("%.2f", stats_mean(ms))) << " | "
            << (rss.empty() ? "n/a" : fmt("%.0f MB", stats_mean(rss))) << " |\n";
     }
-    md << "\n## Figures\n\n";
-    // figures: loss curves per tier, accuracy bars
-    for (const std::string& tier : tiers) {
-        std::vector<Series> by_step, by_flops, val;
-        for (const std::string& arch : archs) {
-            const RunGroup& g = group(tier, arch);
-            double fpt = g.runs.empty() ? 1 : g.runs[0]->flops_per_token_;
-            by_step.push_back(mean_curve(arch, g.runs, false, 1));
-            val.push_back(mean_curve(arch, g.runs, true, 1));
-            by_flops.push_back(mean_curve(arch, g.runs, true, fpt * (g.runs.empty() ? 0 : g.runs[0]->tokens_per_step)));
-        }
-        std::string f1 = "loss_tier" + tier + ".png", f2 = "val_loss_tier" + tier + ".png";
-        std::string f3 = "val_loss_flops_tier" + tier + ".png";
-        std::string err = plot_lines(dir + "/" + f1, "Training loss, tier " + tier + " (mean, band: min..max over seeds)", "step", "loss", by_step);
-        if (err.empty()) err = plot_lines(dir + "/" + f2, "Validation loss, tier " + tier, "step", "loss", val);
-        if (err.empty()) err = plot_lines(dir + "/" + f3, "Validation loss against training FLOPs, tier " + tier, "FLOPs (router counted)", "loss", by_flops);
-        if (!err.empty()) return err;
-        md << "![training loss](" << f1 << ")\n\n![validation loss](" << f2 << ")\n\n![validation loss against FLOPs](" << f3 << ")\n\n";
+}
+
+// One tier's loss curves (training loss, validation loss against steps and
+// against training FLOPs), drawn into dir and linked from md.
+static std::string report_curves(std::ostringstream& md, const std::string& dir, const Report& rep,
+                                 const std::string& tier) {
+    std::vector<Series> by_step, by_flops, val;
+    for (const std::string& arch : rep.archs) {
+        const RunGroup& g = rep.group(tier, arch);
+        double fpt = g.runs.empty() ? 1 : g.runs[0]->flops_per_token_;
+        by_step.push_back(mean_curve(arch, g.runs, false, 1));
+        val.push_back(mean_curve(arch, g.runs, true, 1));
+        by_flops.push_back(mean_curve(arch, g.runs, true, fpt * (g.runs.empty() ? 0 : g.runs[0]->tokens_per_step)));
     }
+    std::string f1 = "loss_tier" + tier + ".png", f2 = "val_loss_tier" + tier + ".png";
+    std::string f3 = "val_loss_flops_tier" + tier + ".png";
+    std::string err = plot_lines(dir + "/" + f1, "Training loss, tier " + tier + " (mean, band: min..max over seeds)",
+                                 "step", "loss", by_step);
+    if (err.empty()) err = plot_lines(dir + "/" + f2, "Validation loss, tier " + tier, "step", "loss", val);
+    if (err.empty())
+        err = plot_lines(dir + "/" + f3, "Validation loss against training FLOPs, tier " + tier,
+                         "FLOPs (router counted)", "loss", by_flops);
+    if (!err.empty()) return err;
+    md << "![training loss](" << f1 << ")\n\n![validation loss](" << f2 << ")\n\n![validation loss against FLOPs]("
+       << f3 << ")\n\n";
+    return "";
+}
+
+// Accuracy per tier and model, mean with std error bars: dir/accuracy.png.
+static std::string report_accuracy_bars(std::ostringstream& md, const std::string& dir, const Report& rep) {
     std::vector<BarGroup> bars;
-    for (const std::string& arch : archs) {
+    for (const std::string& arch : rep.archs) {
         BarGroup b;
         b.label = arch;
-        for (const std::string& tier : tiers) {
-            std::vector<double> v = group(tier, arch).values(&Run::accuracy);
+        for (const std::string& tier : rep.tiers) {
+            std::vector<double> v = rep.group(tier, arch).values(&Run::accuracy);
             b.values.push_back(v.empty() ? 0 : 100 * stats_mean(v));
             b.errors.push_back(v.size() > 1 ? 100 * stats_std(v) : 0);
         }
         bars.push_back(b);
     }
     std::vector<std::string> cats;
-    for (const std::string& t : tiers) cats.push_back("tier " + t);
-    std::string err = plot_bars(dir + "/accuracy.png", "Accuracy per tier (mean and std over seeds)", "accuracy (%)", cats, bars);
+    for (const std::string& t : rep.tiers) cats.push_back("tier " + t);
+    std::string err =
+        plot_bars(dir + "/accuracy.png", "Accuracy per tier (mean and std over seeds)", "accuracy (%)", cats, bars);
     if (!err.empty()) return err;
     md << "![accuracy](accuracy.png)\n";
+    return "";
+}
+
+// DIR/report.md (written to a .tmp file, then renamed) and its figures; the
+// LIMe-minus-LLaMa lines also go to *summary.
+static std::string write_report(const std::string& dir, const Preset* preset, const std::string& extra,
+                                const std::vector<std::string>& tiers, const std::vector<std::string>& archs,
+                                const std::vector<Run>& runs, std::string* summary) {
+    Report rep(tiers, archs, runs);
+    std::ostringstream md;
+    report_intro(md, preset, extra, archs);
+    report_accuracy(md, rep);
+    report_differences(md, rep, summary);
+    report_cost(md, rep);
+    md << "\n## Figures\n\n";
+    for (const std::string& tier : tiers) {
+        std::string err = report_curves(md, dir, rep, tier);
+        if (!err.empty()) return err;
+    }
+    std::string err = report_accuracy_bars(md, dir, rep);
+    if (!err.empty()) return err;
     std::string path = dir + "/report.md";
     std::ofstream out(path + ".tmp");
     out << md.str();
@@ -292,83 +361,115 @@ static std::string write_report(const std::string& dir, const Preset* preset, co
 }
 
 // ---------------------------------------------------------------------------
+// ./lime compare
 
-int cmd_compare(int argc, char** argv) {
-    std::vector<FlagSpec> flags = {
-        {"preset", "classroom", "classroom (2 CPU cores, ~10 min), paper-aet (the paper's setting, GPU) or tiny (tests)"},
-        {"seeds", "", "seeds per model (default: the preset's)"},
-        {"tiers", "", "operators per question, e.g. 4,5,6 (default: the preset's)"},
-        {"archs", "llama,lime", "models to compare: llama, lime, or lime:VARIANT (lime:average, lime:last-2, lime:first-1, lime:separate)"},
-        {"train-args", "", "extra flags for every ./lime train, e.g. \"--epochs 30\""},
-        {"jobs", "0", "runs at a time (0: one per core on the CPU, 1 on the GPU)"},
-        {"device", "auto", "auto, cpu or gpu"},
-        {"out", "runs/compare", "output directory: one subdirectory per run, report.md, figures"},
-    };
-    std::string summary_help = "Trains LLaMa and LIMe for several seeds, evaluates them, and writes DIR/report.md with\n"
-                               "mean ± std, the difference with a 95% confidence interval and Welch's t-test, cost, and figures.\nPresets:";
-    for (const Preset& p : PRESETS) summary_help += std::string("\n  ") + p.name + ": " + p.about;
-    Args a = parse_args("compare", summary_help.c_str(), flags, argc, argv, false);
-    const Preset* preset = find_preset(a.str("preset"));
+// What compare runs, from its flags: the preset with its overrides, the
+// models, how many runs at a time and with how many threads each.
+struct CompareSettings {
+    const Preset* preset = nullptr;
+    int seeds = 1;
+    std::vector<std::string> tiers, archs;
+    std::string train_args;  // --train-args, after the preset's
+    int jobs = 1, threads = 1;
+    bool gpu = false;
+    std::string dir;         // --out
+    std::string self;        // this program, run as ./lime train
+};
+
+// Reads and checks the flags (one line and exit status 2 at the first
+// problem), picks the device, and makes the output directory.
+static CompareSettings compare_settings(Args& a) {
+    CompareSettings cs;
+    cs.preset = find_preset(a.str("preset"));
+    const Preset* preset = cs.preset;
     if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|paper-aet|tiny");
-    int seeds = a.has("seeds") ? (int)a.integer("seeds", 1, 1000) : preset ? preset->seeds : 1;
-    std::vector<std::string> tiers = split(a.has("tiers") ? a.str("tiers") : preset ? preset->tiers : "3", ',');
-    for (const std::string& t : tiers)
+    cs.seeds = a.has("seeds") ? (int)a.integer("seeds", 1, 1000) : preset ? preset->seeds : 1;
+    cs.tiers = split(a.has("tiers") ? a.str("tiers") : preset ? preset->tiers : "3", ',');
+    for (const std::string& t : cs.tiers)
         if (t.find_first_not_of("0123456789") != std::string::npos || atoi(t.c_str()) < 1 || atoi(t.c_str()) > 64)
             a.fail("--tiers '" + a.str("tiers") + "': each tier is a number of operators in 1..64, e.g. 4,5,6");
     // models: llama, lime, or lime with a router variant and/or separate K/V routers,
     // e.g. lime:last-2, lime:average, lime:separate (model_parse)
-    std::vector<std::string> archs = split(a.str("archs"), ',');
-    for (const std::string& s : archs) {
+    cs.archs = split(a.str("archs"), ',');
+    for (const std::string& s : cs.archs) {
         Config tmp;
         if (!model_parse(s, &tmp))
-            a.fail("--archs: '" + s + "' is not llama, lime or lime:VARIANT (static, average, last-J, first-J, separate; e.g. lime:last-2)");
+            a.fail("--archs: '" + s + "' is not llama, lime or lime:VARIANT (static, average, last-J, first-J, "
+                   "separate; e.g. lime:last-2)");
     }
+    cs.train_args = a.str("train-args");
     int jobs = (int)a.integer("jobs", 0, 256);
     std::string device = a.choice("device", {"auto", "cpu", "gpu"});
-    std::string dir = a.str("out");
+    cs.dir = a.str("out");
     if (!a.err.empty()) die("compare", a.err);
     std::string why;
-    bool gpu = device == "gpu" || (device == "auto" && gpu_available(&why));
+    cs.gpu = device == "gpu" || (device == "auto" && gpu_available(&why));
     if (device == "gpu" && !gpu_available(&why)) die("compare", "--device gpu: " + why);
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (jobs == 0) jobs = gpu ? 1 : std::max(1, cores);
-    int threads = std::max(1, cores / jobs);
+    cs.jobs = jobs == 0 ? (cs.gpu ? 1 : std::max(1, cores)) : jobs;
+    cs.threads = std::max(1, cores / cs.jobs);
     std::string err;
-    if (!make_dir(dir, &err)) die("compare", err + " (choose another --out)");
-    std::string self = exe_path();
-    if (self.empty()) die("compare", "cannot find this program's path (/proc/self/exe)");
+    if (!make_dir(cs.dir, &err)) die("compare", err + " (choose another --out)");
+    cs.self = exe_path();
+    if (cs.self.empty()) die("compare", "cannot find this program's path (/proc/self/exe)");
+    return cs;
+}
 
+// Every (tier, seed, model), each with its own directory, DIR/tierT/MODEL-seedS.
+static std::vector<Run> plan_runs(const CompareSettings& cs) {
     std::vector<Run> runs;
-    for (const std::string& tier : tiers)
-        for (int s = 1; s <= seeds; s++)
-            for (const std::string& arch : archs) {
+    for (const std::string& tier : cs.tiers)
+        for (int s = 1; s <= cs.seeds; s++)
+            for (const std::string& arch : cs.archs) {
                 Run r;
                 r.arch = arch; r.tier = tier; r.seed = s;
                 std::string name = arch;
                 std::replace(name.begin(), name.end(), ':', '-');  // lime:last-2 runs in lime-last-2-seed1
-                r.dir = dir + "/tier" + tier + "/" + name + "-seed" + std::to_string(s);
+                r.dir = cs.dir + "/tier" + tier + "/" + name + "-seed" + std::to_string(s);
                 runs.push_back(r);
             }
-    printf("compare %s: %zu runs (%zu tiers x %d seeds x %zu models), %d at a time, %d thread%s each, on the %s\n", preset->name,
-           runs.size(), tiers.size(), seeds, archs.size(), jobs, threads, threads > 1 ? "s" : "", gpu ? "gpu" : "cpu");
+    return runs;
+}
+
+// The flags of one run's ./lime train: the preset's, --train-args, then the run's own.
+static std::vector<std::string> train_args_of(const CompareSettings& cs, const Run& r) {
+    std::vector<std::string> args = split(std::string(cs.preset->train_args) + " " + cs.train_args, ' ');
+    Config model;
+    model_parse(r.arch, &model);
+    std::vector<std::string> own = {"--arch", arch_name(model.arch), "--ops", r.tier, "--seed", std::to_string(r.seed),
+                                    "--out", r.dir, "--threads", std::to_string(cs.threads),
+                                    "--device", cs.gpu ? "gpu" : "cpu", "--quiet"};
+    if (model.arch == ARCH_LIME && model.router != ROUTER_STATIC)
+        own.insert(own.end(), {"--router", router_name(model)});
+    if (model.router_kv_separate) own.insert(own.end(), {"--router-kv", "separate"});
+    args.insert(args.end(), own.begin(), own.end());
+    return args;
+}
+
+// A run has ended: its status, memory and time, its log read, one line printed.
+static void finish_run(Run* r, int status, const struct rusage& ru, double started, size_t done, size_t total) {
+    r->status = status;
+    r->max_rss_mb = ru.ru_maxrss / 1024.0;
+    r->seconds = (now_ms() - started) / 1000;
+    read_log(r);
+    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    printf("[%zu/%zu] tier %s %-5s seed %d: %s in %s%s\n", done, total, r->tier.c_str(), r->arch.c_str(), r->seed,
+           ok ? ("accuracy " + pct(r->accuracy)).c_str() : "FAILED", duration_str(r->seconds).c_str(),
+           ok ? "" : (" (see " + r->dir + "/train.out)").c_str());
     fflush(stdout);
-    double t0 = now_ms();
+}
+
+// Runs every run, --jobs at a time, each as a child process; returns when all have ended.
+static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
     size_t next = 0, done = 0;
     int running = 0;
-    std::vector<double> started(runs.size());
-    while (done < runs.size()) {
-        while (running < jobs && next < runs.size()) {
-            Run& r = runs[next];
+    std::vector<double> started(runs->size());
+    std::string err;
+    while (done < runs->size()) {
+        while (running < cs.jobs && next < runs->size()) {
+            Run& r = (*runs)[next];
             if (!make_dir(r.dir, &err)) die("compare", err);
-            std::vector<std::string> args = split(std::string(preset->train_args) + " " + a.str("train-args"), ' ');
-            Config model;
-            model_parse(r.arch, &model);
-            std::vector<std::string> own = {"--arch", arch_name(model.arch), "--ops", r.tier, "--seed", std::to_string(r.seed), "--out", r.dir,
-                                            "--threads", std::to_string(threads), "--device", gpu ? "gpu" : "cpu", "--quiet"};
-            if (model.arch == ARCH_LIME && model.router != ROUTER_STATIC) own.insert(own.end(), {"--router", router_name(model)});
-            if (model.router_kv_separate) own.insert(own.end(), {"--router-kv", "separate"});
-            args.insert(args.end(), own.begin(), own.end());
-            r.pid = start_run(self, &r, args);
+            r.pid = start_run(cs.self, &r, train_args_of(cs, r));
             started[next] = now_ms();
             running++;
             next++;
@@ -377,47 +478,68 @@ int cmd_compare(int argc, char** argv) {
         struct rusage ru;
         pid_t pid = wait4(-1, &status, 0, &ru);
         if (pid < 0) break;
-        for (size_t i = 0; i < runs.size(); i++) {
-            Run& r = runs[i];
-            if (r.pid != pid) continue;
-            r.status = status;
-            r.max_rss_mb = ru.ru_maxrss / 1024.0;
-            r.seconds = (now_ms() - started[i]) / 1000;
-            read_log(&r);
+        for (size_t i = 0; i < runs->size(); i++) {
+            if ((*runs)[i].pid != pid) continue;
             running--;
             done++;
-            bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-            printf("[%zu/%zu] tier %s %-5s seed %d: %s in %s%s\n", done, runs.size(), r.tier.c_str(), r.arch.c_str(), r.seed,
-                   ok ? ("accuracy " + pct(r.accuracy)).c_str() : "FAILED", duration_str(r.seconds).c_str(),
-                   ok ? "" : (" (see " + r.dir + "/train.out)").c_str());
-            fflush(stdout);
+            finish_run(&(*runs)[i], status, ru, started[i], done, runs->size());
         }
     }
+}
+
+int cmd_compare(int argc, char** argv) {
+    std::vector<FlagSpec> flags = {
+        {"preset", "classroom",
+         "classroom (2 CPU cores, ~10 min), paper-aet (the paper's setting, GPU) or tiny (tests)"},
+        {"seeds", "", "seeds per model (default: the preset's)"},
+        {"tiers", "", "operators per question, e.g. 4,5,6 (default: the preset's)"},
+        {"archs", "llama,lime", "models to compare: llama, lime, or lime:VARIANT (lime:average, lime:last-2, "
+                                "lime:first-1, lime:separate)"},
+        {"train-args", "", "extra flags for every ./lime train, e.g. \"--epochs 30\""},
+        {"jobs", "0", "runs at a time (0: one per core on the CPU, 1 on the GPU)"},
+        {"device", "auto", "auto, cpu or gpu"},
+        {"out", "runs/compare", "output directory: one subdirectory per run, report.md, figures"},
+    };
+    std::string summary_help =
+        "Trains LLaMa and LIMe for several seeds, evaluates them, and writes DIR/report.md with\n"
+        "mean ± std, the difference with a 95% confidence interval and Welch's t-test, cost, and figures.\nPresets:";
+    for (const Preset& p : PRESETS) summary_help += std::string("\n  ") + p.name + ": " + p.about;
+    Args a = parse_args("compare", summary_help.c_str(), flags, argc, argv, false);
+    CompareSettings cs = compare_settings(a);
+    std::vector<Run> runs = plan_runs(cs);
+    printf("compare %s: %zu runs (%zu tiers x %d seeds x %zu models), %d at a time, %d thread%s each, on the %s\n",
+           cs.preset->name, runs.size(), cs.tiers.size(), cs.seeds, cs.archs.size(), cs.jobs, cs.threads,
+           cs.threads > 1 ? "s" : "", cs.gpu ? "gpu" : "cpu");
+    fflush(stdout);
+    double t0 = now_ms();
+    run_all(cs, &runs);
     for (const Run& r : runs)
-        if (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0)) die("compare", "a run failed: see " + r.dir + "/train.out");
+        if (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0))
+            die("compare", "a run failed: see " + r.dir + "/train.out");
     std::string summary;
-    err = write_report(dir, preset, a.str("train-args"), tiers, archs, runs, &summary);
+    std::string err = write_report(cs.dir, cs.preset, cs.train_args, cs.tiers, cs.archs, runs, &summary);
     if (!err.empty()) die("compare", err);
     printf("%s", summary.c_str());
-    printf("done in %s; wrote %s/report.md and figures\n", duration_str((now_ms() - t0) / 1000).c_str(), dir.c_str());
+    printf("done in %s; wrote %s/report.md and figures\n", duration_str((now_ms() - t0) / 1000).c_str(),
+           cs.dir.c_str());
     return 0;
 }
 
 // ===========================================================================
-// Analysis (TASKS.md, "Analysis the paper uses")
+// Analysis (docs/tasks.md, "./lime analyze")
 // ===========================================================================
 
 // Router weights (paper Section 5.4, Figure 5): for layer l and source layer
 // l', the mean |W[l][r, l'*R + r']| over r and r', each row normalised to sum
 // 1. Row l-1 holds layer l (layers 1..L-1); entries l' > l are NaN (no such source).
 // With --router-kv separate the mean runs over the key and the value router.
-std::vector<std::vector<double>> router_heatmap(const Model& m) {
-    const Config& c = m.c;
+std::vector<std::vector<double>> router_heatmap(const Model& model) {
+    const Config& c = model.c;
     std::vector<std::vector<double>> rows;
     for (int l = 1; l < c.L; l++) {
         std::vector<double> row(c.L, NAN);
         std::vector<const float*> routers;
-        for (const float* W : {m.p.layer[l].router, m.p.layer[l].router_v}) if (W) routers.push_back(W);
+        for (const float* W : {model.p.layer[l].router, model.p.layer[l].router_v}) if (W) routers.push_back(W);
         if (routers.empty()) continue;
         int J = (l + 1) * c.R;
         double total = 0;

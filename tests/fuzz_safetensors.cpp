@@ -92,19 +92,20 @@ static void as_checkpoint(const uint8_t* data, size_t size) {
     if (!checkpoint_read_config(path, &c, &meta).empty()) return;
     // small models only: a fuzzed config may ask for any size
     if (param_count(c) > 100000 || c.T > 64 || c.L > 8 || c.H > 16 || c.V > 4096) return;
-    Model m;
-    if (model_create(&m, c, 1, DEVICE_CPU).empty() && model_load(&m, path, true).empty()) {
+    Model model;
+    if (model_create(&model, c, 1, DEVICE_CPU).empty() && model_load(&model, path, true).empty()) {
         SafeTensors st;
         require(st_read(path, &st).empty(), "model_load accepted a file st_read refuses");
         std::vector<float> w;
-        for (const TensorSpec& t : m.specs) {
+        auto same_bits = [](float a, float b) { return memcmp(&a, &b, 4) == 0; };
+        for (const TensorSpec& t : model.specs) {
             w.resize(t.numel);
             require(st_get_f32(st, t.name, std::vector<int64_t>(t.shape.begin(), t.shape.end()), w.data()).empty() &&
-                        std::equal(w.begin(), w.end(), m.params + t.offset, [](float a, float b) { return memcmp(&a, &b, 4) == 0; }),
+                        std::equal(w.begin(), w.end(), model.params + t.offset, same_bits),
                     "model_load's weights differ from the file's");
         }
     }
-    model_free(&m);
+    model_free(&model);
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -49,7 +49,7 @@ inline TestState& test_state() { static TestState s; return s; }
         return;                                                                   \
     } while (0)
 
-// |a - b|_2 / |b|_2, the relative error SPEC.md's tolerances are stated in.
+// |a - b|_2 / |b|_2, the relative error the reference vectors' tolerances are stated in (docs/checkpoint.md).
 inline double rel_err(const float* a, const float* b, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {

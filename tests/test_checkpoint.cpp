@@ -55,20 +55,20 @@ void write_all(const std::string& path, const std::vector<char>& bytes) {
     fclose(f);
 }
 
-// A saved tiny model: m (initialised, with some optimiser state) and its file.
+// A saved tiny model: model (initialised, with some optimiser state) and its file.
 struct Saved {
-    Model m;
+    Model model;
     TmpFile file;
     std::string err;
     Saved() {
-        err = model_create(&m, tiny_config(), 2, DEVICE_CPU);
+        err = model_create(&model, tiny_config(), 2, DEVICE_CPU);
         if (!err.empty()) return;
-        model_init(&m, 7);
-        for (size_t i = 0; i < m.n_params; i++) { m.m[i] = 0.01f * (float)i; m.v[i] = 0.001f; }
-        m.step = 3;
-        err = model_save(&m, file.path, {{"data_pos", "12"}}, true);
+        model_init(&model, 7);
+        for (size_t i = 0; i < model.n_params; i++) { model.adam_m[i] = 0.01f * (float)i; model.adam_v[i] = 0.001f; }
+        model.step = 3;
+        err = model_save(&model, file.path, {{"data_pos", "12"}}, true);
     }
-    ~Saved() { model_free(&m); }
+    ~Saved() { model_free(&model); }
 };
 
 }  // namespace
@@ -86,7 +86,9 @@ TEST(checkpoint_has_checksum_and_loads) {
     CHECK(model_create(&m2, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
     err = model_load(&m2, s.file.path, true);
     bool same = err.empty() && m2.step == 3;
-    for (size_t i = 0; same && i < m2.n_params; i++) same = m2.params[i] == s.m.params[i] && m2.m[i] == s.m.m[i];
+    for (size_t i = 0; same && i < m2.n_params; i++)
+        same = m2.params[i] == s.model.params[i] && m2.adam_m[i] == s.model.adam_m[i] &&
+               m2.adam_v[i] == s.model.adam_v[i];
     model_free(&m2);
     CHECK(err.empty(), "model_load: %s", err.c_str());
     CHECK(same, "the loaded weights or optimiser state differ from the saved ones");
@@ -136,9 +138,10 @@ TEST(checkpoint_without_checksum_loads) {
     Saved s;
     CHECK(s.err.empty(), "save: %s", s.err.c_str());
     StWriter w;
-    w.meta["config"] = config_to_json(s.m.c);
-    for (const TensorSpec& t : s.m.specs)
-        w.add(t.name, "F32", std::vector<int64_t>(t.shape.begin(), t.shape.end()), s.m.params + t.offset, t.numel * sizeof(float));
+    w.meta["config"] = config_to_json(s.model.c);
+    for (const TensorSpec& t : s.model.specs)
+        w.add(t.name, "F32", std::vector<int64_t>(t.shape.begin(), t.shape.end()), s.model.params + t.offset,
+              t.numel * sizeof(float));
     TmpFile plain;
     std::string err = st_write(plain.path, w);
     CHECK(err.empty(), "st_write: %s", err.c_str());
@@ -150,18 +153,20 @@ TEST(checkpoint_without_checksum_loads) {
 }
 
 TEST(first_nonfinite_names_the_tensor) {
-    Model m;
-    CHECK(model_create(&m, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
-    model_init(&m, 1);
-    std::string clean_grads = model_first_nonfinite(&m, false), clean_params = model_first_nonfinite(&m, true);
-    const TensorSpec& t = m.specs[3];
-    m.grads[t.offset + t.numel - 1] = NAN;
-    std::string grads = model_first_nonfinite(&m, false);
-    m.params[t.offset] = -INFINITY;
-    std::string params = model_first_nonfinite(&m, true);
+    Model model;
+    CHECK(model_create(&model, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
+    model_init(&model, 1);
+    std::string clean_grads = model_first_nonfinite(&model, false);
+    std::string clean_params = model_first_nonfinite(&model, true);
+    const TensorSpec& t = model.specs[3];
+    model.grads[t.offset + t.numel - 1] = NAN;
+    std::string grads = model_first_nonfinite(&model, false);
+    model.params[t.offset] = -INFINITY;
+    std::string params = model_first_nonfinite(&model, true);
     std::string name = t.name;
-    model_free(&m);
-    CHECK(clean_grads.empty() && clean_params.empty(), "a fresh model reports '%s' / '%s'", clean_grads.c_str(), clean_params.c_str());
+    model_free(&model);
+    CHECK(clean_grads.empty() && clean_params.empty(), "a fresh model reports '%s' / '%s'", clean_grads.c_str(),
+          clean_params.c_str());
     CHECK(grads == name, "a NaN gradient in %s reported as '%s'", name.c_str(), grads.c_str());
     CHECK(params == name, "an -Inf weight in %s reported as '%s'", name.c_str(), params.c_str());
 }

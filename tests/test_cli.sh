@@ -7,12 +7,22 @@ source tests/lib.sh
 
 TINY="--layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 16 --threads 2 --quiet"
 
-# --- the reference vectors of SPEC.md
+# --- the reference vectors of docs/checkpoint.md
 if out=$($LIME verify --quiet tests/golden/*.safetensors 2>&1) && echo "$out" | grep -q ", 0 failed"; then
     pass verify_golden_cpu
 else
     fail verify_golden_cpu "$(echo "$out" | tail -5)"
 fi
+# The same vectors through lime.cu's plain loops alone (make lime-ref), and
+# through the GPU kernels on the CUDA-on-CPU harness, in exact float32 (once:
+# not again when the sanitizer suite reruns this file on its own build).
+[ "$LIME" = ./lime ] && others=("./lime-ref verify" "./lime-emu verify --device gpu --tf32 0") || others=()
+for run in "${others[@]}"; do
+    name=verify_golden_$(echo "$run" | awk '{print $1}' | tr -d './' | tr - _)
+    if [ ! -x "${run%% *}" ]; then fail "$name" "${run%% *} is not built (make test builds it)"; continue; fi
+    if out=$($run --quiet tests/golden/*.safetensors 2>&1) && echo "$out" | grep -q ", 0 failed"; then pass "$name"
+    else fail "$name" "$(echo "$out" | tail -5)"; fi
+done
 
 # --- data: one example per line, as the model sees it
 out=$($LIME data --task arith --ops 3 --split train --n 5 2>&1)
@@ -35,7 +45,7 @@ if echo "$out" | grep -q '"accuracy": ' && echo "$out" | grep -q '"arch": "lime"
 out=$($LIME sample --load "$tmp/run/model.safetensors" --prompt "3 + 4 * 2 =" --max-new 5 2>&1)
 if [ $? -eq 0 ] && [ -n "$(echo "$out" | tail -1)" ]; then pass sample_prints_continuation; else fail sample_prints_continuation "$out"; fi
 
-# --- ProsQA (TASKS.md 2): generated training graphs, the real test file, exact-match scoring
+# --- ProsQA (docs/tasks.md §2): generated training graphs, the real test file, exact-match scoring
 if $LIME train --task prosqa --train-size 64 --test-size 4 --layers 1 --dim 16 --heads 2 --ffn 32 --batch 8 --steps 3 --threads 2 \
         --quiet --out "$tmp/prosqa" >"$tmp/prosqa.out" 2>&1 &&
     $LIME eval --load "$tmp/prosqa/model.safetensors" --json 2>&1 | grep -q '"task": "prosqa".*"n": 4'; then

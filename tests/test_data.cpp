@@ -1,5 +1,5 @@
 // tests/test_data.cpp — the data module (data/tasks.h): arithmetic
-// generation against TASKS.md §1 and the original generator's samples in
+// generation against docs/tasks.md §1 and the original generator's samples in
 // tests/data/arith/, batches and the resumable order, plain text.
 // Run from the repository root (the samples are read by relative path).
 #include <algorithm>
@@ -87,7 +87,7 @@ TEST(vocab_encode_decode) {
 }
 
 // ---------------------------------------------------------------------------
-// Generation follows TASKS.md §1
+// Generation follows docs/tasks.md §1
 
 TEST(arith_every_step_valid) {
     for (int p : PRIMES)
@@ -122,8 +122,8 @@ TEST(arith_brackets_only_where_needed) {
         }
 }
 
-// The rule of TASKS.md ("needed when the token before is /; when the new op
-// is + or - and ...") keeps a pair exactly when dropping it would change the
+// The bracket rule of docs/tasks.md §1 ("always after a /; for a new + or -,
+// also when ...") keeps a pair exactly when dropping it would change the
 // function computed: tried on every number of many expressions, every op.
 TEST(arith_bracket_rule_is_exactly_precedence) {
     Rng rng(9);
@@ -264,13 +264,16 @@ TEST(arith_test_set_independent_of_train_size_and_format) {
 }
 
 TEST(arith_lengths_bound_attained) {
-    // Our bound: E_j has at most 4j-1 tokens (E_0: 1). TASKS.md's numbers are
-    // one more than this bound (43/63/87, 19/23/27); the original generator's
-    // samples in tests/data/arith peak at the bound (see arith_samples_lengths).
-    const int tasks_chain[] = {43, 63, 87}, tasks_direct[] = {19, 23, 27};
+    // Our bound: E_j has at most 4j-1 tokens (E_0: 1), so the longest
+    // sequences are those of docs/tasks.md §1 (42/62/86 chain, 18/22/26
+    // direct, with <eos>); the original generator's samples in
+    // tests/data/arith peak at the bound (see arith_samples_lengths).
+    const int docs_chain[] = {42, 62, 86}, docs_direct[] = {18, 22, 26};
     for (int k = 4; k <= 6; k++) {
-        CHECK(arith_max_len(11, k, true) == tasks_chain[k - 4] - 1, "k=%d chain bound %d, want %d", k, arith_max_len(11, k, true), tasks_chain[k - 4] - 1);
-        CHECK(arith_max_len(11, k, false) == tasks_direct[k - 4] - 1, "k=%d direct bound %d, want %d", k, arith_max_len(11, k, false), tasks_direct[k - 4] - 1);
+        CHECK(arith_max_len(11, k, true) == docs_chain[k - 4], "k=%d chain bound %d, want %d", k,
+              arith_max_len(11, k, true), docs_chain[k - 4]);
+        CHECK(arith_max_len(11, k, false) == docs_direct[k - 4], "k=%d direct bound %d, want %d", k,
+              arith_max_len(11, k, false), docs_direct[k - 4]);
         CHECK(arith_max_len(97, k, true) == arith_max_len(11, k, true), "the bound must not depend on p");
     }
     for (int k = 1; k <= 6; k++)

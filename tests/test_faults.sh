@@ -8,8 +8,22 @@
 # Two test-only hooks make the faults happen on cue (both off when unset):
 #   LIME_TEST_SLOW_SAVE=US  safetensors.cpp sleeps US us after each tensor it writes
 #   LIME_TEST_NAN_STEP=N    train.cpp puts an Inf in step N's loss mask: loss and gradients NaN
+# They are compiled only into testing builds (-DLIME_TESTING: ./lime-emu and
+# build/lime-asan), never into ./lime, which ignores both variables.
 cd "$(dirname "$0")/.." || exit 2
+# The hooks are only in testing builds, so the suite runs ./lime-emu unless
+# the caller names another (tests/run_asan.sh: LIME=build/lime-asan). Set
+# before lib.sh, whose default is ./lime.
+LIME=${LIME:-./lime-emu}
+# ./lime-emu's --device auto would pick its emulated GPU, whose kernels run
+# on the CPU about a thousand times slower; this suite is about the host side
+# (signals, saves, guards), so the build is told it has no device: the CPU runs.
+export LIME_EMU_NO_DEVICE=1
 source tests/lib.sh
+if [ ! -x "$LIME" ]; then
+    fail testing_build "$LIME is not built (make emu): the fault hooks are only in testing builds"
+    summary; exit
+fi
 
 TINY="--layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 16 --threads 1 --quiet"
 LONG="--steps 1000000 --log-every 1 --eval-every 1000000"

@@ -11,11 +11,19 @@
 
 #include <functional>
 
+#include "support/cli.h"
+#include "support/safetensors.h"
 #include "test.h"
 
 #ifndef LIME_GPU
 #error "tests/test_gpu.cpp needs the GPU build: nvcc -x cu, or g++ -DLIME_EMU"
 #endif
+
+// The settings the tests' GPU models are created with: a test picks the math
+// mode and the attention kernels first, as a user picks --tf32 and --attention.
+static ModelSettings gpu_settings;
+static void use_tf32(bool on) { gpu_settings.tf32 = on; }
+static void use_attention(Attention a) { gpu_settings.attention = a; }
 
 #define NEED_GPU()                                   \
     do {                                             \
@@ -89,17 +97,16 @@ TEST(gpu_matmul_forward_backward_match_cpu) {
     int N = 26, C = 24, OC = 40;
     auto inp = randv((size_t)N * C, 1), W = randv((size_t)OC * C, 2), out0 = randv((size_t)N * OC, 3), dout = randv((size_t)N * OC, 4);
     auto dinp0 = randv((size_t)N * C, 5), dW0 = randv((size_t)OC * C, 6);
-    std::vector<float> scratch((size_t)(N + OC) * (C + OC) * 2);
     for (bool acc : {false, true}) {
         std::vector<float> out = out0;
-        matmul_forward(out.data(), inp.data(), W.data(), N, C, OC, scratch.data(), acc);
+        matmul_forward(out.data(), inp.data(), W.data(), N, C, OC, acc);
         DevF dinp_(inp), dW_(W), dout_(out0);
         matmul_forward_gpu(dout_.p, dinp_.p, dW_.p, N, C, OC, acc, ctx().blas);
         double e = err_of(dout_.get(), out);
         CHECK(e < TOL_FWD, "matmul forward (accumulate %d): rel err %.2e", acc, e);
     }
     std::vector<float> dinp = dinp0, dW = dW0;
-    matmul_backward(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, scratch.data());
+    matmul_backward(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC);
     DevF gdinp(dinp0), gdW(dW0), gdout(dout), ginp(inp), gW(W);
     matmul_backward_gpu(gdinp.p, gdW.p, gdout.p, ginp.p, gW.p, N, C, OC, ctx().blas);
     double e1 = err_of(gdinp.get(), dinp), e2 = err_of(gdW.get(), dW);
@@ -296,7 +303,7 @@ TEST(gpu_crossentropy_all_masked_gives_zero) {
 
 // ===========================================================================
 // The model through the public API. Compared with the CPU, the GPU's matrix
-// products run in plain float32 (gpu_set_tf32(false)); TF32 is the default.
+// products run in plain float32 (use_tf32(false)); TF32 is the default.
 // ===========================================================================
 
 static Config tiny_config(Arch arch, int H, int R, int T) {
@@ -329,10 +336,10 @@ static Batch make_batch(int B, int T, int V, uint64_t seed) {
 // Every AdamW group, clipping on and off, after the same gradients on both devices.
 TEST(gpu_adamw_and_grad_norm_match_cpu) {
     NEED_GPU();
-    gpu_set_tf32(false);
+    use_tf32(false);
     Config c = tiny_config(ARCH_LIME, 4, 2, 7);
     Model cpu, gpu;
-    CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU).empty(), "model_create failed");
+    CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU, gpu_settings).empty(), "model_create failed");
     model_init(&cpu, 3);
     model_init(&gpu, 3);
     AdamWConfig opt;
@@ -348,7 +355,7 @@ TEST(gpu_adamw_and_grad_norm_match_cpu) {
         CHECK(std::fabs(n1 - n2) <= 1e-6f * n1, "step %d: norm %g (cpu) vs %g (gpu)", step + 1, n1, n2);
         for (const TensorSpec& t : cpu.specs) {
             double e = rel_err(gpu.params + t.offset, cpu.params + t.offset, t.numel);
-            double em = rel_err(gpu.m + t.offset, cpu.m + t.offset, t.numel), ev = rel_err(gpu.v + t.offset, cpu.v + t.offset, t.numel);
+            double em = rel_err(gpu.adam_m + t.offset, cpu.adam_m + t.offset, t.numel), ev = rel_err(gpu.adam_v + t.offset, cpu.adam_v + t.offset, t.numel);
             CHECK(e < TOL_BWD && em < TOL_BWD && ev < TOL_BWD, "step %d %s: params %.2e, m %.2e, v %.2e", step + 1, t.name.c_str(), e, em, ev);
         }
     }
@@ -396,9 +403,9 @@ static std::string golden_on_gpu(const std::string& path, bool tf32, std::string
         if (!(e < tol)) fails += " " + what + fmt_err(e);
         if (e / tol > max_ratio) { max_ratio = e / tol; *worst = what; }
     };
-    gpu_set_tf32(tf32);
+    use_tf32(tf32);
     Model m;
-    if (!(err = model_create(&m, c, B, DEVICE_GPU)).empty()) return err;
+    if (!(err = model_create(&m, c, B, DEVICE_GPU, gpu_settings)).empty()) return err;
     if (!(err = model_load(&m, path, false)).empty()) { model_free(&m); return err; }
     float got_losses[3];
     got_losses[0] = model_forward(&m, tokens.data(), targets.data(), mask.data(), B, T);
@@ -423,7 +430,7 @@ static std::string golden_on_gpu(const std::string& path, bool tf32, std::string
     double e = rel_err(got_losses, want.data(), 3);
     if (!(e < tol_fwd)) fails += " losses" + fmt_err(e);
     model_free(&m);
-    gpu_set_tf32(true);
+    use_tf32(true);
     return fails.empty() ? "" : path + ":" + fails;
 }
 
@@ -447,12 +454,12 @@ TEST(gpu_matches_reference_vectors_tf32) {
 
 TEST(gpu_flash_matches_reference_vectors_float32) {
     NEED_GPU();
-    gpu_set_attention(ATTENTION_FLASH);
+    use_attention(ATTENTION_FLASH);
     for (const char* path : GOLDEN) {
         std::string worst, err = golden_on_gpu(path, false, &worst);
         CHECK(err.empty(), "%s (flash attention)", err.c_str());
     }
-    gpu_set_attention(ATTENTION_AUTO);
+    use_attention(ATTENTION_AUTO);
 }
 
 // Trains two models, one per device (or both on the GPU, with and without
@@ -465,9 +472,10 @@ static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t see
     Run r;  // the caller picks the math mode (gpu_set_tf32)
     int B = 3;
     Model m;
-    std::string err = model_create(&m, c, B, dev);
+    ModelSettings settings = gpu_settings;
+    settings.graph = graph;
+    std::string err = model_create(&m, c, B, dev, settings);
     if (!err.empty()) { fprintf(stderr, "%s\n", err.c_str()); return r; }
-    m.use_graph = graph;
     model_init(&m, seed);
     AdamWConfig opt;
     for (int s = 0; s < steps; s++) {
@@ -499,26 +507,26 @@ static void check_gpu_trains_like_cpu(Config c) {
     CHECK(e < TOL_BWD, "%s: parameters after 4 steps, rel err %.2e", model_name(c).c_str(), e);
 }
 static void check_gpu_trains_like_cpu(Arch arch, int H, int R) { check_gpu_trains_like_cpu(tiny_config(arch, H, R, 9)); }
-TEST(gpu_training_steps_match_cpu_lime_gqa) { NEED_GPU(); gpu_set_tf32(false); check_gpu_trains_like_cpu(ARCH_LIME, 4, 2); }
-TEST(gpu_training_steps_match_cpu_llama) { NEED_GPU(); gpu_set_tf32(false); check_gpu_trains_like_cpu(ARCH_LLAMA, 2, 2); }
+TEST(gpu_training_steps_match_cpu_lime_gqa) { NEED_GPU(); use_tf32(false); check_gpu_trains_like_cpu(ARCH_LIME, 4, 2); }
+TEST(gpu_training_steps_match_cpu_llama) { NEED_GPU(); use_tf32(false); check_gpu_trains_like_cpu(ARCH_LLAMA, 2, 2); }
 // The whole model with flash attention, over more than one tile of positions.
 static void check_flash_trains_like_cpu(Arch arch, int H, int R, int T) {
-    gpu_set_tf32(false);
-    gpu_set_attention(ATTENTION_FLASH);
+    use_tf32(false);
+    use_attention(ATTENTION_FLASH);
     Config c = tiny_config(arch, H, R, T);
     Model probe;
-    std::string err = model_create(&probe, c, 3, DEVICE_GPU);
+    std::string err = model_create(&probe, c, 3, DEVICE_GPU, gpu_settings);
     CHECK(err.empty() && std::string(model_attention_name(&probe)) == "flash", "'%s', %s attention", err.c_str(), model_attention_name(&probe));
     model_free(&probe);
     check_gpu_trains_like_cpu(c);
-    gpu_set_attention(ATTENTION_AUTO);
+    use_attention(ATTENTION_AUTO);
 }
 TEST(gpu_flash_training_steps_match_cpu_lime_gqa) { NEED_GPU(); check_flash_trains_like_cpu(ARCH_LIME, 4, 2, 70); }
 TEST(gpu_flash_training_steps_match_cpu_llama) { NEED_GPU(); check_flash_trains_like_cpu(ARCH_LLAMA, 2, 2, 9); }
 // A router variant with separate key and value routers (3 layers: layer 2 reads layers 1 and 2 only).
 TEST(gpu_training_steps_match_cpu_lime_last2_separate_kv) {
     NEED_GPU();
-    gpu_set_tf32(false);
+    use_tf32(false);
     Config c = tiny_config(ARCH_LIME, 4, 2, 9);
     c.L = 3;
     CHECK(model_parse("lime:last-2:separate", &c), "model_parse failed");
@@ -527,7 +535,7 @@ TEST(gpu_training_steps_match_cpu_lime_last2_separate_kv) {
 
 TEST(gpu_graph_replay_equals_plain_launches) {
     NEED_GPU();
-    gpu_set_tf32(false);
+    use_tf32(false);
     Config c = tiny_config(ARCH_LIME, 4, 2, 9);
     Run graph = train_steps(c, DEVICE_GPU, true, 4, 7, true), plain = train_steps(c, DEVICE_GPU, false, 4, 7, true);
     CHECK(graph.losses.size() == 4 && plain.losses.size() == 4, "training did not run");
@@ -539,7 +547,7 @@ TEST(gpu_graph_replay_equals_plain_launches) {
 
 TEST(gpu_same_seed_gives_bit_identical_losses) {
     NEED_GPU();
-    gpu_set_tf32(false);
+    use_tf32(false);
     Config c = tiny_config(ARCH_LIME, 4, 2, 9);
     Run a = train_steps(c, DEVICE_GPU, true, 3, 11);
 #ifdef LIME_EMU
@@ -555,10 +563,10 @@ TEST(gpu_same_seed_gives_bit_identical_losses) {
 
 TEST(gpu_forward_without_targets_gives_cpu_logits) {
     NEED_GPU();
-    gpu_set_tf32(false);
+    use_tf32(false);
     Config c = tiny_config(ARCH_LIME, 4, 1, 8);
     Model cpu, gpu;
-    CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU).empty(), "model_create failed");
+    CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU, gpu_settings).empty(), "model_create failed");
     model_init(&cpu, 2);
     model_init(&gpu, 2);
     Batch b = make_batch(2, 5, c.V, 9);  // T = 5 < c.T
@@ -572,11 +580,11 @@ TEST(gpu_forward_without_targets_gives_cpu_logits) {
 
 TEST(gpu_checkpoints_load_on_either_device) {
     NEED_GPU();
-    gpu_set_tf32(false);
+    use_tf32(false);
     Config c = tiny_config(ARCH_LIME, 4, 2, 9);
     Model gpu, cpu, back;
-    CHECK(model_create(&gpu, c, 3, DEVICE_GPU).empty() && model_create(&cpu, c, 3, DEVICE_CPU).empty() &&
-              model_create(&back, c, 3, DEVICE_GPU).empty(),
+    CHECK(model_create(&gpu, c, 3, DEVICE_GPU, gpu_settings).empty() && model_create(&cpu, c, 3, DEVICE_CPU).empty() &&
+              model_create(&back, c, 3, DEVICE_GPU, gpu_settings).empty(),
           "model_create failed");
     model_init(&gpu, 4);
     AdamWConfig opt;
@@ -587,7 +595,7 @@ TEST(gpu_checkpoints_load_on_either_device) {
     CHECK(err.empty(), "save: %s", err.c_str());
     CHECK((err = model_load(&cpu, path, true)).empty(), "load on the CPU: %s", err.c_str());
     size_t n = cpu.n_params;
-    CHECK(cpu.step == 2 && same_bits(cpu.params, gpu.params, n) && same_bits(cpu.m, gpu.m, 2 * n),
+    CHECK(cpu.step == 2 && same_bits(cpu.params, gpu.params, n) && same_bits(cpu.adam_m, gpu.adam_m, 2 * n),
           "the CPU model (weights, AdamW state) differs from the GPU model it was saved from");
     // and back: the CPU's checkpoint onto the GPU, then one more step on each
     CHECK((err = model_save(&cpu, path, {}, true)).empty(), "save from the CPU: %s", err.c_str());
@@ -608,9 +616,9 @@ TEST(gpu_too_big_a_batch_is_refused_with_the_sizes) {
     NEED_GPU();
     Config c = tiny_config(ARCH_LLAMA, 4, 4, 1024);
     Model m;
-    gpu_set_attention(ATTENTION_MATMUL);
-    std::string err = model_create(&m, c, 8192, DEVICE_GPU);  // attention probabilities alone: ~275 GB
-    gpu_set_attention(ATTENTION_AUTO);
+    use_attention(ATTENTION_MATMUL);
+    std::string err = model_create(&m, c, 8192, DEVICE_GPU, gpu_settings);  // attention probabilities alone: ~275 GB
+    use_attention(ATTENTION_AUTO);
     CHECK(err.find("needs ") == 0 && err.find("GB of GPU memory, the device has") != std::string::npos &&
               err.find("lower --batch or --seq-len") != std::string::npos,
           "unexpected answer: '%s'", err.c_str());
@@ -625,10 +633,10 @@ TEST(gpu_auto_attention_turns_to_flash_when_the_probabilities_do_not_fit) {
     Config c = tiny_config(ARCH_LIME, 4, 4, 8192);
     double per_sequence = (double)c.L * c.H * c.T * c.T * sizeof(float);  // probabilities: 2.1 GB per sequence
     int B = (int)(1.5 * gi.free_bytes / per_sequence) + 1;
-    gpu_set_attention(ATTENTION_AUTO);
+    use_attention(ATTENTION_AUTO);
     Model small, big;
-    std::string e1 = model_create(&small, tiny_config(ARCH_LIME, 4, 2, 9), 2, DEVICE_GPU);
-    std::string e2 = model_create(&big, c, B, DEVICE_GPU);
+    std::string e1 = model_create(&small, tiny_config(ARCH_LIME, 4, 2, 9), 2, DEVICE_GPU, gpu_settings);
+    std::string e2 = model_create(&big, c, B, DEVICE_GPU, gpu_settings);
     CHECK(e1.empty() && std::string(model_attention_name(&small)) == "matmul", "small model: '%s', %s attention", e1.c_str(),
           model_attention_name(&small));
     CHECK(e2.empty() && std::string(model_attention_name(&big)) == "flash", "B=%d T=%d: '%s', %s attention", B, c.T, e2.c_str(),
@@ -642,10 +650,10 @@ TEST(gpu_flash_attention_refuses_head_dims_over_128) {
     Config c = tiny_config(ARCH_LIME, 1, 1, 9);
     c.hd = 136;
     c.d = 136;
-    gpu_set_attention(ATTENTION_FLASH);
+    use_attention(ATTENTION_FLASH);
     Model m;
-    std::string err = model_create(&m, c, 2, DEVICE_GPU);
-    gpu_set_attention(ATTENTION_AUTO);
+    std::string err = model_create(&m, c, 2, DEVICE_GPU, gpu_settings);
+    use_attention(ATTENTION_AUTO);
     model_free(&m);
     CHECK(err == "--attention flash handles head dims up to 128, this model has 136; use --attention matmul", "answer: '%s'", err.c_str());
 }
@@ -653,9 +661,9 @@ TEST(gpu_flash_attention_refuses_head_dims_over_128) {
 TEST(gpu_tf32_switch_changes_the_products_only_slightly) {
     NEED_GPU();
     Config c = tiny_config(ARCH_LIME, 4, 2, 9);
-    gpu_set_tf32(false);
+    use_tf32(false);
     Run exact = train_steps(c, DEVICE_GPU, true, 2, 3);
-    gpu_set_tf32(true);
+    use_tf32(true);
     Run tf32 = train_steps(c, DEVICE_GPU, true, 2, 3);
     CHECK(exact.losses.size() == 2 && tf32.losses.size() == 2, "training did not run");
     double e = std::fabs(exact.losses[0] - tf32.losses[0]) / exact.losses[0];
@@ -672,7 +680,7 @@ TEST(gpu_absent_device_is_reported_clearly) {
     std::string why;
     bool ok = gpu_available(&why);
     Model m;
-    std::string err = model_create(&m, tiny_config(ARCH_LIME, 4, 2, 9), 2, DEVICE_GPU);
+    std::string err = model_create(&m, tiny_config(ARCH_LIME, 4, 2, 9), 2, DEVICE_GPU, gpu_settings);
     model_free(&m);
     unsetenv("LIME_EMU_NO_DEVICE");
     CHECK(!ok, "gpu_available said yes with no device");

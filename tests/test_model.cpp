@@ -9,6 +9,7 @@
 
 #include <functional>
 
+#include "support/cli.h"  // memory_available, model_parse
 #include "test.h"
 
 // Random values in [-scale, scale], the same for the same seed.
@@ -56,9 +57,9 @@ static const double FD_TOL = 2e-3;  // float32 forward, h = 1e-2: the truncation
 TEST(matmul_backward_matches_finite_differences) {
     int N = 7, C = 5, OC = 37;  // 37 columns: a full 32-wide tile and an edge tile
     std::vector<float> inp = randv(N * C, 1), W = randv(OC * C, 2), w = randv(N * OC, 3), out(N * OC);
-    std::vector<float> scratch(64 * 64), dinp(N * C, 0), dW(OC * C, 0);
-    auto loss = [&]() { matmul_forward(out.data(), inp.data(), W.data(), N, C, OC, scratch.data()); return dot(out, w); };
-    matmul_backward(dinp.data(), dW.data(), w.data(), inp.data(), W.data(), N, C, OC, scratch.data());
+    std::vector<float> dinp(N * C, 0), dW(OC * C, 0);
+    auto loss = [&]() { matmul_forward(out.data(), inp.data(), W.data(), N, C, OC, false); return dot(out, w); };
+    matmul_backward(dinp.data(), dW.data(), w.data(), inp.data(), W.data(), N, C, OC);
     double e1 = fd_error(inp, dinp, loss), e2 = fd_error(W, dW, loss);
     CHECK(e1 < FD_TOL, "matmul dinp: rel err %.2e", e1);
     CHECK(e2 < FD_TOL, "matmul dW: rel err %.2e", e2);
@@ -66,8 +67,8 @@ TEST(matmul_backward_matches_finite_differences) {
 
 TEST(matmul_forward_matches_naive_product) {
     int N = 9, C = 13, OC = 70;
-    std::vector<float> inp = randv(N * C, 4), W = randv(OC * C, 5), out(N * OC), want(N * OC), scratch(N * OC + OC * C);
-    matmul_forward(out.data(), inp.data(), W.data(), N, C, OC, scratch.data());
+    std::vector<float> inp = randv(N * C, 4), W = randv(OC * C, 5), out(N * OC), want(N * OC);
+    matmul_forward(out.data(), inp.data(), W.data(), N, C, OC, false);
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
             double s = 0;
@@ -193,16 +194,18 @@ TEST(attention_is_causal) {
     CHECK(rel_err(out2.data(), out.data(), before_last) == 0, "outputs before the last position changed when only its keys did");
 }
 
-// The blocked CPU attention against the formulas in plain loops (double),
-// for head sizes that take each of its paths (hd a multiple of 32, of 8, or
+// The CPU attention, plain and fast, against the formulas in double, for head
+// sizes that take each of the fast path's ways (hd a multiple of 32, of 8, or
 // neither) and lengths that leave partial blocks of rows and of 16 positions.
-static void check_attention_reference(int B, int T, int H, int R, int hd) {
+static void check_attention_reference(int B, int T, int H, int R, int hd, bool fast) {
     int n_rep = H / R;
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * R * hd;
     std::vector<float> q = randv(nq, 40), k = randv(nk, 41), v = randv(nk, 42), dout = randv(nq, 43), dk0 = randv(nk, 44), dv0 = randv(nk, 45);
     std::vector<float> out(nq), att((size_t)B * H * T * T), dq(nq), dk = dk0, dv = dv0;
-    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
-    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
+    auto forward = fast ? attention_forward_fast : attention_forward;
+    auto backward = fast ? attention_backward_fast : attention_backward;
+    forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
+    backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
     std::vector<float> want_out(nq), want_att(att.size()), want_dq(nq), want_dk(dk0), want_dv(dv0);
     std::vector<double> dkd(nk, 0), dvd(nk, 0);
     double scale = 1.0 / std::sqrt((double)hd);
@@ -245,24 +248,25 @@ static void check_attention_reference(int B, int T, int H, int R, int hd) {
     double e1 = rel_err(out.data(), want_out.data(), nq), e2 = rel_err(att.data(), want_att.data(), att.size());
     double e3 = rel_err(dq.data(), want_dq.data(), nq), e4 = rel_err(dk.data(), want_dk.data(), nk), e5 = rel_err(dv.data(), want_dv.data(), nk);
     CHECK(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5 && e4 < 1e-5 && e5 < 1e-5,
-          "attention vs reference B=%d T=%d H=%d R=%d hd=%d: out %.1e att %.1e dq %.1e dk %.1e dv %.1e", B, T, H, R, hd, e1, e2, e3, e4, e5);
+          "%s attention vs double B=%d T=%d H=%d R=%d hd=%d: out %.1e att %.1e dq %.1e dk %.1e dv %.1e", fast ? "fast" : "plain", B, T, H,
+          R, hd, e1, e2, e3, e4, e5);
 }
-TEST(attention_matches_reference_hd8) { check_attention_reference(2, 37, 4, 2, 8); }
-TEST(attention_matches_reference_hd32) { check_attention_reference(1, 21, 2, 2, 32); }
-TEST(attention_matches_reference_hd6_T1) { check_attention_reference(2, 1, 3, 1, 6); }
-TEST(attention_matches_reference_hd48_T16) { check_attention_reference(1, 16, 2, 1, 48); }
+TEST(attention_matches_double_hd8) { check_attention_reference(2, 37, 4, 2, 8, false); check_attention_reference(2, 37, 4, 2, 8, true); }
+TEST(attention_matches_double_hd32) { check_attention_reference(1, 21, 2, 2, 32, false); check_attention_reference(1, 21, 2, 2, 32, true); }
+TEST(attention_matches_double_hd6_T1) { check_attention_reference(2, 1, 3, 1, 6, false); check_attention_reference(2, 1, 3, 1, 6, true); }
+TEST(attention_matches_double_hd48_T16) { check_attention_reference(1, 16, 2, 1, 48, false); check_attention_reference(1, 16, 2, 1, 48, true); }
 
 // The CPU loops' e^x against double precision: within 2 ulp from -87 to 88,
 // 0 below, infinity above, NaN through.
-TEST(exp_cpu_is_within_2_ulp) {
+TEST(exp_fast_is_within_2_ulp) {
     double worst = 0;
     for (float x = -87.0f; x <= 88.0f; x += 0.00137f) {
         double want = std::exp((double)x), ulp = std::nextafter((float)want, INFINITY) - (float)want;
-        worst = std::max(worst, std::fabs(exp_cpu(x) - want) / ulp);
+        worst = std::max(worst, std::fabs(exp_fast(x) - want) / ulp);
     }
-    CHECK(worst <= 2.0, "exp_cpu: %.2f ulp from exp", worst);
-    CHECK(exp_cpu(0.0f) == 1.0f && exp_cpu(-100.0f) == 0.0f && exp_cpu(-INFINITY) == 0.0f, "exp_cpu at 0 or far below");
-    CHECK(std::isinf(exp_cpu(100.0f)) && std::isnan(exp_cpu(NAN)), "exp_cpu above 88 or of NaN");
+    CHECK(worst <= 2.0, "exp_fast: %.2f ulp from exp", worst);
+    CHECK(exp_fast(0.0f) == 1.0f && exp_fast(-100.0f) == 0.0f && exp_fast(-INFINITY) == 0.0f, "exp_fast at 0 or far below");
+    CHECK(std::isinf(exp_fast(100.0f)) && std::isnan(exp_fast(NAN)), "exp_fast above 88 or of NaN");
 }
 
 TEST(swiglu_backward_matches_finite_differences) {
@@ -654,7 +658,8 @@ TEST(adamw_first_step_matches_hand_values) {
     float p = 1, m = 0, v = 0, g = 0.5f;
     AdamWConfig o;
     o.lr = 0.1f; o.weight_decay = 0.1f;
-    adamw_cpu(&p, &m, &v, &g, 1, o.lr, o.weight_decay, 1.0f, o, 1 - o.beta1, 1 - o.beta2);
+    AdamWNumbers h = adamw_numbers(o, 1.0f, 1);
+    adamw_cpu(&p, &m, &v, &g, 1, h.lr[GROUP_MATRIX], h.weight_decay[GROUP_MATRIX], 1.0f, h);
     CHECK(std::fabs(p - 0.89f) < 1e-6, "p after one step = %.9g, want 0.89", p);
     CHECK(std::fabs(m - 0.05f) < 1e-6 && std::fabs(v - 0.0125f) < 1e-6, "m = %g, v = %g, want 0.05, 0.0125", m, v);
 }
@@ -727,7 +732,9 @@ TEST(cpu_activations_beyond_available_memory_are_refused) {
     double per_sequence = (double)acts_carve(&probe, c, 1, nullptr) * sizeof(float);
     int B = (int)std::min(1e9, 1.5 * available / per_sequence) + 1;  // 1.5x what is available: calloc alone might still say yes
     Model m;
-    std::string err = model_create(&m, c, B, DEVICE_CPU);
+    ModelSettings settings;
+    settings.host_bytes = available;
+    std::string err = model_create(&m, c, B, DEVICE_CPU, settings);
     model_free(&m);
     CHECK(err.find("out of memory: activations need ") == 0 && err.find("GB is available; lower --batch or --seq-len") != std::string::npos,
           "B=%d: '%s'", B, err.c_str());
@@ -758,3 +765,82 @@ TEST(checkpoint_round_trip_and_wrong_architecture_refused) {
     model_free(&other);
     remove(path.c_str());
 }
+
+// ---------------------------------------------------------------------------
+// The fast CPU path (support/cpu_fast.cpp) against lime.cu's plain loops, on
+// random shapes: GQA and R = 1, odd T, hd 8/16/64/128, routers reading 1 and 5
+// layers. The two sum in different orders, so they agree to rounding.
+
+static const double FAST_TOL = 2e-5;
+
+static void check_fast_matmul(int N, int C, int OC, uint64_t seed) {
+    std::vector<float> inp = randv((size_t)N * C, seed), W = randv((size_t)OC * C, seed + 1), dout = randv((size_t)N * OC, seed + 2);
+    std::vector<float> plain = randv((size_t)N * OC, seed + 3), fast = plain;  // accumulate onto the same values
+    std::vector<float> scratch(matmul_fast_scratch_floats(std::max({N, OC, C}), std::max(C, OC)));
+    matmul_forward(plain.data(), inp.data(), W.data(), N, C, OC, true);
+    matmul_forward_fast(fast.data(), inp.data(), W.data(), N, C, OC, true, scratch.data());
+    double e1 = rel_err(fast.data(), plain.data(), plain.size());
+    std::vector<float> dinp_p((size_t)N * C, 0.5f), dinp_f = dinp_p, dW_p((size_t)OC * C, 0.25f), dW_f = dW_p;
+    matmul_backward(dinp_p.data(), dW_p.data(), dout.data(), inp.data(), W.data(), N, C, OC);
+    matmul_backward_fast(dinp_f.data(), dW_f.data(), dout.data(), inp.data(), W.data(), N, C, OC, scratch.data());
+    double e2 = rel_err(dinp_f.data(), dinp_p.data(), dinp_p.size()), e3 = rel_err(dW_f.data(), dW_p.data(), dW_p.size());
+    CHECK(e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL, "matmul_*_fast vs plain N=%d C=%d OC=%d: out %.1e dinp %.1e dW %.1e", N, C, OC,
+          e1, e2, e3);
+}
+TEST(fast_matmul_equals_plain_on_random_shapes) {
+    Rng r(77);
+    for (int i = 0; i < 6; i++) check_fast_matmul(1 + (int)(r.uniform() * 70), 1 + (int)(r.uniform() * 70), 1 + (int)(r.uniform() * 90), 100 + i);
+    check_fast_matmul(64, 32, 96, 7);  // whole tiles and panels only
+}
+
+static void check_fast_router(int l, int N, int R, int hd, uint64_t learned, bool separate) {
+    size_t layer = (size_t)N * R * hd, J = (size_t)(l + 1) * R;
+    std::vector<float> Wk = randv(R * J, 1), Wv = separate ? randv(R * J, 2) : Wk, Kb = randv((l + 1) * layer, 3), Vb = randv((l + 1) * layer, 4);
+    float* wv = separate ? Wv.data() : Wk.data();
+    std::vector<float> Kp(layer), Vp(layer), Kf(layer), Vf(layer);
+    router_forward(Kp.data(), Vp.data(), Wk.data(), wv, Kb.data(), Vb.data(), l, N, R, hd);
+    router_forward_fast(Kf.data(), Vf.data(), Wk.data(), wv, Kb.data(), Vb.data(), l, N, R, hd);
+    double e1 = std::max(rel_err(Kf.data(), Kp.data(), layer), rel_err(Vf.data(), Vp.data(), layer));
+    std::vector<float> dK = randv(layer, 5), dV = randv(layer, 6);
+    std::vector<float> dWk_p(R * J, 0.5f), dWv_p(R * J, 0.5f), dKb_p((l + 1) * layer, 0.25f), dVb_p = dKb_p;
+    std::vector<float> dWk_f = dWk_p, dWv_f = dWv_p, dKb_f = dKb_p, dVb_f = dVb_p;
+    router_backward(dWk_p.data(), separate ? dWv_p.data() : dWk_p.data(), dKb_p.data(), dVb_p.data(), dK.data(), dV.data(), Wk.data(), wv,
+                    Kb.data(), Vb.data(), l, learned, N, R, hd);
+    router_backward_fast(dWk_f.data(), separate ? dWv_f.data() : dWk_f.data(), dKb_f.data(), dVb_f.data(), dK.data(), dV.data(), Wk.data(),
+                         wv, Kb.data(), Vb.data(), l, learned, N, R, hd);
+    double e2 = std::max(rel_err(dWk_f.data(), dWk_p.data(), R * J), rel_err(dWv_f.data(), dWv_p.data(), R * J));
+    double e3 = std::max(rel_err(dKb_f.data(), dKb_p.data(), dKb_p.size()), rel_err(dVb_f.data(), dVb_p.data(), dVb_p.size()));
+    CHECK(e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL,
+          "router_*_fast vs plain (%d sources, N=%d R=%d hd=%d, learned %#llx%s): Kr/Vr %.1e dW %.1e dKbuf/dVbuf %.1e", l + 1, N, R, hd,
+          (unsigned long long)learned, separate ? ", separate" : "", e1, e2, e3);
+}
+TEST(fast_router_equals_plain_with_1_and_5_sources) {
+    for (int hd : {8, 16, 64, 128}) {
+        check_fast_router(0, 13, 2, hd, 1, false);        // 1 source: the layer's own buffer
+        check_fast_router(4, 11, 3, hd, 0x1f, false);     // 5 sources, R = 3
+        check_fast_router(4, 9, 1, hd, 0b10110, true);    // 5 sources, R = 1, some fixed, separate routers
+    }
+}
+
+static void check_fast_attention(int B, int T, int H, int R, int hd) {
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * R * hd, na = (size_t)B * H * T * T;
+    std::vector<float> q = randv(nq, 11), k = randv(nk, 12), v = randv(nk, 13), dout = randv(nq, 14);
+    std::vector<float> out_p(nq), out_f(nq), att_p(na), att_f(na), dq_p(nq), dq_f(nq), dk_p = randv(nk, 15), dk_f = dk_p, dv_p = randv(nk, 16),
+                                                                                                dv_f = dv_p;
+    attention_forward(out_p.data(), att_p.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
+    attention_forward_fast(out_f.data(), att_f.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
+    attention_backward(dq_p.data(), dk_p.data(), dv_p.data(), dout.data(), q.data(), k.data(), v.data(), att_p.data(), B, T, H, R, hd);
+    attention_backward_fast(dq_f.data(), dk_f.data(), dv_f.data(), dout.data(), q.data(), k.data(), v.data(), att_f.data(), B, T, H, R, hd);
+    double e1 = rel_err(out_f.data(), out_p.data(), nq), e2 = rel_err(att_f.data(), att_p.data(), na);
+    double e3 = rel_err(dq_f.data(), dq_p.data(), nq), e4 = rel_err(dk_f.data(), dk_p.data(), nk), e5 = rel_err(dv_f.data(), dv_p.data(), nk);
+    CHECK(e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL && e4 < FAST_TOL && e5 < FAST_TOL,
+          "attention_*_fast vs plain B=%d T=%d H=%d R=%d hd=%d: out %.1e att %.1e dq %.1e dk %.1e dv %.1e", B, T, H, R, hd, e1, e2, e3, e4, e5);
+}
+TEST(fast_attention_equals_plain_gqa_and_r1_odd_t) {
+    for (int hd : {8, 16, 64, 128}) {
+        check_fast_attention(2, 19, 4, 2, hd);  // GQA, odd T
+        check_fast_attention(1, 33, 3, 1, hd);  // R = 1
+    }
+    check_fast_attention(3, 7, 2, 2, 6);        // hd neither a multiple of 8 nor 32
+}
+

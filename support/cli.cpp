@@ -1,0 +1,81 @@
+// support/cli.cpp — the command line's parsers: names of models, routers and
+// attention kernels (also read back from checkpoints' configs), and the
+// memory probe model_settings passes to model_create.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "support/cli.h"
+
+bool attention_parse(const std::string& s, Attention* out) {
+    if (s == "auto") { *out = ATTENTION_AUTO; return true; }
+    if (s == "matmul") { *out = ATTENTION_MATMUL; return true; }
+    if (s == "flash") { *out = ATTENTION_FLASH; return true; }
+    return false;
+}
+
+bool arch_parse(const std::string& s, Arch* out) {
+    if (s == "lime") { *out = ARCH_LIME; return true; }
+    if (s == "llama") { *out = ARCH_LLAMA; return true; }
+    return false;
+}
+
+bool router_parse(const std::string& s, Config* c) {
+    if (s == "static" || s == "average") {
+        c->router = s == "static" ? ROUTER_STATIC : ROUTER_AVERAGE;
+        c->router_j = 0;
+        return true;
+    }
+    for (auto [prefix, kind] :
+         {std::make_pair(std::string("last-"), ROUTER_LAST), std::make_pair(std::string("first-"), ROUTER_FIRST)}) {
+        std::string j = s.substr(0, prefix.size()) == prefix ? s.substr(prefix.size()) : "";
+        if (j.empty() || j.size() > 6 || j.find_first_not_of("0123456789") != std::string::npos) continue;
+        c->router = kind;
+        c->router_j = atoi(j.c_str());  // 0 and J > L parse; config_check refuses them with the range
+        return true;
+    }
+    return false;
+}
+
+std::string model_name(const Config& c) {
+    std::string s = arch_name(c.arch);
+    if (c.arch == ARCH_LIME && c.router != ROUTER_STATIC) s += ":" + router_name(c);
+    if (c.arch == ARCH_LIME && c.router_kv_separate) s += ":separate";
+    return s;
+}
+
+bool model_parse(const std::string& s, Config* c) {
+    size_t colon = s.find(':');
+    if (!arch_parse(s.substr(0, colon), &c->arch)) return false;
+    c->router = ROUTER_STATIC;
+    c->router_j = 0;
+    c->router_kv_separate = false;
+    if (colon == std::string::npos) return true;
+    if (c->arch != ARCH_LIME) return false;  // llama has no router to name
+    std::string rest = s.substr(colon + 1);
+    for (size_t at = 0; at <= rest.size();) {
+        size_t end = std::min(rest.find(':', at), rest.size());
+        std::string part = rest.substr(at, end - at);
+        if (part == "separate" || part == "shared") c->router_kv_separate = part == "separate";
+        else if (!router_parse(part, c)) return false;
+        at = end + 1;
+    }
+    return true;
+}
+
+// What this machine can still give without swapping: MemAvailable of a
+// /proc/meminfo-style file, in bytes; 0 where unknown (not Linux). Checked
+// before the activations are allocated, because calloc would succeed anyway
+// (pages are promised, not given) and the run would then be killed, or crawl
+// in swap, part way through its first step.
+size_t memory_available(const char* meminfo) {
+    FILE* f = fopen(meminfo, "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (size_t)kb * 1024;
+}
+

@@ -1,0 +1,220 @@
+// support/flash_attention.cuh — flash-style attention (Dao et al. 2022):
+// lime.cu's attention_forward/backward without storing the (B, H, T, T)
+// probabilities, for sequences long enough that those would not
+// fit (`--attention flash`, or `auto` when the matrix products' version does
+// not fit in GPU memory). Keys and values stream through shared memory a tile
+// at a time; each thread owns one query row and keeps the running maximum mx,
+// the running sum l and the unnormalised output (the online softmax). Forward
+// keeps only lse = mx + log l per row, and backward recomputes the
+// probabilities tile by tile:
+//   p[t][u] = exp(s - lse[t]),  s = scale * q_t . k_u,  u <= t
+//   D[t]    = dout_t . out_t              (= sum_u p dp: the softmax backward's dot)
+//   dp = dout_t . v_u,   ds = p (dp - D[t])
+//   dv_u += p dout_t,    dk_u += scale ds q_t    (one thread per key: queries t >= u, the group's heads)
+//   dq_t  = scale sum_u ds k_u                   (one thread per query)
+// No atomics: every output row is one thread's sum in a fixed order. A row's
+// hd floats are held in registers, padded to HD (8, 16, 32, 64 or 128) with zeros.
+// This is the simple form of the algorithm (one thread per row, scalar FMAs):
+// it trades the batched products' speed for O(T) memory.
+//
+// lime.cu's GPU build includes this file in its attention section, after
+// LAUNCH, DYNAMIC_SHARED, ceil_div and launchCheck; read lime.cu's
+// matrix-product attention first.
+static const int FLASH_MAX_HD = 128;
+template <int HD>
+struct Flash {
+    static constexpr int TILE = HD >= 128 ? 32 : 64;  // rows per tile, and threads per block
+};
+
+// tile (TILE, HD) = rows t0 .. t0+TILE-1 of head `head` of x (B, T, nh, hd); zeros past T and past hd.
+template <int HD>
+__device__ void flash_load_rows(float* tile, const float* x, int b, int t0, int T, int nh, int head, int hd) {
+    for (int e = threadIdx.x; e < Flash<HD>::TILE * HD; e += blockDim.x) {
+        int j = e / HD, i = e % HD, t = t0 + j;
+        tile[e] = t < T && i < hd ? x[(((size_t)b * T + t) * nh + head) * hd + i] : 0.0f;
+    }
+}
+// row (HD) = x's row t of head `head`, zero padded.
+template <int HD>
+__device__ void flash_load_row(float* row, const float* x, int b, int t, int T, int nh, int head, int hd) {
+    for (int i = 0; i < HD; i++) row[i] = t < T && i < hd ? x[(((size_t)b * T + t) * nh + head) * hd + i] : 0.0f;
+}
+template <int HD>
+__device__ float flash_dot(const float* a, const float* b) {
+    float s = 0.0f;
+    for (int i = 0; i < HD; i++) s += a[i] * b[i];
+    return s;
+}
+
+// grid (T / TILE, H, B), TILE threads; thread = query t. lse (B, H, T).
+template <int HD>
+__global__ void flash_attention_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
+                                               int T, int H, int R, int hd, float scale) {
+    constexpr int TILE = Flash<HD>::TILE;
+    DYNAMIC_SHARED(float, smem);
+    float *ks = smem, *vs = smem + TILE * HD;  // (TILE, HD) each
+    int t = blockIdx.x * TILE + threadIdx.x, h = blockIdx.y, b = blockIdx.z, r = h / (H / R);
+    float qt[HD], acc[HD];
+    flash_load_row<HD>(qt, q, b, t, T, H, h, hd);
+    for (int i = 0; i < HD; i++) acc[i] = 0.0f;
+    float mx = -INFINITY, l = 0.0f;
+    int end = min(T, (int)(blockIdx.x + 1) * TILE);  // the block's last query sees keys u < end
+    for (int u0 = 0; u0 < end; u0 += TILE) {
+        __syncthreads();  // everyone is done with the previous tile
+        flash_load_rows<HD>(ks, k, b, u0, T, R, r, hd);
+        flash_load_rows<HD>(vs, v, b, u0, T, R, r, hd);
+        __syncthreads();
+        int n = t < T ? min(TILE, t - u0 + 1) : 0;  // this tile's keys u <= t
+        for (int j = 0; j < n; j++) {
+            float s = scale * flash_dot<HD>(qt, ks + j * HD);
+            if (s > mx) {  // a new maximum: rescale what is summed so far
+                float c = expf(mx - s);
+                l *= c;
+                for (int i = 0; i < HD; i++) acc[i] *= c;
+                mx = s;
+            }
+            float p = expf(s - mx);
+            l += p;
+            for (int i = 0; i < HD; i++) acc[i] += p * vs[j * HD + i];
+        }
+    }
+    if (t >= T) return;
+    float* o = out + (((size_t)b * T + t) * H + h) * hd;
+    for (int i = 0; i < hd; i++) o[i] = acc[i] / l;
+    lse[((size_t)b * H + h) * T + t] = mx + logf(l);
+}
+
+// D (B, H, T) = the dot of dout and out, per row.
+__global__ void flash_rowdot_kernel(float* D, const float* dout, const float* out, int B, int T, int H, int hd) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // over (B, H, T)
+    if (idx >= (size_t)B * H * T) return;
+    int t = idx % T, h = (idx / T) % H;
+    size_t b = idx / ((size_t)T * H), row = ((b * T + t) * H + h) * hd;
+    float s = 0.0f;
+    for (int i = 0; i < hd; i++) s += dout[row + i] * out[row + i];
+    D[idx] = s;
+}
+
+// grid (T / TILE, R, B), TILE threads; thread = key u of kv head r. Adds into dk, dv.
+template <int HD>
+__global__ void flash_attention_backward_kv_kernel(float* dk, float* dv, const float* dout, const float* q,
+                                                   const float* k, const float* v, const float* lse, const float* D,
+                                                   int T, int H, int R, int hd, float scale) {
+    constexpr int TILE = Flash<HD>::TILE;
+    DYNAMIC_SHARED(float, smem);
+    float *qs = smem, *dos = smem + TILE * HD, *lses = smem + 2 * TILE * HD,
+          *Ds = lses + TILE;  // (TILE, HD) x2, (TILE) x2
+    int u = blockIdx.x * TILE + threadIdx.x, r = blockIdx.y, b = blockIdx.z, n_rep = H / R;
+    float ku[HD], vu[HD], dku[HD], dvu[HD];
+    flash_load_row<HD>(ku, k, b, u, T, R, r, hd);
+    flash_load_row<HD>(vu, v, b, u, T, R, r, hd);
+    for (int i = 0; i < HD; i++) dku[i] = dvu[i] = 0.0f;
+    for (int g = 0; g < n_rep; g++) {
+        int h = r * n_rep + g;
+        for (int t0 = blockIdx.x * TILE; t0 < T;
+             t0 += TILE) {  // queries before the block's first key see none of its keys
+            __syncthreads();
+            flash_load_rows<HD>(qs, q, b, t0, T, H, h, hd);
+            flash_load_rows<HD>(dos, dout, b, t0, T, H, h, hd);
+            for (int j = threadIdx.x; j < TILE; j += blockDim.x) {
+                size_t row = ((size_t)b * H + h) * T + t0 + j;
+                lses[j] = t0 + j < T ? lse[row] : 0.0f;
+                Ds[j] = t0 + j < T ? D[row] : 0.0f;
+            }
+            __syncthreads();
+            if (u >= T) continue;
+            int n = min(TILE, T - t0);
+            for (int j = max(0, u - t0); j < n; j++) {  // queries t = t0 + j >= u
+                const float *qj = qs + j * HD, *dj = dos + j * HD;
+                float p = expf(scale * flash_dot<HD>(qj, ku) - lses[j]);
+                float ds = p * (flash_dot<HD>(dj, vu) - Ds[j]);
+                for (int i = 0; i < HD; i++) {
+                    dvu[i] += p * dj[i];
+                    dku[i] += scale * ds * qj[i];
+                }
+            }
+        }
+    }
+    if (u >= T) return;
+    size_t row = (((size_t)b * T + u) * R + r) * hd;
+    for (int i = 0; i < hd; i++) {
+        dk[row + i] += dku[i];
+        dv[row + i] += dvu[i];
+    }
+}
+
+// grid (T / TILE, H, B), TILE threads; thread = query t. Writes dq.
+template <int HD>
+__global__ void flash_attention_backward_q_kernel(float* dq, const float* dout, const float* q, const float* k,
+                                                  const float* v, const float* lse, const float* D, int T, int H, int R,
+                                                  int hd, float scale) {
+    constexpr int TILE = Flash<HD>::TILE;
+    DYNAMIC_SHARED(float, smem);
+    float *ks = smem, *vs = smem + TILE * HD;
+    int t = blockIdx.x * TILE + threadIdx.x, h = blockIdx.y, b = blockIdx.z, r = h / (H / R);
+    float qt[HD], dot[HD], dqt[HD];
+    flash_load_row<HD>(qt, q, b, t, T, H, h, hd);
+    flash_load_row<HD>(dot, dout, b, t, T, H, h, hd);
+    for (int i = 0; i < HD; i++) dqt[i] = 0.0f;
+    size_t row = ((size_t)b * H + h) * T + t;
+    float lse_t = t < T ? lse[row] : 0.0f, D_t = t < T ? D[row] : 0.0f;
+    int end = min(T, (int)(blockIdx.x + 1) * TILE);
+    for (int u0 = 0; u0 < end; u0 += TILE) {
+        __syncthreads();
+        flash_load_rows<HD>(ks, k, b, u0, T, R, r, hd);
+        flash_load_rows<HD>(vs, v, b, u0, T, R, r, hd);
+        __syncthreads();
+        int n = t < T ? min(TILE, t - u0 + 1) : 0;
+        for (int j = 0; j < n; j++) {
+            const float* kj = ks + j * HD;
+            float p = expf(scale * flash_dot<HD>(qt, kj) - lse_t);
+            float ds = p * (flash_dot<HD>(dot, vs + j * HD) - D_t);
+            for (int i = 0; i < HD; i++) dqt[i] += ds * kj[i];
+        }
+    }
+    if (t >= T) return;
+    float* out = dq + (((size_t)b * T + t) * H + h) * hd;
+    for (int i = 0; i < hd; i++) out[i] = scale * dqt[i];
+}
+
+// Calls f(w) with w the compile-time row width HD for hd <= FLASH_MAX_HD.
+template <class F>
+static void with_flash_width(int hd, F f) {
+    if (hd <= 8) f(std::integral_constant<int, 8>());
+    else if (hd <= 16) f(std::integral_constant<int, 16>());
+    else if (hd <= 32) f(std::integral_constant<int, 32>());
+    else if (hd <= 64) f(std::integral_constant<int, 64>());
+    else f(std::integral_constant<int, 128>());
+}
+
+// lse (B, H, T): what backward needs of the probabilities.
+static void flash_attention_forward_gpu(float* out, float* lse, const float* q, const float* k, const float* v, int B,
+                                        int T, int H, int R, int hd, cudaStream_t stream) {
+    float scale = 1.0f / sqrtf((float)hd);
+    with_flash_width(hd, [&](auto w) {
+        constexpr int HD = decltype(w)::value, TILE = Flash<HD>::TILE;
+        LAUNCH(flash_attention_forward_kernel<HD>, dim3(ceil_div(T, TILE), H, B), TILE, 2 * TILE * HD * sizeof(float),
+               stream)
+        (out, lse, q, k, v, T, H, R, hd, scale);
+    });
+    launchCheck();
+}
+
+// dq is written; dk and dv are added to, as on the CPU. scratch: B*H*T floats (D).
+static void flash_attention_backward_gpu(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                                         const float* q, const float* k, const float* v, const float* lse, int B, int T,
+                                         int H, int R, int hd, float* scratch, cudaStream_t stream) {
+    float scale = 1.0f / sqrtf((float)hd), *D = scratch;
+    LAUNCH(flash_rowdot_kernel, ceil_div((size_t)B * H * T, 256), 256, 0, stream)(D, dout, out, B, T, H, hd);
+    launchCheck();
+    with_flash_width(hd, [&](auto w) {
+        constexpr int HD = decltype(w)::value, TILE = Flash<HD>::TILE;
+        LAUNCH(flash_attention_backward_kv_kernel<HD>, dim3(ceil_div(T, TILE), R, B), TILE,
+               (2 * TILE * HD + 2 * TILE) * sizeof(float), stream)
+        (dk, dv, dout, q, k, v, lse, D, T, H, R, hd, scale);
+        LAUNCH(flash_attention_backward_q_kernel<HD>, dim3(ceil_div(T, TILE), H, B), TILE,
+               2 * TILE * HD * sizeof(float), stream)
+        (dq, dout, q, k, v, lse, D, T, H, R, hd, scale);
+    });
+    launchCheck();
+}

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# tests/test_docs.sh — the guides cannot rot: every function, type and file
+# that README.md or docs/*.md names in backticks exists in the code, and
+# nothing in the repository points outside it (to a ../shared it does not have).
+cd "$(dirname "$0")/.." || exit 2
+source tests/lib.sh
+code="lime.cu train.cpp support data"
+
+# The names a document cites: backticked spans outside fenced code blocks.
+cited() { awk '/^```/ { fenced = !fenced; next } !fenced' "$1" | grep -o '`[^`]*`' | tr -d '`'; }
+
+# An identifier is there when the code has it as a whole word (name_* : as a prefix).
+has_identifier() {
+    local name=$1
+    if [[ $name == *_\* ]]; then grep -rqE "\b${name%\*}[a-z0-9_]*\(" $code; else grep -rqw -- "$name" $code; fi
+}
+
+check_document() {
+    local doc=$1 missing=()
+    while IFS= read -r span; do
+        # repository files: support/..., tests/..., data/..., docs/..., or a top-level source file
+        if [[ $span =~ ^(support|tests|data|docs)/[^[:space:]]*$ || $span =~ ^[a-z_]+\.(cu|cpp|h|cuh|md|sh)$ ]]; then
+            compgen -G "$span" >/dev/null || missing+=("$span")
+            continue
+        fi
+        # identifiers: snake_case names, Type::member, and every name(...) inside code
+        local names=()
+        [[ $span =~ ^[a-z][a-z0-9]*(_[a-z0-9]+)+(_\*)?$ ]] && names+=("$span")
+        [[ $span =~ ^[A-Z][A-Za-z]+::[A-Za-z_]+$ ]] && names+=("${span%%::*}" "${span##*::}")
+        while read -r call; do [ -n "$call" ] && names+=("$call"); done < <(echo "$span" | grep -oE '\b[a-z_][a-z0-9_]*\(' | tr -d '(' | grep -vE '^(if|for|while|sizeof|make)$')
+        for name in "${names[@]}"; do has_identifier "$name" || missing+=("$name"); done
+    done < <(cited "$doc")
+    if [ ${#missing[@]} -eq 0 ]; then pass "names_in_${doc//\//_}_exist"
+    else fail "names_in_${doc//\//_}_exist" "$doc cites what the code does not have: ${missing[*]}"; fi
+}
+
+check_document README.md
+for doc in docs/*.md; do check_document "$doc"; done
+
+# The repository stands alone: no text file points at ../shared or the contract files.
+outside=$(git ls-files 2>/dev/null | grep -vE '\.(safetensors|png|json|txt|csv)$' | xargs grep -lE '\.\./shared|SPEC\.md|TASKS\.md' 2>/dev/null)
+if [ -z "$outside" ]; then pass repository_stands_alone; else fail repository_stands_alone "these point outside the repository: $outside"; fi
+
+summary
