@@ -256,7 +256,7 @@ struct Acts {
     float* dup;      // (B, T, F)
     float* dh;       // (B, T, F)
     float* datt;     // (B, H, T, T) GPU attention scratch (empty on the CPU)
-    float* kt;  // (B, R, T, hd) GPU attention scratch: keys, values and their gradients, head-major (empty on the CPU)
+    float* kt;       // (B, R, T, hd) GPU attention scratch: keys, values, their gradients, head-major (CPU: empty)
     float* vt;
     float* dkt;
     float* dvt;
@@ -1550,8 +1550,8 @@ static void op_adamw(Model* model) {
 // The model: one code path for both devices.
 //
 // forward_pass, backward_pass and update_pass are written once. Each of their
-// steps is an op_*() call that runs the CPU function or launches its GPU twin
-// (DISPATCH is the one `if`). The activations are the same struct, Acts,
+// steps is an op_*() call that runs the CPU loops (plain, or fast) or launches
+// the GPU kernels (DISPATCH is the one `if`). The activations are the same struct, Acts,
 // carved by acts_carve over host memory for the CPU and over device memory
 // for the GPU; the parameters are the same Params views, over host or device
 // memory. On the GPU every op is queued on one stream and nothing inside a
