@@ -1,6 +1,7 @@
 // train.cpp — the command-line program `./lime`: train, eval, sample, data,
 // verify and bench, each with --help. The model lives in lime.cu, the tasks
 // in data/; this file reads flags, moves data in and out, and reports.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -256,6 +257,7 @@ static std::vector<FlagSpec> train_flags() {
         {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
         {"out", "runs/model", "output directory (created if missing)"},
         {"resume", "", "continue from a checkpoint written by train"},
+        {"force", nullptr, "start afresh even where --out holds another run's checkpoint or model (replaced)"},
         {"log-every", "", "steps between progress lines (default: ~50 lines per run)"},
         {"eval-every", "", "steps between evaluations (default: ~5 per run)"},
         {"eval-size", "200", "test examples scored at each periodic evaluation"},
@@ -276,10 +278,38 @@ struct TrainSettings {
     bool skip_bad = false;  // --skip-bad-steps
 };
 
+// DIR/log.jsonl: each line written whole with write(2) and checked; a line
+// that does not fit (a full disk) is cut off again, and the run stops.
 struct Logger {
-    FILE* f = nullptr;
+    int fd = -1;
     bool quiet = false;
-    void line(const std::string& json) { if (f) { fprintf(f, "%s\n", json.c_str()); fflush(f); } }
+    std::string path;                                 // DIR/log.jsonl
+    std::string kept = "no checkpoint was saved yet"; // what a failed write leaves, for its message
+    // Appends one line; false (errno set) when it could not be written whole.
+    bool write(const std::string& json) {
+        if (fd < 0) return true;
+        std::string text = json + "\n";
+        off_t before = lseek(fd, 0, SEEK_END);
+        for (size_t done = 0; done < text.size();) {
+            ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                int e = n < 0 ? errno : ENOSPC;
+                if (before >= 0 && ftruncate(fd, before) != 0) {}  // no half line left behind, where it can be cut
+                errno = e;
+                return false;
+            }
+            done += (size_t)n;
+        }
+        return true;
+    }
+    // A line the run cannot go on without: on failure, one line and exit status 2.
+    void line(const std::string& json) {
+        if (write(json)) return;
+        int e = errno;
+        fd = -1;
+        die("train", "cannot write " + path + ": " + strerror(e) + "; stopped: " + kept);
+    }
 };
 
 // One training run: what the parts of cmd_train share.
@@ -359,6 +389,7 @@ struct Resumed {
     std::string path;  // "" when not resuming
     Config c;
     std::map<std::string, std::string> meta;
+    TrainMeta tm;      // the metadata, checked
     // meta[key], or "" when the key is missing
     std::string get(const std::string& key) const {
         auto it = meta.find(key);
@@ -373,6 +404,7 @@ static Resumed resume_flags(Args& a) {
     if (!a.has("resume")) return r;
     r.path = a.str("resume");
     std::string err = checkpoint_read_config(r.path, &r.c, &r.meta);
+    if (err.empty()) err = checkpoint_check_meta(r.path, r.c, r.meta, &r.tm);
     if (!err.empty()) die("train", err);
     std::map<std::string, std::string> saved;
     if (!r.meta.count("args") || !settings_from_json(r.meta["args"], &saved).empty())
@@ -409,8 +441,16 @@ static TrainSettings train_settings(Args& a) {
 // the length: --epochs passes of per_epoch steps, warmup 2%, ~50 progress
 // lines, ~5 evaluations, a checkpoint at each evaluation.
 static void train_lengths(Args& a, int per_epoch, TrainSettings* s) {
-    if (a.has("steps")) s->steps = (int)a.integer("steps", 1, 1 << 30);
-    else s->steps = (int)a.integer("epochs", 1, 1 << 20) * per_epoch;
+    if (a.has("steps")) {
+        s->steps = (int)a.integer("steps", 1, MAX_STEPS);
+    } else {  // counted in 64 bits: --epochs x steps per epoch may pass any int
+        long long epochs = a.integer("epochs", 1, 1 << 20), steps = epochs * per_epoch;
+        if (steps > MAX_STEPS)
+            a.fail("--epochs " + std::to_string(epochs) + " x " + std::to_string(per_epoch) + " steps per epoch is " +
+                   std::to_string(steps) + " steps, more than a run may take (" + std::to_string(MAX_STEPS) +
+                   "); use fewer --epochs, a larger --batch, or --steps");
+        s->steps = (int)std::min(steps, MAX_STEPS);
+    }
     s->warmup = a.has("warmup") ? (int)a.integer("warmup", 0, 1 << 30) : s->steps / 50;
     s->log_every = a.has("log-every") ? (int)a.integer("log-every", 1, 1 << 30) : std::max(1, s->steps / 50);
     s->eval_every = a.has("eval-every") ? (int)a.integer("eval-every", 1, 1 << 30) : std::max(1, s->steps / 5);
@@ -444,6 +484,43 @@ static void train_from_flags(Args& a, const std::set<std::string>& user_flags, T
 
 // --- setting the run up --------------------------------------------------------
 
+// A checkpoint's "vocab" must be its task's vocabulary, token for token: a
+// task entry changed to another task would index embedding rows past V.
+static std::string vocab_matches(const std::string& path, const std::vector<std::string>& stored, const Vocab& v) {
+    if (stored == v.tokens) return "";
+    return path + ": its metadata \"vocab\" (" + std::to_string(stored.size()) + " tokens) is not the vocabulary " +
+           "of its task as rebuilt now (" + std::to_string(v.tokens.size()) + " tokens): the file was altered, or " +
+           "the task's data file changed since; use the data it was trained on, an earlier checkpoint, or train again";
+}
+
+// A run directory is never silently reused: a fresh run into an --out that
+// holds a checkpoint or a model (another run's) is refused unless --force; a
+// resumed run may write only where its own checkpoint is, or where none is.
+static void refuse_reused_out(const Args& a, const Resumed& resumed, const TrainRun& r) {
+    if (a.has("force")) return;
+    const std::string& out = r.s.out;
+    std::string ck = out + "/checkpoint.safetensors", model = out + "/model.safetensors";
+    struct stat sc, sm, sr;
+    bool has_ck = stat(ck.c_str(), &sc) == 0, has_model = stat(model.c_str(), &sm) == 0;
+    if (!resumed.path.empty()) {
+        bool own = has_ck && stat(resumed.path.c_str(), &sr) == 0 && sc.st_dev == sr.st_dev && sc.st_ino == sr.st_ino;
+        if (has_ck && !own)
+            die("train", "--out " + out + " holds another checkpoint than " + resumed.path + ", the one being " +
+                             "resumed; resume that one with --resume " + ck + ", pass --force to replace it, or " +
+                             "choose another --out");
+        if (!has_ck && has_model)
+            die("train", "--out " + out + " holds another run's model.safetensors; pass --force to replace it, or " +
+                             "choose another --out");
+        return;
+    }
+    if (has_ck)
+        die("train", "--out " + out + " already holds a run (" + ck + "); resume it with ./lime train --resume " + ck +
+                         ", pass --force to start afresh and replace it, or choose another --out");
+    if (has_model)
+        die("train", "--out " + out + " already holds a finished run (" + model + "); pass --force to start " +
+                         "afresh and replace it, or choose another --out");
+}
+
 // Creates the model and starts the data: loaded from the checkpoint being
 // resumed (weights, optimiser state, step and data position), else fresh.
 static void train_start_model(const Resumed& resumed, TrainRun* r) {
@@ -461,10 +538,22 @@ static void train_start_model(const Resumed& resumed, TrainRun* r) {
     err = model_load(&r->model, resumed.path, true);
     if (!err.empty()) die("train", err);
     // the loop's step; model.step counts the updates applied, fewer when steps were skipped
-    r->start_step = resumed.meta.count("train_step") ? atoi(resumed.get("train_step").c_str()) : r->model.step;
+    const TrainMeta& tm = resumed.tm;
+    r->start_step = tm.train_step;
     r->done_step = r->start_step;
-    r->loader.start(r->task.train, r->s.seed, atoi(resumed.get("data_epoch").c_str()),
-                    strtoull(resumed.get("data_pos").c_str(), nullptr, 10));
+    if (r->s.steps < r->start_step)
+        die("train", "--steps " + std::to_string(r->s.steps) + " is below step " + std::to_string(r->start_step) +
+                         ", where " + resumed.path + " was saved: a resumed run goes on from there; give --steps " +
+                         std::to_string(r->start_step) + " or more");
+    if (tm.data_pos >= (long long)r->task.train->size())
+        die("train", resumed.path + ": metadata \"data_pos\" " + std::to_string(tm.data_pos) + " lies past the " +
+                         std::to_string(r->task.train->size()) + " training examples: the file was altered or "
+                         "damaged; use an earlier checkpoint or train again");
+    err = vocab_matches(resumed.path, tm.vocab, r->task.vocab);
+    if (!err.empty()) die("train", err);
+    r->log.kept = resumed.path + " (step " + std::to_string(r->start_step) + ") is kept; free some space, then " +
+                  "continue with ./lime train --resume " + resumed.path;
+    r->loader.start(r->task.train, r->s.seed, tm.data_epoch, (size_t)tm.data_pos);
 }
 
 // The flags that rebuild this run, stored in each checkpoint: those given
@@ -500,8 +589,9 @@ static void train_open_output(bool quiet, TrainRun* r) {
     if (!make_dir(r->s.out, &err)) die("train", err + " (choose another --out)");
     r->log.quiet = quiet;
     std::string log_path = r->s.out + "/log.jsonl";
-    r->log.f = fopen(log_path.c_str(), r->start_step > 0 ? "a" : "w");
-    if (!r->log.f) die("train", "cannot write " + log_path + ": " + strerror(errno));
+    r->log.path = log_path;
+    r->log.fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (r->start_step > 0 ? O_APPEND : O_TRUNC), 0644);
+    if (r->log.fd < 0) die("train", "cannot write " + log_path + ": " + strerror(errno));
     const Config& c = r->c;
     if (!r->log.quiet) {
         printf("train %s on %s: L=%d d=%d H=%d R=%d F=%d V=%d T=%d, %zu parameters, %s, batch %d, %d steps "
@@ -516,16 +606,24 @@ static void train_open_output(bool quiet, TrainRun* r) {
 }
 
 // --- training guards ---------------------------------------------------------
-// SIGINT (Ctrl-C) and SIGTERM only set this flag; the loop finishes its step,
-// saves a checkpoint and exits. SA_RESETHAND: a second signal kills at once.
+// SIGINT (Ctrl-C), SIGTERM, SIGHUP (the terminal or ssh session went away)
+// and SIGPIPE (stdout's reader is gone: ./lime train | head) only set this
+// flag; the loop finishes its step, saves a checkpoint and exits.
+// SA_RESETHAND: a second SIGINT, SIGTERM or SIGHUP kills at once. SIGPIPE
+// stays caught (every later write to stdout raises it again, and such writes
+// just fail with EPIPE); once the loop is over it is ignored.
 static volatile sig_atomic_t g_stop_signal = 0;
-static void on_stop_signal(int sig) { g_stop_signal = sig; }
+static void on_stop_signal(int sig) { if (!g_stop_signal) g_stop_signal = sig; }
 static void catch_stop_signals(bool on) {
     struct sigaction sa = {};
     sa.sa_handler = on ? on_stop_signal : SIG_DFL;
     sa.sa_flags = SA_RESETHAND | SA_RESTART;
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGHUP, &sa, nullptr);
+    sa.sa_handler = on ? on_stop_signal : SIG_IGN;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGPIPE, &sa, nullptr);
 }
 
 #ifdef LIME_TESTING
@@ -575,7 +673,7 @@ static void training_failed(TrainRun* r, const std::string& what, int step, int 
                                          : "no checkpoint was saved yet";
     std::string msg = when + ": " + what + "; stopped without saving: " + kept +
                       "; lower --lr, or pass --skip-bad-steps to skip such steps";
-    r->log.line("{\"type\": \"error\", \"step\": " + std::to_string(step) + ", \"message\": " + json_quote(msg) + "}");
+    r->log.write("{\"type\": \"error\", \"step\": " + std::to_string(step) + ", \"message\": " + json_quote(msg) + "}");
     fflush(stdout);
     fprintf(stderr, "lime train: error: %s\n", msg.c_str());
     exit(1);
@@ -651,15 +749,19 @@ static void save_checkpoint(TrainRun* r, int step) {
     std::string err = model_save(&r->model, r->s.out + "/checkpoint.safetensors", train_meta(*r), true);
     if (!err.empty()) die("train", err);
     r->last_saved = step;
+    r->log.kept = r->s.out + "/checkpoint.safetensors (step " + std::to_string(step) + ") is kept; free some " +
+                  "space, then continue with ./lime train --resume " + r->s.out + "/checkpoint.safetensors";
     r->t_last = now_ms();
 }
 
-// Ended by SIGINT or SIGTERM, its checkpoint saved: how to go on, and the
-// shell's exit status for "ended by this signal", 128 + the signal.
+// Ended by a signal, its checkpoint saved: how to go on (on stderr after
+// SIGPIPE: stdout is gone), and the shell's exit status for "ended by this
+// signal", 128 + the signal (130 SIGINT, 143 SIGTERM, 129 SIGHUP, 141 SIGPIPE).
 static int train_interrupted(TrainRun* r, int step, int sig) {
-    printf("%s at step %d: saved %s/checkpoint.safetensors; continue with ./lime train --resume "
-           "%s/checkpoint.safetensors\n",
-           sig == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)", step, r->s.out.c_str(), r->s.out.c_str());
+    const char* what = sig == SIGINT ? "interrupted (SIGINT)" : sig == SIGTERM ? "terminated (SIGTERM)"
+                       : sig == SIGHUP ? "hung up (SIGHUP)" : "output closed (SIGPIPE)";
+    fprintf(sig == SIGPIPE ? stderr : stdout, "%s at step %d: saved %s/checkpoint.safetensors; continue with ./lime "
+            "train --resume %s/checkpoint.safetensors\n", what, step, r->s.out.c_str(), r->s.out.c_str());
     r->log.line("{\"type\": \"interrupted\", \"step\": " + std::to_string(step) + ", \"signal\": " +
                 std::to_string(sig) + "}");
     return 128 + sig;
@@ -733,12 +835,13 @@ static int cmd_train(int argc, char** argv) {
     Resumed resumed = resume_flags(a);                 // the checkpoint's own flags, with the ones given now on top
     TrainRun run;
     train_from_flags(a, user_flags, &run);
+    refuse_reused_out(a, resumed, run);
     train_start_model(resumed, &run);
     train_saved_args(a, flags, &run);
     train_open_output(a.has("quiet"), &run);
     int status = train_loop(&run);
     if (status < 0) status = train_finish(&run);
-    fclose(run.log.f);
+    close(run.log.fd);
     model_free(&run.model);
     return status;
 }
@@ -760,6 +863,9 @@ static std::string load_checkpoint(const std::string& path, Device dev, const Mo
     Config c;
     std::string err = checkpoint_read_config(path, &c, &out->meta);
     if (!err.empty()) return err;
+    TrainMeta tm;  // the checksum required, every field checked before use
+    err = checkpoint_check_meta(path, c, out->meta, &tm);
+    if (!err.empty()) return err;
     err = model_create(&out->model, c, B, dev, settings);
     if (!err.empty()) return err;
     err = model_load(&out->model, path, false);
@@ -776,11 +882,24 @@ static std::string load_checkpoint(const std::string& path, Device dev, const Mo
     } else {
         out->task.kind = ts["task"];
         out->task.settings = ts;
+        const std::string& p = ts["modulus"];
+        if (ts["task"] == "arith" && (p.empty() || p.size() > 3 || p.find_first_not_of("0123456789") != std::string::npos ||
+                                      atoi(p.c_str()) < 2))
+            return path + ": its metadata \"task\" has no \"modulus\" in 2 .. 997: the file was altered or damaged; "
+                          "use an earlier checkpoint or train again";
         out->task.vocab = ts["task"] == "text"     ? text_vocab()
                           : ts["task"] == "prosqa" ? prosqa_vocab()
-                                                   : arith_vocab(atoi(ts["modulus"].c_str()));
+                                                   : arith_vocab(atoi(p.c_str()));
+        // ProsQA's vocabulary is its fixed words, then those of the test file it was built with: those from the file
+        Vocab& v = out->task.vocab;
+        size_t fixed = v.tokens.size();
+        if (ts["task"] == "prosqa" && tm.vocab.size() > fixed && std::equal(v.tokens.begin(), v.tokens.end(), tm.vocab.begin()))
+            for (size_t i = fixed; i < tm.vocab.size(); i++) {
+                v.ids.emplace(tm.vocab[i], (int)i);
+                v.tokens.push_back(tm.vocab[i]);
+            }
     }
-    return "";
+    return vocab_matches(path, tm.vocab, out->task.vocab);
 }
 
 // ===========================================================================

@@ -141,6 +141,38 @@ static std::string checksum_verify(const SafeTensors& st, const std::string& pat
            "): the file is corrupt; use an earlier checkpoint or train again";
 }
 
+// Fault injection for tests/test_faults.sh, compiled only into testing builds
+// (LIME_TESTING: ./lime-emu, build/lime-asan; never ./lime): a hostile file
+// with a valid checksum, as anyone can make one (the checksum guards against
+// damage, not against intent). LIME_TEST_SAVE_META="key=value;key=value"
+// replaces those metadata entries; LIME_TEST_SAVE_NAN=NAME writes a NaN as the
+// first value of tensor NAME. Unset, or in ./lime: nothing.
+static void test_spoil_save(StWriter* w, std::vector<float>* copy) {
+#ifdef LIME_TESTING
+    if (const char* spec = getenv("LIME_TEST_SAVE_META")) {
+        std::string all = spec;
+        for (size_t start = 0; start < all.size();) {
+            size_t end = all.find(';', start);
+            if (end == std::string::npos) end = all.size();
+            std::string kv = all.substr(start, end - start);
+            size_t eq = kv.find('=');
+            if (eq != std::string::npos) w->meta[kv.substr(0, eq)] = kv.substr(eq + 1);
+            start = end + 1;
+        }
+    }
+    if (const char* name = getenv("LIME_TEST_SAVE_NAN"))
+        for (StWriter::Entry& e : w->entries)
+            if (e.name == name && e.dtype == "F32" && e.bytes >= sizeof(float)) {
+                copy->assign((const float*)e.data, (const float*)e.data + e.bytes / sizeof(float));
+                (*copy)[0] = NAN;
+                e.data = copy->data();
+            }
+#else
+    (void)w;
+    (void)copy;
+#endif
+}
+
 std::string model_save(Model* model, const std::string& path, const std::map<std::string, std::string>& meta,
                        bool with_optim) {
     model_to_host(model);
@@ -158,6 +190,8 @@ std::string model_save(Model* model, const std::string& path, const std::map<std
         for (const TensorSpec& t : model->specs) add("optim.v." + t.name, t, model->adam_v);
         w.add("optim.step", "I32", {1}, &step, sizeof step);
     }
+    std::vector<float> nan_copy;  // LIME_TEST_SAVE_NAN's copy of the tensor it spoils
+    test_spoil_save(&w, &nan_copy);
     w.meta["checksum"] = writer_checksum(w);  // last: it covers the other metadata
     return st_write(path, w);
 }
@@ -188,23 +222,104 @@ std::string model_load(Model* model, const std::string& path, bool with_optim) {
     if (config_to_json(fc) != config_to_json(model->c))
         return path + ": holds a different model than expected (" + config_diff(fc, model->c) +
                ", in the file vs expected)";
+    // a NaN or an Inf would only turn every loss and logit into NaN: refused, named
+    auto finite = [&](const std::string& name, const float* x, size_t n) -> std::string {
+        for (size_t i = 0; i < n; i++)
+            if (!std::isfinite(x[i]))
+                return path + ": " + name + " holds a NaN or an Inf: the model is unusable; use an earlier "
+                       "checkpoint or train again";
+        return "";
+    };
     for (const TensorSpec& t : model->specs) {
         std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
         err = st_get_f32(st, t.name, shape, model->params + t.offset);
+        if (err.empty()) err = finite(t.name, model->params + t.offset, t.numel);
         if (!err.empty()) return err;
         if (with_optim) {
             err = st_get_f32(st, "optim.m." + t.name, shape, model->adam_m + t.offset);
             if (err.empty()) err = st_get_f32(st, "optim.v." + t.name, shape, model->adam_v + t.offset);
             if (!err.empty()) return err + " (resuming needs a checkpoint saved during training)";
+            err = finite("optim.m." + t.name, model->adam_m + t.offset, t.numel);
+            if (err.empty()) err = finite("optim.v." + t.name, model->adam_v + t.offset, t.numel);
+            if (!err.empty()) return err;
         }
     }
     if (with_optim) {
         int32_t step = 0;
         err = st_get_i32(st, "optim.step", {1}, &step);
         if (!err.empty()) return err;
+        if (step < 0 || step > MAX_STEPS)
+            return path + ": optim.step " + std::to_string(step) + " is not a step count in 0 .. " +
+                   std::to_string(MAX_STEPS) + ": the file was altered; use an earlier checkpoint or train again";
         model->step = step;
     }
     model_to_device(model);
     return "";
 }
 
+
+// --- the metadata train writes -------------------------------------------------
+
+// A non-negative integer written as plain digits, at most hi; else false.
+static bool meta_count(const std::string& s, long long hi, long long* out) {
+    if (s.empty() || s.size() > 18 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+    long long v = std::stoll(s);
+    if (v > hi) return false;
+    *out = v;
+    return true;
+}
+
+// A JSON object of strings ("task", "args"), as settings_to_json writes it.
+static bool meta_settings(const std::string& text, std::map<std::string, std::string>* out) {
+    Json j;
+    if (!json_parse(text, &j).empty() || j.kind != Json::OBJ) return false;
+    for (const auto& kv : j.obj) {
+        if (kv.second.kind != Json::STR) return false;
+        (*out)[kv.first] = kv.second.str;
+    }
+    return true;
+}
+
+std::string checkpoint_check_meta(const std::string& path, const Config& c,
+                                  const std::map<std::string, std::string>& meta, TrainMeta* out) {
+    const std::string altered = ": the file was altered or damaged; use an earlier checkpoint or train again";
+    if (!meta.count("checksum"))
+        return path + ": no \"checksum\" in the metadata, which ./lime train writes into every checkpoint: the file "
+                      "was not written by it or was altered; use a model.safetensors or checkpoint.safetensors that "
+                      "./lime train wrote (reference vectors are for ./lime verify)";
+    for (const char* key : {"train_step", "data_epoch", "data_pos", "task", "vocab", "args"})
+        if (!meta.count(key))
+            return path + ": no \"" + key + "\" in the metadata, which ./lime train writes into every checkpoint" +
+                   altered;
+    TrainMeta m;
+    if (!meta_settings(meta.at("args"), &m.args)) return path + ": metadata \"args\" is not a JSON object of strings" + altered;
+    long long v = 0;
+    if (!m.args.count("steps") || !meta_count(m.args["steps"], MAX_STEPS, &v) || v < 1)
+        return path + ": metadata \"args\" has no \"steps\" in 1 .. " + std::to_string(MAX_STEPS) + altered;
+    m.steps = (int)v;
+    if (!meta_count(meta.at("train_step"), m.steps, &v))
+        return path + ": metadata \"train_step\" is not an integer in 0 .. " + std::to_string(m.steps) +
+               " (the run's steps)" + altered;
+    m.train_step = (int)v;
+    if (!meta_count(meta.at("data_epoch"), MAX_STEPS, &v))
+        return path + ": metadata \"data_epoch\" is not an integer in 0 .. " + std::to_string(MAX_STEPS) + altered;
+    m.data_epoch = (int)v;
+    if (!meta_count(meta.at("data_pos"), (long long)1 << 40, &m.data_pos))
+        return path + ": metadata \"data_pos\" is not a non-negative integer" + altered;
+    if (!meta_settings(meta.at("task"), &m.task)) return path + ": metadata \"task\" is not a JSON object of strings" + altered;
+    const std::string kind = m.task.count("task") ? m.task["task"] : "";
+    if (kind != "arith" && kind != "prosqa" && kind != "text")
+        return path + ": metadata \"task\" names no task arith, prosqa or text" + altered;
+    Json vocab;
+    if (!json_parse(meta.at("vocab"), &vocab).empty() || vocab.kind != Json::ARR)
+        return path + ": metadata \"vocab\" is not a JSON list" + altered;
+    for (const Json& t : vocab.arr) {
+        if (t.kind != Json::STR) return path + ": metadata \"vocab\" holds a token that is not a string" + altered;
+        m.vocab.push_back(t.str);
+    }
+    if ((int)m.vocab.size() != c.V)
+        return path + ": metadata \"vocab\" has " + std::to_string(m.vocab.size()) + " tokens but the model's " +
+               "vocab_size is " + std::to_string(c.V) + altered;
+    if (out) *out = m;
+    return "";
+}

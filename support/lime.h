@@ -173,7 +173,28 @@ std::string checkpoint_read_config(const std::string& path, Config* c, std::map<
 // Loads weights (and optimiser state when with_optim) into a model created with the file's config.
 std::string model_load(Model* model, const std::string& path, bool with_optim);
 // Checkpoints carry "checksum" (fnv1a64 of the tensors and metadata) in their
-// metadata; loading refuses a file whose contents do not match it.
+// metadata; loading refuses a file whose contents do not match it, and
+// weights or optimiser state holding a NaN or an Inf (naming the tensor).
+
+// The most steps one run may take (--steps, or --epochs x steps per epoch):
+// 2^30, so that step counts, and the optimiser's I32 step, never overflow.
+const long long MAX_STEPS = 1LL << 30;
+// The metadata ./lime train writes besides "config" (docs/checkpoint.md),
+// parsed and checked before anything uses it.
+struct TrainMeta {
+    int train_step = 0, steps = 0, data_epoch = 0;  // steps: the run's length, from "args"
+    long long data_pos = 0;
+    std::map<std::string, std::string> task, args;  // the settings objects "task" and "args"
+    std::vector<std::string> vocab;                 // the token strings in id order
+};
+// For files this program reads as its own (train --resume, eval, sample,
+// analyze; not verify's reference vectors): "checksum" is required, and
+// every field is present and well formed: train_step an integer in
+// 0 .. the run's steps, data_epoch and data_pos non-negative integers,
+// "task" an object naming arith, prosqa or text, "vocab" a list of V strings.
+// "" or one line naming PATH, the field and the fix.
+std::string checkpoint_check_meta(const std::string& path, const Config& c,
+                                  const std::map<std::string, std::string>& meta, TrainMeta* out);
 
 // Training guards: the name of the first tensor whose gradient (or, with
 // params, whose weights) hold a NaN or an Inf, "" if none. Reads host memory:

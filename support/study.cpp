@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -84,6 +85,9 @@ static pid_t start_run(const std::string& self, Run* r, const std::vector<std::s
     all.insert(all.end(), args.begin(), args.end());
     pid_t pid = fork();
     if (pid == 0) {
+        // a process group of its own: a Ctrl-C at the terminal reaches compare
+        // alone, which forwards it once (twice would end the run unsaved)
+        setpgid(0, 0);
         std::string out = r->dir + "/train.out";
         FILE* f = freopen(out.c_str(), "w", stdout);
         if (f) dup2(fileno(stdout), 2);
@@ -436,9 +440,10 @@ static std::vector<std::string> train_args_of(const CompareSettings& cs, const R
     std::vector<std::string> args = split(std::string(cs.preset->train_args) + " " + cs.train_args, ' ');
     Config model;
     model_parse(r.arch, &model);
+    // --force: the run directories are compare's own, made afresh by each compare into its --out
     std::vector<std::string> own = {"--arch", arch_name(model.arch), "--ops", r.tier, "--seed", std::to_string(r.seed),
                                     "--out", r.dir, "--threads", std::to_string(cs.threads),
-                                    "--device", cs.gpu ? "gpu" : "cpu", "--quiet"};
+                                    "--device", cs.gpu ? "gpu" : "cpu", "--quiet", "--force"};
     if (model.arch == ARCH_LIME && model.router != ROUTER_STATIC)
         own.insert(own.end(), {"--router", router_name(model)});
     if (model.router_kv_separate) own.insert(own.end(), {"--router-kv", "separate"});
@@ -459,14 +464,55 @@ static void finish_run(Run* r, int status, const struct rusage& ru, double start
     fflush(stdout);
 }
 
+// SIGINT, SIGTERM and SIGHUP to compare only set this flag: run_all
+// forwards the signal to every running run (each saves a checkpoint and
+// stops, as train does), waits for them all, and exits 128 + the signal.
+static volatile sig_atomic_t g_compare_signal = 0;
+static void on_compare_signal(int sig) { g_compare_signal = sig; }
+
+// The next run to end (its pid), 0 when a signal came first, -1 when none is left.
+static pid_t wait_run(int* status, struct rusage* ru) {
+    for (;;) {
+        pid_t pid = wait4(-1, status, WNOHANG, ru);
+        if (pid != 0 || g_compare_signal) return pid;
+        usleep(20 * 1000);
+    }
+}
+
+// A signal came: it goes to every running run, then compare waits for them
+// (forwarding a second signal too: the runs then end at once) and exits.
+static void stop_runs(std::vector<Run>* runs, int sig) {
+    int stopped = 0;
+    for (const Run& r : *runs) stopped += r.pid > 0 && r.status == -1;
+    for (int forward = sig;; forward = g_compare_signal) {
+        for (const Run& r : *runs) if (r.pid > 0 && r.status == -1) kill(r.pid, forward);
+        g_compare_signal = 0;
+        int status;
+        struct rusage ru;
+        pid_t pid;
+        while ((pid = wait_run(&status, &ru)) > 0)
+            for (Run& r : *runs) if (r.pid == pid) r.status = status;
+        if (pid < 0) break;
+    }
+    const char* what = sig == SIGINT ? "interrupted (SIGINT)" : sig == SIGTERM ? "terminated (SIGTERM)" : "hung up (SIGHUP)";
+    printf("compare %s: passed it to %d running run%s, each saving a checkpoint in its directory (./lime train "
+           "--resume DIR/checkpoint.safetensors goes on); no report written\n", what, stopped, stopped == 1 ? "" : "s");
+    fflush(stdout);
+    exit(128 + sig);
+}
+
 // Runs every run, --jobs at a time, each as a child process; returns when all have ended.
 static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
     size_t next = 0, done = 0;
     int running = 0;
     std::vector<double> started(runs->size());
     std::string err;
+    struct sigaction sa = {};
+    sa.sa_handler = on_compare_signal;
+    sa.sa_flags = SA_RESTART;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
     while (done < runs->size()) {
-        while (running < cs.jobs && next < runs->size()) {
+        while (!g_compare_signal && running < cs.jobs && next < runs->size()) {
             Run& r = (*runs)[next];
             if (!make_dir(r.dir, &err)) die("compare", err);
             r.pid = start_run(cs.self, &r, train_args_of(cs, r));
@@ -476,7 +522,8 @@ static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
         }
         int status;
         struct rusage ru;
-        pid_t pid = wait4(-1, &status, 0, &ru);
+        pid_t pid = wait_run(&status, &ru);
+        if (pid == 0) stop_runs(runs, g_compare_signal);
         if (pid < 0) break;
         for (size_t i = 0; i < runs->size(); i++) {
             if ((*runs)[i].pid != pid) continue;

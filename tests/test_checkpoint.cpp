@@ -1,7 +1,9 @@
 // tests/test_checkpoint.cpp — checkpoints that survive: model_save's
 // checksum, its check on load (a flipped bit in the data or the metadata is
-// refused; a file without a checksum still loads), and the training guards'
-// model_first_nonfinite. The public API only (lime.h, safetensors.h).
+// refused; a file without a checksum still loads, for verify), NaN or Inf
+// weights refused at load, train's metadata checked field by field
+// (checkpoint_check_meta, the checksum required there), and the training
+// guards' model_first_nonfinite. The public API only (lime.h, safetensors.h).
 #include <unistd.h>
 
 #include <cmath>
@@ -169,4 +171,70 @@ TEST(first_nonfinite_names_the_tensor) {
           clean_params.c_str());
     CHECK(grads == name, "a NaN gradient in %s reported as '%s'", name.c_str(), grads.c_str());
     CHECK(params == name, "an -Inf weight in %s reported as '%s'", name.c_str(), params.c_str());
+}
+
+// A weight or an optimiser moment that is NaN or Inf is refused at load,
+// the tensor named (eval would otherwise print "test loss nan").
+TEST(nonfinite_weights_refused_at_load) {
+    Saved s;
+    CHECK(s.err.empty(), "save: %s", s.err.c_str());
+    const TensorSpec& t = s.model.specs[2];
+    s.model.params[t.offset + 1] = NAN;
+    TmpFile bad;
+    std::string err = model_save(&s.model, bad.path, {}, true);
+    CHECK(err.empty(), "save: %s", err.c_str());
+    Model m2;
+    CHECK(model_create(&m2, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
+    err = model_load(&m2, bad.path, false);
+    CHECK(contains(err, t.name) && contains(err, "NaN or an Inf"), "a NaN in %s: model_load says '%s'", t.name.c_str(),
+          err.c_str());
+    s.model.params[t.offset + 1] = 0.5f;
+    s.model.adam_v[t.offset] = INFINITY;
+    CHECK(model_save(&s.model, bad.path, {}, true).empty(), "save");
+    err = model_load(&m2, bad.path, true);
+    model_free(&m2);
+    CHECK(contains(err, "optim.v." + t.name), "an Inf in the optimiser state: model_load says '%s'", err.c_str());
+}
+
+// checkpoint_check_meta: train's metadata, every field checked, the checksum
+// required; a good set passes and is parsed.
+TEST(checkpoint_meta_checked) {
+    Config c = tiny_config();
+    std::string vocab = "[";
+    for (int i = 0; i < c.V; i++) vocab += std::string(i ? ", " : "") + "\"t" + std::to_string(i) + "\"";
+    vocab += "]";
+    std::map<std::string, std::string> good = {
+        {"checksum", "fnv1a64:0000000000000000"}, {"train_step", "30"}, {"data_epoch", "2"}, {"data_pos", "7"},
+        {"task", "{\"task\": \"arith\", \"ops\": \"2\"}"}, {"vocab", vocab}, {"args", "{\"steps\": \"40\"}"}};
+    TrainMeta m;
+    std::string err = checkpoint_check_meta("f", c, good, &m);
+    CHECK(err.empty(), "good metadata refused: %s", err.c_str());
+    CHECK(m.train_step == 30 && m.steps == 40 && m.data_epoch == 2 && m.data_pos == 7 && m.task["ops"] == "2" &&
+              (int)m.vocab.size() == c.V && m.vocab[3] == "t3", "good metadata parsed wrong");
+    struct Case { const char* key; const char* value; const char* word; } cases[] = {
+        {"checksum", nullptr, "no \"checksum\""},
+        {"train_step", "2000000000", "train_step"},   // past the run's 40 steps
+        {"train_step", "41", "train_step"},
+        {"train_step", "-1", "train_step"},
+        {"train_step", "3.5", "train_step"},
+        {"train_step", " 3", "train_step"},
+        {"data_epoch", "-2", "data_epoch"},
+        {"data_pos", "99999999999999999999", "data_pos"},
+        {"data_pos", nullptr, "no \"data_pos\""},
+        {"args", "{\"steps\": \"0\"}", "steps"},
+        {"args", "[]", "args"},
+        {"task", "{\"task\": \"poetry\"}", "task"},
+        {"task", "{\"task\": 3}", "task"},
+        {"vocab", "[\"a\", \"b\"]", "vocab"},           // 2 tokens, V = 11
+        {"vocab", "[1, 2]", "vocab"},
+        {"vocab", "{}", "vocab"},
+    };
+    for (const Case& k : cases) {
+        std::map<std::string, std::string> meta = good;
+        if (k.value) meta[k.key] = k.value;
+        else meta.erase(k.key);
+        err = checkpoint_check_meta("f", c, meta, &m);
+        CHECK(contains(err, k.word) && err.find('\n') == std::string::npos, "%s = %s: '%s'", k.key,
+              k.value ? k.value : "(none)", err.c_str());
+    }
 }

@@ -75,14 +75,15 @@ else
     fail resume_after_kills_finishes "$out"
 fi
 
-# --- SIGINT and SIGTERM: finish the step, save, say how to resume, exit 128 + signal.
-for sig in INT TERM; do
+# --- SIGINT, SIGTERM and SIGHUP (a dropped ssh session): finish the step, save,
+# say how to resume, exit 128 + signal.
+for sig in INT TERM HUP; do
     dir=$tmp/sig$sig
     $LIME train $TINY $LONG --save-every 1000000 --out "$dir" >"$tmp/sig.out" 2>&1 &
     pid=$!
     wait_for "$dir/log.jsonl"; sleep 0.3
     kill -$sig $pid; wait $pid; status=$?
-    want=$([ $sig = INT ] && echo 130 || echo 143)
+    want=$((128 + $(kill -l $sig)))
     if [ $status -eq "$want" ] && grep -q -- "--resume $dir/checkpoint.safetensors" "$tmp/sig.out" && loads "$dir/checkpoint.safetensors" &&
        $LIME train --resume "$dir/checkpoint.safetensors" --stop-after 2 >/dev/null 2>&1; then
         pass "sig${sig,,}_saves_and_resumes (exit $status at step $(saved_step "$dir/checkpoint.safetensors"))"
@@ -90,6 +91,98 @@ for sig in INT TERM; do
         fail "sig${sig,,}_saves_and_resumes" "exit $status (want $want): $(tail -2 "$tmp/sig.out")"
     fi
 done
+
+# --- SIGPIPE: ./lime train | head -2 ends with a checkpoint saved (exit 141), the
+# line on how to resume on stderr (stdout is gone).
+dir=$tmp/sigpipe
+$LIME train ${TINY/--quiet/} $LONG --save-every 1000000 --out "$dir" 2>"$tmp/pipe.err" | head -2 >/dev/null
+status=${PIPESTATUS[0]}
+if [ "$status" -eq 141 ] && grep -q -- "--resume $dir/checkpoint.safetensors" "$tmp/pipe.err" && loads "$dir/checkpoint.safetensors"; then
+    pass "sigpipe_saves (at step $(saved_step "$dir/checkpoint.safetensors"))"
+else
+    fail sigpipe_saves "exit $status (want 141): $(tail -2 "$tmp/pipe.err")"
+fi
+
+# --- compare passes SIGTERM to its runs and waits for them: each saves a
+# checkpoint; compare exits 143 and no run is left behind. Run again into the
+# same --out, it starts its runs afresh (its own directories: --force).
+dir=$tmp/cmp
+$LIME compare --preset tiny --seeds 1 --jobs 2 --train-args "$LONG --save-every 1000000" --out "$dir" >"$tmp/cmp.out" 2>&1 &
+pid=$!
+wait_for "$dir/tier2/llama-seed1/log.jsonl"; wait_for "$dir/tier2/lime-seed1/log.jsonl"; sleep 0.5
+kill -TERM $pid; wait $pid; status=$?
+left=$(pgrep -f -- "$dir/tier2" | wc -l)
+bad=""
+for run in llama lime; do
+    grep -q "terminated (SIGTERM)" "$dir/tier2/$run-seed1/train.out" && loads "$dir/tier2/$run-seed1/checkpoint.safetensors" || bad="$bad $run"
+done
+if [ $status -eq 143 ] && [ "$left" -eq 0 ] && [ -z "$bad" ] && grep -q "terminated (SIGTERM)" "$tmp/cmp.out"; then
+    pass compare_forwards_sigterm
+else
+    fail compare_forwards_sigterm "exit $status (want 143), $left runs left, not saved:$bad: $(tail -2 "$tmp/cmp.out")"
+fi
+if $LIME compare --preset tiny --seeds 1 --out "$dir" >"$tmp/cmp2.out" 2>&1 && [ -s "$dir/report.md" ]; then
+    pass compare_reruns_into_its_out
+else
+    fail compare_reruns_into_its_out "$(tail -2 "$tmp/cmp2.out")"
+fi
+
+# --- a fresh run into a directory that holds a run is refused, the run left
+# as it was; --force starts afresh there.
+dir=$tmp/reuse
+$LIME train $TINY --steps 2 --out "$dir" >/dev/null 2>&1
+sum=$(cat "$dir/checkpoint.safetensors" "$dir/model.safetensors" "$dir/log.jsonl" | md5sum)
+out=$($LIME train $TINY --steps 3 --out "$dir" 2>&1); status=$?
+if [ $status -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q -- "--resume $dir/checkpoint.safetensors" &&
+   [ "$(cat "$dir/checkpoint.safetensors" "$dir/model.safetensors" "$dir/log.jsonl" | md5sum)" = "$sum" ] &&
+   $LIME train $TINY --steps 3 --out "$dir" --force >/dev/null 2>&1 && [ "$(saved_step "$dir/model.safetensors")" = 3 ]; then
+    pass fresh_run_refuses_used_out
+else
+    fail fresh_run_refuses_used_out "exit $status: $out"
+fi
+
+# --- log.jsonl on a full disk (/dev/full): one line naming the file and the
+# error, exit 2, the checkpoint kept as it was.
+dir=$tmp/full
+$LIME train $TINY --steps 4 --stop-after 2 --out "$dir" >/dev/null 2>&1
+rm -f "$dir/log.jsonl"; ln -s /dev/full "$dir/log.jsonl"
+out=$($LIME train --resume "$dir/checkpoint.safetensors" 2>&1 >/dev/null); status=$?
+if [ $status -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "log.jsonl: No space left" &&
+   echo "$out" | grep -q "step 2) is kept" && [ "$(saved_step "$dir/checkpoint.safetensors")" = 2 ] && loads "$dir/checkpoint.safetensors"; then
+    pass log_write_failure_stops
+else
+    fail log_write_failure_stops "exit $status: $out"
+fi
+
+# --- hostile checkpoints: lies under a valid checksum (anyone can compute
+# one), made by the test hooks LIME_TEST_SAVE_META and LIME_TEST_SAVE_NAN
+# (support/checkpoint.cpp). Each is refused with one line, exit 2.
+spoiled() {  # spoiled DIR VAR=VALUE: a tiny run whose files carry that lie
+    env "$2" $LIME train $TINY --steps 3 --out "$1" >/dev/null 2>&1
+}
+refused_by() {  # refused_by WORD COMMAND...: exit 2, one line, WORD in it; else says what happened
+    local word=$1 out status; shift
+    out=$("$@" 2>&1); status=$?
+    if [ $status -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q -- "$word" && ! echo "$out" | grep -qi "loss nan"; then
+        return 0
+    fi
+    echo " [$word: exit $status: $(echo "$out" | tail -2)]"
+}
+bad=""
+spoiled "$tmp/h_step" "LIME_TEST_SAVE_META=train_step=2000000000"
+bad+=$(refused_by train_step $LIME train --resume "$tmp/h_step/checkpoint.safetensors")
+bad+=$(refused_by train_step $LIME eval --load "$tmp/h_step/model.safetensors" --n 1)
+spoiled "$tmp/h_pos" "LIME_TEST_SAVE_META=data_pos=99999;data_epoch=1"
+bad+=$(refused_by data_pos $LIME train --resume "$tmp/h_pos/checkpoint.safetensors")
+spoiled "$tmp/h_epoch" "LIME_TEST_SAVE_META=data_epoch=-1"
+bad+=$(refused_by data_epoch $LIME train --resume "$tmp/h_epoch/checkpoint.safetensors")
+spoiled "$tmp/h_text" 'LIME_TEST_SAVE_META=task={"task": "text", "text-file": "README.md", "val-frac": "0.1", "seq-len": "8"}'
+bad+=$(refused_by vocab $LIME sample --load "$tmp/h_text/model.safetensors" --prompt "1 =")
+bad+=$(refused_by tokens $LIME eval --load "$tmp/h_text/model.safetensors" --n 1)
+spoiled "$tmp/h_nan" "LIME_TEST_SAVE_NAN=model.norm.weight"
+bad+=$(refused_by "model.norm.weight holds a NaN" $LIME eval --load "$tmp/h_nan/model.safetensors" --n 1)
+bad+=$(refused_by "model.norm.weight holds a NaN" $LIME train --resume "$tmp/h_nan/checkpoint.safetensors")
+if [ -z "$bad" ]; then pass hostile_checkpoints_refused; else fail hostile_checkpoints_refused "$bad"; fi
 
 # --- a NaN at step 7: stop there, name the step and the first bad tensor,
 # keep the step-6 checkpoint, write no model.

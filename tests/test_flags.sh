@@ -12,6 +12,7 @@ LIME=$(realpath "$LIME")  # the rows run from their own empty directories
 head -c 3000 README.md > "$tmp/short.txt"
 TINY="--layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 16 --threads 1 --quiet"
 $LIME train $TINY --steps 2 --out "$tmp/run" >/dev/null 2>&1
+$LIME train $TINY --steps 2 --seed 2 --out "$tmp/run2" >/dev/null 2>&1   # another run, for train_resume_into_other_run
 M=$tmp/run/model.safetensors
 C=$tmp/run/checkpoint.safetensors
 [ -f "$M" ] && [ -f "$C" ] || { echo "FAIL flags_setup: could not train the tiny model"; echo "0 passed, 1 failed"; exit 1; }
@@ -65,6 +66,8 @@ bad train_router_kv_bogus     "shared|separate"    train $A --router-kv both
 # --- train: flags that do not go together
 bad train_warmup_past_steps   "warmup"             train $A --steps 10 --warmup 100
 bad train_steps_and_epochs    "one of them"        train $A --steps 10 --epochs 2
+bad train_epochs_overflow     "more than a run may take" train --train-size 65536 --batch 1 --epochs 65536
+bad train_out_holds_run       "resume it with"     train $A --out "$tmp/run"
 bad train_seq_len_on_arith    "is for --task text" train $A --seq-len 64
 bad train_ops_on_text         "is for --task arith" train $T --ops 3
 bad train_val_frac_zero       "val-frac 0"         train $T --val-frac 0
@@ -75,6 +78,8 @@ bad train_resume_missing      "no such file"       train --resume "$tmp/nope.saf
 bad train_resume_final_model  "resuming needs"     train --resume "$M" --out "$tmp/cwd/x"
 bad train_resume_other_shape  "different model"    train --resume "$C" --dim 32 --out "$tmp/cwd/x"
 bad train_resume_other_task   "keeps its task"     train --resume "$C" --ops 3 --out "$tmp/cwd/x"
+bad train_resume_steps_below  "below step 2"       train --resume "$C" --steps 1 --out "$tmp/cwd/x"
+bad train_resume_into_other_run "another checkpoint" train --resume "$C" --out "$tmp/run2"
 # --- sample
 bad sample_no_prompt          "needs --prompt"     sample --load "$M"
 bad sample_empty_prompt       "empty"              sample --load "$M" --prompt ""
@@ -86,7 +91,9 @@ bad sample_max_new_zero       "out of range"       sample --load "$M" --prompt "
 bad eval_no_load              "needs --load"       eval
 bad eval_n_negative           "out of range"       eval --load "$M" --n -1
 bad eval_batch_zero           "out of range"       eval --load "$M" --batch 0
-bad eval_reference_file       "task settings"      eval --load "$PWD/tests/golden/lime_tiny.safetensors"
+bad eval_reference_file       "no \"checksum\""    eval --load "$PWD/tests/golden/lime_tiny.safetensors"
+bad sample_reference_file     "no \"checksum\""    sample --load "$PWD/tests/golden/lime_tiny.safetensors" --prompt "1 ="
+bad train_resume_reference    "no \"checksum\""    train --resume "$PWD/tests/golden/lime_tiny.safetensors" --out "$tmp/cwd/x"
 # --- data
 bad data_n_negative           "out of range"       data $A --n -1
 bad data_split                "train|test"         data $A --split valid
