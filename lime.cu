@@ -267,10 +267,21 @@ struct Acts {
     float* rope_sin; // (T, hd/2)
 };
 
+// The fast CPU products' scratch, in floats: the most that one of the model's
+// products (C inputs, OC outputs, over BT rows) needs, forward C * round_up(OC, 32)
+// and backward max(BT, OC) * round_up(C, 32) (support/cpu_fast.h). For the
+// logits that is d x V, not V x V.
+static size_t fast_scratch_floats(const Config& c, size_t BT) {
+    size_t d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd, F = c.F, V = c.V, most = 0;
+    const std::pair<size_t, size_t> products[] = {{d, qd}, {d, kvd}, {qd, d}, {d, F}, {F, d}, {d, V}};
+    for (auto [C, OC] : products)
+        most = std::max({most, matmul_fast_scratch_floats(C, OC), matmul_fast_scratch_floats(std::max(BT, OC), C)});
+    return most;
+}
+
 // Carves (or, with base == nullptr, only measures) the activations; only the scratch differs between devices.
 static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device dev = DEVICE_CPU, bool flash = false) {
     size_t BT = (size_t)B * c.T, L = c.L, d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd;
-    size_t cols = std::max({(size_t)c.V, (size_t)c.F, d, qd}), rows = std::max({BT, cols});
     size_t off = 0;
     auto take = [&](float** p, size_t n) { if (base) *p = base + off; off += (n + 15) & ~(size_t)15; };
     auto take_int = [&](int** p, size_t n) { if (base) *p = (int*)(base + off); off += (n + 15) & ~(size_t)15; };
@@ -317,7 +328,7 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->vt, gpu * BT * kvd);
     take(&A->dkt, gpu * BT * kvd);
     take(&A->dvt, gpu * BT * kvd);
-    take(&A->scratch, dev == DEVICE_GPU ? 3 * BT * qd : FAST_CPU ? matmul_fast_scratch_floats(rows, cols) : 0);
+    take(&A->scratch, dev == DEVICE_GPU ? 3 * BT * qd : FAST_CPU ? fast_scratch_floats(c, BT) : 0);
     take(&A->rope_cos, (size_t)c.T * c.hd / 2);
     take(&A->rope_sin, (size_t)c.T * c.hd / 2);
     return off;
@@ -1734,10 +1745,66 @@ static void gpu_stage(Model* model, const int* tokens, const int* targets, const
 static void gpu_read_metrics(Model* model);
 #endif
 
+// The memory a model of shape c at batch B needs, in bytes: its parameters,
+// gradients and AdamW moments (4 floats each), then on the host the CPU's
+// activations and products' scratch or the GPU's host copy of the logits, on
+// the device its activations (acts_carve). In double: a batch can be too big
+// for size_t (acts_carve(B) <= B * acts_carve(1), so that is asked first).
+static double memory_needed(const Config& c, int B, Device dev, bool on_device, bool flash = false) {
+    Acts probe;
+    double state = 16.0 * param_count(c), acts;
+    if (dev == DEVICE_GPU && !on_device) acts = (double)B * c.T * c.V;
+    else if ((acts = (double)B * acts_carve(&probe, c, 1, nullptr, dev, flash)) < 1e18)
+        acts = (double)acts_carve(&probe, c, B, nullptr, dev, flash);
+    return state + 4 * acts;
+}
+
+// The fix for a model that needs need(c, B) bytes, more than there is: the
+// command's size flags (SizeFlags) whose halving saves the most: those that
+// save at least half as much as the best of all sizes does; where none does, a
+// machine with more memory.
+template <class Need> static std::string memory_fix(const Config& c, int B, const SizeFlags& f, Need need) {
+    const std::string* flags[] = {&f.layers, &f.dim, &f.ffn, &f.vocab, &f.batch, &f.seq_len};
+    double all = need(c, B), best = 0;
+    std::vector<std::pair<double, std::string>> named;  // (bytes halving it saves, flag)
+    for (int k = 0; k < 6; k++) {
+        Config h = c;
+        int hb = B, *size[] = {&h.L, &h.d, &h.F, &h.V, &hb, &h.T};
+        if (*size[k] < 2) continue;
+        *size[k] /= 2;
+        h.hd = std::max(1, h.d / h.H);
+        double saved = all - need(h, hb);
+        best = std::max(best, saved);
+        if (!flags[k]->empty()) named.push_back({saved, *flags[k]});
+    }
+    std::stable_sort(named.begin(), named.end(), [](const auto& x, const auto& y) { return x.first > y.first; });
+    std::vector<std::string> fix;
+    for (auto& [saved, flag] : named)
+        if (best > 0 && saved >= best / 2) fix.push_back(flag);
+    if (fix.empty()) return "it needs a machine with more memory";
+    std::string s = "lower " + fix[0];
+    for (size_t i = 1; i < fix.size(); i++) s += (i + 1 == fix.size() ? " or " : ", ") + fix[i];
+    return s;
+}
+
 std::string model_create(Model* model, const Config& c, int B, Device dev, const ModelSettings& settings) {
     std::string err = config_check(c);
     if (!err.empty()) return err;
     if (B < 1) return "--batch must be at least 1";
+    // Everything the host will hold, asked before any of it is allocated: calloc would
+    // promise more than there is (pages are given when touched), and the run would
+    // then be killed part way through its first step.
+    auto host_need = [&](const Config& h, int hb) { return memory_needed(h, hb, dev, false); };
+    double need = host_need(c, B), state = 16.0 * param_count(c);
+    if (settings.host_bytes && need > settings.host_bytes) {
+        char buf[300];
+        snprintf(buf, sizeof buf,
+                 "out of memory: needs %.1f GB of host memory (%.1f GB for the parameters, gradients and AdamW "
+                 "state, %.1f GB for the %s), %.1f GB is available; ",
+                 need / 1e9, state / 1e9, (need - state) / 1e9,
+                 dev == DEVICE_GPU ? "host copy of the logits" : "activations and scratch", settings.host_bytes / 1e9);
+        return buf + memory_fix(c, B, settings.flags, host_need);
+    }
     model->c = c;
     model->B = B;
     model->device = dev;
@@ -1768,18 +1835,11 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
         return NO_GPU_BUILD;
 #endif
     }
-    // calloc would promise more than the host has (pages are given when touched), and
-    // the run would then be killed part way through its first step: ask first.
-    size_t na = acts_carve(model->acts, c, B, nullptr), available = settings.host_bytes;
-    float* mem = available && na * sizeof(float) > available ? nullptr : (float*)calloc(na, sizeof(float));
-    if (!mem) {
-        char buf[200], free_part[64] = "";
-        if (available) snprintf(free_part, sizeof free_part, ", %.1f GB is available", available / 1e9);
-        snprintf(buf, sizeof buf,
-                 "out of memory: activations need %.1f GB at batch %d x %d positions%s; lower --batch or --seq-len",
-                 na * 4.0 / 1e9, B, c.T, free_part);
-        return buf;
-    }
+    size_t na = acts_carve(model->acts, c, B, nullptr);
+    float* mem = (float*)calloc(na, sizeof(float));
+    if (!mem)
+        return "out of memory allocating " + std::to_string(na * 4 / 1000000) + " MB for the activations; " +
+               memory_fix(c, B, settings.flags, host_need);
     acts_carve(model->acts, c, B, mem);
     model->acts->mem = mem;
     rope_tables(model->acts->rope_cos, model->acts->rope_sin, c.T, c.hd, c.rope_theta);

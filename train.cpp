@@ -675,7 +675,7 @@ static void training_failed(TrainRun* r, const std::string& what, int step, int 
                       "; lower --lr, or pass --skip-bad-steps to skip such steps";
     r->log.write("{\"type\": \"error\", \"step\": " + std::to_string(step) + ", \"message\": " + json_quote(msg) + "}");
     fflush(stdout);
-    fprintf(stderr, "lime train: error: %s\n", msg.c_str());
+    fprintf(stderr, "lime train: error: %s\n", one_line(msg).c_str());
     exit(1);
 }
 
@@ -1016,6 +1016,10 @@ static int cmd_sample(int argc, char** argv) {
     err = prosqa ? prosqa_tokenize(vocab, a.str("prompt"), &seqs[0]) : vocab.encode(a.str("prompt"), &seqs[0]);
     if (!err.empty()) die("sample", "--prompt: " + err);
     if (seqs[0].empty()) die("sample", "--prompt is empty");
+    for (int id : seqs[0])  // <eos> would end the continuation before it starts, <pad> is no text
+        if (!vocab.bytes && (id == vocab.eos || id == vocab.pad))
+            die("sample", "--prompt holds " + vocab.tokens[id] + ", a special token (the end of a sequence or "
+                          "padding), not text; give the prompt without it");
     if ((int)seqs[0].size() > ld.model.c.T)
         die("sample", "--prompt has " + std::to_string(seqs[0].size()) + " tokens; the model reads at most " +
                           std::to_string(ld.model.c.T));
@@ -1541,8 +1545,9 @@ static int cmd_analyze(int argc, char** argv) {
 
 // ===========================================================================
 
-static void usage() {
-    printf("usage: ./lime COMMAND [flags]   (./lime COMMAND --help for its flags)\n\n"
+// On stdout when asked for (--help), on stderr with exit status 2 when no command is given.
+static void usage(FILE* f) {
+    fprintf(f, "usage: ./lime COMMAND [flags]   (./lime COMMAND --help for its flags)\n\n"
            "  train    train one model (llama or lime) on a task\n"
            "  eval     score checkpoints on their task (side by side with several --load)\n"
            "  sample   continue a prompt with a trained model\n"
@@ -1555,7 +1560,7 @@ static void usage() {
 
 int main(int argc, char** argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
-        usage();
+        usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
     std::string cmd = argv[1];
@@ -1570,6 +1575,6 @@ int main(int argc, char** argv) {
     if (cmd == "compare") return cmd_compare(n, rest);
     if (cmd == "analyze") return cmd_analyze(n, rest);
     fprintf(stderr, "lime: unknown command '%s'; commands: train eval sample data verify bench compare analyze "
-            "(./lime --help)\n", cmd.c_str());
+            "(./lime --help)\n", one_line(cmd).c_str());
     return 2;
 }

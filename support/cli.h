@@ -103,8 +103,22 @@ inline void print_help(const char* cmd, const char* summary, const std::vector<F
     }
 }
 
+// Text for one line of a terminal: control characters (a newline, an escape
+// sequence in a flag value or a file name) written as \n, \t, \r or \xNN.
+inline std::string one_line(const std::string& s) {
+    std::string out;
+    for (unsigned char ch : s) {
+        if (ch >= 0x20 && ch != 0x7f) { out += (char)ch; continue; }
+        char buf[8];
+        snprintf(buf, sizeof buf, "\\x%02x", ch);
+        out += ch == '\n' ? "\\n" : ch == '\t' ? "\\t" : ch == '\r' ? "\\r" : buf;
+    }
+    return out;
+}
+
+// One line on stderr, whatever user text msg echoes, and exit status 2.
 inline void die(const std::string& cmd, const std::string& msg) {
-    fprintf(stderr, "lime %s: error: %s\n", cmd.c_str(), msg.c_str());
+    fprintf(stderr, "lime %s: error: %s\n", one_line(cmd).c_str(), one_line(msg).c_str());
     exit(2);
 }
 
@@ -178,6 +192,12 @@ inline ModelSettings model_settings(Args& a) {
     if (a.values.count("attention")) attention_parse(a.choice("attention", {"auto", "matmul", "flash"}), &s.attention);
     if (a.values.count("graph")) s.graph = a.integer("graph", 0, 1) == 1;
     s.host_bytes = memory_available("/proc/meminfo");
+    // the flags that size the model in this command, for an out-of-memory line (SizeFlags)
+    bool shaped = a.cmd == "train" || a.cmd == "bench";  // the others load a checkpoint's shape
+    if (!shaped) s.flags.layers = s.flags.dim = s.flags.ffn = "";
+    if (a.cmd != "bench") s.flags.vocab = "";  // the task's
+    if (a.cmd != "bench" && !(a.cmd == "train" && a.str("task") == "text")) s.flags.seq_len = "";
+    if (!shaped && a.cmd != "eval") s.flags.batch = a.cmd == "analyze" ? "--n" : "";  // analyze's batch: its --n sequences
     return s;
 }
 

@@ -44,11 +44,14 @@ size_t model_device_bytes(const Model* model) { return model->gpu ? model->gpu->
 // cuBLAS's workspace, ours so that graph capture allocates nothing (32 MiB: NVIDIA's advice for Hopper).
 static const size_t CUBLAS_WORKSPACE_BYTES = 32u << 20;
 
-static std::string gpu_out_of_memory(size_t need, size_t free_bytes) {
+// The line for a model the device cannot hold, with the flags that would shrink it (memory_fix).
+static std::string gpu_out_of_memory(const Model* model, bool flash, size_t need, size_t free_bytes) {
     char buf[200];
-    snprintf(buf, sizeof buf, "needs %.2f GB of GPU memory, the device has %.2f GB free; lower --batch or --seq-len",
-             need / 1e9, free_bytes / 1e9);
-    return buf;
+    snprintf(buf, sizeof buf, "needs %.2f GB of GPU memory, the device has %.2f GB free; ", need / 1e9,
+             free_bytes / 1e9);
+    return buf + memory_fix(model->c, model->B, model->settings.flags, [&](const Config& h, int hb) {
+               return memory_needed(h, hb, DEVICE_GPU, true, flash);
+           });
 }
 
 // Where each piece of an allocation starts: pieces one after another, 256-byte aligned.
@@ -158,7 +161,7 @@ static std::string gpu_create(Model* model) {
     }
     if (need > free_bytes || !device_alloc((void**)&G->mem, 4 * n * sizeof(float)) ||
         !device_alloc((void**)&G->acts.mem, acts_floats * sizeof(float)) || !device_alloc(&G->small, small_bytes))
-        return gpu_out_of_memory(need, free_bytes);
+        return gpu_out_of_memory(model, flash, need, free_bytes);
     G->device_bytes = need;
     G->p = params_carve(c, G->mem);
     G->g = params_carve(c, G->mem + n);

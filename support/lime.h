@@ -102,13 +102,22 @@ struct GpuState;   // device mirrors, defined in lime.cu's GPU part
 // fits in GPU memory, else flash.
 enum Attention { ATTENTION_AUTO = 0, ATTENTION_MATMUL = 1, ATTENTION_FLASH = 2 };
 
+// The flags that set a model's sizes in the command that makes it ("" where it
+// has none: eval cannot change a checkpoint's shape). A model that does not fit
+// in memory is refused with a line that names those that would shrink it most.
+struct SizeFlags {
+    std::string layers = "--layers", dim = "--dim", ffn = "--ffn", vocab = "--vocab", batch = "--batch",
+                seq_len = "--seq-len";
+};
+
 // How a model runs, chosen when it is made. The GPU reads tf32 again before
 // each step, so a test may change it between steps.
 struct ModelSettings {
     Attention attention = ATTENTION_AUTO;  // GPU attention kernels
     bool tf32 = true;                      // GPU: TF32 tensor cores for the matrix products
     bool graph = true;                     // GPU: model_train_step replays one captured CUDA graph per batch shape
-    size_t host_bytes = 0;                 // CPU: memory the host can give (MemAvailable); 0 = unknown, unchecked
+    size_t host_bytes = 0;                 // memory the host can give (MemAvailable); 0 = unknown, unchecked
+    SizeFlags flags;                       // the command's size flags, for the out-of-memory line
 };
 
 struct Model {

@@ -240,8 +240,7 @@ struct Report {
 static void report_intro(std::ostringstream& md, const Preset* preset, const std::string& extra,
                          const std::vector<std::string>& archs) {
     md << "# LIMe vs LLaMa: " << (preset ? preset->name : "custom") << "\n\n";
-    md << "Each model trained once per seed with `./lime train " << (preset ? preset->train_args : "") << " " << extra
-       << " --ops TIER --seed S`; a seed gives both models the same data order and the same initial values for "
+    md << "Each model trained once per seed with `./lime train " << extra << " --ops TIER --seed S`; a seed gives both models the same data order and the same initial values for "
           "every tensor they share. Accuracy: greedy decoding on held-out questions (docs/tasks.md 1).\n\n";
     if (std::any_of(archs.begin(), archs.end(), [](const std::string& a) { return a.find(':') != std::string::npos; }))
         md << "Model `lime:X` is trained with `--arch lime --router X` (`:separate` adds `--router-kv separate`): "
@@ -373,12 +372,41 @@ struct CompareSettings {
     const Preset* preset = nullptr;
     int seeds = 1;
     std::vector<std::string> tiers, archs;
-    std::string train_args;  // --train-args, after the preset's
+    std::string train_args;                 // --train-args
+    std::vector<std::string> run_args;      // every run's train flags: the preset's, those --train-args gives replaced
     int jobs = 1, threads = 1;
     bool gpu = false;
     std::string dir;         // --out
     std::string self;        // this program, run as ./lime train
 };
+
+// The train flags of every run: the preset's ("--flag value" pairs), less
+// those --train-args gives (--steps and --epochs count as one: each sets the
+// length of the run), then --train-args. "" or the problem with --train-args.
+static std::string merge_train_args(const Preset& preset, const std::string& extra, std::vector<std::string>* out) {
+    std::vector<std::string> own = split(extra, ' '), pairs = split(preset.train_args, ' ');
+    std::set<std::string> given;
+    for (const std::string& t : own)
+        if (t.rfind("--", 0) == 0) given.insert(t.substr(2, t.find('=') == std::string::npos ? t.npos : t.find('=') - 2));
+    if (given.count("steps") && given.count("epochs"))
+        return "--train-args gives both --steps and --epochs; give one of them (each sets the length of the runs)";
+    if (given.count("steps") || given.count("epochs")) given.insert({"steps", "epochs"});
+    out->clear();
+    for (size_t i = 0; i + 1 < pairs.size(); i += 2)
+        if (!given.count(pairs[i].substr(2))) out->insert(out->end(), {pairs[i], pairs[i + 1]});
+    out->insert(out->end(), own.begin(), own.end());
+    return "";
+}
+
+// The layers the runs will have: the last --layers of their flags, else train's default.
+static int run_layers(const std::vector<std::string>& args) {
+    int L = 4;
+    for (size_t i = 0; i < args.size(); i++) {
+        if (args[i] == "--layers" && i + 1 < args.size()) L = atoi(args[i + 1].c_str());
+        if (args[i].rfind("--layers=", 0) == 0) L = atoi(args[i].c_str() + 9);
+    }
+    return L;
+}
 
 // Reads and checks the flags (one line and exit status 2 at the first
 // problem), picks the device, and makes the output directory.
@@ -389,19 +417,38 @@ static CompareSettings compare_settings(Args& a) {
     if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|paper-aet|tiny");
     cs.seeds = a.has("seeds") ? (int)a.integer("seeds", 1, 1000) : preset ? preset->seeds : 1;
     cs.tiers = split(a.has("tiers") ? a.str("tiers") : preset ? preset->tiers : "3", ',');
+    if (cs.tiers.empty()) a.fail("--tiers is empty; give one or more tiers (operators per question), e.g. 4,5,6");
+    std::set<int> tiers_seen;
     for (const std::string& t : cs.tiers)
         if (t.find_first_not_of("0123456789") != std::string::npos || atoi(t.c_str()) < 1 || atoi(t.c_str()) > 64)
             a.fail("--tiers '" + a.str("tiers") + "': each tier is a number of operators in 1..64, e.g. 4,5,6");
+        else if (!tiers_seen.insert(atoi(t.c_str())).second)
+            a.fail("--tiers '" + a.str("tiers") + "' names tier " + std::to_string(atoi(t.c_str())) +
+                   " twice; give each tier once");
+    cs.train_args = a.str("train-args");
+    std::string err = preset ? merge_train_args(*preset, cs.train_args, &cs.run_args) : "";
+    if (!err.empty()) a.fail(err);
     // models: llama, lime, or lime with a router variant and/or separate K/V routers,
-    // e.g. lime:last-2, lime:average, lime:separate (model_parse)
+    // e.g. lime:last-2, lime:average, lime:separate (model_parse); each checked with
+    // the runs' layers (a last-J or first-J needs J <= layers)
     cs.archs = split(a.str("archs"), ',');
+    if (cs.archs.empty()) a.fail("--archs is empty; give one or more models, e.g. --archs llama,lime");
+    std::set<std::string> archs_seen;
     for (const std::string& s : cs.archs) {
-        Config tmp;
-        if (!model_parse(s, &tmp))
+        Config c;
+        if (!model_parse(s, &c)) {
             a.fail("--archs: '" + s + "' is not llama, lime or lime:VARIANT (static, average, last-J, first-J, "
                    "separate; e.g. lime:last-2)");
+            continue;
+        }
+        if (!archs_seen.insert(model_name(c)).second)
+            a.fail("--archs '" + a.str("archs") + "' names " + model_name(c) + " twice; give each model once");
+        c.L = run_layers(cs.run_args);
+        c.V = c.T = c.H = c.R = c.F = 1;
+        c.d = c.hd = 2;
+        std::string why = config_check(c);
+        if (!why.empty()) a.fail("--archs: '" + s + "' with the runs' " + std::to_string(c.L) + " layers: " + why);
     }
-    cs.train_args = a.str("train-args");
     int jobs = (int)a.integer("jobs", 0, 256);
     std::string device = a.choice("device", {"auto", "cpu", "gpu"});
     cs.dir = a.str("out");
@@ -412,7 +459,6 @@ static CompareSettings compare_settings(Args& a) {
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     cs.jobs = jobs == 0 ? (cs.gpu ? 1 : std::max(1, cores)) : jobs;
     cs.threads = std::max(1, cores / cs.jobs);
-    std::string err;
     if (!make_dir(cs.dir, &err)) die("compare", err + " (choose another --out)");
     cs.self = exe_path();
     if (cs.self.empty()) die("compare", "cannot find this program's path (/proc/self/exe)");
@@ -435,9 +481,9 @@ static std::vector<Run> plan_runs(const CompareSettings& cs) {
     return runs;
 }
 
-// The flags of one run's ./lime train: the preset's, --train-args, then the run's own.
+// The flags of one run's ./lime train: the preset's with --train-args (run_args), then the run's own.
 static std::vector<std::string> train_args_of(const CompareSettings& cs, const Run& r) {
-    std::vector<std::string> args = split(std::string(cs.preset->train_args) + " " + cs.train_args, ' ');
+    std::vector<std::string> args = cs.run_args;
     Config model;
     model_parse(r.arch, &model);
     // --force: the run directories are compare's own, made afresh by each compare into its --out
@@ -542,7 +588,7 @@ int cmd_compare(int argc, char** argv) {
         {"tiers", "", "operators per question, e.g. 4,5,6 (default: the preset's)"},
         {"archs", "llama,lime", "models to compare: llama, lime, or lime:VARIANT (lime:average, lime:last-2, "
                                 "lime:first-1, lime:separate)"},
-        {"train-args", "", "extra flags for every ./lime train, e.g. \"--epochs 30\""},
+        {"train-args", "", "extra flags for every ./lime train, replacing the preset's, e.g. \"--epochs 30\""},
         {"jobs", "0", "runs at a time (0: one per core on the CPU, 1 on the GPU)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"out", "runs/compare", "output directory: one subdirectory per run, report.md, figures"},
@@ -564,7 +610,9 @@ int cmd_compare(int argc, char** argv) {
         if (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0))
             die("compare", "a run failed: see " + r.dir + "/train.out");
     std::string summary;
-    std::string err = write_report(cs.dir, cs.preset, cs.train_args, cs.tiers, cs.archs, runs, &summary);
+    std::string run_args;
+    for (const std::string& arg : cs.run_args) run_args += (run_args.empty() ? "" : " ") + arg;
+    std::string err = write_report(cs.dir, cs.preset, run_args, cs.tiers, cs.archs, runs, &summary);
     if (!err.empty()) die("compare", err);
     printf("%s", summary.c_str());
     printf("done in %s; wrote %s/report.md and figures\n", duration_str((now_ms() - t0) / 1000).c_str(),

@@ -68,6 +68,14 @@ else
     fail analyze_writes_heatmap_and_entropy "$(tail -3 "$tmp/analyze.out")"
 fi
 
+# compare's own help example: --train-args "--epochs N" replaces the preset's --steps
+if $LIME compare --preset tiny --seeds 1 --archs lime --train-args "--epochs 1" --out "$tmp/epochs" >"$tmp/epochs.out" 2>&1 &&
+    grep -q '"epochs": "1",.*"steps": "19"' "$tmp/epochs/tier2/lime-seed1/log.jsonl"; then  # 300 examples / batch 16
+    pass compare_train_args_epochs_replace_steps
+else
+    fail compare_train_args_epochs_replace_steps "$(tail -3 "$tmp/epochs.out")"
+fi
+
 # --- router variants (paper Table 7) and separate key/value routers: train, the config they leave, analyze, compare
 if $LIME train $TINY --router last-2 --router-kv separate --steps 5 --out "$tmp/variant" >"$tmp/variant.out" 2>&1 &&
     grep -q '"router": "last-2", "router_kv": "separate"' "$tmp/variant/log.jsonl" &&
@@ -114,6 +122,14 @@ bad() {  # name, expected word in the message, command...
 }
 printf 'not a checkpoint at all\n' > "$tmp/text.safetensors"
 head -c 3000 "$tmp/run/model.safetensors" > "$tmp/truncated.safetensors"
+# no command: the usage on stderr, exit 2; asked for, on stdout, exit 0
+out=$($LIME 2>/dev/null); status=$?; err=$($LIME 2>&1 >/dev/null)
+if [ $status -eq 2 ] && [ -z "$out" ] && echo "$err" | grep -q "^usage: ./lime COMMAND"; then pass no_command_usage_on_stderr
+else fail no_command_usage_on_stderr "exit $status, stdout [$out]"; fi
+for ask in --help help; do
+    if out=$($LIME $ask 2>/dev/null) && echo "$out" | grep -q "^usage: ./lime COMMAND"; then pass "usage_asked_${ask#--}_on_stdout"
+    else fail "usage_asked_${ask#--}_on_stdout" "$out"; fi
+done
 bad bad_unknown_command     "unknown command"  $LIME frobnicate
 bad bad_unknown_flag        "unknown flag"     $LIME train --frobnicate 3
 bad bad_flag_not_integer    "not an integer"   $LIME train --batch abc

@@ -87,6 +87,7 @@ bad sample_long_prompt        "at most"            sample --load "$M" --prompt "
 bad sample_temperature_neg    "out of range"       sample --load "$M" --prompt "1 =" --temperature -1
 bad sample_temperature_inf    "not a number"       sample --load "$M" --prompt "1 =" --temperature inf
 bad sample_max_new_zero       "out of range"       sample --load "$M" --prompt "1 =" --max-new 0
+bad sample_prompt_eos         "special token"      sample --load "$M" --prompt "3 + 4 <eos>"
 # --- eval
 bad eval_no_load              "needs --load"       eval
 bad eval_n_negative           "out of range"       eval --load "$M" --n -1
@@ -107,8 +108,32 @@ bad bench_steps_zero          "out of range"       bench --steps 0
 bad bench_attention           "auto|matmul|flash"  bench --attention 1 --steps 1
 bad bench_no_memory           "out of memory"      bench --batch 1000000 --steps 1
 bad bench_router_last_zero    "J must be"          bench --router last-0 --steps 1
+bad bench_params_no_memory    "lower --dim"        bench --layers 1 --dim 65536 --heads 2 --ffn 35000 --batch 1 --seq-len 1 --steps 1
+bad bench_vocab_no_memory     "--vocab"            bench --vocab 16777216 --dim 4096 --heads 2 --batch 1 --seq-len 1 --steps 1
 # --- compare
 bad compare_archs_variant     "lime:VARIANT"       compare --preset tiny --archs llama,lime:last-x
 bad compare_archs_llama_variant "lime:VARIANT"     compare --preset tiny --archs llama:average,lime
+bad compare_tiers_repeated    "tier 2 twice"       compare --preset tiny --tiers 2,2
+bad compare_archs_repeated    "lime twice"         compare --preset tiny --archs lime,llama,lime:static
+bad compare_tiers_empty       "tiers is empty"     compare --preset tiny --tiers ""
+bad compare_archs_empty       "archs is empty"     compare --preset tiny --archs ""
+bad compare_seeds_empty       "not an integer"     compare --preset tiny --seeds ""
+bad compare_variant_past_L    "J must be 1 .. 2"   compare --preset tiny --archs llama,lime:last-3
+bad compare_variant_layers    "J must be 1 .. 1"   compare --preset tiny --archs llama,lime:first-2 --train-args "--layers 1"
+bad compare_steps_and_epochs  "one of them"        compare --preset tiny --train-args "--steps 5 --epochs 2"
+# --- user text echoed in a message stays on one line, control characters escaped
+bad flag_value_newline        "not an integer"     train $A --batch $'1\n2'
+bad flag_value_escape         'gp\\x1bt'           train $A --arch $'gp\x1bt'
+bad file_name_newline         'nope\\n.txt'        train --task text --text-file "$tmp/nope"$'\n'.txt
+
+# A model too big for the memory there is: refused at once, before anything is
+# allocated, naming flags that shrink its parameters, not the batch.
+start=$(date +%s%N)
+out=$(cd "$tmp/cwd" && "$LIME" bench --layers 16 --dim 10240 --heads 2 --ffn 35000 --batch 1 --seq-len 1 --steps 1 2>&1)
+status=$?
+ms=$((($(date +%s%N) - start) / 1000000))
+if [ $status -eq 2 ] && echo "$out" | grep -q "out of memory: .*; lower .*--dim" && ! echo "$out" | grep -q -- "--batch" &&
+    [ $ms -lt 1000 ]; then pass bench_too_big_refused_at_once
+else fail bench_too_big_refused_at_once "exit $status after $ms ms: $out"; fi
 
 summary

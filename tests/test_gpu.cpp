@@ -620,7 +620,8 @@ TEST(gpu_too_big_a_batch_is_refused_with_the_sizes) {
     std::string err = model_create(&m, c, 8192, DEVICE_GPU, gpu_settings);  // attention probabilities alone: ~275 GB
     use_attention(ATTENTION_AUTO);
     CHECK(err.find("needs ") == 0 && err.find("GB of GPU memory, the device has") != std::string::npos &&
-              err.find("lower --batch or --seq-len") != std::string::npos,
+              err.find("; lower --") != std::string::npos && err.find("--batch") != std::string::npos &&
+              err.find("--seq-len") != std::string::npos,
           "unexpected answer: '%s'", err.c_str());
     model_free(&m);
 }

@@ -736,8 +736,44 @@ TEST(cpu_activations_beyond_available_memory_are_refused) {
     settings.host_bytes = available;
     std::string err = model_create(&m, c, B, DEVICE_CPU, settings);
     model_free(&m);
-    CHECK(err.find("out of memory: activations need ") == 0 && err.find("GB is available; lower --batch or --seq-len") != std::string::npos,
+    CHECK(err.find("out of memory: needs ") == 0 && err.find("GB is available; lower ") != std::string::npos &&
+              err.find("--batch") != std::string::npos,
           "B=%d: '%s'", B, err.c_str());
+}
+
+// One estimate (parameters, gradients, AdamW state, activations, scratch) is
+// asked before anything is allocated, and the fix names only the flags the
+// command has that would help: a shape for parameters that do not fit, the
+// batch for activations; for a loaded checkpoint (eval) no shape flags at all.
+TEST(memory_estimate_names_the_flags_that_help) {
+    Args eval, bench;
+    eval.cmd = "eval";
+    bench.cmd = "bench";
+    ModelSettings es = model_settings(eval), bs = model_settings(bench);
+    es.host_bytes = bs.host_bytes = 100u << 20;  // 100 MB
+    Config big = tiny_config(ARCH_LIME, 4, 2);    // parameters alone: 4 x 9.4M floats, 150 MB
+    big.d = 512; big.hd = 128; big.F = 1536;
+    Model m;
+    std::string e1 = model_create(&m, big, 1, DEVICE_CPU, bs), e2 = model_create(&m, big, 1, DEVICE_CPU, es);
+    CHECK(e1.find("out of memory: needs ") == 0 && e1.find("GB for the parameters, gradients and AdamW state") != std::string::npos &&
+              e1.find("; lower --") != std::string::npos && e1.find("--dim") != std::string::npos &&
+              e1.find("--ffn") != std::string::npos && e1.find("--batch") == std::string::npos,
+          "bench, parameters: '%s'", e1.c_str());
+    CHECK(e2.find("; it needs a machine with more memory") != std::string::npos && e2.find("--") == std::string::npos,
+          "eval, parameters: '%s'", e2.c_str());
+    Config wide = tiny_config(ARCH_LIME, 4, 2);   // activations of 4096 sequences: ~1 GB
+    wide.T = 512;
+    std::string e3 = model_create(&m, wide, 4096, DEVICE_CPU, es);
+    CHECK(e3.find("; lower --batch") != std::string::npos && e3.find("--seq-len") == std::string::npos,
+          "eval, activations: '%s'", e3.c_str());
+    Config vocab = tiny_config(ARCH_LIME, 4, 2);  // embedding and logits' scratch: V x d, not V x V
+    vocab.V = 1 << 24;
+    std::string e4 = model_create(&m, vocab, 1, DEVICE_CPU, bs);
+    CHECK(e4.find("lower --vocab") != std::string::npos, "bench, vocabulary: '%s'", e4.c_str());
+    vocab.V = 100000;
+    CHECK(fast_scratch_floats(vocab, 6) == (size_t)vocab.V * 32, "scratch %zu floats for V=%d, d=%d", fast_scratch_floats(vocab, 6),
+          vocab.V, vocab.d);
+    CHECK(m.params == nullptr && m.acts == nullptr, "a refused model allocated memory");
 }
 
 TEST(checkpoint_round_trip_and_wrong_architecture_refused) {
