@@ -38,10 +38,10 @@ static const std::vector<FlagSpec> TASK_FLAGS = {
     {"ops", "3", "arith: operators per question, the tier k"},
     {"modulus", "11", "arith: the prime p"},
     {"format", "chain", "arith: chain (chain of thought) or direct"},
-    {"train-size", "20000", "arith, prosqa: training examples"},
+    {"train-size", "20000", "arith, prosqa: training examples (arith: at most the distinct questions of --ops and --modulus; prosqa: at most 1000000)"},
     {"test-size", "500", "arith, prosqa: test examples"},
     {"data-seed", "1", "arith, prosqa: seed of the generated data"},
-    {"prosqa-test", "data/prosqa/prosqa_test.json", "prosqa: the real Coconut file scored on"},
+    {"prosqa-test", "data/prosqa/prosqa_test.json", "prosqa: the real Coconut file scored on (a relative path missing here is looked up beside ./lime)"},
     {"text-file", "", "text: a UTF-8 file to model byte by byte"},
     {"val-frac", "0.1", "text: held-out tail for validation"},
 };
@@ -72,19 +72,44 @@ static std::map<std::string, std::string> task_settings(Args& a) {
         a.integer("data-seed", 0, (long long)1 << 62);
         for (const char* k : {"ops", "modulus", "format", "train-size", "test-size", "data-seed"}) s[k] = a.str(k);
     } else if (task == "prosqa") {
-        a.integer("train-size", 1, 10000000);
+        a.integer("train-size", 1, PROSQA_MAX_TRAIN);
         a.integer("test-size", 1, 1000000);
         a.integer("data-seed", 0, (long long)1 << 62);
+        // stored as given: task_build finds a relative path beside ./lime too (task_data_path)
         for (const char* k : {"train-size", "test-size", "data-seed", "prosqa-test"}) s[k] = a.str(k);
-        // the default test file lives in the repository: find it from elsewhere too
-        if (!a.has("prosqa-test") && access(s["prosqa-test"].c_str(), R_OK) != 0)
-            s["prosqa-test"] = exe_dir() + "/" + s["prosqa-test"];
     } else {
         a.number("val-frac", 0.0, 0.9);
         s["text-file"] = a.str("text-file");
         s["val-frac"] = a.str("val-frac");
     }
     return s;
+}
+
+// What a checkpoint records of the data files its task read: {"text-file":
+// "SIZE:FNV1A64"} (support/safetensors.h, file_fingerprint), a JSON object.
+static std::string data_fingerprints(const std::map<std::string, std::string>& ts) {
+    std::map<std::string, std::string> fps;
+    for (auto& [key, file] : task_data_files(ts)) fps[key] = file_fingerprint(file, FILE_MAX_TEXT);
+    return settings_to_json(fps);
+}
+
+// One line when a data file differs from the one the checkpoint was trained
+// and scored on (its fingerprint in the metadata), else "". Not fatal: the
+// file may have been moved or re-saved on purpose.
+static std::string data_files_changed(const std::map<std::string, std::string>& meta,
+                                      const std::map<std::string, std::string>& ts) {
+    std::map<std::string, std::string> then;
+    auto it = meta.find("data_files");
+    if (it == meta.end() || !settings_from_json(it->second, &then).empty()) return "";
+    std::map<std::string, std::string> files = task_data_files(ts);
+    for (auto& [key, fp] : then) {
+        if (!files.count(key) || fp.empty()) continue;
+        std::string now = file_fingerprint(files[key], FILE_MAX_TEXT);
+        if (now.empty() || now == fp) continue;
+        return "--" + key + " " + files[key] + " differs from the file this model was trained and scored on (bytes:fnv1a64 " +
+               fp + " then, " + now + " now): results are on other data now; restore the file to compare like with like";
+    }
+    return "";
 }
 
 // ===========================================================================
@@ -250,7 +275,7 @@ static std::vector<FlagSpec> train_flags() {
         {"schedule", "linear", "decay after warmup: linear, cosine or constant"},
         {"min-lr-ratio", "1e-6", "floor of the schedule factor"},
         {"seed", "1", "initialisation and data order"},
-        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
         ATTENTION_FLAG,
@@ -325,6 +350,7 @@ struct TrainRun {
     Loader loader;
     Logger log;
     std::map<std::string, std::string> saved_args;  // everything that rebuilds this run, in each checkpoint
+    std::string data_files;                         // fingerprints of the data files read (data_fingerprints)
     int start_step = 0;                             // the step a resumed run continues after, else 0
     int done_step = 0;                              // the last step taken, for the metadata
     int run_steps = 0;                              // steps taken by this process
@@ -472,8 +498,9 @@ static void train_from_flags(Args& a, const std::set<std::string>& user_flags, T
     shape.V = shape.T = 1;
     std::string err = config_check(shape);
     if (!err.empty()) die("train", err);
-    err = task_build(r->ts, text_T, &r->task);
+    err = task_build(r->ts, text_T, &r->task, memory_available("/proc/meminfo"));
     if (!err.empty()) die("train", err);
+    r->data_files = data_fingerprints(r->ts);
     r->c.V = r->task.vocab.size();
     r->c.T = r->task.T;
     r->per_epoch = std::max(1, (int)((r->task.train->size() + r->s.B - 1) / r->s.B));
@@ -577,6 +604,7 @@ static std::map<std::string, std::string> train_meta(const TrainRun& r) {
     meta["task"] = settings_to_json(r.task.settings);
     meta["vocab"] = vocab_to_json(r.task.vocab);
     meta["args"] = settings_to_json(r.saved_args);
+    meta["data_files"] = r.data_files;
     meta["data_epoch"] = std::to_string(r.loader.epoch);
     meta["data_pos"] = std::to_string(r.loader.pos);
     return meta;
@@ -854,7 +882,12 @@ struct Loaded {
     Model model;
     Task task;
     std::map<std::string, std::string> meta;
+    std::string data_changed;  // data_files_changed: printed as a warning by the command
 };
+
+static void warn_data_changed(const char* cmd, const Loaded& ld) {
+    if (!ld.data_changed.empty()) fprintf(stderr, "lime %s: warning: %s\n", cmd, ld.data_changed.c_str());
+}
 
 // A checkpoint written by train, in a model made for batches of B; with
 // need_task its task is rebuilt (test set included), else only its vocabulary.
@@ -874,11 +907,19 @@ static std::string load_checkpoint(const std::string& path, Device dev, const Mo
     if (!out->meta.count("task") || !settings_from_json(out->meta["task"], &ts).empty())
         return path + ": no task settings in the metadata; was it written by ./lime train?";
     if (need_task) {
-        err = task_build(ts, c.T, &out->task);
+        err = task_build(ts, c.T, &out->task, memory_available("/proc/meminfo"));
         if (!err.empty()) return path + ": rebuilding its task: " + err;
         if (out->task.vocab.size() != c.V)
             return path + ": its task has " + std::to_string(out->task.vocab.size()) + " tokens but the model " +
                    std::to_string(c.V);
+        // the model reads T positions (T + 1 tokens with the last target): a longer sequence would run past its tables
+        if (out->task.T > c.T) {
+            std::map<std::string, std::string> files = task_data_files(ts);
+            std::string src = files.empty() ? "its " + ts["task"] + " task" : files.begin()->second;
+            return path + ": " + src + " has a sequence of " + std::to_string(out->task.T + 1) +
+                   " tokens, longer than the " + std::to_string(c.T + 1) + " this model holds (T = " +
+                   std::to_string(c.T) + "); restore the data it was trained on, or train a new model on this";
+        }
     } else {
         out->task.kind = ts["task"];
         out->task.settings = ts;
@@ -899,6 +940,7 @@ static std::string load_checkpoint(const std::string& path, Device dev, const Mo
                 v.tokens.push_back(tm.vocab[i]);
             }
     }
+    out->data_changed = data_files_changed(out->meta, ts);
     return vocab_matches(path, tm.vocab, out->task.vocab);
 }
 
@@ -958,7 +1000,7 @@ static int cmd_eval(int argc, char** argv) {
         {"n", "0", "score only the first N test examples (0: all)"},
         {"batch", "128", "sequences per forward"},
         {"json", nullptr, "print one JSON object"},
-        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
         ATTENTION_FLAG,
@@ -978,6 +1020,7 @@ static int cmd_eval(int argc, char** argv) {
         Loaded ld;
         std::string err = load_checkpoint(path, dev, settings, B, &ld, true);
         if (err.size()) die("eval", err);
+        warn_data_changed("eval", ld);
         std::string entry;
         rows.push_back(eval_one(path, n, &ld, &entry));
         json += (json.size() > 1 ? ", " : "") + json_quote(path) + ": {" + entry + "}";
@@ -994,7 +1037,7 @@ static int cmd_sample(int argc, char** argv) {
         {"max-new", "100", "at most this many new tokens"},
         {"temperature", "0", "0: greedy; > 0: sample from softmax(logits / temperature)"},
         {"seed", "1", "for sampling"},
-        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
         {"device", "auto", "auto, cpu or gpu"},
     };
     Args a = parse_args("sample", "Continues a prompt with a trained model until <eos>; the continuation is the last "
@@ -1010,6 +1053,7 @@ static int cmd_sample(int argc, char** argv) {
     Loaded ld;
     std::string err = load_checkpoint(a.str("load"), dev, model_settings(a), 1, &ld, false);
     if (!err.empty()) die("sample", err);
+    warn_data_changed("sample", ld);
     const Vocab& vocab = ld.task.vocab;
     bool prosqa = ld.task.kind == "prosqa";
     std::vector<std::vector<int>> seqs(1);
@@ -1048,7 +1092,7 @@ static int cmd_data(int argc, char** argv) {
     int T = (int)a.integer("seq-len", 2, 1 << 16);
     if (!a.err.empty()) die("data", a.err);
     Task t;
-    std::string err = task_build(ts, T, &t);
+    std::string err = task_build(ts, T, &t, memory_available("/proc/meminfo"));
     if (!err.empty()) die("data", err);
     const std::vector<Sequence>& seqs = split == "train" ? *t.train : *t.test;
     for (int i = 0; i < n && i < (int)seqs.size(); i++) {
@@ -1223,7 +1267,7 @@ static int cmd_verify(int argc, char** argv) {
         {"device", "cpu", "cpu or gpu"},
         {"tf32", "0", "gpu: 1 checks with TF32 matrix products at docs/checkpoint.md's looser tolerances"},
         ATTENTION_FLAG,
-        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
         {"quiet", nullptr, "print only failures and the summary"},
     };
     Args a = parse_args("verify", "Checks the implementation against reference-vector files (docs/checkpoint.md): "
@@ -1405,7 +1449,7 @@ static int cmd_bench(int argc, char** argv) {
         {"seq-len", "88", "T, positions"},
         {"batch", "128", "B, sequences per step"},
         {"steps", "20", "timed steps per model (after 2 warm-up steps)"},
-        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
         ATTENTION_FLAG,
@@ -1508,7 +1552,7 @@ static int cmd_analyze(int argc, char** argv) {
         {"alpha", "1", "order of the Renyi entropy (1: Shannon)"},
         {"n", "64", "test sequences the value entropy is averaged over"},
         {"out", "", "directory for the figures (default: the checkpoint's)"},
-        {"threads", "0", "OpenMP threads (0: all cores)"},
+        {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
         {"device", "auto", "auto, cpu or gpu"},
     };
     const char* summary =
@@ -1530,6 +1574,7 @@ static int cmd_analyze(int argc, char** argv) {
     Loaded ld;
     err = load_checkpoint(path, dev, model_settings(a), n, &ld, true);
     if (!err.empty()) die("analyze", err);
+    warn_data_changed("analyze", ld);
     Model& model = ld.model;
     const Config& c = model.c;
     printf("%s: %s, L=%d d=%d H=%d R=%d F=%d V=%d T=%d\n", path.c_str(), model_name(c).c_str(), c.L, c.d, c.H, c.R,

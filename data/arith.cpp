@@ -263,6 +263,86 @@ std::string arith_check_settings(const ArithSettings& s) {
     return "";
 }
 
+namespace {
+const uint64_t COUNT_CAP = (uint64_t)1 << 62;
+uint64_t sat_add(uint64_t a, uint64_t b) { return std::min(a + b, COUNT_CAP); }  // a, b <= COUNT_CAP
+uint64_t sat_mul(uint64_t a, uint64_t b) { return a && b > COUNT_CAP / a ? COUNT_CAP : std::min(a * b, COUNT_CAP); }
+}  // namespace
+
+// The questions are the strings of this grammar (brackets_needed puts exactly
+// these; a subtree of the generator's tree keeps its value, so a divisor is
+// never 0), counted by value v mod p with n operators:
+//   X  (any, unbracketed; also the left operand of + - * /, and the right one
+//       of -, where an additive one is bracketed: same count)
+//   Ea = X (+) P | X (-) X          P (right of +)  = number | Tm
+//   Tm = X (*) F | X (/) D          F (right of *)  = number | ( Ea )
+//                                   D (right of /)  = (number | ( Tm | Ea )) != 0
+// so X[n] = Tm[n] + Ea[n] (n >= 1), and "a + (b - c)" is not a string of its
+// own: the generator writes it a + b - c, the same string as (a + b) - c.
+uint64_t arith_distinct_questions(int p, int k, uint64_t cap) {
+    if (p < 2 || k < 0) return 0;
+    uint64_t lower = 1;  // the p^(k+1) sums a + b + ... are distinct questions
+    for (int i = 0; i <= k && lower < cap; i++) lower = sat_mul(lower, (uint64_t)p);
+    if (lower >= cap) return cap;
+    std::vector<uint64_t> inv(p, 0);
+    for (int b = 1; b < p; b++) inv[b] = inv_mod((uint64_t)b, (uint64_t)p);
+    using Dist = std::vector<uint64_t>;  // count by value
+    std::vector<Dist> X(k + 1, Dist(p, 0)), Tm(k + 1, Dist(p, 0)), Ea(k + 1, Dist(p, 0));
+    X[0].assign(p, 1);
+    auto plus_r = [&](int n) { return n == 0 ? X[0] : Tm[n]; };
+    auto times_r = [&](int n) { return n == 0 ? X[0] : Ea[n]; };
+    for (int n = 1; n <= k; n++) {
+        for (int n1 = 0; n1 < n; n1++) {
+            int n2 = n - 1 - n1;
+            const Dist &l = X[n1], &r = X[n2];
+            Dist pr = plus_r(n2), tr = times_r(n2);
+            for (int a = 0; a < p; a++) {
+                if (!l[a]) continue;
+                for (int b = 0; b < p; b++) {
+                    Ea[n][(a + b) % p] = sat_add(Ea[n][(a + b) % p], sat_mul(l[a], pr[b]));
+                    Ea[n][(a + p - b) % p] = sat_add(Ea[n][(a + p - b) % p], sat_mul(l[a], r[b]));
+                    int ab = (int)((uint64_t)a * b % p);
+                    Tm[n][ab] = sat_add(Tm[n][ab], sat_mul(l[a], tr[b]));
+                    if (b) {
+                        int q = (int)((uint64_t)a * inv[b] % p);
+                        Tm[n][q] = sat_add(Tm[n][q], sat_mul(l[a], r[b]));
+                    }
+                }
+            }
+        }
+        for (int v = 0; v < p; v++) X[n][v] = sat_add(Tm[n][v], Ea[n][v]);
+    }
+    uint64_t total = 0;
+    for (uint64_t c : X[k]) total = sat_add(total, c);
+    return std::min(total, cap);
+}
+
+std::string arith_check_size(const ArithSettings& s, uint64_t mem_bytes) {
+    std::string err = arith_check_settings(s);
+    if (!err.empty()) return err;
+    uint64_t want = (uint64_t)s.train_size + (uint64_t)s.test_size;
+    uint64_t have = arith_distinct_questions(s.p, s.ops, 2 * want + 2);  // capped: enough to tell
+    if (have < want)
+        return "p = " + std::to_string(s.p) + ", ops = " + std::to_string(s.ops) + " make only " + std::to_string(have) +
+               " distinct questions, fewer than --train-size + --test-size = " + std::to_string(want) +
+               "; ask for at most " + std::to_string(have) + " in all, or raise --ops or --modulus";
+    // Questions are drawn at random until enough are new: the last, rarest ones of a large set take
+    // very long (or 100,000 draws in a row give nothing new). Small sets are drawn whole quickly.
+    if (have > 10000 && want > have / 4 * 3)
+        return "p = " + std::to_string(s.p) + ", ops = " + std::to_string(s.ops) + " make " + std::to_string(have) +
+               " distinct questions; --train-size + --test-size = " + std::to_string(want) +
+               " asks for more than 3/4 of them, which random drawing would take very long to find; ask for at most " +
+               std::to_string(have / 4 * 3) + " in all, or raise --ops or --modulus";
+    // per example: its Sequence (twice, as the vector grows), the tokens' block, the key in the set of seen questions
+    uint64_t len = (uint64_t)arith_max_len(s.p, s.ops, s.chain);
+    uint64_t per = 2 * sizeof(Sequence) + (4 * len + 8 + 15) / 16 * 16 + 64 + (2 * (4 * (uint64_t)s.ops) + 16 + 15) / 16 * 16;
+    if (mem_bytes > 0 && want * per > mem_bytes)
+        return std::to_string(want) + " examples (--train-size + --test-size) would take about " +
+               std::to_string(want * per >> 20) + " MiB, more than the " + std::to_string(mem_bytes >> 20) +
+               " MiB of memory available; ask for at most " + std::to_string(mem_bytes / per) + " in all";
+    return "";
+}
+
 Vocab arith_vocab(int p) {
     Vocab v;
     for (int i = 0; i < NUM0 + p; i++) {

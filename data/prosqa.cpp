@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <set>
 
@@ -320,18 +319,23 @@ void add_token(Vocab* v, const std::string& t) {
 // ---------------------------------------------------------------------------
 
 std::string prosqa_load_json(const std::string& path, std::vector<ProsqaItem>* out) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f)
-        return "cannot open '" + path + "': does the file exist? (the real ones are in the repository's data/prosqa/)";
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    out->clear();
+    std::string text;
+    std::string err = file_read_all(path, FILE_MAX_JSON, &text);
+    if (!err.empty())
+        return err + (err.rfind("cannot open", 0) == 0
+                          ? "; the real files are data/prosqa/prosqa_test.json and prosqa_valid.json in the "
+                            "repository, beside ./lime"
+                          : "");
     Json root;
-    std::string err = json_parse(text, &root);
+    err = json_parse(text, &root);
     if (!err.empty()) return path + ": " + err;
     if (root.kind != Json::ARR) return path + ": not a JSON list of items";
-    out->clear();
+    if (root.arr.empty()) return path + ": an empty list; a ProsQA file holds at least one item";
     for (size_t i = 0; i < root.arr.size(); i++) {
         ProsqaItem it;
         err = read_item(root.arr[i], &it);
+        if (err.empty()) err = prosqa_check(it);
         if (!err.empty()) return path + ": item " + std::to_string(i) + ": " + err;
         out->push_back(std::move(it));
     }
@@ -347,6 +351,16 @@ std::string prosqa_check(const ProsqaItem& it) {
     for (auto& e : it.edges)
         if (e.first < 0 || e.first >= n || e.second < 0 || e.second >= n) return "an edge's node is out of range";
     auto ch = children_of(n, it.edges);
+    std::vector<int> indegree(n, 0), ready;   // Kahn's order: the nodes it cannot reach lie on a cycle
+    for (auto& e : it.edges) indegree[e.second]++;
+    for (int v = 0; v < n; v++) if (!indegree[v]) ready.push_back(v);
+    for (size_t q = 0; q < ready.size(); q++)
+        for (int c : ch[ready[q]]) if (--indegree[c] == 0) ready.push_back(c);
+    if (ready.size() < (size_t)n) {
+        int v = 0;
+        while (indegree[v] == 0) v++;
+        return "the edges form a cycle (" + it.idx_to_symbol[v] + " is on or below it)";
+    }
     std::vector<int> dist, pred;
     bfs(ch, it.root, &dist, &pred);
     if (dist[it.target] < 0) return "the root does not reach the target";
@@ -435,8 +449,17 @@ std::string prosqa_sequence(const Vocab& v, const ProsqaItem& it, Sequence* out)
     return err;
 }
 
-std::string prosqa_build(int train_size, uint64_t seed, const std::string& test_json_path, ProsqaData* out) {
-    if (train_size < 1) return "train_size = " + std::to_string(train_size) + " must be at least 1";
+std::string prosqa_build(int train_size, uint64_t seed, const std::string& test_json_path, ProsqaData* out,
+                         uint64_t mem_bytes) {
+    if (train_size < 1 || train_size > PROSQA_MAX_TRAIN)
+        return "--train-size " + std::to_string(train_size) + " is outside 1.." + std::to_string(PROSQA_MAX_TRAIN) +
+               " for ProsQA (each generated graph takes about 200 us and 1.5 KB)";
+    const uint64_t per_item = 2 * sizeof(Sequence) + 4 * 400;  // a Sequence (twice, as the vector grows), <= ~400 tokens
+    if (mem_bytes > 0 && (uint64_t)train_size * per_item > mem_bytes)
+        return "--train-size " + std::to_string(train_size) + " ProsQA items would take about " +
+               std::to_string((uint64_t)train_size * per_item >> 20) + " MiB, more than the " +
+               std::to_string(mem_bytes >> 20) + " MiB of memory available; use at most " +
+               std::to_string(mem_bytes / per_item);
     std::vector<ProsqaItem> test;
     std::string err = prosqa_load_json(test_json_path, &test);
     if (!err.empty()) return err;

@@ -32,14 +32,17 @@ struct ProsqaItem {
     int root = 0, target = 0, neg_target = 0; // the person, A (reachable), B (not reachable)
 };
 
-// Reads a real ProsQA file: a JSON list of items. Checks every field's type
-// and that node indices are in range; the error names the file and the item.
+// Reads a real ProsQA file: a non-empty JSON list of items (opened with
+// file_open_regular, at most FILE_MAX_JSON). Checks every field's type, that
+// node indices are in range, and each item's meaning (prosqa_check); the
+// error names the file and the first bad item's index.
 std::string prosqa_load_json(const std::string& path, std::vector<ProsqaItem>* out);
 
-// Is the item consistent? Symbols distinct; root reaches target and not
-// neg_target, both leaves; the question states exactly the edges (in any
-// order) and asks about target and neg_target; the steps walk edges from the
-// root to the target, and the answer names them. "" or the first problem.
+// Is the item consistent? Symbols distinct; the edges form no cycle; root
+// reaches target and not neg_target, both leaves; the question states exactly
+// the edges (in any order) and asks about target and neg_target; the steps
+// walk edges from the root to the target, and the answer names them. "" or
+// the first problem.
 std::string prosqa_check(const ProsqaItem& item);
 
 // ---------------------------------------------------------------------------
@@ -106,8 +109,12 @@ struct ProsqaData {
 };
 
 // Training items from the generator (default settings, seeded from `seed`),
-// test items from the real file at test_json_path.
-std::string prosqa_build(int train_size, uint64_t seed, const std::string& test_json_path, ProsqaData* out);
+// test items from the real file at test_json_path. At most PROSQA_MAX_TRAIN
+// training items (about 200 us and 1.5 KB each); mem_bytes > 0: refused
+// before generating when they would need more memory than that.
+constexpr int PROSQA_MAX_TRAIN = 1000000;
+std::string prosqa_build(int train_size, uint64_t seed, const std::string& test_json_path, ProsqaData* out,
+                         uint64_t mem_bytes = 0);
 
 // Scoring: the generated text after its last '#', trimmed, equals the answer.
 bool prosqa_correct(const std::string& generated_text, const std::string& answer);

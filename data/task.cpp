@@ -1,11 +1,31 @@
 // data/task.cpp — a task built from its settings (see data/tasks.h, Task).
 #include <algorithm>
 #include <cstdlib>
+#include <unistd.h>
 
 #include "data/task.h"
+#include "support/cli.h"  // exe_dir
 #include "support/safetensors.h"
 
-std::string task_build(const std::map<std::string, std::string>& s, int text_T, Task* t) {
+std::string task_data_path(const std::string& path) {
+    if (path.empty() || path[0] == '/' || access(path.c_str(), F_OK) == 0) return path;
+    for (const char* up : {"/", "/../"}) {  // beside the program, or above it (build/lime-asan)
+        std::string there = exe_dir() + up + path;
+        if (access(there.c_str(), F_OK) == 0) return there;
+    }
+    return path;
+}
+
+std::map<std::string, std::string> task_data_files(const std::map<std::string, std::string>& s) {
+    std::map<std::string, std::string> files;
+    auto task = s.find("task");
+    const char* key = task == s.end() ? "" : task->second == "text" ? "text-file" : task->second == "prosqa" ? "prosqa-test" : "";
+    auto it = *key ? s.find(key) : s.end();
+    if (it != s.end() && !it->second.empty()) files[key] = task_data_path(it->second);
+    return files;
+}
+
+std::string task_build(const std::map<std::string, std::string>& s, int text_T, Task* t, uint64_t mem_bytes) {
     auto get = [&](const char* k) { auto it = s.find(k); return it == s.end() ? std::string() : it->second; };
     t->kind = get("task");
     t->settings = s;
@@ -18,6 +38,7 @@ std::string task_build(const std::map<std::string, std::string>& s, int text_T, 
         as.test_size = atoi(get("test-size").c_str());
         as.seed = strtoull(get("data-seed").c_str(), nullptr, 10);
         std::string err = arith_check_settings(as);
+        if (err.empty()) err = arith_check_size(as, mem_bytes);
         if (err.empty()) err = arith_generate(as, &t->arith);
         if (!err.empty()) return err;
         t->vocab = t->arith.vocab;
@@ -28,7 +49,7 @@ std::string task_build(const std::map<std::string, std::string>& s, int text_T, 
     }
     if (t->kind == "prosqa") {
         std::string err = prosqa_build(atoi(get("train-size").c_str()), strtoull(get("data-seed").c_str(), nullptr, 10),
-                                       get("prosqa-test"), &t->prosqa);
+                                       task_data_path(get("prosqa-test")), &t->prosqa, mem_bytes);
         if (!err.empty()) return err;
         size_t keep = std::min(t->prosqa.test.size(), (size_t)atoi(get("test-size").c_str()));
         t->prosqa.test.resize(keep);
@@ -42,7 +63,7 @@ std::string task_build(const std::map<std::string, std::string>& s, int text_T, 
     if (t->kind == "text") {
         std::string path = get("text-file");
         if (path.empty()) return "--task text needs --text-file FILE (any UTF-8 text)";
-        std::string err = text_load(path, text_T, atof(get("val-frac").c_str()), &t->text);
+        std::string err = text_load(task_data_path(path), text_T, atof(get("val-frac").c_str()), &t->text, mem_bytes);
         if (!err.empty()) return err;
         t->vocab = t->text.vocab;
         t->train = &t->text.train;

@@ -1,5 +1,6 @@
 // data/task.h — the task a run trains on, whichever it is (data/task.cpp).
 #pragma once
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -23,7 +24,17 @@ struct Task {
 };
 
 // "" or one line naming the problem. text_T: window length of the text task.
-std::string task_build(const std::map<std::string, std::string>& settings, int text_T, Task* t);
+// mem_bytes > 0: the memory available; data that would need more is refused
+// before it is made (0: unchecked).
+std::string task_build(const std::map<std::string, std::string>& settings, int text_T, Task* t,
+                       uint64_t mem_bytes = 0);
+// A data file's path as task_build opens it: a relative path that does not
+// exist from the current directory is looked up in the program's own
+// directory or the one above it (where the repository's data/ is), so the default
+// data/prosqa/prosqa_test.json is found from anywhere.
+std::string task_data_path(const std::string& path);
+// The data files a task reads ("text-file", "prosqa-test"), resolved: key -> path.
+std::map<std::string, std::string> task_data_files(const std::map<std::string, std::string>& settings);
 std::string settings_to_json(const std::map<std::string, std::string>& s);
 std::string settings_from_json(const std::string& text, std::map<std::string, std::string>* s);
 std::string vocab_to_json(const Vocab& v);  // the token strings in id order, a JSON list

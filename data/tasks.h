@@ -85,9 +85,23 @@ struct ArithSettings {
 };
 
 // "" or one line naming the problem and the fix (p prime in 2..997, ops in
-// 1..64, sizes >= 1). Whether enough distinct questions exist is found out
-// by arith_generate, which gives up with a clear error.
+// 1..64, sizes >= 1). Whether enough distinct questions exist is checked by
+// arith_check_size (task_build calls it); arith_generate itself gives up with
+// a clear error after 100,000 draws in a row give nothing new.
 std::string arith_check_settings(const ArithSettings& s);
+
+// How many distinct questions E_k the generator can make for (p, k), capped
+// at `cap`: every expression of k operators with brackets only where needed
+// and no divisor equal to 0 (counted by value mod p, exactly). Fast whenever
+// the answer is below cap ~ 1e7 (p^(k+1) distinct sums a + b + ... bound it
+// from below, so the count runs only for small p^(k+1)).
+uint64_t arith_distinct_questions(int p, int k, uint64_t cap);
+// Refuses, before generating, what arith_generate could not do, do in
+// reasonable time, or hold: more questions than arith_distinct_questions,
+// more than 3/4 of them when there are over 10,000 (the rarest take very long
+// to draw), or (mem_bytes > 0) more memory than mem_bytes. "" or one line
+// naming the flags to change.
+std::string arith_check_size(const ArithSettings& s, uint64_t mem_bytes);
 
 // Exactly: <pad> <eos> + - * / ( ) = then "0" .. "p-1" (ids 9 .. 9+p-1).
 Vocab arith_vocab(int p);
@@ -176,4 +190,12 @@ Vocab text_vocab();
 // Read `path`; the last val_frac (in [0, 1)) of its bytes is held out for
 // validation. Each part is cut into windows of T+1 bytes with stride T, so
 // every byte after the first of a part is a target exactly once.
-std::string text_load(const std::string& path, int T, double val_frac, TextData* out);
+// The file is opened with file_open_regular (support/safetensors.h): a
+// directory, FIFO or device, or a file over 1 GiB, is refused unread. When
+// mem_bytes > 0 (the memory available), a file whose windows would need more
+// (text_memory_bytes) is refused before it is read, naming --seq-len.
+std::string text_load(const std::string& path, int T, double val_frac, TextData* out, uint64_t mem_bytes = 0);
+// The memory text_load takes for a file of `bytes` bytes at window length T:
+// the bytes, plus per window a Sequence and its T+1 ints (about 33x the file
+// at T = 2, 5x at T = 128).
+uint64_t text_memory_bytes(uint64_t bytes, int T);

@@ -2,11 +2,10 @@
 // and plain text as byte-level language modelling (docs/tasks.md §3).
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <numeric>
 
 #include "data/tasks.h"
+#include "support/safetensors.h"  // file_open_regular
 
 // ---------------------------------------------------------------------------
 // Vocab
@@ -126,6 +125,7 @@ namespace {
 // targets) starting every T bytes, so consecutive windows share one byte and
 // every byte but the first is a target exactly once (up to < T left over).
 void cut_windows(const std::string& bytes, size_t begin, size_t end, int T, std::vector<Sequence>* out) {
+    if (end > begin + (size_t)T) out->reserve((end - begin - 1) / (size_t)T);
     for (size_t s = begin; s + (size_t)T + 1 <= end; s += (size_t)T) {
         Sequence q;
         q.tokens.assign(bytes.begin() + (long)s, bytes.begin() + (long)(s + T + 1));
@@ -136,12 +136,32 @@ void cut_windows(const std::string& bytes, size_t begin, size_t end, int T, std:
 }
 }  // namespace
 
-std::string text_load(const std::string& path, int T, double val_frac, TextData* out) {
+uint64_t text_memory_bytes(uint64_t bytes, int T) {
+    if (T < 1) T = 1;
+    uint64_t windows = bytes / (uint64_t)T + 2;
+    uint64_t chunk = std::max<uint64_t>(32, (4 * ((uint64_t)T + 1) + 8 + 15) / 16 * 16);  // malloc's block for T+1 ints
+    return bytes + windows * (sizeof(Sequence) + chunk);
+}
+
+std::string text_load(const std::string& path, int T, double val_frac, TextData* out, uint64_t mem_bytes) {
     if (T < 1) return "T = " + std::to_string(T) + " must be at least 1";
     if (!(val_frac >= 0 && val_frac < 1)) return "val_frac = " + std::to_string(val_frac) + " must be in [0, 1); try 0.1";
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return "cannot open '" + path + "': check the path (any UTF-8 text file will do)";
-    std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    FILE* f = nullptr;
+    uint64_t size = 0;
+    std::string err = file_open_regular(path, FILE_MAX_TEXT, &f, &size);
+    if (!err.empty()) return err + (err.rfind("cannot open", 0) == 0 ? "; any UTF-8 text file will do" : "");
+    uint64_t need_mem = text_memory_bytes(size, T);
+    if (mem_bytes > 0 && need_mem > mem_bytes) {
+        fclose(f);
+        return "--text-file '" + path + "' (" + std::to_string(size >> 20) + " MiB) would take about " +
+               std::to_string(need_mem >> 20) + " MiB as windows of --seq-len " + std::to_string(T) + ", more than the " +
+               std::to_string(mem_bytes >> 20) + " MiB of memory available; raise --seq-len (memory is about " +
+               std::to_string(need_mem / std::max<uint64_t>(size, 1)) + "x the file) or use a shorter file";
+    }
+    std::string bytes(size, '\0');
+    size_t got = size ? fread(&bytes[0], 1, size, f) : 0;
+    fclose(f);
+    if (got != size) return "'" + path + "': read failed or the file changed while being read";
     size_t need = 2 * ((size_t)T + 1);
     if (bytes.empty()) return "'" + path + "' is empty; give a text file of at least 2*(T+1) = " + std::to_string(need) + " bytes";
     if (bytes.size() < need)

@@ -162,8 +162,16 @@ inline Args parse_args(const std::string& cmd, const char* summary, const std::v
     return a;
 }
 
+// --threads: 0 (all cores) up to 4 x the cores; more only makes the
+// threads wait on each other (1024 on 2 cores: 0.14 s became 47 s).
 inline void set_threads(Args& a) {
     int n = (int)a.integer("threads", 0, 1024);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    if (n > 4 * cores)
+        a.fail("--threads " + std::to_string(n) + " is more than 4 x the " + std::to_string(cores) +
+               " cores here: extra threads only wait on each other; use 0 (all cores) or at most " +
+               std::to_string(4 * cores));
 #ifdef _OPENMP
     if (n > 0) omp_set_num_threads(n);
 #else

@@ -616,12 +616,11 @@ static std::string read_file(FILE* f, const std::string& path, SafeTensors* out)
 
 std::string st_read(const std::string& path, SafeTensors* out) {
     *out = SafeTensors();
-    FILE* f = fopen(path.c_str(), "rb");
-    if (!f)
-        return problem(path, std::string("cannot open: ") + strerror(errno),
-                       errno == ENOENT ? "does the file exist? paths are relative to the current directory"
-                                       : "is it readable?");
-    std::string err = read_file(f, path, out);
+    FILE* f = nullptr;
+    uint64_t size = 0;
+    std::string err = file_open_regular(path, FILE_MAX_CHECKPOINT, &f, &size);
+    if (!err.empty()) return err;
+    err = read_file(f, path, out);
     fclose(f);
     return err;
 }
@@ -814,4 +813,89 @@ uint64_t st_checksum(const void* data, size_t n) {
         h *= 0x100000001b3ULL;
     }
     return h;
+}
+
+// ===========================================================================
+// Opening input files
+
+static std::string size_str(uint64_t bytes) {
+    char buf[64];
+    if (bytes >= ((uint64_t)1 << 30)) snprintf(buf, sizeof buf, "%.1f GiB", (double)bytes / (double)((uint64_t)1 << 30));
+    else if (bytes >= ((uint64_t)1 << 20)) snprintf(buf, sizeof buf, "%.1f MiB", (double)bytes / (double)((uint64_t)1 << 20));
+    else snprintf(buf, sizeof buf, "%llu bytes", (unsigned long long)bytes);
+    return buf;
+}
+
+// What a non-regular file is, for the message.
+static const char* file_kind(mode_t m) {
+    return S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO (named pipe)" : S_ISCHR(m) ? "a character device"
+         : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+static std::string check_regular(const std::string& path, const struct stat& sb, uint64_t max_bytes) {
+    if (!S_ISREG(sb.st_mode))
+        return "'" + path + "' is " + file_kind(sb.st_mode) + ", not a regular file (give the path of a file)";
+    if ((uint64_t)sb.st_size > max_bytes)
+        return "'" + path + "' is " + size_str((uint64_t)sb.st_size) + ", more than the " + size_str(max_bytes) +
+               " this reader accepts (give a smaller file)";
+    return "";
+}
+
+std::string file_open_regular(const std::string& path, uint64_t max_bytes, FILE** f, uint64_t* size) {
+    *f = nullptr;
+    *size = 0;
+    // stat first, so that a device is not even opened (opening some has effects);
+    // then open without blocking (a FIFO swapped in meanwhile) and check again.
+    struct stat sb;
+    std::string err;
+    if (stat(path.c_str(), &sb) == 0 && !(err = check_regular(path, sb, max_bytes)).empty()) return err;
+    int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        return "cannot open '" + path + "': " + strerror(e) +
+               (e == ENOENT ? " (does the file exist? paths are relative to the current directory)" : " (is it readable?)");
+    }
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return "cannot stat '" + path + "': " + strerror(e) + " (is it readable?)";
+    }
+    if (!(err = check_regular(path, sb, max_bytes)).empty()) { close(fd); return err; }
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);  // a regular file: plain reads from here on
+    *f = fdopen(fd, "rb");
+    if (!*f) { close(fd); return "cannot open '" + path + "': " + strerror(errno); }
+    *size = (uint64_t)sb.st_size;
+    return "";
+}
+
+std::string file_read_all(const std::string& path, uint64_t max_bytes, std::string* out) {
+    out->clear();
+    FILE* f = nullptr;
+    uint64_t size = 0;
+    std::string err = file_open_regular(path, max_bytes, &f, &size);
+    if (!err.empty()) return err;
+    out->resize((size_t)size);
+    size_t got = size ? fread(&(*out)[0], 1, (size_t)size, f) : 0;
+    char extra;
+    bool grew = fread(&extra, 1, 1, f) == 1;
+    fclose(f);
+    if (got != size || grew) {
+        out->clear();
+        return "'" + path + "': read failed or the file changed while being read (is another process writing it?)";
+    }
+    return "";
+}
+
+std::string file_fingerprint(const std::string& path, uint64_t max_bytes) {
+    FILE* f = nullptr;
+    uint64_t size = 0;
+    if (!file_open_regular(path, max_bytes, &f, &size).empty()) return "";
+    uint64_t h = 0xcbf29ce484222325ULL, n = 0;  // st_checksum, a block at a time
+    std::vector<unsigned char> buf(1 << 20);
+    for (size_t got; (got = fread(buf.data(), 1, buf.size(), f)) > 0; n += got)
+        for (size_t i = 0; i < got; i++) h = (h ^ buf[i]) * 0x100000001b3ULL;
+    fclose(f);
+    char out[64];
+    snprintf(out, sizeof out, "%llu:%016llx", (unsigned long long)n, (unsigned long long)h);
+    return out;
 }

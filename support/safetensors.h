@@ -17,6 +17,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <utility>
@@ -105,3 +106,21 @@ std::string st_write(const std::string& path, const StWriter& w);
 
 // FNV-1a 64-bit hash of n bytes: a cheap fingerprint for tensor data.
 uint64_t st_checksum(const void* data, size_t n);
+
+// ---------------------------------------------------------------------------
+// Opening an input file: the one way every reader of the program opens one
+// (checkpoints, text files, ProsQA files). Only a regular file of at most
+// max_bytes is opened: a directory, a FIFO (which would block until a writer
+// comes), a device (/dev/zero never ends), a socket or a too-large file is
+// refused before anything is read, with one line naming the path, what it is
+// and the fix. "" and *f (opened "rb"; the caller closes it) with *size, or
+// the message (then *f is null).
+constexpr uint64_t FILE_MAX_CHECKPOINT = (uint64_t)64 << 30;  // 64 GiB
+constexpr uint64_t FILE_MAX_TEXT = (uint64_t)1 << 30;         // 1 GiB (about 5 GB of windows at --seq-len 128)
+constexpr uint64_t FILE_MAX_JSON = (uint64_t)256 << 20;       // 256 MiB (the real ProsQA files are under 1 MiB)
+std::string file_open_regular(const std::string& path, uint64_t max_bytes, FILE** f, uint64_t* size);
+// The whole file through file_open_regular.
+std::string file_read_all(const std::string& path, uint64_t max_bytes, std::string* out);
+// "SIZE:HASH" (bytes, FNV-1a 64 in hex) of a file's contents: what a
+// checkpoint records of the data it was trained on. "" when unreadable.
+std::string file_fingerprint(const std::string& path, uint64_t max_bytes);

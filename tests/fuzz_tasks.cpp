@@ -112,14 +112,15 @@ static void fuzz_settings(const std::string& text) {
     require(settings_from_json(settings_to_json(s), &again).empty() && again == s, "settings_to_json does not round-trip");
 }
 
-// prosqa_load_json: an accepted file gives items that check, tokenise and
-// become sequences without crashing (prosqa_check may refuse them, with a reason).
+// prosqa_load_json: an accepted file is a non-empty list of items that pass
+// prosqa_check (the load checks their meaning), tokenise and become sequences.
 static void fuzz_prosqa(const std::string& text) {
     std::vector<ProsqaItem> items;
     if (!prosqa_load_json(as_file(text), &items).empty()) return;
+    require(!items.empty(), "prosqa_load_json accepted an empty list");
     Vocab v = prosqa_vocab(items);
     for (const ProsqaItem& it : items) {
-        prosqa_check(it);
+        require(prosqa_check(it).empty(), "prosqa_load_json accepted an item prosqa_check refuses");
         std::vector<int> ids;
         if (prosqa_tokenize(v, prosqa_prompt(it) + prosqa_target(it), &ids).empty()) prosqa_detokenize(v, ids.data(), (int)ids.size());
         Sequence seq;

@@ -110,6 +110,25 @@ else
     fail resume_equals_uninterrupted "losses after step 5 differ: full [$a] resumed [$b]"
 fi
 
+# --- a checkpoint records the data files it was trained on: eval run from another directory
+# finds the default ProsQA file (beside ./lime), and an edited text file gives one warning line
+lime_abs=$(realpath "$LIME")
+out=$(cd "$tmp" && "$lime_abs" eval --load "$tmp/prosqa/model.safetensors" --json 2>&1)
+if [ $? -eq 0 ] && echo "$out" | grep -q '"task": "prosqa".*"n": 4'; then pass eval_prosqa_from_another_directory
+else fail eval_prosqa_from_another_directory "$out"; fi
+head -c 2000 README.md > "$tmp/data.txt"
+$LIME train --task text --text-file "$tmp/data.txt" --seq-len 16 --layers 1 --dim 16 --heads 2 --ffn 32 --batch 8 \
+    --steps 2 --threads 2 --quiet --out "$tmp/textrun" >/dev/null 2>&1
+same=$($LIME eval --load "$tmp/textrun/model.safetensors" 2>&1 >/dev/null)
+echo "one more line" >> "$tmp/data.txt"
+changed=$($LIME eval --load "$tmp/textrun/model.safetensors" 2>&1 >/dev/null); status=$?
+if [ $status -eq 0 ] && [ -z "$same" ] && [ "$(echo "$changed" | wc -l)" -eq 1 ] &&
+    echo "$changed" | grep -q "lime eval: warning: --text-file .*data.txt differs from the file this model was trained and scored on"; then
+    pass eval_warns_when_data_file_changed
+else
+    fail eval_warns_when_data_file_changed "exit $status; unchanged: [$same]; changed: [$changed]"
+fi
+
 # --- bad input: exit code 2, one line naming the problem, nothing written
 bad() {  # name, expected word in the message, command...
     local name=$1 word=$2; shift 2

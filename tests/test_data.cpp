@@ -9,6 +9,9 @@
 #include <set>
 #include <sstream>
 
+#include <sys/stat.h>  // mkfifo
+#include <unistd.h>
+
 #include "data/tasks.h"
 #include "test.h"
 
@@ -645,4 +648,78 @@ TEST(arith_eval_refuses_deep_brackets) {
     ok.insert(ok.end(), 64, ")");
     err = arith_eval(ok, 11, &v);
     CHECK(err.empty() && v == 3, "64 nested brackets: '%s', value %d", err.c_str(), v);
+}
+
+// A directory, a FIFO or a device given as the text file was read as a stream:
+// an uncaught exception (a directory), a read that blocks forever (a FIFO) or
+// never ends (/dev/zero). Now each is refused before any read, naming what it is.
+TEST(text_load_refuses_special_files) {
+    TextData d;
+    std::string err = text_load("/tmp", 8, 0.1, &d);
+    CHECK(err.find("is a directory") != std::string::npos, "a directory: '%s'", err.c_str());
+    err = text_load("/dev/zero", 8, 0.1, &d);
+    CHECK(err.find("character device") != std::string::npos, "/dev/zero: '%s'", err.c_str());
+    std::string fifo = "/tmp/lime_test_fifo_" + std::to_string(getpid());
+    unlink(fifo.c_str());
+    CHECK(mkfifo(fifo.c_str(), 0600) == 0, "cannot make %s", fifo.c_str());
+    auto t0 = std::chrono::steady_clock::now();
+    err = text_load(fifo, 8, 0.1, &d);
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    unlink(fifo.c_str());
+    CHECK(err.find("FIFO") != std::string::npos && sec < 1, "a FIFO: '%s' after %.1f s", err.c_str(), sec);
+}
+
+// Text takes about 33x the file's size in memory at T = 2: checked against
+// the memory available before the file is read, naming --seq-len.
+TEST(text_load_checks_memory) {
+    std::string path = write_temp("text_mem", std::string(10000, 'x'));
+    TextData d;
+    uint64_t need = text_memory_bytes(10000, 2);
+    CHECK(need > 30 * 10000 && need < 40 * 10000, "10,000 bytes at T = 2: estimate %llu, want 30x .. 40x",
+          (unsigned long long)need);
+    CHECK(text_memory_bytes(10000, 128) < 6 * 10000, "T = 128: estimate %llu, want under 6x",
+          (unsigned long long)text_memory_bytes(10000, 128));
+    std::string err = text_load(path, 2, 0.1, &d, need - 1);
+    CHECK(err.find("--seq-len") != std::string::npos && err.find("memory") != std::string::npos, "too little memory: '%s'",
+          err.c_str());
+    err = text_load(path, 2, 0.1, &d, need);
+    CHECK(err.empty(), "enough memory refused: '%s'", err.c_str());
+}
+
+// The number of distinct questions, counted exactly (checked against the
+// questions the generator itself makes), so that an impossible --train-size
+// is refused at once instead of after minutes of drawing repeats.
+TEST(arith_distinct_questions_exact) {
+    CHECK(arith_distinct_questions(2, 1, 1000) == 14, "p = 2, k = 1: %llu, want 14",
+          (unsigned long long)arith_distinct_questions(2, 1, 1000));
+    for (auto pk : {std::make_pair(2, 2), std::make_pair(3, 2), std::make_pair(2, 3)}) {
+        std::set<std::vector<int>> seen;
+        Rng rng(pk.first * 10 + pk.second);
+        for (int dry = 0; dry < 300000;) dry = seen.insert(arith_chain_ids(rng, pk.first, pk.second).back()).second ? 0 : dry + 1;
+        uint64_t n = arith_distinct_questions(pk.first, pk.second, 1 << 30);
+        CHECK(n == seen.size(), "p = %d, k = %d: counted %llu, the generator makes %zu", pk.first, pk.second,
+              (unsigned long long)n, seen.size());
+    }
+    CHECK(arith_distinct_questions(11, 3, 1 << 30) == 3289143, "p = 11, k = 3: %llu",
+          (unsigned long long)arith_distinct_questions(11, 3, 1 << 30));
+    CHECK(arith_distinct_questions(11, 6, 12345) == 12345, "the cap is not applied");
+}
+
+TEST(arith_check_size_refuses_at_once) {
+    ArithSettings s;
+    s.p = 11, s.ops = 3, s.train_size = 10000000, s.test_size = 500;
+    auto t0 = std::chrono::steady_clock::now();
+    std::string err = arith_check_size(s, 0);
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(err.find("only 3289143 distinct questions") != std::string::npos && sec < 1, "10,000,000 of 3,289,143: '%s' (%.2f s)",
+          err.c_str(), sec);
+    s.train_size = 3000000;
+    err = arith_check_size(s, 0);
+    CHECK(err.find("3/4") != std::string::npos, "3,000,000 of 3,289,143: '%s'", err.c_str());
+    s.train_size = 20000;
+    CHECK(arith_check_size(s, 0).empty(), "the default refused: %s", arith_check_size(s, 0).c_str());
+    err = arith_check_size(s, 1000);
+    CHECK(err.find("memory") != std::string::npos, "1000 bytes of memory: '%s'", err.c_str());
+    s.p = 2, s.ops = 1, s.train_size = 10, s.test_size = 4;   // all 14: a small set is drawn whole
+    CHECK(arith_check_size(s, 0).empty(), "14 of 14 refused: %s", arith_check_size(s, 0).c_str());
 }

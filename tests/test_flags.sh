@@ -136,4 +136,43 @@ if [ $status -eq 2 ] && echo "$out" | grep -q "out of memory: .*; lower .*--dim"
     [ $ms -lt 1000 ]; then pass bench_too_big_refused_at_once
 else fail bench_too_big_refused_at_once "exit $status after $ms ms: $out"; fi
 
+# --- inputs that are not regular files, or that ask for too much: refused at once, one line.
+# Run under a timeout (10 s: a FIFO used to block forever, /dev/zero to read until memory ran out,
+# --train-size 10000000 to give up after 8 minutes).
+printf '#!/bin/sh\nexec timeout 10 "%s" "$@"\n' "$LIME" > "$tmp/lime_t"; chmod +x "$tmp/lime_t"
+mkfifo "$tmp/fifo"
+echo '[]' > "$tmp/empty.json"
+# ProsQA items: Tom -> c1 -> ... -> cN (the answer cN), Bob -> zhoolpus (the other choice)
+prosqa_item() {  # N: the path's length
+    local words=() w on vo co
+    for on in b br ch d f g gr gw h j k l n; do for vo in e i o u oo; do for co in m r l; do words+=("$on$vo${co}pus"); done; done; done
+    local n=$1 q="Tom is a ${words[0]}." steps="\"Tom is a ${words[0]}.\"" edges="[0, 1]" syms="\"Tom\""
+    for ((w = 1; w < n; w++)); do
+        q+=" Every ${words[w-1]} is a ${words[w]}."; steps+=", \"Every ${words[w-1]} is a ${words[w]}.\""; edges+=", [$w, $((w + 1))]"
+    done
+    for ((w = 0; w < n; w++)); do syms+=", \"${words[w]}\""; done
+    printf '{"question": "%s Bob is a zhoolpus. Is Tom a %s or zhoolpus?", "answer": "Tom is a %s.", "steps": [%s], ' \
+        "$q" "${words[n-1]}" "${words[n-1]}" "$steps"
+    printf '"edges": [%s, [%d, %d]], "idx_to_symbol": [%s, "Bob", "zhoolpus"], "root": 0, "target": %d, "neg_target": %d}' \
+        "$edges" $((n + 1)) $((n + 2)) "$syms" "$n" $((n + 2))
+}
+echo "[$(prosqa_item 1)]" > "$tmp/pq.json"
+echo "[$(prosqa_item 1), $(prosqa_item 2 | sed 's/"target": 2/"target": 4/')]" > "$tmp/pq_bad.json"
+$LIME train --task prosqa --prosqa-test "$tmp/pq.json" --train-size 8 --layers 1 --dim 16 --heads 2 --ffn 32 --batch 8 \
+    --steps 1 --threads 1 --quiet --out "$tmp/pq" >/dev/null 2>&1 || echo "FAIL flags_setup_prosqa: could not train on $tmp/pq.json"
+# the test file gains an item longer than any the model was trained on: eval must not run past its T
+echo "[$(prosqa_item 1), $(prosqa_item 120)]" > "$tmp/pq.json"
+LIME=$tmp/lime_t bad data_text_file_directory  "is a directory"     data --task text --text-file "$tmp"
+LIME=$tmp/lime_t bad data_text_file_dev_zero   "character device"   data --task text --text-file /dev/zero
+LIME=$tmp/lime_t bad train_text_file_fifo      "FIFO"               train --task text --text-file "$tmp/fifo"
+LIME=$tmp/lime_t bad train_resume_fifo         "FIFO"               train --resume "$tmp/fifo"
+LIME=$tmp/lime_t bad eval_load_directory       "is a directory"     eval --load "$tmp"
+LIME=$tmp/lime_t bad data_prosqa_empty_list    "empty list"         data --task prosqa --prosqa-test "$tmp/empty.json"
+LIME=$tmp/lime_t bad data_prosqa_bad_item      "item 1: the root does not reach" data --task prosqa --prosqa-test "$tmp/pq_bad.json"
+LIME=$tmp/lime_t bad eval_prosqa_longer_than_T "longer than"        eval --load "$tmp/pq/model.safetensors"
+LIME=$tmp/lime_t bad data_train_size_too_many  "distinct questions" data --train-size 10000000
+LIME=$tmp/lime_t bad train_train_size_too_many "distinct questions" train --ops 1 --train-size 1000
+LIME=$tmp/lime_t bad train_prosqa_size_too_many "out of range"      train --task prosqa --train-size 2000000
+LIME=$tmp/lime_t bad train_threads_too_many    "cores"              train $A --threads 1024
+
 summary

@@ -152,9 +152,16 @@ static std::string load_text(const std::string& json) {
     return prosqa_load_json(path, &items);
 }
 
+// A small item that prosqa_check accepts: Tom -> lempus (the answer), Bob -> scrompus.
+static std::string good_item() {
+    return "{\"question\": \"Tom is a lempus. Bob is a scrompus. Is Tom a lempus or scrompus?\", "
+           "\"answer\": \"Tom is a lempus.\", \"steps\": [\"Tom is a lempus.\"], \"edges\": [[0, 1], [2, 3]], "
+           "\"idx_to_symbol\": [\"Tom\", \"lempus\", \"Bob\", \"scrompus\"], \"root\": 0, \"target\": 1, \"neg_target\": 3}";
+}
+
 TEST(prosqa_malformed_json_refused) {
     std::string ok_tail = "\"idx_to_symbol\": [\"Tom\", \"lempus\"], \"root\": 0, \"target\": 1, \"neg_target\": 1}]";
-    std::string good = "[{\"question\": \"q\", \"answer\": \"a\", \"steps\": [\"s\"], \"edges\": [[0, 1]], " + ok_tail;
+    std::string good = "[" + good_item() + "]";
     CHECK(load_text(good).empty(), "a well-formed file was refused: %s", load_text(good).c_str());
     struct Case { std::string json, expect; } cases[] = {
         {"[{\"question\": ", "at byte"},                                 // not JSON
@@ -204,4 +211,30 @@ TEST(prosqa_build_sequences) {
     prosqa_build(200, 1, VALID, &again);
     CHECK(again.train[17].tokens == d.train[17].tokens, "the same seed gave different training data");
     printf("  seq_len %d, vocabulary %d\n", d.seq_len, d.vocab.size());
+}
+
+// A file is checked for meaning, not only parsed: "[]" used to score "0.0% of
+// 0"; a wrong answer, a cycle or a question that does not match the edges
+// were scored. The first bad item is named by its index.
+TEST(prosqa_meaning_checked_on_load) {
+    std::string good = good_item();
+    CHECK(load_text("[" + good + "]").empty(), "a good item refused: %s", load_text("[" + good + "]").c_str());
+    auto with = [&](const std::string& from, const std::string& to) {
+        std::string bad = good;
+        size_t at = bad.find(from);
+        return at == std::string::npos ? std::string("no '" + from + "' in the item") : "[" + good + ", " + bad.replace(at, from.size(), to) + "]";
+    };
+    struct Case { std::string json, expect; } cases[] = {
+        {"[]", "empty list"},
+        {with("\"target\": 1", "\"target\": 3"), "item 1: the root does not reach the target"},
+        {with("\"answer\": \"Tom is a lempus.\"", "\"answer\": \"Tom is a scrompus.\""), "item 1: the answer is not"},
+        {with("[[0, 1], [2, 3]]", "[[0, 1], [2, 3], [3, 2]]"), "item 1: the edges form a cycle"},
+        {with("Bob is a scrompus. Is", "Bob is a lempus. Is"), "item 1: the question's facts are not exactly the edges"},
+        {with("Is Tom a lempus or scrompus?", "Is Bob a lempus or scrompus?"), "item 1: the question does not end in"},
+    };
+    for (auto& c : cases) {
+        std::string err = load_text(c.json);
+        CHECK(err.find(c.expect) != std::string::npos && err.find("prosqa_bad_test.json") != std::string::npos,
+              "expected an error with '%s', got '%s'", c.expect.c_str(), err.c_str());
+    }
 }
