@@ -32,7 +32,7 @@ NVFLAGS  ?= -std=c++17 -O3 $(GENCODE) -I. -Xcompiler "-fopenmp $(ARCH_FLAGS) -Wa
 
 HOST_SRC = support/cpu_fast.cpp support/checkpoint.cpp support/cli.cpp support/safetensors.cpp support/plot.cpp support/study.cpp \
            data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp
-HEADERS  = support/lime.h support/cpu_fast.h support/flash_attention.cuh support/gpu_memory.cuh support/gpu_peaks.h support/safetensors.h data/tasks.h data/rng.h data/prosqa.h support/cli.h support/plot.h support/stats.h support/study.h
+HEADERS  = support/lime.h support/cpu_fast.h support/flash_attention.cuh support/gpu_memory.cuh support/memory_check.h support/gpu_peaks.h support/safetensors.h data/tasks.h data/rng.h data/prosqa.h support/cli.h support/plot.h support/stats.h support/study.h
 B = build
 
 .DEFAULT_GOAL := all
