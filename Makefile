@@ -127,10 +127,11 @@ test-gpu: lime $(B)/test_gpu_native
 
 # Tier 3 (three operators), 20,000 examples, 15 epochs; lr 3e-3 rather than
 # docs/training.md's 1e-3, since these small models learn several times faster with it.
+# --force: each `make run` starts both runs afresh in runs/llama and runs/lime.
 RUN_ARGS ?= --ops 3 --epochs 15 --lr 3e-3
 run: lime
-	./lime train --arch llama $(RUN_ARGS) --out runs/llama
-	./lime train --arch lime $(RUN_ARGS) --out runs/lime
+	./lime train --arch llama $(RUN_ARGS) --out runs/llama --force
+	./lime train --arch lime $(RUN_ARGS) --out runs/lime --force
 	@echo; echo "accuracy on 500 held-out questions, greedy decoding:"
 	./lime eval --load runs/llama/model.safetensors --load runs/lime/model.safetensors
 
