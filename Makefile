@@ -72,8 +72,25 @@ $(B)/lime.o: lime.cu $(HEADERS) | $(B)
 LIME_LIBS =
 endif
 
-lime: train.cpp $(B)/lime.o $(HOST_SRC) $(HEADERS) | deps
-	$(CXX) $(CXXFLAGS) train.cpp $(HOST_SRC) $(B)/lime.o $(LIME_LIBS) -o $@
+# Each host source is compiled once per kind of build, into build/<kind>/:
+# rel (./lime, ./lime-ref), test (./lime-emu and the test programs, with the
+# fault hooks of LIME_TESTING), asan (the sanitizer suite).
+HOST_OBJ = $(HOST_SRC:%.cpp=%.o)
+REL_OBJ  = $(addprefix $(B)/rel/,$(HOST_OBJ))
+TEST_OBJ = $(addprefix $(B)/test/,$(HOST_OBJ))
+ASAN_OBJ = $(addprefix $(B)/asan/,$(HOST_OBJ))
+$(B)/rel/%.o: %.cpp $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+$(B)/test/%.o: %.cpp $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(TESTFLAGS) -c $< -o $@
+$(B)/asan/%.o: %.cpp $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(ASANFLAGS) -c $< -o $@
+
+lime: $(B)/rel/train.o $(B)/lime.o $(REL_OBJ)
+	$(CXX) $(CXXFLAGS) $^ $(LIME_LIBS) -o $@
 
 # The CPU path alone, compiled by g++ (what the CPU tests link).
 $(B)/lime_cpu.o: lime.cu $(HEADERS) | $(B)
@@ -84,29 +101,31 @@ $(B)/lime_emu.o: lime.cu $(HEADERS) support/cuda_on_cpu.h | $(B)
 	$(CXX) $(TESTFLAGS) -DLIME_EMU -x c++ -c lime.cu -o $@
 
 emu: lime-emu
-lime-emu: train.cpp $(B)/lime_emu.o $(HOST_SRC) $(HEADERS) | deps
-	$(CXX) $(TESTFLAGS) train.cpp $(HOST_SRC) $(B)/lime_emu.o -o $@
+lime-emu: $(B)/test/train.o $(B)/lime_emu.o $(TEST_OBJ)
+	$(CXX) $(TESTFLAGS) $^ -o $@
 
 # The reference build: the CPU path on lime.cu's plain loops alone (no
 # support/cpu_fast.cpp kernels), unoptimised enough to step through in gdb.
 ref: lime-ref
-lime-ref: train.cpp lime.cu $(HOST_SRC) $(HEADERS) | deps
-	$(CXX) -std=c++17 -O1 -g -fopenmp -Wall -Wextra -I. -DLIME_REFERENCE train.cpp -x c++ lime.cu -x none $(HOST_SRC) -o $@
+$(B)/lime_ref.o: lime.cu $(HEADERS) | $(B)
+	$(CXX) -std=c++17 -O1 -g -fopenmp -Wall -Wextra -I. -DLIME_REFERENCE -x c++ -c lime.cu -o $@
+lime-ref: $(B)/rel/train.o $(B)/lime_ref.o $(REL_OBJ)
+	$(CXX) $(CXXFLAGS) $^ -o $@
 
 CPU_TESTS = tests/test_model.cpp tests/test_safetensors.cpp tests/test_data.cpp tests/test_prosqa.cpp tests/test_stats.cpp tests/test_plot.cpp tests/test_checkpoint.cpp
 # tests/test_model.cpp includes lime.cu itself, to reach the static ops.
-$(B)/test_cpu: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(HOST_SRC) $(HEADERS) | $(B) deps
-	$(CXX) $(TESTFLAGS) $(CPU_TESTS) tests/test_main.cpp $(HOST_SRC) -o $@
+$(B)/test_cpu: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(TEST_OBJ) $(HEADERS) | $(B) deps
+	$(CXX) $(TESTFLAGS) $(CPU_TESTS) tests/test_main.cpp $(TEST_OBJ) -o $@
 
 # Every GPU test, twice: kernels on the CPU harness (make test), and natively (make test-gpu).
-$(B)/test_gpu_emu: tests/test_gpu.cpp tests/test_main.cpp tests/test.h support/cuda_on_cpu.h lime.cu $(HOST_SRC) $(HEADERS) | $(B) deps
-	$(CXX) $(TESTFLAGS) -DLIME_EMU tests/test_gpu.cpp tests/test_main.cpp $(HOST_SRC) -o $@
+$(B)/test_gpu_emu: tests/test_gpu.cpp tests/test_main.cpp tests/test.h support/cuda_on_cpu.h lime.cu $(TEST_OBJ) $(HEADERS) | $(B) deps
+	$(CXX) $(TESTFLAGS) -DLIME_EMU tests/test_gpu.cpp tests/test_main.cpp $(TEST_OBJ) -o $@
 
 ifneq ($(NVCC),)
 $(B)/test_gpu_native.o: tests/test_gpu.cpp tests/test.h lime.cu $(HEADERS) | $(B)
 	$(NVCC) $(NVFLAGS) -Itests -x cu -c tests/test_gpu.cpp -o $@
-$(B)/test_gpu_native: $(B)/test_gpu_native.o tests/test_main.cpp $(HOST_SRC) $(HEADERS) | deps
-	$(CXX) $(CXXFLAGS) -Itests tests/test_main.cpp $(HOST_SRC) $(B)/test_gpu_native.o $(LIME_LIBS) -o $@
+$(B)/test_gpu_native: $(B)/test_gpu_native.o tests/test_main.cpp $(REL_OBJ) $(HEADERS) | deps
+	$(CXX) $(CXXFLAGS) -Itests tests/test_main.cpp $(REL_OBJ) $(B)/test_gpu_native.o $(LIME_LIBS) -o $@
 nvcc-check: $(B)/lime.o $(B)/test_gpu_native
 	@echo "nvcc: lime.cu and tests/test_gpu.cpp build for sm_80 and sm_90 with no warnings"
 else
@@ -151,12 +170,12 @@ bench-gpu: lime
 # AddressSanitizer and UndefinedBehaviorSanitizer; tests/run_asan.sh runs the
 # CPU tests and the CLI suites on them and fails on any report.
 ASANFLAGS = -std=c++17 -O1 -g -fopenmp -I. -Itests -DLIME_TESTING -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-$(B)/test_cpu_asan: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(HOST_SRC) $(HEADERS) | $(B) deps
-	$(CXX) $(ASANFLAGS) $(CPU_TESTS) tests/test_main.cpp $(HOST_SRC) -o $@
+$(B)/test_cpu_asan: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(ASAN_OBJ) $(HEADERS) | $(B) deps
+	$(CXX) $(ASANFLAGS) $(CPU_TESTS) tests/test_main.cpp $(ASAN_OBJ) -o $@
 $(B)/lime_asan.o: lime.cu $(HEADERS) | $(B)
 	$(CXX) $(ASANFLAGS) -x c++ -c lime.cu -o $@
-$(B)/lime-asan: train.cpp support/cli.h $(B)/lime_asan.o $(HOST_SRC) $(HEADERS) | deps
-	$(CXX) $(ASANFLAGS) train.cpp $(HOST_SRC) $(B)/lime_asan.o -o $@
+$(B)/lime-asan: $(B)/asan/train.o $(B)/lime_asan.o $(ASAN_OBJ)
+	$(CXX) $(ASANFLAGS) $^ -o $@
 test-asan:
 	$(MAKE) -j2 $(B)/test_cpu_asan $(B)/lime-asan
 	bash tests/run_asan.sh
