@@ -469,7 +469,7 @@ struct Run {
     std::vector<float> params;
 };
 static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t seed, bool vary_shape = false) {
-    Run r;  // the caller picks the math mode (gpu_set_tf32)
+    Run r;  // the caller picks the math mode (use_tf32)
     int B = 3;
     Model m;
     ModelSettings settings = gpu_settings;
