@@ -449,7 +449,8 @@ struct GpuState {
     int next_slot = 0;
     void* pinned = nullptr;          // one cudaMallocHost: both slots and metrics_host
     Metrics* metrics_host = nullptr;
-    // One captured training step per (B, T, tf32), replayed by model_train_step.
+    // One captured training step per (B, T, tf32), replayed by model_train_step;
+    // nullptr after that shape's first step, which runs eagerly (gpu_graph).
     std::map<std::tuple<int, int, bool>, cudaGraphExec_t> graphs;
     size_t device_bytes = 0;         // what the three cudaMallocs hold
 };
@@ -2020,12 +2021,18 @@ float model_update(Model* model, const AdamWConfig& opt, float factor) {
 #ifdef LIME_GPU
 // The training step captured once per (B, T, math mode) as a CUDA graph. The
 // graph holds pointers and shapes only: the batch and the step's numbers are
-// read from device memory that stage() fills before every replay.
+// read from device memory that stage() fills before every replay. The first
+// step of a key gets nullptr and runs eagerly, so that every kernel's first
+// launch (module loading, cuBLAS's first calls) happens outside a capture.
 static cudaGraphExec_t gpu_graph(Model* model, int B, int T) {
     GpuState* G = model->gpu;
     auto key = std::make_tuple(B, T, G->tf32);
     auto it = G->graphs.find(key);
-    if (it != G->graphs.end()) return it->second;
+    if (it == G->graphs.end()) {
+        G->graphs[key] = nullptr;
+        return nullptr;
+    }
+    if (it->second) return it->second;
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     cudaCheck(cudaStreamBeginCapture(G->stream, cudaStreamCaptureModeThreadLocal));
@@ -2049,8 +2056,10 @@ void model_train_step(Model* model, const int* tokens, const int* targets, const
     stage(model, tokens, targets, mask, B * T, true);
 #ifdef LIME_GPU
     if (model->device == DEVICE_GPU && model->settings.graph) {  // no waiting: model_metrics waits when asked
-        cudaCheck(cudaGraphLaunch(gpu_graph(model, B, T), model->gpu->stream));
-        return;
+        if (cudaGraphExec_t exec = gpu_graph(model, B, T)) {
+            cudaCheck(cudaGraphLaunch(exec, model->gpu->stream));
+            return;
+        }
     }
 #endif
     forward_pass(model, B, T, true);
@@ -2066,6 +2075,14 @@ void model_metrics(Model* model, float* loss, float* norm) {
     *norm = model->last_norm;
 }
 
+
+void model_sync(Model* model) {
+#ifdef LIME_GPU
+    if (model->device == DEVICE_GPU) cudaCheck(cudaStreamSynchronize(model->gpu->stream));
+#else
+    (void)model;
+#endif
+}
 
 void model_to_device(Model* model) {
 #ifdef LIME_GPU

@@ -88,6 +88,16 @@ static bool same_bits(const float* a, const float* b, size_t n) { return memcmp(
 
 static const double TOL_FWD = 1e-5, TOL_BWD = 1e-4;
 
+// The harness's orders of blocks and threads (support/cuda_on_cpu.h); on a GPU, whatever it does.
+#ifdef LIME_EMU
+typedef emu::Order emu_order;
+static const emu_order FWD = emu::FORWARD, REV = emu::REVERSE, RND = emu::RANDOM;
+static void emu_clear_poison() { emu::clear_replay_poison(); }
+#else
+enum emu_order { FWD, REV, RND };
+static void emu_clear_poison() {}
+#endif
+
 // ===========================================================================
 // Each op: the GPU launcher against the CPU function, same inputs.
 // ===========================================================================
@@ -493,7 +503,9 @@ struct Run {
     std::vector<float> losses, norms;
     std::vector<float> params;
 };
-static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t seed, bool vary_shape = false) {
+// `prepare`, if given, sees the model after model_init.
+static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t seed, bool vary_shape = false,
+                       const std::function<void(Model&)>& prepare = nullptr) {
     Run r;  // the caller picks the math mode (use_tf32)
     int B = 3;
     Model m;
@@ -502,6 +514,7 @@ static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t see
     std::string err = model_create(&m, c, B, dev, settings);
     if (!err.empty()) { fprintf(stderr, "%s\n", err.c_str()); return r; }
     model_init(&m, seed);
+    if (prepare) prepare(m);
     AdamWConfig opt;
     for (int s = 0; s < steps; s++) {
         int b = vary_shape && s % 2 ? 2 : B, T = vary_shape && s % 2 ? c.T - 2 : c.T;  // a second graph, then back
@@ -585,6 +598,74 @@ TEST(gpu_same_seed_gives_bit_identical_losses) {
     CHECK(a.losses.size() == 3 && same_bits(a.losses.data(), b.losses.data(), 3), "losses differ between two runs with one seed");
     CHECK(same_bits(a.params.data(), b.params.data(), a.params.size()), "parameters differ between two runs with one seed");
 }
+
+// Three LIMe steps (eager, captured, replayed with the graph) give the same
+// bits whatever order the harness runs blocks and threads in, with the graph
+// or without; graph replays start with the scratch (activations, gradients,
+// the norm's partial sums) filled with NaN, so a step that reads what an
+// earlier step left there shows. Natively only graph/no-graph varies.
+struct StepOrder { emu_order blocks, threads; uint64_t seed; bool graph; };
+static const StepOrder STEP_ORDERS[] = {{FWD, FWD, 1, false}, {REV, REV, 1, true}, {RND, RND, 3, true},
+                                     {RND, FWD, 4, false}, {FWD, RND, 5, true}};
+static void set_step_order(const StepOrder& s) {
+#ifdef LIME_EMU
+    emu::set_order(s.threads, s.seed);
+    emu::set_block_order(s.blocks);
+#else
+    (void)s;
+#endif
+}
+static const char* step_order_name(const StepOrder& s) {
+    static char buf[80];
+    const char* o[] = {"forward", "reverse", "random"};
+    snprintf(buf, sizeof buf, "blocks %s, threads %s, seed %d, %s", o[s.blocks], o[s.threads], (int)s.seed,
+             s.graph ? "graph" : "no graph");
+    return buf;
+}
+static void poison_scratch(Model& m) {
+#ifdef LIME_EMU
+    GpuState* G = m.gpu;
+    const Acts& A = G->acts;
+    if ((char*)A.targets <= (char*)A.x || (char*)A.rope_cos <= (char*)A.dx) {
+        fprintf(stderr, "poison_scratch: acts_carve's order changed; update the ranges here\n");
+        abort();
+    }
+    emu::clear_replay_poison();
+    emu::poison_before_replay(A.x, (char*)A.targets - (char*)A.x);           // x ... nll: the forward's
+    emu::poison_before_replay(A.dx, (char*)A.rope_cos - (char*)A.dx);        // dx ... scratch: the backward's
+    emu::poison_before_replay(G->mem + m.n_params, m.n_params * sizeof(float));  // the gradients
+    emu::poison_before_replay(G->norm_partial, grad_norm_blocks(m.n_params) * sizeof(double));
+#else
+    (void)m;
+#endif
+}
+static void check_steps_across_schedules(Attention attention) {
+    use_tf32(false);
+    use_attention(attention);
+    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    Run want;
+    for (const StepOrder& s : STEP_ORDERS) {
+        set_step_order(s);
+        Run got = train_steps(c, DEVICE_GPU, s.graph, 3, 21, false, poison_scratch);
+        set_step_order(STEP_ORDERS[0]);
+        emu_clear_poison();
+        const char* name = step_order_name(s);
+        CHECK(got.losses.size() == 3, "%s: training did not run", name);
+        if (&s == STEP_ORDERS) { want = got; continue; }
+        for (int k = 0; k < 3; k++)
+            CHECK(same_bits(&got.losses[k], &want.losses[k], 1) && same_bits(&got.norms[k], &want.norms[k], 1),
+                  "%s: step %d loss %.9g norm %.9g, want %.9g %.9g", name, k + 1, got.losses[k], got.norms[k],
+                  want.losses[k], want.norms[k]);
+        size_t n = want.params.size() / 4;
+        const char* part[] = {"parameters", "gradients", "Adam m", "Adam v"};
+        for (int p = 0; p < 4; p++)
+            CHECK(same_bits(got.params.data() + p * n, want.params.data() + p * n, n), "%s: %s differ after 3 steps", name,
+                  part[p]);
+    }
+    use_attention(ATTENTION_AUTO);
+}
+TEST(gpu_three_steps_bit_identical_across_schedules_matmul) { NEED_GPU(); check_steps_across_schedules(ATTENTION_MATMUL); }
+TEST(gpu_three_steps_bit_identical_across_schedules_flash) { NEED_GPU(); check_steps_across_schedules(ATTENTION_FLASH); }
 
 TEST(gpu_forward_without_targets_gives_cpu_logits) {
     NEED_GPU();
