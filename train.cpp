@@ -1399,9 +1399,10 @@ static void print_bench_json(const BenchSetup& b, const BenchResult& llama, cons
         s += ", \"gpu\": " + json_quote(b.gpu.name) +
              bfmt(", \"tf32\": %d, \"graph\": %d, \"peak_tflops\": %.1f, \"peak_source\": ", b.settings.tf32,
                   b.settings.graph, b.peak_tflops) + json_quote(b.peak.source);
+    else if (b.dev == DEVICE_GPU)
+        s += ", \"gpu_absent\": \"no GPU information: MFU and memory are not measured\"";
     else
-        s += ", \"gpu_absent\": " + json_quote(b.dev == DEVICE_GPU ? "no GPU information: MFU and memory are not measured"
-                                                                    : "a CPU run: MFU and device memory are measured on a GPU only");
+        s += ", \"gpu_absent\": \"a CPU run: MFU and device memory are measured on a GPU only\"";
     s += ", \"llama\": " + one(llama, cl) + ", \"lime\": " + one(lime, cm) +
          bfmt(", \"lime_over_llama\": %.4f", lime.ms / llama.ms);
     if (b.on_gpu)

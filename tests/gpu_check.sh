@@ -17,7 +17,7 @@ echo "== nvcc, driver, GPU"
 if [ -n "$NVCC" ]; then echo "nvcc: $NVCC, $("$NVCC" --version | grep -i release)"; else echo "nvcc: not found"; fi
 if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi --query-gpu=driver_version,name,compute_cap --format=csv,noheader 2>&1 |
-        sed 's/^\([^,]*\), */driver: \1, GPU: /'
+        awk -F', ' 'NF == 3 { print "driver: " $1 ", GPU: " $2 " (compute capability " $3 ")"; next } { print }'
 else
     echo "nvidia-smi: not found"
 fi
