@@ -150,7 +150,8 @@ Json tokenizer_config_json(const Config& c, const std::vector<std::string>& voca
     for (int id : {tk.pad, tk.eos})
         if (id >= 0) decoder.obj.push_back({std::to_string(id), special_token(vocab, id, false)});
     auto name = [&](int id) { return id < 0 ? jnull() : jstr(vocab[id]); };
-    return jobj({{"added_tokens_decoder", decoder}, {"bos_token", jnull()}, {"clean_up_tokenization_spaces", jbool(false)},
+    return jobj({{"added_tokens_decoder", decoder}, {"bos_token", jnull()},
+                 {"clean_up_tokenization_spaces", jbool(false)},
                  {"eos_token", name(tk.eos)}, {"model_input_names", jarr({jstr("input_ids"), jstr("attention_mask")})},
                  {"model_max_length", jnum(c.T)}, {"pad_token", name(tk.pad)},
                  {"tokenizer_class", jstr("PreTrainedTokenizerFast")}, {"unk_token", jnull()}});

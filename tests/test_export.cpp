@@ -277,7 +277,9 @@ std::vector<float> hf_forward(const HfLlama& m, const std::vector<int>& ids, boo
                 float mx = -INFINITY, sum = 0;
                 for (int j = 0; j <= t; j++) {
                     float dot = 0;
-                    for (int i = 0; i < hd; i++) dot += q[(size_t)t * nq + h * hd + i] * k[(size_t)j * nkv + r * hd + i];
+                    const float* qh = &q[(size_t)t * nq + h * hd];
+                    const float* kj = &k[(size_t)j * nkv + r * hd];
+                    for (int i = 0; i < hd; i++) dot += qh[i] * kj[i];
                     s[j] = dot / std::sqrt((float)hd);
                     mx = std::max(mx, s[j]);
                 }
@@ -326,8 +328,10 @@ TEST(export_config_holds_the_checkpoints_values) {
         {"vocab_size", c.V}, {"hidden_size", c.d}, {"intermediate_size", c.F}, {"num_hidden_layers", c.L},
         {"num_attention_heads", c.H}, {"num_key_value_heads", c.R}, {"head_dim", c.hd},
         {"max_position_embeddings", c.T}, {"eos_token_id", 1}, {"pad_token_id", 0}};
-    for (auto& f : ints) CHECK(num(cfg, f.key) == f.want, "config.json %s = %g, want %d", f.key, num(cfg, f.key), f.want);
-    CHECK((float)num(cfg, "rms_norm_eps") == c.eps, "config.json rms_norm_eps = %g, want %g", num(cfg, "rms_norm_eps"), c.eps);
+    for (auto& f : ints)
+        CHECK(num(cfg, f.key) == f.want, "config.json %s = %g, want %d", f.key, num(cfg, f.key), f.want);
+    CHECK((float)num(cfg, "rms_norm_eps") == c.eps, "config.json rms_norm_eps = %g, want %g",
+          num(cfg, "rms_norm_eps"), c.eps);
     CHECK((float)num(cfg, "rope_theta") == c.rope_theta, "config.json rope_theta = %g", num(cfg, "rope_theta"));
     const Json* arch = cfg.get("architectures");
     CHECK(arch && arch->arr.size() == 1 && arch->arr[0].str == "LlamaForCausalLM", "config.json architectures");
@@ -346,7 +350,8 @@ TEST(export_config_holds_the_checkpoints_values) {
           str(tc, "pad_token").c_str());
     Json tok = read_json(ex.out + "/tokenizer.json");
     const Json* added = tok.get("added_tokens");
-    CHECK(added && added->arr.size() == 2 && num(added->arr[0], "id") == 0 && str(added->arr[0], "content") == "<pad>" &&
+    CHECK(added && added->arr.size() == 2 && num(added->arr[0], "id") == 0 &&
+              str(added->arr[0], "content") == "<pad>" &&
               num(added->arr[1], "id") == 1 && str(added->arr[1], "content") == "<eos>",
           "tokenizer.json added_tokens are not <pad> = 0, <eos> = 1");
     CHECK(is_null(tok, "post_processor"), "tokenizer.json adds tokens (post_processor); the trainer adds none");
