@@ -31,9 +31,9 @@ GENCODE  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm
 NVWERROR ?= --Werror all-warnings
 NVFLAGS  ?= -std=c++17 -O3 $(GENCODE) -I. -Xcompiler "-fopenmp $(ARCH_FLAGS) -Wall -Wextra" $(NVWERROR)
 
-HOST_SRC = support/cpu_fast.cpp support/checkpoint.cpp support/cli.cpp support/safetensors.cpp support/plot.cpp support/study.cpp \
+HOST_SRC = support/cpu_fast.cpp support/checkpoint.cpp support/export.cpp support/cli.cpp support/safetensors.cpp support/plot.cpp support/study.cpp \
            data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp
-HEADERS  = support/lime.h support/cpu_fast.h support/flash_attention.cuh support/gpu_memory.cuh support/memory_check.h support/gpu_peaks.h support/safetensors.h data/tasks.h data/rng.h data/prosqa.h support/cli.h support/plot.h support/stats.h support/study.h
+HEADERS  = support/lime.h support/export.h support/cpu_fast.h support/flash_attention.cuh support/gpu_memory.cuh support/memory_check.h support/gpu_peaks.h support/safetensors.h data/tasks.h data/rng.h data/prosqa.h support/cli.h support/plot.h support/stats.h support/study.h
 B = build
 
 .DEFAULT_GOAL := all
@@ -113,7 +113,7 @@ $(B)/lime_ref.o: lime.cu $(HEADERS) | $(B)
 lime-ref: $(B)/rel/train.o $(B)/lime_ref.o $(REL_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@
 
-CPU_TESTS = tests/test_model.cpp tests/test_safetensors.cpp tests/test_data.cpp tests/test_prosqa.cpp tests/test_stats.cpp tests/test_plot.cpp tests/test_checkpoint.cpp
+CPU_TESTS = tests/test_model.cpp tests/test_export.cpp tests/test_safetensors.cpp tests/test_data.cpp tests/test_prosqa.cpp tests/test_stats.cpp tests/test_plot.cpp tests/test_checkpoint.cpp
 # tests/test_model.cpp includes lime.cu itself, to reach the static ops.
 $(B)/test_cpu: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(TEST_OBJ) $(HEADERS) | $(B) deps
 	$(CXX) $(TESTFLAGS) $(CPU_TESTS) tests/test_main.cpp $(TEST_OBJ) -o $@

@@ -23,6 +23,7 @@
 
 #include "support/cli.h"
 #include "data/task.h"
+#include "support/export.h"
 #include "support/gpu_peaks.h"
 #include "support/lime.h"
 #include "support/plot.h"
@@ -1603,6 +1604,29 @@ static int cmd_analyze(int argc, char** argv) {
 }
 
 // ===========================================================================
+// ./lime export: a llama checkpoint as a transformers model directory (support/export.cpp)
+// ===========================================================================
+
+static int cmd_export(int argc, char** argv) {
+    std::vector<FlagSpec> flags = {
+        {"load", "", "a llama checkpoint written by ./lime train (a model.safetensors)"},
+        {"out", "", "the directory to write (created; refused if it holds files, unless --force)"},
+        {"force", nullptr, "write into a directory that holds files, replacing the export's own files there"},
+    };
+    Args a = parse_args("export", "Writes a llama checkpoint as a Hugging Face transformers model directory:\n"
+                        "config.json, model.safetensors, generation_config.json and a tokenizer that gives the "
+                        "trainer's ids.", flags, argc, argv, false);
+    if (!a.err.empty()) die("export", a.err);
+    if (!a.has("load")) die("export", "needs --load FILE (a model.safetensors written by ./lime train --arch llama)");
+    if (!a.has("out") || a.str("out").empty()) die("export", "needs --out DIR (the directory to write)");
+    std::string err = hf_export(a.str("load"), a.str("out"), a.has("force"));
+    if (!err.empty()) die("export", err);
+    printf("wrote %s: config.json, model.safetensors, generation_config.json, tokenizer.json, "
+           "tokenizer_config.json, special_tokens_map.json\n", a.str("out").c_str());
+    return 0;
+}
+
+// ===========================================================================
 
 // On stdout when asked for (--help), on stderr with exit status 2 when no command is given.
 static void usage(FILE* f) {
@@ -1614,7 +1638,8 @@ static void usage(FILE* f) {
            "  verify   check the implementation against reference vectors\n"
            "  bench    time training steps of llama and lime\n"
            "  compare  train both models for several seeds; report with statistics and figures\n"
-           "  analyze  router heatmap, value entropy per layer and cost of a checkpoint\n");
+           "  analyze  router heatmap, value entropy per layer and cost of a checkpoint\n"
+           "  export   write a llama checkpoint as a Hugging Face transformers model directory\n");
 }
 
 int main(int argc, char** argv) {
@@ -1633,7 +1658,8 @@ int main(int argc, char** argv) {
     if (cmd == "bench") return cmd_bench(n, rest);
     if (cmd == "compare") return cmd_compare(n, rest);
     if (cmd == "analyze") return cmd_analyze(n, rest);
+    if (cmd == "export") return cmd_export(n, rest);
     fprintf(stderr, "lime: unknown command '%s'; commands: train eval sample data verify bench compare analyze "
-            "(./lime --help)\n", one_line(cmd).c_str());
+            "export (./lime --help)\n", one_line(cmd).c_str());
     return 2;
 }

@@ -45,6 +45,18 @@ if echo "$out" | grep -q '"accuracy": ' && echo "$out" | grep -q '"arch": "lime"
 out=$($LIME sample --load "$tmp/run/model.safetensors" --prompt "3 + 4 * 2 =" --max-new 5 2>&1)
 if [ $? -eq 0 ] && [ -n "$(echo "$out" | tail -1)" ]; then pass sample_prints_continuation; else fail sample_prints_continuation "$out"; fi
 
+# --- export: a llama checkpoint as a transformers directory; the same files from a second export
+files="config.json generation_config.json model.safetensors special_tokens_map.json tokenizer.json tokenizer_config.json"
+if $LIME train $TINY --arch llama --steps 2 --out "$tmp/llama" >/dev/null 2>&1 &&
+    $LIME export --load "$tmp/llama/model.safetensors" --out "$tmp/hf" >"$tmp/export.out" 2>&1 &&
+    $LIME export --load "$tmp/llama/model.safetensors" --out "$tmp/hf2" >/dev/null 2>&1 &&
+    [ "$(LC_ALL=C ls "$tmp/hf" | tr '\n' ' ')" == "$files " ] && diff -r "$tmp/hf" "$tmp/hf2" >/dev/null &&
+    grep -q '"model_type": "llama"' "$tmp/hf/config.json" && [ -z "$(ls -d "$tmp"/hf.tmp-* 2>/dev/null)" ]; then
+    pass export_writes_transformers_directory
+else
+    fail export_writes_transformers_directory "$(cat "$tmp/export.out"; ls "$tmp/hf" 2>&1)"
+fi
+
 # --- ProsQA (docs/tasks.md §2): generated training graphs, the real test file, exact-match scoring
 if $LIME train --task prosqa --train-size 64 --test-size 4 --layers 1 --dim 16 --heads 2 --ffn 32 --batch 8 --steps 3 --threads 2 \
         --quiet --out "$tmp/prosqa" >"$tmp/prosqa.out" 2>&1 &&

@@ -13,9 +13,11 @@ head -c 3000 README.md > "$tmp/short.txt"
 TINY="--layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 16 --threads 1 --quiet"
 $LIME train $TINY --steps 2 --out "$tmp/run" >/dev/null 2>&1
 $LIME train $TINY --steps 2 --seed 2 --out "$tmp/run2" >/dev/null 2>&1   # another run, for train_resume_into_other_run
+$LIME train $TINY --arch llama --steps 1 --out "$tmp/llama" >/dev/null 2>&1  # for export
 M=$tmp/run/model.safetensors
+L=$tmp/llama/model.safetensors
 C=$tmp/run/checkpoint.safetensors
-[ -f "$M" ] && [ -f "$C" ] || { echo "FAIL flags_setup: could not train the tiny model"; echo "0 passed, 1 failed"; exit 1; }
+[ -f "$M" ] && [ -f "$C" ] && [ -f "$L" ] || { echo "FAIL flags_setup: could not train the tiny model"; echo "0 passed, 1 failed"; exit 1; }
 T="--task text --text-file $tmp/short.txt"
 A="--train-size 300 --test-size 20"     # a small arithmetic task: quick to generate
 LONG_PROMPT="$(printf '1 + %.0s' $(seq 40))1 ="
@@ -121,6 +123,18 @@ bad compare_seeds_empty       "not an integer"     compare --preset tiny --seeds
 bad compare_variant_past_L    "J must be 1 .. 2"   compare --preset tiny --archs llama,lime:last-3
 bad compare_variant_layers    "J must be 1 .. 1"   compare --preset tiny --archs llama,lime:first-2 --train-args "--layers 1"
 bad compare_steps_and_epochs  "one of them"        compare --preset tiny --train-args "--steps 5 --epochs 2"
+# --- export (a llama checkpoint only; --out relative: a refused export leaves no directory behind)
+cp "$L" "$tmp/damaged.safetensors"
+printf '\x7f' | dd of="$tmp/damaged.safetensors" bs=1 seek=$(($(stat -c %s "$L") - 4)) conv=notrunc 2>/dev/null
+bad export_no_load            "needs --load"       export --out hf
+bad export_no_out             "needs --out"        export --load "$L"
+bad export_lime               "no LIMe model"      export --load "$M" --out hf
+bad export_missing            "cannot open"        export --load "$tmp/nope.safetensors" --out hf
+bad export_damaged            "checksum does not match" export --load "$tmp/damaged.safetensors" --out hf
+bad export_no_vocabulary      "no vocabulary"      export --load "$PWD/tests/golden/llama_tiny.safetensors" --out hf
+bad export_out_not_empty      "add --force"        export --load "$L" --out "$tmp/run"
+bad export_out_is_a_file      "not a directory"    export --load "$L" --out "$M"
+bad export_force_over_a_run   "written by ./lime train" export --load "$L" --out "$tmp/run" --force
 # --- user text echoed in a message stays on one line, control characters escaped
 bad flag_value_newline        "not an integer"     train $A --batch $'1\n2'
 bad flag_value_escape         'gp\\x1bt'           train $A --arch $'gp\x1bt'
