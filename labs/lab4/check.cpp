@@ -34,9 +34,10 @@ static std::string check_numbers() {
 }
 
 // One tensor's update, as docs/training.md writes it, with a slip.
-enum Slip { NONE, NO_BIAS_CORRECTION, DECAY_WITHOUT_LR, DECAY_IN_GRADIENT, NO_CLIP, EPS_INSIDE_SQRT };
+enum Slip { NONE, NOTHING, NO_BIAS_CORRECTION, DECAY_WITHOUT_LR, DECAY_IN_GRADIENT, NO_CLIP, EPS_INSIDE_SQRT };
 static const char* hint(Slip s) {
     switch (s) {
+    case NOTHING: return "p, m and v are as they were: the update writes all three";
     case NO_BIAS_CORRECTION: return "it matches an update without the bias corrections: divide m by bc1 and v by bc2";
     case DECAY_WITHOUT_LR: return "it matches weight decay not scaled by lr: AdamW's decay is p -= lr * wd * p";
     case DECAY_IN_GRADIENT:
@@ -49,6 +50,7 @@ static const char* hint(Slip s) {
 }
 static void update_with_slip(Slip s, std::vector<float>* p, std::vector<float>* m, std::vector<float>* v,
                              const std::vector<float>& g, float lr, float wd, float scale, const AdamWNumbers& h) {
+    if (s == NOTHING) return;
     for (size_t i = 0; i < g.size(); i++) {
         double gi = (double)g[i] * (s == NO_CLIP ? 1.0 : scale);
         if (s == DECAY_IN_GRADIENT) gi += wd * (*p)[i];
@@ -71,7 +73,7 @@ static std::string check_update(Rng& rng, size_t n, float wd, float scale) {
     adamw_cpu(gp.data(), gm.data(), gv.data(), g.data(), n, lr, wd, scale, h);
     std::vector<float> want[3], outs[3];
     std::vector<Mistake> mistakes;
-    for (Slip s : {NONE, NO_BIAS_CORRECTION, DECAY_WITHOUT_LR, DECAY_IN_GRADIENT, NO_CLIP, EPS_INSIDE_SQRT}) {
+    for (Slip s : {NONE, NOTHING, NO_BIAS_CORRECTION, DECAY_WITHOUT_LR, DECAY_IN_GRADIENT, NO_CLIP, EPS_INSIDE_SQRT}) {
         std::vector<float> sp = p, sm = m, sv = v;
         update_with_slip(s, &sp, &sm, &sv, g, lr, wd, scale, h);
         if (s == NONE) want[0] = sp, want[1] = sm, want[2] = sv;
