@@ -9,7 +9,8 @@
 # Lab 5 (an experiment) has no code: FILE is the answers file.
 cd "$(dirname "$0")/.." || exit 2
 n=$1 file=$2
-: "${CXX:=g++}" "${MAKE:=make}" "${LAB_FLAGS:?run labs through make: make lab$n}"
+: "${CXX:=g++}"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # the checks' shapes are tiny: threads would only wait
 passed=0 failed=0
 pass() { echo "PASS $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
@@ -48,17 +49,15 @@ if [ "$n" = 5 ]; then  # the experiment: the answers against the student's own r
     summary
 fi
 
-if ! $MAKE -s --no-print-directory lab-deps >/tmp/lab$$.log 2>&1; then
-    cat /tmp/lab$$.log; rm -f /tmp/lab$$.log
-    fail build "the project itself did not build (above): this is not your file's fault"
-    summary
-fi
-rm -f /tmp/lab$$.log
+: "${LAB_FLAGS:?labs/run.sh: run it through make: make lab$n}"
+# Only lab 3 (a kernel) needs the harness's header: the others compile faster without it.
+flags=$LAB_FLAGS
+[ "$n" = 3 ] || flags="$LAB_FLAGS -ULIME_EMU"
 dir=build/lab/lab$n/$(tr -c 'A-Za-z0-9\n' _ <<<"$file")
 mkdir -p "$dir"
 objs=()
 if [ "$file" != project ]; then
-    if ! $CXX $LAB_FLAGS -x c++ -c "$file" -o "$dir/student.o" 2>"$dir/errors"; then
+    if ! $CXX $flags -x c++ -c "$file" -o "$dir/student.o" 2>"$dir/errors"; then
         grep -m1 -A3 'error' "$dir/errors"
         fail compiles "fix $file: it does not compile (the compiler's first error is above)"
         summary
@@ -69,7 +68,7 @@ if [ "$file" != project ]; then
     objs=("$dir/student.o")
 fi
 [ labs/lab$n/check.cpp -nt "build/lab/lab$n/check.o" ] || [ labs/check.h -nt "build/lab/lab$n/check.o" ] ||
-    [ labs/lab.h -nt "build/lab/lab$n/check.o" ] && $CXX $LAB_FLAGS -c labs/lab$n/check.cpp -o "build/lab/lab$n/check.o"
+    [ labs/lab.h -nt "build/lab/lab$n/check.o" ] && $CXX $flags -c labs/lab$n/check.cpp -o "build/lab/lab$n/check.o"
 for prog in check lime; do
     main=build/lab/lab$n/check.o
     [ $prog = lime ] && main=$LAB_MAIN
