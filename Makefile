@@ -7,7 +7,7 @@
 #   make ref        ./lime-ref: the CPU path on lime.cu's plain loops alone (REFERENCE=1 makes it the default)
 #   make test-gpu   the GPU tests on a real GPU (skipped, with the reason, without one)
 #   make bench-gpu  step time, MFU and memory of llama vs lime on the GPU (full attention and GQA)
-#   make nvcc-check the CUDA code through nvcc for sm_80 and sm_90, warnings as errors
+#   make nvcc-check the CUDA code through nvcc for sm_80 and sm_90, warnings as errors, no register spills
 #   make test-asan  the CPU tests and the CLI suites under AddressSanitizer + UBSan (a few minutes)
 #   make fuzz       libFuzzer on the checkpoint and task parsers, FUZZ_SECONDS each (not in make test)
 #   make lab1       a classroom lab's checks on the student's file (labs/README.md; lab1 .. lab5)
@@ -29,7 +29,8 @@ ARCH_FLAGS ?= $(shell $(CXX) -march=native -E -x c /dev/null >/dev/null 2>&1 && 
 CXXFLAGS ?= -std=c++17 -O3 $(ARCH_FLAGS) -fopenmp -Wall -Wextra -I.
 TESTFLAGS = -std=c++17 -O2 -g $(ARCH_FLAGS) -fopenmp -Wall -Wextra -I. -Itests -DLIME_TESTING
 GENCODE  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-NVFLAGS  ?= -std=c++17 -O3 $(GENCODE) -I. -Xcompiler "-fopenmp $(ARCH_FLAGS) -Wall -Wextra" --Werror all-warnings
+NVWERROR ?= --Werror all-warnings
+NVFLAGS  ?= -std=c++17 -O3 $(GENCODE) -I. -Xcompiler "-fopenmp $(ARCH_FLAGS) -Wall -Wextra" $(NVWERROR)
 
 HOST_SRC = support/cpu_fast.cpp support/checkpoint.cpp support/cli.cpp support/safetensors.cpp support/plot.cpp support/study.cpp \
            data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp
@@ -127,8 +128,14 @@ $(B)/test_gpu_native.o: tests/test_gpu.cpp tests/test.h lime.cu $(HEADERS) | $(B
 	$(NVCC) $(NVFLAGS) -Itests -x cu -c tests/test_gpu.cpp -o $@
 $(B)/test_gpu_native: $(B)/test_gpu_native.o tests/test_main.cpp $(REL_OBJ) $(HEADERS) | deps
 	$(CXX) $(CXXFLAGS) -Itests tests/test_main.cpp $(REL_OBJ) $(B)/test_gpu_native.o $(LIME_LIBS) -o $@
-nvcc-check: $(B)/lime.o $(B)/test_gpu_native
+# ptxas's resource report (registers, spills) of every kernel for sm_80 and sm_90;
+# tests/check_spills.sh fails on a spill in the kernels it lists as spill-free.
+$(B)/ptxas.txt: lime.cu $(HEADERS) | $(B)
+	$(NVCC) $(NVFLAGS) --resource-usage -c lime.cu -o $(B)/ptxas.o 2> $@.tmp || { cat $@.tmp; rm -f $@.tmp; exit 1; }
+	mv $@.tmp $@
+nvcc-check: $(B)/lime.o $(B)/test_gpu_native $(B)/ptxas.txt
 	@echo "nvcc: lime.cu and tests/test_gpu.cpp build for sm_80 and sm_90 with no warnings"
+	@bash tests/check_spills.sh $(B)/ptxas.txt
 else
 $(B)/test_gpu_native:
 	@echo "no nvcc: the native GPU tests are not built"

@@ -271,7 +271,8 @@ struct Acts {
     float* dvt;
     float* scratch;  // CPU: the fast products' packed panels (support/cpu_fast.h);
                      // GPU: attention's head-major q, out/dout and dq (3, B, T, H*hd), rmsnorm's gain partials,
-                     // flash attention's D (B, H, T)
+                     // flash attention's D (B, H, T), the router's and the embedding's partial sums
+    size_t scratch_floats;  // its size, in floats
     float* rope_cos; // (T, hd/2)
     float* rope_sin; // (T, hd/2)
 };
@@ -286,6 +287,13 @@ static size_t fast_scratch_floats(const Config& c, size_t BT) {
     for (auto [C, OC] : products)
         most = std::max({most, matmul_fast_scratch_floats(C, OC), matmul_fast_scratch_floats(std::max(BT, OC), C)});
     return most;
+}
+
+// The GPU router's weight gradient sums chunks of ROUTER_CHUNK positions
+// (router_backward_gpu): layer l's partial sums (chunks, 2, R, (l+1)R), in floats.
+#define ROUTER_CHUNK 64
+static size_t router_scratch_floats(int l, size_t N, int R) {
+    return (N + ROUTER_CHUNK - 1) / ROUTER_CHUNK * 2 * R * (l + 1) * R;
 }
 
 // Carves (or, with base == nullptr, only measures) the activations; only the scratch differs between devices.
@@ -337,7 +345,9 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->vt, gpu * BT * kvd);
     take(&A->dkt, gpu * BT * kvd);
     take(&A->dvt, gpu * BT * kvd);
-    take(&A->scratch, dev == DEVICE_GPU ? 3 * BT * qd : FAST_CPU ? fast_scratch_floats(c, BT) : 0);
+    size_t gpu_scratch = std::max(3 * BT * qd, router_scratch_floats(c.L - 1, BT, c.R));
+    A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch : FAST_CPU ? fast_scratch_floats(c, BT) : 0;
+    take(&A->scratch, A->scratch_floats);
     take(&A->rope_cos, (size_t)c.T * c.hd / 2);
     take(&A->rope_sin, (size_t)c.T * c.hd / 2);
     return off;
@@ -448,7 +458,8 @@ struct GpuState {
     int next_slot = 0;
     void* pinned = nullptr;          // one cudaMallocHost: both slots and metrics_host
     Metrics* metrics_host = nullptr;
-    // One captured training step per (B, T, tf32), replayed by model_train_step.
+    // One captured training step per (B, T, tf32), replayed by model_train_step;
+    // nullptr after that shape's first step, which runs eagerly (gpu_graph).
     std::map<std::tuple<int, int, bool>, cudaGraphExec_t> graphs;
     size_t device_bytes = 0;         // what the three cudaMallocs hold
 };
@@ -615,40 +626,65 @@ static void embedding_backward(float* dE, const float* dout, const int* tokens, 
 
 #ifdef LIME_GPU
 __global__ void embedding_forward_kernel(float* out, const int* tokens, const float* E, int N, int d) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // one thread per output float
-    if (idx >= (size_t)N * d) return;
-    size_t n = idx / d;
-    out[idx] = E[(size_t)tokens[n] * d + idx % d];
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // one thread per output float (32-bit: see model_create)
+    if (idx >= N * d) return;
+    out[idx] = E[tokens[idx / d] * d + idx % d];
 }
 static void embedding_forward_gpu(float* out, const int* tokens, const float* E, int N, int d, cudaStream_t stream) {
     LAUNCH(embedding_forward_kernel, ceil_div((size_t)N * d, 256), 256, 0, stream)(out, tokens, E, N, d);
     launchCheck();
 }
 
-// Deterministic without atomics: block (v, column slice) owns dE[v, slice]
-// and walks all positions in order, adding the rows whose token is v. The
-// token ids pass through shared memory a tile at a time.
+// Deterministic without atomics: block (group of EMBED_TOKENS ids, column
+// slice, chunk of positions) holds its ids' rows of the slice in shared memory,
+// each thread one column, and walks its chunk's positions in order, adding the
+// rows whose token is in the group (the token ids pass through shared memory a
+// tile at a time). With one chunk it adds to dE in the CPU's order; with more,
+// chunk c writes partial (chunks, V, d)[c] and one thread per float then adds
+// the chunks in order.
 #define EMBED_TILE 1024
-__global__ void embedding_backward_kernel(float* dE, const float* dout, const int* tokens, int N, int d) {
+#define EMBED_TOKENS 128
+#define EMBED_CHUNK 256
+__global__ void embedding_backward_kernel(float* out, const float* dout, const int* tokens, int N, int d, int V,
+                                          int per_chunk) {
     __shared__ int tile[EMBED_TILE];
-    int v = blockIdx.x, i = blockIdx.y * blockDim.x + threadIdx.x;
-    float sum = 0;
-    for (int n0 = 0; n0 < N; n0 += EMBED_TILE) {
-        int count = min(EMBED_TILE, N - n0);
+    DYNAMIC_SHARED(float, acc);  // (EMBED_TOKENS, blockDim.x)
+    int v0 = blockIdx.x * EMBED_TOKENS, i = blockIdx.y * blockDim.x + threadIdx.x, nv = min(EMBED_TOKENS, V - v0);
+    int from = blockIdx.z * per_chunk, to = min(N, from + per_chunk);
+    out += (size_t)blockIdx.z * V * d;  // dE itself when there is one chunk
+    float* mine = acc + threadIdx.x;  // this thread's column of the group's rows, stride blockDim.x
+    for (int v = 0; v < nv; v++) mine[v * blockDim.x] = i < d && gridDim.z == 1 ? out[(v0 + v) * d + i] : 0.0f;
+    for (int n0 = from; n0 < to; n0 += EMBED_TILE) {
+        int count = min(EMBED_TILE, to - n0);
+        __syncthreads();
         for (int k = threadIdx.x; k < count; k += blockDim.x) tile[k] = tokens[n0 + k];
         __syncthreads();
-        if (i < d)
-            for (int k = 0; k < count; k++)
-                if (tile[k] == v) sum += dout[(size_t)(n0 + k) * d + i];
-        __syncthreads();
+        for (int k = 0; k < count; k++)
+            if (unsigned v = tile[k] - v0; v < (unsigned)nv && i < d) mine[v * blockDim.x] += dout[(n0 + k) * d + i];
     }
-    if (i < d) dE[(size_t)v * d + i] += sum;
+    for (int v = 0; v < nv && i < d; v++) out[(v0 + v) * d + i] = mine[v * blockDim.x];
 }
-// The CPU needs no V; the GPU's grid has one row of blocks per vocabulary entry.
+__global__ void embedding_backward_reduce_kernel(float* dE, const float* partial, int chunks, int Vd) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= Vd) return;
+    float s = 0;
+    for (int c = 0; c < chunks; c++) s += partial[(size_t)c * Vd + idx];
+    dE[idx] += s;
+}
+// The CPU needs no V; the GPU's grid has a row of blocks per EMBED_TOKENS
+// vocabulary entries. Chunks of at least EMBED_CHUNK positions, as many as
+// scratch_floats holds (V, d) partial sums for.
 static void embedding_backward_gpu(float* dE, const float* dout, const int* tokens, int N, int d, int V,
-                                   cudaStream_t stream) {
-    int threads = std::min(128, (d + 31) / 32 * 32);
-    LAUNCH(embedding_backward_kernel, dim3(V, ceil_div(d, threads)), threads, 0, stream)(dE, dout, tokens, N, d);
+                                   float* scratch, size_t scratch_floats, cudaStream_t stream) {
+    int threads = std::min(64, (d + 31) / 32 * 32);
+    int chunks = (int)std::max<size_t>(1, std::min<size_t>(ceil_div(N, EMBED_CHUNK), scratch_floats / ((size_t)V * d)));
+    int per_chunk = (int)ceil_div(N, chunks);
+    chunks = (int)ceil_div(N, per_chunk);
+    LAUNCH(embedding_backward_kernel, dim3(ceil_div(V, EMBED_TOKENS), ceil_div(d, threads), chunks), threads,
+           EMBED_TOKENS * threads * sizeof(float), stream)(chunks > 1 ? scratch : dE, dout, tokens, N, d, V, per_chunk);
+    launchCheck();
+    if (chunks == 1) return;
+    LAUNCH(embedding_backward_reduce_kernel, ceil_div((size_t)V * d, 256), 256, 0, stream)(dE, scratch, chunks, V * d);
     launchCheck();
 }
 #endif
@@ -660,7 +696,9 @@ static void op_embedding_forward(Model* model, float* out, const int* tokens, co
 }
 static void op_embedding_backward(Model* model, float* dE, const float* dout, const int* tokens, int N) {
     int d = model->c.d;
-    DISPATCH(model, embedding_backward_gpu(dE, dout, tokens, N, d, model->c.V, stream_of(model)),
+    [[maybe_unused]] const Acts* A = pass_acts(model);  // the GPU's scratch: the chunks' partial sums
+    DISPATCH(model,
+             embedding_backward_gpu(dE, dout, tokens, N, d, model->c.V, A->scratch, A->scratch_floats, stream_of(model)),
              embedding_backward(dE, dout, tokens, N, d));
 }
 
@@ -745,24 +783,32 @@ __global__ void rmsnorm_backward_kernel(float* dinp, const float* dout, const fl
     float c = r * r * r * warp_sum(dot) / d;
     for (int i = lane; i < d; i += 32) dx[i] += r * g[i] * dy[i] - x[i] * c;
 }
-// dg in two fixed-order steps: block (column slice, chunk) sums its GAIN_ROWS
-// rows into partial[chunk], then one thread per column adds the chunks in order.
+// dg in two fixed-order steps: block (chunk, column slice) sums its GAIN_ROWS
+// rows into partial[chunk]; then block (32 columns) adds the chunks: warp y of
+// GAIN_WARPS sums chunks y, y + GAIN_WARPS, ... in order, and a fixed tree over
+// the warps adds their sums.
 #define GAIN_ROWS 32
+#define GAIN_WARPS 8
 __global__ void rmsnorm_gain_partial_kernel(float* partial, const float* dout, const float* inp, const float* rstd,
                                             int N, int d) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    int i = blockIdx.y * blockDim.x + threadIdx.x, chunk = blockIdx.x;
     if (i >= d) return;
     float s = 0;
     for (int n = chunk * GAIN_ROWS; n < min(N, (chunk + 1) * GAIN_ROWS); n++)
-        s += dout[(size_t)n * d + i] * inp[(size_t)n * d + i] * rstd[n];
-    partial[(size_t)chunk * d + i] = s;
+        s += dout[n * d + i] * inp[n * d + i] * rstd[n];
+    partial[chunk * d + i] = s;
 }
 __global__ void rmsnorm_gain_reduce_kernel(float* dg, const float* partial, int chunks, int d) {
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= d) return;
+    __shared__ float sums[GAIN_WARPS][32];
+    int lane = threadIdx.x % 32, y = threadIdx.x / 32, i = blockIdx.x * 32 + lane;
     float s = 0;
-    for (int c = 0; c < chunks; c++) s += partial[(size_t)c * d + i];
-    dg[i] += s;
+    for (int c = y; c < chunks && i < d; c += GAIN_WARPS) s += partial[c * d + i];
+    sums[y][lane] = s;
+    for (int stride = GAIN_WARPS / 2; stride > 0; stride /= 2) {
+        __syncthreads();
+        if (y < stride) sums[y][lane] += sums[y + stride][lane];
+    }
+    if (y == 0 && i < d) dg[i] += sums[0][lane];
 }
 // scratch: ceil(N / GAIN_ROWS) * d floats for the partial sums.
 static void rmsnorm_backward_gpu(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
@@ -771,10 +817,10 @@ static void rmsnorm_backward_gpu(float* dinp, float* dg, const float* dout, cons
     LAUNCH(rmsnorm_backward_kernel, ceil_div(N, warps), 32 * warps, 0, stream)(dinp, dout, inp, g, rstd, N, d);
     launchCheck();
     int chunks = (int)ceil_div(N, GAIN_ROWS), threads = std::min(128, (d + 31) / 32 * 32);
-    LAUNCH(rmsnorm_gain_partial_kernel, dim3(ceil_div(d, threads), chunks), threads, 0, stream)
+    LAUNCH(rmsnorm_gain_partial_kernel, dim3(chunks, ceil_div(d, threads)), threads, 0, stream)
         (scratch, dout, inp, rstd, N, d);
     launchCheck();
-    LAUNCH(rmsnorm_gain_reduce_kernel, ceil_div(d, threads), threads, 0, stream)(dg, scratch, chunks, d);
+    LAUNCH(rmsnorm_gain_reduce_kernel, ceil_div(d, 32), 32 * GAIN_WARPS, 0, stream)(dg, scratch, chunks, d);
     launchCheck();
 }
 #endif
@@ -840,12 +886,10 @@ static void rope_backward(float* dx, const float* cos_t, const float* sin_t, int
 // One thread per rotated pair (b, t, h, i < hd/2); cos_t, sin_t live on the device.
 __global__ void rope_rotate_kernel(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
                                    float sign) {
-    int half = hd / 2;
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * T * nh * half) return;
-    int i = idx % half;
-    size_t row = idx / half;  // (b * T + t) * nh + h
-    int t = (row / nh) % T;
+    int half = hd / 2, idx = blockIdx.x * blockDim.x + threadIdx.x;  // 32-bit: see model_create
+    if (idx >= B * T * nh * half) return;
+    int i = idx % half, row = idx / half;  // row = (b * T + t) * nh + h
+    int t = row / nh % T;
     float* v = x + row * hd;
     float c = cos_t[t * half + i], s = sign * sin_t[t * half + i];
     float x0 = v[i], x1 = v[i + half];
@@ -950,70 +994,121 @@ LAB_SWAPPABLE void router_backward(float* dWk, float* dWv, float* dKbuf, float* 
 }
 
 #ifdef LIME_GPU
-// One thread per output float (n, r, i), the same loop as the CPU's.
+// Kr[n, r, i] = sum_j Wk[r, j] Kbuf_j[n, i] (Vr alike). Forward and the buffer
+// gradient: thread (n, i) holds up to ROUTER_HEADS heads of its position in
+// registers (all R when R <= ROUTER_HEADS: each buffered float is read once)
+// and walks the columns j as two loops, source layer and head, no division.
+// Indices are 32-bit: model_create refuses a buffer of 2^31 floats or more.
+#define ROUTER_HEADS 16
 __global__ void router_forward_kernel(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
                                       const float* Vbuf, int l, int N, int R, int hd) {
-    size_t layer = (size_t)N * R * hd, idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= layer) return;
-    int i = idx % hd, r = (idx / hd) % R, J = (l + 1) * R;
-    size_t n = idx / ((size_t)R * hd);
-    float k = 0, v = 0;
-    for (int j = 0; j < J; j++) {
-        size_t src = (j / R) * layer + (n * R + j % R) * hd + i;
-        k += Wk[r * J + j] * Kbuf[src];
-        v += Wv[r * J + j] * Vbuf[src];
+    int idx = blockIdx.x * blockDim.x + threadIdx.x, layer = N * R * hd, J = (l + 1) * R;
+    if (idx >= N * hd) return;
+    int at = idx / hd * R * hd + idx % hd;  // (n, head 0, i)
+    for (int r0 = 0; r0 < R; r0 += ROUTER_HEADS) {  // output heads r0 + g
+        float k[ROUTER_HEADS] = {}, v[ROUTER_HEADS] = {};
+        for (int src = 0; src <= l; src++)
+            for (int h = 0; h < R; h++) {
+                float kb = Kbuf[src * layer + at + h * hd], vb = Vbuf[src * layer + at + h * hd];
+                for (int g = 0; g < ROUTER_HEADS; g++)
+                    if (r0 + g < R) {
+                        k[g] += Wk[(r0 + g) * J + src * R + h] * kb;
+                        v[g] += Wv[(r0 + g) * J + src * R + h] * vb;
+                    }
+            }
+        for (int g = 0; g < ROUTER_HEADS; g++)
+            if (r0 + g < R) Kr[at + (r0 + g) * hd] = k[g], Vr[at + (r0 + g) * hd] = v[g];
     }
-    Kr[idx] = k;
-    Vr[idx] = v;
 }
-// dW[r, j]: one block per weight, a block-wide sum over (n, i) in a fixed tree.
-#define ROUTER_THREADS 256
-__global__ void router_backward_dw_kernel(float* dWk, float* dWv, const float* dKr, const float* dVr, const float* Kbuf,
-                                          const float* Vbuf, int l, uint64_t learned, int N, int R, int hd) {
-    __shared__ float part[ROUTER_THREADS];
-    int J = (l + 1) * R, r = blockIdx.x / J, j = blockIdx.x % J;
-    if (!(learned >> (j / R) & 1)) return;  // a weight the variant holds fixed: the whole block leaves
-    size_t src = (j / R) * ((size_t)N * R * hd) + (size_t)(j % R) * hd;  // column j: layer j / R, head j % R
-    float k = 0, v = 0;
-    for (size_t e = threadIdx.x; e < (size_t)N * hd; e += blockDim.x) {
-        size_t n = e / hd, i = e % hd, at = (n * R + r) * hd + i, from = src + n * R * hd + i;
-        k += dKr[at] * Kbuf[from];
-        v += dVr[at] * Vbuf[from];
-    }
-    k = block_sum(k, part);
-    v = block_sum(v, part);
-    if (threadIdx.x > 0) return;
-    if (dWk == dWv) dWk[blockIdx.x] += k + v;
-    else dWk[blockIdx.x] += k, dWv[blockIdx.x] += v;
-}
-// dKbuf_j[n, i] += sum_r Wk[r, j] dKr[n, r, i] (dVbuf alike): one thread per float of layers 0..l.
+// dKbuf_j[n, i] += sum_r Wk[r, j] dKr[n, r, i] (dVbuf alike): thread (n, i), every j.
 __global__ void router_backward_dbuf_kernel(float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
                                             const float* Wk, const float* Wv, int l, int N, int R, int hd) {
-    size_t layer = (size_t)N * R * hd, idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (l + 1) * layer) return;
-    size_t within = idx % layer, n = within / ((size_t)R * hd);
-    int i = within % hd, J = (l + 1) * R, j = (int)(idx / layer) * R + (int)((within / hd) % R);
-    float k = 0, v = 0;
-    for (int r = 0; r < R; r++) {
-        k += Wk[r * J + j] * dKr[(n * R + r) * hd + i];
-        v += Wv[r * J + j] * dVr[(n * R + r) * hd + i];
+    int idx = blockIdx.x * blockDim.x + threadIdx.x, layer = N * R * hd, J = (l + 1) * R;
+    if (idx >= N * hd) return;
+    int at = idx / hd * R * hd + idx % hd;
+    for (int r0 = 0; r0 < R; r0 += ROUTER_HEADS) {
+        float dk[ROUTER_HEADS], dv[ROUTER_HEADS];
+        for (int g = 0; g < ROUTER_HEADS; g++)
+            dk[g] = r0 + g < R ? dKr[at + (r0 + g) * hd] : 0.0f, dv[g] = r0 + g < R ? dVr[at + (r0 + g) * hd] : 0.0f;
+        for (int src = 0; src <= l; src++)
+            for (int h = 0; h < R; h++) {
+                float k = 0, v = 0;
+                for (int g = 0; g < ROUTER_HEADS; g++)
+                    if (r0 + g < R) {
+                        k += Wk[(r0 + g) * J + src * R + h] * dk[g];
+                        v += Wv[(r0 + g) * J + src * R + h] * dv[g];
+                    }
+                dKbuf[src * layer + at + h * hd] += k;
+                dVbuf[src * layer + at + h * hd] += v;
+            }
     }
-    dKbuf[idx] += k;
-    dVbuf[idx] += v;
+}
+// dWk[r, j] += sum_{n,i} dKr[n, r, i] Kbuf_j[n, i] (dWv alike) in two fixed-order
+// steps, no atomics. Block (chunk of ROUTER_CHUNK positions, weight group)
+// reads its chunk once: the elements e = (n, i) pass through shared memory
+// `tile` at a time, element-major (dKr, dVr as (tile, R); Kbuf_j, Vbuf_j as
+// (tile, J)), and thread t sums weights w = t + a * ROUTER_THREADS (a <
+// ROUTER_WEIGHTS) into partial (chunks, 2, R*J). Then one thread per weight
+// adds the chunks in order.
+#define ROUTER_THREADS 256
+#define ROUTER_WEIGHTS 8
+#define ROUTER_SHARED_FLOATS 8192  // 32 KB of staged elements
+__global__ void router_dw_partial_kernel(float* partial, const float* dKr, const float* dVr, const float* Kbuf,
+                                         const float* Vbuf, int l, int N, int R, int hd, int tile) {
+    DYNAMIC_SHARED(float, smem);
+    int J = (l + 1) * R, RJ = R * J, layer = N * R * hd, n0 = blockIdx.x * ROUTER_CHUNK;
+    int w0 = blockIdx.y * ROUTER_THREADS * ROUTER_WEIGHTS + threadIdx.x, count = min(ROUTER_CHUNK, N - n0) * hd;
+    float *sdk = smem, *sdv = sdk + tile * R, *sk = sdv + tile * R, *sv = sk + tile * J;
+    float k[ROUTER_WEIGHTS] = {}, v[ROUTER_WEIGHTS] = {};
+    for (int e0 = 0; e0 < count; e0 += tile) {
+        int m = min(tile, count - e0);
+        __syncthreads();  // everyone is done with the previous tile
+        for (int x = threadIdx.x; x < m * (R + J); x += blockDim.x) {  // element s of column c: dKr's, then Kbuf's
+            int c = x / m, s = x % m, at = (n0 + (e0 + s) / hd) * R * hd + (e0 + s) % hd;
+            if (c < R) sdk[s * R + c] = dKr[at + c * hd], sdv[s * R + c] = dVr[at + c * hd];
+            else c -= R, at += c / R * layer + c % R * hd, sk[s * J + c] = Kbuf[at], sv[s * J + c] = Vbuf[at];
+        }
+        __syncthreads();
+        for (int a = 0; a < ROUTER_WEIGHTS; a++) {
+            int w = w0 + a * ROUTER_THREADS, r = w / J, j = w % J;
+            for (int s = 0; w < RJ && s < m; s++) {
+                k[a] += sdk[s * R + r] * sk[s * J + j];
+                v[a] += sdv[s * R + r] * sv[s * J + j];
+            }
+        }
+    }
+    float* out = partial + (size_t)blockIdx.x * 2 * RJ;
+    for (int a = 0; a < ROUTER_WEIGHTS; a++)
+        if (int w = w0 + a * ROUTER_THREADS; w < RJ) out[w] = k[a], out[RJ + w] = v[a];
+}
+__global__ void router_dw_reduce_kernel(float* dWk, float* dWv, const float* partial, int chunks, int l, int R,
+                                        uint64_t learned) {
+    int w = blockIdx.x * blockDim.x + threadIdx.x, J = (l + 1) * R, RJ = R * J;
+    if (w >= RJ || !(learned >> (w % J / R) & 1)) return;  // a weight the variant holds fixed
+    float k = 0, v = 0;
+    for (int c = 0; c < chunks; c++) k += partial[(size_t)c * 2 * RJ + w], v += partial[(size_t)c * 2 * RJ + RJ + w];
+    if (dWk == dWv) dWk[w] += k + v;
+    else dWk[w] += k, dWv[w] += v;
 }
 LAB_SWAPPABLE void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
                                       const float* Vbuf, int l, int N, int R, int hd, cudaStream_t stream) {
-    LAUNCH(router_forward_kernel, ceil_div((size_t)N * R * hd, 256), 256, 0, stream)
+    LAUNCH(router_forward_kernel, ceil_div((size_t)N * hd, 256), 256, 0, stream)
         (Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd);
     launchCheck();
 }
 static void router_backward_gpu(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
                                 const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l,
-                                uint64_t learned, int N, int R, int hd, cudaStream_t stream) {
-    LAUNCH(router_backward_dw_kernel, R * (l + 1) * R, ROUTER_THREADS, 0, stream)
-        (dWk, dWv, dKr, dVr, Kbuf, Vbuf, l, learned, N, R, hd);
-    launchCheck();
-    LAUNCH(router_backward_dbuf_kernel, ceil_div((size_t)(l + 1) * N * R * hd, 256), 256, 0, stream)
+                                uint64_t learned, int N, int R, int hd, float* scratch, cudaStream_t stream) {
+    int J = (l + 1) * R, chunks = (int)ceil_div(N, ROUTER_CHUNK);
+    int tile = std::min(ROUTER_CHUNK * hd, std::max(1, ROUTER_SHARED_FLOATS / (2 * (J + R))));
+    if (learned) {  // else every weight is held fixed
+        LAUNCH(router_dw_partial_kernel, dim3(chunks, ceil_div(R * J, ROUTER_THREADS * ROUTER_WEIGHTS)), ROUTER_THREADS,
+               2 * tile * (J + R) * sizeof(float), stream)(scratch, dKr, dVr, Kbuf, Vbuf, l, N, R, hd, tile);
+        launchCheck();
+        LAUNCH(router_dw_reduce_kernel, ceil_div(R * J, 256), 256, 0, stream)(dWk, dWv, scratch, chunks, l, R, learned);
+        launchCheck();
+    }
+    LAUNCH(router_backward_dbuf_kernel, ceil_div((size_t)N * hd, 256), 256, 0, stream)
         (dKbuf, dVbuf, dKr, dVr, Wk, Wv, l, N, R, hd);
     launchCheck();
 }
@@ -1033,7 +1128,7 @@ static void op_router_backward(Model* model, float* dWk, float* dWv, float* dKbu
     uint64_t learned = router_learned(model->c, l);  // the variant's trainable columns
     DISPATCH(model,
              router_backward_gpu(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd,
-                                 stream_of(model)),
+                                 pass_acts(model)->scratch, stream_of(model)),
              if (FAST_CPU)
                  router_backward_fast(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd);
              else router_backward(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd));
@@ -1124,17 +1219,15 @@ static void attention_backward(float* dq, float* dk, float* dv, const float* dou
 //   out_g  (n_rep*T, hd) = att_g @ v_r
 // The scores above the diagonal (u > t) are computed and then set to 0.
 __global__ void split_heads_kernel(float* dst, const float* src, int B, int T, int nh, int hd) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, nh, T, hd)
-    if (idx >= (size_t)B * nh * T * hd) return;
-    int i = idx % hd, t = (idx / hd) % T, h = (idx / ((size_t)hd * T)) % nh;
-    size_t b = idx / ((size_t)hd * T * nh);
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, nh, T, hd); 32-bit: see model_create
+    if (idx >= B * nh * T * hd) return;
+    int i = idx % hd, t = idx / hd % T, h = idx / hd / T % nh, b = idx / hd / T / nh;
     dst[idx] = src[((b * T + t) * nh + h) * hd + i];
 }
 __global__ void merge_heads_kernel(float* dst, const float* src, int B, int T, int nh, int hd, int accumulate) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, T, nh, hd)
-    if (idx >= (size_t)B * T * nh * hd) return;
-    int i = idx % hd, h = (idx / hd) % nh, t = (idx / ((size_t)hd * nh)) % T;
-    size_t b = idx / ((size_t)hd * nh * T);
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, T, nh, hd)
+    if (idx >= B * T * nh * hd) return;
+    int i = idx % hd, h = idx / hd % nh, t = idx / hd / nh % T, b = idx / hd / nh / T;
     float v = src[((b * nh + h) * T + t) * hd + i];
     dst[idx] = accumulate ? dst[idx] + v : v;
 }
@@ -1401,12 +1494,12 @@ static void crossentropy_forward_gpu(float* probs, float* nll, const float* logi
 // mask and 1 / sum(mask) (from the forward) fused in. One thread per logit.
 __global__ void crossentropy_backward_kernel(float* dlogits_probs, const int* targets, const float* mask, int N, int V,
                                              const Metrics* metrics) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)N * V) return;
-    size_t n = idx / V;
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // 32-bit: see model_create
+    if (idx >= N * V) return;
+    int n = idx / V;
     float s = mask[n] * metrics->inv_count;
     float g = dlogits_probs[idx] * s;
-    if ((int)(idx % V) == targets[n]) g -= s;
+    if (idx - n * V == targets[n]) g -= s;
     dlogits_probs[idx] = g;
 }
 static void crossentropy_backward_gpu(float* dlogits_probs, const int* targets, const float* mask, int N, int V,
@@ -1781,6 +1874,8 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
                  dev == DEVICE_GPU ? "host copy of the logits" : "activations and scratch", settings.host_bytes / 1e9);
         return buf + memory_fix(c, B, settings.flags, host_need);
     }
+    err = launch_check(c, B, settings.flags);  // shapes the GPU kernels cannot launch, on every device
+    if (!err.empty()) return err;
     model->c = c;
     model->B = B;
     model->device = dev;
@@ -1940,12 +2035,18 @@ float model_update(Model* model, const AdamWConfig& opt, float factor) {
 #ifdef LIME_GPU
 // The training step captured once per (B, T, math mode) as a CUDA graph. The
 // graph holds pointers and shapes only: the batch and the step's numbers are
-// read from device memory that stage() fills before every replay.
+// read from device memory that stage() fills before every replay. The first
+// step of a key gets nullptr and runs eagerly, so that every kernel's first
+// launch (module loading, cuBLAS's first calls) happens outside a capture.
 static cudaGraphExec_t gpu_graph(Model* model, int B, int T) {
     GpuState* G = model->gpu;
     auto key = std::make_tuple(B, T, G->tf32);
     auto it = G->graphs.find(key);
-    if (it != G->graphs.end()) return it->second;
+    if (it == G->graphs.end()) {
+        G->graphs[key] = nullptr;
+        return nullptr;
+    }
+    if (it->second) return it->second;
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     cudaCheck(cudaStreamBeginCapture(G->stream, cudaStreamCaptureModeThreadLocal));
@@ -1969,8 +2070,10 @@ void model_train_step(Model* model, const int* tokens, const int* targets, const
     stage(model, tokens, targets, mask, B * T, true);
 #ifdef LIME_GPU
     if (model->device == DEVICE_GPU && model->settings.graph) {  // no waiting: model_metrics waits when asked
-        cudaCheck(cudaGraphLaunch(gpu_graph(model, B, T), model->gpu->stream));
-        return;
+        if (cudaGraphExec_t exec = gpu_graph(model, B, T)) {
+            cudaCheck(cudaGraphLaunch(exec, model->gpu->stream));
+            return;
+        }
     }
 #endif
     forward_pass(model, B, T, true);
@@ -1986,6 +2089,14 @@ void model_metrics(Model* model, float* loss, float* norm) {
     *norm = model->last_norm;
 }
 
+
+void model_sync(Model* model) {
+#ifdef LIME_GPU
+    if (model->device == DEVICE_GPU) cudaCheck(cudaStreamSynchronize(model->gpu->stream));
+#else
+    (void)model;
+#endif
+}
 
 void model_to_device(Model* model) {
 #ifdef LIME_GPU

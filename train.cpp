@@ -1325,11 +1325,13 @@ struct BenchSetup {
 struct BenchResult {
     double ms = 0, tok_s = 0;
     double mfu = 0;                     // model FLOPs utilisation against the device's peak (GPU)
-    double model_gb = 0, device_gb = 0; // GPU memory: the model's allocations; the device's used memory it added
+    double model_gb = 0, device_gb = 0; // GPU memory: the model's allocations; the most device memory it added
     std::string attention;              // matmul or flash on the GPU, cpu on the CPU
 };
 
 // Times b.steps training steps (after two warm-up steps) of the model of b's shape with architecture arch.
+// The timed region starts and ends with the device idle (model_sync): it holds
+// the steps and nothing else (no copy of the parameters to the host).
 static BenchResult bench_one(const BenchSetup& b, Arch arch) {
     Config c = b.c;
     c.arch = arch;
@@ -1346,19 +1348,21 @@ static BenchResult bench_one(const BenchSetup& b, Arch arch) {
     for (size_t i = 0; i < tokens.size(); i++) { tokens[i] = (int)rng.below(c.V); targets[i] = (int)rng.below(c.V); }
     AdamWConfig opt;
     auto step = [&]() { model_train_step(&model, tokens.data(), targets.data(), mask.data(), b.B, c.T, opt, 1.0f); };
-    for (int i = 0; i < 2; i++) step();  // warm up caches and threads (and capture the GPU's graph)
-    model_to_host(&model);
+    // warm up caches and threads; on the GPU the first step runs eagerly, the second captures the graph
+    for (int i = 0; i < 2; i++) step();
+    model_sync(&model);
+    // the device memory all this took (cuBLAS, graphs included): after the warm-up and again after the timed steps
+    double added_gb = on_gpu && gpu_info(&after) ? ((double)before.free_bytes - (double)after.free_bytes) / 1e9 : 0;
     double t0 = now_ms();
     for (int i = 0; i < b.steps; i++) step();
-    model_to_host(&model);  // waits for the device
+    model_sync(&model);
     BenchResult r;
     r.ms = (now_ms() - t0) / b.steps;
     r.tok_s = (double)b.B * c.T / (r.ms / 1000);
     if (b.peak_tflops > 0) r.mfu = flops_per_token(c, c.T) * r.tok_s / (b.peak_tflops * 1e12);
-    // the model's allocations, and all the device lost to it (cuBLAS, graphs included)
     if (on_gpu && gpu_info(&after)) {
         r.model_gb = model_device_bytes(&model) / 1e9;
-        r.device_gb = ((double)before.free_bytes - (double)after.free_bytes) / 1e9;
+        r.device_gb = std::max(added_gb, ((double)before.free_bytes - (double)after.free_bytes) / 1e9);
     }
     r.attention = model_attention_name(&model);
     model_free(&model);
@@ -1372,23 +1376,32 @@ static void bench_configs(const BenchSetup& b, Config* llama, Config* lime) {
     lime->arch = ARCH_LIME;
 }
 
-// --json: one object with both models' numbers and their ratios.
+// --json: one object with the shape, both models' numbers and their ratios.
+// Off a GPU the GPU's numbers (MFU, memory) are null and "gpu_absent" says why.
 static void print_bench_json(const BenchSetup& b, const BenchResult& llama, const BenchResult& lime) {
     Config cl, cm;
     bench_configs(b, &cl, &cm);
+    const Config& c = b.c;
     auto one = [&](const BenchResult& r, const Config& rc) {
         std::string s = bfmt("{\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f, \"flops_per_token\": %.6g", r.ms, r.tok_s,
                              flops_per_token(rc, b.c.T));
         if (b.on_gpu)
-            s += bfmt(", \"mfu\": %.5f, \"model_gb\": %.4f, \"device_gb\": %.4f, \"attention\": ", r.mfu, r.model_gb,
-                      r.device_gb) + json_quote(r.attention);
-        return s + "}";
+            s += bfmt(", \"mfu\": %.5f, \"model_gb\": %.4f, \"peak_device_gb\": %.4f", r.mfu, r.model_gb, r.device_gb);
+        else
+            s += ", \"mfu\": null, \"model_gb\": null, \"peak_device_gb\": null";
+        return s + ", \"attention\": " + json_quote(r.attention) + "}";
     };
-    std::string s = "{\"device\": \"" + std::string(b.dev == DEVICE_GPU ? "gpu" : "cpu") + "\"";
+    std::string s = "{\"device\": \"" + std::string(b.dev == DEVICE_GPU ? "gpu" : "cpu") + "\"" +
+                     bfmt(", \"shape\": {\"L\": %d, \"d\": %d, \"H\": %d, \"R\": %d, \"F\": %d, \"V\": %d, \"B\": %d, "
+                          "\"T\": %d}, \"steps\": %d, \"lime_model\": ", c.L, c.d, c.H, c.R, c.F, c.V, b.B, c.T, b.steps) +
+                     json_quote(model_name(cm));
     if (b.on_gpu)
         s += ", \"gpu\": " + json_quote(b.gpu.name) +
              bfmt(", \"tf32\": %d, \"graph\": %d, \"peak_tflops\": %.1f, \"peak_source\": ", b.settings.tf32,
                   b.settings.graph, b.peak_tflops) + json_quote(b.peak.source);
+    else
+        s += ", \"gpu_absent\": " + json_quote(b.dev == DEVICE_GPU ? "no GPU information: MFU and memory are not measured"
+                                                                    : "a CPU run: MFU and device memory are measured on a GPU only");
     s += ", \"llama\": " + one(llama, cl) + ", \"lime\": " + one(lime, cm) +
          bfmt(", \"lime_over_llama\": %.4f", lime.ms / llama.ms);
     if (b.on_gpu)
@@ -1412,7 +1425,7 @@ static void print_bench_text(const BenchSetup& b, const BenchResult& llama, cons
     for (auto [name, r] : {std::make_pair("llama", llama), std::make_pair("lime", lime)}) {
         printf("  %-5s  %9.2f ms/step  %10.0f tokens/s", name, r.ms, r.tok_s);
         if (b.on_gpu)
-            printf("  MFU %5.1f%%  memory %.3f GB (model) %.3f GB (device)  %s attention", 100 * r.mfu, r.model_gb,
+            printf("  MFU %5.1f%%  memory %.3f GB (model) %.3f GB (device, peak)  %s attention", 100 * r.mfu, r.model_gb,
                    r.device_gb, r.attention.c_str());
         printf("\n");
     }

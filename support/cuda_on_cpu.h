@@ -2,7 +2,10 @@
 // g++ -DLIME_EMU and run, and can be tested, on a machine without a GPU.
 //
 // The model in one paragraph. A launch runs the grid's blocks one after
-// another on the calling thread. Inside a block every CUDA thread is a fiber
+// another on the calling thread, in the order LIME_EMU_BLOCK_ORDER=forward|
+// reverse|random (or emu::set_block_order; random is seeded like the threads'),
+// so a block that reads what another block writes shows as a wrong answer
+// under some order. Inside a block every CUDA thread is a fiber
 // (ucontext: its own stack, its own registers) and the fibers are cooperative:
 // a thread runs, uninterrupted, until it reaches __syncthreads(), a warp
 // operation (__shfl_*_sync, __ballot_sync, __syncwarp ...) or its end; then the
@@ -16,13 +19,19 @@
 //
 // What this buys over plain loops: a barrier that some thread never reaches is
 // reported as a deadlock (naming the kernel and the threads) instead of hanging,
-// a warp operation waits for every lane its mask names, launches are refused
-// for the reasons CUDA refuses them, and cudaMalloc'd memory starts as NaN.
+// a warp operation waits for every lane its mask names (a mask naming lanes a
+// partial warp lacks is an error with the kernel and line), launches are refused
+// for the reasons CUDA refuses them, and cudaMalloc'd memory starts as NaN (and,
+// with emu::poison_before_replay, chosen ranges again before each graph replay).
+// Streams the program creates defer their work until something waits for it
+// (section 5), so a missing cudaStreamWaitEvent, or a host read of a pinned
+// buffer before its copy ran, gives a wrong or NaN value.
 // Build with -fsanitize=address to catch out-of-bounds kernel accesses.
 //
-// Not modelled: concurrency between blocks or streams (everything runs in
-// issue order), the memory model (there is no cache to be stale), half/bf16
-// types, cooperative groups, dynamic parallelism, textures, cuBLASLt, timing.
+// Not modelled: blocks or streams running at the same time (one thing runs at
+// a time, in an order CUDA allows), the memory model (there is no cache to be
+// stale), half/bf16 types, cooperative groups, dynamic parallelism, textures,
+// cuBLASLt, timing.
 #pragma once
 #include <math.h>
 #include <sys/mman.h>
@@ -36,6 +45,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -177,17 +187,24 @@ enum Order { FORWARD, REVERSE, RANDOM };
 
 namespace detail {
 
+inline Order order_from_env(const char* var) {
+    const char* o = getenv(var);
+    if (!o || !strcmp(o, "forward")) return FORWARD;
+    if (!strcmp(o, "reverse")) return REVERSE;
+    if (!strcmp(o, "random")) return RANDOM;
+    fprintf(stderr, "lime-emu: %s=%s unknown (forward, reverse or random), using forward\n", var, o);
+    return FORWARD;
+}
+
 struct Settings {
-    Order order = FORWARD;
+    Order order = FORWARD;          // of the threads in a block, per barrier phase
+    Order block_order = FORWARD;    // of the blocks in a grid
     uint64_t seed = 1;
     size_t stack_bytes = 64 << 10;  // per CUDA thread; kernels keep little on the stack
     bool quiet = false;             // stderr reports of failures
     Settings() {
-        if (const char* o = getenv("LIME_EMU_ORDER")) {
-            if (!strcmp(o, "reverse")) order = REVERSE;
-            else if (!strcmp(o, "random")) order = RANDOM;
-            else if (strcmp(o, "forward")) fprintf(stderr, "lime-emu: LIME_EMU_ORDER=%s unknown, using forward\n", o);
-        }
+        order = order_from_env("LIME_EMU_ORDER");
+        block_order = order_from_env("LIME_EMU_BLOCK_ORDER");
         if (const char* s = getenv("LIME_EMU_SEED")) seed = strtoull(s, nullptr, 10);
         if (const char* k = getenv("LIME_EMU_STACK_KB")) stack_bytes = (size_t)atol(k) << 10;
         if (const char* q = getenv("LIME_EMU_QUIET")) quiet = atoi(q) != 0;
@@ -492,6 +509,21 @@ inline bool run_block(int n, uint64_t block_id) {
     }
 }
 
+// The order the grid's blocks run in (linear ids x + y*gx + z*gx*gy): forward,
+// reverse, or a permutation seeded by the seed and the count of grids run, so
+// one seed replays one schedule and each launch gets its own.
+inline std::vector<uint64_t> block_sequence(uint64_t blocks) {
+    std::vector<uint64_t> ids(blocks);
+    for (uint64_t i = 0; i < blocks; i++) ids[i] = i;
+    Order o = settings().block_order;
+    if (o == REVERSE) std::reverse(ids.begin(), ids.end());
+    if (o == RANDOM) {
+        uint64_t rng = settings().seed * 0x9E3779B97F4A7C15ull + (uint64_t)kernels_run;
+        for (uint64_t i = blocks; i > 1; i--) std::swap(ids[i - 1], ids[splitmix(rng) % i]);
+    }
+    return ids;
+}
+
 inline bool run_grid(const char* name, dim3 grid, dim3 block, size_t smem, const std::function<void()>& body) {
     Machine& m = machine;
     if (m.cur) return fail(cudaErrorLaunchFailure, "kernel %s launched from inside a kernel: not supported", name), false;
@@ -506,16 +538,14 @@ inline bool run_grid(const char* name, dim3 grid, dim3 block, size_t smem, const
     gridDim = grid;
     blockDim = block;
     kernels_run++;
-    for (unsigned z = 0; z < grid.z; z++)
-        for (unsigned y = 0; y < grid.y; y++)
-            for (unsigned x = 0; x < grid.x; x++) {
-                blockIdx = {x, y, z};
-                if (!run_block(n, ((uint64_t)z * grid.y + y) * grid.x + x)) {
-                    m.failed = true;
-                    pending_error = cudaErrorLaunchFailure;
-                    return false;
-                }
-            }
+    for (uint64_t id : block_sequence((uint64_t)grid.x * grid.y * grid.z)) {
+        blockIdx = {(unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y), (unsigned)(id / grid.x / grid.y)};
+        if (!run_block(n, id)) {
+            m.failed = true;
+            pending_error = cudaErrorLaunchFailure;
+            return false;
+        }
+    }
     return true;
 }
 
@@ -532,6 +562,10 @@ inline uint64_t warp_op(WarpKind kind, const char* op, unsigned mask, uint64_t v
     f.file = file; f.line = line;
     if (!(mask >> (f.lin & 31) & 1)) misuse(f, "%s: mask 0x%08x does not name the calling lane %d", op, mask, f.lin & 31);
     if (width < 1 || width > 32 || (width & (width - 1))) misuse(f, "%s: width %d is not a power of two <= 32", op, width);
+    int w0 = f.lin & ~31, n = (int)(blockDim.x * blockDim.y * blockDim.z);
+    if (mask & ~lanes_present(w0, n))  // on a GPU: undefined (lanes that do not exist never arrive)
+        misuse(f, "%s: mask 0x%08x names lanes this partial warp lacks (it has %d threads: mask 0x%08x at most)", op,
+               mask, n - w0, lanes_present(w0, n));
     f.state = State::WARP; f.kind = kind; f.op = op; f.mask = mask; f.value = value; f.arg = arg; f.width = width;
     yield(f);
     return f.result;
@@ -549,6 +583,8 @@ template <class F> const void* key_of(F* f) { const void* p; static_assert(sizeo
 // --- the harness's own API for tests ---------------------------------------
 inline void set_order(Order o, uint64_t seed = 1) { detail::settings().order = o; detail::settings().seed = seed; }
 inline Order order() { return detail::settings().order; }
+inline void set_block_order(Order o) { detail::settings().block_order = o; }  // the seed is set_order's
+inline Order block_order() { return detail::settings().block_order; }
 inline void set_stack_size(size_t bytes) { detail::settings().stack_bytes = bytes; }
 inline void set_quiet(bool q) { detail::settings().quiet = q; }
 inline const char* last_error_message() { return detail::message.c_str(); }
@@ -749,10 +785,15 @@ inline cudaError_t cudaGetLastError() {
 inline cudaError_t cudaPeekAtLastError() { return emu::detail::last_error; }
 
 // --- streams, capture, and the one place work is issued --------------------
-// Work runs when it is issued, in issue order. Anything CUDA orders (two
-// operations in one stream, or across streams joined by an event) therefore
-// runs in that order; what CUDA leaves unordered merely gets one legal order.
-// The price: a missing cudaStreamWaitEvent between streams goes unnoticed.
+// A stream the program created defers its work: issued operations wait in
+// the stream's queue until something waits for them (cudaStreamSynchronize,
+// cudaDeviceSynchronize, cudaEventSynchronize or a query, a blocking copy, or
+// a stream that reaches a cudaStreamWaitEvent on them), and then run in issue
+// order. So work one stream hands to another without an event still sits in
+// its queue when the other runs, and a pinned buffer a device-to-host copy
+// fills reads as NaN until the copy ran. The legacy stream (0) runs its work
+// when issued, after the pending work of every blocking stream (as CUDA's
+// legacy stream waits for those), but not of cudaStreamNonBlocking ones.
 namespace emu { namespace detail {
 struct Capture {
     cudaStreamCaptureMode mode;
@@ -761,28 +802,55 @@ struct Capture {
     std::vector<CUstream_st*> streams;  // the origin stream and those that joined through events
 };
 inline std::vector<std::shared_ptr<Capture>> active_captures;
+inline std::vector<std::pair<void*, size_t>> replay_poison;  // filled with NaN as each graph replay starts
 }}  // namespace emu::detail
 
 struct CUstream_st {
     unsigned flags = 0;
     std::shared_ptr<emu::detail::Capture> capture;  // set while the stream captures
+    std::deque<std::pair<uint64_t, std::function<void()>>> queue;  // deferred work, by issue number
+    uint64_t issued = 0;                                            // the last issue number given
 };
 struct CUevent_st {
     unsigned flags = 0;
     bool recorded = false;
     std::chrono::steady_clock::time_point when;
     std::shared_ptr<emu::detail::Capture> capture;  // last recorded while capturing: for joins
+    CUstream_st* stream = nullptr;                  // a record still queued there, as issue number `seq`
+    uint64_t seq = 0;
 };
 struct CUgraph_st { std::vector<std::function<void()>> ops; };
 struct CUgraphExec_st { std::vector<std::function<void()>> ops; };
 
 namespace emu { namespace detail {
 inline CUstream_st legacy_stream;
+inline std::vector<CUstream_st*> live_streams;  // created and not destroyed, oldest first
 inline CUstream_st* resolve(cudaStream_t s) {
     return (s == nullptr || s == cudaStreamLegacy || s == cudaStreamPerThread) ? &legacy_stream : s;
 }
 inline void invalidate(CUstream_st* s) { if (s->capture) s->capture->invalid = true; }
-// Issue op on stream s: run it now, or record it if s is capturing.
+inline bool alive(CUstream_st* s) { return std::find(live_streams.begin(), live_streams.end(), s) != live_streams.end(); }
+// Run stream s's queued work up to issue number `upto`, in order.
+inline void run_until(CUstream_st* s, uint64_t upto) {
+    while (alive(s) && !s->queue.empty() && s->queue.front().first <= upto) {
+        std::function<void()> op = std::move(s->queue.front().second);
+        s->queue.pop_front();
+        op();
+    }
+}
+inline void run_all(CUstream_st* s) { run_until(s, UINT64_MAX); }
+// Every stream's queued work, the newest stream's first: a stream that
+// needed another's results without waiting for them runs before it.
+inline void run_every_stream() {
+    for (size_t i = live_streams.size(); i > 0; i--)
+        if (i <= live_streams.size()) run_all(live_streams[i - 1]);
+}
+// What the legacy stream waits for before its own work: the blocking streams.
+inline void run_blocking_streams() {
+    for (size_t i = 0; i < live_streams.size(); i++)
+        if (!(live_streams[i]->flags & cudaStreamNonBlocking)) run_all(live_streams[i]);
+}
+// Issue op on stream s: queue it, run it now (legacy stream), or record it if s is capturing.
 inline cudaError_t issue(cudaStream_t stream, std::function<void()> op, const char* what) {
     CUstream_st* s = resolve(stream);
     if (s->capture) {
@@ -797,6 +865,11 @@ inline cudaError_t issue(cudaStream_t stream, std::function<void()> op, const ch
                     c->invalid = true;
                     return fail(cudaErrorStreamCaptureImplicit, "%s on the legacy stream while a stream is capturing", what);
                 }
+    if (s != &legacy_stream) {
+        s->queue.emplace_back(++s->issued, std::move(op));
+        return cudaSuccess;
+    }
+    run_blocking_streams();
     op();
     return cudaSuccess;
 }
@@ -868,8 +941,10 @@ inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr a, int d) {
     return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() {
-    if (cudaError_t e = emu::detail::capture_forbids("cudaDeviceSynchronize")) return e;
-    return emu::detail::sync_result();
+    using namespace emu::detail;
+    if (cudaError_t e = capture_forbids("cudaDeviceSynchronize")) return e;
+    run_every_stream();
+    return sync_result();
 }
 
 // --- memory ----------------------------------------------------------------
@@ -879,13 +954,14 @@ namespace emu { namespace detail {
 struct Allocation { size_t bytes; bool pinned; };
 inline std::map<uintptr_t, Allocation> allocations;
 inline size_t device_bytes = 0;
-// Is [p, p+n) inside one device allocation?
-inline bool on_device(const void* p, size_t n) {
+// Is [p, p+n) inside one device allocation (pinned == false) or one pinned host block (true)?
+inline bool inside(const void* p, size_t n, bool pinned) {
     auto it = allocations.upper_bound((uintptr_t)p);
     if (it == allocations.begin()) return false;
     --it;
-    return !it->second.pinned && (uintptr_t)p + n <= it->first + it->second.bytes;
+    return it->second.pinned == pinned && (uintptr_t)p + n <= it->first + it->second.bytes;
 }
+inline bool on_device(const void* p, size_t n) { return inside(p, n, false); }
 }}  // namespace emu::detail
 
 inline cudaError_t cudaMalloc(void** p, size_t bytes) {
@@ -909,6 +985,7 @@ inline cudaError_t cudaFree(void* p) {
     using namespace emu::detail;
     if (!p) return cudaSuccess;
     if (cudaError_t e = capture_forbids("cudaFree")) return e;
+    run_every_stream();  // cudaFree waits for the device, as in CUDA
     auto it = allocations.find((uintptr_t)p);
     if (it == allocations.end() || it->second.pinned) return fail(cudaErrorInvalidValue, "cudaFree(%p): not a cudaMalloc'd pointer", p);
     device_bytes -= it->second.bytes;
@@ -925,8 +1002,9 @@ inline cudaError_t cudaMallocHost(void** p, size_t bytes, unsigned flags = 0) {
 template <class T> cudaError_t cudaMallocHost(T** p, size_t bytes, unsigned flags = 0) { return cudaMallocHost((void**)p, bytes, flags); }
 inline cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned flags) { return cudaMallocHost(p, bytes, flags); }
 inline cudaError_t cudaFreeHost(void* p) {
-    auto it = emu::detail::allocations.find((uintptr_t)p);
     if (!p) return cudaSuccess;
+    emu::detail::run_every_stream();
+    auto it = emu::detail::allocations.find((uintptr_t)p);
     if (it == emu::detail::allocations.end() || !it->second.pinned)
         return emu::detail::fail(cudaErrorInvalidValue, "cudaFreeHost(%p): not a cudaMallocHost'd pointer", p);
     emu::detail::allocations.erase(it);
@@ -949,10 +1027,21 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMem
         return fail(cudaErrorInvalidValue, "cudaMemcpy(%p, %p, %zu, %s): the %s range is not inside one cudaMalloc'd block",
                     dst, src, n, kind == 1 ? "HostToDevice" : kind == 2 ? "DeviceToHost" : "DeviceToDevice",
                     dst_dev && !on_device(dst, n) ? "destination" : "source");
-    return issue(s, [=] { memmove(dst, src, n); }, "cudaMemcpy");
+    CUstream_st* st = resolve(s);
+    if (kind == cudaMemcpyHostToDevice && !inside(src, n, true) && !st->capture) {
+        // from pageable memory CUDA stages the source before returning: the caller may reuse it at once
+        auto staged = std::make_shared<std::vector<char>>((const char*)src, (const char*)src + n);
+        return issue(s, [=] { memcpy(dst, staged->data(), n); }, "cudaMemcpyAsync");
+    }
+    if (kind == cudaMemcpyDeviceToHost && inside(dst, n, true) && !st->capture)
+        memset(dst, 0xFF, n);  // pinned: what the host reads before the copy ran is NaN
+    cudaError_t e = issue(s, [=] { memmove(dst, src, n); }, "cudaMemcpy");
+    if (e == cudaSuccess && kind == cudaMemcpyDeviceToHost && !inside(dst, n, true) && !st->capture)
+        run_all(st);  // into pageable memory a copy returns when it is done
+    return e;
 }
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
-    return cudaMemcpyAsync(dst, src, n, kind, nullptr);  // the legacy stream: issue() makes it synchronous
+    return cudaMemcpyAsync(dst, src, n, kind, nullptr);  // the legacy stream: issue() runs it at once
 }
 inline cudaError_t cudaMemsetAsync(void* p, int value, size_t n, cudaStream_t s = nullptr) {
     if (n == 0) return cudaSuccess;
@@ -975,39 +1064,67 @@ inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
     if (emu::detail::no_device()) return emu::detail::last_error = cudaErrorNoDevice;
     *s = new CUstream_st;
     (*s)->flags = flags;
+    emu::detail::live_streams.push_back(*s);
     return cudaSuccess;
 }
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
     if (!s || s == cudaStreamLegacy || s == cudaStreamPerThread) return emu::detail::last_error = cudaErrorInvalidResourceHandle;
+    auto& live = emu::detail::live_streams;
+    emu::detail::run_all(s);  // CUDA finishes a destroyed stream's work
+    live.erase(std::remove(live.begin(), live.end(), s), live.end());
     delete s;
     return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    if (emu::detail::resolve(s)->capture) {
-        emu::detail::invalidate(emu::detail::resolve(s));
-        return emu::detail::fail(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize on a capturing stream");
+    using namespace emu::detail;
+    CUstream_st* st = resolve(s);
+    if (st->capture) {
+        invalidate(st);
+        return fail(cudaErrorStreamCaptureUnsupported, "cudaStreamSynchronize on a capturing stream");
     }
-    return emu::detail::sync_result();
+    if (st == &legacy_stream) run_blocking_streams();
+    else run_all(st);
+    return sync_result();
 }
-inline cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }  // work is done at issue
+// A query is answered by running the work it asks about (a polling loop ends).
+inline cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) { *e = new CUevent_st; (*e)->flags = flags; return cudaSuccess; }
 inline cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
-inline cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
-inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
-    if (!e) return emu::detail::last_error = cudaErrorInvalidResourceHandle;
-    e->capture = emu::detail::resolve(s)->capture;  // a captured record lets other streams join the capture
-    return emu::detail::issue(s, [e] { e->recorded = true; e->when = std::chrono::steady_clock::now(); }, "cudaEventRecord");
+inline void run_to_event(cudaEvent_t e);
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    if (e) run_to_event(e);  // its queued record still refers to it
+    delete e;
+    return cudaSuccess;
 }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return emu::detail::sync_result(); }
-inline cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
+    using namespace emu::detail;
+    if (!e) return last_error = cudaErrorInvalidResourceHandle;
+    CUstream_st* st = resolve(s);
+    e->capture = st->capture;  // a captured record lets other streams join the capture
+    bool queued = !st->capture && st != &legacy_stream;
+    e->stream = queued ? st : nullptr;  // where waiting for it must run up to
+    e->seq = st->issued + 1;
+    return issue(s, [e] { e->recorded = true; e->when = std::chrono::steady_clock::now(); }, "cudaEventRecord");
+}
+// Runs the work of the event's stream up to its record.
+inline void run_to_event(cudaEvent_t e) { if (e->stream) emu::detail::run_until(e->stream, e->seq); }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (e) run_to_event(e);
+    return emu::detail::sync_result();
+}
+inline cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }  // as cudaStreamQuery
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
-    if (!a || !b || !a->recorded || !b->recorded || (a->flags | b->flags) & cudaEventDisableTiming)
+    bool timed = a && b && !((a->flags | b->flags) & cudaEventDisableTiming);
+    if (timed && ((!a->recorded && a->stream) || (!b->recorded && b->stream)))
+        return emu::detail::fail(cudaErrorNotReady, "cudaEventElapsedTime: an event's record has not run yet");
+    if (!timed || !a->recorded || !b->recorded)
         return emu::detail::fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event was not recorded, or has timing disabled");
     *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
     return cudaSuccess;
 }
-// Work already ran at issue, so waiting is free; but waiting on an event
+// The stream's later work runs after the event's stream reached the record:
+// a queued step that runs that stream up to there. Waiting on an event
 // recorded in a capture pulls this stream into the capture (fork/join).
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned flags = 0) {
     (void)flags;
@@ -1020,7 +1137,10 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsig
         s->capture = e->capture;
         e->capture->streams.push_back(s);
     }
-    return cudaSuccess;
+    if (!e->stream || e->stream == s) return cudaSuccess;  // recorded already, or earlier in this very stream
+    if (s == &emu::detail::legacy_stream || s->capture) { run_to_event(e); return cudaSuccess; }
+    return emu::detail::issue(stream, [t = e->stream, seq = e->seq] { emu::detail::run_until(t, seq); },
+                              "cudaStreamWaitEvent");
 }
 
 // --- graph capture ---------------------------------------------------------------
@@ -1073,6 +1193,7 @@ inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
     if (!exec) return emu::detail::fail(cudaErrorInvalidValue, "cudaGraphLaunch: null graph");
     auto ops = exec->ops;
     return emu::detail::issue(s, [ops] {
+        for (auto [p, bytes] : emu::detail::replay_poison) memset(p, 0xFF, bytes);
         emu::detail::machine.failed = false;
         for (const auto& op : ops) {
             op();
@@ -1082,6 +1203,13 @@ inline cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
 }
 inline cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSuccess; }
 inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) { delete e; return cudaSuccess; }
+namespace emu {
+// Device memory a graph must write before it reads (scratch): with this, each
+// replay first fills [p, p + bytes) with NaN, so a replay that reads what an
+// earlier step (or an eager run before capture) left there gives NaN.
+inline void poison_before_replay(void* p, size_t bytes) { detail::replay_poison.emplace_back(p, bytes); }
+inline void clear_replay_poison() { detail::replay_poison.clear(); }
+}  // namespace emu
 
 // --- kernel launch ---------------------------------------------------------------
 namespace emu { namespace detail {

@@ -3,18 +3,23 @@
 // probabilities, for sequences long enough that those would not
 // fit (`--attention flash`, or `auto` when the matrix products' version does
 // not fit in GPU memory). Keys and values stream through shared memory a tile
-// at a time; each thread owns one query row and keeps the running maximum mx,
-// the running sum l and the unnormalised output (the online softmax). Forward
-// keeps only lse = mx + log l per row, and backward recomputes the
-// probabilities tile by tile:
+// at a time; each row (a query, or a key in the backward) belongs to SPLIT
+// neighbouring threads of a warp, each holding W = HD / SPLIT of its floats
+// (elements part, part + SPLIT, ...) and keeping, for a query, the running
+// maximum mx, the running sum l and the unnormalised output (the online
+// softmax). Forward keeps only lse = mx + log l per row, and backward
+// recomputes the probabilities tile by tile:
 //   p[t][u] = exp(s - lse[t]),  s = scale * q_t . k_u,  u <= t
 //   D[t]    = dout_t . out_t              (= sum_u p dp: the softmax backward's dot)
 //   dp = dout_t . v_u,   ds = p (dp - D[t])
-//   dv_u += p dout_t,    dk_u += scale ds q_t    (one thread per key: queries t >= u, the group's heads)
-//   dq_t  = scale sum_u ds k_u                   (one thread per query)
-// No atomics: every output row is one thread's sum in a fixed order. A row's
-// hd floats are held in registers, padded to HD (8, 16, 32, 64 or 128) with zeros.
-// This is the simple form of the algorithm (one thread per row, scalar FMAs):
+//   dv_u += p dout_t,    dk_u += scale ds q_t    (one row per key: queries t >= u, the group's heads)
+//   dq_t  = scale sum_u ds k_u                   (one row per query)
+// No atomics: every output float is one thread's sum in a fixed order; a dot
+// product is four partial sums per thread, then an xor butterfly over the row's
+// threads, which leaves the same bits in each. Rows are padded to HD (8, 16, 32,
+// 64 or 128) with zeros. Splitting a row keeps the registers a thread needs
+// under the 255 it may have: no spills (`make nvcc-check` reads ptxas's report).
+// This is the simple form of the algorithm (scalar FMAs, no tensor cores):
 // it trades the batched products' speed for O(T) memory.
 //
 // lime.cu's GPU build includes this file in its attention section, after
@@ -23,7 +28,10 @@
 static const int FLASH_MAX_HD = 128;
 template <int HD>
 struct Flash {
-    static constexpr int TILE = HD >= 128 ? 32 : 64;  // rows per tile, and threads per block
+    static constexpr int TILE = HD >= 128 ? 32 : 64;     // rows per tile
+    static constexpr int SPLIT = HD >= 64 ? HD / 32 : 1;  // threads per row
+    static constexpr int W = HD / SPLIT;                 // floats of a row per thread
+    static constexpr int THREADS = TILE * SPLIT;         // per block
 };
 
 // tile (TILE, HD) = rows t0 .. t0+TILE-1 of head `head` of x (B, T, nh, hd); zeros past T and past hd.
@@ -34,29 +42,39 @@ __device__ void flash_load_rows(float* tile, const float* x, int b, int t0, int 
         tile[e] = t < T && i < hd ? x[(((size_t)b * T + t) * nh + head) * hd + i] : 0.0f;
     }
 }
-// row (HD) = x's row t of head `head`, zero padded.
+// row (W) = this thread's floats (part, part + SPLIT, ...) of x's row t of head `head`, zero padded.
 template <int HD>
-__device__ void flash_load_row(float* row, const float* x, int b, int t, int T, int nh, int head, int hd) {
-    for (int i = 0; i < HD; i++) row[i] = t < T && i < hd ? x[(((size_t)b * T + t) * nh + head) * hd + i] : 0.0f;
+__device__ void flash_load_row(float* row, const float* x, int b, int t, int T, int nh, int head, int hd, int part) {
+    constexpr int SPLIT = Flash<HD>::SPLIT;
+    for (int i = 0; i < Flash<HD>::W; i++) {
+        int e = i * SPLIT + part;
+        row[i] = t < T && e < hd ? x[(((size_t)b * T + t) * nh + head) * hd + e] : 0.0f;
+    }
 }
+// a (W, this thread's floats) . a shared row (HD), summed over the row's SPLIT threads.
 template <int HD>
-__device__ float flash_dot(const float* a, const float* b) {
-    float s = 0.0f;
-    for (int i = 0; i < HD; i++) s += a[i] * b[i];
-    return s;
+__device__ float flash_dot(const float* a, const float* row, int part) {
+    constexpr int SPLIT = Flash<HD>::SPLIT, W = Flash<HD>::W;
+    float s[4] = {};
+    for (int i = 0; i < W; i++) s[i % 4] += a[i] * row[i * SPLIT + part];
+    float sum = (s[0] + s[1]) + (s[2] + s[3]);
+    unsigned lanes = ((1u << SPLIT) - 1) << (threadIdx.x % 32 / SPLIT * SPLIT);  // the row's threads
+    for (int o = 1; o < SPLIT; o *= 2) sum += __shfl_xor_sync(lanes, sum, o);
+    return sum;
 }
 
-// grid (T / TILE, H, B), TILE threads; thread = query t. lse (B, H, T).
+// grid (T / TILE, H, B), THREADS threads; row = query t. lse (B, H, T).
 template <int HD>
 __global__ void flash_attention_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
                                                int T, int H, int R, int hd, float scale) {
-    constexpr int TILE = Flash<HD>::TILE;
+    constexpr int TILE = Flash<HD>::TILE, SPLIT = Flash<HD>::SPLIT, W = Flash<HD>::W;
     DYNAMIC_SHARED(float, smem);
     float *ks = smem, *vs = smem + TILE * HD;  // (TILE, HD) each
-    int t = blockIdx.x * TILE + threadIdx.x, h = blockIdx.y, b = blockIdx.z, r = h / (H / R);
-    float qt[HD], acc[HD];
-    flash_load_row<HD>(qt, q, b, t, T, H, h, hd);
-    for (int i = 0; i < HD; i++) acc[i] = 0.0f;
+    int part = threadIdx.x % SPLIT, t = blockIdx.x * TILE + threadIdx.x / SPLIT, h = blockIdx.y, b = blockIdx.z;
+    int r = h / (H / R);
+    float qt[W], acc[W];
+    flash_load_row<HD>(qt, q, b, t, T, H, h, hd, part);
+    for (int i = 0; i < W; i++) acc[i] = 0.0f;
     float mx = -INFINITY, l = 0.0f;
     int end = min(T, (int)(blockIdx.x + 1) * TILE);  // the block's last query sees keys u < end
     for (int u0 = 0; u0 < end; u0 += TILE) {
@@ -66,22 +84,23 @@ __global__ void flash_attention_forward_kernel(float* out, float* lse, const flo
         __syncthreads();
         int n = t < T ? min(TILE, t - u0 + 1) : 0;  // this tile's keys u <= t
         for (int j = 0; j < n; j++) {
-            float s = scale * flash_dot<HD>(qt, ks + j * HD);
+            float s = scale * flash_dot<HD>(qt, ks + j * HD, part);
             if (s > mx) {  // a new maximum: rescale what is summed so far
                 float c = expf(mx - s);
                 l *= c;
-                for (int i = 0; i < HD; i++) acc[i] *= c;
+                for (int i = 0; i < W; i++) acc[i] *= c;
                 mx = s;
             }
             float p = expf(s - mx);
             l += p;
-            for (int i = 0; i < HD; i++) acc[i] += p * vs[j * HD + i];
+            for (int i = 0; i < W; i++) acc[i] += p * vs[j * HD + i * SPLIT + part];
         }
     }
     if (t >= T) return;
     float* o = out + (((size_t)b * T + t) * H + h) * hd;
-    for (int i = 0; i < hd; i++) o[i] = acc[i] / l;
-    lse[((size_t)b * H + h) * T + t] = mx + logf(l);
+    for (int i = 0; i < W; i++)
+        if (i * SPLIT + part < hd) o[i * SPLIT + part] = acc[i] / l;
+    if (part == 0) lse[((size_t)b * H + h) * T + t] = mx + logf(l);
 }
 
 // D (B, H, T) = the dot of dout and out, per row.
@@ -95,20 +114,21 @@ __global__ void flash_rowdot_kernel(float* D, const float* dout, const float* ou
     D[idx] = s;
 }
 
-// grid (T / TILE, R, B), TILE threads; thread = key u of kv head r. Adds into dk, dv.
+// grid (T / TILE, R, B), THREADS threads; row = key u of kv head r. Adds into dk, dv.
 template <int HD>
 __global__ void flash_attention_backward_kv_kernel(float* dk, float* dv, const float* dout, const float* q,
                                                    const float* k, const float* v, const float* lse, const float* D,
                                                    int T, int H, int R, int hd, float scale) {
-    constexpr int TILE = Flash<HD>::TILE;
+    constexpr int TILE = Flash<HD>::TILE, SPLIT = Flash<HD>::SPLIT, W = Flash<HD>::W;
     DYNAMIC_SHARED(float, smem);
     float *qs = smem, *dos = smem + TILE * HD, *lses = smem + 2 * TILE * HD,
           *Ds = lses + TILE;  // (TILE, HD) x2, (TILE) x2
-    int u = blockIdx.x * TILE + threadIdx.x, r = blockIdx.y, b = blockIdx.z, n_rep = H / R;
-    float ku[HD], vu[HD], dku[HD], dvu[HD];
-    flash_load_row<HD>(ku, k, b, u, T, R, r, hd);
-    flash_load_row<HD>(vu, v, b, u, T, R, r, hd);
-    for (int i = 0; i < HD; i++) dku[i] = dvu[i] = 0.0f;
+    int part = threadIdx.x % SPLIT, u = blockIdx.x * TILE + threadIdx.x / SPLIT, r = blockIdx.y, b = blockIdx.z;
+    int n_rep = H / R;
+    float ku[W], vu[W], dku[W], dvu[W];
+    flash_load_row<HD>(ku, k, b, u, T, R, r, hd, part);
+    flash_load_row<HD>(vu, v, b, u, T, R, r, hd, part);
+    for (int i = 0; i < W; i++) dku[i] = dvu[i] = 0.0f;
     for (int g = 0; g < n_rep; g++) {
         int h = r * n_rep + g;
         for (int t0 = blockIdx.x * TILE; t0 < T;
@@ -126,36 +146,35 @@ __global__ void flash_attention_backward_kv_kernel(float* dk, float* dv, const f
             int n = min(TILE, T - t0);
             for (int j = max(0, u - t0); j < n; j++) {  // queries t = t0 + j >= u
                 const float *qj = qs + j * HD, *dj = dos + j * HD;
-                float p = expf(scale * flash_dot<HD>(qj, ku) - lses[j]);
-                float ds = p * (flash_dot<HD>(dj, vu) - Ds[j]);
-                for (int i = 0; i < HD; i++) {
-                    dvu[i] += p * dj[i];
-                    dku[i] += scale * ds * qj[i];
+                float p = expf(scale * flash_dot<HD>(ku, qj, part) - lses[j]);
+                float ds = p * (flash_dot<HD>(vu, dj, part) - Ds[j]);
+                for (int i = 0; i < W; i++) {
+                    dvu[i] += p * dj[i * SPLIT + part];
+                    dku[i] += scale * ds * qj[i * SPLIT + part];
                 }
             }
         }
     }
     if (u >= T) return;
     size_t row = (((size_t)b * T + u) * R + r) * hd;
-    for (int i = 0; i < hd; i++) {
-        dk[row + i] += dku[i];
-        dv[row + i] += dvu[i];
-    }
+    for (int i = 0; i < W; i++)
+        if (int e = i * SPLIT + part; e < hd) dk[row + e] += dku[i], dv[row + e] += dvu[i];
 }
 
-// grid (T / TILE, H, B), TILE threads; thread = query t. Writes dq.
+// grid (T / TILE, H, B), THREADS threads; row = query t. Writes dq.
 template <int HD>
 __global__ void flash_attention_backward_q_kernel(float* dq, const float* dout, const float* q, const float* k,
                                                   const float* v, const float* lse, const float* D, int T, int H, int R,
                                                   int hd, float scale) {
-    constexpr int TILE = Flash<HD>::TILE;
+    constexpr int TILE = Flash<HD>::TILE, SPLIT = Flash<HD>::SPLIT, W = Flash<HD>::W;
     DYNAMIC_SHARED(float, smem);
     float *ks = smem, *vs = smem + TILE * HD;
-    int t = blockIdx.x * TILE + threadIdx.x, h = blockIdx.y, b = blockIdx.z, r = h / (H / R);
-    float qt[HD], dot[HD], dqt[HD];
-    flash_load_row<HD>(qt, q, b, t, T, H, h, hd);
-    flash_load_row<HD>(dot, dout, b, t, T, H, h, hd);
-    for (int i = 0; i < HD; i++) dqt[i] = 0.0f;
+    int part = threadIdx.x % SPLIT, t = blockIdx.x * TILE + threadIdx.x / SPLIT, h = blockIdx.y, b = blockIdx.z;
+    int r = h / (H / R);
+    float qt[W], dot[W], dqt[W];
+    flash_load_row<HD>(qt, q, b, t, T, H, h, hd, part);
+    flash_load_row<HD>(dot, dout, b, t, T, H, h, hd, part);
+    for (int i = 0; i < W; i++) dqt[i] = 0.0f;
     size_t row = ((size_t)b * H + h) * T + t;
     float lse_t = t < T ? lse[row] : 0.0f, D_t = t < T ? D[row] : 0.0f;
     int end = min(T, (int)(blockIdx.x + 1) * TILE);
@@ -167,14 +186,15 @@ __global__ void flash_attention_backward_q_kernel(float* dq, const float* dout, 
         int n = t < T ? min(TILE, t - u0 + 1) : 0;
         for (int j = 0; j < n; j++) {
             const float* kj = ks + j * HD;
-            float p = expf(scale * flash_dot<HD>(qt, kj) - lse_t);
-            float ds = p * (flash_dot<HD>(dot, vs + j * HD) - D_t);
-            for (int i = 0; i < HD; i++) dqt[i] += ds * kj[i];
+            float p = expf(scale * flash_dot<HD>(qt, kj, part) - lse_t);
+            float ds = p * (flash_dot<HD>(dot, vs + j * HD, part) - D_t);
+            for (int i = 0; i < W; i++) dqt[i] += ds * kj[i * SPLIT + part];
         }
     }
     if (t >= T) return;
     float* out = dq + (((size_t)b * T + t) * H + h) * hd;
-    for (int i = 0; i < hd; i++) out[i] = scale * dqt[i];
+    for (int i = 0; i < W; i++)
+        if (int e = i * SPLIT + part; e < hd) out[e] = scale * dqt[i];
 }
 
 // Calls f(w) with w the compile-time row width HD for hd <= FLASH_MAX_HD.
@@ -192,9 +212,9 @@ static void flash_attention_forward_gpu(float* out, float* lse, const float* q, 
                                         int T, int H, int R, int hd, cudaStream_t stream) {
     float scale = 1.0f / sqrtf((float)hd);
     with_flash_width(hd, [&](auto w) {
-        constexpr int HD = decltype(w)::value, TILE = Flash<HD>::TILE;
-        LAUNCH(flash_attention_forward_kernel<HD>, dim3(ceil_div(T, TILE), H, B), TILE, 2 * TILE * HD * sizeof(float),
-               stream)
+        constexpr int HD = decltype(w)::value, TILE = Flash<HD>::TILE, THREADS = Flash<HD>::THREADS;
+        LAUNCH(flash_attention_forward_kernel<HD>, dim3(ceil_div(T, TILE), H, B), THREADS,
+               2 * TILE * HD * sizeof(float), stream)
         (out, lse, q, k, v, T, H, R, hd, scale);
     });
     launchCheck();
@@ -208,11 +228,11 @@ static void flash_attention_backward_gpu(float* dq, float* dk, float* dv, const 
     LAUNCH(flash_rowdot_kernel, ceil_div((size_t)B * H * T, 256), 256, 0, stream)(D, dout, out, B, T, H, hd);
     launchCheck();
     with_flash_width(hd, [&](auto w) {
-        constexpr int HD = decltype(w)::value, TILE = Flash<HD>::TILE;
-        LAUNCH(flash_attention_backward_kv_kernel<HD>, dim3(ceil_div(T, TILE), R, B), TILE,
+        constexpr int HD = decltype(w)::value, TILE = Flash<HD>::TILE, THREADS = Flash<HD>::THREADS;
+        LAUNCH(flash_attention_backward_kv_kernel<HD>, dim3(ceil_div(T, TILE), R, B), THREADS,
                (2 * TILE * HD + 2 * TILE) * sizeof(float), stream)
         (dk, dv, dout, q, k, v, lse, D, T, H, R, hd, scale);
-        LAUNCH(flash_attention_backward_q_kernel<HD>, dim3(ceil_div(T, TILE), H, B), TILE,
+        LAUNCH(flash_attention_backward_q_kernel<HD>, dim3(ceil_div(T, TILE), H, B), THREADS,
                2 * TILE * HD * sizeof(float), stream)
         (dq, dout, q, k, v, lse, D, T, H, R, hd, scale);
     });

@@ -187,7 +187,8 @@ static std::string gpu_create(Model* model) {
 static void gpu_free(Model* model) {
     GpuState* G = model->gpu;
     if (G->stream) cudaCheck(cudaStreamSynchronize(G->stream));
-    for (auto& kv : G->graphs) cudaCheck(cudaGraphExecDestroy(kv.second));
+    for (auto& kv : G->graphs)
+        if (kv.second) cudaCheck(cudaGraphExecDestroy(kv.second));  // nullptr: that shape ran eagerly only
     for (auto& s : G->slot)
         if (s.copied) cudaCheck(cudaEventDestroy(s.copied));
     if (G->blas) cublasCheck(cublasDestroy(G->blas));

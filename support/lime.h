@@ -158,11 +158,14 @@ void model_backward(Model* model);
 // Global gradient norm, clipping, AdamW with the three groups; returns the norm before clipping.
 float model_update(Model* model, const AdamWConfig& opt, float factor);
 // One training step: forward, backward, AdamW. On the GPU it is one CUDA graph
-// replay and does not wait for the device; model_metrics reads loss and norm
-// (and waits), so a training loop calls it only when it logs.
+// replay (the first step of each batch shape runs the kernels one by one, and
+// the second captures them) and does not wait for the device; model_metrics
+// reads loss and norm (and waits), so a training loop calls it only when it logs.
 void model_train_step(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T,
                       const AdamWConfig& opt, float factor);
 void model_metrics(Model* model, float* loss, float* norm);
+// Waits until the device has finished the queued steps (a no-op on the CPU): what a timer stops at.
+void model_sync(Model* model);
 // Copy host params/grads/optimiser state to/from the device (no-ops on the CPU).
 void model_to_device(Model* model);
 void model_to_host(Model* model);

@@ -44,3 +44,40 @@ template <class Need> static std::string memory_fix(const Config& c, int B, cons
     for (size_t i = 1; i < fix.size(); i++) s += (i + 1 == fix.size() ? " or " : ", ") + fix[i];
     return s;
 }
+
+// Shapes the GPU kernels cannot launch, refused at create on every device (a
+// checkpoint moves between them), with the flag to lower: the elementwise and
+// router kernels index in 32-bit ints, so no array they index (the logits, the
+// key and value buffers, a (B, T, d) activation, the embedding) may reach 2^31
+// floats; flash attention's grid has one row of blocks per sequence, at most
+// 65535; and the router's weight gradient stages 2 (L + 1) R floats of an
+// element in 48 KB of shared memory (router_backward_gpu).
+static std::string launch_check(const Config& c, int B, const SizeFlags& f) {
+    double N = (double)B * c.T, width = std::max(c.d, c.H * c.hd);
+    std::string lower = "lower " + (!f.batch.empty() ? f.batch : !f.seq_len.empty() ? f.seq_len : "the batch");
+    const std::pair<double, const char*> arrays[] = {{N * c.V, "logits (B*T*V)"},
+                                                     {N * c.L * c.R * c.hd, "key buffer (L*B*T*R*hd)"},
+                                                     {N * width, "residual stream (B*T*d)"}};
+    char buf[300];
+    for (auto [floats, name] : arrays)
+        if (floats >= 2147483648.0) {
+            snprintf(buf, sizeof buf, "batch %d x %d positions: the %s would be %.3g floats, over the 2^31 the GPU "
+                     "kernels' 32-bit indices reach; %s", B, c.T, name, floats, lower.c_str());
+            return buf;
+        }
+    if ((double)c.V * c.d >= 2147483648.0)
+        return "the embedding (vocab x dim) would be 2^31 floats or more, over the GPU kernels' 32-bit indices; "
+               "lower " + (f.vocab.empty() ? std::string("the vocabulary") : f.vocab);
+    if (B > 65535) {
+        snprintf(buf, sizeof buf, "batch %d: the GPU's flash attention launches one row of blocks per sequence, "
+                 "at most 65535; %s", B, lower.c_str());
+        return buf;
+    }
+    if (c.arch == ARCH_LIME && 2 * (c.L + 1) * c.R > 12288) {
+        snprintf(buf, sizeof buf, "--layers %d with %d kv heads: the GPU router's weight gradient needs "
+                 "(layers + 1) x kv heads <= 6144; lower --kv-heads or %s", c.L, c.R,
+                 f.layers.empty() ? "the layers" : f.layers.c_str());
+        return buf;
+    }
+    return "";
+}

@@ -168,4 +168,42 @@ bad bad_verify_no_files     "needs reference"  $LIME verify
 bad bad_text_without_file   "text-file"        $LIME train --task text --out "$tmp/x"
 if [ -e "$tmp/x/model.safetensors" ]; then fail bad_input_wrote_nothing "a refused run wrote a model"; else pass bad_input_wrote_nothing; fi
 
+# --- bench --json: one valid object; off a GPU its GPU numbers are null, with the reason
+out=$($LIME bench --json --device cpu --layers 1 --dim 8 --heads 2 --ffn 16 --vocab 11 --batch 2 --seq-len 4 \
+      --steps 1 --threads 1 2>&1)
+opens=$(echo "$out" | tr -cd '{' | wc -c); closes=$(echo "$out" | tr -cd '}' | wc -c)
+quotes=$(echo "$out" | tr -cd '"' | wc -c)
+num='-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?'
+if [ "$(echo "$out" | wc -l)" -eq 1 ] && [ "$opens" -eq "$closes" ] && [ $((quotes % 2)) -eq 0 ] &&
+    [ "$(echo "$out" | grep -oE "\"ms_per_step\": $num, \"tokens_per_s\": $num" | wc -l)" -eq 2 ] &&
+    [ "$(echo "$out" | grep -o '"mfu": null, "model_gb": null, "peak_device_gb": null' | wc -l)" -eq 2 ] &&
+    echo "$out" | grep -qE "\"lime_over_llama\": $num" && echo "$out" | grep -q '"gpu_absent": "a CPU run'; then
+    pass bench_json_on_the_cpu
+else
+    fail bench_json_on_the_cpu "$out"
+fi
+
+# --- tests/run_gpu.sh: a probe that fails where nvidia-smi lists a GPU is a failure, not a skip
+# (a fake nvidia-smi on the PATH; the harness build pretends to have no device)
+if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
+    mkdir -p "$tmp/smi_gpu" "$tmp/smi_none"
+    printf '#!/bin/sh\necho "GPU 0: NVIDIA H200 (UUID: GPU-fake)"\n' > "$tmp/smi_gpu/nvidia-smi"
+    printf '#!/bin/sh\necho "NVIDIA-SMI has failed: no driver"; exit 9\n' > "$tmp/smi_none/nvidia-smi"
+    chmod +x "$tmp/smi_gpu/nvidia-smi" "$tmp/smi_none/nvidia-smi"
+    out=$(PATH="$tmp/smi_gpu:$PATH" LIME=./lime-emu LIME_EMU_NO_DEVICE=1 bash tests/run_gpu.sh 2>&1); status=$?
+    if [ $status -ne 0 ] && echo "$out" | grep -q "^FAIL gpu tests: nvidia-smi lists GPU 0: NVIDIA H200" &&
+        echo "$out" | grep -q "no CUDA-capable device" && [ "$(echo "$out" | tail -1)" = "0 passed, 1 failed, 0 skipped" ]; then
+        pass run_gpu_fails_when_a_listed_gpu_is_unusable
+    else
+        fail run_gpu_fails_when_a_listed_gpu_is_unusable "exit $status: $out"
+    fi
+    out=$(PATH="$tmp/smi_none:$PATH" LIME=./lime-emu LIME_EMU_NO_DEVICE=1 bash tests/run_gpu.sh 2>&1); status=$?
+    if [ $status -eq 0 ] && echo "$out" | grep -q "^SKIP gpu tests: no CUDA device.*NVIDIA-SMI has failed" &&
+        [ "$(echo "$out" | tail -1)" = "0 passed, 0 failed, 1 skipped" ]; then
+        pass run_gpu_skips_without_a_gpu
+    else
+        fail run_gpu_skips_without_a_gpu "exit $status: $out"
+    fi
+fi
+
 summary

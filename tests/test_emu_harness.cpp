@@ -17,7 +17,9 @@
 namespace {
 const emu::Order kOrders[] = {emu::FORWARD, emu::REVERSE, emu::RANDOM};
 const char* order_name(emu::Order o) { return o == emu::FORWARD ? "forward" : o == emu::REVERSE ? "reverse" : "random"; }
-struct ForwardOnExit { ~ForwardOnExit() { emu::set_order(emu::FORWARD, 1); } };  // tests leave the default behind
+struct ForwardOnExit {  // tests leave the default behind
+    ~ForwardOnExit() { emu::set_order(emu::FORWARD, 1); emu::set_block_order(emu::FORWARD); }
+};
 
 template <class T> T* to_device(const std::vector<T>& h) {
     T* d = nullptr;
@@ -200,6 +202,26 @@ __global__ void big_stack_kernel(float* out) {
     out[threadIdx.x] = local[24 * 1024 - 1 - threadIdx.x];
 }
 
+// Block b adds block b-1's total to its own: a chain between blocks that is
+// right only when the blocks run in order (CUDA promises no order). The legal
+// version reads only what it was given.
+__global__ void chain_racy_kernel(float* x) {
+    if (threadIdx.x == 0 && blockIdx.x > 0) x[blockIdx.x] += x[blockIdx.x - 1];
+}
+__global__ void block_ticket_kernel(int* tickets, int* counter) {
+    if (threadIdx.x == 0) tickets[blockIdx.x + gridDim.x * blockIdx.y] = atomicAdd(counter, 1);
+}
+// Adds v to every element: launched on a stream, read on another.
+__global__ void scale_kernel(float* y, const float* x, float v, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i] * v;
+}
+// The lanes present in a partial warp, as the mask of a shuffle: legal.
+__global__ void partial_warp_ok_kernel(int* out) {
+    unsigned m = __activemask();
+    out[threadIdx.x] = __shfl_sync(m, (int)threadIdx.x, 0) + (int)m;
+}
+
 // ---------------------------------------------------------------------------
 // Tests: kernels.
 
@@ -367,11 +389,70 @@ TEST(emu_warp_operations) {
                       got[t * 9 + j], want[j]);
         }
     }
-    // __activemask in a partial warp names only the lanes that exist.
+    // In a partial warp (48 threads: the second warp has 16 lanes) a full mask
+    // names lanes that never arrive: undefined on a GPU, an error here.
     LAUNCH(warp_ops_kernel, 1, 48, 0, 0)(out);
+    const char* msg = emu::last_error_message();
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "full-mask shuffle in a partial warp accepted");
+    CHECK(contains(msg, "in kernel warp_ops_kernel") && contains(msg, "test_emu_harness.cpp:") &&
+          contains(msg, "__shfl_sync: mask 0xffffffff names lanes this partial warp lacks (it has 16 threads"),
+          "message: %s", msg);
+    // __activemask there names only the lanes that exist, and is a legal mask.
+    LAUNCH(partial_warp_ok_kernel, 1, 48, 0, 0)(out);
     CHECK(cudaGetLastError() == cudaSuccess, "%s", emu::last_error_message());
-    CHECK(to_host(out, 48 * 9)[40 * 9 + 8] == 0xffff, "__activemask in a 16-lane warp");
+    std::vector<int> got = to_host(out, 48);
+    CHECK(got[40] == 32 + 0xffff && got[5] == (int)0xffffffff, "partial warp: lane 8 got %d, want %d", got[40], 32 + 0xffff);
     cudaFree(out);
+}
+
+TEST(emu_block_order_is_forward_reverse_or_seeded_random) {
+    ForwardOnExit restore;
+    const int nb = 12;
+    int *tickets, *counter;
+    cudaMalloc(&tickets, nb * sizeof(int));
+    cudaMalloc(&counter, sizeof(int));
+    auto run = [&](emu::Order o, uint64_t seed) {
+        emu::set_order(emu::FORWARD, seed);
+        emu::set_block_order(o);
+        cudaMemset(counter, 0, sizeof(int));
+        LAUNCH(block_ticket_kernel, dim3(4, 3), 32, 0, 0)(tickets, counter);
+        return to_host(tickets, nb);
+    };
+    std::vector<int> f = run(emu::FORWARD, 1), r = run(emu::REVERSE, 1);
+    for (int b = 0; b < nb; b++) {
+        CHECK(f[b] == b, "forward: block %d ran %d-th", b, f[b]);
+        CHECK(r[b] == nb - 1 - b, "reverse: block %d ran %d-th", b, r[b]);
+    }
+    std::vector<int> a = run(emu::RANDOM, 5), c = run(emu::RANDOM, 6);
+    std::vector<int> seen(nb, 0);
+    for (int b = 0; b < nb; b++) seen[a[b]]++;
+    CHECK(std::count(seen.begin(), seen.end(), 1) == nb, "random block order is not a permutation");
+    CHECK(a != c && a != f, "seeds 5 and 6 gave the same block order, or forward's");
+    cudaFree(tickets);
+    cudaFree(counter);
+}
+
+TEST(emu_catches_a_race_between_blocks) {
+    ForwardOnExit restore;
+    const int nb = 8;
+    std::vector<float> ones(nb, 1.0f);
+    float* x = to_device(ones);
+    auto chained = [&](emu::Order o, uint64_t seed) {  // did every block see its predecessor's total?
+        emu::set_order(emu::FORWARD, seed);
+        emu::set_block_order(o);
+        cudaMemcpy(x, ones.data(), nb * sizeof(float), cudaMemcpyHostToDevice);
+        LAUNCH(chain_racy_kernel, nb, 32, 0, 0)(x);
+        std::vector<float> got = to_host(x, nb);
+        for (int b = 0; b < nb; b++) if (got[b] != b + 1.0f) return false;
+        return true;
+    };
+    // Forward order runs the chain as written: the race passes unnoticed there.
+    CHECK(chained(emu::FORWARD, 1), "the chain under forward block order");
+    CHECK(!chained(emu::REVERSE, 1), "race between blocks not caught under reverse block order");
+    int caught = 0;
+    for (uint64_t seed = 1; seed <= 10; seed++) caught += !chained(emu::RANDOM, seed);
+    CHECK(caught == 10, "race between blocks caught under %d of 10 random block orders", caught);
+    cudaFree(x);
 }
 
 TEST(emu_thread_order_is_forward_reverse_or_seeded_random) {
@@ -574,6 +655,112 @@ TEST(emu_streams_and_events) {
     cudaEventDestroy(start); cudaEventDestroy(stop); cudaEventDestroy(untimed); cudaEventDestroy(never);
     cudaStreamDestroy(a); cudaStreamDestroy(b);
     cudaFree(x);
+}
+
+// A stream defers its work until something waits for it; a stream that uses
+// another's results without cudaStreamWaitEvent runs before them.
+TEST(emu_streams_defer_work_until_waited_for) {
+    const int n = 64;
+    std::vector<float> h(n, 3.0f);
+    float *x, *y;
+    cudaMalloc(&x, n * sizeof(float));
+    cudaMalloc(&y, n * sizeof(float));
+    cudaStream_t a, b;
+    cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    cudaEvent_t done;
+    cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    auto consume = [&](bool wait) {  // a fills x; b computes y = 2 x; y read after b is synchronised
+        cudaMemset(x, 0xFF, n * sizeof(float));
+        cudaMemcpyAsync(x, h.data(), n * sizeof(float), cudaMemcpyHostToDevice, a);
+        cudaEventRecord(done, a);
+        if (wait) cudaStreamWaitEvent(b, done, 0);
+        LAUNCH(scale_kernel, 2, 32, 0, b)(y, x, 2.0f, n);
+        cudaStreamSynchronize(b);
+        std::vector<float> got = to_host(y, n);
+        cudaStreamSynchronize(a);
+        return got[n - 1];
+    };
+    float missing = consume(false), joined = consume(true);
+    CHECK(std::isnan(missing), "a missing cudaStreamWaitEvent went unnoticed: y = %g", missing);
+    CHECK(joined == 6.0f, "with the wait: y = %g, want 6", joined);
+
+    // A device-to-host copy into pinned memory: NaN until something waits for it.
+    float* pinned = nullptr;
+    cudaMallocHost(&pinned, n * sizeof(float));
+    LAUNCH(scale_kernel, 2, 32, 0, a)(y, x, 5.0f, n);
+    cudaMemcpyAsync(pinned, y, n * sizeof(float), cudaMemcpyDeviceToHost, a);
+    float early = pinned[7];
+    cudaEventRecord(done, a);
+    cudaEventSynchronize(done);
+    CHECK(std::isnan(early) && pinned[7] == 15.0f, "pinned copy: %g before the wait (want NaN), %g after (want 15)", early,
+          pinned[7]);
+    // A pageable source may be reused as soon as cudaMemcpyAsync returns.
+    std::vector<float> src(n, 1.0f);
+    cudaMemcpyAsync(x, src.data(), n * sizeof(float), cudaMemcpyHostToDevice, a);
+    src.assign(n, -1.0f);
+    cudaStreamSynchronize(a);
+    CHECK(to_host(x, n)[0] == 1.0f, "pageable source read after cudaMemcpyAsync returned");
+
+    // The legacy stream waits for blocking streams, not for non-blocking ones.
+    cudaStream_t blocking;
+    cudaStreamCreate(&blocking);
+    for (cudaStream_t s : {a, blocking}) {
+        cudaMemset(y, 0xFF, n * sizeof(float));
+        LAUNCH(scale_kernel, 2, 32, 0, s)(y, x, 4.0f, n);
+        float got = to_host(y, n)[0];  // cudaMemcpy on the legacy stream
+        bool nonblocking = s == a;
+        CHECK(nonblocking ? std::isnan(got) : got == 4.0f, "legacy cudaMemcpy after a %s stream's kernel: %g",
+              nonblocking ? "non-blocking" : "blocking", got);
+        cudaStreamSynchronize(s);
+    }
+    CHECK(cudaDeviceSynchronize() == cudaSuccess && cudaGetLastError() == cudaSuccess, "%s", emu::last_error_message());
+    cudaFreeHost(pinned);
+    cudaEventDestroy(done);
+    cudaStreamDestroy(a); cudaStreamDestroy(b); cudaStreamDestroy(blocking);
+    cudaFree(x); cudaFree(y);
+}
+
+// Memory is NaN when allocated, and (optionally) scratch again before each
+// graph replay: a sum into memory nobody zeroed, and a graph that reads what
+// only the eager run before capture wrote, give NaN.
+TEST(emu_nan_allocations_and_replays_catch_unwritten_reads) {
+    const int n = 32;
+    float *acc, *scratch, *out;
+    cudaMalloc(&acc, n * sizeof(float));
+    LAUNCH(add_kernel, 1, 32, 0, 0)(acc, 1.0f, n);  // the bug: no cudaMemset(acc, 0) first
+    CHECK(std::isnan(to_host(acc, n)[0]), "a sum into unzeroed memory gave %g", to_host(acc, n)[0]);
+    cudaMalloc(&scratch, n * sizeof(float));
+    cudaMalloc(&out, n * sizeof(float));
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    auto replayed = [&](bool writes_scratch, bool poison) {  // eager step, capture, one replay
+        if (poison) emu::poison_before_replay(scratch, n * sizeof(float));
+        cudaMemsetAsync(scratch, 0, n * sizeof(float), s);
+        LAUNCH(add_kernel, 1, 32, 0, s)(scratch, 3.0f, n);
+        cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+        if (writes_scratch) {
+            cudaMemsetAsync(scratch, 0, n * sizeof(float), s);
+            LAUNCH(add_kernel, 1, 32, 0, s)(scratch, 3.0f, n);
+        }
+        LAUNCH(scale_kernel, 1, 32, 0, s)(out, scratch, 2.0f, n);
+        cudaGraph_t g = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        cudaStreamEndCapture(s, &g);
+        cudaGraphInstantiate(&exec, g, 0ULL);
+        cudaGraphLaunch(exec, s);
+        cudaStreamSynchronize(s);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(g);
+        emu::clear_replay_poison();
+        return to_host(out, n)[n - 1];
+    };
+    float unnoticed = replayed(false, false), caught = replayed(false, true), right = replayed(true, true);
+    CHECK(unnoticed == 6.0f, "without poisoning the replay reads the eager step's 3s: %g", unnoticed);
+    CHECK(std::isnan(caught), "a replay that reads scratch it never wrote gave %g, want NaN", caught);
+    CHECK(right == 6.0f, "a replay that writes its scratch first gave %g, want 6", right);
+    cudaStreamDestroy(s);
+    cudaFree(acc); cudaFree(scratch); cudaFree(out);
 }
 
 TEST(emu_thread_stack_size_is_configurable) {

@@ -88,6 +88,16 @@ static bool same_bits(const float* a, const float* b, size_t n) { return memcmp(
 
 static const double TOL_FWD = 1e-5, TOL_BWD = 1e-4;
 
+// The harness's orders of blocks and threads (support/cuda_on_cpu.h); on a GPU, whatever it does.
+#ifdef LIME_EMU
+typedef emu::Order emu_order;
+static const emu_order FWD = emu::FORWARD, REV = emu::REVERSE, RND = emu::RANDOM;
+static void emu_clear_poison() { emu::clear_replay_poison(); }
+#else
+enum emu_order { FWD, REV, RND };
+static void emu_clear_poison() {}
+#endif
+
 // ===========================================================================
 // Each op: the GPU launcher against the CPU function, same inputs.
 // ===========================================================================
@@ -113,23 +123,37 @@ TEST(gpu_matmul_forward_backward_match_cpu) {
     CHECK(e1 < TOL_BWD && e2 < TOL_BWD, "matmul backward: dinp %.2e, dW %.2e", e1, e2);
 }
 
-TEST(gpu_embedding_forward_backward_match_cpu) {
-    NEED_GPU();
-    int N = 26, d = 20, V = 7;  // 26 positions over 7 ids: every id repeats
+// scratch_floats: room for the chunks' (V, d) partial sums; with none, one chunk
+// adds to dE in the CPU's order, bit for bit.
+static void check_embedding(int N, int d, int V, size_t scratch_floats) {
     auto tokens = randi(N, 1, V);
     auto E = randv((size_t)V * d, 2), dout = randv((size_t)N * d, 3), dE0 = randv((size_t)V * d, 4);
     std::vector<float> out((size_t)N * d);
     embedding_forward(out.data(), tokens.data(), E.data(), N, d);
     DevBuf<int> gtok(tokens);
-    DevF gE(E), gout(out.size());
+    DevF gE(E), gout(out.size()), scratch(scratch_floats);
     embedding_forward_gpu(gout.p, gtok.p, gE.p, N, d, ctx().stream);
-    CHECK(gout.get() == out, "embedding forward differs");
+    CHECK(gout.get() == out, "embedding forward N=%d d=%d V=%d differs", N, d, V);
     std::vector<float> dE = dE0;
     embedding_backward(dE.data(), dout.data(), tokens.data(), N, d);
     DevF gdE(dE0), gdout(dout);
-    embedding_backward_gpu(gdE.p, gdout.p, gtok.p, N, d, V, ctx().stream);
-    double e = err_of(gdE.get(), dE);
-    CHECK(e < TOL_BWD, "embedding backward: rel err %.2e", e);
+    embedding_backward_gpu(gdE.p, gdout.p, gtok.p, N, d, V, scratch.p, scratch_floats, ctx().stream);
+    std::vector<float> got = gdE.get();
+    double e = err_of(got, dE);
+    CHECK(e < TOL_BWD, "embedding backward N=%d d=%d V=%d: rel err %.2e", N, d, V, e);
+    CHECK(scratch_floats || got == dE, "embedding backward N=%d d=%d V=%d in one chunk: not the CPU's bits", N, d, V);
+}
+TEST(gpu_embedding_forward_backward_match_cpu) {
+    NEED_GPU();
+    check_embedding(26, 20, 7, 0);  // 26 positions over 7 ids: every id repeats
+}
+// 600 positions in 3 chunks of 200 (EMBED_CHUNK 256 at least, 3 x V x d floats of
+// scratch); 300 ids in 3 groups of EMBED_TOKENS, the last partial; d = 70 in 2 column slices.
+TEST(gpu_embedding_backward_chunks_match_cpu) {
+    NEED_GPU();
+    check_embedding(600, 70, 300, 3 * 300 * 70);
+    if (test_state().outcome == TEST_FAIL) return;
+    check_embedding(600, 70, 300, 0);  // the same in one chunk
 }
 
 static void check_rmsnorm(int N, int d) {
@@ -178,8 +202,9 @@ TEST(gpu_rope_matches_cpu) {
 
 // `learned`: the source layers whose columns get a gradient (router_learned);
 // `separate`: a key router and a value router instead of one.
-static void check_router(int R, uint64_t learned = 7, bool separate = false) {
-    int L = 3, l = 2, N = 26, hd = 6, J = (l + 1) * R;
+// N positions of hd floats at layer l (l + 1 source layers); L = 3 layers buffered.
+static void check_router(int R, uint64_t learned = 7, bool separate = false, int N = 26, int hd = 6, int l = 2) {
+    int L = 3, J = (l + 1) * R;
     size_t layer = (size_t)N * R * hd;
     auto Kbuf = randv(L * layer, 1), Vbuf = randv(L * layer, 2), Wk = randv((size_t)R * J, 3), Wv = separate ? randv((size_t)R * J, 9) : Wk;
     auto dKr = randv(layer, 4), dVr = randv(layer, 5), dW0 = randv((size_t)R * J, 6), dWv0 = randv((size_t)R * J, 10);
@@ -194,8 +219,8 @@ static void check_router(int R, uint64_t learned = 7, bool separate = false) {
     std::vector<float> dW = dW0, dWv = dWv0, dKbuf = dKbuf0, dVbuf = dVbuf0;
     router_backward(dW.data(), separate ? dWv.data() : dW.data(), dKbuf.data(), dVbuf.data(), dKr.data(), dVr.data(), Wk.data(), Wv.data(),
                     Kbuf.data(), Vbuf.data(), l, learned, N, R, hd);
-    DevF gdW(dW0), gdWv(dWv0), gdK(dKbuf0), gdV(dVbuf0), gdKr(dKr), gdVr(dVr);
-    router_backward_gpu(gdW.p, separate ? gdWv.p : gdW.p, gdK.p, gdV.p, gdKr.p, gdVr.p, gWk.p, gwv, gK.p, gV.p, l, learned, N, R, hd,
+    DevF gdW(dW0), gdWv(dWv0), gdK(dKbuf0), gdV(dVbuf0), gdKr(dKr), gdVr(dVr), scratch(router_scratch_floats(l, N, R));
+    router_backward_gpu(gdW.p, separate ? gdWv.p : gdW.p, gdK.p, gdV.p, gdKr.p, gdVr.p, gWk.p, gwv, gK.p, gV.p, l, learned, N, R, hd, scratch.p,
                         ctx().stream);
     double e3 = err_of(gdW.get(), dW), e4 = err_of(gdK.get(), dKbuf), e5 = err_of(gdV.get(), dVbuf), e6 = err_of(gdWv.get(), dWv);
     CHECK(e3 < TOL_BWD && e4 < TOL_BWD && e5 < TOL_BWD && e6 < TOL_BWD, "router backward R=%d learned %#llx%s: dW %.2e, dKbuf %.2e, dVbuf %.2e, dWv %.2e",
@@ -210,6 +235,14 @@ TEST(gpu_router_masked_matches_cpu) { NEED_GPU(); check_router(2, 0b101); }
 TEST(gpu_router_nothing_learned_matches_cpu) { NEED_GPU(); check_router(2, 0); }
 TEST(gpu_router_separate_kv_matches_cpu) { NEED_GPU(); check_router(2, 7, true); }
 TEST(gpu_router_separate_kv_masked_matches_cpu) { NEED_GPU(); check_router(1, 0b110, true); }
+// The weight gradient's chunks of ROUTER_CHUNK positions: 150 = 64 + 64 + 22.
+TEST(gpu_router_chunks_not_dividing_N_match_cpu) { NEED_GPU(); check_router(2, 7, false, 150); }
+// R > ROUTER_HEADS: two groups of output heads; 2 * (J + R) = 160 floats an element: shared tiles of 51 elements.
+TEST(gpu_router_more_heads_than_registers_match_cpu) { NEED_GPU(); check_router(20, 7, true, 70, 5); }
+// R * J = 2700 weights: two weight groups of ROUTER_THREADS * ROUTER_WEIGHTS = 2048.
+TEST(gpu_router_two_weight_groups_match_cpu) { NEED_GPU(); check_router(30, 0b011, false, 9, 4); }
+// Layer 0: one source layer, J = R.
+TEST(gpu_router_layer0_one_source_matches_cpu) { NEED_GPU(); check_router(3, 1, false, 70, 6, 0); }
 
 static void check_attention(int B, int T, int H, int R, int hd) {
     size_t qn = (size_t)B * T * H * hd, kn = (size_t)B * T * R * hd, an = (size_t)B * H * T * T;
@@ -254,6 +287,8 @@ TEST(gpu_flash_attention_matches_cpu_gqa_T13) { NEED_GPU(); check_flash_attentio
 TEST(gpu_flash_attention_matches_cpu_three_tiles_R1) { NEED_GPU(); check_flash_attention(2, 150, 2, 1, 8); }  // 64 + 64 + 22 rows
 TEST(gpu_flash_attention_matches_cpu_hd20_padded_to_32) { NEED_GPU(); check_flash_attention(1, 70, 3, 3, 20); }
 TEST(gpu_flash_attention_matches_cpu_hd128_tile32) { NEED_GPU(); check_flash_attention(1, 45, 2, 1, 128); }
+// hd = 64: each row on Flash<64>::SPLIT = 2 threads; 70 = 64 + 6 rows; GQA, two query heads per kv head.
+TEST(gpu_flash_attention_matches_cpu_hd64_two_threads_a_row) { NEED_GPU(); check_flash_attention(1, 70, 4, 2, 64); }
 
 TEST(gpu_swiglu_matches_cpu) {
     NEED_GPU();
@@ -468,7 +503,9 @@ struct Run {
     std::vector<float> losses, norms;
     std::vector<float> params;
 };
-static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t seed, bool vary_shape = false) {
+// `prepare`, if given, sees the model after model_init.
+static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t seed, bool vary_shape = false,
+                       const std::function<void(Model&)>& prepare = nullptr) {
     Run r;  // the caller picks the math mode (use_tf32)
     int B = 3;
     Model m;
@@ -477,6 +514,7 @@ static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t see
     std::string err = model_create(&m, c, B, dev, settings);
     if (!err.empty()) { fprintf(stderr, "%s\n", err.c_str()); return r; }
     model_init(&m, seed);
+    if (prepare) prepare(m);
     AdamWConfig opt;
     for (int s = 0; s < steps; s++) {
         int b = vary_shape && s % 2 ? 2 : B, T = vary_shape && s % 2 ? c.T - 2 : c.T;  // a second graph, then back
@@ -560,6 +598,74 @@ TEST(gpu_same_seed_gives_bit_identical_losses) {
     CHECK(a.losses.size() == 3 && same_bits(a.losses.data(), b.losses.data(), 3), "losses differ between two runs with one seed");
     CHECK(same_bits(a.params.data(), b.params.data(), a.params.size()), "parameters differ between two runs with one seed");
 }
+
+// Three LIMe steps (eager, captured, replayed with the graph) give the same
+// bits whatever order the harness runs blocks and threads in, with the graph
+// or without; graph replays start with the scratch (activations, gradients,
+// the norm's partial sums) filled with NaN, so a step that reads what an
+// earlier step left there shows. Natively only graph/no-graph varies.
+struct StepOrder { emu_order blocks, threads; uint64_t seed; bool graph; };
+static const StepOrder STEP_ORDERS[] = {{FWD, FWD, 1, false}, {REV, REV, 1, true}, {RND, RND, 3, true},
+                                     {RND, FWD, 4, false}, {FWD, RND, 5, true}};
+static void set_step_order(const StepOrder& s) {
+#ifdef LIME_EMU
+    emu::set_order(s.threads, s.seed);
+    emu::set_block_order(s.blocks);
+#else
+    (void)s;
+#endif
+}
+static const char* step_order_name(const StepOrder& s) {
+    static char buf[80];
+    const char* o[] = {"forward", "reverse", "random"};
+    snprintf(buf, sizeof buf, "blocks %s, threads %s, seed %d, %s", o[s.blocks], o[s.threads], (int)s.seed,
+             s.graph ? "graph" : "no graph");
+    return buf;
+}
+static void poison_scratch(Model& m) {
+#ifdef LIME_EMU
+    GpuState* G = m.gpu;
+    const Acts& A = G->acts;
+    if ((char*)A.targets <= (char*)A.x || (char*)A.rope_cos <= (char*)A.dx) {
+        fprintf(stderr, "poison_scratch: acts_carve's order changed; update the ranges here\n");
+        abort();
+    }
+    emu::clear_replay_poison();
+    emu::poison_before_replay(A.x, (char*)A.targets - (char*)A.x);           // x ... nll: the forward's
+    emu::poison_before_replay(A.dx, (char*)A.rope_cos - (char*)A.dx);        // dx ... scratch: the backward's
+    emu::poison_before_replay(G->mem + m.n_params, m.n_params * sizeof(float));  // the gradients
+    emu::poison_before_replay(G->norm_partial, grad_norm_blocks(m.n_params) * sizeof(double));
+#else
+    (void)m;
+#endif
+}
+static void check_steps_across_schedules(Attention attention) {
+    use_tf32(false);
+    use_attention(attention);
+    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    Run want;
+    for (const StepOrder& s : STEP_ORDERS) {
+        set_step_order(s);
+        Run got = train_steps(c, DEVICE_GPU, s.graph, 3, 21, false, poison_scratch);
+        set_step_order(STEP_ORDERS[0]);
+        emu_clear_poison();
+        const char* name = step_order_name(s);
+        CHECK(got.losses.size() == 3, "%s: training did not run", name);
+        if (&s == STEP_ORDERS) { want = got; continue; }
+        for (int k = 0; k < 3; k++)
+            CHECK(same_bits(&got.losses[k], &want.losses[k], 1) && same_bits(&got.norms[k], &want.norms[k], 1),
+                  "%s: step %d loss %.9g norm %.9g, want %.9g %.9g", name, k + 1, got.losses[k], got.norms[k],
+                  want.losses[k], want.norms[k]);
+        size_t n = want.params.size() / 4;
+        const char* part[] = {"parameters", "gradients", "Adam m", "Adam v"};
+        for (int p = 0; p < 4; p++)
+            CHECK(same_bits(got.params.data() + p * n, want.params.data() + p * n, n), "%s: %s differ after 3 steps", name,
+                  part[p]);
+    }
+    use_attention(ATTENTION_AUTO);
+}
+TEST(gpu_three_steps_bit_identical_across_schedules_matmul) { NEED_GPU(); check_steps_across_schedules(ATTENTION_MATMUL); }
+TEST(gpu_three_steps_bit_identical_across_schedules_flash) { NEED_GPU(); check_steps_across_schedules(ATTENTION_FLASH); }
 
 TEST(gpu_forward_without_targets_gives_cpu_logits) {
     NEED_GPU();

@@ -880,3 +880,33 @@ TEST(fast_attention_equals_plain_gqa_and_r1_odd_t) {
     check_fast_attention(3, 7, 2, 2, 6);        // hd neither a multiple of 8 nor 32
 }
 
+
+// ---------------------------------------------------------------------------
+// Shapes the GPU kernels cannot launch (launch_check) are refused by
+// model_create on every device, before anything is allocated, with the flag to lower.
+
+static std::string create_error(const Config& c, int B) {
+    Model m;
+    std::string err = model_create(&m, c, B, DEVICE_CPU);  // host_bytes 0: no memory check first
+    if (err.empty()) model_free(&m);
+    return err;
+}
+TEST(model_create_refuses_logits_past_32_bit_indices) {
+    Config c = tiny_config(ARCH_LIME, 4, 2);
+    c.T = 1 << 20;  // 200 x 2^20 positions x 11 logits: 2.3e9 floats
+    std::string err = create_error(c, 200);
+    CHECK(err.find("logits") != std::string::npos && err.find("lower --batch") != std::string::npos, "answer: '%s'", err.c_str());
+}
+TEST(model_create_refuses_more_sequences_than_a_grid_has_rows) {
+    std::string err = create_error(tiny_config(ARCH_LLAMA, 4, 2), 70000);
+    CHECK(err.find("65535") != std::string::npos && err.find("lower --batch") != std::string::npos, "answer: '%s'", err.c_str());
+}
+TEST(model_create_refuses_a_router_past_the_shared_memory) {
+    Config c = tiny_config(ARCH_LIME, 96, 96);  // 3 layers x 96 kv heads fit; 64 x 96 do not
+    c.hd = 2, c.d = 192;
+    std::string fits = create_error(c, 1);
+    c.L = 64;
+    std::string err = create_error(c, 1);
+    CHECK(fits.empty() && err.find("--kv-heads") != std::string::npos && err.find("--layers") != std::string::npos,
+          "3 layers: '%s'; 64 layers: '%s'", fits.c_str(), err.c_str());
+}
