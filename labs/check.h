@@ -4,6 +4,7 @@
 // one the student's output matches, naming the tensor and the first wrong
 // index, never the right value.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>

@@ -1,9 +1,8 @@
 // labs/lab3/check.cpp — lab 3's checks: your kernel, through the launch in
 // your file (router_forward_gpu), on the CUDA-on-CPU harness under the
-// forward, reverse and two random thread orders, against the project's CPU
-// router (router_forward_fast). The block order is the harness's
-// LIME_EMU_BLOCK_ORDER, which labs/run.sh sets for each of its runs; argv[1]
-// names it in the check names. A correct kernel gives the same numbers in
+// forward, reverse and two random thread orders, each with the blocks of a
+// grid in forward, reverse and random order, against the project's CPU router
+// (router_forward_fast). A correct kernel gives the same numbers in
 // every order; one that reads shared memory before every thread has written
 // it, or writes it while others still read, does not.
 #include "labs/check.h"
@@ -48,19 +47,21 @@ static std::string check_order(uint64_t seed) {
     return err;
 }
 
-int main(int argc, char** argv) {
-    std::string blocks = argc > 1 ? argv[1] : "forward";
+int main() {
     Lab lab;
     struct Order { const char* name; emu::Order order; uint64_t seed; };
     Order orders[] = {{"forward", emu::FORWARD, 1}, {"reverse", emu::REVERSE, 1}, {"random1", emu::RANDOM, 1},
                       {"random2", emu::RANDOM, 2}};
-    for (const Order& o : orders) {
-        emu::set_order(o.order, o.seed);
-        std::string err = check_order(2028);
-        if (!err.empty() && o.order != emu::FORWARD && lab.passed > 0)
-            err += "; it passes in thread order forward: the answer depends on the order threads run in between "
-                   "barriers, a race (a missing __syncthreads(), or shared memory rewritten while others read it)";
-        lab.check("blocks_" + blocks + "_threads_" + o.name, err);
-    }
+    Order blocks[] = {{"forward", emu::FORWARD, 1}, {"reverse", emu::REVERSE, 1}, {"random", emu::RANDOM, 1}};
+    for (const Order& b : blocks)  // random blocks are seeded like the threads
+        for (const Order& o : orders) {
+            emu::set_order(o.order, o.seed);
+            emu::set_block_order(b.order);
+            std::string err = check_order(2028);
+            if (!err.empty() && lab.passed > 0)
+                err += "; it passes in other orders: the answer depends on the order threads or blocks run in, "
+                       "a race (a missing __syncthreads(), or shared memory rewritten while others read it)";
+            lab.check(std::string("blocks_") + b.name + "_threads_" + o.name, err);
+        }
     return lab.exit_status();
 }
