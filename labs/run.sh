@@ -58,7 +58,7 @@ mkdir -p "$dir"
 objs=()
 if [ "$file" != project ]; then
     if ! $CXX $flags -x c++ -c "$file" -o "$dir/student.o" 2>"$dir/errors"; then
-        grep -m1 -A3 'error' "$dir/errors"
+        grep -m1 -A2 'error' "$dir/errors"
         fail compiles "fix $file: it does not compile (the compiler's first error is above)"
         summary
     fi
