@@ -77,6 +77,16 @@ for prog in check lime; do
     fi
 done
 
+# A function of the lab's name but another signature is an overload: lime.cu's own (weak) one
+# would still be the one linked in.
+if [ "$file" != project ]; then
+    for f in $needs; do
+        nm -C "$dir/check" | grep -q " [Ww] ${f}" || continue
+        fail signature "${f%(}() in $file has another signature than the starter's (labs/lab.h): copy its first lines"
+        summary
+    done
+fi
+
 count() { echo "$1"; passed=$((passed + $(grep -c '^PASS ' <<<"$1"))) failed=$((failed + $(grep -c '^FAIL ' <<<"$1"))); }
 # The whole model, your function in it, against the reference vectors (docs/checkpoint.md).
 verify() {

@@ -27,6 +27,8 @@ printf 'void router_forward( {\n' >"$tmp/broken.cpp"
 start lab1_does_not_compile 1 "$tmp/broken.cpp"
 printf '// nothing yet\n' >"$tmp/empty.cpp"
 start lab1_defines_nothing 1 "$tmp/empty.cpp"
+sed "s/int l, int N, int R, int hd) {/long l, int N, int R, int hd) {/" labs/lab1/tests/correct.cpp >"$tmp/other.cpp"
+start lab1_other_signature 1 "$tmp/other.cpp"
 wait
 
 # The counts on the last line, "labN: P passed, F failed".
@@ -49,6 +51,9 @@ for run in "${runs[@]}"; do
     lab1_defines_nothing)
         if [ "$f" -eq 1 ] && grep -q "does not define router_forward()" "$out"; then pass "$name"
         else fail "$name" "expected: does not define router_forward(): $(tail -2 "$out" | head -1)"; fi ;;
+    lab1_other_signature)
+        if [ "$f" -eq 1 ] && grep -q "^FAIL signature: router_forward() in" "$out"; then pass "$name"
+        else fail "$name" "expected: another signature than the starter's: $(tail -2 "$out" | head -1)"; fi ;;
     *)
         expect=$(sed -n 's|^// expect: *||p' "$file" | head -1)
         if [ "$expect" = PASS ]; then
