@@ -60,11 +60,20 @@
 #endif
 
 // The CPU runs the fast kernels of support/cpu_fast.cpp, except in the
-// reference build (make lime-ref), which runs only the plain loops below.
-#ifdef LIME_REFERENCE
+// reference build (make lime-ref) and the labs' build, which run only the plain loops below.
+#if defined(LIME_REFERENCE) || defined(LIME_LAB)
 static const bool FAST_CPU = false;
 #else
 static const bool FAST_CPU = true;
+#endif
+
+// The classroom labs (labs/README.md) build lime.cu once with -DLIME_LAB: the
+// functions marked LAB_SWAPPABLE become weak symbols, and a student's file
+// that defines one is linked in its place. Elsewhere they are plain statics.
+#ifdef LIME_LAB
+#define LAB_SWAPPABLE __attribute__((weak))
+#else
+#define LAB_SWAPPABLE static
 #endif
 
 // ===========================================================================
@@ -927,8 +936,8 @@ static void op_rope_backward(Model* model, float* dx, int B, int T, int nh) {
 // which source layers' columns get a gradient.
 // ===========================================================================
 
-static void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
-                           int l, int N, int R, int hd) {
+LAB_SWAPPABLE void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
+                                  const float* Vbuf, int l, int N, int R, int hd) {
     int J = (l + 1) * R;
     size_t layer = (size_t)N * R * hd;  // one layer of the buffer
 #pragma omp parallel for schedule(static)
@@ -950,9 +959,9 @@ static void router_forward(float* Kr, float* Vr, const float* Wk, const float* W
 // dWk[r,j]     += sum_{n,i} dKr[n,r,i] * Kbuf_j[n,i]   (one W: it gets the keys' and the values' sums)
 // dKbuf_j[n,:] += sum_r Wk[r,j] * dKr[n,r,:]           (and dWv, dVbuf alike)
 // This is where the gradient reaches the keys and values of earlier layers.
-static void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
-                            const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l,
-                            uint64_t learned, int N, int R, int hd) {
+LAB_SWAPPABLE void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
+                                   const float* dVr, const float* Wk, const float* Wv, const float* Kbuf,
+                                   const float* Vbuf, int l, uint64_t learned, int N, int R, int hd) {
     int J = (l + 1) * R;
     size_t layer = (size_t)N * R * hd;
 #pragma omp parallel for schedule(static)
@@ -1081,8 +1090,8 @@ __global__ void router_dw_reduce_kernel(float* dWk, float* dWv, const float* par
     if (dWk == dWv) dWk[w] += k + v;
     else dWk[w] += k, dWv[w] += v;
 }
-static void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                               const float* Vbuf, int l, int N, int R, int hd, cudaStream_t stream) {
+LAB_SWAPPABLE void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
+                                      const float* Vbuf, int l, int N, int R, int hd, cudaStream_t stream) {
     LAUNCH(router_forward_kernel, ceil_div((size_t)N * hd, 256), 256, 0, stream)
         (Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd);
     launchCheck();
@@ -1541,7 +1550,7 @@ static double grad_sumsq(const float* g, size_t n) {
 
 // One update's numbers: the groups' lr times the schedule factor, their
 // weight decay (matrices only), and the bias corrections of update `step`.
-static AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step) {
+LAB_SWAPPABLE AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step) {
     AdamWNumbers h = {};
     h.lr[GROUP_MATRIX] = h.lr[GROUP_EMBED_GAIN] = o.lr * factor;
     h.lr[GROUP_ROUTER] = o.router_lr * factor;
@@ -1556,8 +1565,8 @@ static AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step) 
 }
 
 // One tensor: p (n), its moments m, v and its gradient g, times grad_scale (the clipping).
-static void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd, float grad_scale,
-                      const AdamWNumbers& h) {
+LAB_SWAPPABLE void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd,
+                             float grad_scale, const AdamWNumbers& h) {
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         float gi = g[i] * grad_scale;
@@ -1566,6 +1575,12 @@ static void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, fl
         float mhat = m[i] / h.bc1, vhat = v[i] / h.bc2;
         p[i] -= lr * wd * p[i] + lr * mhat / (sqrtf(vhat) + h.eps);
     }
+}
+
+// As PyTorch's clip_grad_norm_: the gradients are scaled by min(1, clip / (norm + 1e-6)),
+// norm the global norm over every parameter; clip 0 turns clipping off.
+LAB_SWAPPABLE float clip_scale(float norm, float grad_clip) {
+    return grad_clip > 0 ? std::min(1.0f, grad_clip / (norm + 1e-6f)) : 1.0f;
 }
 
 #ifdef LIME_GPU
@@ -1637,8 +1652,7 @@ static void op_grad_norm(Model* model) {
 // (staged before the step), so that a captured graph stays valid.
 static void op_adamw(Model* model) {
     const AdamWNumbers& h = model->numbers;
-    // as PyTorch's clip_grad_norm_: scale by min(1, clip / (norm + 1e-6))
-    float clip = h.grad_clip > 0 ? std::min(1.0f, h.grad_clip / (model->last_norm + 1e-6f)) : 1.0f;
+    float clip = clip_scale(model->last_norm, h.grad_clip);
     DISPATCH(model, float* mem = model->gpu->mem; size_t n = model->n_params;
              for (const AdamWRun& run
                   : model->gpu->runs)

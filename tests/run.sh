@@ -12,6 +12,7 @@ suites=(
     "bash tests/test_flags.sh"   # every command's bad flags: exit 2, one line, nothing written
     "bash tests/test_faults.sh"  # kills mid-save, Ctrl-C, NaN guards, corrupt checkpoints
     "bash tests/test_docs.sh"    # README.md and docs/ name only what exists; nothing points outside
+    "bash tests/test_labs.sh"    # the labs: starters fail, the project passes, planted mistakes get their hint
 )
 passed=0; failed=0; skipped=0
 for suite in "${suites[@]}"; do

@@ -5,7 +5,7 @@
 # developer's checkout, which a user who clones it does not have).
 cd "$(dirname "$0")/.." || exit 2
 source tests/lib.sh
-code="lime.cu train.cpp support data"
+code="lime.cu train.cpp support data labs"
 
 # The names a document cites: backticked spans outside fenced code blocks.
 cited() { awk '/^```/ { fenced = !fenced; next } !fenced' "$1" | grep -o '`[^`]*`' | tr -d '`'; }
@@ -20,7 +20,7 @@ check_document() {
     local doc=$1 missing=()
     while IFS= read -r span; do
         # repository files: support/..., tests/..., data/..., docs/..., or a top-level source file
-        if [[ $span =~ ^(support|tests|data|docs)/[^[:space:]]*$ || $span =~ ^[a-z_]+\.(cu|cpp|h|cuh|md|sh)$ ]]; then
+        if [[ $span =~ ^(support|tests|data|docs|labs)/[^[:space:]]*$ || $span =~ ^[a-z_]+\.(cu|cpp|h|cuh|md|sh)$ ]]; then
             compgen -G "$span" >/dev/null || missing+=("$span")
             continue
         fi
@@ -36,7 +36,7 @@ check_document() {
 }
 
 check_document README.md
-for doc in docs/*.md; do check_document "$doc"; done
+for doc in docs/*.md labs/README.md labs/*/README.md; do check_document "$doc"; done
 
 # The repository stands alone: no text file points at that folder or its contract files.
 # (The patterns are written so that this file does not match itself.)

@@ -1,0 +1,212 @@
+// labs/check.h — what the labs' checkers share: random inputs, one PASS or
+// FAIL line per check, and the diagnosis of a wrong answer. A checker
+// computes the outputs that each plausible mistake would give and says which
+// one the student's output matches, naming the tensor and the first wrong
+// index, never the right value.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "data/rng.h"
+#include "labs/lab.h"
+#include "support/cpu_fast.h"
+
+struct Lab {
+    int passed = 0, failed = 0;
+    void pass(const std::string& check) {
+        printf("PASS %s\n", check.c_str());
+        passed++;
+    }
+    void fail(const std::string& check, const std::string& why) {
+        printf("FAIL %s: %s\n", check.c_str(), why.c_str());
+        failed++;
+    }
+    void check(const std::string& check, const std::string& why) { why.empty() ? pass(check) : fail(check, why); }
+    int exit_status() const { return failed ? 1 : 0; }
+};
+
+inline std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+inline std::string fmt(const char* f, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(buf, sizeof buf, f, ap);
+    va_end(ap);
+    return buf;
+}
+
+inline std::vector<float> randn(Rng& rng, size_t n, float scale = 1.0f) {
+    std::vector<float> v(n);
+    for (float& x : v) x = (float)rng.normal() * scale;
+    return v;
+}
+
+// A tensor a check compares: its name, its values, and how to name index i.
+struct Out {
+    std::string name;
+    std::vector<float> v;
+    std::function<std::string(size_t)> at;
+};
+// What one known mistake would give, and the hint that names it.
+struct Mistake {
+    std::string hint;
+    std::vector<std::vector<float>> outs;  // one per Out, in the same order
+};
+
+inline bool close(float got, float want, double tol) {
+    return std::isfinite(got) && std::fabs((double)got - want) <= tol * (1.0 + std::fabs((double)want));
+}
+// The first index where got and want differ, or -1.
+inline long first_wrong(const std::vector<float>& got, const std::vector<float>& want, double tol) {
+    for (size_t i = 0; i < want.size(); i++)
+        if (!close(got[i], want[i], tol)) return (long)i;
+    return -1;
+}
+
+// "" when every output matches the reference; else which tensor is wrong
+// first, where, and what the answer looks like: a known mistake, NaN (never
+// written), zero where it should not be, or none of those.
+inline std::string diagnose(const std::vector<Out>& got, const std::vector<std::vector<float>>& want,
+                            const std::vector<Mistake>& mistakes, const std::string& shape, double tol = 1e-4) {
+    for (size_t t = 0; t < got.size(); t++) {
+        long i = first_wrong(got[t].v, want[t], tol);
+        if (i < 0) continue;
+        std::string where = got[t].name + got[t].at((size_t)i) + " is wrong (" + shape + ")";
+        for (const Mistake& m : mistakes) {
+            bool all = true;
+            for (size_t u = 0; u < got.size() && all; u++) all = first_wrong(got[u].v, m.outs[u], tol) < 0;
+            if (all) return where + "; hint: " + m.hint;
+        }
+        float g = got[t].v[i];
+        if (std::isnan(g)) return where + ": it is NaN; hint: that element is never written";
+        if (g == 0) return where + ": it is 0; hint: a term or an element left out";
+        return where + "; hint: it matches none of the usual mistakes: step through that element in gdb";
+    }
+    return "";
+}
+
+// ---------------------------------------------------------------------------
+// The router (Eq. 2), with the mistakes the labs' hints name.
+enum RouterSlip { SLIP_NONE, SLIP_TRANSPOSED, SLIP_NO_OWN_LAYER, SLIP_KEYS_WITH_WV, SLIP_VALUES_WITH_WK, SLIP_NO_KV_SUM };
+inline const char* router_slip_hint(RouterSlip s) {
+    switch (s) {
+    case SLIP_TRANSPOSED:
+        return "it matches the router read transposed, W[j][r] for W[r][j]: W is (R, (l+1)R), row r holds "
+               "output head r's weights";
+    case SLIP_NO_OWN_LAYER:
+        return "it matches a sum that leaves the layer's own block out (source layers 0..l-1): the sum runs "
+               "over l' = 0..l, the layer's own keys and values included";
+    case SLIP_KEYS_WITH_WV:
+        return "it matches keys routed with the value router: with separate routers (Wk != Wv) the keys "
+               "take Wk";
+    case SLIP_VALUES_WITH_WK:
+        return "it matches values routed with the key router: with separate routers (Wk != Wv) the values "
+               "take Wv";
+    case SLIP_NO_KV_SUM:
+        return "it matches the sum over kv heads dropped (r' = r only): output head r mixes every kv head r' "
+               "of every source layer, column j = l'*R + r'";
+    default: return "";
+    }
+}
+// Kr, Vr (N, R, hd) as router_forward computes them, with the slip s.
+inline void router_with_slip(RouterSlip s, float* Kr, float* Vr, const float* Wk, const float* Wv,
+                             const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd) {
+    int J = (l + 1) * R;
+    size_t layer = (size_t)N * R * hd;
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < hd; i++) {
+                double k = 0, v = 0;
+                for (int j = 0; j < J; j++) {
+                    if (s == SLIP_NO_OWN_LAYER && j / R == l) continue;
+                    if (s == SLIP_NO_KV_SUM && j % R != r) continue;
+                    int w = s == SLIP_TRANSPOSED ? j * R + r : r * J + j;  // W read as if it were ((l+1)R, R)
+                    size_t src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
+                    k += (s == SLIP_KEYS_WITH_WV ? Wv : Wk)[w] * Kbuf[src];
+                    v += (s == SLIP_VALUES_WITH_WK ? Wk : Wv)[w] * Vbuf[src];
+                }
+                Kr[((size_t)n * R + r) * hd + i] = (float)k;
+                Vr[((size_t)n * R + r) * hd + i] = (float)v;
+            }
+}
+inline std::function<std::string(size_t)> at_nri(int R, int hd) {
+    return [=](size_t x) { return fmt("[n=%zu, r=%d, i=%d]", x / ((size_t)R * hd), (int)(x / hd % R), (int)(x % hd)); };
+}
+// Kr, Vr from `run` (the student's router on the CPU or the harness) against
+// the project's (router_forward_fast), on one shape; "" or the diagnosis. hd even, as
+// the model's (RoPE) and the fast router (two lanes at a time) need.
+inline std::string check_router_forward(
+    const std::function<void(float*, float*, const float*, const float*, const float*, const float*, int, int,
+                             int, int)>& run,
+    Rng& rng, int l, int N, int R, int hd, bool separate) {
+    int J = (l + 1) * R;
+    size_t layer = (size_t)N * R * hd;
+    std::vector<float> Wk = randn(rng, (size_t)R * J), Wv = separate ? randn(rng, (size_t)R * J) : Wk;
+    std::vector<float> Kbuf = randn(rng, (l + 1) * layer), Vbuf = randn(rng, (l + 1) * layer);
+    std::vector<float> Kr(layer, NAN), Vr(layer, NAN), wk(layer), wv(layer);
+    run(Kr.data(), Vr.data(), Wk.data(), separate ? Wv.data() : Wk.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
+    router_forward_fast(wk.data(), wv.data(), Wk.data(), Wv.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
+    std::vector<Mistake> mistakes;
+    for (RouterSlip s : {SLIP_TRANSPOSED, SLIP_NO_OWN_LAYER, SLIP_KEYS_WITH_WV, SLIP_VALUES_WITH_WK, SLIP_NO_KV_SUM}) {
+        std::vector<float> k(layer), v(layer);
+        router_with_slip(s, k.data(), v.data(), Wk.data(), Wv.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
+        if (first_wrong(k, wk, 1e-4) >= 0 || first_wrong(v, wv, 1e-4) >= 0)  // a slip this shape can show
+            mistakes.push_back({router_slip_hint(s), {k, v}});
+    }
+    std::string shape = fmt("l=%d, N=%d, R=%d, hd=%d, %s router", l, N, R, hd, separate ? "separate key and value" : "one");
+    return diagnose({{"Kr", Kr, at_nri(R, hd)}, {"Vr", Vr, at_nri(R, hd)}}, {wk, wv}, mistakes, shape);
+}
+
+// ---------------------------------------------------------------------------
+// The whole model: its backward against finite differences of its loss.
+// "" or the first gradient that disagrees. A tiny LIMe: 3 layers, GQA (H = 4,
+// R = 2), routers drawn at random so that every source layer counts.
+inline std::string model_finite_differences(bool separate) {
+    Config c;
+    c.V = 11, c.L = 3, c.d = 16, c.H = 4, c.R = 2, c.hd = 4, c.F = 24, c.T = 6, c.router_kv_separate = separate;
+    Model m;
+    std::string err = model_create(&m, c, 2, DEVICE_CPU);
+    if (!err.empty()) return err;
+    model_init(&m, 7);
+    Rng rng(11);
+    for (int l = 1; l < c.L; l++)
+        for (float* w : {m.p.layer[l].router, m.p.layer[l].router_v})
+            for (int e = 0; w && e < c.R * (l + 1) * c.R; e++) w[e] = 0.5f * (float)rng.normal();
+    int N = 2 * c.T;
+    std::vector<int> tokens(N), targets(N);
+    for (int n = 0; n < N; n++) tokens[n] = (int)rng.below(c.V), targets[n] = (int)rng.below(c.V);
+    std::vector<float> mask(N, 1.0f);
+    auto loss = [&] { return model_forward(&m, tokens.data(), targets.data(), mask.data(), 2, c.T); };
+    loss();
+    model_backward(&m);
+    std::vector<float> grads(m.grads, m.grads + m.n_params);
+    struct Probe { const char* name; float* p; size_t n; };
+    std::vector<Probe> probes = {{"layer 2 router", m.p.layer[2].router, (size_t)c.R * 3 * c.R},
+                                 {"layer 0 Wk (reached only through the routers and its own attention)",
+                                  m.p.layer[0].Wk, (size_t)c.R * c.hd * c.d},
+                                 {"layer 1 Wv", m.p.layer[1].Wv, (size_t)c.R * c.hd * c.d}};
+    if (separate) probes.insert(probes.begin() + 1, {"layer 2 value router", m.p.layer[2].router_v, (size_t)c.R * 3 * c.R});
+    for (const Probe& pr : probes)
+        for (int k = 0; k < 4; k++) {
+            size_t e = rng.below(pr.n), at = pr.p + e - m.params;
+            float keep = pr.p[e], h = 1e-2f;
+            pr.p[e] = keep + h;
+            double up = loss();
+            pr.p[e] = keep - h;
+            double down = loss();
+            pr.p[e] = keep;
+            double fd = (up - down) / (2 * h), g = grads[at];
+            if (std::fabs(fd - g) > 0.05 * std::max(std::fabs(fd), std::fabs(g)) + 2e-3) {
+                model_free(&m);
+                return fmt("d loss / d %s[%zu]: the backward and finite differences of the loss disagree", pr.name, e);
+            }
+        }
+    model_free(&m);
+    return "";
+}

@@ -1,0 +1,21 @@
+// A planted mistake (tests/test_labs.sh): the router read as W[j][r].
+// expect: transposed
+#include "labs/lab.h"
+
+void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
+                    const float* Vbuf, int l, int N, int R, int hd) {
+    int J = (l + 1) * R;
+    size_t layer = (size_t)N * R * hd;
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < hd; i++) {
+                float k = 0, v = 0;
+                for (int j = 0; j < J; j++) {
+                    size_t src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
+                    k += Wk[j * R + r] * Kbuf[src];
+                    v += Wv[j * R + r] * Vbuf[src];
+                }
+                Kr[((size_t)n * R + r) * hd + i] = k;
+                Vr[((size_t)n * R + r) * hd + i] = v;
+            }
+}

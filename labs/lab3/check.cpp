@@ -1,0 +1,67 @@
+// labs/lab3/check.cpp — lab 3's checks: your kernel, through the launch in
+// your file (router_forward_gpu), on the CUDA-on-CPU harness under the
+// forward, reverse and two random thread orders, each with the blocks of a
+// grid in forward, reverse and random order, against the project's CPU router
+// (router_forward_fast). A correct kernel gives the same numbers in
+// every order; one that reads shared memory before every thread has written
+// it, or writes it while others still read, does not.
+#include "labs/check.h"
+
+// The student's launch on device copies of the inputs; "" or the harness's error.
+static std::string launch_error;
+static void on_device(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
+                      int l, int N, int R, int hd) {
+    size_t out = (size_t)N * R * hd, w = (size_t)R * (l + 1) * R, buf = (l + 1) * out;
+    float *dKr, *dVr, *dWk, *dWv, *dKbuf, *dVbuf;
+    for (auto [p, n] : {std::pair{&dKr, out}, {&dVr, out}, {&dWk, w}, {&dWv, w}, {&dKbuf, buf}, {&dVbuf, buf}})
+        cudaMalloc((void**)p, n * sizeof(float));
+    cudaMemcpy(dWk, Wk, w * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(dWv, Wv, w * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(dKbuf, Kbuf, buf * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(dVbuf, Vbuf, buf * sizeof(float), cudaMemcpyHostToDevice);
+    router_forward_gpu(dKr, dVr, dWk, Wk == Wv ? dWk : dWv, dKbuf, dVbuf, l, N, R, hd, 0);
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess && launch_error.empty()) launch_error = cudaGetErrorString(e);
+    cudaMemcpy(Kr, dKr, out * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(Vr, dVr, out * sizeof(float), cudaMemcpyDeviceToHost);
+    for (float* p : {dKr, dVr, dWk, dWv, dKbuf, dVbuf}) cudaFree(p);
+}
+
+// Chosen shapes, then random ones, under the harness's current order.
+static std::string check_order(uint64_t seed) {
+    Rng rng(seed);
+    launch_error.clear();
+    std::string err = check_router_forward(on_device, rng, 0, 3, 2, 4, false);
+    if (err.empty()) err = check_router_forward(on_device, rng, 2, 3, 2, 4, true);
+    for (int trial = 0; trial < 6 && err.empty(); trial++) {
+        int l = (int)rng.below(4), N = 1 + (int)rng.below(4), R = 1 + (int)rng.below(3), hd = 2 + 2 * (int)rng.below(12);
+        err = check_router_forward(on_device, rng, l, N, R, hd, rng.below(2));
+    }
+    if (!launch_error.empty())
+        return "the kernel failed on the harness: " + launch_error +
+               "; hint: a __syncthreads() that some threads of the block never reach is a deadlock";
+    if (err.find("NaN") != std::string::npos)
+        err += " (or the routers read from shared memory before every thread's copy was in: a missing "
+               "__syncthreads()?)";
+    return err;
+}
+
+int main() {
+    Lab lab;
+    struct Order { const char* name; emu::Order order; uint64_t seed; };
+    Order orders[] = {{"forward", emu::FORWARD, 1}, {"reverse", emu::REVERSE, 1}, {"random1", emu::RANDOM, 1},
+                      {"random2", emu::RANDOM, 2}};
+    Order blocks[] = {{"forward", emu::FORWARD, 1}, {"reverse", emu::REVERSE, 1}, {"random", emu::RANDOM, 1}};
+    for (const Order& b : blocks)  // random blocks are seeded like the threads
+        for (const Order& o : orders) {
+            emu::set_order(o.order, o.seed);
+            emu::set_block_order(b.order);
+            std::string err = check_order(2028);
+            if (!err.empty() && lab.passed > 0)
+                err += "; it passes in other orders: the answer depends on the order threads or blocks run in, "
+                       "a race (a missing __syncthreads(), or shared memory rewritten while others read it)";
+            lab.check(std::string("blocks_") + b.name + "_threads_" + o.name, err);
+        }
+    return lab.exit_status();
+}

@@ -1,0 +1,27 @@
+// Lab 3: the router's forward pass as a CUDA kernel, run on the CPU by
+// support/cuda_on_cpu.h (labs/lab3/README.md). Write lab_router_kernel below;
+// `make lab3` runs it under every thread and block order the harness has.
+#include "labs/lab.h"
+
+// The same sum as lab 1 (Eq. 2), for layer l:
+//   Kr[n, r, i] = sum_{j < J} Wk[r, j] * Kbuf[j / R][n, j % R, i],  J = (l+1)R   (Vr alike with Wv)
+// Kr, Vr (N, R, hd); Wk, Wv (R, J) (Wk == Wv with one router); Kbuf, Vbuf (L, N, R, hd).
+//
+// The plan (given): one block per position n, LAB3_THREADS threads. The block
+// first copies both routers into shared memory, w = [Wk (R*J floats), Wv (R*J)],
+// each thread a strided share; once every thread's copy is in, thread t
+// computes the outputs (r, i) with r * hd + i = t, t + blockDim.x, ...,
+// reading the routers from w.
+#define LAB3_THREADS 32
+__global__ void lab_router_kernel(float* Kr, float* Vr, const float* Wk, const float* Wv,
+                                  const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd) {
+    DYNAMIC_SHARED(float, w);  // 2 * R * J floats: Wk, then Wv
+    // Your code here (position n = blockIdx.x).
+}
+
+// Given: the launch lime.cu's router calls (router_forward_gpu) and the lab's checks use.
+void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
+                        const float* Vbuf, int l, int N, int R, int hd, cudaStream_t stream) {
+    size_t shared = 2 * (size_t)R * (l + 1) * R * sizeof(float);
+    LAUNCH(lab_router_kernel, N, LAB3_THREADS, shared, stream)(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd);
+}

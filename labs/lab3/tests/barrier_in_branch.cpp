@@ -1,0 +1,33 @@
+// A planted mistake (tests/test_labs.sh): the barrier inside a branch only some threads take.
+// expect: deadlock
+#include "labs/lab.h"
+
+#define LAB3_THREADS 32
+__global__ void lab_router_kernel(float* Kr, float* Vr, const float* Wk, const float* Wv,
+                                  const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd) {
+    DYNAMIC_SHARED(float, w);  // 2 * R * J floats: Wk, then Wv
+    int n = blockIdx.x, J = (l + 1) * R;
+    for (int e = threadIdx.x; e < R * J; e += blockDim.x) {
+        w[e] = Wk[e];
+        w[R * J + e] = Wv[e];
+    }
+    if (threadIdx.x < R * hd) __syncthreads();  // the mistake: the other threads never arrive
+    size_t layer = (size_t)N * R * hd;
+    for (int t = threadIdx.x; t < R * hd; t += blockDim.x) {
+        int r = t / hd, i = t % hd;
+        float k = 0, v = 0;
+        for (int j = 0; j < J; j++) {
+            size_t src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
+            k += w[r * J + j] * Kbuf[src];
+            v += w[R * J + r * J + j] * Vbuf[src];
+        }
+        Kr[((size_t)n * R + r) * hd + i] = k;
+        Vr[((size_t)n * R + r) * hd + i] = v;
+    }
+}
+
+void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
+                        const float* Vbuf, int l, int N, int R, int hd, cudaStream_t stream) {
+    size_t shared = 2 * (size_t)R * (l + 1) * R * sizeof(float);
+    LAUNCH(lab_router_kernel, N, LAB3_THREADS, shared, stream)(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd);
+}

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# tests/test_labs.sh — the classroom labs (labs/) cannot rot. Each of labs 1-4
+# is built twice: with its untouched starter every lab must FAIL and say why,
+# with the project's own functions (FILE=project) it must PASS. Each planted
+# file in labs/labN/tests/ must end as its "// expect:" line says: a mistake
+# FAILs with the hint that names it, a correct answer passes. Then bad input
+# (a file that does not compile, one that defines nothing, a lab that does not
+# exist) and lab 5 on a tiny experiment, with answers this suite reads from
+# that run's own files. The lab builds run two at a time.
+cd "$(dirname "$0")/.." || exit 2
+source tests/lib.sh
+
+# name lab file: `make labN FILE=file` into $tmp/name.out, in the background.
+runs=()
+start() {
+    while [ "$(jobs -r | wc -l)" -ge 2 ]; do wait -n; done
+    make -s --no-print-directory "lab$2" FILE="$3" >"$tmp/$1.out" 2>&1 &
+    runs+=("$1 $2 $3")
+}
+make -s --no-print-directory lab-deps >"$tmp/deps.out" 2>&1 || { cat "$tmp/deps.out"; fail lab_deps "the lab build failed"; summary; exit; }
+for n in 1 2 3 4; do
+    start "lab${n}_starter" $n labs/lab$n/starter.cpp
+    start "lab${n}_project" $n project
+    for f in labs/lab$n/tests/*.cpp; do start "lab${n}_$(basename "$f" .cpp)" $n "$f"; done
+done
+printf 'void router_forward( {\n' >"$tmp/broken.cpp"
+start lab1_does_not_compile 1 "$tmp/broken.cpp"
+printf '// nothing yet\n' >"$tmp/empty.cpp"
+start lab1_defines_nothing 1 "$tmp/empty.cpp"
+sed "s/int l, int N, int R, int hd) {/long l, int N, int R, int hd) {/" labs/lab1/tests/correct.cpp >"$tmp/other.cpp"
+start lab1_other_signature 1 "$tmp/other.cpp"
+wait
+
+# The counts on the last line, "labN: P passed, F failed".
+counts() { grep -E "^lab[0-9]+: [0-9]+ passed" "$tmp/$1.out" | tail -1 | sed -n 's/^lab[0-9]*: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p'; }
+for run in "${runs[@]}"; do
+    read -r name n file <<<"$run"
+    read -r p f <<<"$(counts "$name")"
+    out=$tmp/$name.out
+    if [ -z "$p" ]; then fail "$name" "no summary line: $(tail -2 "$out" | tr '\n' ' ')"; continue; fi
+    case $name in
+    *_starter)
+        if [ "$f" -gt 0 ] && [ "$p" -eq 0 ] && grep -q '^FAIL .*hint:' "$out"; then pass "$name"
+        else fail "$name" "the untouched starter should fail every check with a hint: $(tail -1 "$out")"; fi ;;
+    *_project)
+        if [ "$f" -eq 0 ] && [ "$p" -gt 0 ]; then pass "$name"
+        else fail "$name" "lime.cu's own functions should pass: $(grep -m1 '^FAIL' "$out")"; fi ;;
+    lab1_does_not_compile)
+        if [ "$f" -eq 1 ] && grep -q 'error' "$out" && grep -q "^FAIL compiles: fix $file: it does not compile" "$out"
+        then pass "$name"; else fail "$name" "expected the compiler's first error and the file to fix: $(head -3 "$out")"; fi ;;
+    lab1_defines_nothing)
+        if [ "$f" -eq 1 ] && grep -q "does not define router_forward()" "$out"; then pass "$name"
+        else fail "$name" "expected: does not define router_forward(): $(tail -2 "$out" | head -1)"; fi ;;
+    lab1_other_signature)
+        if [ "$f" -eq 1 ] && grep -q "^FAIL signature: router_forward() in" "$out"; then pass "$name"
+        else fail "$name" "expected: another signature than the starter's: $(tail -2 "$out" | head -1)"; fi ;;
+    *)
+        expect=$(sed -n 's|^// expect: *||p' "$file" | head -1)
+        if [ "$expect" = PASS ]; then
+            [ "$f" -eq 0 ] && pass "$name" || fail "$name" "a correct answer should pass: $(grep -m1 '^FAIL' "$out")"
+        elif [ "$f" -gt 0 ] && grep '^FAIL' "$out" | grep -qF "$expect"; then pass "$name"
+        else fail "$name" "expected a FAIL whose hint says \"$expect\": $(grep -m1 '^FAIL' "$out")"; fi ;;
+    esac
+done
+
+if out=$(make -s --no-print-directory lab9 2>&1); then fail no_such_lab "make lab9 succeeded"
+elif grep -q 'no such lab' <<<"$out" && grep -q 'make lab5' <<<"$out"; then pass no_such_lab
+else fail no_such_lab "expected the list of labs: $(head -2 <<<"$out")"; fi
+
+# Lab 5 on a tiny experiment; the answers come from the runs' own logs and the
+# heatmap's numbers, not from the report the check reads.
+run5=$tmp/run5
+if ! $LIME compare --preset tiny --seeds 2 --device cpu --out "$run5" >"$tmp/compare.out" 2>&1; then
+    fail lab5_experiment "$LIME compare --preset tiny failed: $(tail -1 "$tmp/compare.out")"
+else
+    mean() { cat "$run5"/tier*/"$1"-seed*/log.jsonl | sed -n "s/.*\"type\": \"done\".*\"$2\": \([-0-9.e]*\).*/\1/p" |
+             awk -v k="$3" '{s += $1; n++} END {printf "%.*f\n", k, 100 * s / n}'; }
+    acc_llama=$(mean llama accuracy 1) acc_lime=$(mean lime accuracy 1)
+    loss_llama=$(mean llama val_loss 6) loss_lime=$(mean lime val_loss 6)
+    $LIME analyze --load "$run5"/tier2/lime-seed1/model.safetensors --out "$tmp" --device cpu --n 4 >"$tmp/an.out" 2>&1
+    routers=$(sed -n 's/^parameters: [0-9]* (routers \([0-9]*\),.*/\1/p' "$tmp/an.out")
+    row=$(grep -E '^  layer [0-9]+ ' "$tmp/an.out" | grep own | tail -1 | sed 's/own.*//')
+    from=$(awk '{best = -1; for (i = 3; i < NF; i++) if ($i > best) {best = $i; at = i - 3}; print at}' <<<"$row")
+    own=$(awk '{printf "%.0f\n", 100 * $NF}' <<<"$row")
+    better=$(awk -v a="$acc_lime" -v b="$acc_llama" 'BEGIN { print (a > b ? "lime" : a < b ? "llama" : "tie") }')
+    lower=$(awk -v a="$loss_lime" -v b="$loss_llama" 'BEGIN { print (a < b ? "lime" : "llama") }')
+    printf '%s\n' "llama_mean_accuracy: $acc_llama" "lime_mean_accuracy: $acc_lime" "better_model: $better" \
+        "lower_test_loss: $lower" "router_parameters: $routers" "last_layer_leans_on: $from" \
+        "last_layer_own_share: $own%" >"$tmp/answers.txt"
+    lab5() { RUN=$run5 LIME=$LIME bash labs/run.sh 5 "$1" 2>&1; }
+    out=$(lab5 "$tmp/answers.txt")
+    tail -1 <<<"$out" | grep -q '^lab5: 7 passed, 0 failed$' && pass lab5_own_answers ||
+        fail lab5_own_answers "answers read from the run should pass: $(grep -m1 '^FAIL' <<<"$out")"
+    out=$(lab5 labs/lab5/starter.txt)
+    tail -1 <<<"$out" | grep -q '^lab5: 0 passed, 7 failed$' && pass lab5_starter ||
+        fail lab5_starter "the empty answers should fail: $(tail -1 <<<"$out")"
+    other=$([ "$lower" = lime ] && echo llama || echo lime)
+    sed "s/^lower_test_loss: .*/lower_test_loss: $other/" "$tmp/answers.txt" >"$tmp/wrong.txt"
+    out=$(lab5 "$tmp/wrong.txt")
+    grep -q '^FAIL lower_test_loss: your answer' <<<"$out" && tail -1 <<<"$out" | grep -q '1 failed$' &&
+        pass lab5_wrong_answer || fail lab5_wrong_answer "a wrong answer should fail: $(tail -1 <<<"$out")"
+fi
+summary
