@@ -2,7 +2,7 @@
 # tests/test_labs.sh — the classroom labs (labs/) cannot rot. Each of labs 1-4
 # is built twice: with its untouched starter every lab must FAIL and say why,
 # with the project's own functions (FILE=project) it must PASS. Each planted
-# file in labs/labN/tests/ must end as its "// expect:" line says: a mistake
+# file in tests/labs/labN/ must end as its "// expect:" line says: a mistake
 # FAILs with the hint that names it, a correct answer passes. Then bad input
 # (a file that does not compile, one that defines nothing, a lab that does not
 # exist) and lab 5 on a tiny experiment, with answers this suite reads from
@@ -21,13 +21,13 @@ make -s --no-print-directory lab-deps >"$tmp/deps.out" 2>&1 || { cat "$tmp/deps.
 for n in 1 2 3 4; do
     start "lab${n}_starter" $n labs/lab$n/starter.cpp
     start "lab${n}_project" $n project
-    for f in labs/lab$n/tests/*.cpp; do start "lab${n}_$(basename "$f" .cpp)" $n "$f"; done
+    for f in tests/labs/lab$n/*.cpp; do start "lab${n}_$(basename "$f" .cpp)" $n "$f"; done
 done
 printf 'void router_forward( {\n' >"$tmp/broken.cpp"
 start lab1_does_not_compile 1 "$tmp/broken.cpp"
 printf '// nothing yet\n' >"$tmp/empty.cpp"
 start lab1_defines_nothing 1 "$tmp/empty.cpp"
-sed "s/int l, int N, int R, int hd) {/long l, int N, int R, int hd) {/" labs/lab1/tests/correct.cpp >"$tmp/other.cpp"
+sed "s/int l, int N, int R, int hd) {/long l, int N, int R, int hd) {/" tests/labs/lab1/correct.cpp >"$tmp/other.cpp"
 start lab1_other_signature 1 "$tmp/other.cpp"
 wait
 
