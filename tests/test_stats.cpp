@@ -52,3 +52,38 @@ TEST(stats_welch) {
     CHECK(same.t == 0 && near(same.p, 1, 1e-14), "identical samples: t 0, p 1 (got %g, %g)", same.t, same.p);
     CHECK(std::isnan(stats_welch({1}, B).p) && std::isnan(stats_welch({2, 2}, {3, 3}).t), "undefined cases must be NaN");
 }
+
+// Exact Wilcoxon p against hand-worked enumerations of the 2^n sign patterns
+// and the published table (n = 10: P(W- <= 8) = 25/1024 = 0.0244, the 0.05
+// two-sided critical value in e.g. Wilcoxon, Katti & Wilcox 1970).
+TEST(stats_wilcoxon_exact) {
+    // n = 5, all positive: W+ = 15 is one pattern of 32, and W+ = 0 its mirror: 2/32
+    CHECK(near(stats_wilcoxon_p({0.1, 0.2, 0.3, 0.4, 0.5}), 2.0 / 32, 1e-14), "n=5 all +: %.15g",
+          stats_wilcoxon_p({0.1, 0.2, 0.3, 0.4, 0.5}));
+    // a zero is dropped: the same as n = 5
+    CHECK(near(stats_wilcoxon_p({0, 1, 2, 3, 4, 5}), 2.0 / 32, 1e-14), "zero not dropped: %.15g",
+          stats_wilcoxon_p({0, 1, 2, 3, 4, 5}));
+    // {1, -2, 3}: W+ = 4, mean 3; the 8 subset sums of {1,2,3} are 0,1,2,3,3,4,5,6, six of them 1 or more from 3
+    CHECK(near(stats_wilcoxon_p({1, -2, 3}), 6.0 / 8, 1e-14), "{1,-2,3}: %.15g", stats_wilcoxon_p({1, -2, 3}));
+    // n = 10, negatives at ranks 3 and 5 (W- = 8): two-sided 2 * 25/1024
+    std::vector<double> d = {1, 2, -3, 4, -5, 6, 7, 8, 9, 10};
+    CHECK(near(stats_wilcoxon_p(d), 50.0 / 1024, 1e-14), "n=10 W-=8: %.15g, want 0.048828125", stats_wilcoxon_p(d));
+    // ties: {1, 2, 2, -3} has ranks 1, 2.5, 2.5, 4 and W+ = 6 (mean 5); of the 16 subset
+    // sums only {1,4} and {2.5,2.5} give 5, closer than 1: p = 14/16
+    CHECK(near(stats_wilcoxon_p({1, 2, 2, -3}), 14.0 / 16, 1e-14), "ties: %.15g", stats_wilcoxon_p({1, 2, 2, -3}));
+    CHECK(stats_wilcoxon_p({0, 0}) == 1, "no nonzero difference: p must be 1");
+}
+
+TEST(stats_paired_t_interval_median_and_counts) {
+    // differences 1..5: mean 3, sd sqrt(2.5), se sqrt(0.5); t table: t_0.975(4) = 2.776
+    PairedResult r = stats_paired({2, 4, 6, 8, 10}, {1, 2, 3, 4, 5});
+    double half = 2.7764451051977944 * std::sqrt(0.5);
+    CHECK(near(r.mean, 3, 1e-14) && near(r.t, 3 / std::sqrt(0.5), 1e-13), "mean %g, t %g", r.mean, r.t);
+    CHECK(near(r.lo, 3 - half, 1e-9) && near(r.hi, 3 + half, 1e-9), "95%% CI [%.12g, %.12g]", r.lo, r.hi);
+    CHECK(r.wins == 5 && r.ties == 0 && r.losses == 0 && r.n == 5, "wins %d ties %d losses %d", r.wins, r.ties, r.losses);
+    CHECK(near(r.p_wilcoxon, 2.0 / 32, 1e-14), "signed-rank p %g", r.p_wilcoxon);
+    PairedResult m = stats_paired({1, 5, 2, 7}, {1, 3, 5, 2});  // d = 0, 2, -3, 5
+    CHECK(m.ties == 1 && m.wins == 2 && m.losses == 1 && near(m.median, 1, 1e-14), "median %g (want 1), %d/%d/%d",
+          m.median, m.wins, m.ties, m.losses);
+    CHECK(std::isnan(stats_paired({1, 2}, {0, 1}).lo), "differences without spread: no interval");
+}
