@@ -51,8 +51,8 @@ static const Preset PRESETS[] = {
      "--schedule linear",
      "4,5,6", 5, "the paper's arithmetic setting (docs/tasks.md 1), for a GPU: tiers 4, 5, 6, 5 seeds per model"},
     {"cpu-study",
-     "--layers 4 --dim 32 --heads 4 --ops 4 --train-size 20000 --test-size 500 --batch 64 --epochs 6 --lr 3e-3",
-     "4", 6, "two-core CPU, about 30 minutes: tier 4, 6 seeds per model, LLaMa, LIMe and the frozen-router control"},
+     "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 12 --lr 3e-3",
+     "3", 6, "two-core CPU: tier 3, 12 epochs, 6 seeds each of LLaMa, LIMe and the frozen-router control"},
     {"tiny", "--layers 2 --dim 16 --heads 2 --ffn 32 --train-size 300 --test-size 20 --batch 16 --steps 30", "2", 2,
      "seconds: for tests"},
 };
@@ -575,6 +575,7 @@ struct CompareSettings {
     std::vector<std::string> run_args;      // every run's train flags: the preset's, those --train-args gives replaced
     int jobs = 1, threads = 1;
     bool gpu = false;
+    bool reuse = false;      // --reuse
     std::string dir;         // --out
     std::string self;        // this program, run as ./lime train
 };
@@ -667,6 +668,7 @@ static CompareSettings compare_settings(Args& a) {
         std::string why = config_check(c);
         if (!why.empty()) a.fail("--archs: '" + s + "' with the runs' " + std::to_string(c.L) + " layers: " + why);
     }
+    cs.reuse = a.has("reuse");
     int jobs = (int)a.integer("jobs", 0, 256);
     std::string device = a.choice("device", {"auto", "cpu", "gpu"});
     cs.dir = a.str("out");
@@ -730,6 +732,38 @@ static std::vector<std::string> train_args_of(const CompareSettings& cs, const R
 static std::vector<std::string> analyze_args_of(const CompareSettings& cs, const Run& r) {
     return {"--load", r.dir + "/model.safetensors", "--out", r.dir, "--alpha", fmt("%.17g", cs.alpha),
             "--threads", std::to_string(cs.threads), "--device", cs.gpu ? "gpu" : "cpu"};
+}
+
+// --reuse: a run whose directory already holds a finished training (a "done"
+// line in log.jsonl, whose "args" agree with every flag this run would get but
+// --out, --threads and --device) and its analysis (entropy.tsv) is read, not
+// run again, so a compare stopped part way (Ctrl-C, a lost session, too little
+// time) can finish, or report on fewer seeds, with the runs it has.
+static bool reusable(const CompareSettings& cs, const Run& r) {
+    std::ifstream in(r.dir + "/log.jsonl");
+    std::string line;
+    bool done = false;
+    Json args;
+    while (std::getline(in, line)) {
+        Json j;
+        const Json* type = json_parse(line, &j).empty() ? j.get("type") : nullptr;
+        if (type && type->kind == Json::STR && type->str == "config" && j.get("args")) args = *j.get("args");
+        if (type && type->kind == Json::STR && type->str == "done") done = true;
+    }
+    if (!done || args.kind != Json::OBJ || access((r.dir + "/entropy.tsv").c_str(), R_OK) != 0) return false;
+    std::vector<std::string> want = train_args_of(cs, r);
+    for (size_t i = 0; i < want.size(); i++) {
+        if (want[i].rfind("--", 0) != 0) continue;
+        std::string flag = want[i].substr(2), value;
+        size_t eq = flag.find('=');
+        if (eq != std::string::npos) value = flag.substr(eq + 1), flag = flag.substr(0, eq);
+        else if (i + 1 < want.size() && want[i + 1].rfind("--", 0) != 0) value = want[++i];
+        else continue;  // a switch (--quiet, --force)
+        if (flag == "out" || flag == "threads" || flag == "device") continue;
+        const Json* v = args.get(flag);
+        if (!v || v->kind != Json::STR || v->str != value) return false;
+    }
+    return true;
 }
 
 // A run's training has ended: its status, memory and time, its log read, one line printed.
@@ -853,6 +887,7 @@ int cmd_compare(int argc, char** argv) {
         {"jobs", "0", "runs at a time (0: one per core on the CPU, 1 on the GPU)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"out", "runs/compare", "output directory: one subdirectory per run, report.md, figures"},
+        {"reuse", nullptr, "read the runs --out already holds, finished and analysed with the same flags, not rerun"},
     };
     std::string summary_help =
         "Trains LLaMa and LIMe for several seeds, evaluates and analyses them, and writes DIR/report.md:\n"
@@ -862,6 +897,16 @@ int cmd_compare(int argc, char** argv) {
     Args a = parse_args("compare", summary_help.c_str(), flags, argc, argv, false);
     CompareSettings cs = compare_settings(a);
     std::vector<Run> runs = plan_runs(cs);
+    int reused = 0;
+    for (Run& r : runs)
+        if (cs.reuse && reusable(cs, r)) {
+            read_log(&r);
+            read_entropy(&r);
+            r.status = 0;  // as a child that exited 0
+            r.stage = Run::DONE;
+            reused++;
+        }
+    if (cs.reuse) printf("compare: --reuse: %d of %zu runs already done in %s\n", reused, runs.size(), cs.dir.c_str());
     printf("compare %s: %zu runs (%zu tiers x %d seeds x %zu models), %d at a time, %d thread%s each, on the %s\n",
            cs.preset->name, runs.size(), cs.tiers.size(), cs.seeds, cs.archs.size(), cs.jobs, cs.threads,
            cs.threads > 1 ? "s" : "", cs.gpu ? "gpu" : "cpu");

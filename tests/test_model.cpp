@@ -120,7 +120,7 @@ TEST(rope_position_zero_is_identity_and_rotation_keeps_norm) {
 // The router at layer l = 2 of a 3-layer buffer, with R kv heads. `learned`:
 // the source layers whose columns get a gradient (router_learned); the others
 // must get exactly none. `separate`: one router for keys, another for values.
-static void check_router(int R, uint64_t learned = 7, bool separate = false) {
+static void check_router(int R, RouterSpan learned = RouterSpan{0, 0}, bool separate = false) {
     int l = 2, N = 5, hd = 4, J = (l + 1) * R;
     size_t layer = (size_t)N * R * hd;
     std::vector<float> Wk = randv(R * J, 12), Wv = separate ? randv(R * J, 17) : Wk, Kb = randv(3 * layer, 13), Vb = randv(3 * layer, 14);
@@ -133,24 +133,25 @@ static void check_router(int R, uint64_t learned = 7, bool separate = false) {
     router_backward(dWk.data(), separate ? dWv.data() : dWk.data(), dKb.data(), dVb.data(), wk.data(), wv.data(), Wk.data(),
                     separate ? Wv.data() : Wk.data(), Kb.data(), Vb.data(), l, learned, N, R, hd);
     std::vector<char> on(R * J);
-    for (int i = 0; i < R * J; i++) on[i] = learned >> (i % J / R) & 1;
+    for (int i = 0; i < R * J; i++) on[i] = learned.has(i % J / R);
     double e1 = fd_error(Wk, dWk, loss, 40, &on), e2 = fd_error(Kb, dKb, loss), e3 = fd_error(Vb, dVb, loss);
-    CHECK(e1 < FD_TOL, "router dW%s (R=%d, learned %#llx): rel err %.2e", separate ? "k" : "", R, (unsigned long long)learned, e1);
+    CHECK(e1 < FD_TOL, "router dW%s (R=%d, learned <%d or >=%d): rel err %.2e", separate ? "k" : "", R, learned.below,
+          learned.from, e1);
     CHECK(e2 < FD_TOL, "router dKbuf (R=%d): rel err %.2e", R, e2);
     CHECK(e3 < FD_TOL, "router dVbuf (R=%d): rel err %.2e", R, e3);
     if (separate) {
         double e4 = fd_error(Wv, dWv, loss, 40, &on);
-        CHECK(e4 < FD_TOL, "router dWv (R=%d, learned %#llx): rel err %.2e", R, (unsigned long long)learned, e4);
+        CHECK(e4 < FD_TOL, "router dWv (R=%d, learned <%d or >=%d): rel err %.2e", R, learned.below, learned.from, e4);
     }
     for (int i = 0; i < R * J; i++)
         CHECK(on[i] || (dWk[i] == 0 && dWv[i] == 0), "router column %d of a fixed source layer got gradient %g / %g", i % J, dWk[i], dWv[i]);
 }
 TEST(router_backward_matches_finite_differences_R2) { check_router(2); }
 TEST(router_backward_matches_finite_differences_R1) { check_router(1); }
-TEST(router_backward_masked_matches_finite_differences) { check_router(2, 0b101); }  // layers 0 and 2 learn, 1 is fixed
-TEST(router_backward_nothing_learned_gives_no_weight_gradient) { check_router(2, 0); }  // average
-TEST(router_backward_separate_kv_matches_finite_differences) { check_router(2, 7, true); }
-TEST(router_backward_separate_kv_masked_matches_finite_differences) { check_router(1, 0b110, true); }
+TEST(router_backward_masked_matches_finite_differences) { check_router(2, RouterSpan{1, 2}); }  // layers 0 and 2 learn, 1 is fixed
+TEST(router_backward_nothing_learned_gives_no_weight_gradient) { check_router(2, RouterSpan{0, 3}); }  // average, frozen
+TEST(router_backward_separate_kv_matches_finite_differences) { check_router(2, RouterSpan{0, 0}, true); }
+TEST(router_backward_separate_kv_masked_matches_finite_differences) { check_router(1, RouterSpan{0, 1}, true); }  // layers 1 and 2
 
 TEST(router_with_identity_block_returns_own_layer) {
     int l = 1, N = 3, R = 2, hd = 4, J = (l + 1) * R;
@@ -863,7 +864,7 @@ TEST(fast_matmul_equals_plain_on_random_shapes) {
     check_fast_matmul(64, 32, 96, 7);  // whole tiles and panels only
 }
 
-static void check_fast_router(int l, int N, int R, int hd, uint64_t learned, bool separate) {
+static void check_fast_router(int l, int N, int R, int hd, RouterSpan learned, bool separate) {
     size_t layer = (size_t)N * R * hd, J = (size_t)(l + 1) * R;
     std::vector<float> Wk = randv(R * J, 1), Wv = separate ? randv(R * J, 2) : Wk, Kb = randv((l + 1) * layer, 3), Vb = randv((l + 1) * layer, 4);
     float* wv = separate ? Wv.data() : Wk.data();
@@ -881,14 +882,14 @@ static void check_fast_router(int l, int N, int R, int hd, uint64_t learned, boo
     double e2 = std::max(rel_err(dWk_f.data(), dWk_p.data(), R * J), rel_err(dWv_f.data(), dWv_p.data(), R * J));
     double e3 = std::max(rel_err(dKb_f.data(), dKb_p.data(), dKb_p.size()), rel_err(dVb_f.data(), dVb_p.data(), dVb_p.size()));
     CHECK(e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL,
-          "router_*_fast vs plain (%d sources, N=%d R=%d hd=%d, learned %#llx%s): Kr/Vr %.1e dW %.1e dKbuf/dVbuf %.1e", l + 1, N, R, hd,
-          (unsigned long long)learned, separate ? ", separate" : "", e1, e2, e3);
+          "router_*_fast vs plain (%d sources, N=%d R=%d hd=%d, learned <%d or >=%d%s): Kr/Vr %.1e dW %.1e dKbuf/dVbuf %.1e", l + 1, N,
+          R, hd, learned.below, learned.from, separate ? ", separate" : "", e1, e2, e3);
 }
 TEST(fast_router_equals_plain_with_1_and_5_sources) {
     for (int hd : {8, 16, 64, 128}) {
-        check_fast_router(0, 13, 2, hd, 1, false);        // 1 source: the layer's own buffer
-        check_fast_router(4, 11, 3, hd, 0x1f, false);     // 5 sources, R = 3
-        check_fast_router(4, 9, 1, hd, 0b10110, true);    // 5 sources, R = 1, some fixed, separate routers
+        check_fast_router(0, 13, 2, hd, RouterSpan{0, 0}, false);        // 1 source: the layer's own buffer
+        check_fast_router(4, 11, 3, hd, RouterSpan{0, 0}, false);     // 5 sources, R = 3
+        check_fast_router(4, 9, 1, hd, RouterSpan{1, 3}, true);  // 5 sources, R = 1, 1 and 2 fixed, separate routers
     }
 }
 

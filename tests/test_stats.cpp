@@ -1,8 +1,10 @@
-// tests/test_stats.cpp — stats.h against values computed independently in
+// tests/test_stats.cpp — stats.h (and study.cpp's layer_entropy, on inputs
+// whose entropy is known in closed form) against values computed independently in
 // Python with mpmath 1.3 at 30 digits: the t CDF by numerical integration of
 // the t density (mpmath.quad), quantiles by root finding on that integral,
 // Welch's t and df from the textbook formulas.
 #include "support/stats.h"
+#include "support/study.h"  // layer_entropy
 #include "test.h"
 
 static bool near(double got, double want, double tol) { return std::fabs(got - want) <= tol * (1 + std::fabs(want)); }
@@ -86,4 +88,44 @@ TEST(stats_paired_t_interval_median_and_counts) {
     CHECK(m.ties == 1 && m.wins == 2 && m.losses == 1 && near(m.median, 1, 1e-14), "median %g (want 1), %d/%d/%d",
           m.median, m.wins, m.ties, m.losses);
     CHECK(std::isnan(stats_paired({1, 2}, {0, 1}).lo), "differences without spread: no interval");
+}
+
+// Entropy as the paper's authors measure it, on inputs with a closed form.
+// Two sequences (N = 2) of T = 4 real positions, stored with a stride of 5
+// positions whose last one is padding (garbage that must be ignored).
+static std::vector<float> two_sequences(const std::vector<std::vector<float>>& rows0,
+                                        const std::vector<std::vector<float>>& rows1, int D) {
+    std::vector<float> x((size_t)2 * 5 * D, 1e6f);  // padding: huge, so using it would show
+    for (int t = 0; t < 4; t++)
+        for (int j = 0; j < D; j++) x[(size_t)t * D + j] = rows0[t][j], x[((size_t)5 + t) * D + j] = rows1[t][j];
+    return x;
+}
+
+TEST(entropy_of_rank_one_values_is_zero) {
+    // every row a multiple of u: z-scoring each feature keeps them multiples of
+    // one vector, so the Gram matrix has one non-zero eigenvalue: entropy 0 for every alpha
+    std::vector<float> u = {0.3f, -1.2f, 2.0f};
+    std::vector<std::vector<float>> r0, r1;
+    for (float a : {1.f, 2.f, 3.f, 4.f}) r0.push_back({a * u[0], a * u[1], a * u[2]});
+    for (float b : {-1.f, 0.5f, 2.f, -3.f}) r1.push_back({b * u[0], b * u[1], b * u[2]});
+    std::vector<float> x = two_sequences(r0, r1, 3);
+    for (double alpha : {0.5, 1.0, 2.0}) {
+        EntropyStat e = layer_entropy(x.data(), 2, 5, 3, {4, 4}, alpha);
+        CHECK(std::fabs(e.mean) < 1e-6 && e.std < 1e-6, "rank-1 values, alpha %g: entropy %.3g ± %.3g, want 0", alpha,
+              e.mean, e.std);
+    }
+}
+
+TEST(entropy_of_orthogonal_equal_norm_rows_is_log_T) {
+    // sequence 0: rows 2 e_t; sequence 1 its negation. Each feature then has mean 0 and the same
+    // std over the 8 positions, so the z-scored rows stay orthogonal with equal norms:
+    // the normalised spectrum is 1/4 four times, whose Renyi entropy is ln 4 for every alpha
+    std::vector<std::vector<float>> r0(4, std::vector<float>(4, 0.f)), r1 = r0;
+    for (int t = 0; t < 4; t++) r0[t][t] = 2.f, r1[t][t] = -2.f;
+    std::vector<float> x = two_sequences(r0, r1, 4);
+    for (double alpha : {0.5, 1.0, 2.0, 3.0}) {
+        EntropyStat e = layer_entropy(x.data(), 2, 5, 4, {4, 4}, alpha);
+        CHECK(near(e.mean, std::log(4.0), 1e-9) && e.std < 1e-9, "orthogonal rows, alpha %g: entropy %.12g ± %.3g, "
+              "want ln 4 = %.12g", alpha, e.mean, e.std, std::log(4.0));
+    }
 }
