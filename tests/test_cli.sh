@@ -69,7 +69,7 @@ fi
 # --reuse: the finished, analysed runs of the same flags are read, not rerun (a report on fewer seeds)
 if $LIME compare --preset tiny --archs llama,lime,lime:frozen --seeds 1 --reuse --out "$tmp/study" >"$tmp/reuse.out" 2>&1 &&
     grep -q "3 of 3 runs already done" "$tmp/reuse.out" && ! grep -q "^\[1/3\]" "$tmp/reuse.out" &&
-    grep -q "^| lime − lime:frozen | 1 |" "$tmp/study/report.md"; then
+    grep -q "^| tier 2 | lime:frozen | .* of 1 |" "$tmp/study/report.md"; then
     pass compare_reuse_reads_finished_runs
 else
     fail compare_reuse_reads_finished_runs "$(tail -3 "$tmp/reuse.out")"
