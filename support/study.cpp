@@ -338,7 +338,8 @@ static void report_accuracy(std::ostringstream& md, const Report& rep) {
     }
     md << "\nStalled: accuracy less than halfway from chance (" << pct(rep.chance)
        << ") to the median of all runs of the tier";
-    for (const std::string& tier : rep.tiers) md << "; " << rep.label(tier) << ": below " << pct(rep.stall_threshold(tier));
+    for (const std::string& tier : rep.tiers)
+        md << "; " << rep.label(tier) << ": below " << pct(rep.stall_threshold(tier));
     md << ".\n";
 }
 
@@ -350,7 +351,8 @@ static std::string paired_line(const PairedResult& p, double scale, const char* 
         *verdict = "too few paired seeds for a test (use --seeds 2 or more)";
         return "n/a";
     }
-    std::string ci = std::isfinite(p.lo) ? fmt("(%+.2f", scale * p.lo) + fmt(" to %+.2f)", scale * p.hi) : "(no spread)";
+    std::string ci =
+        std::isfinite(p.lo) ? fmt("(%+.2f", scale * p.lo) + fmt(" to %+.2f)", scale * p.hi) : "(no spread)";
     char buf[320];
     snprintf(buf, sizeof buf, "| %s − %s | %d | %+.2f%s %s | %+.2f%s | %d / %d / %d | %.3g | %s |", a.c_str(),
              b.c_str(), p.n, scale * p.mean, unit, ci.c_str(), scale * p.median, unit, p.wins, p.ties, p.losses,
@@ -448,7 +450,8 @@ static std::string report_entropy(std::ostringstream& md, const std::string& dir
             }
             std::string f = "entropy_" + kind + "_" + (rep.task == "arith" ? "tier" + tier : tier) + ".png";
             if (err.empty())
-                err = plot_lines(dir + "/" + f, "Entropy (" + kind + "), " + rep.label(tier) + ": mean, band ± std over seeds",
+                err = plot_lines(dir + "/" + f,
+                                 "Entropy (" + kind + "), " + rep.label(tier) + ": mean, band ± std over seeds",
                                  "layer", "Renyi entropy", series);
         }
         md << "\nLast layer (" << layers - 1 << "), paired over seeds:\n\n";
@@ -635,7 +638,8 @@ static CompareSettings compare_settings(Args& a) {
     cs.seeds = a.has("seeds") ? (int)a.integer("seeds", 1, 1000) : preset ? preset->seeds : 1;
     if (cs.task != "arith" && a.has("tiers"))
         a.fail("--tiers is for --task arith (operators per question); drop it for --task " + cs.task);
-    cs.tiers = split(cs.task != "arith" ? cs.task : a.has("tiers") ? a.str("tiers") : preset ? preset->tiers : "3", ',');
+    std::string tiers = cs.task != "arith" ? cs.task : a.has("tiers") ? a.str("tiers") : preset ? preset->tiers : "3";
+    cs.tiers = split(tiers, ',');
     if (cs.tiers.empty()) a.fail("--tiers is empty; give one or more tiers (operators per question), e.g. 4,5,6");
     std::set<int> tiers_seen;
     for (const std::string& t : cs.task == "arith" ? cs.tiers : std::vector<std::string>())
@@ -866,7 +870,8 @@ static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
         for (Run& x : *runs) {
             if (x.pid != pid || (x.stage != Run::TRAINING && x.stage != Run::ANALYSING)) continue;
             running--;
-            if (x.stage == Run::TRAINING) finish_run(&x, status, ru, started[&x - runs->data()], ++trained, runs->size());
+            size_t i = &x - runs->data();
+            if (x.stage == Run::TRAINING) finish_run(&x, status, ru, started[i], ++trained, runs->size());
             else finish_analysis(&x, status);
         }
     }
