@@ -364,6 +364,10 @@ static std::string paired_line(const PairedResult& p, double scale, const char* 
     else
         *verdict = a + " vs " + b + fmt(": no clear difference (signed-rank p = %.3g", p.p_wilcoxon) + ", " +
                    std::to_string(p.wins) + " wins of " + std::to_string(p.n) + " for " + a + ")";
+    int nonzero = p.wins + p.losses;  // the smallest two-sided signed-rank p with n non-zero pairs is 2 / 2^n
+    if (p.p_wilcoxon >= 0.05 && nonzero < 6)
+        *verdict += fmt("; with %.0f non-zero pairs the signed-rank p cannot go below", nonzero) +
+                    fmt(" %.3g: more seeds", std::ldexp(2.0, -nonzero));
     return buf;
 }
 
