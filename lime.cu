@@ -112,10 +112,8 @@ std::string config_check(const Config& c) {
     if (c.F < 1) return fail("--ffn %d must be at least 1", c.F);
     if (c.T < 1) return fail("--seq-len %d must be at least 1", c.T);
     if (!(c.rope_theta > 0) || !(c.eps > 0)) return fail("rope_theta and rms_norm_eps must be positive");
-    if (c.arch == ARCH_LLAMA && (c.router != ROUTER_STATIC || c.router_kv_separate))
+    if (c.arch == ARCH_LLAMA && (c.router != ROUTER_STATIC || c.router_kv_separate || c.router_frozen))
         return fail("--router and --router-kv are for --arch lime: llama has no router");
-    if (c.arch == ARCH_LIME && c.L > 64)
-        return fail("--layers %d: lime has at most 64 layers here (router_sources keeps a bit per layer)", c.L);
     if ((c.router == ROUTER_LAST || c.router == ROUTER_FIRST) && (c.router_j < 1 || c.router_j > c.L))
         return fail("--router %s: J must be 1 .. %d (the number of layers)", router_name(c).c_str(), c.L);
     return "";
@@ -123,8 +121,8 @@ std::string config_check(const Config& c) {
 
 // --- router variants (paper Appendix D, Table 7) -----------------------------
 // Each variant is the static router of Eq. 2 with some of its weights held
-// fixed. router_sources(c, l) has bit l' set when layer l's router may give
-// source layer l' (its columns l'*R .. l'*R + R-1) a non-zero weight:
+// fixed. router_sources(c, l) holds source layer l' when layer l's router may
+// give it (its columns l'*R .. l'*R + R-1) a non-zero weight:
 //   static   every buffered layer 0..l; all weights learned (Eq. 2).
 //   last-J   only the most recent J layers, l' in [l-J+1, l] (the layer itself
 //            included); learned. The other columns are 0 and stay 0.
@@ -141,17 +139,18 @@ std::string config_check(const Config& c) {
 // The weights a variant holds fixed get no gradient (router_backward skips the
 // columns router_learned leaves out) and routers have no weight decay, so
 // AdamW never moves them: they stay exactly as model_init set them.
-uint64_t router_sources(const Config& c, int l) {
-    uint64_t sources = 0;
-    for (int src = 0; src <= l; src++) {
-        bool on = c.router == ROUTER_LAST    ? src > l - c.router_j
-                  : c.router == ROUTER_FIRST ? src < c.router_j || src >= l - 1
-                                             : true;  // static, average
-        if (on) sources |= 1ull << src;
-    }
-    return sources;
+RouterSpan router_sources(const Config& c, int l) {
+    RouterSpan s;  // below 0, from 0: every layer 0..l (static, average)
+    if (c.router == ROUTER_LAST) s.from = l - c.router_j + 1;
+    if (c.router == ROUTER_FIRST) s.below = c.router_j, s.from = l - 1;
+    return s;
 }
-uint64_t router_learned(const Config& c, int l) { return c.router == ROUTER_AVERAGE ? 0 : router_sources(c, l); }
+// frozen (the control for "routing helps only by adding gradient paths"):
+// no weight is learned, so every router stays as model_init set it.
+RouterSpan router_learned(const Config& c, int l) {
+    if (c.router == ROUTER_AVERAGE || c.router_frozen) return RouterSpan{0, l + 1};  // none
+    return router_sources(c, l);
+}
 
 // Every tensor of the model, in memory order, with its checkpoint name and AdamW group.
 std::vector<TensorSpec> param_specs(const Config& c) {
@@ -933,7 +932,7 @@ static void op_rope_backward(Model* model, float* dx, int B, int T, int nh) {
 // j = l'*R + r' reads layer l', kv head r'. Eq. 2 has one W for both keys and
 // values: Wk == Wv, the same pointer; with --router-kv separate they are two.
 // A variant (router_sources) only holds some weights fixed: `learned` says
-// which source layers' columns get a gradient.
+// which source layers' columns get a gradient (none for average and frozen).
 // ===========================================================================
 
 LAB_SWAPPABLE void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
@@ -961,13 +960,13 @@ LAB_SWAPPABLE void router_forward(float* Kr, float* Vr, const float* Wk, const f
 // This is where the gradient reaches the keys and values of earlier layers.
 LAB_SWAPPABLE void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
                                    const float* dVr, const float* Wk, const float* Wv, const float* Kbuf,
-                                   const float* Vbuf, int l, uint64_t learned, int N, int R, int hd) {
+                                   const float* Vbuf, int l, RouterSpan learned, int N, int R, int hd) {
     int J = (l + 1) * R;
     size_t layer = (size_t)N * R * hd;
 #pragma omp parallel for schedule(static)
     for (int rj = 0; rj < R * J; rj++) {  // weight (r, j)
         int r = rj / J, j = rj % J;
-        if (!(learned >> (j / R) & 1)) continue;  // a weight the variant holds fixed
+        if (!learned.has(j / R)) continue;  // a weight the variant holds fixed
         float k = 0, v = 0;
         for (int n = 0; n < N; n++)
             for (int i = 0; i < hd; i++) {
@@ -1082,9 +1081,10 @@ __global__ void router_dw_partial_kernel(float* partial, const float* dKr, const
         if (int w = w0 + a * ROUTER_THREADS; w < RJ) out[w] = k[a], out[RJ + w] = v[a];
 }
 __global__ void router_dw_reduce_kernel(float* dWk, float* dWv, const float* partial, int chunks, int l, int R,
-                                        uint64_t learned) {
-    int w = blockIdx.x * blockDim.x + threadIdx.x, J = (l + 1) * R, RJ = R * J;
-    if (w >= RJ || !(learned >> (w % J / R) & 1)) return;  // a weight the variant holds fixed
+                                        RouterSpan learned) {
+    int w = blockIdx.x * blockDim.x + threadIdx.x, J = (l + 1) * R, RJ = R * J, src = w % J / R;
+    // a weight the variant holds fixed (RouterSpan::has, inlined: it is host code)
+    if (w >= RJ || !(src < learned.below || src >= learned.from)) return;
     float k = 0, v = 0;
     for (int c = 0; c < chunks; c++) k += partial[(size_t)c * 2 * RJ + w], v += partial[(size_t)c * 2 * RJ + RJ + w];
     if (dWk == dWv) dWk[w] += k + v;
@@ -1098,10 +1098,10 @@ LAB_SWAPPABLE void router_forward_gpu(float* Kr, float* Vr, const float* Wk, con
 }
 static void router_backward_gpu(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
                                 const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l,
-                                uint64_t learned, int N, int R, int hd, float* scratch, cudaStream_t stream) {
+                                RouterSpan learned, int N, int R, int hd, float* scratch, cudaStream_t stream) {
     int J = (l + 1) * R, chunks = (int)ceil_div(N, ROUTER_CHUNK);
     int tile = std::min(ROUTER_CHUNK * hd, std::max(1, ROUTER_SHARED_FLOATS / (2 * (J + R))));
-    if (learned) {  // else every weight is held fixed
+    if (learned.below > 0 || learned.from <= l) {  // else every weight is held fixed
         LAUNCH(router_dw_partial_kernel, dim3(chunks, ceil_div(R * J, ROUTER_THREADS * ROUTER_WEIGHTS)), ROUTER_THREADS,
                2 * tile * (J + R) * sizeof(float), stream)(scratch, dKr, dVr, Kbuf, Vbuf, l, N, R, hd, tile);
         launchCheck();
@@ -1125,7 +1125,7 @@ static void op_router_backward(Model* model, float* dWk, float* dWv, float* dKbu
                                const float* dVr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
                                int l, int N) {
     int R = model->c.R, hd = model->c.hd;
-    uint64_t learned = router_learned(model->c, l);  // the variant's trainable columns
+    RouterSpan learned = router_learned(model->c, l);  // the variant's trainable columns
     DISPATCH(model,
              router_backward_gpu(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd,
                                  pass_acts(model)->scratch, stream_of(model)),
@@ -1941,10 +1941,10 @@ void model_init(Model* model, uint64_t seed) {
                 for (int k = 0; k < R; k++) p[r * J + (J - R) + k] = r == k ? 1.0f : 0.0f;
             // the variants (router_sources): 0 for the layers a router does not read;
             // average's fixed weights, 1/(l+1) for the same kv head of every layer
-            uint64_t sources = router_sources(c, l);
+            RouterSpan sources = router_sources(c, l);
             for (int r = 0; r < R; r++)
                 for (int j = 0; j < J; j++) {
-                    if (!(sources >> (j / R) & 1)) p[r * J + j] = 0.0f;
+                    if (!sources.has(j / R)) p[r * J + j] = 0.0f;
                     if (c.router == ROUTER_AVERAGE) p[r * J + j] = j % R == r ? 1.0f / (l + 1) : 0.0f;
                 }
         } else if (t.shape.size() == 1) {
@@ -2004,19 +2004,25 @@ const float* model_logits(Model* model) { return model->acts->logits; }
 
 // The values layer l attended with in the last forward, (B, T, R, hd) in host
 // memory: routed for LIMe's layers >= 1, the layer's own otherwise (analysis).
-const float* model_values(Model* model, int l) {
+// One layer's slice of an activation of the last forward, packed for its
+// batch (cur_B, cur_T): on the GPU copied to model->host_copy first.
+const float* model_probe(Model* model, Probe what, int l) {
     const Config& c = model->c;
-    size_t n = (size_t)model->cur_B * model->cur_T * c.R * c.hd;  // one layer's slice, packed for this batch
+    size_t BT = (size_t)model->cur_B * model->cur_T;
+    size_t n = BT * (what == PROBE_HIDDEN ? c.d : c.R * c.hd);
+    bool routed = what == PROBE_VALUES && has_router(c, l);
+    size_t at = what == PROBE_HIDDEN ? (l + 1) * n : l * n;  // x[l + 1]: the stream leaving layer l
 #ifdef LIME_GPU
     if (model->device == DEVICE_GPU) {
         const Acts& D = model->gpu->acts;
+        const float* src = what == PROBE_HIDDEN ? D.x : routed ? D.vr : D.Vbuf;
         model->host_copy.resize(n);
-        cudaCheck(cudaMemcpy(model->host_copy.data(), (has_router(c, l) ? D.vr : D.Vbuf) + l * n, n * sizeof(float),
-                             cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(model->host_copy.data(), src + at, n * sizeof(float), cudaMemcpyDeviceToHost));
         return model->host_copy.data();
     }
 #endif
-    return (has_router(c, l) ? model->acts->vr : model->acts->Vbuf) + l * n;
+    const Acts* A = model->acts;
+    return (what == PROBE_HIDDEN ? A->x : routed ? A->vr : A->Vbuf) + at;
 }
 
 void model_backward(Model* model) { backward_pass(model, model->cur_B, model->cur_T); }

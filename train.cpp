@@ -236,6 +236,7 @@ static const std::vector<FlagSpec> SHAPE_FLAGS = {
     {"ffn", "", "F, SwiGLU hidden size (default: 3 * dim)"},
     {"router", "static", "lime's router: static (Eq. 2), average, last-J or first-J (paper Table 7)"},
     {"router-kv", "shared", "lime: one router for keys and values (shared) or one each (separate)"},
+    {"router-weights", "learned", "lime: learned, or frozen (the control: routers keep their initial values)"},
 };
 
 // The model's shape from the shape flags (V and T come from the task or --vocab, --seq-len).
@@ -253,8 +254,9 @@ static Config shape_from_args(Args& a) {
         a.fail("--router '" + a.str("router") +
                "' is not one of static|average|last-J|first-J (J: layers, e.g. last-2)");
     c.router_kv_separate = a.choice("router-kv", {"shared", "separate"}) == "separate";
-    if (c.arch == ARCH_LLAMA && (a.has("router") || a.has("router-kv")))
-        a.fail("--router and --router-kv are for --arch lime: llama has no router");
+    c.router_frozen = a.choice("router-weights", {"learned", "frozen"}) == "frozen";
+    if (c.arch == ARCH_LLAMA && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
+        a.fail("--router, --router-kv and --router-weights are for --arch lime: llama has no router");
     return c;
 }
 
@@ -1524,47 +1526,67 @@ static std::string analyze_routers(const Model& model, const std::string& out) {
     return "";
 }
 
-// Value entropy per layer (paper Sec. 5.2): the values each layer attends
-// with, per test sequence, averaged over the first n; printed, drawn to
-// OUT/value_entropy.png, and summarised in one line.
-static std::string analyze_value_entropy(Model* model, const Task& task, int n, double alpha, const std::string& out) {
+// Entropy per layer (paper Sec. 5.2 and Fig. 7a, layer_entropy) of the
+// first n test sequences: the raw values (W_V's output), for LIMe the routed
+// values attention reads, and the hidden states (residual stream after each
+// layer). Printed, drawn to OUT/value_entropy.png and written to
+// OUT/entropy.tsv (kind, layer, mean, std over sequences) for compare.
+struct EntropyKind { const char* name; Probe probe; };
+static std::string analyze_entropy(Model* model, const Task& task, int n, double alpha, const std::string& values,
+                                   const std::string& out) {
     const Config& c = model->c;
     const std::vector<Sequence>& seqs = *task.test;
     int B = std::min(n, (int)seqs.size());
-    std::vector<int> idx(B);
-    for (int b = 0; b < B; b++) idx[b] = b;
+    std::vector<int> idx(B), lens(B);
+    for (int b = 0; b < B; b++) idx[b] = b, lens[b] = std::min(c.T, (int)seqs[b].tokens.size() - 1);
     Batch batch;
     make_batch(seqs, idx.data(), B, c.T, task.vocab.pad, &batch);
     model_forward(model, batch.tokens.data(), nullptr, nullptr, B, c.T);
-    int D = c.R * c.hd;
-    Series s;
-    s.label = model_name(c);
-    printf("value entropy (Renyi, alpha = %g), mean over %d sequences:\n", alpha, B);
+    std::vector<EntropyKind> kinds;
+    if (values != "routed") kinds.push_back({"raw", PROBE_RAW_VALUES});
+    if (values != "raw" && c.arch == ARCH_LIME) kinds.push_back({"routed", PROBE_VALUES});
+    kinds.push_back({"hidden", PROBE_HIDDEN});
+    std::vector<Series> series;
+    std::string tsv = "kind\tlayer\tmean\tstd\n";
+    printf("entropy (Renyi, alpha = %g; features z-scored over all %d sequences), mean ± std over sequences:\n",
+           alpha, B);
+    printf("  layer");
+    for (const EntropyKind& k : kinds) printf("  %-17s", k.name);
+    printf("\n");
+    series.resize(kinds.size());
     for (int l = 0; l < c.L; l++) {
-        const float* v = model_values(model, l);  // (B, T, R, hd)
-        double h = 0;
-        for (int b = 0; b < B; b++) {
-            int len = std::min(c.T, (int)seqs[b].tokens.size() - 1);
-            h += value_entropy(v + (size_t)b * c.T * D, len, D, alpha);
+        printf("  %5d", l);
+        for (size_t i = 0; i < kinds.size(); i++) {
+            int D = kinds[i].probe == PROBE_HIDDEN ? c.d : c.R * c.hd;
+            EntropyStat e = layer_entropy(model_probe(model, kinds[i].probe, l), B, c.T, D, lens, alpha);
+            printf("  %7.4f ± %-7.4f", e.mean, e.std);
+            series[i].label = kinds[i].name;
+            series[i].x.push_back(l);
+            series[i].y.push_back(e.mean);
+            char row[128];
+            snprintf(row, sizeof row, "%s\t%d\t%.6f\t%.6f\n", kinds[i].name, l, e.mean, e.std);
+            tsv += row;
         }
-        h /= B;
-        s.x.push_back(l);
-        s.y.push_back(h);
-        printf("  layer %d  %.4f\n", l, h);
+        printf("\n");
     }
-    std::string err = plot_lines(out + "/value_entropy.png", "Value entropy per layer", "layer",
-                                 "Renyi entropy (alpha " + fmt("%g", alpha) + ")", {s});
+    std::string err = plot_lines(out + "/value_entropy.png", "Entropy per layer (" + model_name(c) + ")", "layer",
+                                 "Renyi entropy (alpha " + fmt("%g", alpha) + ")", series);
     if (!err.empty()) return err;
-    printf("wrote %s/value_entropy.png\n", out.c_str());
-    printf("summary: value entropy goes from %.3f at layer 0 to %.3f at layer %d%s\n", s.y.front(), s.y.back(), c.L - 1,
-           s.y.back() < s.y.front() ? " (representations of later layers are less diverse)" : "");
+    err = write_file_atomic(out + "/entropy.tsv", tsv);
+    if (!err.empty()) return err;
+    printf("wrote %s/value_entropy.png and %s/entropy.tsv\n", out.c_str(), out.c_str());
+    const Series& v = series[kinds.size() > 2 ? 1 : 0];
+    printf("summary: %s value entropy goes from %.3f at layer 0 to %.3f at layer %d%s\n", v.label.c_str(),
+           v.y.front(), v.y.back(), c.L - 1,
+           v.y.back() < v.y.front() ? " (later layers' values are less diverse)" : "");
     return "";
 }
 
 static int cmd_analyze(int argc, char** argv) {
     std::vector<FlagSpec> flags = {
         {"load", "", "a checkpoint written by ./lime train"},
-        {"alpha", "1", "order of the Renyi entropy (1: Shannon)"},
+        {"alpha", "0.5", "order of the Renyi entropy (1: Shannon; 0.5: the authors' code)"},
+        {"values", "both", "lime: raw (W_V output), routed (what attention reads) or both; llama has raw only"},
         {"n", "64", "test sequences the value entropy is averaged over"},
         {"out", "", "directory for the figures (default: the checkpoint's)"},
         {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
@@ -1577,6 +1599,9 @@ static int cmd_analyze(int argc, char** argv) {
     set_threads(a);
     Device dev = pick_device(a);
     double alpha = a.number("alpha", 0, 100);
+    if (a.err.empty() && !(alpha > 0))
+        a.fail("--alpha " + a.str("alpha") + ": the Renyi order must be positive (1: Shannon, 0.5: the authors')");
+    std::string values = a.choice("values", {"raw", "routed", "both"});
     int n = (int)a.integer("n", 1, 100000);
     if (!a.err.empty()) die("analyze", a.err);
     if (!a.has("load")) die("analyze", "needs --load FILE (a model.safetensors written by ./lime train)");
@@ -1585,10 +1610,13 @@ static int cmd_analyze(int argc, char** argv) {
     std::string out = a.has("out") ? a.str("out") : path.substr(0, slash == std::string::npos ? 0 : slash);
     if (out.empty()) out = ".";
     std::string err;
-    if (!make_dir(out, &err)) die("analyze", err);
     Loaded ld;
     err = load_checkpoint(path, dev, model_settings(a), n, &ld, true);
     if (!err.empty()) die("analyze", err);
+    if (values == "routed" && ld.model.c.arch != ARCH_LIME)
+        die("analyze", "--values routed: " + path + " is a " + model_name(ld.model.c) +
+                           " checkpoint, with no router; use --values raw (or a lime checkpoint)");
+    if (!make_dir(out, &err)) die("analyze", err);
     warn_data_changed("analyze", ld);
     Model& model = ld.model;
     const Config& c = model.c;
@@ -1597,7 +1625,7 @@ static int cmd_analyze(int argc, char** argv) {
     print_cost(model);
     model_to_host(&model);
     if (c.arch == ARCH_LIME && c.L > 1 && !(err = analyze_routers(model, out)).empty()) die("analyze", err);
-    err = analyze_value_entropy(&model, ld.task, n, alpha, out);
+    err = analyze_entropy(&model, ld.task, n, alpha, values, out);
     if (!err.empty()) die("analyze", err);
     model_free(&model);
     return 0;

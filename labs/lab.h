@@ -14,7 +14,7 @@ void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, cons
 // Lab 2. The gradients of router_forward's outputs in, += the gradients of its inputs out.
 void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
                      const float* dVr, const float* Wk, const float* Wv, const float* Kbuf,
-                     const float* Vbuf, int l, uint64_t learned, int N, int R, int hd);
+                     const float* Vbuf, int l, RouterSpan learned, int N, int R, int hd);
 // Lab 4. One update's numbers; one tensor's update; the clipping factor.
 AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step);
 void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd,

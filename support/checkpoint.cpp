@@ -13,13 +13,15 @@
 #include "support/safetensors.h"
 
 
-// A lime config also names its router variant ("router": "last-2") and whether
-// keys and values share it ("router_kv": "shared" or "separate"); a config
-// without them (llama, HF files, older checkpoints) reads as static and shared.
+// A lime config also names its router variant ("router": "last-2"), whether
+// keys and values share it ("router_kv": "shared" or "separate") and, only for
+// the control, "router_frozen": true; a config without them (llama, HF files,
+// older checkpoints) reads as static, shared and learned.
 std::string config_to_json(const Config& c) {
     std::string router = c.arch != ARCH_LIME ? ""
                                              : ", \"router\": \"" + router_name(c) + "\", \"router_kv\": \"" +
-                                                   (c.router_kv_separate ? "separate" : "shared") + "\"";
+                                                   (c.router_kv_separate ? "separate" : "shared") + "\"" +
+                                                   (c.router_frozen ? ", \"router_frozen\": true" : "");
     char buf[640];
     snprintf(
         buf, sizeof buf,
@@ -72,6 +74,9 @@ std::string config_from_json(const std::string& text, Config* c) {
     c->router_kv_separate = kv && kv->kind == Json::STR && kv->str == "separate";
     if (kv && (kv->kind != Json::STR || (kv->str != "shared" && kv->str != "separate")))
         return "config \"router_kv\" must be \"shared\" or \"separate\"";
+    const Json* frozen = j.get("router_frozen");
+    if (frozen && frozen->kind != Json::BOOL) return "config \"router_frozen\" must be true or false";
+    c->router_frozen = frozen && frozen->b;
     return config_check(*c);
 }
 
@@ -88,6 +93,11 @@ std::string config_diff(const Config& a, const Config& b) {
         std::string va = json_dump(value), vb = "none";
         for (const auto& kv : fb) if (kv.first == key) vb = json_dump(kv.second);
         if (va != vb) out += (out.empty() ? "" : ", ") + key + " " + va + " vs " + vb;
+    }
+    for (const auto& [key, value] : fb) {  // keys only b has ("router_frozen")
+        bool in_a = false;
+        for (const auto& kv : fa) in_a |= kv.first == key;
+        if (!in_a) out += (out.empty() ? "" : ", ") + key + " none vs " + json_dump(value);
     }
     return out;
 }

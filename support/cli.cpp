@@ -41,6 +41,7 @@ std::string model_name(const Config& c) {
     std::string s = arch_name(c.arch);
     if (c.arch == ARCH_LIME && c.router != ROUTER_STATIC) s += ":" + router_name(c);
     if (c.arch == ARCH_LIME && c.router_kv_separate) s += ":separate";
+    if (c.arch == ARCH_LIME && c.router_frozen) s += ":frozen";
     return s;
 }
 
@@ -50,6 +51,7 @@ bool model_parse(const std::string& s, Config* c) {
     c->router = ROUTER_STATIC;
     c->router_j = 0;
     c->router_kv_separate = false;
+    c->router_frozen = false;
     if (colon == std::string::npos) return true;
     if (c->arch != ARCH_LIME) return false;  // llama has no router to name
     std::string rest = s.substr(colon + 1);
@@ -57,6 +59,7 @@ bool model_parse(const std::string& s, Config* c) {
         size_t end = std::min(rest.find(':', at), rest.size());
         std::string part = rest.substr(at, end - at);
         if (part == "separate" || part == "shared") c->router_kv_separate = part == "separate";
+        else if (part == "frozen") c->router_frozen = true;
         else if (!router_parse(part, c)) return false;
         at = end + 1;
     }

@@ -249,6 +249,17 @@ inline bool make_dir(const std::string& dir, std::string* err) {
     return true;
 }
 
+// PATH.tmp written, then renamed over PATH: a reader sees the old file or the whole new one.
+inline std::string write_file_atomic(const std::string& path, const std::string& text) {
+    std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    bool ok = f && fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (f && fclose(f) != 0) ok = false;
+    if (ok && rename(tmp.c_str(), path.c_str()) == 0) return "";
+    remove(tmp.c_str());
+    return "cannot write " + path + ": " + strerror(errno);
+}
+
 inline std::string json_num(double v) { return fmt("%.9g", v); }
 
 // This program's own path, "" if it cannot be found (compare re-runs it).

@@ -179,7 +179,7 @@ void router_forward_fast(float* Kr, float* Vr, const float* Wk, const float* Wv,
 template <int LANES>
 static void router_backward_blocked(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
                                     const float* dVr, const float* Wk, const float* Wv, const float* Kbuf,
-                                    const float* Vbuf, int l, uint64_t learned, int N, int R, int hd) {
+                                    const float* Vbuf, int l, RouterSpan learned, int N, int R, int hd) {
     const int RB = ROUTER_BLOCK;
     int J = (l + 1) * R;
     std::vector<size_t> col = router_columns(l, N, R, hd);
@@ -209,7 +209,7 @@ static void router_backward_blocked(float* dWk, float* dWv, float* dKbuf, float*
                 }
             }
     for (int rj = 0; rj < R * J; rj++) {
-        if (!(learned >> (rj % J / R) & 1)) continue;  // a weight the variant holds fixed
+        if (!learned.has(rj % J / R)) continue;  // a weight the variant holds fixed
         float lk[LANES] = {}, lv[LANES] = {}, k = 0, v = 0;
         for (int c = 0; c < ROUTER_CHUNKS; c++)
             for (int i = 0; i < LANES; i++) {
@@ -259,7 +259,7 @@ static void router_backward_blocked(float* dWk, float* dWv, float* dKbuf, float*
 }
 void router_backward_fast(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
                           const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l,
-                          uint64_t learned, int N, int R, int hd) {
+                          RouterSpan learned, int N, int R, int hd) {
     with_lanes(hd, [&](auto w) {
         router_backward_blocked<decltype(w)::value>(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N,
                                                     R, hd);

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "support/lime.h"  // RouterSpan
+
 // The scratch the fast products need (packed panels of 32 columns), in floats,
 // for products of at most `rows` rows by at most `cols` columns.
 inline size_t matmul_fast_scratch_floats(size_t rows, size_t cols) { return rows * ((cols + 31) / 32 * 32); }
@@ -24,7 +26,7 @@ void router_forward_fast(float* Kr, float* Vr, const float* Wk, const float* Wv,
                          int l, int N, int R, int hd);
 void router_backward_fast(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
                           const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l,
-                          uint64_t learned, int N, int R, int hd);
+                          RouterSpan learned, int N, int R, int hd);
 // = attention_forward, attention_backward.
 void attention_forward_fast(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
                             int R, int hd);

@@ -23,6 +23,7 @@ struct Config {
     RouterKind router = ROUTER_STATIC;
     int router_j = 0;                 // the J of last-J and first-J (layers), else 0
     bool router_kv_separate = false;  // one router for keys, another for values
+    bool router_frozen = false;       // the control: routers keep their initial values (lime:frozen)
 };
 
 // "" when the shapes are consistent, else one line naming the problem and the fix.
@@ -32,10 +33,17 @@ inline bool has_router(const Config& c, int l) { return c.arch == ARCH_LIME && l
 const char* arch_name(Arch a);
 // "static", "average", "last-2", "first-1" (support/cli.h parses them back).
 std::string router_name(const Config& c);
-// Bit l' set: layer l's router may give source layer l' a non-zero weight
-// (router_sources), and learns those weights (router_learned). L <= 64 for lime.
-uint64_t router_sources(const Config& c, int l);
-uint64_t router_learned(const Config& c, int l);
+// The source layers of layer l's router: l' (0 <= l' <= l) with l' < below
+// or l' >= from. Every variant's set is such a pair (router_sources), so any
+// depth fits in two numbers.
+struct RouterSpan {
+    int below = 0, from = 0;
+    bool has(int src) const { return src < below || src >= from; }
+};
+// The layers layer l's router may give a non-zero weight (router_sources),
+// and those whose weights it learns (router_learned: none for average or frozen).
+RouterSpan router_sources(const Config& c, int l);
+RouterSpan router_learned(const Config& c, int l);
 
 // ---------------------------------------------------------------------------
 // Parameters: one float array, carved into named tensors in this order.
@@ -152,7 +160,12 @@ void model_init(Model* model, uint64_t seed);
 // it also computes the masked mean cross-entropy and returns it, else 0.
 float model_forward(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T);
 const float* model_logits(Model* model);  // (B, T, V) of the last forward (host memory)
-const float* model_values(Model* model, int l);  // (B, T, R, hd): the values layer l attended with
+// What analyze reads of the last forward, layer l (host memory):
+//   PROBE_VALUES      (B, T, R, hd) the values layer l attended with (LIMe: routed)
+//   PROBE_RAW_VALUES  (B, T, R, hd) layer l's own W_V output (the same in LLaMa)
+//   PROBE_HIDDEN      (B, T, d)     the residual stream after layer l (the last: before the final norm)
+enum Probe { PROBE_VALUES = 0, PROBE_RAW_VALUES = 1, PROBE_HIDDEN = 2 };
+const float* model_probe(Model* model, Probe what, int l);
 // Backward of the last forward with targets: fills m->grads.
 void model_backward(Model* model);
 // Global gradient norm, clipping, AdamW with the three groups; returns the norm before clipping.

@@ -1,11 +1,15 @@
 // stats.h — the statistics that compare runs across seeds: mean, sample
 // standard deviation, Welch's t-test (unequal variances) with its two-sided
-// p-value, and the 95% confidence interval of the difference of means.
+// p-value, and the 95% confidence interval of the difference of means; for
+// paired seeds, the paired t interval, median, wins/ties/losses and the
+// exact Wilcoxon signed-rank p.
 //
 // The Student t distribution comes from the regularized incomplete beta
 // function I_x(a, b), evaluated by its continued fraction (modified Lentz;
 // Numerical Recipes §6.4). Accurate to ~1e-12, far more than seeds justify.
 #pragma once
+#include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -104,5 +108,87 @@ inline WelchResult stats_welch(const std::vector<double>& a, const std::vector<d
     double q = stats_t_quantile(0.975, r.df);
     r.lo = r.diff - q * se;
     r.hi = r.diff + q * se;
+    return r;
+}
+
+// ---------------------------------------------------------------------------
+// Paired comparisons: seed s trains both models on the same data order from
+// the same shared initial values, so the per-seed differences d_s = a_s - b_s
+// are what to test.
+
+// The median (the mean of the middle two for an even count); NaN when empty.
+inline double stats_median(std::vector<double> x) {
+    if (x.empty()) return std::numeric_limits<double>::quiet_NaN();
+    std::sort(x.begin(), x.end());
+    size_t n = x.size();
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+// Exact two-sided p of Wilcoxon's signed-rank test of the differences d.
+// Zeros are dropped (|d| < 1e-12: Wilcoxon's own rule); |d| that agree to
+// 1e-9 are ties and share their average rank. Under the null each sign is
+// + or - with probability 1/2 independently, so the distribution of W+ (the
+// rank sum of the positive d) is a convolution, one rank at a time: with
+// doubled ranks (average ranks are halves) the sums are integers 0 .. S, and
+// p = P(|W+ - S/2| >= |w - S/2|). Exact for any n (n = 25 needs 651 sums); 1 when no d is left.
+inline double stats_wilcoxon_p(const std::vector<double>& d) {
+    std::vector<double> a;
+    for (double v : d) if (std::fabs(v) >= 1e-12) a.push_back(v);
+    size_t n = a.size();
+    if (n == 0) return 1;
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; i++) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t i, size_t j) { return std::fabs(a[i]) < std::fabs(a[j]); });
+    std::vector<int> rank2(n);  // doubled ranks: ranks i+1 .. j of a tied run share i+1+j (= twice their mean)
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        while (j < n && std::fabs(a[order[j]]) - std::fabs(a[order[i]]) < 1e-9) j++;
+        for (size_t k = i; k < j; k++) rank2[order[k]] = (int)(i + 1 + j);
+        i = j;
+    }
+    int S = 0, w = 0;
+    for (size_t i = 0; i < n; i++) { S += rank2[i]; if (a[i] > 0) w += rank2[i]; }
+    std::vector<double> prob(S + 1, 0.0);  // P(W+ = s), doubled ranks
+    prob[0] = 1;
+    int reach = 0;
+    for (size_t i = 0; i < n; i++) {
+        reach += rank2[i];
+        for (int s = reach; s >= 0; s--) prob[s] = 0.5 * prob[s] + (s >= rank2[i] ? 0.5 * prob[s - rank2[i]] : 0.0);
+    }
+    double p = 0;
+    for (int s = 0; s <= S; s++) if (std::abs(2 * s - S) >= std::abs(2 * w - S)) p += prob[s];
+    return std::min(1.0, p);
+}
+
+struct PairedResult {
+    int n = 0;                               // pairs
+    double mean = 0, lo = 0, hi = 0;         // mean of a - b and its 95% paired-t interval
+    double t = 0, p_t = 0;                   // paired t (n - 1 df) and its two-sided p
+    double median = 0;                       // median of a - b
+    int wins = 0, ties = 0, losses = 0;      // pairs with a > b, a == b (|d| < 1e-12), a < b
+    double p_wilcoxon = 1;                   // exact signed-rank p (stats_wilcoxon_p)
+};
+
+// Paired comparison of a and b (same length: a[i] and b[i] share seed i).
+// Interval, t and p_t are NaN for fewer than 2 pairs or differences without spread.
+inline PairedResult stats_paired(const std::vector<double>& a, const std::vector<double>& b) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    PairedResult r;
+    std::vector<double> d;
+    for (size_t i = 0; i < a.size() && i < b.size(); i++) d.push_back(a[i] - b[i]);
+    r.n = (int)d.size();
+    r.mean = stats_mean(d);
+    r.median = stats_median(d);
+    for (double v : d) (std::fabs(v) < 1e-12 ? r.ties : v > 0 ? r.wins : r.losses)++;
+    r.p_wilcoxon = stats_wilcoxon_p(d);
+    r.lo = r.hi = r.t = r.p_t = nan;
+    double sd = stats_std(d);
+    if (r.n < 2 || !(sd > 0)) return r;
+    double se = sd / std::sqrt((double)r.n), df = r.n - 1;
+    r.t = r.mean / se;
+    r.p_t = stats_beta_inc(df / 2, 0.5, df / (df + r.t * r.t));
+    double q = stats_t_quantile(0.975, df);
+    r.lo = r.mean - q * se;
+    r.hi = r.mean + q * se;
     return r;
 }

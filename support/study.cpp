@@ -17,6 +17,9 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -47,9 +50,29 @@ static const Preset PRESETS[] = {
      "--layers 4 --dim 32 --heads 4 --ffn 96 --train-size 50000 --test-size 1000 --batch 128 --epochs 200 --lr 1e-3 "
      "--schedule linear",
      "4,5,6", 5, "the paper's arithmetic setting (docs/tasks.md 1), for a GPU: tiers 4, 5, 6, 5 seeds per model"},
+    {"cpu-study",
+     "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 12 --lr 3e-3",
+     "3", 6, "two-core CPU: tier 3, 12 epochs, 6 seeds each of LLaMa, LIMe and the frozen-router control"},
     {"tiny", "--layers 2 --dim 16 --heads 2 --ffn 32 --train-size 300 --test-size 20 --batch 16 --steps 30", "2", 2,
      "seconds: for tests"},
 };
+
+// The models a preset compares when --archs is not given.
+static const char* preset_archs(const Preset& p) {
+    return std::string(p.name) == "cpu-study" ? "llama,lime,lime:frozen" : "llama,lime";
+}
+
+// Train's task flags and the tasks they belong to (a flag of another task is refused).
+static const struct { const char* flag; const char* tasks; } TASK_OWNED[] = {
+    {"ops", "arith"},           {"modulus", "arith"},        {"format", "arith"},
+    {"train-size", "arith,prosqa"}, {"test-size", "arith,prosqa"}, {"data-seed", "arith,prosqa"},
+    {"prosqa-test", "prosqa"},  {"text-file", "text"},       {"val-frac", "text"},  {"seq-len", "text"},
+};
+static bool flag_is_for(const std::string& flag, const std::string& task) {
+    for (const auto& o : TASK_OWNED)
+        if (flag == o.flag) return ("," + std::string(o.tasks) + ",").find("," + task + ",") != std::string::npos;
+    return true;  // not a task flag: any task
+}
 
 static const Preset* find_preset(const std::string& name) {
     for (const Preset& p : PRESETS) if (name == p.name) return &p;
@@ -77,18 +100,21 @@ struct Run {
     double accuracy = NAN, val_loss = NAN, ms_per_step = NAN, params = NAN, flops_per_token_ = NAN, tokens_per_step = 0;
     std::vector<double> steps, losses;            // training loss curve
     std::vector<double> eval_steps, eval_losses;  // validation loss curve
+    std::map<std::string, std::vector<double>> entropy;  // from DIR/entropy.tsv: kind -> mean per layer
+    enum Stage { WAITING, TRAINING, TRAINED, ANALYSING, DONE } stage = WAITING;
     std::string error;
 };
 
-static pid_t start_run(const std::string& self, Run* r, const std::vector<std::string>& args) {
-    std::vector<std::string> all = {self, "train"};
+// Starts ./lime CMD ARGS (train, then analyze) as a child writing to DIR/CMD.out.
+static pid_t start_run(const std::string& self, Run* r, const char* cmd, const std::vector<std::string>& args) {
+    std::vector<std::string> all = {self, cmd};
     all.insert(all.end(), args.begin(), args.end());
     pid_t pid = fork();
     if (pid == 0) {
         // a process group of its own: a Ctrl-C at the terminal reaches compare
         // alone, which forwards it once (twice would end the run unsaved)
         setpgid(0, 0);
-        std::string out = r->dir + "/train.out";
+        std::string out = r->dir + "/" + cmd + ".out";
         FILE* f = freopen(out.c_str(), "w", stdout);
         if (f) dup2(fileno(stdout), 2);
         std::vector<char*> argv;
@@ -139,8 +165,25 @@ static void read_log(Run* r) {
     r->ms_per_step = ms_n ? ms_sum / ms_n : NAN;
 }
 
+// DIR/entropy.tsv, written by ./lime analyze: kind, layer, mean, std.
+static void read_entropy(Run* r) {
+    std::ifstream in(r->dir + "/entropy.tsv");
+    std::string kind;
+    int layer;
+    double mean, sd;
+    std::getline(in, kind);  // the header
+    while (in >> kind >> layer >> mean >> sd) {
+        std::vector<double>& v = r->entropy[kind];
+        if (layer >= 0 && layer < 100000) v.resize(std::max<size_t>(v.size(), layer + 1), NAN), v[layer] = mean;
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The report
+
+// The number compared across models: accuracy (arith, prosqa; higher is
+// better) or, for text, validation loss (lower is better).
+static double metric_of(const Run& r, const std::string& task) { return task == "text" ? r.val_loss : r.accuracy; }
 
 struct RunGroup {  // the runs of one (tier, arch)
     std::string tier, arch;
@@ -167,34 +210,6 @@ static std::string every_value(const std::vector<double>& v, bool percent) {
     return out;
 }
 
-// "LIMe - LLaMa" for one tier, with the 95% interval and Welch's p; `who`
-// names the LIMe model ("LIMe", or a variant such as "lime:last-2").
-static std::string difference_line(const std::vector<double>& lime, const std::vector<double>& llama,
-                                   const std::string& who, std::string* verdict) {
-    if (lime.size() < 2 || llama.size() < 2) {
-        *verdict = "too few seeds for a confidence interval (use --seeds 2 or more)";
-        return "n/a";
-    }
-    WelchResult w = stats_welch(lime, llama);
-    char buf[256];
-    if (!std::isfinite(w.t)) {  // no spread in either group: a t-test is undefined
-        snprintf(buf, sizeof buf, "%+.1f points, the same in every seed (no spread, so no interval or test)",
-                 100 * w.diff);
-        *verdict = w.diff > 0   ? who + " is ahead in every seed"
-                   : w.diff < 0 ? "LLaMa is ahead in every seed"
-                                : "no difference at all";
-        return buf;
-    }
-    snprintf(buf, sizeof buf, "%+.1f points (95%% CI %+.1f to %+.1f), Welch t = %.2f, df = %.1f, p = %.3g",
-             100 * w.diff, 100 * w.lo, 100 * w.hi, w.t, w.df, w.p);
-    if (w.lo > 0)
-        *verdict = who + " beats LLaMa here: the whole 95% interval of the difference is above zero";
-    else if (w.hi < 0)
-        *verdict = "LLaMa beats " + who + " here: the whole 95% interval of the difference is below zero";
-    else *verdict = "no clear difference: the 95% interval of the difference contains zero";
-    return buf;
-}
-
 // Mean curve over seeds, with a min..max band, on the steps all runs logged.
 static Series mean_curve(const std::string& label, const std::vector<const Run*>& runs, bool eval, double x_scale) {
     Series s;
@@ -218,11 +233,15 @@ static Series mean_curve(const std::string& label, const std::vector<const Run*>
 }
 
 // The runs grouped by (tier, model), in the order of the report's tables.
+// For prosqa and text the one "tier" is the task's name.
 struct Report {
+    std::string task;
     std::vector<std::string> tiers, archs;
     std::vector<RunGroup> groups;
-    Report(const std::vector<std::string>& t, const std::vector<std::string>& a, const std::vector<Run>& runs)
-        : tiers(t), archs(a) {
+    double chance = 0;  // arith: 1 / modulus; prosqa: 1/2 (two candidate answers)
+    Report(const std::string& k, const std::vector<std::string>& t, const std::vector<std::string>& a,
+           const std::vector<Run>& runs, double chance_)
+        : task(k), tiers(t), archs(a), chance(chance_) {
         for (const std::string& tier : tiers)
             for (const std::string& arch : archs) {
                 RunGroup g{tier, arch, {}};
@@ -234,44 +253,232 @@ struct Report {
         for (const RunGroup& g : groups) if (g.tier == tier && g.arch == arch) return g;
         return groups[0];
     }
+    std::string label(const std::string& tier) const { return task == "arith" ? "tier " + tier : task; }
+    bool has(const std::string& arch) const { return std::find(archs.begin(), archs.end(), arch) != archs.end(); }
+    // (a, b) pairs the paired report compares, a - b: each model against llama,
+    // and each X:frozen's X against it (does learning the routers add anything?)
+    std::vector<std::pair<std::string, std::string>> pairs() const {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const std::string& arch : archs)
+            if (arch != "llama" && has("llama")) out.push_back({arch, "llama"});
+        for (const std::string& arch : archs) {
+            size_t at = arch.rfind(":frozen");
+            if (at != std::string::npos && at + 7 == arch.size() && has(arch.substr(0, at)))
+                out.push_back({arch.substr(0, at), arch});
+        }
+        return out;
+    }
+    // A run stalls when its accuracy is less than halfway from chance to the
+    // median accuracy of all runs of its tier (every model): a documented rule
+    // that catches runs far behind the rest without a fixed cut-off per task.
+    double stall_threshold(const std::string& tier) const {
+        std::vector<double> all;
+        for (const std::string& arch : archs) {
+            std::vector<double> v = group(tier, arch).values(&Run::accuracy);
+            all.insert(all.end(), v.begin(), v.end());
+        }
+        return all.empty() ? NAN : chance + 0.5 * (stats_median(all) - chance);
+    }
 };
+
+// Seed-matched values of (tier, a) and (tier, b) with f: those seeds where both have one.
+static void paired_values(const Report& rep, const std::string& tier, const std::string& a, const std::string& b,
+                          const std::function<double(const Run&)>& f, std::vector<double>* va,
+                          std::vector<double>* vb) {
+    for (const Run* ra : rep.group(tier, a).runs)
+        for (const Run* rb : rep.group(tier, b).runs)
+            if (ra->seed == rb->seed && std::isfinite(f(*ra)) && std::isfinite(f(*rb))) {
+                va->push_back(f(*ra));
+                vb->push_back(f(*rb));
+            }
+}
 
 // The report's title and how its runs were made.
 static void report_intro(std::ostringstream& md, const Preset* preset, const std::string& extra,
-                         const std::vector<std::string>& archs) {
-    md << "# LIMe vs LLaMa: " << (preset ? preset->name : "custom") << "\n\n";
-    md << "Each model trained once per seed with `./lime train " << extra << " --ops TIER --seed S`; a seed gives both models the same data order and the same initial values for "
-          "every tensor they share. Accuracy: greedy decoding on held-out questions (docs/tasks.md 1).\n\n";
-    if (std::any_of(archs.begin(), archs.end(), [](const std::string& a) { return a.find(':') != std::string::npos; }))
-        md << "Model `lime:X` is trained with `--arch lime --router X` (`:separate` adds `--router-kv separate`): "
-              "the router variants of the paper's Table 7 (README, `--router`).\n\n";
+                         const Report& rep) {
+    md << "# LIMe vs LLaMa: " << (preset ? preset->name : "custom") << (rep.task == "arith" ? "" : ", " + rep.task)
+       << "\n\n";
+    md << "Each model trained once per seed with `./lime train " << extra
+       << (rep.task == "arith" ? " --ops TIER" : " --task " + rep.task)
+       << " --seed S`; a seed gives every model the same data order and the same initial values for every tensor "
+          "they share, so the seeds are pairs. "
+       << (rep.task == "text" ? "Text: validation loss and perplexity (docs/tasks.md 3)."
+           : rep.task == "prosqa" ? "ProsQA: exact match of the answer on the real test file (docs/tasks.md 2)."
+                                  : "Accuracy: greedy decoding on held-out questions (docs/tasks.md 1).")
+       << "\n\n";
+    if (std::any_of(rep.archs.begin(), rep.archs.end(), [](const std::string& a) { return a.find(':') != std::string::npos; }))
+        md << "Model `lime:X` is trained with `--arch lime --router X` (`:separate` adds `--router-kv separate`, "
+              "`:frozen` adds `--router-weights frozen`: the routers keep their initial values, the control for "
+              "\"LIMe helps only by adding gradient paths\"): README, `--router`.\n\n";
 }
 
-// Accuracy per tier and model: mean ± std, every seed, test loss.
+// Accuracy (or, for text, validation loss and perplexity) per tier and model:
+// mean ± std, every seed, and the stalled runs.
 static void report_accuracy(std::ostringstream& md, const Report& rep) {
-    md << "## Accuracy\n\n| tier | model | accuracy (mean ± std) | per seed | test loss |\n"
-          "| --- | --- | --- | --- | --- |\n";
-    for (const RunGroup& g : rep.groups)
-        md << "| " << g.tier << " | " << g.arch << " | " << mean_std(g.values(&Run::accuracy), true) << " | "
-           << every_value(g.values(&Run::accuracy), true) << " | " << mean_std(g.values(&Run::val_loss), false)
-           << " |\n";
+    if (rep.task == "text") {
+        md << "## Validation loss\n\n| task | model | validation loss (mean ± std) | per seed | perplexity |\n"
+              "| --- | --- | --- | --- | --- |\n";
+        for (const RunGroup& g : rep.groups) {
+            std::vector<double> v = g.values(&Run::val_loss);
+            md << "| " << rep.label(g.tier) << " | " << g.arch << " | " << mean_std(v, false) << " | "
+               << every_value(v, false) << " | " << (v.empty() ? "n/a" : fmt("%.3f", std::exp(stats_mean(v))))
+               << " |\n";
+        }
+        return;
+    }
+    md << "## Accuracy\n\n| tier | model | accuracy (mean ± std) | per seed | stalled | test loss |\n"
+          "| --- | --- | --- | --- | --- | --- |\n";
+    for (const RunGroup& g : rep.groups) {
+        std::vector<double> acc = g.values(&Run::accuracy);
+        double cut = rep.stall_threshold(g.tier);
+        int stalled = (int)std::count_if(acc.begin(), acc.end(), [&](double x) { return x < cut; });
+        md << "| " << rep.label(g.tier) << " | " << g.arch << " | " << mean_std(acc, true) << " | "
+           << every_value(acc, true) << " | " << stalled << " of " << acc.size() << " | "
+           << mean_std(g.values(&Run::val_loss), false) << " |\n";
+    }
+    md << "\nStalled: accuracy less than halfway from chance (" << pct(rep.chance)
+       << ") to the median of all runs of the tier";
+    for (const std::string& tier : rep.tiers)
+        md << "; " << rep.label(tier) << ": below " << pct(rep.stall_threshold(tier));
+    md << ".\n";
 }
 
-// Each LIMe model (a router variant too) minus LLaMa, per tier; the same
-// lines, with their verdicts, go to *summary for the terminal.
-static void report_differences(std::ostringstream& md, const Report& rep, std::string* summary) {
-    md << "\n## LIMe minus LLaMa\n\n";
-    bool has_llama = std::find(rep.archs.begin(), rep.archs.end(), "llama") != rep.archs.end();
-    if (!has_llama) md << "No llama in --archs: nothing to subtract.\n";
-    for (const std::string& tier : rep.tiers)
-        for (const std::string& arch : rep.archs) {
-            if (!has_llama || arch == "llama") continue;
-            std::string who = arch == "lime" ? "LIMe" : arch, verdict;
-            std::string line = difference_line(rep.group(tier, arch).values(&Run::accuracy),
-                                               rep.group(tier, "llama").values(&Run::accuracy), who, &verdict);
-            md << "- tier " << tier << (arch == "lime" ? "" : ", " + arch) << ": " << line << ". " << verdict << ".\n";
-            *summary += "tier " + tier + ": " + who + " - LLaMa = " + line + "\n  " + verdict + "\n";
+// One paired line: a - b over matched seeds, the verdict from the exact
+// Wilcoxon signed-rank test (robust to a stalled run), the paired-t interval beside it.
+static std::string paired_line(const PairedResult& p, double scale, const char* unit, const std::string& a,
+                               const std::string& b, bool higher_better, std::string* verdict) {
+    if (p.n < 2) {
+        *verdict = "too few paired seeds for a test (use --seeds 2 or more)";
+        return "n/a";
+    }
+    std::string ci =
+        std::isfinite(p.lo) ? fmt("(%+.2f", scale * p.lo) + fmt(" to %+.2f)", scale * p.hi) : "(no spread)";
+    char buf[320];
+    snprintf(buf, sizeof buf, "| %s − %s | %d | %+.2f%s %s | %+.2f%s | %d / %d / %d | %.3g | %s |", a.c_str(),
+             b.c_str(), p.n, scale * p.mean, unit, ci.c_str(), scale * p.median, unit, p.wins, p.ties, p.losses,
+             p.p_wilcoxon, std::isfinite(p.p_t) ? fmt("%.3g", p.p_t).c_str() : "n/a");
+    bool a_better = higher_better ? p.median > 0 : p.median < 0;
+    if (p.p_wilcoxon < 0.05)
+        *verdict = (a_better ? a + " beats " + b : b + " beats " + a) +
+                   fmt(": the signed-rank test over paired seeds gives p = %.3g", p.p_wilcoxon);
+    else
+        *verdict = a + " vs " + b + fmt(": no clear difference (signed-rank p = %.3g", p.p_wilcoxon) + ", " +
+                   std::to_string(p.wins) + " wins of " + std::to_string(p.n) + " for " + a + ")";
+    int nonzero = p.wins + p.losses;  // the smallest two-sided signed-rank p with n non-zero pairs is 2 / 2^n
+    if (p.p_wilcoxon >= 0.05 && nonzero < 6)
+        *verdict += fmt("; with %.0f non-zero pairs the signed-rank p cannot go below", nonzero) +
+                    fmt(" %.3g: more seeds", std::ldexp(2.0, -nonzero));
+    return buf;
+}
+
+// The paired table (the report's verdicts) and, secondary, Welch's unpaired
+// test of the same difference; the verdicts also go to *summary.
+static void report_paired(std::ostringstream& md, const Report& rep, std::string* summary) {
+    bool text = rep.task == "text";
+    double scale = text ? 1 : 100;
+    const char* unit = text ? "" : " pts";
+    md << "\n## Paired differences\n\n"
+       << (text ? "Validation loss, a − b per seed (negative: a is better). "
+                : "Accuracy, a − b per seed, in points. ")
+       << "Mean with its paired-t 95% interval, median, wins / ties / losses of a, exact Wilcoxon signed-rank p "
+          "(zeros dropped, tied differences share their average rank), paired-t p.\n\n";
+    auto pairs = rep.pairs();
+    if (pairs.empty()) { md << "No pair to compare (add llama to --archs).\n"; return; }
+    std::vector<std::string> verdicts, welch;
+    auto metric = [&](const Run& r) { return metric_of(r, rep.task); };
+    for (const std::string& tier : rep.tiers) {
+        md << "| " << rep.label(tier) << ": a − b | seeds | mean (95% CI) | median | W / T / L | signed-rank p | "
+              "paired-t p |\n| --- | --- | --- | --- | --- | --- | --- |\n";
+        for (const auto& [a, b] : pairs) {
+            std::vector<double> va, vb;
+            paired_values(rep, tier, a, b, metric, &va, &vb);
+            std::string verdict;
+            std::string line = paired_line(stats_paired(va, vb), scale, unit, a, b, !text, &verdict);
+            if (line != "n/a") md << line << "\n";
+            verdicts.push_back(rep.label(tier) + ": " + verdict);
+            WelchResult w = stats_welch(va, vb);
+            welch.push_back(rep.label(tier) + ", " + a + " − " + b + ": " +
+                            (std::isfinite(w.p) ? fmt("%+.2f", scale * w.diff) + fmt(" (95%% CI %+.2f", scale * w.lo) +
+                                                      fmt(" to %+.2f)", scale * w.hi) + fmt(", p = %.3g", w.p)
+                                                : std::string("n/a")));
         }
+        md << "\n";
+    }
+    for (const std::string& v : verdicts) { md << "- " << v << ".\n"; *summary += v + "\n"; }
+    md << "\nUnpaired view (Welch's t-test, secondary: it ignores the pairing):\n\n";
+    for (const std::string& w : welch) md << "- " << w << "\n";
+}
+
+// Entropy per layer (./lime analyze of every run): per tier, kind and layer,
+// each model's mean ± std over seeds; a figure with bands (± std); and the
+// paired difference at the last layer. "attended" is what attention reads:
+// LLaMa's raw values, LIMe's routed ones (raw at layer 0, which has no router).
+static double entropy_at(const Run& r, const std::string& kind, int layer) {
+    std::string k = kind;
+    if (kind == "attended") k = r.entropy.count("routed") ? "routed" : "raw";
+    auto it = r.entropy.find(k);
+    return it != r.entropy.end() && layer < (int)it->second.size() ? it->second[layer] : NAN;
+}
+
+static std::string report_entropy(std::ostringstream& md, const std::string& dir, const Report& rep, int layers) {
+    md << "\n## Entropy per layer\n\n"
+          "`./lime analyze` of each run's model (Rényi entropy, features z-scored over all test sequences and "
+          "positions; mean over sequences), then mean ± std over seeds. raw: W_V's output; attended: the values "
+          "attention reads (LIMe: routed); hidden: the residual stream after the layer.\n\n";
+    const std::vector<std::string> kinds = {"attended", "raw", "hidden"};
+    std::string err;
+    for (const std::string& tier : rep.tiers) {
+        md << "| " << rep.label(tier) << " | layer";
+        for (const std::string& arch : rep.archs) md << " | " << arch;
+        md << " |\n| --- | ---";
+        for (size_t i = 0; i < rep.archs.size(); i++) md << " | ---";
+        md << " |\n";
+        for (const std::string& kind : kinds) {
+            std::vector<Series> series;
+            for (const std::string& arch : rep.archs) series.push_back(Series{arch, {}, {}, {}, {}});
+            for (int l = 0; l < layers; l++) {
+                md << "| " << kind << " | " << l;
+                for (size_t i = 0; i < rep.archs.size(); i++) {
+                    std::vector<double> v;
+                    for (const Run* r : rep.group(tier, rep.archs[i]).runs)
+                        if (std::isfinite(entropy_at(*r, kind, l))) v.push_back(entropy_at(*r, kind, l));
+                    md << " | " << (v.empty() ? "n/a" : mean_std(v, false));
+                    if (v.empty()) continue;
+                    double m = stats_mean(v), sd = v.size() > 1 ? stats_std(v) : 0;
+                    series[i].x.push_back(l);
+                    series[i].y.push_back(m);
+                    series[i].lo.push_back(m - sd);
+                    series[i].hi.push_back(m + sd);
+                }
+                md << " |\n";
+            }
+            std::string f = "entropy_" + kind + "_" + (rep.task == "arith" ? "tier" + tier : tier) + ".png";
+            if (err.empty())
+                err = plot_lines(dir + "/" + f,
+                                 "Entropy (" + kind + "), " + rep.label(tier) + ": mean, band ± std over seeds",
+                                 "layer", "Renyi entropy", series);
+        }
+        md << "\nLast layer (" << layers - 1 << "), paired over seeds:\n\n";
+        for (const std::string& kind : kinds)
+            for (const auto& [a, b] : rep.pairs()) {
+                std::vector<double> va, vb;
+                paired_values(rep, tier, a, b, [&](const Run& r) { return entropy_at(r, kind, layers - 1); }, &va, &vb);
+                PairedResult p = stats_paired(va, vb);
+                if (p.n < 2) continue;
+                md << "- " << kind << ", " << a << " − " << b << ": " << fmt("%+.3f", p.mean)
+                   << (std::isfinite(p.lo) ? fmt(" (95%% CI %+.3f", p.lo) + fmt(" to %+.3f)", p.hi) : "")
+                   << ", " << p.wins << " of " << p.n
+                   << " seeds higher, signed-rank p = " << fmt("%.3g", p.p_wilcoxon) << "\n";
+            }
+        md << "\n";
+    }
+    if (!err.empty()) return err;
+    for (const std::string& tier : rep.tiers)
+        for (const std::string& kind : kinds) {
+            std::string f = "entropy_" + kind + "_" + (rep.task == "arith" ? "tier" + tier : tier) + ".png";
+            md << "![entropy " << kind << "](" << f << ")\n\n";
+        }
+    return "";
 }
 
 // Parameters, FLOPs per token, step time and peak memory per tier and model.
@@ -282,7 +489,7 @@ static void report_cost(std::ostringstream& md, const Report& rep) {
     for (const RunGroup& g : rep.groups) {
         std::vector<double> ms = g.values(&Run::ms_per_step), rss = g.values(&Run::max_rss_mb);
         const Run* r0 = g.runs.empty() ? nullptr : g.runs[0];
-        md << "| " << g.tier << " | " << g.arch << " | " << (r0 ? fmt("%.0f", r0->params) : "n/a") << " | "
+        md << "| " << rep.label(g.tier) << " | " << g.arch << " | " << (r0 ? fmt("%.0f", r0->params) : "n/a") << " | "
            << (r0 ? fmt("%.4g", r0->flops_per_token_) : "n/a") << " | "
            << (ms.empty() ? "n/a" : fmt("%.2f", stats_mean(ms))) << " | "
            << (rss.empty() ? "n/a" : fmt("%.0f MB", stats_mean(rss))) << " |\n";
@@ -301,13 +508,14 @@ static std::string report_curves(std::ostringstream& md, const std::string& dir,
         val.push_back(mean_curve(arch, g.runs, true, 1));
         by_flops.push_back(mean_curve(arch, g.runs, true, fpt * (g.runs.empty() ? 0 : g.runs[0]->tokens_per_step)));
     }
-    std::string f1 = "loss_tier" + tier + ".png", f2 = "val_loss_tier" + tier + ".png";
-    std::string f3 = "val_loss_flops_tier" + tier + ".png";
-    std::string err = plot_lines(dir + "/" + f1, "Training loss, tier " + tier + " (mean, band: min..max over seeds)",
+    std::string name = rep.task == "arith" ? "tier" + tier : tier, what = rep.label(tier);
+    std::string f1 = "loss_" + name + ".png", f2 = "val_loss_" + name + ".png";
+    std::string f3 = "val_loss_flops_" + name + ".png";
+    std::string err = plot_lines(dir + "/" + f1, "Training loss, " + what + " (mean, band: min..max over seeds)",
                                  "step", "loss", by_step);
-    if (err.empty()) err = plot_lines(dir + "/" + f2, "Validation loss, tier " + tier, "step", "loss", val);
+    if (err.empty()) err = plot_lines(dir + "/" + f2, "Validation loss, " + what, "step", "loss", val);
     if (err.empty())
-        err = plot_lines(dir + "/" + f3, "Validation loss against training FLOPs, tier " + tier,
+        err = plot_lines(dir + "/" + f3, "Validation loss against training FLOPs, " + what,
                          "FLOPs (router counted)", "loss", by_flops);
     if (!err.empty()) return err;
     md << "![training loss](" << f1 << ")\n\n![validation loss](" << f2 << ")\n\n![validation loss against FLOPs]("
@@ -317,6 +525,7 @@ static std::string report_curves(std::ostringstream& md, const std::string& dir,
 
 // Accuracy per tier and model, mean with std error bars: dir/accuracy.png.
 static std::string report_accuracy_bars(std::ostringstream& md, const std::string& dir, const Report& rep) {
+    if (rep.task == "text") return "";
     std::vector<BarGroup> bars;
     for (const std::string& arch : rep.archs) {
         BarGroup b;
@@ -329,38 +538,33 @@ static std::string report_accuracy_bars(std::ostringstream& md, const std::strin
         bars.push_back(b);
     }
     std::vector<std::string> cats;
-    for (const std::string& t : rep.tiers) cats.push_back("tier " + t);
+    for (const std::string& t : rep.tiers) cats.push_back(rep.label(t));
     std::string err =
-        plot_bars(dir + "/accuracy.png", "Accuracy per tier (mean and std over seeds)", "accuracy (%)", cats, bars);
+        plot_bars(dir + "/accuracy.png", "Accuracy (mean and std over seeds)", "accuracy (%)", cats, bars);
     if (!err.empty()) return err;
     md << "![accuracy](accuracy.png)\n";
     return "";
 }
 
 // DIR/report.md (written to a .tmp file, then renamed) and its figures; the
-// LIMe-minus-LLaMa lines also go to *summary.
+// paired verdicts also go to *summary.
 static std::string write_report(const std::string& dir, const Preset* preset, const std::string& extra,
-                                const std::vector<std::string>& tiers, const std::vector<std::string>& archs,
-                                const std::vector<Run>& runs, std::string* summary) {
-    Report rep(tiers, archs, runs);
+                                const Report& rep, int layers, std::string* summary) {
     std::ostringstream md;
-    report_intro(md, preset, extra, archs);
+    report_intro(md, preset, extra, rep);
     report_accuracy(md, rep);
-    report_differences(md, rep, summary);
+    report_paired(md, rep, summary);
+    std::string err = report_entropy(md, dir, rep, layers);
+    if (!err.empty()) return err;
     report_cost(md, rep);
     md << "\n## Figures\n\n";
-    for (const std::string& tier : tiers) {
-        std::string err = report_curves(md, dir, rep, tier);
+    for (const std::string& tier : rep.tiers) {
+        err = report_curves(md, dir, rep, tier);
         if (!err.empty()) return err;
     }
-    std::string err = report_accuracy_bars(md, dir, rep);
+    err = report_accuracy_bars(md, dir, rep);
     if (!err.empty()) return err;
-    std::string path = dir + "/report.md";
-    std::ofstream out(path + ".tmp");
-    out << md.str();
-    out.close();
-    if (!out || rename((path + ".tmp").c_str(), path.c_str()) != 0) return "cannot write " + path;
-    return "";
+    return write_file_atomic(dir + "/report.md", md.str());
 }
 
 // ---------------------------------------------------------------------------
@@ -370,12 +574,15 @@ static std::string write_report(const std::string& dir, const Preset* preset, co
 // models, how many runs at a time and with how many threads each.
 struct CompareSettings {
     const Preset* preset = nullptr;
+    std::string task = "arith";             // --task
+    double alpha = 0.5;                     // --alpha, for every run's ./lime analyze
     int seeds = 1;
     std::vector<std::string> tiers, archs;
     std::string train_args;                 // --train-args
     std::vector<std::string> run_args;      // every run's train flags: the preset's, those --train-args gives replaced
     int jobs = 1, threads = 1;
     bool gpu = false;
+    bool reuse = false;      // --reuse
     std::string dir;         // --out
     std::string self;        // this program, run as ./lime train
 };
@@ -383,30 +590,43 @@ struct CompareSettings {
 // The train flags of every run: the preset's ("--flag value" pairs), less
 // those --train-args gives (--steps and --epochs count as one: each sets the
 // length of the run), then --train-args. "" or the problem with --train-args.
-static std::string merge_train_args(const Preset& preset, const std::string& extra, std::vector<std::string>* out) {
+static std::string merge_train_args(const Preset& preset, const std::string& extra, const std::string& task,
+                                    std::vector<std::string>* out) {
     std::vector<std::string> own = split(extra, ' '), pairs = split(preset.train_args, ' ');
     std::set<std::string> given;
     for (const std::string& t : own)
         if (t.rfind("--", 0) == 0) given.insert(t.substr(2, t.find('=') == std::string::npos ? t.npos : t.find('=') - 2));
+    for (const std::string& f : given) {
+        if (f == "task" || f == "ops")
+            return "--train-args gives --" + f + "; compare sets it (use compare's --task and --tiers)";
+        if (!flag_is_for(f, task))
+            return "--train-args gives --" + f + ", a flag of another task than --task " + task +
+                   "; drop it or change --task";
+    }
+    if (task == "text" && !given.count("text-file"))
+        return "--task text needs a file: add --train-args \"--text-file FILE\"";
     if (given.count("steps") && given.count("epochs"))
         return "--train-args gives both --steps and --epochs; give one of them (each sets the length of the runs)";
     if (given.count("steps") || given.count("epochs")) given.insert({"steps", "epochs"});
     out->clear();
-    for (size_t i = 0; i + 1 < pairs.size(); i += 2)
-        if (!given.count(pairs[i].substr(2))) out->insert(out->end(), {pairs[i], pairs[i + 1]});
+    for (size_t i = 0; i + 1 < pairs.size(); i += 2)  // the preset's, less those of other tasks and --ops (compare's)
+        if (!given.count(pairs[i].substr(2)) && flag_is_for(pairs[i].substr(2), task) && pairs[i] != "--ops")
+            out->insert(out->end(), {pairs[i], pairs[i + 1]});
     out->insert(out->end(), own.begin(), own.end());
     return "";
 }
 
-// The layers the runs will have: the last --layers of their flags, else train's default.
-static int run_layers(const std::vector<std::string>& args) {
-    int L = 4;
+// The value of --NAME in the runs' flags (the last one), else def.
+static int run_flag(const std::vector<std::string>& args, const std::string& name, int def) {
+    int v = def;
     for (size_t i = 0; i < args.size(); i++) {
-        if (args[i] == "--layers" && i + 1 < args.size()) L = atoi(args[i + 1].c_str());
-        if (args[i].rfind("--layers=", 0) == 0) L = atoi(args[i].c_str() + 9);
+        if (args[i] == "--" + name && i + 1 < args.size()) v = atoi(args[i + 1].c_str());
+        if (args[i].rfind("--" + name + "=", 0) == 0) v = atoi(args[i].c_str() + name.size() + 3);
     }
-    return L;
+    return v;
 }
+// The layers the runs will have: the last --layers of their flags, else train's default.
+static int run_layers(const std::vector<std::string>& args) { return run_flag(args, "layers", 4); }
 
 // Reads and checks the flags (one line and exit status 2 at the first
 // problem), picks the device, and makes the output directory.
@@ -414,31 +634,38 @@ static CompareSettings compare_settings(Args& a) {
     CompareSettings cs;
     cs.preset = find_preset(a.str("preset"));
     const Preset* preset = cs.preset;
-    if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|paper-aet|tiny");
+    if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|cpu-study|paper-aet|tiny");
+    cs.task = a.choice("task", {"arith", "prosqa", "text"});
+    cs.alpha = a.number("alpha", 0, 100);
+    if (a.err.empty() && !(cs.alpha > 0))
+        a.fail("--alpha " + a.str("alpha") + ": the Renyi order must be positive (1: Shannon, 0.5: the authors')");
     cs.seeds = a.has("seeds") ? (int)a.integer("seeds", 1, 1000) : preset ? preset->seeds : 1;
-    cs.tiers = split(a.has("tiers") ? a.str("tiers") : preset ? preset->tiers : "3", ',');
+    if (cs.task != "arith" && a.has("tiers"))
+        a.fail("--tiers is for --task arith (operators per question); drop it for --task " + cs.task);
+    std::string tiers = cs.task != "arith" ? cs.task : a.has("tiers") ? a.str("tiers") : preset ? preset->tiers : "3";
+    cs.tiers = split(tiers, ',');
     if (cs.tiers.empty()) a.fail("--tiers is empty; give one or more tiers (operators per question), e.g. 4,5,6");
     std::set<int> tiers_seen;
-    for (const std::string& t : cs.tiers)
+    for (const std::string& t : cs.task == "arith" ? cs.tiers : std::vector<std::string>())
         if (t.find_first_not_of("0123456789") != std::string::npos || atoi(t.c_str()) < 1 || atoi(t.c_str()) > 64)
             a.fail("--tiers '" + a.str("tiers") + "': each tier is a number of operators in 1..64, e.g. 4,5,6");
         else if (!tiers_seen.insert(atoi(t.c_str())).second)
             a.fail("--tiers '" + a.str("tiers") + "' names tier " + std::to_string(atoi(t.c_str())) +
                    " twice; give each tier once");
     cs.train_args = a.str("train-args");
-    std::string err = preset ? merge_train_args(*preset, cs.train_args, &cs.run_args) : "";
+    std::string err = preset ? merge_train_args(*preset, cs.train_args, cs.task, &cs.run_args) : "";
     if (!err.empty()) a.fail(err);
     // models: llama, lime, or lime with a router variant and/or separate K/V routers,
     // e.g. lime:last-2, lime:average, lime:separate (model_parse); each checked with
     // the runs' layers (a last-J or first-J needs J <= layers)
-    cs.archs = split(a.str("archs"), ',');
+    cs.archs = split(a.has("archs") || !preset ? a.str("archs") : preset_archs(*preset), ',');
     if (cs.archs.empty()) a.fail("--archs is empty; give one or more models, e.g. --archs llama,lime");
     std::set<std::string> archs_seen;
     for (const std::string& s : cs.archs) {
         Config c;
         if (!model_parse(s, &c)) {
             a.fail("--archs: '" + s + "' is not llama, lime or lime:VARIANT (static, average, last-J, first-J, "
-                   "separate; e.g. lime:last-2)");
+                   "separate, frozen; e.g. lime:last-2 or lime:frozen)");
             continue;
         }
         if (!archs_seen.insert(model_name(c)).second)
@@ -449,6 +676,7 @@ static CompareSettings compare_settings(Args& a) {
         std::string why = config_check(c);
         if (!why.empty()) a.fail("--archs: '" + s + "' with the runs' " + std::to_string(c.L) + " layers: " + why);
     }
+    cs.reuse = a.has("reuse");
     int jobs = (int)a.integer("jobs", 0, 256);
     std::string device = a.choice("device", {"auto", "cpu", "gpu"});
     cs.dir = a.str("out");
@@ -465,6 +693,13 @@ static CompareSettings compare_settings(Args& a) {
     return cs;
 }
 
+// Accuracy by guessing: arith 1 / modulus (train's default 11), prosqa 1/2
+// (two candidate answers); text has none (NaN).
+static double chance_of(const CompareSettings& cs) {
+    if (cs.task == "text") return NAN;
+    return cs.task == "prosqa" ? 0.5 : 1.0 / std::max(2, run_flag(cs.run_args, "modulus", 11));
+}
+
 // Every (tier, seed, model), each with its own directory, DIR/tierT/MODEL-seedS.
 static std::vector<Run> plan_runs(const CompareSettings& cs) {
     std::vector<Run> runs;
@@ -475,7 +710,8 @@ static std::vector<Run> plan_runs(const CompareSettings& cs) {
                 r.arch = arch; r.tier = tier; r.seed = s;
                 std::string name = arch;
                 std::replace(name.begin(), name.end(), ':', '-');  // lime:last-2 runs in lime-last-2-seed1
-                r.dir = cs.dir + "/tier" + tier + "/" + name + "-seed" + std::to_string(s);
+                r.dir = cs.dir + "/" + (cs.task == "arith" ? "tier" + tier : tier) + "/" + name + "-seed" +
+                        std::to_string(s);
                 runs.push_back(r);
             }
     return runs;
@@ -487,27 +723,79 @@ static std::vector<std::string> train_args_of(const CompareSettings& cs, const R
     Config model;
     model_parse(r.arch, &model);
     // --force: the run directories are compare's own, made afresh by each compare into its --out
-    std::vector<std::string> own = {"--arch", arch_name(model.arch), "--ops", r.tier, "--seed", std::to_string(r.seed),
+    std::vector<std::string> own = {"--arch", arch_name(model.arch), "--seed", std::to_string(r.seed),
                                     "--out", r.dir, "--threads", std::to_string(cs.threads),
                                     "--device", cs.gpu ? "gpu" : "cpu", "--quiet", "--force"};
+    if (cs.task == "arith") own.insert(own.end(), {"--ops", r.tier});
+    else own.insert(own.end(), {"--task", cs.task});
     if (model.arch == ARCH_LIME && model.router != ROUTER_STATIC)
         own.insert(own.end(), {"--router", router_name(model)});
     if (model.router_kv_separate) own.insert(own.end(), {"--router-kv", "separate"});
+    if (model.router_frozen) own.insert(own.end(), {"--router-weights", "frozen"});
     args.insert(args.end(), own.begin(), own.end());
     return args;
 }
 
-// A run has ended: its status, memory and time, its log read, one line printed.
+// The flags of one run's ./lime analyze: its model, into its directory.
+static std::vector<std::string> analyze_args_of(const CompareSettings& cs, const Run& r) {
+    return {"--load", r.dir + "/model.safetensors", "--out", r.dir, "--alpha", fmt("%.17g", cs.alpha),
+            "--threads", std::to_string(cs.threads), "--device", cs.gpu ? "gpu" : "cpu"};
+}
+
+// --reuse: a run whose directory already holds a finished training (a "done"
+// line in log.jsonl, whose "args" agree with every flag this run would get but
+// --out, --threads and --device) and its analysis (entropy.tsv) is read, not
+// run again, so a compare stopped part way (Ctrl-C, a lost session, too little
+// time) can finish, or report on fewer seeds, with the runs it has.
+static bool reusable(const CompareSettings& cs, const Run& r) {
+    std::ifstream in(r.dir + "/log.jsonl");
+    std::string line;
+    bool done = false;
+    Json args;
+    while (std::getline(in, line)) {
+        Json j;
+        const Json* type = json_parse(line, &j).empty() ? j.get("type") : nullptr;
+        if (type && type->kind == Json::STR && type->str == "config" && j.get("args")) args = *j.get("args");
+        if (type && type->kind == Json::STR && type->str == "done") done = true;
+    }
+    if (!done || args.kind != Json::OBJ || access((r.dir + "/entropy.tsv").c_str(), R_OK) != 0) return false;
+    std::vector<std::string> want = train_args_of(cs, r);
+    for (size_t i = 0; i < want.size(); i++) {
+        if (want[i].rfind("--", 0) != 0) continue;
+        std::string flag = want[i].substr(2), value;
+        size_t eq = flag.find('=');
+        if (eq != std::string::npos) value = flag.substr(eq + 1), flag = flag.substr(0, eq);
+        else if (i + 1 < want.size() && want[i + 1].rfind("--", 0) != 0) value = want[++i];
+        else continue;  // a switch (--quiet, --force)
+        if (flag == "out" || flag == "threads" || flag == "device") continue;
+        const Json* v = args.get(flag);
+        if (!v || v->kind != Json::STR || v->str != value) return false;
+    }
+    return true;
+}
+
+// A run's training has ended: its status, memory and time, its log read, one line printed.
 static void finish_run(Run* r, int status, const struct rusage& ru, double started, size_t done, size_t total) {
     r->status = status;
     r->max_rss_mb = ru.ru_maxrss / 1024.0;
     r->seconds = (now_ms() - started) / 1000;
     read_log(r);
     bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    printf("[%zu/%zu] tier %s %-5s seed %d: %s in %s%s\n", done, total, r->tier.c_str(), r->arch.c_str(), r->seed,
-           ok ? ("accuracy " + pct(r->accuracy)).c_str() : "FAILED", duration_str(r->seconds).c_str(),
-           ok ? "" : (" (see " + r->dir + "/train.out)").c_str());
+    r->stage = ok ? Run::TRAINED : Run::DONE;
+    std::string result = !ok ? "FAILED" : std::isfinite(r->accuracy) ? "accuracy " + pct(r->accuracy)
+                                                                      : "val loss " + fmt("%.4f", r->val_loss);
+    bool tier = r->tier.find_first_not_of("0123456789") == std::string::npos;  // arith's tiers are numbers
+    printf("[%zu/%zu] %s %-5s seed %d: %s in %s%s\n", done, total, ((tier ? "tier " : "") + r->tier).c_str(),
+           r->arch.c_str(), r->seed,
+           result.c_str(), duration_str(r->seconds).c_str(), ok ? "" : (" (see " + r->dir + "/train.out)").c_str());
     fflush(stdout);
+}
+
+// A run's analysis has ended: its entropy read (a failed analysis fails compare).
+static void finish_analysis(Run* r, int status) {
+    r->stage = Run::DONE;
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) r->error = "analyze";
+    else read_entropy(r);
 }
 
 // SIGINT, SIGTERM and SIGHUP to compare only set this flag: run_all
@@ -529,15 +817,16 @@ static pid_t wait_run(int* status, struct rusage* ru) {
 // (forwarding a second signal too: the runs then end at once) and exits.
 static void stop_runs(std::vector<Run>* runs, int sig) {
     int stopped = 0;
-    for (const Run& r : *runs) stopped += r.pid > 0 && r.status == -1;
+    auto running = [](const Run& r) { return r.stage == Run::TRAINING || r.stage == Run::ANALYSING; };
+    for (const Run& r : *runs) stopped += running(r);
     for (int forward = sig;; forward = g_compare_signal) {
-        for (const Run& r : *runs) if (r.pid > 0 && r.status == -1) kill(r.pid, forward);
+        for (const Run& r : *runs) if (running(r)) kill(r.pid, forward);
         g_compare_signal = 0;
         int status;
         struct rusage ru;
         pid_t pid;
         while ((pid = wait_run(&status, &ru)) > 0)
-            for (Run& r : *runs) if (r.pid == pid) r.status = status;
+            for (Run& r : *runs) if (r.pid == pid && running(r)) r.stage = Run::DONE;
         if (pid < 0) break;
     }
     const char* what = sig == SIGINT ? "interrupted (SIGINT)" : sig == SIGTERM ? "terminated (SIGTERM)" : "hung up (SIGHUP)";
@@ -547,9 +836,17 @@ static void stop_runs(std::vector<Run>* runs, int sig) {
     exit(128 + sig);
 }
 
-// Runs every run, --jobs at a time, each as a child process; returns when all have ended.
+// The next child to start: a trained run's analysis first, else the next run's training.
+static Run* next_to_start(std::vector<Run>* runs) {
+    for (Run& r : *runs) if (r.stage == Run::TRAINED) return &r;
+    for (Run& r : *runs) if (r.stage == Run::WAITING) return &r;
+    return nullptr;
+}
+
+// Runs every run, --jobs at a time, each as a child process (./lime train,
+// then ./lime analyze of its model); returns when all have ended.
 static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
-    size_t next = 0, done = 0;
+    size_t trained = 0;
     int running = 0;
     std::vector<double> started(runs->size());
     std::string err;
@@ -557,25 +854,29 @@ static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
     sa.sa_handler = on_compare_signal;
     sa.sa_flags = SA_RESTART;
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
-    while (done < runs->size()) {
-        while (!g_compare_signal && running < cs.jobs && next < runs->size()) {
-            Run& r = (*runs)[next];
-            if (!make_dir(r.dir, &err)) die("compare", err);
-            r.pid = start_run(cs.self, &r, train_args_of(cs, r));
-            started[next] = now_ms();
+    for (;;) {
+        Run* r;
+        while (!g_compare_signal && running < cs.jobs && (r = next_to_start(runs))) {
+            bool analyse = r->stage == Run::TRAINED;
+            if (!analyse && !make_dir(r->dir, &err)) die("compare", err);
+            r->pid = analyse ? start_run(cs.self, r, "analyze", analyze_args_of(cs, *r))
+                             : start_run(cs.self, r, "train", train_args_of(cs, *r));
+            r->stage = analyse ? Run::ANALYSING : Run::TRAINING;
+            started[r - runs->data()] = now_ms();
             running++;
-            next++;
         }
+        if (running == 0) break;
         int status;
         struct rusage ru;
         pid_t pid = wait_run(&status, &ru);
         if (pid == 0) stop_runs(runs, g_compare_signal);
         if (pid < 0) break;
-        for (size_t i = 0; i < runs->size(); i++) {
-            if ((*runs)[i].pid != pid) continue;
+        for (Run& x : *runs) {
+            if (x.pid != pid || (x.stage != Run::TRAINING && x.stage != Run::ANALYSING)) continue;
             running--;
-            done++;
-            finish_run(&(*runs)[i], status, ru, started[i], done, runs->size());
+            size_t i = &x - runs->data();
+            if (x.stage == Run::TRAINING) finish_run(&x, status, ru, started[i], ++trained, runs->size());
+            else finish_analysis(&x, status);
         }
     }
 }
@@ -583,36 +884,54 @@ static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
 int cmd_compare(int argc, char** argv) {
     std::vector<FlagSpec> flags = {
         {"preset", "classroom",
-         "classroom (2 CPU cores, ~10 min), paper-aet (the paper's setting, GPU) or tiny (tests)"},
+         "classroom (2 CPU cores, ~10 min), cpu-study (2 CPU cores, ~30 min, with the frozen-router control), "
+         "paper-aet (the paper's setting, GPU) or tiny (tests)"},
+        {"task", "arith", "arith, prosqa (exact match on the real test file) or text (validation loss)"},
         {"seeds", "", "seeds per model (default: the preset's)"},
-        {"tiers", "", "operators per question, e.g. 4,5,6 (default: the preset's)"},
-        {"archs", "llama,lime", "models to compare: llama, lime, or lime:VARIANT (lime:average, lime:last-2, "
-                                "lime:first-1, lime:separate)"},
+        {"tiers", "", "arith: operators per question, e.g. 4,5,6 (default: the preset's)"},
+        {"archs", "llama,lime", "models to compare (cpu-study: also lime:frozen): llama, lime, or lime:VARIANT "
+                                "(lime:average, lime:last-2, lime:first-1, lime:separate, lime:frozen)"},
+        {"alpha", "0.5", "order of the Renyi entropy each run's analysis reports (1: Shannon)"},
         {"train-args", "", "extra flags for every ./lime train, replacing the preset's, e.g. \"--epochs 30\""},
         {"jobs", "0", "runs at a time (0: one per core on the CPU, 1 on the GPU)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"out", "runs/compare", "output directory: one subdirectory per run, report.md, figures"},
+        {"reuse", nullptr, "read the runs --out already holds, finished and analysed with the same flags, not rerun"},
     };
     std::string summary_help =
-        "Trains LLaMa and LIMe for several seeds, evaluates them, and writes DIR/report.md with\n"
-        "mean ± std, the difference with a 95% confidence interval and Welch's t-test, cost, and figures.\nPresets:";
+        "Trains LLaMa and LIMe for several seeds, evaluates and analyses them, and writes DIR/report.md:\n"
+        "mean ± std, paired differences over seeds (paired-t interval, exact signed-rank test), entropy\n"
+        "per layer, cost, and figures.\nPresets:";
     for (const Preset& p : PRESETS) summary_help += std::string("\n  ") + p.name + ": " + p.about;
     Args a = parse_args("compare", summary_help.c_str(), flags, argc, argv, false);
     CompareSettings cs = compare_settings(a);
     std::vector<Run> runs = plan_runs(cs);
+    int reused = 0;
+    for (Run& r : runs)
+        if (cs.reuse && reusable(cs, r)) {
+            read_log(&r);
+            read_entropy(&r);
+            r.status = 0;  // as a child that exited 0
+            r.stage = Run::DONE;
+            reused++;
+        }
+    if (cs.reuse) printf("compare: --reuse: %d of %zu runs already done in %s\n", reused, runs.size(), cs.dir.c_str());
     printf("compare %s: %zu runs (%zu tiers x %d seeds x %zu models), %d at a time, %d thread%s each, on the %s\n",
            cs.preset->name, runs.size(), cs.tiers.size(), cs.seeds, cs.archs.size(), cs.jobs, cs.threads,
            cs.threads > 1 ? "s" : "", cs.gpu ? "gpu" : "cpu");
     fflush(stdout);
     double t0 = now_ms();
     run_all(cs, &runs);
-    for (const Run& r : runs)
+    for (const Run& r : runs) {
         if (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0))
             die("compare", "a run failed: see " + r.dir + "/train.out");
+        if (!r.error.empty()) die("compare", "a run's analysis failed: see " + r.dir + "/analyze.out");
+    }
     std::string summary;
     std::string run_args;
     for (const std::string& arg : cs.run_args) run_args += (run_args.empty() ? "" : " ") + arg;
-    std::string err = write_report(cs.dir, cs.preset, run_args, cs.tiers, cs.archs, runs, &summary);
+    Report rep(cs.task, cs.tiers, cs.archs, runs, chance_of(cs));
+    std::string err = write_report(cs.dir, cs.preset, run_args, rep, run_layers(cs.run_args), &summary);
     if (!err.empty()) die("compare", err);
     printf("%s", summary.c_str());
     printf("done in %s; wrote %s/report.md and figures\n", duration_str((now_ms() - t0) / 1000).c_str(),
@@ -683,26 +1002,20 @@ static std::vector<double> symmetric_eigenvalues(std::vector<double> a, int n) {
     return ev;
 }
 
-// Value entropy (paper Section 5.2): the value vectors of one sequence, v
-// (T, D), each feature z-scored over the tokens; the eigenvalues of the
-// token Gram matrix Z Z^T divided by its trace; their Renyi entropy of order
-// alpha, log(sum lambda^alpha) / (1 - alpha), Shannon's at alpha = 1. The
-// non-zero eigenvalues of Z Z^T (T x T) are those of Z^T Z (D x D), the smaller one.
-double value_entropy(const float* v, int T, int D, double alpha) {
-    std::vector<double> z((size_t)T * D);
-    for (int j = 0; j < D; j++) {
-        double mean = 0, var = 0;
-        for (int t = 0; t < T; t++) mean += v[(size_t)t * D + j];
-        mean /= T;
-        for (int t = 0; t < T; t++) var += (v[(size_t)t * D + j] - mean) * (v[(size_t)t * D + j] - mean);
-        double sd = std::sqrt(var / T);
-        for (int t = 0; t < T; t++) z[(size_t)t * D + j] = sd > 1e-12 ? (v[(size_t)t * D + j] - mean) / sd : 0;
-    }
-    std::vector<double> gram((size_t)D * D, 0);
-    for (int i = 0; i < D; i++)
-        for (int j = 0; j < D; j++)
-            for (int t = 0; t < T; t++) gram[i * D + j] += z[(size_t)t * D + i] * z[(size_t)t * D + j];
-    std::vector<double> ev = symmetric_eigenvalues(gram, D);
+// Renyi entropy of order alpha of the spectrum of one sequence's z-scored
+// rows z (len, D): the eigenvalues of the Gram matrix Z Z^T, clamped at 0
+// and divided by their sum (the trace), then log(sum lambda^alpha) / (1 - alpha),
+// Shannon's -sum lambda log lambda at alpha = 1. The non-zero eigenvalues of
+// Z Z^T (len x len) are those of Z^T Z (D x D): the smaller one is formed.
+static double spectrum_entropy(const double* z, int len, int D, double alpha) {
+    int n = std::min(len, D);
+    std::vector<double> gram((size_t)n * n, 0);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+            for (int k = 0; k < (len <= D ? D : len); k++)  // rows i, j (len <= D) or columns i, j
+                gram[i * n + j] += len <= D ? z[(size_t)i * D + k] * z[(size_t)j * D + k]
+                                            : z[(size_t)k * D + i] * z[(size_t)k * D + j];
+    std::vector<double> ev = symmetric_eigenvalues(gram, n);
     double trace = 0;
     for (double& e : ev) { e = std::max(e, 0.0); trace += e; }
     if (trace <= 0) return 0;
@@ -713,4 +1026,37 @@ double value_entropy(const float* v, int T, int D, double alpha) {
     }
     for (double e : ev) h += std::pow(e / trace, alpha);
     return std::log(h) / (1 - alpha);
+}
+
+// Value entropy as the authors measure it (paper Section 5.2, their code):
+// x (N, T, D) holds one layer's vectors for N sequences, the first lens[s]
+// positions of sequence s real (the rest padding, left out). Each feature is
+// z-scored over every real position of every sequence, in float64, with the
+// standard deviation (dividing by the count) plus 1e-5; then each sequence's
+// entropy is spectrum_entropy; the result is their mean and sample std.
+EntropyStat layer_entropy(const float* x, int N, int T, int D, const std::vector<int>& lens, double alpha) {
+    std::vector<double> mean(D, 0), sd(D, 0);
+    double count = 0;
+    for (int s = 0; s < N; s++) count += lens[s];
+    for (int s = 0; s < N; s++)
+        for (int t = 0; t < lens[s]; t++)
+            for (int j = 0; j < D; j++) mean[j] += x[((size_t)s * T + t) * D + j] / count;
+    for (int s = 0; s < N; s++)
+        for (int t = 0; t < lens[s]; t++)
+            for (int j = 0; j < D; j++) {
+                double v = x[((size_t)s * T + t) * D + j] - mean[j];
+                sd[j] += v * v / count;
+            }
+    for (double& v : sd) v = std::sqrt(v) + 1e-5;
+    std::vector<double> per_seq, z;
+    for (int s = 0; s < N; s++) {
+        z.assign((size_t)lens[s] * D, 0);
+        for (int t = 0; t < lens[s]; t++)
+            for (int j = 0; j < D; j++) z[(size_t)t * D + j] = (x[((size_t)s * T + t) * D + j] - mean[j]) / sd[j];
+        per_seq.push_back(spectrum_entropy(z.data(), lens[s], D, alpha));
+    }
+    EntropyStat e;
+    e.mean = stats_mean(per_seq);
+    e.std = per_seq.size() > 1 ? stats_std(per_seq) : 0;
+    return e;
 }

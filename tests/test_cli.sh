@@ -67,14 +67,43 @@ else
 fi
 
 # --- compare and analyze: a tiny study end to end, its report and figures
-if $LIME compare --preset tiny --out "$tmp/study" >"$tmp/study.out" 2>&1 && grep -q "LIMe minus LLaMa" "$tmp/study/report.md" &&
+# (with the frozen-router control: its own paired line, its config says so; every run analysed)
+if $LIME compare --preset tiny --archs llama,lime,lime:frozen --out "$tmp/study" >"$tmp/study.out" 2>&1 &&
+    grep -q "## Paired differences" "$tmp/study/report.md" && grep -q "^| lime − lime:frozen | 2 |" "$tmp/study/report.md" &&
+    grep -q "^| attended | 1 |" "$tmp/study/report.md" && [ -s "$tmp/study/entropy_hidden_tier2.png" ] &&
+    grep -q '"router_frozen": true' "$tmp/study/tier2/lime-frozen-seed1/log.jsonl" &&
+    [ "$(grep -c -E '^(raw|routed|hidden)	[01]	' "$tmp/study/tier2/lime-seed2/entropy.tsv")" -eq 6 ] &&
     [ -s "$tmp/study/accuracy.png" ] && [ "$(head -c 4 "$tmp/study/accuracy.png" | tail -c 3)" == "PNG" ]; then
     pass compare_tiny_writes_report_and_figures
 else
     fail compare_tiny_writes_report_and_figures "$(tail -3 "$tmp/study.out")"
 fi
+# --reuse: the finished, analysed runs of the same flags are read, not rerun (a report on fewer seeds)
+if $LIME compare --preset tiny --archs llama,lime,lime:frozen --seeds 1 --reuse --out "$tmp/study" >"$tmp/reuse.out" 2>&1 &&
+    grep -q "3 of 3 runs already done" "$tmp/reuse.out" && ! grep -q "^\[1/3\]" "$tmp/reuse.out" &&
+    grep -q "^| tier 2 | lime:frozen | .* of 1 |" "$tmp/study/report.md"; then
+    pass compare_reuse_reads_finished_runs
+else
+    fail compare_reuse_reads_finished_runs "$(tail -3 "$tmp/reuse.out")"
+fi
+# every task: ProsQA scored by exact match (here on the first 2 questions of the real test file:
+# an untrained model's greedy answers run to the longest sequence, slow on all 500), text by
+# validation loss and perplexity
+head -c 3000 README.md > "$tmp/study_text.txt"
+sed 's/}, {"question"/}\n{"question"/g' data/prosqa/prosqa_test.json | head -2 | sed '1s/^\[//' | paste -sd, |
+    sed 's/^/[/; s/$/]/' > "$tmp/prosqa2.json"
+if $LIME compare --preset tiny --seeds 1 --task prosqa --out "$tmp/study_prosqa" \
+        --train-args "--prosqa-test $tmp/prosqa2.json --steps 4 --eval-every 4" >"$tmp/study_prosqa.out" 2>&1 &&
+    grep -q '^| prosqa | lime |' "$tmp/study_prosqa/report.md" && grep -q '"task": "prosqa"' "$tmp/study_prosqa/prosqa/lime-seed1/log.jsonl" &&
+    $LIME compare --preset tiny --seeds 1 --task text --train-args "--text-file $tmp/study_text.txt" \
+        --out "$tmp/study_text" >"$tmp/study_text.out" 2>&1 && grep -q "perplexity" "$tmp/study_text/report.md"; then
+    pass compare_every_task
+else
+    fail compare_every_task "$(tail -3 "$tmp/study_prosqa.out" "$tmp/study_text.out" 2>&1)"
+fi
 if $LIME analyze --load "$tmp/run/model.safetensors" --out "$tmp/analysis" >"$tmp/analyze.out" 2>&1 &&
-    grep -q "value entropy" "$tmp/analyze.out" && [ -s "$tmp/analysis/router_heatmap.png" ] && [ -s "$tmp/analysis/value_entropy.png" ]; then
+    grep -q "value entropy" "$tmp/analyze.out" && [ -s "$tmp/analysis/router_heatmap.png" ] && [ -s "$tmp/analysis/value_entropy.png" ] &&
+    [ "$(grep -c -E '^(raw|routed|hidden)	' "$tmp/analysis/entropy.tsv")" -eq 6 ]; then  # 2 layers x 3 kinds
     pass analyze_writes_heatmap_and_entropy
 else
     fail analyze_writes_heatmap_and_entropy "$(tail -3 "$tmp/analyze.out")"

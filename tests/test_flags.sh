@@ -13,7 +13,7 @@ head -c 3000 README.md > "$tmp/short.txt"
 TINY="--layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 16 --threads 1 --quiet"
 $LIME train $TINY --steps 2 --out "$tmp/run" >/dev/null 2>&1
 $LIME train $TINY --steps 2 --seed 2 --out "$tmp/run2" >/dev/null 2>&1   # another run, for train_resume_into_other_run
-$LIME train $TINY --arch llama --steps 1 --out "$tmp/llama" >/dev/null 2>&1  # for export
+$LIME train $TINY --steps 2 --arch llama --out "$tmp/llama" >/dev/null 2>&1  # a model with no router
 M=$tmp/run/model.safetensors
 L=$tmp/llama/model.safetensors
 C=$tmp/run/checkpoint.safetensors
@@ -137,6 +137,17 @@ bad export_no_vocabulary      "no vocabulary"      export --load "$PWD/tests/gol
 bad export_out_not_empty      "add --force"        export --load "$L" --out "$tmp/run"
 bad export_out_is_a_file      "not a directory"    export --load "$L" --out "$M"
 bad export_force_over_a_run   "written by ./lime train" export --load "$L" --out "$tmp/run" --force
+bad compare_archs_unknown     "lime:VARIANT"       compare --preset tiny --archs llama,gpt
+bad compare_archs_frozen_llama "lime:VARIANT"      compare --preset tiny --archs llama:frozen,lime
+bad compare_tiers_not_arith   "is for --task arith" compare --preset tiny --task prosqa --tiers 2
+bad compare_flag_other_task   "another task"       compare --preset tiny --task prosqa --train-args "--modulus 7"
+bad compare_text_needs_file   "text-file"          compare --preset tiny --task text
+bad compare_alpha_zero        "must be positive"   compare --preset tiny --alpha 0
+# --- analyze
+bad analyze_alpha_zero        "must be positive"   analyze --load "$M" --alpha 0 --out out
+bad analyze_values            "raw|routed|both"    analyze --load "$M" --values all --out out
+bad analyze_routed_no_router  "no router"          analyze --load "$tmp/llama/model.safetensors" --values routed --out out
+bad train_router_weights_llama "for --arch lime"   train $A --arch llama --router-weights frozen
 # --- user text echoed in a message stays on one line, control characters escaped
 bad flag_value_newline        "not an integer"     train $A --batch $'1\n2'
 bad flag_value_escape         'gp\\x1bt'           train $A --arch $'gp\x1bt'

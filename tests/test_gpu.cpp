@@ -200,10 +200,11 @@ TEST(gpu_rope_matches_cpu) {
     }
 }
 
-// `learned`: the source layers whose columns get a gradient (router_learned);
+// `learned`: the source layers whose columns get a gradient (router_learned: l' < below or l' >= from);
 // `separate`: a key router and a value router instead of one.
 // N positions of hd floats at layer l (l + 1 source layers); L = 3 layers buffered.
-static void check_router(int R, uint64_t learned = 7, bool separate = false, int N = 26, int hd = 6, int l = 2) {
+static void check_router(int R, RouterSpan learned = RouterSpan{0, 0}, bool separate = false, int N = 26, int hd = 6,
+                         int l = 2) {
     int L = 3, J = (l + 1) * R;
     size_t layer = (size_t)N * R * hd;
     auto Kbuf = randv(L * layer, 1), Vbuf = randv(L * layer, 2), Wk = randv((size_t)R * J, 3), Wv = separate ? randv((size_t)R * J, 9) : Wk;
@@ -223,26 +224,26 @@ static void check_router(int R, uint64_t learned = 7, bool separate = false, int
     router_backward_gpu(gdW.p, separate ? gdWv.p : gdW.p, gdK.p, gdV.p, gdKr.p, gdVr.p, gWk.p, gwv, gK.p, gV.p, l, learned, N, R, hd, scratch.p,
                         ctx().stream);
     double e3 = err_of(gdW.get(), dW), e4 = err_of(gdK.get(), dKbuf), e5 = err_of(gdV.get(), dVbuf), e6 = err_of(gdWv.get(), dWv);
-    CHECK(e3 < TOL_BWD && e4 < TOL_BWD && e5 < TOL_BWD && e6 < TOL_BWD, "router backward R=%d learned %#llx%s: dW %.2e, dKbuf %.2e, dVbuf %.2e, dWv %.2e",
-          R, (unsigned long long)learned, separate ? " separate" : "", e3, e4, e5, e6);
+    CHECK(e3 < TOL_BWD && e4 < TOL_BWD && e5 < TOL_BWD && e6 < TOL_BWD, "router backward R=%d learned <%d or >=%d%s: dW %.2e, dKbuf %.2e, dVbuf %.2e, dWv %.2e",
+          R, learned.below, learned.from, separate ? " separate" : "", e3, e4, e5, e6);
     std::vector<float> got = gdW.get();
     for (int i = 0; i < R * J; i++)  // fixed columns: the gradient is left exactly as it was
-        CHECK((learned >> (i % J / R) & 1) || got[i] == dW0[i], "router column %d of a fixed layer changed: %g -> %g", i % J, dW0[i], got[i]);
+        CHECK(learned.has(i % J / R) || got[i] == dW0[i], "router column %d of a fixed layer changed: %g -> %g", i % J, dW0[i], got[i]);
 }
 TEST(gpu_router_matches_cpu_R2) { NEED_GPU(); check_router(2); }
 TEST(gpu_router_matches_cpu_R1) { NEED_GPU(); check_router(1); }
-TEST(gpu_router_masked_matches_cpu) { NEED_GPU(); check_router(2, 0b101); }
-TEST(gpu_router_nothing_learned_matches_cpu) { NEED_GPU(); check_router(2, 0); }
-TEST(gpu_router_separate_kv_matches_cpu) { NEED_GPU(); check_router(2, 7, true); }
-TEST(gpu_router_separate_kv_masked_matches_cpu) { NEED_GPU(); check_router(1, 0b110, true); }
+TEST(gpu_router_masked_matches_cpu) { NEED_GPU(); check_router(2, RouterSpan{1, 2}); }  // layers 0 and 2
+TEST(gpu_router_nothing_learned_matches_cpu) { NEED_GPU(); check_router(2, RouterSpan{0, 3}); }
+TEST(gpu_router_separate_kv_matches_cpu) { NEED_GPU(); check_router(2, RouterSpan{0, 0}, true); }
+TEST(gpu_router_separate_kv_masked_matches_cpu) { NEED_GPU(); check_router(1, RouterSpan{0, 1}, true); }  // layers 1 and 2
 // The weight gradient's chunks of ROUTER_CHUNK positions: 150 = 64 + 64 + 22.
-TEST(gpu_router_chunks_not_dividing_N_match_cpu) { NEED_GPU(); check_router(2, 7, false, 150); }
+TEST(gpu_router_chunks_not_dividing_N_match_cpu) { NEED_GPU(); check_router(2, RouterSpan{0, 0}, false, 150); }
 // R > ROUTER_HEADS: two groups of output heads; 2 * (J + R) = 160 floats an element: shared tiles of 51 elements.
-TEST(gpu_router_more_heads_than_registers_match_cpu) { NEED_GPU(); check_router(20, 7, true, 70, 5); }
-// R * J = 2700 weights: two weight groups of ROUTER_THREADS * ROUTER_WEIGHTS = 2048.
-TEST(gpu_router_two_weight_groups_match_cpu) { NEED_GPU(); check_router(30, 0b011, false, 9, 4); }
+TEST(gpu_router_more_heads_than_registers_match_cpu) { NEED_GPU(); check_router(20, RouterSpan{0, 0}, true, 70, 5); }
+// R * J = 2700 weights: two weight groups of ROUTER_THREADS * ROUTER_WEIGHTS = 2048; layers 0 and 1 learned.
+TEST(gpu_router_two_weight_groups_match_cpu) { NEED_GPU(); check_router(30, RouterSpan{2, 3}, false, 9, 4); }
 // Layer 0: one source layer, J = R.
-TEST(gpu_router_layer0_one_source_matches_cpu) { NEED_GPU(); check_router(3, 1, false, 70, 6, 0); }
+TEST(gpu_router_layer0_one_source_matches_cpu) { NEED_GPU(); check_router(3, RouterSpan{0, 0}, false, 70, 6, 0); }
 
 static void check_attention(int B, int T, int H, int R, int hd) {
     size_t qn = (size_t)B * T * H * hd, kn = (size_t)B * T * R * hd, an = (size_t)B * H * T * T;

@@ -120,7 +120,7 @@ TEST(rope_position_zero_is_identity_and_rotation_keeps_norm) {
 // The router at layer l = 2 of a 3-layer buffer, with R kv heads. `learned`:
 // the source layers whose columns get a gradient (router_learned); the others
 // must get exactly none. `separate`: one router for keys, another for values.
-static void check_router(int R, uint64_t learned = 7, bool separate = false) {
+static void check_router(int R, RouterSpan learned = RouterSpan{0, 0}, bool separate = false) {
     int l = 2, N = 5, hd = 4, J = (l + 1) * R;
     size_t layer = (size_t)N * R * hd;
     std::vector<float> Wk = randv(R * J, 12), Wv = separate ? randv(R * J, 17) : Wk, Kb = randv(3 * layer, 13), Vb = randv(3 * layer, 14);
@@ -133,24 +133,25 @@ static void check_router(int R, uint64_t learned = 7, bool separate = false) {
     router_backward(dWk.data(), separate ? dWv.data() : dWk.data(), dKb.data(), dVb.data(), wk.data(), wv.data(), Wk.data(),
                     separate ? Wv.data() : Wk.data(), Kb.data(), Vb.data(), l, learned, N, R, hd);
     std::vector<char> on(R * J);
-    for (int i = 0; i < R * J; i++) on[i] = learned >> (i % J / R) & 1;
+    for (int i = 0; i < R * J; i++) on[i] = learned.has(i % J / R);
     double e1 = fd_error(Wk, dWk, loss, 40, &on), e2 = fd_error(Kb, dKb, loss), e3 = fd_error(Vb, dVb, loss);
-    CHECK(e1 < FD_TOL, "router dW%s (R=%d, learned %#llx): rel err %.2e", separate ? "k" : "", R, (unsigned long long)learned, e1);
+    CHECK(e1 < FD_TOL, "router dW%s (R=%d, learned <%d or >=%d): rel err %.2e", separate ? "k" : "", R, learned.below,
+          learned.from, e1);
     CHECK(e2 < FD_TOL, "router dKbuf (R=%d): rel err %.2e", R, e2);
     CHECK(e3 < FD_TOL, "router dVbuf (R=%d): rel err %.2e", R, e3);
     if (separate) {
         double e4 = fd_error(Wv, dWv, loss, 40, &on);
-        CHECK(e4 < FD_TOL, "router dWv (R=%d, learned %#llx): rel err %.2e", R, (unsigned long long)learned, e4);
+        CHECK(e4 < FD_TOL, "router dWv (R=%d, learned <%d or >=%d): rel err %.2e", R, learned.below, learned.from, e4);
     }
     for (int i = 0; i < R * J; i++)
         CHECK(on[i] || (dWk[i] == 0 && dWv[i] == 0), "router column %d of a fixed source layer got gradient %g / %g", i % J, dWk[i], dWv[i]);
 }
 TEST(router_backward_matches_finite_differences_R2) { check_router(2); }
 TEST(router_backward_matches_finite_differences_R1) { check_router(1); }
-TEST(router_backward_masked_matches_finite_differences) { check_router(2, 0b101); }  // layers 0 and 2 learn, 1 is fixed
-TEST(router_backward_nothing_learned_gives_no_weight_gradient) { check_router(2, 0); }  // average
-TEST(router_backward_separate_kv_matches_finite_differences) { check_router(2, 7, true); }
-TEST(router_backward_separate_kv_masked_matches_finite_differences) { check_router(1, 0b110, true); }
+TEST(router_backward_masked_matches_finite_differences) { check_router(2, RouterSpan{1, 2}); }  // layers 0 and 2 learn, 1 is fixed
+TEST(router_backward_nothing_learned_gives_no_weight_gradient) { check_router(2, RouterSpan{0, 3}); }  // average, frozen
+TEST(router_backward_separate_kv_matches_finite_differences) { check_router(2, RouterSpan{0, 0}, true); }
+TEST(router_backward_separate_kv_masked_matches_finite_differences) { check_router(1, RouterSpan{0, 1}, true); }  // layers 1 and 2
 
 TEST(router_with_identity_block_returns_own_layer) {
     int l = 1, N = 3, R = 2, hd = 4, J = (l + 1) * R;
@@ -339,7 +340,7 @@ struct TinyBatch {
 static std::vector<char> learned_entries(const Config& c, int l) {
     int J = (l + 1) * c.R;
     std::vector<char> on((size_t)c.R * J);
-    for (int i = 0; i < c.R * J; i++) on[i] = router_learned(c, l) >> (i % J / c.R) & 1;
+    for (int i = 0; i < c.R * J; i++) on[i] = router_learned(c, l).has(i % J / c.R);
     return on;
 }
 static int layer_of(const std::string& name) { return atoi(name.c_str() + strlen("model.layers.")); }
@@ -484,6 +485,13 @@ TEST(router_init_is_uniform_with_identity_block) {
 // ---------------------------------------------------------------------------
 // Router variants (paper Table 7) and separate key/value routers
 
+// A RouterSpan of layer l as a bit mask (bit l' set: source l' is in it), for the table below.
+static uint64_t span_bits(RouterSpan s, int l) {
+    uint64_t bits = 0;
+    for (int src = 0; src <= l; src++) bits |= (uint64_t)s.has(src) << src;
+    return bits;
+}
+
 TEST(router_sources_of_each_variant) {
     Config c = tiny_config(ARCH_LIME, 4, 2);
     c.L = 6;
@@ -491,14 +499,16 @@ TEST(router_sources_of_each_variant) {
         {"lime", 4, 0b11111, 0b11111},          {"lime:average", 4, 0b11111, 0},       {"lime:last-1", 4, 0b10000, 0b10000},
         {"lime:last-2", 4, 0b11000, 0b11000},    {"lime:last-6", 3, 0b1111, 0b1111},    {"lime:first-1", 5, 0b110001, 0b110001},
         {"lime:first-2", 5, 0b110011, 0b110011}, {"lime:first-2", 2, 0b111, 0b111},     {"lime:first-1:separate", 3, 0b1101, 0b1101},
+        {"lime:frozen", 4, 0b11111, 0},         {"lime:last-2:frozen", 4, 0b11000, 0},
     };
     for (auto& k : cases) {
         CHECK(model_parse(k.model, &c), "model_parse(%s) failed", k.model);
         CHECK(config_check(c).empty(), "%s refused: %s", k.model, config_check(c).c_str());
-        CHECK(router_sources(c, k.l) == k.sources, "%s layer %d: sources %#llx, want %#llx", k.model, k.l,
-              (unsigned long long)router_sources(c, k.l), (unsigned long long)k.sources);
-        CHECK(router_learned(c, k.l) == k.learned, "%s layer %d: learned %#llx, want %#llx", k.model, k.l,
-              (unsigned long long)router_learned(c, k.l), (unsigned long long)k.learned);
+        uint64_t sources = span_bits(router_sources(c, k.l), k.l), learned = span_bits(router_learned(c, k.l), k.l);
+        CHECK(sources == k.sources, "%s layer %d: sources %#llx, want %#llx", k.model, k.l,
+              (unsigned long long)sources, (unsigned long long)k.sources);
+        CHECK(learned == k.learned, "%s layer %d: learned %#llx, want %#llx", k.model, k.l,
+              (unsigned long long)learned, (unsigned long long)k.learned);
         CHECK(model_name(c) == k.model, "model_name %s, want %s", model_name(c).c_str(), k.model);
     }
 }
@@ -531,13 +541,13 @@ TEST(router_variant_init_zeroes_unread_layers_and_average_is_fixed) {
         model_init(&st, 9);
         for (int l = 1; l < c.L; l++) {
             int J = (l + 1) * c.R;
-            uint64_t sources = router_sources(c, l);
+            RouterSpan sources = router_sources(c, l);
             for (const float* W : {m.p.layer[l].router, m.p.layer[l].router_v}) {
                 if (!W) continue;
                 for (int r = 0; r < c.R; r++)
                     for (int j = 0; j < J; j++) {
                         float w = W[r * J + j], want = c.router == ROUTER_AVERAGE ? (j % c.R == r ? 1.0f / (l + 1) : 0.0f)
-                                                       : sources >> (j / c.R) & 1 ? st.p.layer[l].router[r * J + j]  // static's value
+                                                       : sources.has(j / c.R) ? st.p.layer[l].router[r * J + j]  // static's value
                                                                                    : 0.0f;
                         CHECK(w == want, "%s router %d [%d,%d] = %g, want %g", model, l, r, j, w, want);
                     }
@@ -550,7 +560,8 @@ TEST(router_variant_init_zeroes_unread_layers_and_average_is_fixed) {
 
 // A few AdamW steps move every learned router weight and none that the variant holds fixed.
 TEST(router_variant_fixed_weights_do_not_move_in_training) {
-    for (const char* model : {"lime:average", "lime:last-1", "lime:first-1", "lime:last-2:separate"}) {
+    for (const char* model : {"lime:average", "lime:last-1", "lime:first-1", "lime:last-2:separate", "lime:frozen",
+                              "lime:last-2:frozen"}) {
         Config c = tiny_config(ARCH_LIME, 4, 2);
         c.L = 4;
         model_parse(model, &c);
@@ -571,16 +582,40 @@ TEST(router_variant_fixed_weights_do_not_move_in_training) {
                 else { fixed++; CHECK(now == was, "%s: fixed weight %zu of %s moved: %g -> %g", model, i, t.name.c_str(), was, now); }
             }
         }
-        CHECK(c.router == ROUTER_AVERAGE ? moved == 0 : moved > 0, "%s: %d learned router weights moved", model, moved);
+        bool none = c.router == ROUTER_AVERAGE || c.router_frozen;
+        CHECK(none ? moved == 0 : moved > 0, "%s: %d learned router weights moved", model, moved);
         CHECK(fixed > 0, "%s: no fixed router weights to check", model);
         model_free(&m);
     }
 }
 
+// The paper's Fig. 6 goes to 128 layers: a 70-layer lime (past the 64 bits
+// router_sources once had) is made, runs forward and backward, and its
+// deepest router reaches layer 0's values.
+TEST(lime_deeper_than_64_layers) {
+    Config c = tiny_config(ARCH_LIME, 2, 1);
+    c.L = 70;
+    CHECK(config_check(c).empty(), "70-layer lime refused: %s", config_check(c).c_str());
+    Model m;
+    CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create of a 70-layer lime failed");
+    model_init(&m, 5);
+    TinyBatch b(c.V);
+    float loss = model_forward(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    CHECK(std::isfinite(loss) && loss > 0, "70-layer lime: loss %g", loss);
+    memset(m.grads, 0, m.n_params * sizeof(float));
+    model_backward(&m);
+    double top = 0, wv0 = 0;  // layer 69's router weight on source layer 0, layer 0's W_V
+    for (int k = 0; k < c.R; k++) top += std::fabs(m.g.layer[69].router[k * 70 * c.R + k]);
+    for (int i = 0; i < c.R * c.hd * c.d; i++) wv0 += std::fabs(m.g.layer[0].Wv[i]);
+    CHECK(top > 0 && std::isfinite(top), "router of layer 69: gradient on source layer 0 is %g", top);
+    CHECK(wv0 > 0 && std::isfinite(wv0), "layer 0 W_V gradient sum |.| is %g", wv0);
+    model_free(&m);
+}
+
 TEST(checkpoint_round_trip_of_a_router_variant) {
     Config c = tiny_config(ARCH_LIME, 4, 2);
     c.L = 4;
-    model_parse("lime:last-2:separate", &c);
+    model_parse("lime:last-2:separate:frozen", &c);
     Model m, back, other;
     CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
     model_init(&m, 8);
@@ -829,7 +864,7 @@ TEST(fast_matmul_equals_plain_on_random_shapes) {
     check_fast_matmul(64, 32, 96, 7);  // whole tiles and panels only
 }
 
-static void check_fast_router(int l, int N, int R, int hd, uint64_t learned, bool separate) {
+static void check_fast_router(int l, int N, int R, int hd, RouterSpan learned, bool separate) {
     size_t layer = (size_t)N * R * hd, J = (size_t)(l + 1) * R;
     std::vector<float> Wk = randv(R * J, 1), Wv = separate ? randv(R * J, 2) : Wk, Kb = randv((l + 1) * layer, 3), Vb = randv((l + 1) * layer, 4);
     float* wv = separate ? Wv.data() : Wk.data();
@@ -847,14 +882,14 @@ static void check_fast_router(int l, int N, int R, int hd, uint64_t learned, boo
     double e2 = std::max(rel_err(dWk_f.data(), dWk_p.data(), R * J), rel_err(dWv_f.data(), dWv_p.data(), R * J));
     double e3 = std::max(rel_err(dKb_f.data(), dKb_p.data(), dKb_p.size()), rel_err(dVb_f.data(), dVb_p.data(), dVb_p.size()));
     CHECK(e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL,
-          "router_*_fast vs plain (%d sources, N=%d R=%d hd=%d, learned %#llx%s): Kr/Vr %.1e dW %.1e dKbuf/dVbuf %.1e", l + 1, N, R, hd,
-          (unsigned long long)learned, separate ? ", separate" : "", e1, e2, e3);
+          "router_*_fast vs plain (%d sources, N=%d R=%d hd=%d, learned <%d or >=%d%s): Kr/Vr %.1e dW %.1e dKbuf/dVbuf %.1e", l + 1, N,
+          R, hd, learned.below, learned.from, separate ? ", separate" : "", e1, e2, e3);
 }
 TEST(fast_router_equals_plain_with_1_and_5_sources) {
     for (int hd : {8, 16, 64, 128}) {
-        check_fast_router(0, 13, 2, hd, 1, false);        // 1 source: the layer's own buffer
-        check_fast_router(4, 11, 3, hd, 0x1f, false);     // 5 sources, R = 3
-        check_fast_router(4, 9, 1, hd, 0b10110, true);    // 5 sources, R = 1, some fixed, separate routers
+        check_fast_router(0, 13, 2, hd, RouterSpan{0, 0}, false);        // 1 source: the layer's own buffer
+        check_fast_router(4, 11, 3, hd, RouterSpan{0, 0}, false);     // 5 sources, R = 3
+        check_fast_router(4, 9, 1, hd, RouterSpan{1, 3}, true);  // 5 sources, R = 1, 1 and 2 fixed, separate routers
     }
 }
 

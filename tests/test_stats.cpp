@@ -1,8 +1,10 @@
-// tests/test_stats.cpp — stats.h against values computed independently in
+// tests/test_stats.cpp — stats.h (and study.cpp's layer_entropy, on inputs
+// whose entropy is known in closed form) against values computed independently in
 // Python with mpmath 1.3 at 30 digits: the t CDF by numerical integration of
 // the t density (mpmath.quad), quantiles by root finding on that integral,
 // Welch's t and df from the textbook formulas.
 #include "support/stats.h"
+#include "support/study.h"  // layer_entropy
 #include "test.h"
 
 static bool near(double got, double want, double tol) { return std::fabs(got - want) <= tol * (1 + std::fabs(want)); }
@@ -51,4 +53,79 @@ TEST(stats_welch) {
     WelchResult same = stats_welch({1, 2, 3}, {1, 2, 3});
     CHECK(same.t == 0 && near(same.p, 1, 1e-14), "identical samples: t 0, p 1 (got %g, %g)", same.t, same.p);
     CHECK(std::isnan(stats_welch({1}, B).p) && std::isnan(stats_welch({2, 2}, {3, 3}).t), "undefined cases must be NaN");
+}
+
+// Exact Wilcoxon p against hand-worked enumerations of the 2^n sign patterns
+// and the published table (n = 10: P(W- <= 8) = 25/1024 = 0.0244, the 0.05
+// two-sided critical value in e.g. Wilcoxon, Katti & Wilcox 1970).
+TEST(stats_wilcoxon_exact) {
+    // n = 5, all positive: W+ = 15 is one pattern of 32, and W+ = 0 its mirror: 2/32
+    CHECK(near(stats_wilcoxon_p({0.1, 0.2, 0.3, 0.4, 0.5}), 2.0 / 32, 1e-14), "n=5 all +: %.15g",
+          stats_wilcoxon_p({0.1, 0.2, 0.3, 0.4, 0.5}));
+    // a zero is dropped: the same as n = 5
+    CHECK(near(stats_wilcoxon_p({0, 1, 2, 3, 4, 5}), 2.0 / 32, 1e-14), "zero not dropped: %.15g",
+          stats_wilcoxon_p({0, 1, 2, 3, 4, 5}));
+    // {1, -2, 3}: W+ = 4, mean 3; the 8 subset sums of {1,2,3} are 0,1,2,3,3,4,5,6, six of them 1 or more from 3
+    CHECK(near(stats_wilcoxon_p({1, -2, 3}), 6.0 / 8, 1e-14), "{1,-2,3}: %.15g", stats_wilcoxon_p({1, -2, 3}));
+    // n = 10, negatives at ranks 3 and 5 (W- = 8): two-sided 2 * 25/1024
+    std::vector<double> d = {1, 2, -3, 4, -5, 6, 7, 8, 9, 10};
+    CHECK(near(stats_wilcoxon_p(d), 50.0 / 1024, 1e-14), "n=10 W-=8: %.15g, want 0.048828125", stats_wilcoxon_p(d));
+    // ties: {1, 2, 2, -3} has ranks 1, 2.5, 2.5, 4 and W+ = 6 (mean 5); of the 16 subset
+    // sums only {1,4} and {2.5,2.5} give 5, closer than 1: p = 14/16
+    CHECK(near(stats_wilcoxon_p({1, 2, 2, -3}), 14.0 / 16, 1e-14), "ties: %.15g", stats_wilcoxon_p({1, 2, 2, -3}));
+    CHECK(stats_wilcoxon_p({0, 0}) == 1, "no nonzero difference: p must be 1");
+}
+
+TEST(stats_paired_t_interval_median_and_counts) {
+    // differences 1..5: mean 3, sd sqrt(2.5), se sqrt(0.5); t table: t_0.975(4) = 2.776
+    PairedResult r = stats_paired({2, 4, 6, 8, 10}, {1, 2, 3, 4, 5});
+    double half = 2.7764451051977944 * std::sqrt(0.5);
+    CHECK(near(r.mean, 3, 1e-14) && near(r.t, 3 / std::sqrt(0.5), 1e-13), "mean %g, t %g", r.mean, r.t);
+    CHECK(near(r.lo, 3 - half, 1e-9) && near(r.hi, 3 + half, 1e-9), "95%% CI [%.12g, %.12g]", r.lo, r.hi);
+    CHECK(r.wins == 5 && r.ties == 0 && r.losses == 0 && r.n == 5, "wins %d ties %d losses %d", r.wins, r.ties, r.losses);
+    CHECK(near(r.p_wilcoxon, 2.0 / 32, 1e-14), "signed-rank p %g", r.p_wilcoxon);
+    PairedResult m = stats_paired({1, 5, 2, 7}, {1, 3, 5, 2});  // d = 0, 2, -3, 5
+    CHECK(m.ties == 1 && m.wins == 2 && m.losses == 1 && near(m.median, 1, 1e-14), "median %g (want 1), %d/%d/%d",
+          m.median, m.wins, m.ties, m.losses);
+    CHECK(std::isnan(stats_paired({1, 2}, {0, 1}).lo), "differences without spread: no interval");
+}
+
+// Entropy as the paper's authors measure it, on inputs with a closed form.
+// Two sequences (N = 2) of T = 4 real positions, stored with a stride of 5
+// positions whose last one is padding (garbage that must be ignored).
+static std::vector<float> two_sequences(const std::vector<std::vector<float>>& rows0,
+                                        const std::vector<std::vector<float>>& rows1, int D) {
+    std::vector<float> x((size_t)2 * 5 * D, 1e6f);  // padding: huge, so using it would show
+    for (int t = 0; t < 4; t++)
+        for (int j = 0; j < D; j++) x[(size_t)t * D + j] = rows0[t][j], x[((size_t)5 + t) * D + j] = rows1[t][j];
+    return x;
+}
+
+TEST(entropy_of_rank_one_values_is_zero) {
+    // every row a multiple of u: z-scoring each feature keeps them multiples of
+    // one vector, so the Gram matrix has one non-zero eigenvalue: entropy 0 for every alpha
+    std::vector<float> u = {0.3f, -1.2f, 2.0f};
+    std::vector<std::vector<float>> r0, r1;
+    for (float a : {1.f, 2.f, 3.f, 4.f}) r0.push_back({a * u[0], a * u[1], a * u[2]});
+    for (float b : {-1.f, 0.5f, 2.f, -3.f}) r1.push_back({b * u[0], b * u[1], b * u[2]});
+    std::vector<float> x = two_sequences(r0, r1, 3);
+    for (double alpha : {0.5, 1.0, 2.0}) {
+        EntropyStat e = layer_entropy(x.data(), 2, 5, 3, {4, 4}, alpha);
+        CHECK(std::fabs(e.mean) < 1e-6 && e.std < 1e-6, "rank-1 values, alpha %g: entropy %.3g ± %.3g, want 0", alpha,
+              e.mean, e.std);
+    }
+}
+
+TEST(entropy_of_orthogonal_equal_norm_rows_is_log_T) {
+    // sequence 0: rows 2 e_t; sequence 1 its negation. Each feature then has mean 0 and the same
+    // std over the 8 positions, so the z-scored rows stay orthogonal with equal norms:
+    // the normalised spectrum is 1/4 four times, whose Renyi entropy is ln 4 for every alpha
+    std::vector<std::vector<float>> r0(4, std::vector<float>(4, 0.f)), r1 = r0;
+    for (int t = 0; t < 4; t++) r0[t][t] = 2.f, r1[t][t] = -2.f;
+    std::vector<float> x = two_sequences(r0, r1, 4);
+    for (double alpha : {0.5, 1.0, 2.0, 3.0}) {
+        EntropyStat e = layer_entropy(x.data(), 2, 5, 4, {4, 4}, alpha);
+        CHECK(near(e.mean, std::log(4.0), 1e-9) && e.std < 1e-9, "orthogonal rows, alpha %g: entropy %.12g ± %.3g, "
+              "want ln 4 = %.12g", alpha, e.mean, e.std, std::log(4.0));
+    }
 }

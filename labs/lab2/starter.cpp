@@ -10,13 +10,13 @@
 // In:  dKr, dVr (N, R, hd)   the gradients of the router's outputs
 //      Wk, Wv (R, (l+1)R)     the routers (Wk == Wv, one pointer, with one router)
 //      Kbuf, Vbuf (L, N, R, hd) every layer's keys and values, layer l' at Kbuf + l' * N * R * hd
-//      learned                bit l' set: the columns of source layer l' are trained; a router
-//                             variant holds the others fixed, and they get no gradient
+//      learned                learned.has(l'): the columns of source layer l' are trained; a
+//                             router variant holds the others fixed, and they get no gradient
 // Out, added to (+=) what they hold:
 //      dWk, dWv (R, (l+1)R)   (dWk == dWv, one pointer, with one router)
 //      dKbuf, dVbuf (L, N, R, hd)  layers 0..l
 void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
                      const float* dVr, const float* Wk, const float* Wv, const float* Kbuf,
-                     const float* Vbuf, int l, uint64_t learned, int N, int R, int hd) {
+                     const float* Vbuf, int l, RouterSpan learned, int N, int R, int hd) {
     // Your code here.
 }

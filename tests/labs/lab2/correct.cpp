@@ -4,12 +4,12 @@
 
 void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
                      const float* dVr, const float* Wk, const float* Wv, const float* Kbuf,
-                     const float* Vbuf, int l, uint64_t learned, int N, int R, int hd) {
+                     const float* Vbuf, int l, RouterSpan learned, int N, int R, int hd) {
     int J = (l + 1) * R;
     size_t layer = (size_t)N * R * hd;
     for (int r = 0; r < R; r++)
         for (int j = 0; j < J; j++) {
-            if (!(learned >> (j / R) & 1)) continue;
+            if (!learned.has(j / R)) continue;
             float k = 0, v = 0;
             for (int n = 0; n < N; n++)
                 for (int i = 0; i < hd; i++) {
