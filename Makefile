@@ -116,8 +116,12 @@ lime-ref: $(B)/rel/train.o $(B)/lime_ref.o $(REL_OBJ)
 
 CPU_TESTS = tests/test_model.cpp tests/test_export.cpp tests/test_safetensors.cpp tests/test_data.cpp tests/test_prosqa.cpp tests/test_stats.cpp tests/test_plot.cpp tests/test_checkpoint.cpp
 # tests/test_model.cpp includes lime.cu itself, to reach the static ops.
-$(B)/test_cpu: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(TEST_OBJ) $(HEADERS) | $(B) deps
-	$(CXX) $(TESTFLAGS) $(CPU_TESTS) tests/test_main.cpp $(TEST_OBJ) -o $@
+# Each test file is an object of its own, so that make -j compiles them side by side.
+CPU_TEST_SRC = $(CPU_TESTS) tests/test_main.cpp
+$(addprefix $(B)/test/,$(CPU_TEST_SRC:.cpp=.o)) $(addprefix $(B)/asan/,$(CPU_TEST_SRC:.cpp=.o)): tests/test.h
+$(B)/test/tests/test_model.o $(B)/asan/tests/test_model.o: lime.cu
+$(B)/test_cpu: $(addprefix $(B)/test/,$(CPU_TEST_SRC:.cpp=.o)) $(TEST_OBJ) | $(B) deps
+	$(CXX) $(TESTFLAGS) $^ -o $@
 
 # Every GPU test, twice: kernels on the CPU harness (make test), and natively (make test-gpu).
 $(B)/test_gpu_emu: tests/test_gpu.cpp tests/test_main.cpp tests/test.h support/cuda_on_cpu.h lime.cu $(TEST_OBJ) $(HEADERS) | $(B) deps
@@ -178,8 +182,8 @@ bench-gpu: lime
 # AddressSanitizer and UndefinedBehaviorSanitizer; tests/run_asan.sh runs the
 # CPU tests and the CLI suites on them and fails on any report.
 ASANFLAGS = -std=c++17 -O1 -g -fopenmp -I. -Itests -DLIME_TESTING -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
-$(B)/test_cpu_asan: $(CPU_TESTS) tests/test_main.cpp tests/test.h lime.cu $(ASAN_OBJ) $(HEADERS) | $(B) deps
-	$(CXX) $(ASANFLAGS) $(CPU_TESTS) tests/test_main.cpp $(ASAN_OBJ) -o $@
+$(B)/test_cpu_asan: $(addprefix $(B)/asan/,$(CPU_TEST_SRC:.cpp=.o)) $(ASAN_OBJ) | $(B) deps
+	$(CXX) $(ASANFLAGS) $^ -o $@
 $(B)/lime_asan.o: lime.cu $(HEADERS) | $(B)
 	$(CXX) $(ASANFLAGS) -x c++ -c lime.cu -o $@
 $(B)/lime-asan: $(B)/asan/train.o $(B)/lime_asan.o $(ASAN_OBJ)

@@ -1301,16 +1301,6 @@ static int cmd_verify(int argc, char** argv) {
 // ./lime bench: ms/step and tokens/s of llama and lime on synthetic tokens
 // ===========================================================================
 
-// printf into a std::string (several values; cli.h's fmt takes one).
-static std::string bfmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-static std::string bfmt(const char* f, ...) {
-    char buf[512];
-    va_list ap;
-    va_start(ap, f);
-    vsnprintf(buf, sizeof buf, f, ap);
-    va_end(ap);
-    return buf;
-}
 
 // What bench times: the shape (lime's router included), the batch, the
 // device and how the models run; on a GPU, the device and its peaks.
@@ -1386,30 +1376,30 @@ static void print_bench_json(const BenchSetup& b, const BenchResult& llama, cons
     bench_configs(b, &cl, &cm);
     const Config& c = b.c;
     auto one = [&](const BenchResult& r, const Config& rc) {
-        std::string s = bfmt("{\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f, \"flops_per_token\": %.6g", r.ms, r.tok_s,
+        std::string s = strf("{\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f, \"flops_per_token\": %.6g", r.ms, r.tok_s,
                              flops_per_token(rc, b.c.T));
         if (b.on_gpu)
-            s += bfmt(", \"mfu\": %.5f, \"model_gb\": %.4f, \"peak_device_gb\": %.4f", r.mfu, r.model_gb, r.device_gb);
+            s += strf(", \"mfu\": %.5f, \"model_gb\": %.4f, \"peak_device_gb\": %.4f", r.mfu, r.model_gb, r.device_gb);
         else
             s += ", \"mfu\": null, \"model_gb\": null, \"peak_device_gb\": null";
         return s + ", \"attention\": " + json_quote(r.attention) + "}";
     };
     std::string s = "{\"device\": \"" + std::string(b.dev == DEVICE_GPU ? "gpu" : "cpu") + "\"" +
-                     bfmt(", \"shape\": {\"L\": %d, \"d\": %d, \"H\": %d, \"R\": %d, \"F\": %d, \"V\": %d, \"B\": %d, "
+                     strf(", \"shape\": {\"L\": %d, \"d\": %d, \"H\": %d, \"R\": %d, \"F\": %d, \"V\": %d, \"B\": %d, "
                           "\"T\": %d}, \"steps\": %d, \"lime_model\": ", c.L, c.d, c.H, c.R, c.F, c.V, b.B, c.T, b.steps) +
                      json_quote(model_name(cm));
     if (b.on_gpu)
         s += ", \"gpu\": " + json_quote(b.gpu.name) +
-             bfmt(", \"tf32\": %d, \"graph\": %d, \"peak_tflops\": %.1f, \"peak_source\": ", b.settings.tf32,
+             strf(", \"tf32\": %d, \"graph\": %d, \"peak_tflops\": %.1f, \"peak_source\": ", b.settings.tf32,
                   b.settings.graph, b.peak_tflops) + json_quote(b.peak.source);
     else if (b.dev == DEVICE_GPU)
         s += ", \"gpu_absent\": \"no GPU information: MFU and memory are not measured\"";
     else
         s += ", \"gpu_absent\": \"a CPU run: MFU and device memory are measured on a GPU only\"";
     s += ", \"llama\": " + one(llama, cl) + ", \"lime\": " + one(lime, cm) +
-         bfmt(", \"lime_over_llama\": %.4f", lime.ms / llama.ms);
+         strf(", \"lime_over_llama\": %.4f", lime.ms / llama.ms);
     if (b.on_gpu)
-        s += bfmt(", \"memory_lime_over_llama\": %.4f", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
+        s += strf(", \"memory_lime_over_llama\": %.4f", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
     printf("%s}\n", s.c_str());
 }
 

@@ -15,6 +15,7 @@
 
 #include "data/rng.h"
 #include "labs/lab.h"
+#include "support/cli.h"
 #include "support/cpu_fast.h"
 
 struct Lab {
@@ -31,15 +32,6 @@ struct Lab {
     int exit_status() const { return failed ? 1 : 0; }
 };
 
-inline std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-inline std::string fmt(const char* f, ...) {
-    char buf[512];
-    va_list ap;
-    va_start(ap, f);
-    vsnprintf(buf, sizeof buf, f, ap);
-    va_end(ap);
-    return buf;
-}
 
 inline std::vector<float> randn(Rng& rng, size_t n, float scale = 1.0f) {
     std::vector<float> v(n);
@@ -136,7 +128,7 @@ inline void router_with_slip(RouterSlip s, float* Kr, float* Vr, const float* Wk
             }
 }
 inline std::function<std::string(size_t)> at_nri(int R, int hd) {
-    return [=](size_t x) { return fmt("[n=%zu, r=%d, i=%d]", x / ((size_t)R * hd), (int)(x / hd % R), (int)(x % hd)); };
+    return [=](size_t x) { return strf("[n=%zu, r=%d, i=%d]", x / ((size_t)R * hd), (int)(x / hd % R), (int)(x % hd)); };
 }
 // Kr, Vr from `run` (the student's router on the CPU or the harness) against
 // the project's (router_forward_fast), on one shape; "" or the diagnosis. hd even, as
@@ -159,7 +151,7 @@ inline std::string check_router_forward(
         if (first_wrong(k, wk, 1e-4) >= 0 || first_wrong(v, wv, 1e-4) >= 0)  // a slip this shape can show
             mistakes.push_back({router_slip_hint(s), {k, v}});
     }
-    std::string shape = fmt("l=%d, N=%d, R=%d, hd=%d, %s router", l, N, R, hd, separate ? "separate key and value" : "one");
+    std::string shape = strf("l=%d, N=%d, R=%d, hd=%d, %s router", l, N, R, hd, separate ? "separate key and value" : "one");
     return diagnose({{"Kr", Kr, at_nri(R, hd)}, {"Vr", Vr, at_nri(R, hd)}}, {wk, wv}, mistakes, shape);
 }
 
@@ -204,7 +196,7 @@ inline std::string model_finite_differences(bool separate) {
             double fd = (up - down) / (2 * h), g = grads[at];
             if (std::fabs(fd - g) > 0.05 * std::max(std::fabs(fd), std::fabs(g)) + 2e-3) {
                 model_free(&m);
-                return fmt("d loss / d %s[%zu]: the backward and finite differences of the loss disagree", pr.name, e);
+                return strf("d loss / d %s[%zu]: the backward and finite differences of the loss disagree", pr.name, e);
             }
         }
     model_free(&m);

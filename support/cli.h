@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdarg>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -214,6 +215,16 @@ inline double now_ms() {
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
 
+// printf into a std::string: strf for any values, fmt for one number.
+inline std::string strf(const char* f, ...) __attribute__((format(printf, 1, 2)));
+inline std::string strf(const char* f, ...) {
+    char buf[512];
+    va_list ap;
+    va_start(ap, f);
+    vsnprintf(buf, sizeof buf, f, ap);
+    va_end(ap);
+    return buf;
+}
 inline std::string fmt(const char* f, double v) {
     char buf[64];
     snprintf(buf, sizeof buf, f, v);

@@ -58,9 +58,9 @@ else
 fi
 
 # --- ProsQA (docs/tasks.md §2): generated training graphs, the real test file, exact-match scoring
-if $LIME train --task prosqa --train-size 64 --test-size 4 --layers 1 --dim 16 --heads 2 --ffn 32 --batch 8 --steps 3 --threads 2 \
+if $LIME train --task prosqa --train-size 64 --test-size 2 --layers 1 --dim 16 --heads 2 --ffn 32 --batch 8 --steps 3 --threads 2 \
         --quiet --out "$tmp/prosqa" >"$tmp/prosqa.out" 2>&1 &&
-    $LIME eval --load "$tmp/prosqa/model.safetensors" --json 2>&1 | grep -q '"task": "prosqa".*"n": 4'; then
+    $LIME eval --load "$tmp/prosqa/model.safetensors" --json 2>&1 | grep -q '"task": "prosqa".*"n": 2'; then
     pass prosqa_trains_and_scores
 else
     fail prosqa_trains_and_scores "$(tail -3 "$tmp/prosqa.out")"
@@ -155,7 +155,7 @@ fi
 # finds the default ProsQA file (beside ./lime), and an edited text file gives one warning line
 lime_abs=$(realpath "$LIME")
 out=$(cd "$tmp" && "$lime_abs" eval --load "$tmp/prosqa/model.safetensors" --json 2>&1)
-if [ $? -eq 0 ] && echo "$out" | grep -q '"task": "prosqa".*"n": 4'; then pass eval_prosqa_from_another_directory
+if [ $? -eq 0 ] && echo "$out" | grep -q '"task": "prosqa".*"n": 2'; then pass eval_prosqa_from_another_directory
 else fail eval_prosqa_from_another_directory "$out"; fi
 head -c 2000 README.md > "$tmp/data.txt"
 $LIME train --task text --text-file "$tmp/data.txt" --seq-len 16 --layers 1 --dim 16 --heads 2 --ffn 32 --batch 8 \

@@ -105,14 +105,14 @@ static std::string check_shape(Rng& rng, int l, int N, int R, int hd, bool share
     if (shared) got.dWv = got.dWk, want.dWv = want.dWk;
     auto at_w = [R, J](size_t x) {
         int j = (int)(x % J);
-        return fmt("[r=%d, j=%d] (source layer %d, kv head %d)", (int)(x / J), j, j / R, j % R);
+        return strf("[r=%d, j=%d] (source layer %d, kv head %d)", (int)(x / J), j, j / R, j % R);
     };
     auto at_buf = [N, R, hd](size_t x) {
         size_t layer = (size_t)N * R * hd, in = x % layer;
-        return fmt("[layer %d][n=%zu, r=%d, i=%d]", (int)(x / layer), in / ((size_t)R * hd), (int)(in / hd % R),
+        return strf("[layer %d][n=%zu, r=%d, i=%d]", (int)(x / layer), in / ((size_t)R * hd), (int)(in / hd % R),
                    (int)(in % hd));
     };
-    std::string shape = fmt("l=%d, N=%d, R=%d, hd=%d, %s router%s", l, N, R, hd, shared ? "one" : "separate key and value",
+    std::string shape = strf("l=%d, N=%d, R=%d, hd=%d, %s router%s", l, N, R, hd, shared ? "one" : "separate key and value",
                             learned.below <= l && learned.below < learned.from ? ", some columns held fixed" : "");
     return diagnose({{shared ? "dW" : "dWk", got.dWk, at_w}, {"dWv", got.dWv, at_w}, {"dKbuf", got.dKbuf, at_buf},
                      {"dVbuf", got.dVbuf, at_buf}},

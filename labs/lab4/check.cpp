@@ -17,19 +17,19 @@ static std::string check_numbers() {
     for (int g = 0; g < 3; g++) {
         double lr = (g == GROUP_ROUTER ? o.router_lr : o.lr) * (double)f;
         if (!near(h.lr[g], lr))
-            return fmt("lr[%d] (the %s' group) is wrong; hint: %s", g, names[g],
+            return strf("lr[%d] (the %s' group) is wrong; hint: %s", g, names[g],
                        g == GROUP_ROUTER ? "the routers have their own learning rate, router_lr, times the schedule "
                                            "factor"
                                          : "this group's learning rate is lr times the schedule factor");
         double wd = g == GROUP_MATRIX ? o.weight_decay : 0.0;
         if (!near(h.weight_decay[g], wd))
-            return fmt("weight_decay[%d] (the %s' group) is wrong; hint: weight decay is for the matrices only; "
+            return strf("weight_decay[%d] (the %s' group) is wrong; hint: weight decay is for the matrices only; "
                        "embedding, gains and routers get none", g, names[g]);
     }
     if (!near(h.beta1, o.beta1) || !near(h.beta2, o.beta2) || !near(h.eps, o.eps) || !near(h.grad_clip, o.grad_clip))
         return "beta1, beta2, eps or grad_clip is not the config's; hint: copy them from the AdamWConfig";
     if (!near(h.bc1, 1 - std::pow((double)o.beta1, step)) || !near(h.bc2, 1 - std::pow((double)o.beta2, step)))
-        return fmt("bc1 or bc2 is wrong at step %d; hint: the bias corrections are 1 - beta^step", step);
+        return strf("bc1 or bc2 is wrong at step %d; hint: the bias corrections are 1 - beta^step", step);
     return "";
 }
 
@@ -79,9 +79,9 @@ static std::string check_update(Rng& rng, size_t n, float wd, float scale) {
         if (s == NONE) want[0] = sp, want[1] = sm, want[2] = sv;
         else mistakes.push_back({hint(s), {sp, sm, sv}});
     }
-    auto at = [](size_t i) { return fmt("[%zu]", i); };
+    auto at = [](size_t i) { return strf("[%zu]", i); };
     return diagnose({{"p", gp, at}, {"m", gm, at}, {"v", gv, at}}, {want[0], want[1], want[2]}, mistakes,
-                    fmt("n=%zu, wd=%g, grad_scale=%g", n, wd, scale));
+                    strf("n=%zu, wd=%g, grad_scale=%g", n, wd, scale));
 }
 
 static std::string check_clip() {
@@ -93,7 +93,7 @@ static std::string check_clip() {
     for (const Case& c : cases) {
         double want = c.clip > 0 ? std::min(1.0, c.clip / (c.norm + 1e-6)) : 1.0;
         float got = clip_scale(c.norm, c.clip);
-        if (!near(got, want)) return fmt("clip_scale(norm %g, clip %g) is wrong; hint: %s", c.norm, c.clip, c.hint);
+        if (!near(got, want)) return strf("clip_scale(norm %g, clip %g) is wrong; hint: %s", c.norm, c.clip, c.hint);
     }
     return "";
 }
@@ -125,7 +125,7 @@ static std::string check_model_update() {
             double want = p0[k] - lr * wd * p0[k] - lr * mhat / (std::sqrt(vhat) + o.eps);
             if (std::fabs(m.params[k] - want) > 1e-4 * (1 + std::fabs(want))) {
                 model_free(&m);
-                return fmt("%s[%zu] after one model_update is wrong; hint: check the group's lr and decay, and that "
+                return strf("%s[%zu] after one model_update is wrong; hint: check the group's lr and decay, and that "
                            "the clip uses the global norm", t.name.c_str(), i);
             }
         }
