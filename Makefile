@@ -150,7 +150,11 @@ endif
 $(B)/test_emu: tests/test_emu_harness.cpp tests/test_main.cpp tests/test.h support/cuda_on_cpu.h | $(B)
 	$(CXX) $(TESTFLAGS) tests/test_emu_harness.cpp tests/test_main.cpp -o $@
 
-test: lime lime-emu lime-ref $(B)/test_cpu $(B)/test_emu $(B)/test_gpu_emu lab-deps
+# The shell suites' JSON reader: what the commands print is parsed back by json_parse.
+$(B)/json_check: tests/json_check.cpp support/safetensors.cpp support/safetensors.h | $(B)
+	$(CXX) -std=c++17 -O1 -Wall -Wextra -I. tests/json_check.cpp support/safetensors.cpp -o $@
+
+test: lime lime-emu lime-ref $(B)/test_cpu $(B)/test_emu $(B)/test_gpu_emu $(B)/json_check lab-deps
 	bash tests/run.sh
 
 test-gpu: lime $(B)/test_gpu_native
@@ -204,8 +208,15 @@ $(B)/fuzz_safetensors: tests/fuzz_safetensors.cpp $(FUZZ_ST_SRC) lime.cu $(HEADE
 FUZZ_TASK_SRC = data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp support/safetensors.cpp
 $(B)/fuzz_tasks: tests/fuzz_tasks.cpp $(FUZZ_TASK_SRC) $(HEADERS) data/prosqa.h | $(B)
 	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_tasks.cpp $(FUZZ_TASK_SRC) -o $@
-fuzz: $(B)/fuzz_safetensors $(B)/fuzz_tasks
-	bash tests/run_fuzz.sh $(FUZZ_SECONDS) $(B)/fuzz_safetensors $(B)/fuzz_tasks
+# ./lime verify's reader of reference files: train.cpp itself, with everything it links.
+$(B)/fuzz_reference: tests/fuzz_reference.cpp train.cpp $(HOST_SRC) lime.cu $(HEADERS) | $(B)
+	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_reference.cpp $(HOST_SRC) -x c++ lime.cu -o $@
+# Lab 5's grader of the answers, the report and the heatmap (labs/lab5/report.h).
+$(B)/fuzz_lab5: tests/fuzz_lab5.cpp labs/lab5/report.h | $(B)
+	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_lab5.cpp -o $@
+FUZZ_BINS = $(B)/fuzz_safetensors $(B)/fuzz_tasks $(B)/fuzz_reference $(B)/fuzz_lab5
+fuzz: $(FUZZ_BINS)
+	bash tests/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BINS)
 
 # Classroom labs (labs/README.md). lime.cu is compiled once for all of them
 # with -DLIME_LAB (the functions marked LAB_SWAPPABLE are weak symbols) and
@@ -223,16 +234,25 @@ LAB_CHECKS = $(patsubst labs/%/check.cpp,$(B)/lab/%/check.o,$(wildcard labs/lab*
 $(B)/lab/%/check.o: labs/%/check.cpp labs/check.h labs/lab.h support/cuda_on_cpu.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(LAB_FLAGS) $(if $(filter lab3,$*),,-ULIME_EMU) -c $< -o $@
+# Lab 5's checker reads the report and the answers as data (labs/lab5/report.h): a program of its own.
+LAB_CHECKS := $(filter-out $(B)/lab/lab5/check.o,$(LAB_CHECKS))
+$(B)/lab/lab5/check: labs/lab5/check.cpp labs/lab5/report.h
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O1 -g -Wall -Wextra -I. labs/lab5/check.cpp -o $@
 export LAB_FLAGS LAB_OBJ LAB_MAIN  # for labs/run.sh, and tests/test_labs.sh under make test
 LABS = $(patsubst labs/%/README.md,%,$(wildcard labs/lab*/README.md))
 .PHONY: lab-deps $(LABS)
-lab-deps: $(LAB_OBJ) $(LAB_MAIN) $(LAB_CHECKS)
+lab-deps: $(LAB_OBJ) $(LAB_MAIN) $(LAB_CHECKS) $(B)/lab/lab5/check
 $(filter-out lab5,$(LABS)): lab-deps
-lab5: lime  # the experiment runs ./lime itself
+lab5: lime $(B)/lab/lab5/check  # the experiment runs ./lime itself
+# FILE and RUN reach labs/run.sh through the environment (make exports the
+# variables of its command line), quoted by the shell: a path such as "a;b"
+# is a file name, never a command.
+export FILE RUN
 $(LABS):
-	@CXX="$(CXX)" RUN="$(RUN)" bash labs/run.sh $(@:lab%=%) $(FILE)
+	@CXX="$(CXX)" bash labs/run.sh $(@:lab%=%) "$${FILE-}"
 lab%:
-	@bash labs/run.sh $* $(FILE)
+	@bash labs/run.sh $* "$${FILE-}"
 
 clean:
 	rm -rf $(B) lime lime-emu lime-ref

@@ -1874,7 +1874,7 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
                  dev == DEVICE_GPU ? "host copy of the logits" : "activations and scratch", settings.host_bytes / 1e9);
         return buf + memory_fix(c, B, settings.flags, host_need);
     }
-    err = launch_check(c, B, settings.flags);  // shapes the GPU kernels cannot launch, on every device
+    err = launch_check(c, B, dev, settings.flags);  // shapes the code cannot run on this device
     if (!err.empty()) return err;
     model->c = c;
     model->B = B;

@@ -313,10 +313,11 @@ struct Logger {
     bool quiet = false;
     std::string path;                                 // DIR/log.jsonl
     std::string kept = "no checkpoint was saved yet"; // what a failed write leaves, for its message
-    // Appends one line; false (errno set) when it could not be written whole.
-    bool write(const std::string& json) {
+    // Appends one entry as a line (json_write: every string escaped, every
+    // number valid JSON); false (errno set) when it could not be written whole.
+    bool write(const Json& entry) {
         if (fd < 0) return true;
-        std::string text = json + "\n";
+        std::string text = json_write(entry) + "\n";
         off_t before = lseek(fd, 0, SEEK_END);
         for (size_t done = 0; done < text.size();) {
             ssize_t n = ::write(fd, text.data() + done, text.size() - done);
@@ -332,8 +333,8 @@ struct Logger {
         return true;
     }
     // A line the run cannot go on without: on failure, one line and exit status 2.
-    void line(const std::string& json) {
-        if (write(json)) return;
+    void line(const Json& entry) {
+        if (write(entry)) return;
         int e = errno;
         fd = -1;
         die("train", "cannot write " + path + ": " + strerror(e) + "; stopped: " + kept);
@@ -362,7 +363,25 @@ struct TrainRun {
     int steps_timed = 0;                            // steps since the last progress line
     double t_start = 0, t_last = 0;                 // ms: the loop's start, the last progress line
     double val_loss = 0, acc = -1;                  // of the last evaluation (acc -1: text)
+    double eval_ms = 0;                             // the periodic evaluations so far: their time, their count
+    int evals_timed = 0;
 };
+
+// Time left: the steps at the pace of the last ones, plus the periodic
+// evaluations still to come and the final one (every test question: as many
+// times longer as it has more questions) at the pace of those measured so far.
+// Before the first evaluation is timed its cost is unknown: " + evaluation".
+static std::string eta_str(const TrainRun& r, int step, double ms_per_step) {
+    const TrainSettings& s = r.s;
+    double eta = ms_per_step * (s.steps - step) / 1000;
+    int evals_left = (s.steps - 1) / s.eval_every - step / s.eval_every;  // the periodic ones after this step
+    size_t tests = r.task.test ? r.task.test->size() : 0;
+    size_t periodic = s.eval_size > 0 ? std::min((size_t)s.eval_size, tests) : tests;
+    double final_share = r.task.kind == "text" || periodic == 0 ? 1.0 : (double)tests / periodic;
+    if (r.evals_timed == 0) return duration_str(eta) + " + evaluation";
+    eta += r.eval_ms / r.evals_timed * (std::max(evals_left, 0) + final_share) / 1000;
+    return duration_str(eta);
+}
 
 // Validation loss and (arith, prosqa) accuracy on the first eval_size test
 // examples (0: all); printed unless quiet, and logged.
@@ -370,20 +389,20 @@ static void evaluate(Model* model, const Task& t, int step, int eval_size, Logge
                      double* acc) {
     *val_loss = mean_loss(model, *t.test, t.T, t.vocab.pad, eval_size);
     std::string msg = "eval step " + std::to_string(step) + " | val loss " + fmt("%.4f", *val_loss);
-    std::string json =
-        "{\"type\": \"eval\", \"step\": " + std::to_string(step) + ", \"val_loss\": " + json_num(*val_loss);
+    Json json;
+    json.add_str("type", "eval").add_num("step", step).add_num("val_loss", *val_loss);
     *acc = -1;
     if (t.kind != "text") {
         Score sc = score_answers(model, t, eval_size);
         *acc = sc.accuracy();
         msg += " | accuracy " + fmt("%.1f%%", 100 * *acc) + " of " + std::to_string(sc.n);
-        json += ", \"accuracy\": " + json_num(*acc) + ", \"n\": " + std::to_string(sc.n);
+        json.add_num("accuracy", *acc).add_num("n", sc.n);
     } else {
         msg += " | perplexity " + fmt("%.3f", std::exp(*val_loss));
-        json += ", \"perplexity\": " + json_num(std::exp(*val_loss));
+        json.add_num("perplexity", std::exp(*val_loss));
     }
     if (!log->quiet) printf("%s\n", msg.c_str());
-    log->line(json + "}");
+    log->line(json);
 }
 
 // --- reading the flags -------------------------------------------------------
@@ -631,9 +650,12 @@ static void train_open_output(bool quiet, TrainRun* r) {
                r->dev == DEVICE_GPU ? "gpu" : "cpu", r->s.B, r->s.steps, r->per_epoch,
                r->start_step ? (", resuming at step " + std::to_string(r->start_step)).c_str() : "");
     }
-    r->log.line("{\"type\": \"config\", \"arch\": \"" + std::string(arch_name(c.arch)) + "\", \"params\": " +
-                std::to_string(r->model.n_params) + ", \"config\": " + config_to_json(c) +
-                ", \"args\": " + settings_to_json(r->saved_args) + "}");
+    Json config, args;  // both written by this program: valid JSON
+    args.kind = Json::OBJ;
+    json_parse(config_to_json(c), &config);
+    for (const auto& kv : r->saved_args) args.add_str(kv.first, kv.second);
+    r->log.line(Json().add_str("type", "config").add_str("arch", arch_name(c.arch)).add_num("params", r->model.n_params)
+                    .add("config", config).add("args", args));
 }
 
 // --- training guards ---------------------------------------------------------
@@ -704,7 +726,7 @@ static void training_failed(TrainRun* r, const std::string& what, int step, int 
                                          : "no checkpoint was saved yet";
     std::string msg = when + ": " + what + "; stopped without saving: " + kept +
                       "; lower --lr, or pass --skip-bad-steps to skip such steps";
-    r->log.write("{\"type\": \"error\", \"step\": " + std::to_string(step) + ", \"message\": " + json_quote(msg) + "}");
+    r->log.write(Json().add_str("type", "error").add_num("step", step).add_str("message", msg));
     fflush(stdout);
     fprintf(stderr, "lime train: error: %s\n", one_line(msg).c_str());
     exit(1);
@@ -713,7 +735,7 @@ static void training_failed(TrainRun* r, const std::string& what, int step, int 
 // A step --skip-bad-steps skipped: say why; 20 in a row end the run.
 static void note_skipped(TrainRun* r, int step, const std::string& why) {
     if (!r->log.quiet) printf("step %d/%d skipped: %s\n", step, r->s.steps, why.c_str());
-    r->log.line("{\"type\": \"skipped\", \"step\": " + std::to_string(step) + ", \"why\": " + json_quote(why) + "}");
+    r->log.line(Json().add_str("type", "skipped").add_num("step", step).add_str("why", why));
     if (++r->skipped_in_a_row == 20)
         training_failed(r, "20 steps in a row were skipped, the last because " + why, step, step - 1);
     r->last_good = step;  // the weights did not change
@@ -760,13 +782,12 @@ static void log_progress(TrainRun* r, int step, float loss, float norm, float fa
     const TrainSettings& s = r->s;
     double t = now_ms(), ms = (t - r->t_last) / r->steps_timed;
     double tok_s = (double)s.B * r->c.T / (ms / 1000);
-    double eta = ms * (s.steps - step) / 1000;
     if (!r->log.quiet)
         printf("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms/step | %.0f tok/s | ETA %s\n", step, s.steps,
-               loss, s.opt.lr * factor, norm, ms, tok_s, duration_str(eta).c_str());
-    r->log.line("{\"type\": \"train\", \"step\": " + std::to_string(step) + ", \"loss\": " + json_num(loss) +
-                ", \"lr\": " + json_num(s.opt.lr * factor) + ", \"norm\": " + json_num(norm) +
-                ", \"ms_per_step\": " + json_num(ms) + ", \"tokens_per_s\": " + json_num(tok_s) + "}");
+               loss, s.opt.lr * factor, norm, ms, tok_s, eta_str(*r, step, ms).c_str());
+    r->log.line(Json().add_str("type", "train").add_num("step", step).add_num("loss", loss)
+                    .add_num("lr", s.opt.lr * factor).add_num("norm", norm).add_num("ms_per_step", ms)
+                    .add_num("tokens_per_s", tok_s));
     fflush(stdout);
     r->t_last = t;
     r->steps_timed = 0;
@@ -793,8 +814,7 @@ static int train_interrupted(TrainRun* r, int step, int sig) {
                        : sig == SIGHUP ? "hung up (SIGHUP)" : "output closed (SIGPIPE)";
     fprintf(sig == SIGPIPE ? stderr : stdout, "%s at step %d: saved %s/checkpoint.safetensors; continue with ./lime "
             "train --resume %s/checkpoint.safetensors\n", what, step, r->s.out.c_str(), r->s.out.c_str());
-    r->log.line("{\"type\": \"interrupted\", \"step\": " + std::to_string(step) + ", \"signal\": " +
-                std::to_string(sig) + "}");
+    r->log.line(Json().add_str("type", "interrupted").add_num("step", step).add_num("signal", sig));
     return 128 + sig;
 }
 
@@ -831,8 +851,11 @@ static int train_loop(TrainRun* r) {
         if (checking) check_finite(r, step, &loss, &norm);
         if (logging) log_progress(r, step, loss, norm, factor);
         if (step % s.eval_every == 0 && !last && !stop_signal) {
+            double t0 = now_ms();
             evaluate(&r->model, r->task, step, s.eval_size, &r->log, &r->val_loss, &r->acc);
             r->t_last = now_ms();
+            r->eval_ms += r->t_last - t0;
+            r->evals_timed++;
         }
         if (saving) save_checkpoint(r, step);
         if (stop_signal) return train_interrupted(r, step, stop_signal);
@@ -853,9 +876,11 @@ static int train_finish(TrainRun* r) {
     printf("done: %s, %d steps in %s, val loss %.4f", model_name(r->c).c_str(), r->s.steps - r->start_step,
            duration_str(seconds).c_str(), r->val_loss);
     if (r->acc >= 0) printf(", accuracy %.1f%%", 100 * r->acc);
-    printf("; wrote %s/model.safetensors\n", r->s.out.c_str());
-    r->log.line("{\"type\": \"done\", \"seconds\": " + json_num(seconds) + ", \"val_loss\": " + json_num(r->val_loss) +
-                (r->acc >= 0 ? ", \"accuracy\": " + json_num(r->acc) : std::string()) + "}");
+    printf("; wrote %s/model.safetensors\n", one_line(r->s.out).c_str());
+    Json done;
+    done.add_str("type", "done").add_num("seconds", seconds).add_num("val_loss", r->val_loss);
+    if (r->acc >= 0) done.add_num("accuracy", r->acc);
+    r->log.line(done);
     return 0;
 }
 
@@ -889,7 +914,7 @@ struct Loaded {
 };
 
 static void warn_data_changed(const char* cmd, const Loaded& ld) {
-    if (!ld.data_changed.empty()) fprintf(stderr, "lime %s: warning: %s\n", cmd, ld.data_changed.c_str());
+    if (!ld.data_changed.empty()) fprintf(stderr, "lime %s: warning: %s\n", cmd, one_line(ld.data_changed).c_str());
 }
 
 // A checkpoint written by train, in a model made for batches of B; with
@@ -952,54 +977,52 @@ static std::string load_checkpoint(const std::string& path, Device dev, const Mo
 // ===========================================================================
 
 // Scores one loaded checkpoint on the first n test examples (0: all): its
-// JSON fields go to *entry, its table row is returned.
-static std::string eval_one(const std::string& path, int n, Loaded* ld, std::string* entry) {
+// fields go to *entry (json_write prints them), its table row is returned.
+static std::string eval_one(const std::string& path, int n, Loaded* ld, Json* entry) {
     const Config& c = ld->model.c;
     Task& task = ld->task;
     std::string name = model_name(c);  // "lime", or with its router variant: "lime:last-2"
-    *entry = "\"file\": " + json_quote(path) + ", \"arch\": \"" + arch_name(c.arch) + "\", \"model\": " +
-             json_quote(name) + ", \"task\": " + json_quote(task.kind);
+    entry->add_str("file", path).add_str("arch", arch_name(c.arch)).add_str("model", name).add_str("task", task.kind);
     double loss = mean_loss(&ld->model, *task.test, task.T, task.vocab.pad, n);
-    *entry += ", \"loss\": " + json_num(loss);
-    char row[512];
+    entry->add_num("loss", loss);
+    std::string file = one_line(path);  // the row is for a terminal
     if (task.kind == "prosqa") {
         Score sc = score_answers(&ld->model, task, n);
-        *entry += ", \"accuracy\": " + json_num(sc.accuracy()) + ", \"n\": " + std::to_string(sc.n);
-        snprintf(row, sizeof row, "%-6s %-40s prosqa accuracy %6.2f%% (%d/%d)  test loss %.4f", name.c_str(),
-                 path.c_str(), 100 * sc.accuracy(), sc.correct, sc.n, loss);
-    } else if (task.kind == "arith") {
-        Score sc = score_answers(&ld->model, task, n);
-        *entry += ", \"ops\": " + task.settings["ops"] + ", \"accuracy\": " + json_num(sc.accuracy()) +
-                  ", \"n\": " + std::to_string(sc.n);
-        if (task.arith.s.chain)
-            *entry += ", \"valid_chains\": " + json_num((double)sc.valid_chains / std::max(1, sc.n));
-        snprintf(row, sizeof row, "%-6s %-40s tier %-3s accuracy %6.2f%% (%d/%d)  valid chains %6.2f%%  test loss %.4f",
-                 name.c_str(), path.c_str(), task.settings["ops"].c_str(), 100 * sc.accuracy(), sc.correct, sc.n,
-                 100.0 * sc.valid_chains / std::max(1, sc.n), loss);
-    } else {
-        *entry += ", \"perplexity\": " + json_num(std::exp(loss));
-        snprintf(row, sizeof row, "%-6s %-40s val loss %.4f  perplexity %.3f", name.c_str(), path.c_str(), loss,
-                 std::exp(loss));
+        entry->add_num("accuracy", sc.accuracy()).add_num("n", sc.n);
+        return strf("%-6s %-40s prosqa accuracy %6.2f%% (%d/%d)  test loss %.4f", name.c_str(), file.c_str(),
+                    100 * sc.accuracy(), sc.correct, sc.n, loss);
     }
-    return row;
+    if (task.kind == "arith") {
+        Score sc = score_answers(&ld->model, task, n);
+        entry->add_num("ops", task.arith.s.ops).add_num("accuracy", sc.accuracy()).add_num("n", sc.n);
+        // --format direct has no chain to check: no valid-chains figure, rather than a 0.00% that reads as a failure
+        std::string chains = "n/a (--format direct)";
+        if (task.arith.s.chain) {
+            entry->add_num("valid_chains", (double)sc.valid_chains / std::max(1, sc.n));
+            chains = strf("%6.2f%%", 100.0 * sc.valid_chains / std::max(1, sc.n));
+        }
+        return strf("%-6s %-40s tier %-3d accuracy %6.2f%% (%d/%d)  valid chains %s  test loss %.4f", name.c_str(),
+                    file.c_str(), task.arith.s.ops, 100 * sc.accuracy(), sc.correct, sc.n, chains.c_str(), loss);
+    }
+    entry->add_num("perplexity", std::exp(loss));
+    return strf("%-6s %-40s val loss %.4f  perplexity %.3f", name.c_str(), file.c_str(), loss, std::exp(loss));
 }
 
 // The scores: one row per checkpoint, or with --json one object (keyed by
-// file; a single checkpoint's object alone).
-static void print_eval(const std::string& json, const std::vector<std::string>& rows, bool as_json) {
+// file; a single checkpoint's object alone), written by json_write.
+static void print_eval(const Json& json, const std::vector<std::string>& rows, bool as_json) {
     if (!as_json) {
         for (const std::string& r : rows) printf("%s\n", r.c_str());
-    } else if (rows.size() == 1) {
-        size_t colon = json.find(": {");
-        printf("%s\n", json.substr(colon + 2).c_str());
+    } else if (json.obj.size() == 1) {
+        printf("%s\n", json_write(json.obj[0].second).c_str());
     } else {
-        printf("%s}\n", json.c_str());
+        printf("%s\n", json_write(json).c_str());
     }
 }
 
 static int cmd_eval(int argc, char** argv) {
     std::vector<FlagSpec> flags = {
-        {"load", "", "a checkpoint (repeat --load to compare models side by side)"},
+        {"load", "", "a checkpoint (repeat --load to compare models side by side)", true},
         {"n", "0", "score only the first N test examples (0: all)"},
         {"batch", "128", "sequences per forward"},
         {"json", nullptr, "print one JSON object"},
@@ -1017,16 +1040,20 @@ static int cmd_eval(int argc, char** argv) {
     int B = (int)a.integer("batch", 1, 1 << 16);
     if (!a.err.empty()) die("eval", a.err);
     if (!a.has("load")) die("eval", "needs --load FILE (a model.safetensors written by ./lime train)");
-    std::string json = "{";
+    const std::vector<std::string>& paths = a.values["load"];
+    for (size_t i = 0; i < paths.size(); i++)  // the --json object is keyed by file: each once
+        if (std::find(paths.begin(), paths.begin() + i, paths[i]) != paths.begin() + i)
+            die("eval", "--load " + paths[i] + " is given twice; give each checkpoint once");
+    Json json;
     std::vector<std::string> rows;
-    for (const std::string& path : a.values["load"]) {
+    for (const std::string& path : paths) {
         Loaded ld;
         std::string err = load_checkpoint(path, dev, settings, B, &ld, true);
         if (err.size()) die("eval", err);
         warn_data_changed("eval", ld);
-        std::string entry;
+        Json entry;
         rows.push_back(eval_one(path, n, &ld, &entry));
-        json += (json.size() > 1 ? ", " : "") + json_quote(path) + ": {" + entry + "}";
+        json.add(path, entry);
         model_free(&ld.model);
     }
     print_eval(json, rows, a.has("json"));
@@ -1124,7 +1151,7 @@ struct Verifier {
         bool ok = err < tol;  // a NaN fails too
         checked++;
         if (!ok) failed++;
-        if (!quiet || !ok) printf("  %-4s %-62s rel err %.2e  tol %.0e\n", ok ? "ok" : "FAIL", what.c_str(), err, tol);
+        if (!quiet || !ok) printf("  %-4s %-62s rel err %.2e  tol %.0e\n", ok ? "ok" : "FAIL", one_line(what).c_str(), err, tol);
     }
 };
 
@@ -1133,11 +1160,13 @@ static std::string meta_float(const std::map<std::string, std::string>& meta, co
     if (it == meta.end()) return std::string("no \"") + key + "\" in the metadata";
     char* end = nullptr;
     *out = strtof(it->second.c_str(), &end);
-    if (*end) return std::string("metadata \"") + key + "\" is not a number";
+    if (*end || end == it->second.c_str() || !std::isfinite(*out))
+        return std::string("metadata \"") + key + "\" is not a finite number";
     return "";
 }
 
 // A reference-vector file's batch and the losses it expects.
+constexpr int VERIFY_MAX_BATCH = 4096;  // the reference files hold a few sequences
 struct RefBatch {
     int B = 0, T = 0;
     std::vector<int> tokens, targets;
@@ -1145,13 +1174,22 @@ struct RefBatch {
 };
 
 // Reads the batch (token ids inside the vocabulary of c) and the expected losses.
+// A reference file has no checksum: every size in it is checked against what
+// the model will index before anything is read or run: B and T from
+// batch.tokens' shape (T at most the config's max_position_embeddings, the
+// length of the model's tables), the other batch tensors of exactly that shape
+// and dtype (st_get_*), every token id and target inside the vocabulary.
 static std::string read_ref_batch(const SafeTensors& st, const std::string& path, const Config& c, RefBatch* rb) {
     const StTensor* tk = st.find("batch.tokens");
     if (!tk || tk->shape.size() != 2) return path + ": no batch.tokens [B, T]; is it a reference-vector file?";
+    if (tk->shape[0] < 1 || tk->shape[0] > VERIFY_MAX_BATCH || tk->shape[1] < 1 || tk->shape[1] > c.T)
+        return path + ": batch.tokens has shape [" + std::to_string(tk->shape[0]) + ", " + std::to_string(tk->shape[1]) + "], but a batch needs 1 .. " +
+               std::to_string(VERIFY_MAX_BATCH) + " sequences of 1 .. " + std::to_string(c.T) +
+               " positions (the config's max_position_embeddings): the file is damaged or not a reference file";
     int B = rb->B = (int)tk->shape[0], T = rb->T = (int)tk->shape[1];
-    rb->tokens.assign(B * T, 0);
-    rb->targets.assign(B * T, 0);
-    rb->mask.assign(B * T, 0);
+    rb->tokens.assign((size_t)B * T, 0);
+    rb->targets.assign((size_t)B * T, 0);
+    rb->mask.assign((size_t)B * T, 0);
     rb->want_loss.assign(1, 0);
     rb->losses.assign(3, 0);
     std::string err = st_get_i32(st, "batch.tokens", {B, T}, rb->tokens.data());
@@ -1159,9 +1197,12 @@ static std::string read_ref_batch(const SafeTensors& st, const std::string& path
     if (err.empty()) err = st_get_f32(st, "batch.mask", {B, T}, rb->mask.data());
     if (err.empty()) err = st_get_f32(st, "expect.loss", {1}, rb->want_loss.data());
     if (err.empty()) err = st_get_f32(st, "expect.losses", {3}, rb->losses.data());
-    for (int i = 0; i < B * T && err.empty(); i++)
+    for (size_t i = 0; i < (size_t)B * T && err.empty(); i++) {
         if (rb->tokens[i] < 0 || rb->tokens[i] >= c.V || rb->targets[i] < 0 || rb->targets[i] >= c.V)
             err = path + ": a token id is outside the vocabulary";
+        else if (!std::isfinite(rb->mask[i]) || rb->mask[i] < 0)
+            err = path + ": batch.mask holds a negative, NaN or infinite weight";
+    }
     return err;
 }
 
@@ -1257,7 +1298,7 @@ static std::string verify_file(const std::string& path, Device dev, const ModelS
     if (err.empty()) {
         std::string where =
             dev == DEVICE_GPU ? std::string("gpu, ") + model_attention_name(&model) + " attention" : "cpu";
-        printf("%s: %s, B=%d T=%d, %s%s\n", path.c_str(), arch_name(c.arch), rb.B, rb.T, where.c_str(),
+        printf("%s: %s, B=%d T=%d, %s%s\n", one_line(path).c_str(), arch_name(c.arch), rb.B, rb.T, where.c_str(),
                settings.tf32 ? " (tf32)" : "");
         err = verify_model(&model, st, rb, opt, settings.tf32, v);
     }
@@ -1291,7 +1332,7 @@ static int cmd_verify(int argc, char** argv) {
     v.quiet = a.has("quiet");
     for (const std::string& path : a.positional) {
         std::string err = verify_file(path, dev, settings, &v);
-        if (!err.empty()) { printf("  FAIL %s\n", err.c_str()); v.failed++; }
+        if (!err.empty()) { printf("  FAIL %s\n", one_line(err).c_str()); v.failed++; }
     }
     printf("verify: %d checks, %d failed\n", v.checked, v.failed);
     return v.failed ? 1 : 0;
@@ -1431,6 +1472,9 @@ static void print_bench_text(const BenchSetup& b, const BenchResult& llama, cons
 // The flags of bench, read and checked; on a GPU also its description and peaks.
 static BenchSetup bench_setup(Args& a) {
     BenchSetup b;
+    if (a.has("arch"))  // taken from SHAPE_FLAGS, but bench always times both: refused, not ignored
+        die("bench", "--arch: bench times llama and lime side by side, both of this shape; leave --arch out "
+                     "(the router flags shape lime)");
     set_threads(a);
     b.dev = pick_device(a);
     b.c = shape_from_args(a);
@@ -1512,7 +1556,7 @@ static std::string analyze_routers(const Model& model, const std::string& out) {
     std::string err = plot_heatmap(out + "/router_heatmap.png", "Router weight by source layer (rows sum to 1)",
                                    "source layer", "layer", heat, rows, cols);
     if (!err.empty()) return err;
-    printf("wrote %s/router_heatmap.png\n", out.c_str());
+    printf("wrote %s/router_heatmap.png\n", one_line(out).c_str());
     return "";
 }
 
@@ -1564,7 +1608,7 @@ static std::string analyze_entropy(Model* model, const Task& task, int n, double
     if (!err.empty()) return err;
     err = write_file_atomic(out + "/entropy.tsv", tsv);
     if (!err.empty()) return err;
-    printf("wrote %s/value_entropy.png and %s/entropy.tsv\n", out.c_str(), out.c_str());
+    printf("wrote %s/value_entropy.png and %s/entropy.tsv\n", one_line(out).c_str(), one_line(out).c_str());
     const Series& v = series[kinds.size() > 2 ? 1 : 0];
     printf("summary: %s value entropy goes from %.3f at layer 0 to %.3f at layer %d%s\n", v.label.c_str(),
            v.y.front(), v.y.back(), c.L - 1,
@@ -1610,7 +1654,7 @@ static int cmd_analyze(int argc, char** argv) {
     warn_data_changed("analyze", ld);
     Model& model = ld.model;
     const Config& c = model.c;
-    printf("%s: %s, L=%d d=%d H=%d R=%d F=%d V=%d T=%d\n", path.c_str(), model_name(c).c_str(), c.L, c.d, c.H, c.R,
+    printf("%s: %s, L=%d d=%d H=%d R=%d F=%d V=%d T=%d\n", one_line(path).c_str(), model_name(c).c_str(), c.L, c.d, c.H, c.R,
            c.F, c.V, c.T);
     print_cost(model);
     model_to_host(&model);
@@ -1640,7 +1684,7 @@ static int cmd_export(int argc, char** argv) {
     std::string err = hf_export(a.str("load"), a.str("out"), a.has("force"));
     if (!err.empty()) die("export", err);
     printf("wrote %s: config.json, model.safetensors, generation_config.json, tokenizer.json, "
-           "tokenizer_config.json, special_tokens_map.json\n", a.str("out").c_str());
+           "tokenizer_config.json, special_tokens_map.json\n", one_line(a.str("out")).c_str());
     return 0;
 }
 

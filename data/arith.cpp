@@ -322,17 +322,16 @@ std::string arith_check_size(const ArithSettings& s, uint64_t mem_bytes) {
     if (!err.empty()) return err;
     uint64_t want = (uint64_t)s.train_size + (uint64_t)s.test_size;
     uint64_t have = arith_distinct_questions(s.p, s.ops, 2 * want + 2);  // capped: enough to tell
-    if (have < want)
-        return "p = " + std::to_string(s.p) + ", ops = " + std::to_string(s.ops) + " make only " + std::to_string(have) +
-               " distinct questions, fewer than --train-size + --test-size = " + std::to_string(want) +
-               "; ask for at most " + std::to_string(have) + " in all, or raise --ops or --modulus";
     // Questions are drawn at random until enough are new: the last, rarest ones of a large set take
-    // very long (or 100,000 draws in a row give nothing new). Small sets are drawn whole quickly.
-    if (have > 10000 && want > have / 4 * 3)
-        return "p = " + std::to_string(s.p) + ", ops = " + std::to_string(s.ops) + " make " + std::to_string(have) +
-               " distinct questions; --train-size + --test-size = " + std::to_string(want) +
-               " asks for more than 3/4 of them, which random drawing would take very long to find; ask for at most " +
-               std::to_string(have / 4 * 3) + " in all, or raise --ops or --modulus";
+    // very long (or 100,000 draws in a row give nothing new), so a large set gives at most 3/4 of
+    // it; a small one is drawn whole quickly. One bound, the same in every message.
+    uint64_t most = have > 10000 ? have / 4 * 3 : have;
+    if (want > most)
+        return "p = " + std::to_string(s.p) + ", ops = " + std::to_string(s.ops) + " make " +
+               (have < want ? "only " : "") + std::to_string(have) + " distinct questions" +
+               (most < have ? ", of which random drawing finds at most 3/4 in reasonable time" : "") +
+               "; --train-size + --test-size = " + std::to_string(want) + " asks for more: ask for at most " +
+               std::to_string(most) + " in all, or raise --ops or --modulus";
     // per example: its Sequence (twice, as the vector grows), the tokens' block, the key in the set of seen questions
     uint64_t len = (uint64_t)arith_max_len(s.p, s.ops, s.chain);
     uint64_t per = 2 * sizeof(Sequence) + (4 * len + 8 + 15) / 16 * 16 + 64 + (2 * (4 * (uint64_t)s.ops) + 16 + 15) / 16 * 16;

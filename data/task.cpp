@@ -25,18 +25,54 @@ std::map<std::string, std::string> task_data_files(const std::map<std::string, s
     return files;
 }
 
+// A task setting that must be a whole number (the flags check theirs; a
+// checkpoint's settings are text anyone can edit): "" and *out, or the problem.
+// "3abc" or "" is refused, never read as 3 or 0 by atoi.
+static std::string setting_int(const std::map<std::string, std::string>& s, const char* key, long long hi,
+                               long long* out) {
+    auto it = s.find(key);
+    const std::string v = it == s.end() ? "" : it->second;
+    size_t from = !v.empty() && v[0] == '+' ? 1 : 0;  // as strtoll took it from the flag
+    bool digits = v.size() > from && v.size() <= 19 && v.find_first_not_of("0123456789", from) == std::string::npos;
+    *out = digits ? strtoll(v.c_str(), nullptr, 10) : -1;
+    if (!digits || *out > hi)
+        return std::string("the task setting \"") + key + "\" is '" + v + "', not a whole number in 0 .. " +
+               std::to_string(hi);
+    return "";
+}
+
 std::string task_build(const std::map<std::string, std::string>& s, int text_T, Task* t, uint64_t mem_bytes) {
     auto get = [&](const char* k) { auto it = s.find(k); return it == s.end() ? std::string() : it->second; };
     t->kind = get("task");
     t->settings = s;
+    long long ops = 0, modulus = 0, train = 0, test = 0, seed = 0;
+    const long long big = 1LL << 31;  // the flags' own bounds are checked below, as for a flag
+    std::string bad;
+    for (auto [key, dst] : {std::pair<const char*, long long*>{"train-size", &train}, {"test-size", &test}})
+        if (bad.empty() && t->kind != "text") bad = setting_int(s, key, big - 1, dst);
+    if (bad.empty() && t->kind != "text") bad = setting_int(s, "data-seed", (1LL << 62), &seed);
+    if (t->kind == "arith")
+        for (auto [key, dst] : {std::pair<const char*, long long*>{"ops", &ops}, {"modulus", &modulus}})
+            if (bad.empty()) bad = setting_int(s, key, big - 1, dst);
+    if (bad.empty() && t->kind == "arith" && get("format") != "chain" && get("format") != "direct")
+        bad = "the task setting \"format\" is '" + get("format") + "', not chain or direct";
+    double val_frac = 0;
+    if (bad.empty() && t->kind == "text") {
+        std::string v = get("val-frac");
+        char* end = nullptr;
+        val_frac = strtod(v.c_str(), &end);
+        if (v.empty() || *end || !(val_frac >= 0 && val_frac <= 0.9))
+            bad = "the task setting \"val-frac\" is '" + v + "', not a number in 0 .. 0.9";
+    }
+    if (!bad.empty()) return bad;
     if (t->kind == "arith") {
         ArithSettings as;
-        as.p = atoi(get("modulus").c_str());
-        as.ops = atoi(get("ops").c_str());
+        as.p = (int)modulus;
+        as.ops = (int)ops;
         as.chain = get("format") != "direct";
-        as.train_size = atoi(get("train-size").c_str());
-        as.test_size = atoi(get("test-size").c_str());
-        as.seed = strtoull(get("data-seed").c_str(), nullptr, 10);
+        as.train_size = (int)train;
+        as.test_size = (int)test;
+        as.seed = (uint64_t)seed;
         std::string err = arith_check_settings(as);
         if (err.empty()) err = arith_check_size(as, mem_bytes);
         if (err.empty()) err = arith_generate(as, &t->arith);
@@ -48,10 +84,10 @@ std::string task_build(const std::map<std::string, std::string>& s, int text_T, 
         return "";
     }
     if (t->kind == "prosqa") {
-        std::string err = prosqa_build(atoi(get("train-size").c_str()), strtoull(get("data-seed").c_str(), nullptr, 10),
+        std::string err = prosqa_build((int)train, (uint64_t)seed,
                                        task_data_path(get("prosqa-test")), &t->prosqa, mem_bytes);
         if (!err.empty()) return err;
-        size_t keep = std::min(t->prosqa.test.size(), (size_t)atoi(get("test-size").c_str()));
+        size_t keep = std::min(t->prosqa.test.size(), (size_t)test);
         t->prosqa.test.resize(keep);
         t->prosqa.test_answers.resize(keep);
         t->vocab = t->prosqa.vocab;
@@ -63,7 +99,7 @@ std::string task_build(const std::map<std::string, std::string>& s, int text_T, 
     if (t->kind == "text") {
         std::string path = get("text-file");
         if (path.empty()) return "--task text needs --text-file FILE (any UTF-8 text)";
-        std::string err = text_load(task_data_path(path), text_T, atof(get("val-frac").c_str()), &t->text, mem_bytes);
+        std::string err = text_load(task_data_path(path), text_T, val_frac, &t->text, mem_bytes);
         if (!err.empty()) return err;
         t->vocab = t->text.vocab;
         t->train = &t->text.train;

@@ -30,7 +30,8 @@ std::string Vocab::encode(const std::string& text, std::vector<int>* out) const 
         if (j == std::string::npos) j = text.size();
         std::string tok = text.substr(i, j - i);
         int t = id(tok);
-        if (t < 0) return "unknown token '" + tok + "' (word " + std::to_string(got.size()) + " of the text)";
+        if (t < 0)  // counted as a reader counts: the first word is word 1
+            return "unknown token '" + tok + "' (word " + std::to_string(got.size() + 1) + " of the text)";
         got.push_back(t);
         i = j;
     }

@@ -4,7 +4,13 @@
 // one the student's output matches, naming the tensor and the first wrong
 // index, never the right value.
 #pragma once
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -18,6 +24,81 @@
 #include "support/cli.h"
 #include "support/cpu_fast.h"
 
+// ---------------------------------------------------------------------------
+// Running the student's code. Each check runs in a child process (fork), never
+// in the checker's own: the child sends the check's answer back through a pipe
+// and only the parent prints PASS or FAIL and decides the exit status. So a
+// crash, an endless loop or an exit() in the student's code ends only that
+// check, with the reason (the signal, the time limit, the exit status), and
+// nothing the student's code prints can pass for a verdict: the child's
+// stdout is sent to stderr, which labs/run.sh shows apart from the verdicts.
+
+// The seconds a check may take: LAB_TIMEOUT, else 60 (the slowest check takes
+// a few seconds; an endless loop takes forever).
+inline int lab_timeout_s() {
+    const char* t = getenv("LAB_TIMEOUT");
+    int s = t ? atoi(t) : 0;
+    return s >= 1 && s <= 3600 ? s : 60;
+}
+
+// "" or the check's diagnosis, from run() in a child; or why the child gave none.
+inline std::string run_in_child(const std::function<std::string()>& run, int timeout_s) {
+    fflush(stdout);
+    fflush(stderr);
+    int fds[2];
+    if (pipe(fds) != 0) return strf("the checker could not make a pipe: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0) return strf("the checker could not start the check: %s", strerror(errno));
+    if (pid == 0) {  // the child: the student's code runs here
+        setpgid(0, 0);  // its own group, so that whatever it starts is stopped with it
+        close(fds[0]);
+        dup2(2, 1);     // its prints go to stderr, never among the verdicts
+        std::string answer = "R" + run();
+        fflush(stdout);
+        for (size_t done = 0; done < answer.size();) {
+            ssize_t n = write(fds[1], answer.data() + done, answer.size() - done);
+            if (n <= 0) _exit(3);
+            done += (size_t)n;
+        }
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string got;
+    bool timed_out = false;
+    double deadline = now_ms() + 1000.0 * timeout_s;
+    for (;;) {
+        struct pollfd p = {fds[0], POLLIN, 0};
+        int wait = (int)std::max(0.0, deadline - now_ms());
+        int r = poll(&p, 1, wait);
+        if (r < 0 && errno == EINTR) continue;
+        if (r == 0) { timed_out = true; break; }
+        char buf[4096];
+        ssize_t n = read(fds[0], buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // end of the answer: the child closed the pipe (or ended)
+        got.append(buf, (size_t)n);
+    }
+    close(fds[0]);
+    if (timed_out) kill(-pid, SIGKILL), kill(pid, SIGKILL);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    kill(-pid, SIGKILL);  // anything the student's code left running
+    if (timed_out)
+        return strf("your code did not finish within %d s and was stopped: an endless loop? (LAB_TIMEOUT=%d sets "
+                    "the limit)", timeout_s, timeout_s);
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        const char* hint = sig == SIGSEGV || sig == SIGBUS ? ": a read or write outside an array? (step through it in gdb)"
+                           : sig == SIGFPE             ? ": a division by zero?"
+                           : sig == SIGABRT            ? ": an assert or abort() failed, or the heap was damaged"
+                                                       : "";
+        return strf("your code crashed: killed by signal %d (%s)%s", sig, strsignal(sig), hint);
+    }
+    if (!got.empty() && got[0] == 'R' && WIFEXITED(status) && WEXITSTATUS(status) == 0) return got.substr(1);
+    return strf("your code ended the process (exit status %d) before the check finished: an exit() or _exit() "
+                "call? return from the function instead", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
 struct Lab {
     int passed = 0, failed = 0;
     void pass(const std::string& check) {
@@ -25,11 +106,20 @@ struct Lab {
         passed++;
     }
     void fail(const std::string& check, const std::string& why) {
-        printf("FAIL %s: %s\n", check.c_str(), why.c_str());
+        printf("FAIL %s: %s\n", check.c_str(), one_line(why).c_str());
         failed++;
     }
-    void check(const std::string& check, const std::string& why) { why.empty() ? pass(check) : fail(check, why); }
-    int exit_status() const { return failed ? 1 : 0; }
+    // One check: run() (the student's code and the comparison) in a child; "" from it passes.
+    void check(const std::string& check, const std::function<std::string()>& run) {
+        std::string why = run_in_child(run, lab_timeout_s());
+        why.empty() ? pass(check) : fail(check, why);
+    }
+    // The verdict is the parent's alone: its own counts, in its exit status and last line.
+    int exit_status() const {
+        printf("checks: %d passed, %d failed\n", passed, failed);
+        fflush(stdout);
+        return failed || !passed ? 1 : 0;
+    }
 };
 
 

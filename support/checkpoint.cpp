@@ -59,6 +59,10 @@ std::string config_from_json(const std::string& text, Config* c) {
     double theta = 10000, eps = 1e-6;
     if (j.get("rope_theta")) { err = num("rope_theta", &theta); if (!err.empty()) return err; }
     if (j.get("rms_norm_eps")) { err = num("rms_norm_eps", &eps); if (!err.empty()) return err; }
+    // stored as floats: a value past float range (1e39 becomes Inf) or out of
+    // any sensible range is refused here, not carried into every norm and rotation
+    if (!(eps > 0 && eps <= 1 && (float)eps > 0)) return "config \"rms_norm_eps\" " + fmt("%g", eps) + " is not in (0, 1]";
+    if (!(theta >= 1 && theta <= 1e12)) return "config \"rope_theta\" " + fmt("%g", theta) + " is not in 1 .. 1e12";
     c->rope_theta = (float)theta;
     c->eps = (float)eps;
     const Json* arch = j.get("architecture");

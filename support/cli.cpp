@@ -55,12 +55,15 @@ bool model_parse(const std::string& s, Config* c) {
     if (colon == std::string::npos) return true;
     if (c->arch != ARCH_LIME) return false;  // llama has no router to name
     std::string rest = s.substr(colon + 1);
+    bool kv = false, variant = false;  // each part at most once: "lime:last-2:first-1" names no one model
     for (size_t at = 0; at <= rest.size();) {
         size_t end = std::min(rest.find(':', at), rest.size());
         std::string part = rest.substr(at, end - at);
+        bool* seen = part == "separate" || part == "shared" ? &kv : part == "frozen" ? &c->router_frozen : &variant;
+        if (*seen) return false;
         if (part == "separate" || part == "shared") c->router_kv_separate = part == "separate";
-        else if (part == "frozen") c->router_frozen = true;
-        else if (!router_parse(part, c)) return false;
+        else if (part != "frozen" && !router_parse(part, c)) return false;
+        *seen = true;
         at = end + 1;
     }
     return true;

@@ -45,6 +45,7 @@ struct FlagSpec {
     const char* name;
     const char* def;   // nullptr: a switch (no value); "" : no default
     const char* help;
+    bool repeats = false;  // may be given more than once (eval --load A --load B); any other flag given twice is refused
 };
 
 struct Args {
@@ -147,6 +148,8 @@ inline Args parse_args(const std::string& cmd, const char* summary, const std::v
         if (inline_value) { value = name.substr(eq + 1); name = name.substr(0, eq); }
         auto it = known.find(name);
         if (it == known.end()) die(cmd, "unknown flag --" + name + "; see ./lime " + cmd + " --help");
+        if (a.given.count(name) && !it->second->repeats)  // silently keeping the last would hide a typo
+            die(cmd, "--" + name + " is given twice; give it once");
         if (!it->second->def) {  // a switch
             if (inline_value) die(cmd, "--" + name + " takes no value");
             a.values[name] = {"1"};
@@ -215,15 +218,19 @@ inline double now_ms() {
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
 
-// printf into a std::string: strf for any values, fmt for one number.
+// printf into a std::string: strf for any values (as long as the text is:
+// measured first, never cut), fmt for one number.
 inline std::string strf(const char* f, ...) __attribute__((format(printf, 1, 2)));
 inline std::string strf(const char* f, ...) {
-    char buf[512];
-    va_list ap;
+    va_list ap, again;
     va_start(ap, f);
-    vsnprintf(buf, sizeof buf, f, ap);
+    va_copy(again, ap);
+    int n = vsnprintf(nullptr, 0, f, ap);
     va_end(ap);
-    return buf;
+    std::string out(n > 0 ? (size_t)n : 0, '\0');
+    if (n > 0) vsnprintf(&out[0], (size_t)n + 1, f, again);
+    va_end(again);
+    return out;
 }
 inline std::string fmt(const char* f, double v) {
     char buf[64];

@@ -45,14 +45,19 @@ template <class Need> static std::string memory_fix(const Config& c, int B, cons
     return s;
 }
 
-// Shapes the GPU kernels cannot launch, refused at create on every device (a
-// checkpoint moves between them), with the flag to lower: the elementwise and
-// router kernels index in 32-bit ints, so no array they index (the logits, the
-// key and value buffers, a (B, T, d) activation, the embedding) may reach 2^31
-// floats; flash attention's grid has one row of blocks per sequence, at most
-// 65535; and the router's weight gradient stages 2 (L + 1) R floats of an
-// element in 48 KB of shared memory (router_backward_gpu).
-static std::string launch_check(const Config& c, int B, const SizeFlags& f) {
+// Shapes the code cannot run, refused at create with the flag to lower, in
+// the words of the device asked for. On every device: the loops and kernels
+// index in 32-bit ints (a position n < B*T, an element of the GPU's
+// elementwise and router kernels), so no array (the logits, the key and value
+// buffers, a (B, T, d) activation, the embedding) may reach 2^31 floats. On
+// the GPU only (the CPU loops have no such limit, so a CPU run is not refused
+// for them; a checkpoint moved to the GPU is checked again there, at the batch
+// of the command that loads it): flash attention's grid has one row of blocks
+// per sequence, at most 65535; and the router's weight gradient stages
+// 2 (L + 1) R floats of an element in 48 KB of shared memory (router_backward_gpu).
+static std::string launch_check(const Config& c, int B, Device dev, const SizeFlags& f) {
+    const char* limit = dev == DEVICE_GPU ? "the 2^31 the GPU kernels' 32-bit indices reach"
+                                          : "the 2^31 elements the CPU loops' 32-bit indices reach";
     double N = (double)B * c.T, width = std::max(c.d, c.H * c.hd);
     std::string lower = "lower " + (!f.batch.empty() ? f.batch : !f.seq_len.empty() ? f.seq_len : "the batch");
     const std::pair<double, const char*> arrays[] = {{N * c.V, "logits (B*T*V)"},
@@ -61,13 +66,14 @@ static std::string launch_check(const Config& c, int B, const SizeFlags& f) {
     char buf[300];
     for (auto [floats, name] : arrays)
         if (floats >= 2147483648.0) {
-            snprintf(buf, sizeof buf, "batch %d x %d positions: the %s would be %.3g floats, over the 2^31 the GPU "
-                     "kernels' 32-bit indices reach; %s", B, c.T, name, floats, lower.c_str());
+            snprintf(buf, sizeof buf, "batch %d x %d positions: the %s would be %.3g floats, over %s; %s", B, c.T,
+                     name, floats, limit, lower.c_str());
             return buf;
         }
     if ((double)c.V * c.d >= 2147483648.0)
-        return "the embedding (vocab x dim) would be 2^31 floats or more, over the GPU kernels' 32-bit indices; "
-               "lower " + (f.vocab.empty() ? std::string("the vocabulary") : f.vocab);
+        return std::string("the embedding (vocab x dim) would be 2^31 floats or more, over ") + limit + "; lower " +
+               (f.vocab.empty() ? std::string("the vocabulary") : f.vocab);
+    if (dev != DEVICE_GPU) return "";
     if (B > 65535) {
         snprintf(buf, sizeof buf, "batch %d: the GPU's flash attention launches one row of blocks per sequence, "
                  "at most 65535; %s", B, lower.c_str());

@@ -341,27 +341,42 @@ static std::string dump_number(double x) {
     return buf;
 }
 
-static void dump_into(const Json& v, std::string* out) {
+// json_write's numbers: a value that is a float (a loss, a learning rate) with
+// the fewest digits that give back that float, so that the log reads 2.8176825
+// rather than 2.8176825046539307; any other as dump_number.
+static std::string write_number(double x) {
+    if (!std::isfinite(x) || x == std::floor(x) || (double)(float)x != x) return dump_number(x);
+    char buf[32];
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, x);
+        if (strtof(buf, nullptr) == (float)x) break;
+    }
+    return buf;
+}
+
+static void dump_into(const Json& v, std::string* out, bool spaced = false) {
+    const char* comma = spaced ? ", " : ",";
+    const char* colon = spaced ? ": " : ":";
     switch (v.kind) {
         case Json::NUL: *out += "null"; break;
         case Json::BOOL: *out += v.b ? "true" : "false"; break;
-        case Json::NUM: *out += dump_number(v.num); break;
+        case Json::NUM: *out += spaced ? write_number(v.num) : dump_number(v.num); break;
         case Json::STR: *out += json_quote(v.str); break;
         case Json::ARR:
             *out += '[';
             for (size_t i = 0; i < v.arr.size(); i++) {
-                if (i) *out += ',';
-                dump_into(v.arr[i], out);
+                if (i) *out += comma;
+                dump_into(v.arr[i], out, spaced);
             }
             *out += ']';
             break;
         case Json::OBJ:
             *out += '{';
             for (size_t i = 0; i < v.obj.size(); i++) {
-                if (i) *out += ',';
+                if (i) *out += comma;
                 *out += json_quote(v.obj[i].first);
-                *out += ':';
-                dump_into(v.obj[i].second, out);
+                *out += colon;
+                dump_into(v.obj[i].second, out, spaced);
             }
             *out += '}';
             break;
@@ -372,6 +387,41 @@ std::string json_dump(const Json& v) {
     std::string out;
     dump_into(v, &out);
     return out;
+}
+
+std::string json_write(const Json& v) {
+    std::string out;
+    dump_into(v, &out, true);
+    return out;
+}
+
+Json json_of_str(const std::string& s) {
+    Json j;
+    j.kind = Json::STR;
+    j.str = s;
+    return j;
+}
+Json json_of_num(double x) {
+    Json j;
+    j.kind = Json::NUM;
+    j.num = x;
+    return j;
+}
+
+Json& Json::add(const std::string& key, const Json& v) {
+    if (kind != OBJ) *this = Json(), kind = OBJ;
+    for (auto& kv : obj)
+        if (kv.first == key) { kv.second = v; return *this; }
+    obj.emplace_back(key, v);
+    return *this;
+}
+Json& Json::add_num(const std::string& key, double x) { return add(key, json_of_num(x)); }
+Json& Json::add_str(const std::string& key, const std::string& s) { return add(key, json_of_str(s)); }
+Json& Json::add_bool(const std::string& key, bool x) {
+    Json j;
+    j.kind = BOOL;
+    j.b = x;
+    return add(key, j);
 }
 
 static std::string short_dump(const Json& v) {

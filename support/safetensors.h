@@ -34,6 +34,12 @@ struct Json {
     std::vector<std::pair<std::string, Json>> obj;
     // The value under key, or nullptr when this is not an object or lacks it.
     const Json* get(const std::string& key) const;
+    // Building an object to write: each adds key (replacing its value when the
+    // object has it already, so no key is ever written twice) and returns *this.
+    Json& add(const std::string& key, const Json& v);
+    Json& add_num(const std::string& key, double x);            // NaN and Inf are written as null
+    Json& add_str(const std::string& key, const std::string& s);
+    Json& add_bool(const std::string& key, bool x);
 };
 
 // Parses one JSON value filling the whole text (whitespace aside). Refuses
@@ -45,6 +51,13 @@ constexpr int JSON_MAX_DEPTH = 64;
 std::string json_parse(const std::string& text, Json* out);
 std::string json_quote(const std::string& s);   // "..." with the escapes JSON needs
 std::string json_dump(const Json& v);           // compact, numbers round-trip exactly
+// The one writer of the program's machine-readable output (eval --json, each
+// line of log.jsonl, bench --json): json_dump's escaping and numbers, with
+// ", " and ": " between fields for a reader's eye. Always valid JSON (a
+// non-finite number is null); json_parse reads it back.
+std::string json_write(const Json& v);
+Json json_of_str(const std::string& s);
+Json json_of_num(double x);
 
 // ---------------------------------------------------------------------------
 // Reading.

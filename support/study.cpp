@@ -353,8 +353,7 @@ static std::string paired_line(const PairedResult& p, double scale, const char* 
     }
     std::string ci =
         std::isfinite(p.lo) ? fmt("(%+.2f", scale * p.lo) + fmt(" to %+.2f)", scale * p.hi) : "(no spread)";
-    char buf[320];
-    snprintf(buf, sizeof buf, "| %s − %s | %d | %+.2f%s %s | %+.2f%s | %d / %d / %d | %.3g | %s |", a.c_str(),
+    std::string row = strf("| %s − %s | %d | %+.2f%s %s | %+.2f%s | %d / %d / %d | %.3g | %s |", a.c_str(),
              b.c_str(), p.n, scale * p.mean, unit, ci.c_str(), scale * p.median, unit, p.wins, p.ties, p.losses,
              p.p_wilcoxon, std::isfinite(p.p_t) ? fmt("%.3g", p.p_t).c_str() : "n/a");
     bool a_better = higher_better ? p.median > 0 : p.median < 0;
@@ -365,10 +364,12 @@ static std::string paired_line(const PairedResult& p, double scale, const char* 
         *verdict = a + " vs " + b + fmt(": no clear difference (signed-rank p = %.3g", p.p_wilcoxon) + ", " +
                    std::to_string(p.wins) + " wins of " + std::to_string(p.n) + " for " + a + ")";
     int nonzero = p.wins + p.losses;  // the smallest two-sided signed-rank p with n non-zero pairs is 2 / 2^n
-    if (p.p_wilcoxon >= 0.05 && nonzero < 6)
+    if (p.p_wilcoxon >= 0.05 && nonzero == 0)
+        *verdict += "; every pair is a tie, which the signed-rank test cannot rank: more seeds";
+    else if (p.p_wilcoxon >= 0.05 && nonzero < 6)  // 2 / 2^n, a p of at most 1
         *verdict += fmt("; with %.0f non-zero pairs the signed-rank p cannot go below", nonzero) +
-                    fmt(" %.3g: more seeds", std::ldexp(2.0, -nonzero));
-    return buf;
+                    fmt(" %.3g: more seeds", std::min(1.0, std::ldexp(2.0, -nonzero)));
+    return row;
 }
 
 // The paired table (the report's verdicts) and, secondary, Welch's unpaired

@@ -12,17 +12,20 @@ static void mine(float* Kr, float* Vr, const float* Wk, const float* Wv, const f
 int main() {
     Lab lab;
     Rng rng(2025);
-    lab.check("one_source_layer", check_router_forward(mine, rng, 0, 3, 2, 4, false));
-    lab.check("one_kv_head", check_router_forward(mine, rng, 2, 3, 1, 4, false));
-    lab.check("one_router_three_layers", check_router_forward(mine, rng, 2, 4, 3, 6, false));
-    lab.check("separate_key_and_value_routers", check_router_forward(mine, rng, 2, 3, 2, 4, true));
-    std::string err;
-    for (int trial = 0; trial < 20 && err.empty(); trial++) {
-        int l = (int)rng.below(5), N = 1 + (int)rng.below(5), R = 1 + (int)rng.below(4), hd = 2 + 2 * (int)rng.below(4);
-        err = check_router_forward(mine, rng, l, N, R, hd, rng.below(2));
-    }
-    lab.check("random_shapes", err);
-    lab.check("model_finite_differences", model_finite_differences(false));
-    lab.check("model_finite_differences_separate", model_finite_differences(true));
+    // each check runs in a child (labs/check.h): it draws from its own copy of rng
+    lab.check("one_source_layer", [&] { return check_router_forward(mine, rng, 0, 3, 2, 4, false); });
+    lab.check("one_kv_head", [&] { return check_router_forward(mine, rng, 2, 3, 1, 4, false); });
+    lab.check("one_router_three_layers", [&] { return check_router_forward(mine, rng, 2, 4, 3, 6, false); });
+    lab.check("separate_key_and_value_routers", [&] { return check_router_forward(mine, rng, 2, 3, 2, 4, true); });
+    lab.check("random_shapes", [&] {
+        std::string err;
+        for (int trial = 0; trial < 20 && err.empty(); trial++) {
+            int l = (int)rng.below(5), N = 1 + (int)rng.below(5), R = 1 + (int)rng.below(4), hd = 2 + 2 * (int)rng.below(4);
+            err = check_router_forward(mine, rng, l, N, R, hd, rng.below(2));
+        }
+        return err;
+    });
+    lab.check("model_finite_differences", [] { return model_finite_differences(false); });
+    lab.check("model_finite_differences_separate", [] { return model_finite_differences(true); });
     return lab.exit_status();
 }

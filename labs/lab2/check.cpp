@@ -123,17 +123,20 @@ int main() {
     Lab lab;
     Rng rng(2026);
     RouterSpan all{0, 0};  // every source layer learned
-    lab.check("one_source_layer", check_shape(rng, 0, 3, 2, 4, true, all));
-    lab.check("one_router_three_layers", check_shape(rng, 2, 4, 2, 6, true, all));
-    lab.check("separate_key_and_value_routers", check_shape(rng, 2, 3, 2, 4, false, all));
-    lab.check("held_fixed_columns", check_shape(rng, 3, 3, 2, 2, true, RouterSpan{1, 3}));
-    std::string err;
-    for (int trial = 0; trial < 20 && err.empty(); trial++) {
-        int l = (int)rng.below(5), N = 1 + (int)rng.below(5), R = 1 + (int)rng.below(4), hd = 2 + 2 * (int)rng.below(3);
-        err = check_shape(rng, l, N, R, hd, rng.below(2), all);
-    }
-    lab.check("random_shapes", err);
-    lab.check("model_finite_differences", model_finite_differences(false));
-    lab.check("model_finite_differences_separate", model_finite_differences(true));
+    // each check runs in a child (labs/check.h): it draws from its own copy of rng
+    lab.check("one_source_layer", [&] { return check_shape(rng, 0, 3, 2, 4, true, all); });
+    lab.check("one_router_three_layers", [&] { return check_shape(rng, 2, 4, 2, 6, true, all); });
+    lab.check("separate_key_and_value_routers", [&] { return check_shape(rng, 2, 3, 2, 4, false, all); });
+    lab.check("held_fixed_columns", [&] { return check_shape(rng, 3, 3, 2, 2, true, RouterSpan{1, 3}); });
+    lab.check("random_shapes", [&] {
+        std::string err;
+        for (int trial = 0; trial < 20 && err.empty(); trial++) {
+            int l = (int)rng.below(5), N = 1 + (int)rng.below(5), R = 1 + (int)rng.below(4), hd = 2 + 2 * (int)rng.below(3);
+            err = check_shape(rng, l, N, R, hd, rng.below(2), all);
+        }
+        return err;
+    });
+    lab.check("model_finite_differences", [] { return model_finite_differences(false); });
+    lab.check("model_finite_differences_separate", [] { return model_finite_differences(true); });
     return lab.exit_status();
 }

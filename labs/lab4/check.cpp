@@ -136,11 +136,12 @@ static std::string check_model_update() {
 int main() {
     Lab lab;
     Rng rng(2027);
-    lab.check("numbers_per_group", check_numbers());
-    lab.check("clip_scale", check_clip());
-    lab.check("adamw_one_tensor", check_update(rng, 50, 0.1f, 1.0f));
-    lab.check("adamw_clipped_no_decay", check_update(rng, 50, 0.0f, 0.25f));
-    lab.check("adamw_clipped_with_decay", check_update(rng, 50, 0.2f, 0.5f));
-    lab.check("model_update_one_step", check_model_update());
+    // each check runs in a child (labs/check.h): it draws from its own copy of rng
+    lab.check("numbers_per_group", [] { return check_numbers(); });
+    lab.check("clip_scale", [] { return check_clip(); });
+    lab.check("adamw_one_tensor", [&] { return check_update(rng, 50, 0.1f, 1.0f); });
+    lab.check("adamw_clipped_no_decay", [&] { return check_update(rng, 50, 0.0f, 0.25f); });
+    lab.check("adamw_clipped_with_decay", [&] { return check_update(rng, 50, 0.2f, 0.5f); });
+    lab.check("model_update_one_step", [] { return check_model_update(); });
     return lab.exit_status();
 }
