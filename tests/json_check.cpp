@@ -4,7 +4,7 @@
 //   json_check [--lines] [KEY...] < text
 // The whole of stdin (--lines: each non-empty line) must be one JSON value,
 // else one line naming the problem and exit 1. Each KEY (a path of object
-// keys joined by '/', e.g. "a.safetensors/accuracy") then prints the value
+// keys joined by '>', e.g. "runs/a/model.safetensors>accuracy") then prints the value
 // there, json_dump'ed, one a line, from the last value read; a missing key exits 1.
 #include <cstdio>
 #include <iostream>
@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
         const Json* v = &j;
         size_t at = 0;
         while (v && at <= key.size()) {
-            size_t end = key.find('/', at);
+            size_t end = key.find('>', at);
             if (end == std::string::npos) end = key.size();
             v = v->get(key.substr(at, end - at));
             at = end + 1;

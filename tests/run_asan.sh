@@ -13,7 +13,7 @@ export ASAN_OPTIONS="log_path=$logs/asan:detect_leaks=1:allocator_may_return_nul
 export UBSAN_OPTIONS="log_path=$logs/ubsan:print_stacktrace=1:halt_on_error=1"
 export LIME=build/lime-asan
 failed=0
-for suite in build/test_cpu_asan "bash tests/test_cli.sh" "bash tests/test_flags.sh" "bash tests/test_faults.sh"; do
+for suite in build/test_cpu_asan "bash tests/test_cli.sh" "bash tests/test_flags.sh" "bash tests/test_faults.sh" "bash tests/test_hostile.sh"; do
     start=$(date +%s)
     out=$($suite 2>&1); status=$?
     echo "$out" | grep -E '^(FAIL|SKIP)'

@@ -14,7 +14,8 @@ source tests/lib.sh
 runs=()
 start() {
     while [ "$(jobs -r | wc -l)" -ge 2 ]; do wait -n; done
-    make -s --no-print-directory "lab$2" FILE="$3" >"$tmp/$1.out" 2>&1 &
+    local limit; limit=$(sed -n 's|^// timeout: *||p' "$3" 2>/dev/null | head -1)  # a planted endless loop's limit
+    LAB_TIMEOUT=${limit:-60} make -s --no-print-directory "lab$2" FILE="$3" >"$tmp/$1.out" 2>&1 &
     runs+=("$1 $2 $3")
 }
 make -s --no-print-directory lab-deps >"$tmp/deps.out" 2>&1 || { cat "$tmp/deps.out"; fail lab_deps "the lab build failed"; summary; exit; }
@@ -66,6 +67,21 @@ done
 if out=$(make -s --no-print-directory lab9 2>&1); then fail no_such_lab "make lab9 succeeded"
 elif grep -q 'no such lab' <<<"$out" && grep -q 'make lab5' <<<"$out"; then pass no_such_lab
 else fail no_such_lab "expected the list of labs: $(head -2 <<<"$out")"; fi
+
+# make labN FILE=... takes the path as a file name, never as shell text.
+if out=$(make -s --no-print-directory lab1 FILE="$tmp/none;touch $tmp/pwned" 2>&1) || [ -e "$tmp/pwned" ]; then
+    fail lab_file_is_not_a_command "make lab1 FILE='a;b' ran b or passed: $(tail -1 <<<"$out")"
+elif grep -q "^FAIL file_exists: $tmp/none;touch $tmp/pwned cannot be read" <<<"$out"; then pass lab_file_is_not_a_command
+else fail lab_file_is_not_a_command "expected file_exists to name the whole path: $(head -2 <<<"$out")"; fi
+
+# Lab 5's checker reads the report as data: a cell written as shell arithmetic is not a number, never run.
+mkdir -p "$tmp/crafted"
+printf '%s\n' "## Accuracy" "| 2 | llama | 50.0 | x | 2.5 |" "| 2 | lime | 60.0 | x | 2.4 |" "## Cost" \
+    "| 2 | llama | a[\$(touch $tmp/pwned5)] |" "| 2 | lime | 1000 |" >"$tmp/crafted/report.md"
+out=$(RUN=$tmp/crafted LIME=$LIME bash labs/run.sh 5 labs/lab5/starter.txt 2>&1)
+if [ -e "$tmp/pwned5" ]; then fail lab5_report_is_never_run "the report's cell ran a command"
+elif grep -q '^FAIL report_read' <<<"$out" && tail -1 <<<"$out" | grep -q '0 passed, 1 failed$'; then pass lab5_report_is_never_run
+else fail lab5_report_is_never_run "expected report_read to fail: $(tail -2 <<<"$out")"; fi
 
 # Lab 5 on a tiny experiment; the answers come from the runs' own logs and the
 # heatmap's numbers, not from the report the check reads.
