@@ -9,7 +9,7 @@
 #   make bench-gpu  step time, MFU and memory of llama vs lime on the GPU (full attention and GQA)
 #   make nvcc-check the CUDA code through nvcc for sm_80 and sm_90, warnings as errors, no register spills
 #   make test-asan  the CPU tests and the CLI suites under AddressSanitizer + UBSan (a few minutes)
-#   make fuzz       libFuzzer on the checkpoint and task parsers, FUZZ_SECONDS each (not in make test)
+#   make fuzz       libFuzzer on the checkpoint, task, reference-file and lab-5 readers, FUZZ_SECONDS each (not in make test)
 #   make lab1       a classroom lab's checks on the student's file (labs/README.md; lab1 .. lab5)
 CXX      ?= g++
 NVCC     ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
