@@ -1416,32 +1416,30 @@ static void print_bench_json(const BenchSetup& b, const BenchResult& llama, cons
     Config cl, cm;
     bench_configs(b, &cl, &cm);
     const Config& c = b.c;
+    Json null_;  // the GPU's numbers off a GPU
     auto one = [&](const BenchResult& r, const Config& rc) {
-        std::string s = strf("{\"ms_per_step\": %.4f, \"tokens_per_s\": %.1f, \"flops_per_token\": %.6g", r.ms, r.tok_s,
-                             flops_per_token(rc, b.c.T));
-        if (b.on_gpu)
-            s += strf(", \"mfu\": %.5f, \"model_gb\": %.4f, \"peak_device_gb\": %.4f", r.mfu, r.model_gb, r.device_gb);
-        else
-            s += ", \"mfu\": null, \"model_gb\": null, \"peak_device_gb\": null";
-        return s + ", \"attention\": " + json_quote(r.attention) + "}";
+        Json o;
+        o.add_num("ms_per_step", r.ms).add_num("tokens_per_s", r.tok_s).add_num("flops_per_token", flops_per_token(rc, b.c.T));
+        if (b.on_gpu) o.add_num("mfu", r.mfu).add_num("model_gb", r.model_gb).add_num("peak_device_gb", r.device_gb);
+        else o.add("mfu", null_).add("model_gb", null_).add("peak_device_gb", null_);
+        return o.add_str("attention", r.attention);
     };
-    std::string s = "{\"device\": \"" + std::string(b.dev == DEVICE_GPU ? "gpu" : "cpu") + "\"" +
-                     strf(", \"shape\": {\"L\": %d, \"d\": %d, \"H\": %d, \"R\": %d, \"F\": %d, \"V\": %d, \"B\": %d, "
-                          "\"T\": %d}, \"steps\": %d, \"lime_model\": ", c.L, c.d, c.H, c.R, c.F, c.V, b.B, c.T, b.steps) +
-                     json_quote(model_name(cm));
+    Json shape;
+    shape.add_num("L", c.L).add_num("d", c.d).add_num("H", c.H).add_num("R", c.R).add_num("F", c.F).add_num("V", c.V)
+        .add_num("B", b.B).add_num("T", c.T);
+    Json s;
+    s.add_str("device", b.dev == DEVICE_GPU ? "gpu" : "cpu").add("shape", shape).add_num("steps", b.steps)
+        .add_str("lime_model", model_name(cm));
     if (b.on_gpu)
-        s += ", \"gpu\": " + json_quote(b.gpu.name) +
-             strf(", \"tf32\": %d, \"graph\": %d, \"peak_tflops\": %.1f, \"peak_source\": ", b.settings.tf32,
-                  b.settings.graph, b.peak_tflops) + json_quote(b.peak.source);
+        s.add_str("gpu", b.gpu.name).add_num("tf32", b.settings.tf32).add_num("graph", b.settings.graph)
+            .add_num("peak_tflops", b.peak_tflops).add_str("peak_source", b.peak.source);
     else if (b.dev == DEVICE_GPU)
-        s += ", \"gpu_absent\": \"no GPU information: MFU and memory are not measured\"";
+        s.add_str("gpu_absent", "no GPU information: MFU and memory are not measured");
     else
-        s += ", \"gpu_absent\": \"a CPU run: MFU and device memory are measured on a GPU only\"";
-    s += ", \"llama\": " + one(llama, cl) + ", \"lime\": " + one(lime, cm) +
-         strf(", \"lime_over_llama\": %.4f", lime.ms / llama.ms);
-    if (b.on_gpu)
-        s += strf(", \"memory_lime_over_llama\": %.4f", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
-    printf("%s}\n", s.c_str());
+        s.add_str("gpu_absent", "a CPU run: MFU and device memory are measured on a GPU only");
+    s.add("llama", one(llama, cl)).add("lime", one(lime, cm)).add_num("lime_over_llama", lime.ms / llama.ms);
+    if (b.on_gpu) s.add_num("memory_lime_over_llama", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
+    printf("%s\n", json_write(s).c_str());
 }
 
 // The table: the setting, one line per model, the ratios lime / llama.
