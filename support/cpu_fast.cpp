@@ -242,16 +242,34 @@ static void gemm_blocked(float* C, size_t ldc, MatView A, MatView B, int M, int 
     }
 }
 
-// The best kernel this build has: AVX-512, else AVX2 + FMA, else portable.
-static void gemm_cpu(float* C, size_t ldc, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
+// The micro-kernels this build has, best first: AVX-512, AVX2 + FMA (when the
+// compiler targets them: -march=native on a CPU that has them), portable.
+static const char* const GEMM_KERNELS[] = {
 #if defined(__AVX512F__)
-    gemm_blocked<KernelAvx512>(C, ldc, A, B, M, N, K, accumulate, scratch);
-#elif defined(__AVX2__) && defined(__FMA__)
-    gemm_blocked<KernelAvx2>(C, ldc, A, B, M, N, K, accumulate, scratch);
-#else
-    gemm_blocked<KernelPlain>(C, ldc, A, B, M, N, K, accumulate, scratch);
+    "avx512",
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+    "avx2",
+#endif
+    "plain"};
+static int gemm_kernel = 0;  // the one in use: the best, except in tests (matmul_fast_use_kernel)
+
+static void gemm_cpu(float* C, size_t ldc, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
+    const char* name = GEMM_KERNELS[gemm_kernel];
+#if defined(__AVX512F__)
+    if (!strcmp(name, "avx512")) return gemm_blocked<KernelAvx512>(C, ldc, A, B, M, N, K, accumulate, scratch);
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    if (!strcmp(name, "avx2")) return gemm_blocked<KernelAvx2>(C, ldc, A, B, M, N, K, accumulate, scratch);
+#endif
+    gemm_blocked<KernelPlain>(C, ldc, A, B, M, N, K, accumulate, scratch);
 }
+
+const char* matmul_fast_kernel() { return GEMM_KERNELS[gemm_kernel]; }
+#ifdef LIME_TESTING
+int matmul_fast_kernels() { return (int)(sizeof GEMM_KERNELS / sizeof GEMM_KERNELS[0]); }
+void matmul_fast_use_kernel(int i) { gemm_kernel = i; }
+#endif
 
 // = matmul_forward: out (N, OC) (+)= inp (N, C) @ W^T, W (OC, C).
 // scratch: C * round_up(OC, 32) floats (W^T, packed).
