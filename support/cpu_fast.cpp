@@ -362,7 +362,10 @@ static void router_backward_blocked(float* dWk, float* dWv, float* dKbuf, float*
     int J = (l + 1) * R;
     std::vector<size_t> col = router_columns(l, N, R, hd);
     size_t slice = (size_t)2 * R * J * LANES;  // one chunk's lanes: the keys' (R, J, LANES), then the values'
-    std::vector<float> lanes(ROUTER_CHUNKS * slice);
+    // Every lane is written below before it is read: kept from call to call,
+    // not allocated (1 MB at d = 128: fresh pages and a zero-fill each step).
+    static std::vector<float> lanes;
+    if (lanes.size() < ROUTER_CHUNKS * slice) lanes.resize(ROUTER_CHUNKS * slice);
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < ROUTER_CHUNKS; c++)
         for (int r = 0; r < R; r++)
@@ -526,34 +529,37 @@ static void add_rows_outer(float* dst, size_t ld, int n, const float* const* a, 
     }
 }
 
-// The sum and the maximum of 16 lanes, as a fixed tree.
-static inline float lanes_sum(const float* a) {
-    float b[8], c[4];
-    for (int i = 0; i < 8; i++) b[i] = a[i] + a[i + 8];
-    for (int i = 0; i < 4; i++) c[i] = b[i] + b[i + 4];
-    return (c[0] + c[2]) + (c[1] + c[3]);
-}
-static inline float lanes_max(const float* a) {
-    float b[8], c[4];
-    for (int i = 0; i < 8; i++) b[i] = std::max(a[i], a[i + 8]);
-    for (int i = 0; i < 4; i++) c[i] = std::max(b[i], b[i + 4]);
-    return std::max(std::max(c[0], c[2]), std::max(c[1], c[3]));
-}
+// The sum and the maximum of 16 lanes, as a fixed tree. (Named values, not
+// arrays: an array on the stack, written a float at a time and read back as a
+// vector, stalled the softmax at every row.)
+#define LIME_TREE(op, a)                                                                                       \
+    op(op(op(op(a[0], a[8]), op(a[4], a[12])), op(op(a[2], a[10]), op(a[6], a[14]))),                         \
+       op(op(op(a[1], a[9]), op(a[5], a[13])), op(op(a[3], a[11]), op(a[7], a[15]))))
+static inline float add2(float x, float y) { return x + y; }
+static inline float max2(float x, float y) { return std::max(x, y); }
+static inline float lanes_sum(const float* a) { return LIME_TREE(add2, a); }
+static inline float lanes_max(const float* a) { return LIME_TREE(max2, a); }
+#undef LIME_TREE
 
 // p[u] = softmax of the scores s[u] over u <= t, and 0 for t < u < T. s has
 // n floats, n a multiple of 16; the loops run over 16 lanes, each lane
 // keeping its own maximum and sum, which a fixed tree combines.
+// (The positions past t are masked as the loops read them, not first
+// overwritten: a few scalar stores read back by a vector load stall it.)
 static void softmax_row(float* p, float* s, int t, int n, int T) {
-    for (int u = t + 1; u < n; u++) s[u] = -INFINITY;  // masked: e^-inf = 0
     float mx[16], sum[16];
     for (int i = 0; i < 16; i++) mx[i] = -INFINITY, sum[i] = 0;
     for (int u = 0; u < n; u += 16)
-        for (int i = 0; i < 16; i++) mx[i] = s[u + i] > mx[i] ? s[u + i] : mx[i];
+        for (int i = 0; i < 16; i++) {
+            float x = u + i <= t ? s[u + i] : -INFINITY;  // masked: e^-inf = 0
+            mx[i] = x > mx[i] ? x : mx[i];
+        }
     float m = lanes_max(mx);
     for (int u = 0; u < n; u += 16)
         for (int i = 0; i < 16; i++) {
-            s[u + i] = exp_fast(s[u + i] - m);
-            sum[i] += s[u + i];
+            float e = u + i <= t ? exp_fast(s[u + i] - m) : 0.0f;
+            s[u + i] = e;
+            sum[i] += e;
         }
     float inv = 1.0f / lanes_sum(sum);
     int w = std::min(n, T);
@@ -626,6 +632,7 @@ void attention_forward_fast(float* out, float* att, const float* q, const float*
 // dp[t,u] = dout[t] . v[u]                  dv[u] += sum_t p[t,u] dout[t]
 // ds[t,u] = p[t,u] (dp[t,u] - sum_u' p[t,u'] dp[t,u'])
 // dq[t]   = scale * sum_u ds[t,u] k[u]      dk[u] += scale * sum_t ds[t,u] q[t]
+// att is the forward's, 0 above the diagonal (both forwards write it so).
 // dq is written; dk and dv are added to. One thread owns a (b, kv head) and
 // adds its query heads' and rows' shares in order: the same sums for any thread count.
 template <int LANES>
@@ -658,8 +665,12 @@ static void attention_backward_blocked(float* dq, float* dk, float* dv, const fl
                             ds[j] = in ? buf.rows.data() + (size_t)j * Tp : buf.zero.data();
                         }
                         int n16 = (last + 16) / 16 * 16;
-                        for (int t = t0; t <= last; t++) {  // this row of att, zero-padded to n16
+                        for (int t = t0; t <= last; t++) {  // this row of att, zero to n16
                             const float* from = att + (((size_t)b * H + h) * T + t) * T;
+                            if (n16 <= T) {  // read in place: att is 0 above the diagonal
+                                p[t - t0] = from;
+                                continue;
+                            }
                             float* pj = buf.probs.data() + (size_t)(t - t0) * Tp;
                             memcpy(pj, from, (size_t)(t + 1) * sizeof(float));
                             memset(pj + t + 1, 0, (size_t)(n16 - t - 1) * sizeof(float));
