@@ -256,6 +256,7 @@ static int gemm_kernel = 0;  // the one in use: the best, except in tests (matmu
 
 static void gemm_cpu(float* C, size_t ldc, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
     const char* name = GEMM_KERNELS[gemm_kernel];
+    (void)name;  // (a build with the portable kernel alone)
 #if defined(__AVX512F__)
     if (!strcmp(name, "avx512")) return gemm_blocked<KernelAvx512>(C, ldc, A, B, M, N, K, accumulate, scratch);
 #endif
