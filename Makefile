@@ -2,7 +2,7 @@
 #   make            ./lime (with the GPU path when nvcc is found, else CPU only)
 #   make test       every test: CPU, the CUDA kernels on the CPU harness, the CLI
 #   make run        train LLaMa and LIMe on the default arithmetic tier, print both accuracies
-#   make bench      step time of llama vs lime at the two benchmark configs
+#   make bench      step time of llama vs lime at the two benchmark configs; the products' GFLOP/s
 #   make emu        ./lime-emu: the whole program, --device gpu runs the kernels on the CPU
 #   make ref        ./lime-ref: the CPU path on lime.cu's plain loops alone (REFERENCE=1 makes it the default)
 #   make test-gpu   the GPU tests on a real GPU (skipped, with the reason, without one)
@@ -170,9 +170,14 @@ run: lime
 	@echo; echo "accuracy on 500 held-out questions, greedy decoding:"
 	./lime eval --load runs/llama/model.safetensors --load runs/lime/model.safetensors
 
-bench: lime
+# Then the FMA peak of one core and the fast products' GFLOP/s (tests/bench_matmul.cpp);
+# tests/bench_compare.sh times two binaries side by side, tests/bench_torch.py PyTorch (README).
+bench: lime $(B)/bench_matmul
 	./lime bench --layers 4 --dim 32 --heads 4 --kv-heads 4 --ffn 96 --vocab 21 --batch 128 --seq-len 88 --steps 10
 	./lime bench --layers 4 --dim 128 --heads 4 --kv-heads 4 --ffn 352 --vocab 32 --batch 32 --seq-len 64 --steps 10
+	$(B)/bench_matmul
+$(B)/bench_matmul: tests/bench_matmul.cpp $(B)/rel/support/cpu_fast.o support/cpu_fast.h support/lime.h | $(B)
+	$(CXX) $(CXXFLAGS) tests/bench_matmul.cpp $(B)/rel/support/cpu_fast.o -o $@
 
 # The two benchmark configs on the GPU, each with full attention (R = H) and GQA.
 bench-gpu: lime

@@ -1703,6 +1703,7 @@ static void usage(FILE* f) {
 }
 
 int main(int argc, char** argv) {
+    set_wait_policy(argv);  // first: it may run ./lime again (support/cli.h)
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -166,6 +166,30 @@ inline Args parse_args(const std::string& cmd, const char* summary, const std::v
     return a;
 }
 
+// How OpenMP's threads wait, set before the runtime starts. A thread that
+// reaches a barrier before the others spins; libgomp's default is 300,000
+// rounds of a pause, up to ~20 ms, before it sleeps. On a machine another
+// program keeps busy, the thread it waits for is often descheduled, so every
+// one of a step's hundreds of barriers spins out a time slice, taking the
+// core from the very thread it waits for: --threads 2 beside two busy
+// processes ran 6x slower than --threads 1. Here a waiting thread spins for
+// 200 rounds (libgomp's GOMP_SPINCOUNT; ~10-30 us: the usual gap at a
+// barrier of an idle machine), then sleeps; other runtimes get
+// OMP_WAIT_POLICY=passive. libgomp reads these variables when the program is
+// loaded, before main, so ./lime sets them and runs itself again (exec: same
+// process, same arguments), once. A user's own OMP_WAIT_POLICY or
+// GOMP_SPINCOUNT is left as it is (no restart).
+inline void set_wait_policy(char** argv) {
+#if defined(_OPENMP) && defined(__linux__)
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    setenv("GOMP_SPINCOUNT", "200", 1);
+    execv("/proc/self/exe", argv);  // returns only if it failed: run on under the runtime's default
+#else
+    (void)argv;
+#endif
+}
+
 // --threads: 0 (all cores) up to 4 x the cores; more only makes the
 // threads wait on each other (1024 on 2 cores: 0.14 s became 47 s).
 inline void set_threads(Args& a) {

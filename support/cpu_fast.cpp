@@ -14,6 +14,13 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 // Calls f(w) with w a compile-time constant dividing hd: 32, 8 or 2 (hd is
 // even). Loops over a head's hd floats go LANES = w at a time, LANES known to
 // the compiler, so that their sums stay in registers.
@@ -27,6 +34,26 @@ static void with_lanes(int hd, F f) {
 // ===========================================================================
 // Matrix products: C (+)= A @ B with A and B read transposed in place.
 // ===========================================================================
+//
+// In the manner of GotoBLAS and BLIS: the product is cut into tiles of MR rows
+// by NR columns of C. A micro-kernel holds one tile's MR x NR sums in vector
+// registers while k runs: per k it loads one row of B's tile (NR floats, a
+// "panel" of B), broadcasts the MR elements of A's column k, and does MR x NR
+// fused multiply-adds, with no load or store of C inside the loop. B is read in
+// panels of NR columns whose rows lie NR floats apart (packed into scratch when
+// B is not already stored that way); A is read where it lies, one pointer per
+// row. Around the kernel, two levels of blocking keep what it reads in the
+// caches: K in blocks of GEMM_KC (one block of a panel, KC x NR floats, stays
+// in L1 while the kernel runs down a block of rows), and M in blocks of up to
+// GEMM_MC_TILES tiles (one block of A, MC x KC floats, stays in L2 while the
+// kernel moves across the panels).
+//
+// The order of every sum is fixed by the shapes alone: each element of C is
+// one chain of fused multiply-adds over k = 0, 1, ..., K-1, started from C
+// (accumulate) or from 0; a K block ends by storing the sums to C and the next
+// starts by loading them, which changes nothing. The threads share out whole
+// tiles, so the number of threads (and the block sizes) decide who computes an
+// element, never how: a resumed run is bit-exact whatever --threads says.
 
 // An operand of a product, read where it lies: element (i, k) is p[i*rs + k*cs].
 // A row-major (rows, cols) array is {p, cols, 1}; its transpose is {p, 1, cols}.
@@ -35,63 +62,215 @@ struct MatView {
     size_t rs, cs;
 };
 
-// The tile kernel: C[8, 32] (+)= A[8, K] @ B[K, 32], B a panel whose rows are
-// ldb apart, a[i] row i of A (its k-th element at a[i][k * a_cs]). The 8 x 32
-// sums live in 16 vector registers of 16 floats while k runs: per k, two
-// loads of B, eight broadcasts of A and 16 fused multiply-adds (the compiler
-// vectorises the loops over j). Only the first mr rows and nr columns are stored.
-static const int GEMM_MR = 8, GEMM_NR = 32;
-static inline void gemm_tile(float* C, int ldc, const float* const* a, size_t a_cs, const float* b, size_t ldb, int K,
-                             int mr, int nr, bool accumulate) {
-    float acc[GEMM_MR][GEMM_NR] = {};
-    for (int k = 0; k < K; k++, b += ldb)
-        for (int i = 0; i < GEMM_MR; i++) {
-            float aik = a[i][k * a_cs];
-            for (int j = 0; j < GEMM_NR; j++) acc[i][j] += aik * b[j];
-        }
-    for (int i = 0; i < mr; i++) {
-        float* c = C + (size_t)i * ldc;
-        if (nr == GEMM_NR)  // (a whole row: the compiler's fixed-size vector stores)
-            for (int j = 0; j < GEMM_NR; j++) c[j] = accumulate ? c[j] + acc[i][j] : acc[i][j];
-        else
-            for (int j = 0; j < nr; j++) c[j] = accumulate ? c[j] + acc[i][j] : acc[i][j];
+// One tile's work, for a micro-kernel: C[MR, NR] (+)= A[MR, K] @ B[K, NR].
+//   a[i]   row i of A's tile: its element k at a[i][k * a_cs]
+//   b      the panel: row k at b + k * ldb (NR floats)
+//   c      the tile of C, rows ldc apart; load_c: the sums start from it, else from 0
+struct TileArgs {
+    const float* const* a;
+    size_t a_cs;
+    const float* b;
+    size_t ldb;
+    float* c;
+    size_t ldc;
+    int K;
+    bool load_c;
+};
+
+// The portable micro-kernel (any compiler, any CPU): 8 x 32 sums in an array
+// the compiler keeps in vector registers, vectorising the loops over j.
+struct KernelPlain {
+    static const int MR = 8, NR = 32;
+    static void run(const TileArgs& t) {
+        float acc[MR][NR];
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) acc[i][j] = t.load_c ? t.c[(size_t)i * t.ldc + j] : 0.0f;
+        const float* b = t.b;
+        for (int k = 0; k < t.K; k++, b += t.ldb)
+            for (int i = 0; i < MR; i++) {
+                float aik = t.a[i][k * t.a_cs];
+                for (int j = 0; j < NR; j++) acc[i][j] += aik * b[j];
+            }
+        for (int i = 0; i < MR; i++)
+            for (int j = 0; j < NR; j++) t.c[(size_t)i * t.ldc + j] = acc[i][j];
     }
+};
+
+#if defined(__AVX2__) && defined(__FMA__)
+// AVX2 + FMA: 6 x 16 sums in 12 ymm registers (8 floats each); per k two
+// loads of B, six broadcasts of A, twelve FMAs. 12 + 2 + 1 of the 16 registers.
+struct KernelAvx2 {
+    static const int MR = 6, NR = 16;
+    static void run(const TileArgs& t) {
+        __m256 acc[MR][2];
+#pragma GCC unroll 6
+        for (int i = 0; i < MR; i++)
+            for (int h = 0; h < 2; h++)
+                acc[i][h] = t.load_c ? _mm256_loadu_ps(t.c + (size_t)i * t.ldc + 8 * h) : _mm256_setzero_ps();
+        const float *a0 = t.a[0], *a1 = t.a[1], *a2 = t.a[2], *a3 = t.a[3], *a4 = t.a[4], *a5 = t.a[5];
+        const float* b = t.b;
+        size_t at = 0;
+        for (int k = 0; k < t.K; k++, b += t.ldb, at += t.a_cs) {
+            __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), x;
+#define LIME_ROW(i)                                        \
+    x = _mm256_broadcast_ss(a##i + at);                    \
+    acc[i][0] = _mm256_fmadd_ps(x, b0, acc[i][0]);         \
+    acc[i][1] = _mm256_fmadd_ps(x, b1, acc[i][1]);
+            LIME_ROW(0) LIME_ROW(1) LIME_ROW(2) LIME_ROW(3) LIME_ROW(4) LIME_ROW(5)
+#undef LIME_ROW
+        }
+#pragma GCC unroll 6
+        for (int i = 0; i < MR; i++)
+            for (int h = 0; h < 2; h++) _mm256_storeu_ps(t.c + (size_t)i * t.ldc + 8 * h, acc[i][h]);
+    }
+};
+#endif
+
+#if defined(__AVX512F__)
+// AVX-512: 8 x 32 sums in 16 zmm registers (16 floats each); per k two loads
+// of B, eight broadcasts of A, sixteen FMAs. 16 + 2 + 1 of the 32 registers.
+struct KernelAvx512 {
+    static const int MR = 8, NR = 32;
+    static void run(const TileArgs& t) {
+        __m512 acc[MR][2];
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++)
+            for (int h = 0; h < 2; h++)
+                acc[i][h] = t.load_c ? _mm512_loadu_ps(t.c + (size_t)i * t.ldc + 16 * h) : _mm512_setzero_ps();
+        const float *a0 = t.a[0], *a1 = t.a[1], *a2 = t.a[2], *a3 = t.a[3], *a4 = t.a[4], *a5 = t.a[5],
+                    *a6 = t.a[6], *a7 = t.a[7];
+        const float* b = t.b;
+        size_t at = 0;
+        for (int k = 0; k < t.K; k++, b += t.ldb, at += t.a_cs) {
+            __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), x;
+#define LIME_ROW(i)                                        \
+    x = _mm512_set1_ps(a##i[at]);                          \
+    acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);         \
+    acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
+            LIME_ROW(0) LIME_ROW(1) LIME_ROW(2) LIME_ROW(3) LIME_ROW(4) LIME_ROW(5) LIME_ROW(6) LIME_ROW(7)
+#undef LIME_ROW
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++)
+            for (int h = 0; h < 2; h++) _mm512_storeu_ps(t.c + (size_t)i * t.ldc + 16 * h, acc[i][h]);
+    }
+};
+#endif
+
+static const int GEMM_KC = 256;       // k per block: a block of a panel is KC x NR floats (32 KB at NR = 32)
+static const int GEMM_MC_TILES = 12;  // at most this many row tiles per block of A
+
+// Runs the kernel on the tile at rows i0.., columns j0.. of C; a tile that
+// C's edge cuts (mr < MR rows or nr < NR columns) goes through a whole tile
+// on the stack, its missing rows of A repeating the last one.
+template <class Kern>
+static void gemm_tile(float* C, size_t ldc, MatView A, const float* b, size_t ldb, int M, int N, int i0, int j0, int k0,
+                      int kc, bool load_c) {
+    const int MR = Kern::MR, NR = Kern::NR;
+    const float* a[MR];
+    for (int i = 0; i < MR; i++) a[i] = A.p + (size_t)std::min(i0 + i, M - 1) * A.rs + (size_t)k0 * A.cs;
+    int mr = std::min(MR, M - i0), nr = std::min(NR, N - j0);
+    float* c = C + (size_t)i0 * ldc + j0;
+    if (mr == MR && nr == NR) {
+        Kern::run({a, A.cs, b, ldb, c, ldc, kc, load_c});
+        return;
+    }
+    alignas(64) float tile[MR * NR];
+    if (load_c)
+        for (int i = 0; i < mr; i++) memcpy(tile + i * NR, c + (size_t)i * ldc, nr * sizeof(float));
+    Kern::run({a, A.cs, b, ldb, tile, (size_t)NR, kc, load_c});
+    for (int i = 0; i < mr; i++) memcpy(c + (size_t)i * ldc, tile + i * NR, nr * sizeof(float));
 }
 
 // C[M, N] (+)= A[M, K] @ B[K, N]; C row-major with row stride ldc.
-// B is read in panels of 32 columns: in place when its rows are contiguous
-// and the panel is whole, else first copied into scratch, zero-padded (at
-// most K * round_up(N, 32) floats). The last row tile repeats A's last row
-// where M runs out, and does not store it. Each element of C sums over k in
-// order, so the result does not depend on the number of threads.
-static void gemm_cpu(float* C, int ldc, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
-    const int MR = GEMM_MR, NR = GEMM_NR;
+// B's panels are read in place when B's rows are contiguous and the panel is
+// whole, else first packed into scratch (panel p at scratch + p * K * NR),
+// zero past column N: at most K * round_up(N, NR) floats.
+template <class Kern>
+static void gemm_blocked(float* C, size_t ldc, MatView A, MatView B, int M, int N, int K, bool accumulate,
+                         float* scratch) {
+    const int MR = Kern::MR, NR = Kern::NR;
     int row_tiles = (M + MR - 1) / MR, panels = (N + NR - 1) / NR;
     auto in_place = [&](int p) { return B.cs == 1 && (p + 1) * NR <= N; };
+    if (K == 0) {  // an empty sum: C = 0, or C unchanged
+        if (!accumulate)
+            for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, N * sizeof(float));
+        return;
+    }
 #pragma omp parallel if ((double)M * N * K > 32768)
     {
+        bool packs = false;
+        for (int p = 0; p < panels; p++) packs |= !in_place(p);
+        if (packs) {
 #pragma omp for schedule(static)
-        for (int p = 0; p < panels; p++) {
-            if (in_place(p)) continue;
-            float* panel = scratch + (size_t)p * K * NR;
-            for (int k = 0; k < K; k++)
+            for (int p = 0; p < panels; p++) {
+                if (in_place(p)) continue;
+                float* panel = scratch + (size_t)p * K * NR;
                 for (int j = 0; j < NR; j++) {
                     size_t col = (size_t)p * NR + j;
-                    panel[(size_t)k * NR + j] = col < (size_t)N ? B.p[k * B.rs + col * B.cs] : 0.0f;
+                    if (col >= (size_t)N)
+                        for (int k = 0; k < K; k++) panel[(size_t)k * NR + j] = 0.0f;
+                    else
+                        for (int k = 0; k < K; k++) panel[(size_t)k * NR + j] = B.p[k * B.rs + col * B.cs];
                 }
-        }
-#pragma omp for collapse(2) schedule(static)
-        for (int rt = 0; rt < row_tiles; rt++)
-            for (int p = 0; p < panels; p++) {
-                int i0 = rt * MR, j0 = p * NR;
-                const float* a[GEMM_MR];
-                for (int i = 0; i < MR; i++) a[i] = A.p + (size_t)std::min(i0 + i, M - 1) * A.rs;
-                const float* b = in_place(p) ? B.p + j0 : scratch + (size_t)p * K * NR;
-                gemm_tile(C + (size_t)i0 * ldc + j0, ldc, a, A.cs, b, in_place(p) ? B.rs : NR, K, std::min(MR, M - i0),
-                          std::min(NR, N - j0), accumulate);
             }
+        }
+        // Work units: a block of row tiles by one panel; at least one unit per
+        // thread, blocks of at most GEMM_MC_TILES tiles, all of about the same size.
+#ifdef _OPENMP
+        int threads = omp_get_num_threads();
+#else
+        int threads = 1;
+#endif
+        int row_blocks = std::max((threads + panels - 1) / panels, (row_tiles + GEMM_MC_TILES - 1) / GEMM_MC_TILES);
+        row_blocks = std::min(row_blocks, row_tiles);
+        int tiles_per_block = (row_tiles + row_blocks - 1) / row_blocks;
+        row_blocks = (row_tiles + tiles_per_block - 1) / tiles_per_block;
+#pragma omp for schedule(static)
+        for (int u = 0; u < row_blocks * panels; u++) {
+            int rb = u / panels, p = u % panels;
+            int t_end = std::min(row_tiles, (rb + 1) * tiles_per_block);
+            const float* b = in_place(p) ? B.p + (size_t)p * NR : scratch + (size_t)p * K * NR;
+            size_t ldb = in_place(p) ? B.rs : NR;
+            for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+                int kc = std::min(GEMM_KC, K - k0);
+                for (int t = rb * tiles_per_block; t < t_end; t++)
+                    gemm_tile<Kern>(C, ldc, A, b + (size_t)k0 * ldb, ldb, M, N, t * MR, p * NR, k0, kc,
+                                    accumulate || k0 > 0);
+            }
+        }
     }
 }
+
+// The micro-kernels this build has, best first: AVX-512, AVX2 + FMA (when the
+// compiler targets them: -march=native on a CPU that has them), portable.
+static const char* const GEMM_KERNELS[] = {
+#if defined(__AVX512F__)
+    "avx512",
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    "avx2",
+#endif
+    "plain"};
+static int gemm_kernel = 0;  // the one in use: the best, except in tests (matmul_fast_use_kernel)
+
+static void gemm_cpu(float* C, size_t ldc, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
+    const char* name = GEMM_KERNELS[gemm_kernel];
+    (void)name;  // (a build with the portable kernel alone)
+#if defined(__AVX512F__)
+    if (!strcmp(name, "avx512")) return gemm_blocked<KernelAvx512>(C, ldc, A, B, M, N, K, accumulate, scratch);
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    if (!strcmp(name, "avx2")) return gemm_blocked<KernelAvx2>(C, ldc, A, B, M, N, K, accumulate, scratch);
+#endif
+    gemm_blocked<KernelPlain>(C, ldc, A, B, M, N, K, accumulate, scratch);
+}
+
+const char* matmul_fast_kernel() { return GEMM_KERNELS[gemm_kernel]; }
+#ifdef LIME_TESTING
+int matmul_fast_kernels() { return (int)(sizeof GEMM_KERNELS / sizeof GEMM_KERNELS[0]); }
+void matmul_fast_use_kernel(int i) { gemm_kernel = i; }
+#endif
 
 // = matmul_forward: out (N, OC) (+)= inp (N, C) @ W^T, W (OC, C).
 // scratch: C * round_up(OC, 32) floats (W^T, packed).
@@ -101,7 +280,7 @@ void matmul_forward_fast(float* out, const float* inp, const float* W, int N, in
 }
 
 // = matmul_backward: dinp (N, C) += dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp
-// scratch: max(N, OC) * round_up(C, 32) floats (used only when C is not a multiple of 32).
+// scratch: max(N, OC) * round_up(C, 32) floats (used only when C is not a multiple of the panel width).
 void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
                           int OC, float* scratch) {
     if (dinp) gemm_cpu(dinp, C, {dout, (size_t)OC, 1}, {W, (size_t)C, 1}, N, C, OC, true, scratch);
@@ -184,7 +363,10 @@ static void router_backward_blocked(float* dWk, float* dWv, float* dKbuf, float*
     int J = (l + 1) * R;
     std::vector<size_t> col = router_columns(l, N, R, hd);
     size_t slice = (size_t)2 * R * J * LANES;  // one chunk's lanes: the keys' (R, J, LANES), then the values'
-    std::vector<float> lanes(ROUTER_CHUNKS * slice);
+    // Every lane is written below before it is read: kept from call to call,
+    // not allocated (1 MB at d = 128: fresh pages and a zero-fill each step).
+    static std::vector<float> lanes;
+    if (lanes.size() < ROUTER_CHUNKS * slice) lanes.resize(ROUTER_CHUNKS * slice);
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < ROUTER_CHUNKS; c++)
         for (int r = 0; r < R; r++)
@@ -348,34 +530,37 @@ static void add_rows_outer(float* dst, size_t ld, int n, const float* const* a, 
     }
 }
 
-// The sum and the maximum of 16 lanes, as a fixed tree.
-static inline float lanes_sum(const float* a) {
-    float b[8], c[4];
-    for (int i = 0; i < 8; i++) b[i] = a[i] + a[i + 8];
-    for (int i = 0; i < 4; i++) c[i] = b[i] + b[i + 4];
-    return (c[0] + c[2]) + (c[1] + c[3]);
-}
-static inline float lanes_max(const float* a) {
-    float b[8], c[4];
-    for (int i = 0; i < 8; i++) b[i] = std::max(a[i], a[i + 8]);
-    for (int i = 0; i < 4; i++) c[i] = std::max(b[i], b[i + 4]);
-    return std::max(std::max(c[0], c[2]), std::max(c[1], c[3]));
-}
+// The sum and the maximum of 16 lanes, as a fixed tree. (Named values, not
+// arrays: an array on the stack, written a float at a time and read back as a
+// vector, stalled the softmax at every row.)
+#define LIME_TREE(op, a)                                                                                       \
+    op(op(op(op(a[0], a[8]), op(a[4], a[12])), op(op(a[2], a[10]), op(a[6], a[14]))),                         \
+       op(op(op(a[1], a[9]), op(a[5], a[13])), op(op(a[3], a[11]), op(a[7], a[15]))))
+static inline float add2(float x, float y) { return x + y; }
+static inline float max2(float x, float y) { return std::max(x, y); }
+static inline float lanes_sum(const float* a) { return LIME_TREE(add2, a); }
+static inline float lanes_max(const float* a) { return LIME_TREE(max2, a); }
+#undef LIME_TREE
 
 // p[u] = softmax of the scores s[u] over u <= t, and 0 for t < u < T. s has
 // n floats, n a multiple of 16; the loops run over 16 lanes, each lane
 // keeping its own maximum and sum, which a fixed tree combines.
+// (The positions past t are masked as the loops read them, not first
+// overwritten: a few scalar stores read back by a vector load stall it.)
 static void softmax_row(float* p, float* s, int t, int n, int T) {
-    for (int u = t + 1; u < n; u++) s[u] = -INFINITY;  // masked: e^-inf = 0
     float mx[16], sum[16];
     for (int i = 0; i < 16; i++) mx[i] = -INFINITY, sum[i] = 0;
     for (int u = 0; u < n; u += 16)
-        for (int i = 0; i < 16; i++) mx[i] = s[u + i] > mx[i] ? s[u + i] : mx[i];
+        for (int i = 0; i < 16; i++) {
+            float x = u + i <= t ? s[u + i] : -INFINITY;  // masked: e^-inf = 0
+            mx[i] = x > mx[i] ? x : mx[i];
+        }
     float m = lanes_max(mx);
     for (int u = 0; u < n; u += 16)
         for (int i = 0; i < 16; i++) {
-            s[u + i] = exp_fast(s[u + i] - m);
-            sum[i] += s[u + i];
+            float e = u + i <= t ? exp_fast(s[u + i] - m) : 0.0f;
+            s[u + i] = e;
+            sum[i] += e;
         }
     float inv = 1.0f / lanes_sum(sum);
     int w = std::min(n, T);
@@ -448,6 +633,7 @@ void attention_forward_fast(float* out, float* att, const float* q, const float*
 // dp[t,u] = dout[t] . v[u]                  dv[u] += sum_t p[t,u] dout[t]
 // ds[t,u] = p[t,u] (dp[t,u] - sum_u' p[t,u'] dp[t,u'])
 // dq[t]   = scale * sum_u ds[t,u] k[u]      dk[u] += scale * sum_t ds[t,u] q[t]
+// att is the forward's, 0 above the diagonal (both forwards write it so).
 // dq is written; dk and dv are added to. One thread owns a (b, kv head) and
 // adds its query heads' and rows' shares in order: the same sums for any thread count.
 template <int LANES>
@@ -480,8 +666,12 @@ static void attention_backward_blocked(float* dq, float* dk, float* dv, const fl
                             ds[j] = in ? buf.rows.data() + (size_t)j * Tp : buf.zero.data();
                         }
                         int n16 = (last + 16) / 16 * 16;
-                        for (int t = t0; t <= last; t++) {  // this row of att, zero-padded to n16
+                        for (int t = t0; t <= last; t++) {  // this row of att, zero to n16
                             const float* from = att + (((size_t)b * H + h) * T + t) * T;
+                            if (n16 <= T) {  // read in place: att is 0 above the diagonal
+                                p[t - t0] = from;
+                                continue;
+                            }
                             float* pj = buf.probs.data() + (size_t)(t - t0) * Tp;
                             memcpy(pj, from, (size_t)(t + 1) * sizeof(float));
                             memset(pj + t + 1, 0, (size_t)(n16 - t - 1) * sizeof(float));

@@ -21,6 +21,13 @@ void matmul_forward_fast(float* out, const float* inp, const float* W, int N, in
 // = matmul_backward; scratch: matmul_fast_scratch_floats(max(N, OC), C).
 void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
                           int OC, float* scratch);
+// The micro-kernel the products use: "avx512", "avx2" or "plain" (the best this build has).
+const char* matmul_fast_kernel();
+#ifdef LIME_TESTING
+// Tests: how many micro-kernels this build has, and which the products use (0 = the best).
+int matmul_fast_kernels();
+void matmul_fast_use_kernel(int i);
+#endif
 // = router_forward, router_backward.
 void router_forward_fast(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
                          int l, int N, int R, int hd);

@@ -844,6 +844,7 @@ TEST(checkpoint_round_trip_and_wrong_architecture_refused) {
 
 static const double FAST_TOL = 2e-5;
 
+// The three products of a layer with the kernel in use, against the plain loops.
 static void check_fast_matmul(int N, int C, int OC, uint64_t seed) {
     std::vector<float> inp = randv((size_t)N * C, seed), W = randv((size_t)OC * C, seed + 1), dout = randv((size_t)N * OC, seed + 2);
     std::vector<float> plain = randv((size_t)N * OC, seed + 3), fast = plain;  // accumulate onto the same values
@@ -851,17 +852,52 @@ static void check_fast_matmul(int N, int C, int OC, uint64_t seed) {
     matmul_forward(plain.data(), inp.data(), W.data(), N, C, OC, true);
     matmul_forward_fast(fast.data(), inp.data(), W.data(), N, C, OC, true, scratch.data());
     double e1 = rel_err(fast.data(), plain.data(), plain.size());
+    std::vector<float> over((size_t)N * OC, 7.0f);  // accumulate = false: every value overwritten
+    matmul_forward_fast(over.data(), inp.data(), W.data(), N, C, OC, false, scratch.data());
+    matmul_forward(plain.data(), inp.data(), W.data(), N, C, OC, false);
+    double e0 = rel_err(over.data(), plain.data(), plain.size());
     std::vector<float> dinp_p((size_t)N * C, 0.5f), dinp_f = dinp_p, dW_p((size_t)OC * C, 0.25f), dW_f = dW_p;
     matmul_backward(dinp_p.data(), dW_p.data(), dout.data(), inp.data(), W.data(), N, C, OC);
     matmul_backward_fast(dinp_f.data(), dW_f.data(), dout.data(), inp.data(), W.data(), N, C, OC, scratch.data());
     double e2 = rel_err(dinp_f.data(), dinp_p.data(), dinp_p.size()), e3 = rel_err(dW_f.data(), dW_p.data(), dW_p.size());
-    CHECK(e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL, "matmul_*_fast vs plain N=%d C=%d OC=%d: out %.1e dinp %.1e dW %.1e", N, C, OC,
-          e1, e2, e3);
+    CHECK(e0 < FAST_TOL && e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL,
+          "matmul_*_fast (%s kernel) vs plain N=%d C=%d OC=%d: out %.1e (accumulating %.1e) dinp %.1e dW %.1e", matmul_fast_kernel(), N,
+          C, OC, e0, e1, e2, e3);
 }
+// Every micro-kernel the build has; sizes that are not multiples of any tile
+// (odd, prime), more than a block of k (256) and of rows.
 TEST(fast_matmul_equals_plain_on_random_shapes) {
-    Rng r(77);
-    for (int i = 0; i < 6; i++) check_fast_matmul(1 + (int)(r.uniform() * 70), 1 + (int)(r.uniform() * 70), 1 + (int)(r.uniform() * 90), 100 + i);
-    check_fast_matmul(64, 32, 96, 7);  // whole tiles and panels only
+    for (int kernel = 0; kernel < matmul_fast_kernels(); kernel++) {
+        matmul_fast_use_kernel(kernel);
+        Rng r(77);
+        for (int i = 0; i < 6; i++) check_fast_matmul(1 + (int)(r.uniform() * 70), 1 + (int)(r.uniform() * 70), 1 + (int)(r.uniform() * 90), 100 + i);
+        check_fast_matmul(64, 32, 96, 7);     // whole tiles and panels only
+        check_fast_matmul(601, 37, 13, 8);    // dW sums 601 rows: three blocks of k
+        check_fast_matmul(211, 300, 53, 9);   // forward and dinp: k over 256, 27 row tiles
+        check_fast_matmul(1, 1, 1, 10);
+    }
+    matmul_fast_use_kernel(0);
+}
+
+// The threads share out whole tiles: the products are the same bits for 1, 2 and 3 threads.
+TEST(fast_matmul_same_bits_for_any_thread_count) {
+    int N = 300, C = 70, OC = 45;
+    std::vector<float> inp = randv((size_t)N * C, 1), W = randv((size_t)OC * C, 2), dout = randv((size_t)N * OC, 3);
+    std::vector<float> scratch(matmul_fast_scratch_floats(std::max({N, OC, C}), std::max(C, OC)));
+    std::vector<std::vector<float>> runs;
+    int before = omp_get_max_threads();
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        std::vector<float> out((size_t)N * OC), dinp((size_t)N * C, 0.5f), dW((size_t)OC * C, 0.25f);
+        matmul_forward_fast(out.data(), inp.data(), W.data(), N, C, OC, false, scratch.data());
+        matmul_backward_fast(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, scratch.data());
+        out.insert(out.end(), dinp.begin(), dinp.end());
+        out.insert(out.end(), dW.begin(), dW.end());
+        runs.push_back(out);
+    }
+    omp_set_num_threads(before);
+    CHECK(runs[0] == runs[1] && runs[0] == runs[2], "matmul_*_fast (%s kernel): out, dinp or dW differ between 1, 2 and 3 threads",
+          matmul_fast_kernel());
 }
 
 static void check_fast_router(int l, int N, int R, int hd, RouterSpan learned, bool separate) {
