@@ -228,7 +228,7 @@ static double mean_loss(Model* model, const std::vector<Sequence>& seqs, int T, 
 // ===========================================================================
 
 static const std::vector<FlagSpec> SHAPE_FLAGS = {
-    {"arch", "lime", "llama or lime"},
+    {"arch", "lime", "llama, lime or hc (Hyper-Connections, the paper's other baseline)"},
     {"layers", "4", "L, transformer layers"},
     {"dim", "32", "d, model width"},
     {"heads", "4", "H, query heads"},
@@ -237,12 +237,14 @@ static const std::vector<FlagSpec> SHAPE_FLAGS = {
     {"router", "static", "lime's router: static (Eq. 2), average, last-J or first-J (paper Table 7)"},
     {"router-kv", "shared", "lime: one router for keys and values (shared) or one each (separate)"},
     {"router-weights", "learned", "lime: learned, or frozen (the control: routers keep their initial values)"},
+    {"hc-rate", "4", "hc: n, the number of residual streams (1 .. 16)"},
+    {"hc-dynamic", "1", "hc: 1 adds the per-token correction of the mixing weights, 0 keeps them static"},
 };
 
 // The model's shape from the shape flags (V and T come from the task or --vocab, --seq-len).
 static Config shape_from_args(Args& a) {
     Config c;
-    std::string arch = a.choice("arch", {"llama", "lime"});
+    std::string arch = a.choice("arch", {"llama", "lime", "hc"});
     arch_parse(arch, &c.arch);
     c.L = (int)a.integer("layers", 1, 256);
     c.d = (int)a.integer("dim", 2, 65536);
@@ -257,6 +259,12 @@ static Config shape_from_args(Args& a) {
     c.router_frozen = a.choice("router-weights", {"learned", "frozen"}) == "frozen";
     if (c.arch == ARCH_LLAMA && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
         a.fail("--router, --router-kv and --router-weights are for --arch lime: llama has no router");
+    if (c.arch == ARCH_HC && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
+        a.fail("--router, --router-kv and --router-weights are for --arch lime: hc has no router");
+    if (c.arch != ARCH_HC && (a.has("hc-rate") || a.has("hc-dynamic")))
+        a.fail("--hc-rate and --hc-dynamic are for --arch hc: " + arch + " has one residual stream");
+    c.hc_rate = (int)a.integer("hc-rate", 1, 16);
+    c.hc_dynamic = a.choice("hc-dynamic", {"0", "1"}) == "1";
     return c;
 }
 
@@ -1480,12 +1488,11 @@ static int cmd_bench(int argc, char** argv) {
 // Parameters (the routers' share) and FLOPs per token against a llama of the same shape.
 static void print_cost(const Model& model) {
     const Config& c = model.c;
-    size_t router_params = 0;
-    for (const TensorSpec& t : model.specs) if (t.group == GROUP_ROUTER) router_params += t.numel;
     Config llama = c;
     model_parse("llama", &llama);
-    printf("parameters: %zu (routers %zu, %.3f%%)\n", model.n_params, router_params,
-           100.0 * router_params / model.n_params);
+    size_t extra = model.n_params - param_count(llama);  // the routers, or hc's mixing weights
+    printf("parameters: %zu (%s %zu, %.3f%%)\n", model.n_params, c.arch == ARCH_HC ? "hc mixing weights" : "routers",
+           extra, 100.0 * extra / model.n_params);
     printf("FLOPs per token, training step at T=%d: %.4g (llama of this shape: %.4g, %+.3f%%)\n", c.T,
            flops_per_token(c, c.T), flops_per_token(llama, c.T),
            100 * (flops_per_token(c, c.T) / flops_per_token(llama, c.T) - 1));
