@@ -329,6 +329,14 @@ static size_t router_scratch_floats(int l, size_t N, int R) {
     return (N + ROUTER_CHUNK - 1) / ROUTER_CHUNK * 2 * R * (l + 1) * R;
 }
 
+// The GPU's HC weight gradient (hc_weights_backward_gpu): dp (BT, n, n+2), then
+// the partial sums of HC_ROWS positions each, (chunks, G) for G weights, in floats.
+#define HC_ROWS 32
+static size_t hc_scratch_floats(const Config& c, size_t BT) {
+    size_t n = c.hc_rate, G = n * (n + 1) + n + (size_t)c.d * (n + 1) + c.d + 2;
+    return BT * n * (n + 2) + (BT + HC_ROWS - 1) / HC_ROWS * G;
+}
+
 // Carves (or, with base == nullptr, only measures) the activations; only the scratch differs between devices.
 static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device dev = DEVICE_CPU, bool flash = false) {
     size_t BT = (size_t)B * c.T, L = c.L, d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd;
@@ -379,7 +387,7 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->vt, gpu * BT * kvd);
     take(&A->dkt, gpu * BT * kvd);
     take(&A->dvt, gpu * BT * kvd);
-    size_t gpu_scratch = std::max(3 * BT * qd, router_scratch_floats(c.L - 1, BT, c.R));
+    size_t gpu_scratch = std::max({3 * BT * qd, router_scratch_floats(c.L - 1, BT, c.R), hc * hc_scratch_floats(c, BT)});
     A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch : FAST_CPU ? fast_scratch_floats(c, BT) : 0;
     take(&A->scratch, A->scratch_floats);
     take(&A->hc_M, hc * 2 * L * (n + 1) * BT * d);
@@ -1387,32 +1395,247 @@ static void hc_depth_backward(float* dy, float* db, float* dM, const float* dXou
     }
 }
 
-#ifdef LIME_GPU  // TEMPORARY (step 2 replaces): the CPU loops on device memory, valid only under the harness
-static void hc_sum_gpu(float* x, const float* X, int n, size_t Nd, cudaStream_t) { hc_sum(x, X, n, Nd); }
-static void hc_expand_gpu(float* X, const float* x, int n, size_t Nd, cudaStream_t) { hc_expand(X, x, n, Nd); }
+#ifdef LIME_GPU
+// x[e] = sum_i X[i][e] (and dx = sum_i dX[i]): one thread per float of (N, d), the streams in order.
+__global__ void hc_sum_kernel(float* x, const float* X, int n, size_t Nd) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= Nd) return;
+    float s = 0;
+    for (int i = 0; i < n; i++) s += X[i * Nd + e];
+    x[e] = s;
+}
+static void hc_sum_gpu(float* x, const float* X, int n, size_t Nd, cudaStream_t stream) {
+    LAUNCH(hc_sum_kernel, ceil_div(Nd, 256), 256, 0, stream)(x, X, n, Nd);
+    launchCheck();
+}
+// X[i][e] = x[e]: one thread per float of (n, N, d).
+__global__ void hc_expand_kernel(float* X, const float* x, int n, size_t Nd) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < n * Nd) X[e] = x[e % Nd];
+}
+static void hc_expand_gpu(float* X, const float* x, int n, size_t Nd, cudaStream_t stream) {
+    LAUNCH(hc_expand_kernel, ceil_div(n * Nd, 256), 256, 0, stream)(X, x, n, Nd);
+    launchCheck();
+}
+
+// The mixing weights: one warp per (position t, stream i). Static: lanes copy
+// the weights. Dynamic: lanes stride over the d columns for the sum of squares
+// and the n+2 products with alpha_fn and beta_fn, then warp sums (fixed trees).
+__global__ void hc_weights_forward_kernel(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X,
+                                          HcParams w, int N, int n, int d, float eps) {
+    int lane = threadIdx.x % 32, ti = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, K = n + 1;
+    if (ti >= N * n) return;  // the whole warp leaves together
+    int t = ti / n, i = ti % n;
+    if (!w.alpha_fn) {
+        for (int k = lane; k < K; k += 32) Aw[ti * K + k] = w.static_alpha[i * K + k];
+        if (lane == 0) bw[ti] = w.static_beta[i];
+        return;
+    }
+    const float* x = X + ((size_t)i * N + t) * d;
+    float ss = 0;
+    for (int j = lane; j < d; j += 32) ss += x[j] * x[j];
+    float r = 1.0f / sqrtf(warp_sum(ss) / d + eps), pa[HC_MAX_RATE + 1], pb = 0;
+    for (int k = 0; k < HC_MAX_RATE + 1; k++) pa[k] = 0;
+    for (int j = lane; j < d; j += 32) {
+        float xn = x[j] * r;
+        for (int k = 0; k < HC_MAX_RATE + 1; k++)
+            if (k < K) pa[k] += xn * w.alpha_fn[j * K + k];
+        pb += xn * w.beta_fn[j];
+    }
+    for (int k = 0; k < HC_MAX_RATE + 1; k++)
+        if (k < K) {
+            float a = tanhf(warp_sum(pa[k]));
+            if (lane == 0) ta[ti * K + k] = a, Aw[ti * K + k] = w.static_alpha[i * K + k] + w.alpha_scale[0] * a;
+        }
+    float b = tanhf(warp_sum(pb));
+    if (lane == 0) tb[ti] = b, bw[ti] = w.static_beta[i] + w.beta_scale[0] * b, rstd[ti] = r;
+}
 static void hc_weights_forward_gpu(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w,
-                                   int N, int n, int d, float eps, cudaStream_t) {
-    hc_weights_forward(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
+                                   int N, int n, int d, float eps, cudaStream_t stream) {
+    const int warps = 4;
+    LAUNCH(hc_weights_forward_kernel, ceil_div((size_t)N * n, warps), 32 * warps, 0, stream)
+        (Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
+    launchCheck();
+}
+
+// Backward of the dynamic weights, in three fixed-order steps, no atomics:
+// 1. one warp per (t, i): dpa (K), dpb into dp (N, n, K+1), and dX += the
+//    gain-less RMSNorm's backward of dXn (warp sums).
+// 2. block (chunk of HC_ROWS positions, weight slice): thread w sums weight w's
+//    terms over its chunk's positions and streams in order into partial[chunk].
+//    The G weights of a sublayer, in this order: static_alpha (n*K),
+//    static_beta (n), alpha_fn (d*K), alpha_scale, beta_fn (d), beta_scale.
+// 3. one thread per weight adds the chunks in order.
+// scratch: N*n*(K+1) floats for dp, then ceil(N / HC_ROWS) * G for the partial sums (hc_scratch_floats).
+__global__ void hc_weights_dx_kernel(float* dX, float* dp, const float* dA, const float* db, const float* X,
+                                     const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n,
+                                     int d) {
+    int lane = threadIdx.x % 32, ti = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, K = n + 1;
+    if (ti >= N * n) return;
+    int t = ti / n, i = ti % n;
+    float dpa[HC_MAX_RATE + 1], dpb = db[ti] * w.beta_scale[0] * (1 - tb[ti] * tb[ti]);
+    for (int k = 0; k < HC_MAX_RATE + 1; k++) {
+        float a = k < K ? ta[ti * K + k] : 0.0f;
+        dpa[k] = k < K ? dA[ti * K + k] * w.alpha_scale[0] * (1 - a * a) : 0.0f;
+        if (k < K && lane == 0) dp[ti * (K + 1) + k] = dpa[k];
+    }
+    if (lane == 0) dp[ti * (K + 1) + K] = dpb;
+    const float* x = X + ((size_t)i * N + t) * d;
+    float* dx = dX + ((size_t)i * N + t) * d;
+    auto dxn = [&](int j) {  // dXn[j] = sum_k alpha_fn[j,k] dpa[k] + beta_fn[j] dpb
+        float g = w.beta_fn[j] * dpb;
+        for (int k = 0; k < HC_MAX_RATE + 1; k++)
+            if (k < K) g += w.alpha_fn[j * K + k] * dpa[k];
+        return g;
+    };
+    float r = rstd[ti], dot = 0;
+    for (int j = lane; j < d; j += 32) dot += dxn(j) * x[j];
+    float k3 = r * r * r * warp_sum(dot) / d;
+    for (int j = lane; j < d; j += 32) dx[j] += r * dxn(j) - x[j] * k3;
+}
+__global__ void hc_weights_partial_kernel(float* partial, const float* dA, const float* db, const float* dp,
+                                          const float* X, const float* rstd, const float* ta, const float* tb, int N,
+                                          int n, int d, int G) {
+    int wi = blockIdx.y * blockDim.x + threadIdx.x, chunk = blockIdx.x, K = n + 1;
+    if (wi >= G) return;
+    int t0 = chunk * HC_ROWS, t1 = min(N, t0 + HC_ROWS), nK = n * K, dK = d * K;
+    float s = 0;
+    for (int t = t0; t < t1; t++) {
+        if (wi < nK) { s += dA[(size_t)t * nK + wi]; continue; }       // static_alpha[i, k]: dA[t, i, k]
+        if (wi < nK + n) { s += db[(size_t)t * n + wi - nK]; continue; } // static_beta[i]: db[t, i]
+        int v = wi - nK - n;
+        for (int i = 0; i < n; i++) {
+            size_t ti = (size_t)t * n + i;
+            const float* x = X + ((size_t)i * N + t) * d;
+            if (v < dK) s += x[v / K] * rstd[ti] * dp[ti * (K + 1) + v % K];  // alpha_fn[j, k]: Xn[j] dpa[k]
+            else if (v == dK)
+                for (int k = 0; k < K; k++) s += dA[ti * K + k] * ta[ti * K + k];  // alpha_scale
+            else if (v <= dK + d) s += x[v - dK - 1] * rstd[ti] * dp[ti * (K + 1) + K];  // beta_fn[j]: Xn[j] dpb
+            else s += db[ti] * tb[ti];                                                  // beta_scale
+        }
+    }
+    partial[(size_t)chunk * G + wi] = s;
+}
+__global__ void hc_weights_reduce_kernel(HcParams dw, const float* partial, int chunks, int n, int d, int G) {
+    int wi = blockIdx.x * blockDim.x + threadIdx.x, K = n + 1;
+    if (wi >= G) return;
+    float s = 0;
+    for (int c = 0; c < chunks; c++) s += partial[(size_t)c * G + wi];
+    int v = wi;
+    float* outs[] = {dw.static_alpha, dw.static_beta, dw.alpha_fn, dw.alpha_scale, dw.beta_fn, dw.beta_scale};
+    int sizes[] = {n * K, n, d * K, 1, d, 1};
+    for (int o = 0; o < 6; v -= sizes[o], o++)
+        if (v < sizes[o]) { outs[o][v] += s; return; }
 }
 static void hc_weights_backward_gpu(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
                                     const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n,
-                                    int d, float*, cudaStream_t) {
-    hc_weights_backward(dX, dw, dA, db, X, rstd, ta, tb, w, N, n, d);
+                                    int d, float* scratch, cudaStream_t stream) {
+    bool dynamic = w.alpha_fn != nullptr;
+    int G = n * (n + 1) + n + (dynamic ? d * (n + 1) + d + 2 : 0), chunks = (int)ceil_div(N, HC_ROWS), warps = 4;
+    float *dp = scratch, *partial = scratch + (size_t)N * n * (n + 2);
+    if (dynamic) {
+        LAUNCH(hc_weights_dx_kernel, ceil_div((size_t)N * n, warps), 32 * warps, 0, stream)
+            (dX, dp, dA, db, X, rstd, ta, tb, w, N, n, d);
+        launchCheck();
+    }
+    LAUNCH(hc_weights_partial_kernel, dim3(chunks, ceil_div(G, 128)), 128, 0, stream)
+        (partial, dA, db, dp, X, rstd, ta, tb, N, n, d, G);
+    launchCheck();
+    LAUNCH(hc_weights_reduce_kernel, ceil_div(G, 128), 128, 0, stream)(dw, partial, chunks, n, d, G);
+    launchCheck();
 }
-static void hc_width_forward_gpu(float* M, const float* X, const float* Aw, int N, int n, int d, cudaStream_t) {
-    hc_width_forward(M, X, Aw, N, n, d);
+
+// M[k][t, j] = sum_i A[t,i,k] X[i][t, j]: one thread per float of M, the streams in order.
+__global__ void hc_width_forward_kernel(float* M, const float* X, const float* Aw, int N, int n, int d) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, Nd = (size_t)N * d;
+    if (e >= (n + 1) * Nd) return;
+    int k = (int)(e / Nd), t = (int)(e % Nd / d), K = n + 1;
+    float s = 0;
+    for (int i = 0; i < n; i++) s += Aw[((size_t)t * n + i) * K + k] * X[i * Nd + e % Nd];
+    M[e] = s;
+}
+static void hc_width_forward_gpu(float* M, const float* X, const float* Aw, int N, int n, int d, cudaStream_t stream) {
+    LAUNCH(hc_width_forward_kernel, ceil_div((size_t)(n + 1) * N * d, 256), 256, 0, stream)(M, X, Aw, N, n, d);
+    launchCheck();
+}
+// dX[i][t, j] = sum_k A[t,i,k] dM[k][t, j]: one thread per float of dX, the mixtures in order.
+__global__ void hc_width_backward_dx_kernel(float* dX, const float* dM, const float* Aw, int N, int n, int d) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, Nd = (size_t)N * d;
+    if (e >= n * Nd) return;
+    int i = (int)(e / Nd), t = (int)(e % Nd / d), K = n + 1;
+    float s = 0;
+    for (int k = 0; k < K; k++) s += Aw[((size_t)t * n + i) * K + k] * dM[k * Nd + e % Nd];
+    dX[e] = s;
+}
+// dA[t,i,k] = dM[k][t] . X[i][t]: one warp per weight, lanes stride over d, then a warp sum.
+__global__ void hc_width_backward_da_kernel(float* dA, const float* dM, const float* X, int N, int n, int d) {
+    int lane = threadIdx.x % 32, w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, K = n + 1;
+    if (w >= N * n * K) return;
+    int t = w / (n * K), i = w / K % n, k = w % K;
+    const float* dm = dM + ((size_t)k * N + t) * d;
+    const float* x = X + ((size_t)i * N + t) * d;
+    float s = 0;
+    for (int j = lane; j < d; j += 32) s += dm[j] * x[j];
+    s = warp_sum(s);
+    if (lane == 0) dA[w] = s;
 }
 static void hc_width_backward_gpu(float* dX, float* dA, const float* dM, const float* X, const float* Aw, int N, int n,
-                                  int d, cudaStream_t) {
-    hc_width_backward(dX, dA, dM, X, Aw, N, n, d);
+                                  int d, cudaStream_t stream) {
+    LAUNCH(hc_width_backward_dx_kernel, ceil_div((size_t)n * N * d, 256), 256, 0, stream)(dX, dM, Aw, N, n, d);
+    launchCheck();
+    const int warps = 4;
+    LAUNCH(hc_width_backward_da_kernel, ceil_div((size_t)N * n * (n + 1), warps), 32 * warps, 0, stream)
+        (dA, dM, X, N, n, d);
+    launchCheck();
+}
+
+// X'[i][t, j] = b[t,i] y[t, j] + M[1+i][t, j]: one thread per float of X'.
+__global__ void hc_depth_forward_kernel(float* Xout, const float* y, const float* M, const float* bw, int N, int n,
+                                        int d) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, Nd = (size_t)N * d;
+    if (e >= n * Nd) return;
+    int i = (int)(e / Nd), t = (int)(e % Nd / d);
+    Xout[e] = bw[(size_t)t * n + i] * y[e % Nd] + M[Nd + e];
 }
 static void hc_depth_forward_gpu(float* Xout, const float* y, const float* M, const float* bw, int N, int n, int d,
-                                 cudaStream_t) {
-    hc_depth_forward(Xout, y, M, bw, N, n, d);
+                                 cudaStream_t stream) {
+    LAUNCH(hc_depth_forward_kernel, ceil_div((size_t)n * N * d, 256), 256, 0, stream)(Xout, y, M, bw, N, n, d);
+    launchCheck();
+}
+// dy[t, j] = sum_i b[t,i] dX'[i][t, j], dM[0] = 0, dM[1+i] = dX'[i]: one thread per float of (N, d).
+__global__ void hc_depth_backward_dy_kernel(float* dy, float* dM, const float* dXout, const float* bw, int N, int n,
+                                            int d) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, Nd = (size_t)N * d;
+    if (e >= Nd) return;
+    int t = (int)(e / d);
+    float s = 0;
+    for (int i = 0; i < n; i++) {
+        float g = dXout[i * Nd + e];
+        s += bw[(size_t)t * n + i] * g;
+        dM[(1 + i) * Nd + e] = g;
+    }
+    dy[e] = s;
+    dM[e] = 0.0f;
+}
+// db[t,i] = dX'[i][t] . y[t]: one warp per (t, i), then a warp sum.
+__global__ void hc_depth_backward_db_kernel(float* db, const float* dXout, const float* y, int N, int n, int d) {
+    int lane = threadIdx.x % 32, ti = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (ti >= N * n) return;
+    int t = ti / n, i = ti % n;
+    const float* g = dXout + ((size_t)i * N + t) * d;
+    const float* yt = y + (size_t)t * d;
+    float s = 0;
+    for (int j = lane; j < d; j += 32) s += g[j] * yt[j];
+    s = warp_sum(s);
+    if (lane == 0) db[ti] = s;
 }
 static void hc_depth_backward_gpu(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw,
-                                  int N, int n, int d, cudaStream_t) {
-    hc_depth_backward(dy, db, dM, dXout, y, bw, N, n, d);
+                                  int N, int n, int d, cudaStream_t stream) {
+    LAUNCH(hc_depth_backward_dy_kernel, ceil_div((size_t)N * d, 256), 256, 0, stream)(dy, dM, dXout, bw, N, n, d);
+    launchCheck();
+    const int warps = 4;
+    LAUNCH(hc_depth_backward_db_kernel, ceil_div((size_t)N * n, warps), 32 * warps, 0, stream)(db, dXout, y, N, n, d);
+    launchCheck();
 }
 #endif
 
