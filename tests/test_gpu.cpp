@@ -488,7 +488,7 @@ static std::string fmt_err(double e) {
 }
 
 // The reference vectors through the GPU path: what ./lime verify --device gpu checks.
-// tol_bwd_tf32: the gradients' tolerance under TF32 (SPEC: HC's need more than 1e-2).
+// tol_bwd_tf32: the gradients' tolerance under TF32 (docs/model.md: HC's need more than 1e-2).
 static std::string golden_on_gpu(const std::string& path, bool tf32, std::string* worst, double tol_bwd_tf32 = 1e-2) {
     SafeTensors st;
     std::string err = st_read(path, &st);
@@ -567,7 +567,7 @@ TEST(gpu_matches_reference_vectors_float32) {
 TEST(gpu_matches_reference_vectors_tf32) {
     NEED_GPU();
     for (const char* path : GOLDEN) {
-        // HC's gradients are sums that nearly cancel: under TF32 they reach 1e-2 to 3e-2 (SPEC.md, Hyper-Connections)
+        // HC's gradients are sums that nearly cancel: under TF32 they reach 1e-2 to 3e-2 (docs/model.md, Hyper-Connections)
         bool hc = strstr(path, "/hc_") != nullptr;
         std::string worst, err = golden_on_gpu(path, true, &worst, hc ? 3e-2 : 1e-2);
         CHECK(err.empty(), "%s", err.c_str());

@@ -617,6 +617,23 @@ TEST(hc_init_is_the_authors) {
     model_free(&m);
 }
 
+// The memory estimate (memory_needed, from acts_carve) holds HC's n streams:
+// x and xa n times wider, the mixtures M (n+1 per sublayer), and its parameters.
+TEST(hc_memory_estimate_counts_the_streams) {
+    int n = 3;
+    Config l = tiny_config(ARCH_LLAMA, 4, 2), h = hc_config(n, true, 4, 2);
+    size_t B = 2, BT = B * h.T, d = h.d, L = h.L;
+    Acts a;
+    std::vector<float> mem(acts_carve(&a, h, (int)B, nullptr));
+    acts_carve(&a, h, (int)B, mem.data());
+    CHECK((size_t)(a.xa - a.x) == (L + 1) * n * BT * d, "hc x holds %zu floats, want (L+1) n B T d = %zu", (size_t)(a.xa - a.x), (L + 1) * n * BT * d);
+    double extra = memory_needed(h, (int)B, DEVICE_CPU, false) - memory_needed(l, (int)B, DEVICE_CPU, false);
+    double streams = 4.0 * ((n - 1) * (2 * L + 2) * BT * d + 2 * L * (n + 1) * BT * d);  // x, xa and dx wider; M
+    double params = 16.0 * 2 * L * (n + n * (n + 1) + d * (n + 1) + d + 2);             // weights, grads, Adam m, v
+    CHECK(extra >= streams + params, "hc needs %.0f bytes more than llama, want at least %.0f (streams) + %.0f (params)", extra, streams, params);
+    CHECK(param_count(h) - param_count(l) == 2 * L * (n + n * (n + 1) + d * (n + 1) + d + 2), "hc parameters %zu vs llama %zu", param_count(h), param_count(l));
+}
+
 TEST(router_init_is_uniform_with_identity_block) {
     Config c = tiny_config(ARCH_LIME, 4, 2);
     Model m;
