@@ -6,7 +6,10 @@
 // with a learned mixture of all buffered layers 0..l (Eq. 2 of the paper):
 //   Kr[t, r] = sum_{l' <= l, r'} W[l][r, l'*R + r'] * K[l'][t, r']
 // That mixture, `router_forward`, is the one place the two models differ:
-// `if (has_router(c, l))` in forward_pass and backward_pass.
+// `if (has_router(c, l))` in forward_pass and backward_pass. The paper's other
+// baseline, Hyper-Connections (--arch hc), widens the residual stream into n
+// streams; its ops replace the sublayer's input and its residual add, the
+// `if (hc)` lines of the same passes.
 //
 // Read it top to bottom:
 //   1. the config and the parameters (param_specs: every tensor, its HF name
@@ -15,7 +18,7 @@
 //      (forward, then backward restating the forward line it differentiates),
 //      the CUDA kernel and its launcher, and the op's dispatcher op_*();
 //      in order: matrix products, embedding, RMSNorm, RoPE, the KV router,
-//      attention, SwiGLU, cross-entropy, AdamW;
+//      Hyper-Connections, attention, SwiGLU, cross-entropy, AdamW;
 //   3. forward_pass, backward_pass and update_pass: the model, written once
 //      for both devices and both architectures;
 //   4. the public calls (support/lime.h), then the GPU's memory and staging.
