@@ -6,7 +6,10 @@
 // with a learned mixture of all buffered layers 0..l (Eq. 2 of the paper):
 //   Kr[t, r] = sum_{l' <= l, r'} W[l][r, l'*R + r'] * K[l'][t, r']
 // That mixture, `router_forward`, is the one place the two models differ:
-// `if (has_router(c, l))` in forward_pass and backward_pass.
+// `if (has_router(c, l))` in forward_pass and backward_pass. The paper's other
+// baseline, Hyper-Connections (--arch hc), widens the residual stream into n
+// streams; its ops replace the sublayer's input and its residual add, the
+// `if (hc)` lines of the same passes.
 //
 // Read it top to bottom:
 //   1. the config and the parameters (param_specs: every tensor, its HF name
@@ -15,7 +18,7 @@
 //      (forward, then backward restating the forward line it differentiates),
 //      the CUDA kernel and its launcher, and the op's dispatcher op_*();
 //      in order: matrix products, embedding, RMSNorm, RoPE, the KV router,
-//      attention, SwiGLU, cross-entropy, AdamW;
+//      Hyper-Connections, attention, SwiGLU, cross-entropy, AdamW;
 //   3. forward_pass, backward_pass and update_pass: the model, written once
 //      for both devices and both architectures;
 //   4. the public calls (support/lime.h), then the GPU's memory and staging.
@@ -80,7 +83,7 @@ static const bool FAST_CPU = true;
 // Config and parameters
 // ===========================================================================
 
-const char* arch_name(Arch a) { return a == ARCH_LIME ? "lime" : "llama"; }
+const char* arch_name(Arch a) { return a == ARCH_LIME ? "lime" : a == ARCH_HC ? "hc" : "llama"; }
 
 std::string router_name(const Config& c) {
     switch (c.router) {
@@ -112,8 +115,10 @@ std::string config_check(const Config& c) {
     if (c.F < 1) return fail("--ffn %d must be at least 1", c.F);
     if (c.T < 1) return fail("--seq-len %d must be at least 1", c.T);
     if (!(c.rope_theta > 0) || !(c.eps > 0)) return fail("rope_theta and rms_norm_eps must be positive");
-    if (c.arch == ARCH_LLAMA && (c.router != ROUTER_STATIC || c.router_kv_separate || c.router_frozen))
-        return fail("--router and --router-kv are for --arch lime: llama has no router");
+    if (c.arch != ARCH_LIME && (c.router != ROUTER_STATIC || c.router_kv_separate || c.router_frozen))
+        return fail("--router and --router-kv are for --arch lime: %s has no router", arch_name(c.arch));
+    if (c.arch == ARCH_HC && (c.hc_rate < 1 || c.hc_rate > 16))
+        return fail("--hc-rate %d must be 1 .. 16 (the number of residual streams; the paper's is 4)", c.hc_rate);
     if ((c.router == ROUTER_LAST || c.router == ROUTER_FIRST) && (c.router_j < 1 || c.router_j > c.L))
         return fail("--router %s: J must be 1 .. %d (the number of layers)", router_name(c).c_str(), c.L);
     return "";
@@ -182,6 +187,17 @@ std::vector<TensorSpec> param_specs(const Config& c) {
         add(p + "mlp.gate_proj.weight", {c.F, c.d}, GROUP_MATRIX);
         add(p + "mlp.up_proj.weight", {c.F, c.d}, GROUP_MATRIX);
         add(p + "mlp.down_proj.weight", {c.d, c.F}, GROUP_MATRIX);
+        for (const char* sub : {"hc_attn.", "hc_mlp."}) {  // Hyper-Connections: n streams
+            if (c.arch != ARCH_HC) break;
+            int n = c.hc_rate;
+            add(p + sub + "static_beta", {n}, GROUP_EMBED_GAIN);
+            add(p + sub + "static_alpha", {n, n + 1}, GROUP_EMBED_GAIN);
+            if (!c.hc_dynamic) continue;
+            add(p + sub + "dynamic_alpha_fn", {c.d, n + 1}, GROUP_MATRIX);
+            add(p + sub + "dynamic_alpha_scale", {1}, GROUP_MATRIX);
+            add(p + sub + "dynamic_beta_fn", {c.d}, GROUP_MATRIX);
+            add(p + sub + "dynamic_beta_scale", {1}, GROUP_MATRIX);
+        }
     }
     add("model.norm.weight", {c.d}, GROUP_EMBED_GAIN);
     return specs;
@@ -213,6 +229,13 @@ Params params_carve(const Config& c, float* base) {
         w.Wg = next();
         w.Wu = next();
         w.Wd = next();
+        for (int s = 0; s < (c.arch == ARCH_HC ? 2 : 0); s++) {  // hc_attn, hc_mlp
+            HcParams h = {};
+            h.static_beta = next();
+            h.static_alpha = next();
+            if (c.hc_dynamic) h.alpha_fn = next(), h.alpha_scale = next(), h.beta_fn = next(), h.beta_scale = next();
+            p.hc.push_back(h);
+        }
     }
     p.g_final = next();
     return p;
@@ -226,7 +249,8 @@ Params params_carve(const Config& c, float* base) {
 struct Acts {
     float* mem = nullptr;
     bool flash = false;  // GPU flash attention: att keeps one number per row, not the probabilities
-    // forward, kept for backward
+    // forward, kept for backward. With hc, the residual stream is n streams:
+    // x, xa and dx are n times wider, (.., n, B, T, d) stream-major (Hyper-Connections).
     float* x;        // (L+1, B, T, d) residual stream entering layer l; x[L] enters the final norm
     float* xa;       // (L, B, T, d)   residual stream after attention
     float* attn_in;  // (L, B, T, d)   rmsnorm(x) entering attention
@@ -272,6 +296,19 @@ struct Acts {
                      // GPU: attention's head-major q, out/dout and dq (3, B, T, H*hd), rmsnorm's gain partials,
                      // flash attention's D (B, H, T), the router's and the embedding's partial sums
     size_t scratch_floats;  // its size, in floats
+    // Hyper-Connections (hc only; empty otherwise), per sublayer s = 2l (attention), 2l+1 (MLP):
+    float* hc_M;     // (2L, n+1, B, T, d) the width connection's mixtures; the sublayer reads mixture 0
+    float* hc_y;     // (2L, B, T, d)      the sublayer's output, before the depth connection
+    float* hc_A;     // (2L, B, T, n, n+1) the mixing weights alpha of each position
+    float* hc_b;     // (2L, B, T, n)      ... and beta
+    float* hc_rstd;  // (2L, B, T, n)      dynamic: 1 / rms of each stream
+    float* hc_ta;    // (2L, B, T, n, n+1) dynamic: tanh(Xn @ dynamic_alpha_fn)
+    float* hc_tb;    // (2L, B, T, n)      dynamic: tanh(Xn @ dynamic_beta_fn)
+    float* hc_x;     // (B, T, d) the embedding before it fills every stream; then the streams' sum (final norm's input)
+    float* hc_dM;    // (n+1, B, T, d) backward scratch: gradient of the mixtures
+    float* hc_dy;    // (B, T, d)      gradient of the sublayer's output (and of hc_x)
+    float* hc_dA;    // (B, T, n, n+1) gradient of the mixing weights
+    float* hc_db;    // (B, T, n)
     float* rope_cos; // (T, hd/2)
     float* rope_sin; // (T, hd/2)
 };
@@ -295,16 +332,25 @@ static size_t router_scratch_floats(int l, size_t N, int R) {
     return (N + ROUTER_CHUNK - 1) / ROUTER_CHUNK * 2 * R * (l + 1) * R;
 }
 
+// The GPU's HC weight gradient (hc_weights_backward_gpu): dp (BT, n, n+2), then
+// the partial sums of HC_ROWS positions each, (chunks, G) for G weights, in floats.
+#define HC_ROWS 32
+static size_t hc_scratch_floats(const Config& c, size_t BT) {
+    size_t n = c.hc_rate, G = n * (n + 1) + n + (size_t)c.d * (n + 1) + c.d + 2;
+    return BT * n * (n + 2) + (BT + HC_ROWS - 1) / HC_ROWS * G;
+}
+
 // Carves (or, with base == nullptr, only measures) the activations; only the scratch differs between devices.
 static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device dev = DEVICE_CPU, bool flash = false) {
     size_t BT = (size_t)B * c.T, L = c.L, d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd;
+    size_t n = hc_streams(c), hc = c.arch == ARCH_HC ? 1 : 0, hcd = hc && c.hc_dynamic ? 1 : 0;
     size_t off = 0;
     auto take = [&](float** p, size_t n) { if (base) *p = base + off; off += (n + 15) & ~(size_t)15; };
     auto take_int = [&](int** p, size_t n) { if (base) *p = (int*)(base + off); off += (n + 15) & ~(size_t)15; };
     flash = flash && dev == DEVICE_GPU;
     A->flash = flash;
-    take(&A->x, (L + 1) * BT * d);
-    take(&A->xa, L * BT * d);
+    take(&A->x, (L + 1) * n * BT * d);
+    take(&A->xa, L * n * BT * d);
     take(&A->attn_in, L * BT * d);
     take(&A->rstd_a, L * BT);
     take(&A->q, L * BT * qd);
@@ -327,7 +373,7 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take_int(&A->targets, BT);
     take(&A->mask, BT);
     take_int(&A->tokens, BT);
-    take(&A->dx, BT * d);
+    take(&A->dx, n * BT * d);
     take(&A->dnorm, BT * d);
     take(&A->dq, BT * qd);
     take(&A->dkr, BT * kvd);
@@ -344,9 +390,21 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->vt, gpu * BT * kvd);
     take(&A->dkt, gpu * BT * kvd);
     take(&A->dvt, gpu * BT * kvd);
-    size_t gpu_scratch = std::max(3 * BT * qd, router_scratch_floats(c.L - 1, BT, c.R));
+    size_t gpu_scratch = std::max({3 * BT * qd, router_scratch_floats(c.L - 1, BT, c.R), hc * hc_scratch_floats(c, BT)});
     A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch : FAST_CPU ? fast_scratch_floats(c, BT) : 0;
     take(&A->scratch, A->scratch_floats);
+    take(&A->hc_M, hc * 2 * L * (n + 1) * BT * d);
+    take(&A->hc_y, hc * 2 * L * BT * d);
+    take(&A->hc_A, hc * 2 * L * BT * n * (n + 1));
+    take(&A->hc_b, hc * 2 * L * BT * n);
+    take(&A->hc_rstd, hcd * 2 * L * BT * n);
+    take(&A->hc_ta, hcd * 2 * L * BT * n * (n + 1));
+    take(&A->hc_tb, hcd * 2 * L * BT * n);
+    take(&A->hc_x, hc * BT * d);
+    take(&A->hc_dM, hc * (n + 1) * BT * d);
+    take(&A->hc_dy, hc * BT * d);
+    take(&A->hc_dA, hc * BT * n * (n + 1));
+    take(&A->hc_db, hc * BT * n);
     take(&A->rope_cos, (size_t)c.T * c.hd / 2);
     take(&A->rope_sin, (size_t)c.T * c.hd / 2);
     return off;
@@ -1135,6 +1193,504 @@ static void op_router_backward(Model* model, float* dWk, float* dWv, float* dKbu
 }
 
 // ===========================================================================
+// Hyper-Connections (--arch hc; Zhu et al., arXiv 2409.19606), the paper's
+// other baseline: the residual stream becomes n streams X (n, N, d), and each
+// sublayer (attention, then the MLP) reads and writes them through small
+// learned mixing weights, at each position t < N:
+//   weights  A[t] = static_alpha + alpha_scale * tanh(Xn[t] @ alpha_fn)    (n, n+1)
+//            b[t] = static_beta  + beta_scale  * tanh(Xn[t] @ beta_fn)     (n)
+//            Xn[i][t] = X[i][t] * rstd,  rstd = 1 / sqrt(mean_j X[i][t,j]^2 + eps)  (RMSNorm, no gain)
+//            (static HC, hc_dynamic false: A[t] = static_alpha, b[t] = static_beta)
+//   width    M[k][t]  = sum_i A[t,i,k] * X[i][t]        k = 0..n      M (n+1, N, d)
+//   sublayer y = sub(rmsnorm(M[0], g))                   y (N, d)
+//   depth    X'[i][t] = b[t,i] * y[t] + M[1+i][t]        X' (n, N, d)
+// The embedding fills every stream (hc_expand) and the final norm reads their
+// sum (hc_sum). X is stream-major, so stream i and mixture k are (N, d) arrays
+// like LLaMa's x; A (N, n, n+1) and b (N, n) hold one small matrix per position.
+// With n = 1 and the initial weights (A = [1 | 1], b = 1) this is LLaMa exactly.
+// HcParams w: static_beta (n), static_alpha (n, n+1), alpha_fn (d, n+1),
+// alpha_scale (1), beta_fn (d), beta_scale (1); the last four nullptr when static.
+// ===========================================================================
+
+// x[t] = sum_i X[i][t]: the final norm's input. Also the backward of hc_expand: dx = sum_i dX[i].
+static void hc_sum(float* x, const float* X, int n, size_t Nd) {
+#pragma omp parallel for schedule(static) if (Nd > 65536)
+    for (size_t e = 0; e < Nd; e++) {
+        float s = 0;
+        for (int i = 0; i < n; i++) s += X[i * Nd + e];
+        x[e] = s;
+    }
+}
+// X[i][t] = x[t] for every stream i: the embedding. Also the backward of hc_sum: dX[i] = dx.
+static void hc_expand(float* X, const float* x, int n, size_t Nd) {
+    for (int i = 0; i < n; i++) copy_cpu(X + i * Nd, x, Nd);
+}
+
+#define HC_MAX_RATE 16  // config_check: n <= 16, so a position's n+1 mixing weights fit in registers
+// A (N, n, n+1), b (N, n) from X (n, N, d); dynamic also keeps rstd (N, n) of
+// each stream and the tanh values ta (N, n, n+1), tb (N, n), for backward.
+static void hc_weights_forward(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w,
+                               int N, int n, int d, float eps) {
+    int K = n + 1;
+    size_t Nd = (size_t)N * d;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++)
+        for (int i = 0; i < n; i++) {
+            size_t ti = (size_t)t * n + i;
+            if (!w.alpha_fn) {  // static
+                for (int k = 0; k < K; k++) Aw[ti * K + k] = w.static_alpha[i * K + k];
+                bw[ti] = w.static_beta[i];
+                continue;
+            }
+            const float* x = X + i * Nd + (size_t)t * d;
+            float ss = 0;
+            for (int j = 0; j < d; j++) ss += x[j] * x[j];
+            float r = 1.0f / sqrtf(ss / d + eps), pa[HC_MAX_RATE + 1] = {}, pb = 0;
+            for (int j = 0; j < d; j++) {
+                float xn = x[j] * r;
+                for (int k = 0; k < K; k++) pa[k] += xn * w.alpha_fn[j * K + k];
+                pb += xn * w.beta_fn[j];
+            }
+            for (int k = 0; k < K; k++) {
+                ta[ti * K + k] = tanhf(pa[k]);
+                Aw[ti * K + k] = w.static_alpha[i * K + k] + w.alpha_scale[0] * ta[ti * K + k];
+            }
+            tb[ti] = tanhf(pb);
+            bw[ti] = w.static_beta[i] + w.beta_scale[0] * tb[ti];
+            rstd[ti] = r;
+        }
+}
+
+// forward: A[t] = static_alpha + alpha_scale * ta[t],  ta = tanh(pa),  pa[t,i,k] = sum_j Xn[i][t,j] alpha_fn[j,k]
+//          b[t] = static_beta  + beta_scale  * tb[t],  tb = tanh(pb),  pb[t,i]   = sum_j Xn[i][t,j] beta_fn[j]
+//          Xn[i][t] = X[i][t] * rstd[t,i]
+// d static_alpha += sum_t dA[t];   d static_beta += sum_t db[t]
+// d alpha_scale += sum_{t,i,k} dA * ta;   dpa = dA * alpha_scale * (1 - ta^2)   (beta alike)
+// d alpha_fn[j,k] += sum_{t,i} Xn[i][t,j] dpa[t,i,k];   d beta_fn[j] += sum_{t,i} Xn[i][t,j] dpb[t,i]
+// dXn[i][t,j] = sum_k alpha_fn[j,k] dpa[t,i,k] + beta_fn[j] dpb[t,i]
+// dX[i][t] += rstd * dXn - X * rstd^3 * mean_j(dXn_j X_j)       (RMSNorm's backward with gain 1)
+// The weight gradients are summed over CHUNKS fixed slices of the positions,
+// then the slices in order: the same for any thread count.
+static void hc_weights_backward(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
+                                const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d) {
+    int K = n + 1;
+    size_t Nd = (size_t)N * d;
+    bool dyn = w.alpha_fn != nullptr;
+    // one chunk's sums: static_alpha (n*K), static_beta (n), then alpha_fn (d*K), alpha_scale, beta_fn (d), beta_scale
+    size_t G = (size_t)n * K + n + (dyn ? (size_t)d * K + d + 2 : 0);
+    std::vector<float> part((size_t)CHUNKS * G, 0.0f);
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < CHUNKS; c++) {
+        float *sa = &part[(size_t)c * G], *sb = sa + n * K, *afn = sb + n, *as = afn + (size_t)d * K, *bfn = as + 1,
+              *bs = bfn + d;
+        std::vector<float> dxn(dyn ? d : 0);
+        for (size_t t = (size_t)N * c / CHUNKS; t < (size_t)N * (c + 1) / CHUNKS; t++)
+            for (int i = 0; i < n; i++) {
+                size_t ti = t * n + i;
+                for (int k = 0; k < K; k++) sa[i * K + k] += dA[ti * K + k];
+                sb[i] += db[ti];
+                if (!dyn) continue;
+                float dpa[HC_MAX_RATE + 1], dpb = db[ti] * w.beta_scale[0] * (1 - tb[ti] * tb[ti]);
+                for (int k = 0; k < K; k++) {
+                    float a = ta[ti * K + k];
+                    as[0] += dA[ti * K + k] * a;
+                    dpa[k] = dA[ti * K + k] * w.alpha_scale[0] * (1 - a * a);
+                }
+                bs[0] += db[ti] * tb[ti];
+                const float* x = X + i * Nd + t * d;
+                float* dx = dX + i * Nd + t * d;
+                float r = rstd[ti], dot = 0;
+                for (int j = 0; j < d; j++) {
+                    float xn = x[j] * r, g = w.beta_fn[j] * dpb;
+                    for (int k = 0; k < K; k++) {
+                        afn[j * K + k] += xn * dpa[k];
+                        g += w.alpha_fn[j * K + k] * dpa[k];
+                    }
+                    bfn[j] += xn * dpb;
+                    dxn[j] = g;
+                    dot += g * x[j];
+                }
+                float k3 = r * r * r * dot / d;
+                for (int j = 0; j < d; j++) dx[j] += r * dxn[j] - x[j] * k3;
+            }
+    }
+    float* outs[] = {dw.static_alpha, dw.static_beta, dw.alpha_fn, dw.alpha_scale, dw.beta_fn, dw.beta_scale};
+    size_t sizes[] = {(size_t)n * K, (size_t)n, (size_t)d * K, 1, (size_t)d, 1};
+    for (int c = 0; c < CHUNKS; c++) {
+        const float* src = &part[(size_t)c * G];
+        for (int o = 0; o < (dyn ? 6 : 2); src += sizes[o], o++)
+            for (size_t e = 0; e < sizes[o]; e++) outs[o][e] += src[e];
+    }
+}
+
+// M[k][t] = sum_i A[t,i,k] * X[i][t]: the width connection.
+static void hc_width_forward(float* M, const float* X, const float* Aw, int N, int n, int d) {
+    int K = n + 1;
+    size_t Nd = (size_t)N * d;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++)
+        for (int k = 0; k < K; k++)
+            for (int j = 0; j < d; j++) {
+                float s = 0;
+                for (int i = 0; i < n; i++) s += Aw[((size_t)t * n + i) * K + k] * X[i * Nd + (size_t)t * d + j];
+                M[k * Nd + (size_t)t * d + j] = s;
+            }
+}
+
+// forward: M[k][t] = sum_i A[t,i,k] * X[i][t]
+// dA[t,i,k] = dM[k][t] . X[i][t];   dX[i][t] = sum_k A[t,i,k] * dM[k][t]   (both written, not added)
+static void hc_width_backward(float* dX, float* dA, const float* dM, const float* X, const float* Aw, int N, int n,
+                              int d) {
+    int K = n + 1;
+    size_t Nd = (size_t)N * d;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++)
+        for (int i = 0; i < n; i++) {
+            const float* x = X + i * Nd + (size_t)t * d;
+            const float* a = Aw + ((size_t)t * n + i) * K;
+            for (int k = 0; k < K; k++) {
+                const float* dm = dM + k * Nd + (size_t)t * d;
+                float s = 0;
+                for (int j = 0; j < d; j++) s += dm[j] * x[j];
+                dA[((size_t)t * n + i) * K + k] = s;
+            }
+            for (int j = 0; j < d; j++) {
+                float s = 0;
+                for (int k = 0; k < K; k++) s += a[k] * dM[k * Nd + (size_t)t * d + j];
+                dX[i * Nd + (size_t)t * d + j] = s;
+            }
+        }
+}
+
+// X'[i][t] = b[t,i] * y[t] + M[1+i][t]: the depth connection (X' and M must not overlap).
+static void hc_depth_forward(float* Xout, const float* y, const float* M, const float* bw, int N, int n, int d) {
+    size_t Nd = (size_t)N * d;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++)
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < d; j++) {
+                size_t e = (size_t)t * d + j;
+                Xout[i * Nd + e] = bw[(size_t)t * n + i] * y[e] + M[(1 + i) * Nd + e];
+            }
+}
+
+// forward: X'[i][t] = b[t,i] * y[t] + M[1+i][t]
+// dy[t] = sum_i b[t,i] * dX'[i][t];   db[t,i] = dX'[i][t] . y[t];   dM[1+i] = dX'[i]
+// All written, not added; dM[0] = 0, for the sublayer's norm to add its gradient into.
+static void hc_depth_backward(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw,
+                              int N, int n, int d) {
+    size_t Nd = (size_t)N * d;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        for (int j = 0; j < d; j++) {
+            size_t e = (size_t)t * d + j;
+            float s = 0;
+            for (int i = 0; i < n; i++) s += bw[(size_t)t * n + i] * dXout[i * Nd + e];
+            dy[e] = s;
+            dM[e] = 0.0f;
+            for (int i = 0; i < n; i++) dM[(1 + i) * Nd + e] = dXout[i * Nd + e];
+        }
+        for (int i = 0; i < n; i++) {
+            float s = 0;
+            for (int j = 0; j < d; j++) s += dXout[i * Nd + (size_t)t * d + j] * y[(size_t)t * d + j];
+            db[(size_t)t * n + i] = s;
+        }
+    }
+}
+
+#ifdef LIME_GPU
+// x[e] = sum_i X[i][e] (and dx = sum_i dX[i]): one thread per float of (N, d), the streams in order.
+__global__ void hc_sum_kernel(float* x, const float* X, int n, size_t Nd) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= Nd) return;
+    float s = 0;
+    for (int i = 0; i < n; i++) s += X[i * Nd + e];
+    x[e] = s;
+}
+static void hc_sum_gpu(float* x, const float* X, int n, size_t Nd, cudaStream_t stream) {
+    LAUNCH(hc_sum_kernel, ceil_div(Nd, 256), 256, 0, stream)(x, X, n, Nd);
+    launchCheck();
+}
+// X[i][e] = x[e]: one thread per float of (n, N, d).
+__global__ void hc_expand_kernel(float* X, const float* x, int n, size_t Nd) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < n * Nd) X[e] = x[e % Nd];
+}
+static void hc_expand_gpu(float* X, const float* x, int n, size_t Nd, cudaStream_t stream) {
+    LAUNCH(hc_expand_kernel, ceil_div(n * Nd, 256), 256, 0, stream)(X, x, n, Nd);
+    launchCheck();
+}
+
+// The mixing weights: one warp per (position t, stream i). Static: lanes copy
+// the weights. Dynamic: lanes stride over the d columns for the sum of squares
+// and the n+2 products with alpha_fn and beta_fn, then warp sums (fixed trees).
+__global__ void hc_weights_forward_kernel(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X,
+                                          HcParams w, int N, int n, int d, float eps) {
+    int lane = threadIdx.x % 32, ti = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, K = n + 1;
+    if (ti >= N * n) return;  // the whole warp leaves together
+    int t = ti / n, i = ti % n;
+    if (!w.alpha_fn) {
+        for (int k = lane; k < K; k += 32) Aw[ti * K + k] = w.static_alpha[i * K + k];
+        if (lane == 0) bw[ti] = w.static_beta[i];
+        return;
+    }
+    const float* x = X + ((size_t)i * N + t) * d;
+    float ss = 0;
+    for (int j = lane; j < d; j += 32) ss += x[j] * x[j];
+    float r = 1.0f / sqrtf(warp_sum(ss) / d + eps), pa[HC_MAX_RATE + 1], pb = 0;
+    for (int k = 0; k < HC_MAX_RATE + 1; k++) pa[k] = 0;
+    for (int j = lane; j < d; j += 32) {
+        float xn = x[j] * r;
+        for (int k = 0; k < HC_MAX_RATE + 1; k++)
+            if (k < K) pa[k] += xn * w.alpha_fn[j * K + k];
+        pb += xn * w.beta_fn[j];
+    }
+    for (int k = 0; k < HC_MAX_RATE + 1; k++)
+        if (k < K) {
+            float a = tanhf(warp_sum(pa[k]));
+            if (lane == 0) ta[ti * K + k] = a, Aw[ti * K + k] = w.static_alpha[i * K + k] + w.alpha_scale[0] * a;
+        }
+    float b = tanhf(warp_sum(pb));
+    if (lane == 0) tb[ti] = b, bw[ti] = w.static_beta[i] + w.beta_scale[0] * b, rstd[ti] = r;
+}
+static void hc_weights_forward_gpu(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w,
+                                   int N, int n, int d, float eps, cudaStream_t stream) {
+    const int warps = 4;
+    LAUNCH(hc_weights_forward_kernel, ceil_div((size_t)N * n, warps), 32 * warps, 0, stream)
+        (Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
+    launchCheck();
+}
+
+// Backward of the dynamic weights, in three fixed-order steps, no atomics:
+// 1. one warp per (t, i): dpa (K), dpb into dp (N, n, K+1), and dX += the
+//    gain-less RMSNorm's backward of dXn (warp sums).
+// 2. block (chunk of HC_ROWS positions, weight slice): thread w sums weight w's
+//    terms over its chunk's positions and streams in order into partial[chunk].
+//    The G weights of a sublayer, in this order: static_alpha (n*K),
+//    static_beta (n), alpha_fn (d*K), alpha_scale, beta_fn (d), beta_scale.
+// 3. one thread per weight adds the chunks in order.
+// scratch: N*n*(K+1) floats for dp, then ceil(N / HC_ROWS) * G for the partial sums (hc_scratch_floats).
+__global__ void hc_weights_dx_kernel(float* dX, float* dp, const float* dA, const float* db, const float* X,
+                                     const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n,
+                                     int d) {
+    int lane = threadIdx.x % 32, ti = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, K = n + 1;
+    if (ti >= N * n) return;
+    int t = ti / n, i = ti % n;
+    float dpa[HC_MAX_RATE + 1], dpb = db[ti] * w.beta_scale[0] * (1 - tb[ti] * tb[ti]);
+    for (int k = 0; k < HC_MAX_RATE + 1; k++) {
+        float a = k < K ? ta[ti * K + k] : 0.0f;
+        dpa[k] = k < K ? dA[ti * K + k] * w.alpha_scale[0] * (1 - a * a) : 0.0f;
+        if (k < K && lane == 0) dp[ti * (K + 1) + k] = dpa[k];
+    }
+    if (lane == 0) dp[ti * (K + 1) + K] = dpb;
+    const float* x = X + ((size_t)i * N + t) * d;
+    float* dx = dX + ((size_t)i * N + t) * d;
+    auto dxn = [&](int j) {  // dXn[j] = sum_k alpha_fn[j,k] dpa[k] + beta_fn[j] dpb
+        float g = w.beta_fn[j] * dpb;
+        for (int k = 0; k < HC_MAX_RATE + 1; k++)
+            if (k < K) g += w.alpha_fn[j * K + k] * dpa[k];
+        return g;
+    };
+    float r = rstd[ti], dot = 0;
+    for (int j = lane; j < d; j += 32) dot += dxn(j) * x[j];
+    float k3 = r * r * r * warp_sum(dot) / d;
+    for (int j = lane; j < d; j += 32) dx[j] += r * dxn(j) - x[j] * k3;
+}
+__global__ void hc_weights_partial_kernel(float* partial, const float* dA, const float* db, const float* dp,
+                                          const float* X, const float* rstd, const float* ta, const float* tb, int N,
+                                          int n, int d, int G) {
+    int wi = blockIdx.y * blockDim.x + threadIdx.x, chunk = blockIdx.x, K = n + 1;
+    if (wi >= G) return;
+    int t0 = chunk * HC_ROWS, t1 = min(N, t0 + HC_ROWS), nK = n * K, dK = d * K;
+    float s = 0;
+    for (int t = t0; t < t1; t++) {
+        if (wi < nK) { s += dA[(size_t)t * nK + wi]; continue; }       // static_alpha[i, k]: dA[t, i, k]
+        if (wi < nK + n) { s += db[(size_t)t * n + wi - nK]; continue; } // static_beta[i]: db[t, i]
+        int v = wi - nK - n;
+        for (int i = 0; i < n; i++) {
+            size_t ti = (size_t)t * n + i;
+            const float* x = X + ((size_t)i * N + t) * d;
+            if (v < dK) s += x[v / K] * rstd[ti] * dp[ti * (K + 1) + v % K];  // alpha_fn[j, k]: Xn[j] dpa[k]
+            else if (v == dK)
+                for (int k = 0; k < K; k++) s += dA[ti * K + k] * ta[ti * K + k];  // alpha_scale
+            else if (v <= dK + d) s += x[v - dK - 1] * rstd[ti] * dp[ti * (K + 1) + K];  // beta_fn[j]: Xn[j] dpb
+            else s += db[ti] * tb[ti];                                                  // beta_scale
+        }
+    }
+    partial[(size_t)chunk * G + wi] = s;
+}
+__global__ void hc_weights_reduce_kernel(HcParams dw, const float* partial, int chunks, int n, int d, int G) {
+    int wi = blockIdx.x * blockDim.x + threadIdx.x, K = n + 1;
+    if (wi >= G) return;
+    float s = 0;
+    for (int c = 0; c < chunks; c++) s += partial[(size_t)c * G + wi];
+    int v = wi;
+    float* outs[] = {dw.static_alpha, dw.static_beta, dw.alpha_fn, dw.alpha_scale, dw.beta_fn, dw.beta_scale};
+    int sizes[] = {n * K, n, d * K, 1, d, 1};
+    for (int o = 0; o < 6; v -= sizes[o], o++)
+        if (v < sizes[o]) { outs[o][v] += s; return; }
+}
+static void hc_weights_backward_gpu(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
+                                    const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n,
+                                    int d, float* scratch, cudaStream_t stream) {
+    bool dynamic = w.alpha_fn != nullptr;
+    int G = n * (n + 1) + n + (dynamic ? d * (n + 1) + d + 2 : 0), chunks = (int)ceil_div(N, HC_ROWS), warps = 4;
+    float *dp = scratch, *partial = scratch + (size_t)N * n * (n + 2);
+    if (dynamic) {
+        LAUNCH(hc_weights_dx_kernel, ceil_div((size_t)N * n, warps), 32 * warps, 0, stream)
+            (dX, dp, dA, db, X, rstd, ta, tb, w, N, n, d);
+        launchCheck();
+    }
+    LAUNCH(hc_weights_partial_kernel, dim3(chunks, ceil_div(G, 128)), 128, 0, stream)
+        (partial, dA, db, dp, X, rstd, ta, tb, N, n, d, G);
+    launchCheck();
+    LAUNCH(hc_weights_reduce_kernel, ceil_div(G, 128), 128, 0, stream)(dw, partial, chunks, n, d, G);
+    launchCheck();
+}
+
+// M[k][t, j] = sum_i A[t,i,k] X[i][t, j]: one thread per float of M, the streams in order.
+__global__ void hc_width_forward_kernel(float* M, const float* X, const float* Aw, int N, int n, int d) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, Nd = (size_t)N * d;
+    if (e >= (n + 1) * Nd) return;
+    int k = (int)(e / Nd), t = (int)(e % Nd / d), K = n + 1;
+    float s = 0;
+    for (int i = 0; i < n; i++) s += Aw[((size_t)t * n + i) * K + k] * X[i * Nd + e % Nd];
+    M[e] = s;
+}
+static void hc_width_forward_gpu(float* M, const float* X, const float* Aw, int N, int n, int d, cudaStream_t stream) {
+    LAUNCH(hc_width_forward_kernel, ceil_div((size_t)(n + 1) * N * d, 256), 256, 0, stream)(M, X, Aw, N, n, d);
+    launchCheck();
+}
+// dX[i][t, j] = sum_k A[t,i,k] dM[k][t, j]: one thread per float of dX, the mixtures in order.
+__global__ void hc_width_backward_dx_kernel(float* dX, const float* dM, const float* Aw, int N, int n, int d) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, Nd = (size_t)N * d;
+    if (e >= n * Nd) return;
+    int i = (int)(e / Nd), t = (int)(e % Nd / d), K = n + 1;
+    float s = 0;
+    for (int k = 0; k < K; k++) s += Aw[((size_t)t * n + i) * K + k] * dM[k * Nd + e % Nd];
+    dX[e] = s;
+}
+// dA[t,i,k] = dM[k][t] . X[i][t]: one warp per weight, lanes stride over d, then a warp sum.
+__global__ void hc_width_backward_da_kernel(float* dA, const float* dM, const float* X, int N, int n, int d) {
+    int lane = threadIdx.x % 32, w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, K = n + 1;
+    if (w >= N * n * K) return;
+    int t = w / (n * K), i = w / K % n, k = w % K;
+    const float* dm = dM + ((size_t)k * N + t) * d;
+    const float* x = X + ((size_t)i * N + t) * d;
+    float s = 0;
+    for (int j = lane; j < d; j += 32) s += dm[j] * x[j];
+    s = warp_sum(s);
+    if (lane == 0) dA[w] = s;
+}
+static void hc_width_backward_gpu(float* dX, float* dA, const float* dM, const float* X, const float* Aw, int N, int n,
+                                  int d, cudaStream_t stream) {
+    LAUNCH(hc_width_backward_dx_kernel, ceil_div((size_t)n * N * d, 256), 256, 0, stream)(dX, dM, Aw, N, n, d);
+    launchCheck();
+    const int warps = 4;
+    LAUNCH(hc_width_backward_da_kernel, ceil_div((size_t)N * n * (n + 1), warps), 32 * warps, 0, stream)
+        (dA, dM, X, N, n, d);
+    launchCheck();
+}
+
+// X'[i][t, j] = b[t,i] y[t, j] + M[1+i][t, j]: one thread per float of X'.
+__global__ void hc_depth_forward_kernel(float* Xout, const float* y, const float* M, const float* bw, int N, int n,
+                                        int d) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, Nd = (size_t)N * d;
+    if (e >= n * Nd) return;
+    int i = (int)(e / Nd), t = (int)(e % Nd / d);
+    Xout[e] = bw[(size_t)t * n + i] * y[e % Nd] + M[Nd + e];
+}
+static void hc_depth_forward_gpu(float* Xout, const float* y, const float* M, const float* bw, int N, int n, int d,
+                                 cudaStream_t stream) {
+    LAUNCH(hc_depth_forward_kernel, ceil_div((size_t)n * N * d, 256), 256, 0, stream)(Xout, y, M, bw, N, n, d);
+    launchCheck();
+}
+// dy[t, j] = sum_i b[t,i] dX'[i][t, j], dM[0] = 0, dM[1+i] = dX'[i]: one thread per float of (N, d).
+__global__ void hc_depth_backward_dy_kernel(float* dy, float* dM, const float* dXout, const float* bw, int N, int n,
+                                            int d) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, Nd = (size_t)N * d;
+    if (e >= Nd) return;
+    int t = (int)(e / d);
+    float s = 0;
+    for (int i = 0; i < n; i++) {
+        float g = dXout[i * Nd + e];
+        s += bw[(size_t)t * n + i] * g;
+        dM[(1 + i) * Nd + e] = g;
+    }
+    dy[e] = s;
+    dM[e] = 0.0f;
+}
+// db[t,i] = dX'[i][t] . y[t]: one warp per (t, i), then a warp sum.
+__global__ void hc_depth_backward_db_kernel(float* db, const float* dXout, const float* y, int N, int n, int d) {
+    int lane = threadIdx.x % 32, ti = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (ti >= N * n) return;
+    int t = ti / n, i = ti % n;
+    const float* g = dXout + ((size_t)i * N + t) * d;
+    const float* yt = y + (size_t)t * d;
+    float s = 0;
+    for (int j = lane; j < d; j += 32) s += g[j] * yt[j];
+    s = warp_sum(s);
+    if (lane == 0) db[ti] = s;
+}
+static void hc_depth_backward_gpu(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw,
+                                  int N, int n, int d, cudaStream_t stream) {
+    LAUNCH(hc_depth_backward_dy_kernel, ceil_div((size_t)N * d, 256), 256, 0, stream)(dy, dM, dXout, bw, N, n, d);
+    launchCheck();
+    const int warps = 4;
+    LAUNCH(hc_depth_backward_db_kernel, ceil_div((size_t)N * n, warps), 32 * warps, 0, stream)(db, dXout, y, N, n, d);
+    launchCheck();
+}
+#endif
+
+static void op_hc_sum(Model* model, float* x, const float* X, int N) {
+    int n = model->c.hc_rate;
+    size_t Nd = (size_t)N * model->c.d;
+    DISPATCH(model, hc_sum_gpu(x, X, n, Nd, stream_of(model)), hc_sum(x, X, n, Nd));
+}
+static void op_hc_expand(Model* model, float* X, const float* x, int N) {
+    int n = model->c.hc_rate;
+    size_t Nd = (size_t)N * model->c.d;
+    DISPATCH(model, hc_expand_gpu(X, x, n, Nd, stream_of(model)), hc_expand(X, x, n, Nd));
+}
+static void op_hc_weights_forward(Model* model, float* Aw, float* bw, float* rstd, float* ta, float* tb,
+                                  const float* X, const HcParams& w, int N) {
+    const Config& c = model->c;
+    DISPATCH(model, hc_weights_forward_gpu(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps, stream_of(model)),
+             hc_weights_forward(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps));
+}
+static void op_hc_weights_backward(Model* model, float* dX, const HcParams& dw, const float* dA, const float* db,
+                                   const float* X, const float* rstd, const float* ta, const float* tb,
+                                   const HcParams& w, int N) {
+    const Config& c = model->c;
+    DISPATCH(model,
+             hc_weights_backward_gpu(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d, pass_acts(model)->scratch,
+                                     stream_of(model)),
+             hc_weights_backward(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d));
+}
+static void op_hc_width_forward(Model* model, float* M, const float* X, const float* Aw, int N) {
+    const Config& c = model->c;
+    DISPATCH(model, hc_width_forward_gpu(M, X, Aw, N, c.hc_rate, c.d, stream_of(model)),
+             hc_width_forward(M, X, Aw, N, c.hc_rate, c.d));
+}
+static void op_hc_width_backward(Model* model, float* dX, float* dA, const float* dM, const float* X, const float* Aw,
+                                 int N) {
+    const Config& c = model->c;
+    DISPATCH(model, hc_width_backward_gpu(dX, dA, dM, X, Aw, N, c.hc_rate, c.d, stream_of(model)),
+             hc_width_backward(dX, dA, dM, X, Aw, N, c.hc_rate, c.d));
+}
+static void op_hc_depth_forward(Model* model, float* Xout, const float* y, const float* M, const float* bw, int N) {
+    const Config& c = model->c;
+    DISPATCH(model, hc_depth_forward_gpu(Xout, y, M, bw, N, c.hc_rate, c.d, stream_of(model)),
+             hc_depth_forward(Xout, y, M, bw, N, c.hc_rate, c.d));
+}
+static void op_hc_depth_backward(Model* model, float* dy, float* db, float* dM, const float* dXout, const float* y,
+                                 const float* bw, int N) {
+    const Config& c = model->c;
+    DISPATCH(model, hc_depth_backward_gpu(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d, stream_of(model)),
+             hc_depth_backward(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d));
+}
+
+// ===========================================================================
 // Causal GQA attention. Query head h reads kv head r = h / (H / R):
 //   s[h,t,u] = q[t,h] . k[u,r] / sqrt(hd)  (u <= t);  p = softmax_u(s)
 //   o[t,h]   = sum_u p[h,t,u] * v[u,r]
@@ -1683,10 +2239,11 @@ struct LayerActs {
 };
 static LayerActs layer_acts(const Acts* A, const Config& c, int l, int B, int T) {
     size_t BT = (size_t)B * T, d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd;
+    size_t stream = hc_streams(c) * BT * d;  // the residual stream: n streams with hc
     LayerActs la;
-    la.x = A->x + l * BT * d;
-    la.xnext = A->x + (l + 1) * BT * d;
-    la.xa = A->xa + l * BT * d;
+    la.x = A->x + l * stream;
+    la.xnext = A->x + (l + 1) * stream;
+    la.xa = A->xa + l * stream;
     la.attn_in = A->attn_in + l * BT * d;
     la.rstd_a = A->rstd_a + l * BT;
     la.q = A->q + l * BT * qd;
@@ -1702,6 +2259,45 @@ static LayerActs layer_acts(const Acts* A, const Config& c, int l, int B, int T)
     la.up = A->up + l * BT * c.F;
     la.h = A->h + l * BT * c.F;
     return la;
+}
+
+// Pointers of sublayer s's Hyper-Connection activations (s = 2l attention, 2l+1 MLP), for a (B, T) batch.
+struct HcActs {
+    float *M, *y, *A, *b, *rstd, *ta, *tb;
+};
+static HcActs hc_acts(const Acts* A, const Config& c, int s, int B, int T) {
+    size_t BT = (size_t)B * T, d = c.d, n = c.hc_rate, dyn = c.hc_dynamic ? 1 : 0;
+    return HcActs{A->hc_M + s * (n + 1) * BT * d, A->hc_y + s * BT * d,           A->hc_A + s * BT * n * (n + 1),
+                  A->hc_b + s * BT * n,           A->hc_rstd + dyn * s * BT * n,  A->hc_ta + dyn * s * BT * n * (n + 1),
+                  A->hc_tb + dyn * s * BT * n};
+}
+
+// HC's sublayer input: the mixing weights of the streams X (n, N, d), then the
+// width connection; returns mixture 0 (N, d), what the sublayer's norm reads.
+static const float* hc_sublayer_input(Model* model, const HcActs& h, const float* X, const HcParams& w, int N) {
+    op_hc_weights_forward(model, h.A, h.b, h.rstd, h.ta, h.tb, X, w, N);
+    op_hc_width_forward(model, h.M, X, h.A, N);
+    return h.M;
+}
+// HC's residual: y = inp (N, C) @ W^T, then the depth connection into Xout (n, N, d).
+static void hc_sublayer_output(Model* model, float* Xout, const HcActs& h, const float* inp, const float* W, int N,
+                               int C) {
+    op_matmul_forward(model, h.y, inp, W, N, C, model->c.d);
+    op_hc_depth_forward(model, Xout, h.y, h.M, h.b, N);
+}
+// Backward of hc_sublayer_output, from dXout (n, N, d): returns dy (N, d), the
+// gradient of the sublayer's output; fills dM[1..n] and zeroes dM[0].
+static const float* hc_output_backward(Model* model, const HcActs& h, const float* dXout, int N) {
+    Acts* A = pass_acts(model);
+    op_hc_depth_backward(model, A->hc_dy, A->hc_db, A->hc_dM, dXout, h.y, h.b, N);
+    return A->hc_dy;
+}
+// Backward of hc_sublayer_input once dM (n+1, N, d) is complete: writes dX (n, N, d), adds the HC tensors' gradients.
+static void hc_input_backward(Model* model, float* dX, const HcActs& h, const float* X, const HcParams& w,
+                              const HcParams& dw, int N) {
+    Acts* A = pass_acts(model);
+    op_hc_width_backward(model, dX, A->hc_dA, A->hc_dM, X, h.A, N);
+    op_hc_weights_backward(model, dX, dw, A->hc_dA, A->hc_db, X, h.rstd, h.ta, h.tb, w, N);
 }
 
 static const Params& pass_params(Model* model) {
@@ -1733,12 +2329,16 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
     Acts* A = pass_acts(model);
     const Params& P = pass_params(model);
     int N = B * T, d = c.d, qd = c.H * c.hd, kvd = c.R * c.hd;
-    op_embedding_forward(model, A->x, A->tokens, P.E, N);  // x[0] (B, T, d)
+    bool hc = c.arch == ARCH_HC;  // Hyper-Connections: n residual streams
+    op_embedding_forward(model, hc ? A->hc_x : A->x, A->tokens, P.E, N);  // x[0] (B, T, d)
+    if (hc) op_hc_expand(model, A->x, A->hc_x, N);                          // into every stream (n, B, T, d)
     for (int l = 0; l < c.L; l++) {
         const LayerParams& w = P.layer[l];
         LayerActs la = layer_acts(A, c, l, B, T);
+        HcActs ha = hc ? hc_acts(A, c, 2 * l, B, T) : HcActs{}, hm = hc ? hc_acts(A, c, 2 * l + 1, B, T) : HcActs{};
         // attention block
-        op_rmsnorm_forward(model, la.attn_in, la.rstd_a, la.x, w.g_attn, N);
+        const float* a_in = hc ? hc_sublayer_input(model, ha, la.x, P.hc[2 * l], N) : la.x;
+        op_rmsnorm_forward(model, la.attn_in, la.rstd_a, a_in, w.g_attn, N);
         op_matmul_forward(model, la.q, la.attn_in, w.Wq, N, d, qd);   // (B, T, H, hd)
         op_matmul_forward(model, la.K, la.attn_in, w.Wk, N, d, kvd);  // (B, T, R, hd) into the buffer
         op_matmul_forward(model, la.V, la.attn_in, w.Wv, N, d, kvd);
@@ -1752,17 +2352,27 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         op_rope_forward(model, la.q, B, T, c.H);
         op_rope_forward(model, la.kr, B, T, c.R);
         op_attention_forward(model, la.o, la.att, la.q, la.kr, vr, B, T);
-        op_copy(model, la.xa, la.x, (size_t)N * d);
-        op_matmul_forward(model, la.xa, la.o, w.Wo, N, qd, d, true);  // xa = x + o @ Wo^T
+        if (hc) {
+            hc_sublayer_output(model, la.xa, ha, la.o, w.Wo, N, qd);  // xa = b * (o @ Wo^T) + M[1..n]
+        } else {
+            op_copy(model, la.xa, la.x, (size_t)N * d);
+            op_matmul_forward(model, la.xa, la.o, w.Wo, N, qd, d, true);  // xa = x + o @ Wo^T
+        }
         // MLP block
-        op_rmsnorm_forward(model, la.mlp_in, la.rstd_m, la.xa, w.g_mlp, N);
+        const float* m_in = hc ? hc_sublayer_input(model, hm, la.xa, P.hc[2 * l + 1], N) : la.xa;
+        op_rmsnorm_forward(model, la.mlp_in, la.rstd_m, m_in, w.g_mlp, N);
         op_matmul_forward(model, la.gate, la.mlp_in, w.Wg, N, d, c.F);
         op_matmul_forward(model, la.up, la.mlp_in, w.Wu, N, d, c.F);
         op_swiglu_forward(model, la.h, la.gate, la.up, (size_t)N * c.F);
-        op_copy(model, la.xnext, la.xa, (size_t)N * d);
-        op_matmul_forward(model, la.xnext, la.h, w.Wd, N, c.F, d, true);  // x = xa + h @ Wd^T
+        if (hc) {
+            hc_sublayer_output(model, la.xnext, hm, la.h, w.Wd, N, c.F);  // x = b * (h @ Wd^T) + M[1..n]
+        } else {
+            op_copy(model, la.xnext, la.xa, (size_t)N * d);
+            op_matmul_forward(model, la.xnext, la.h, w.Wd, N, c.F, d, true);  // x = xa + h @ Wd^T
+        }
     }
-    float* xL = A->x + (size_t)c.L * N * d;
+    float* xL = layer_acts(A, c, c.L, B, T).x;
+    if (hc) op_hc_sum(model, A->hc_x, xL, N), xL = A->hc_x;  // the streams' sum
     op_rmsnorm_forward(model, A->hf, A->rstd_f, xL, P.g_final, N);
     op_matmul_forward(model, A->logits, A->hf, P.E, N, d, c.V);  // tied: logits = hf @ E^T
     if (with_loss) op_crossentropy_forward(model, A->probs, A->nll, A->logits, A->targets, A->mask, N);
@@ -1783,26 +2393,34 @@ static void backward_pass(Model* model, int B, int T) {
     op_crossentropy_backward(model, dlogits, A->targets, A->mask, N);
     op_zero(model, A->dnorm, (size_t)N * d);
     op_matmul_backward(model, A->dnorm, G.E, dlogits, A->hf, P.E, N, d, c.V);
-    op_zero(model, A->dx, (size_t)N * d);
-    float* xL = A->x + (size_t)c.L * N * d;
-    op_rmsnorm_backward(model, A->dx, G.g_final, A->dnorm, xL, P.g_final, A->rstd_f, N);
+    bool hc = c.arch == ARCH_HC;  // Hyper-Connections: n residual streams
+    float* dxL = hc ? A->hc_dy : A->dx;  // hc: the gradient of the streams' sum, then of every stream
+    op_zero(model, dxL, (size_t)N * d);
+    float* xL = hc ? A->hc_x : layer_acts(A, c, c.L, B, T).x;
+    op_rmsnorm_backward(model, dxL, G.g_final, A->dnorm, xL, P.g_final, A->rstd_f, N);
+    if (hc) op_hc_expand(model, A->dx, dxL, N);  // forward: x = sum_i X[i]
     for (int l = c.L - 1; l >= 0; l--) {
         const LayerParams& w = P.layer[l];
         const LayerParams& gw = G.layer[l];
         LayerActs la = layer_acts(A, c, l, B, T);
+        HcActs ha = hc ? hc_acts(A, c, 2 * l, B, T) : HcActs{}, hm = hc ? hc_acts(A, c, 2 * l + 1, B, T) : HcActs{};
         float* dK = A->dKbuf + l * kv_layer;  // (B, T, R, hd): complete once layers > l are done
         float* dV = A->dVbuf + l * kv_layer;
         // MLP block. forward: xnext = xa + h @ Wd^T, h = swiglu(mlp_in Wg^T, mlp_in Wu^T), mlp_in = rmsnorm(xa)
+        // (hc: forward xnext = b * (h @ Wd^T) + M[1..n], M = mixtures of xa, mlp_in = rmsnorm(M[0]))
+        const float* dy = hc ? hc_output_backward(model, hm, A->dx, N) : A->dx;  // gradient of h @ Wd^T
         op_zero(model, A->dh, (size_t)N * c.F);
-        op_matmul_backward(model, A->dh, gw.Wd, A->dx, la.h, w.Wd, N, c.F, d);
+        op_matmul_backward(model, A->dh, gw.Wd, dy, la.h, w.Wd, N, c.F, d);
         op_swiglu_backward(model, A->dgate, A->dup, A->dh, la.gate, la.up, (size_t)N * c.F);
         op_zero(model, A->dnorm, (size_t)N * d);
         op_matmul_backward(model, A->dnorm, gw.Wg, A->dgate, la.mlp_in, w.Wg, N, d, c.F);
         op_matmul_backward(model, A->dnorm, gw.Wu, A->dup, la.mlp_in, w.Wu, N, d, c.F);
-        op_rmsnorm_backward(model, A->dx, gw.g_mlp, A->dnorm, la.xa, w.g_mlp, la.rstd_m, N);  // dx is now d xa
-        // attention block. forward: xa = x + o @ Wo^T
+        op_rmsnorm_backward(model, hc ? A->hc_dM : A->dx, gw.g_mlp, A->dnorm, hc ? hm.M : la.xa, w.g_mlp, la.rstd_m, N);
+        if (hc) hc_input_backward(model, A->dx, hm, la.xa, P.hc[2 * l + 1], G.hc[2 * l + 1], N);  // dx is now d xa
+        // attention block. forward: xa = x + o @ Wo^T  (hc: xa = b * (o @ Wo^T) + M[1..n], M = mixtures of x)
+        dy = hc ? hc_output_backward(model, ha, A->dx, N) : A->dx;  // gradient of o @ Wo^T
         op_zero(model, A->dout, (size_t)N * qd);
-        op_matmul_backward(model, A->dout, gw.Wo, A->dx, la.o, w.Wo, N, qd, d);
+        op_matmul_backward(model, A->dout, gw.Wo, dy, la.o, w.Wo, N, qd, d);
         bool routed = has_router(c, l);
         float* dvr = routed ? A->dvr : dV;  // without a router, attention's values are the buffer itself
         op_zero(model, A->dkr, kv_layer);
@@ -1822,9 +2440,12 @@ static void backward_pass(Model* model, int B, int T) {
         op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd);
         op_matmul_backward(model, A->dnorm, gw.Wk, dK, la.attn_in, w.Wk, N, d, kvd);
         op_matmul_backward(model, A->dnorm, gw.Wv, dV, la.attn_in, w.Wv, N, d, kvd);
-        op_rmsnorm_backward(model, A->dx, gw.g_attn, A->dnorm, la.x, w.g_attn, la.rstd_a, N);  // dx is now d x[l]
+        op_rmsnorm_backward(model, hc ? A->hc_dM : A->dx, gw.g_attn, A->dnorm, hc ? ha.M : la.x, w.g_attn, la.rstd_a,
+                            N);
+        if (hc) hc_input_backward(model, A->dx, ha, la.x, P.hc[2 * l], G.hc[2 * l], N);  // dx is now d x[l]
     }
-    op_embedding_backward(model, G.E, A->dx, A->tokens, N);
+    if (hc) op_hc_sum(model, A->hc_dy, A->dx, N);  // forward: X[i] = x[0] for every stream
+    op_embedding_backward(model, G.E, hc ? A->hc_dy : A->dx, A->tokens, N);
 }
 
 // Global norm, clipping and AdamW with model->numbers (docs/training.md).
@@ -1959,6 +2580,22 @@ void model_init(Model* model, uint64_t seed) {
     for (int l = 0; l < c.L; l++)
         if (model->p.layer[l].router_v)
             memcpy(model->p.layer[l].router_v, model->p.layer[l].router, (size_t)c.R * (l + 1) * c.R * sizeof(float));
+    // Hyper-Connections (the authors' init): static_beta = 1; static_alpha's
+    // column 0 = e_{l mod n} (sublayers of layer l read stream l mod n), columns
+    // 1..n = I (every stream passes through); the dynamic correction starts at
+    // 0 (alpha_fn, beta_fn = 0) with scales 0.01.
+    for (size_t s = 0; s < model->p.hc.size(); s++) {
+        const HcParams& h = model->p.hc[s];
+        int n = c.hc_rate, K = n + 1, l = (int)s / 2;
+        for (int i = 0; i < n; i++) {
+            h.static_beta[i] = 1.0f;
+            for (int k = 0; k < K; k++) h.static_alpha[i * K + k] = (k == 0 ? i == l % n : k == 1 + i) ? 1.0f : 0.0f;
+        }
+        if (!h.alpha_fn) continue;
+        memset(h.alpha_fn, 0, (size_t)c.d * K * sizeof(float));
+        memset(h.beta_fn, 0, (size_t)c.d * sizeof(float));
+        h.alpha_scale[0] = h.beta_scale[0] = 0.01f;
+    }
     memset(model->adam_m, 0, 2 * model->n_params * sizeof(float));
     model->step = 0;
     model_to_device(model);  // initialised on the host, copied to the device
@@ -2009,20 +2646,29 @@ const float* model_logits(Model* model) { return model->acts->logits; }
 const float* model_probe(Model* model, Probe what, int l) {
     const Config& c = model->c;
     size_t BT = (size_t)model->cur_B * model->cur_T;
-    size_t n = BT * (what == PROBE_HIDDEN ? c.d : c.R * c.hd);
+    size_t n = BT * (what == PROBE_HIDDEN ? c.d : c.R * c.hd), streams = what == PROBE_HIDDEN ? hc_streams(c) : 1;
     bool routed = what == PROBE_VALUES && has_router(c, l);
-    size_t at = what == PROBE_HIDDEN ? (l + 1) * n : l * n;  // x[l + 1]: the stream leaving layer l
+    size_t at = what == PROBE_HIDDEN ? (l + 1) * streams * n : l * n;  // x[l + 1]: the stream leaving layer l
+    const float* src = nullptr;
 #ifdef LIME_GPU
     if (model->device == DEVICE_GPU) {
         const Acts& D = model->gpu->acts;
-        const float* src = what == PROBE_HIDDEN ? D.x : routed ? D.vr : D.Vbuf;
-        model->host_copy.resize(n);
-        cudaCheck(cudaMemcpy(model->host_copy.data(), src + at, n * sizeof(float), cudaMemcpyDeviceToHost));
-        return model->host_copy.data();
+        const float* dev = what == PROBE_HIDDEN ? D.x : routed ? D.vr : D.Vbuf;
+        model->host_copy.resize(streams * n + (streams > 1 ? n : 0));
+        cudaCheck(cudaMemcpy(model->host_copy.data(), dev + at, streams * n * sizeof(float), cudaMemcpyDeviceToHost));
+        src = model->host_copy.data();
     }
 #endif
-    const Acts* A = model->acts;
-    return (what == PROBE_HIDDEN ? A->x : routed ? A->vr : A->Vbuf) + at;
+    if (!src) {
+        const Acts* A = model->acts;
+        src = (what == PROBE_HIDDEN ? A->x : routed ? A->vr : A->Vbuf) + at;
+    }
+    if (streams == 1) return src;
+    // hc: the sum of the n streams leaving layer l, what the final norm reads after the last layer
+    model->host_copy.resize(streams * n + n);
+    float* sum = model->host_copy.data() + streams * n;
+    hc_sum(sum, src, (int)streams, n);
+    return sum;
 }
 
 void model_backward(Model* model) { backward_pass(model, model->cur_B, model->cur_T); }
@@ -2130,6 +2776,8 @@ double flops_per_token(const Config& c, int T) {
         fwd += 2 * d * (qd + 2 * kvd) + 2 * qd * d + 3 * 2 * d * c.F;  // projections and MLP
         fwd += 2 * 2 * qd * (T + 1) / 2.0;                              // causal scores and mixing
         if (has_router(c, l)) fwd += 2 * 2 * (double)c.R * (l + 1) * c.R * c.hd;  // keys and values
+        double n = c.hc_rate;  // hc, per sublayer: the mixtures (width and depth), the dynamic weights
+        if (c.arch == ARCH_HC) fwd += 2 * (2 * (n + 1) * n * d + (c.hc_dynamic ? 2 * (n + 2) * n * d : 0));
     }
     fwd += 2 * d * c.V;  // output layer
     return 3 * fwd;

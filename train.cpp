@@ -228,7 +228,7 @@ static double mean_loss(Model* model, const std::vector<Sequence>& seqs, int T, 
 // ===========================================================================
 
 static const std::vector<FlagSpec> SHAPE_FLAGS = {
-    {"arch", "lime", "llama or lime"},
+    {"arch", "lime", "llama, lime or hc (Hyper-Connections, the paper's other baseline)"},
     {"layers", "4", "L, transformer layers"},
     {"dim", "32", "d, model width"},
     {"heads", "4", "H, query heads"},
@@ -237,12 +237,16 @@ static const std::vector<FlagSpec> SHAPE_FLAGS = {
     {"router", "static", "lime's router: static (Eq. 2), average, last-J or first-J (paper Table 7)"},
     {"router-kv", "shared", "lime: one router for keys and values (shared) or one each (separate)"},
     {"router-weights", "learned", "lime: learned, or frozen (the control: routers keep their initial values)"},
+    {"hc-rate", "4", "hc: n, the number of residual streams (1 .. 16)"},
+    {"hc-dynamic", "1", "hc: 1 adds the per-token correction of the mixing weights, 0 keeps them static"},
 };
 
 // The model's shape from the shape flags (V and T come from the task or --vocab, --seq-len).
-static Config shape_from_args(Args& a) {
+// one_model: the flags shape one model (train); bench shapes three from them, so
+// its --hc-rate and --hc-dynamic go to its hc beside a lime.
+static Config shape_from_args(Args& a, bool one_model = true) {
     Config c;
-    std::string arch = a.choice("arch", {"llama", "lime"});
+    std::string arch = a.choice("arch", {"llama", "lime", "hc"});
     arch_parse(arch, &c.arch);
     c.L = (int)a.integer("layers", 1, 256);
     c.d = (int)a.integer("dim", 2, 65536);
@@ -257,6 +261,12 @@ static Config shape_from_args(Args& a) {
     c.router_frozen = a.choice("router-weights", {"learned", "frozen"}) == "frozen";
     if (c.arch == ARCH_LLAMA && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
         a.fail("--router, --router-kv and --router-weights are for --arch lime: llama has no router");
+    if (c.arch == ARCH_HC && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
+        a.fail("--router, --router-kv and --router-weights are for --arch lime: hc has no router");
+    if (one_model && c.arch != ARCH_HC && (a.has("hc-rate") || a.has("hc-dynamic")))
+        a.fail("--hc-rate and --hc-dynamic are for --arch hc: " + arch + " has one residual stream");
+    c.hc_rate = (int)a.integer("hc-rate", 1, 16);
+    c.hc_dynamic = a.choice("hc-dynamic", {"0", "1"}) == "1";
     return c;
 }
 
@@ -1366,10 +1376,7 @@ struct BenchResult {
 // Times b.steps training steps (after two warm-up steps) of the model of b's shape with architecture arch.
 // The timed region starts and ends with the device idle (model_sync): it holds
 // the steps and nothing else (no copy of the parameters to the host).
-static BenchResult bench_one(const BenchSetup& b, Arch arch) {
-    Config c = b.c;
-    c.arch = arch;
-    if (arch == ARCH_LLAMA) model_parse("llama", &c);  // no router: --router and --router-kv are lime's
+static BenchResult bench_one(const BenchSetup& b, const Config& c) {
     GpuInfo before, after;
     bool on_gpu = b.dev == DEVICE_GPU && gpu_info(&before);
     Model model;
@@ -1403,18 +1410,22 @@ static BenchResult bench_one(const BenchSetup& b, Arch arch) {
     return r;
 }
 
-// The shapes bench names: llama (no router) and lime (the flags' router).
-static void bench_configs(const BenchSetup& b, Config* llama, Config* lime) {
-    *llama = *lime = b.c;
+// The shapes bench names: llama (no router), lime (the flags' router) and hc
+// (the flags' --hc-rate and --hc-dynamic, default 4 streams, dynamic); --arch is refused.
+static void bench_configs(const BenchSetup& b, Config* llama, Config* lime, Config* hc) {
+    *llama = *lime = *hc = b.c;
     model_parse("llama", llama);
     lime->arch = ARCH_LIME;
+    model_parse("hc", hc);
+    hc->hc_rate = b.c.hc_rate, hc->hc_dynamic = b.c.hc_dynamic;
 }
 
-// --json: one object with the shape, both models' numbers and their ratios.
+// --json: one object with the shape, the three models' numbers and their ratios to llama.
 // Off a GPU the GPU's numbers (MFU, memory) are null and "gpu_absent" says why.
-static void print_bench_json(const BenchSetup& b, const BenchResult& llama, const BenchResult& lime) {
-    Config cl, cm;
-    bench_configs(b, &cl, &cm);
+static void print_bench_json(const BenchSetup& b, const BenchResult& llama, const BenchResult& lime,
+                             const BenchResult& hc) {
+    Config cl, cm, ch;
+    bench_configs(b, &cl, &cm, &ch);
     const Config& c = b.c;
     Json null_;  // the GPU's numbers off a GPU
     auto one = [&](const BenchResult& r, const Config& rc) {
@@ -1429,7 +1440,7 @@ static void print_bench_json(const BenchSetup& b, const BenchResult& llama, cons
         .add_num("B", b.B).add_num("T", c.T);
     Json s;
     s.add_str("device", b.dev == DEVICE_GPU ? "gpu" : "cpu").add("shape", shape).add_num("steps", b.steps)
-        .add_str("lime_model", model_name(cm));
+        .add_str("lime_model", model_name(cm)).add_str("hc_model", model_name(ch));
     if (b.on_gpu)
         s.add_str("gpu", b.gpu.name).add_num("tf32", b.settings.tf32).add_num("graph", b.settings.graph)
             .add_num("peak_tflops", b.peak_tflops).add_str("peak_source", b.peak.source);
@@ -1437,25 +1448,30 @@ static void print_bench_json(const BenchSetup& b, const BenchResult& llama, cons
         s.add_str("gpu_absent", "no GPU information: MFU and memory are not measured");
     else
         s.add_str("gpu_absent", "a CPU run: MFU and device memory are measured on a GPU only");
-    s.add("llama", one(llama, cl)).add("lime", one(lime, cm)).add_num("lime_over_llama", lime.ms / llama.ms);
-    if (b.on_gpu) s.add_num("memory_lime_over_llama", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
+    s.add("llama", one(llama, cl)).add("lime", one(lime, cm)).add("hc", one(hc, ch))
+        .add_num("lime_over_llama", lime.ms / llama.ms).add_num("hc_over_llama", hc.ms / llama.ms)
+        .add_num("flops_hc_over_llama", flops_per_token(ch, c.T) / flops_per_token(cl, c.T));
+    if (b.on_gpu)
+        s.add_num("memory_lime_over_llama", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0)
+            .add_num("memory_hc_over_llama", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
     printf("%s\n", json_write(s).c_str());
 }
 
 // The table: the setting, one line per model, the ratios lime / llama.
-static void print_bench_text(const BenchSetup& b, const BenchResult& llama, const BenchResult& lime) {
-    Config cl, cm;
-    bench_configs(b, &cl, &cm);
+static void print_bench_text(const BenchSetup& b, const BenchResult& llama, const BenchResult& lime,
+                             const BenchResult& hc) {
+    Config cl, cm, ch;
+    bench_configs(b, &cl, &cm, &ch);
     const Config& c = b.c;
     bool tf32 = b.settings.tf32;
-    printf("bench %s: L=%d d=%d H=%d R=%d F=%d V=%d B=%d T=%d, %d steps, lime is %s\n",
+    printf("bench %s: L=%d d=%d H=%d R=%d F=%d V=%d B=%d T=%d, %d steps, lime is %s, hc is %s\n",
            b.dev == DEVICE_GPU ? "gpu" : "cpu", c.L, c.d, c.H, c.R, c.F, c.V, b.B, c.T, b.steps,
-           model_name(cm).c_str());
+           model_name(cm).c_str(), model_name(ch).c_str());
     if (b.on_gpu)
         printf("  %s (sm_%d%d), %s, %s; MFU against %.1f TFLOP/s (%s %s)\n", b.gpu.name.c_str(), b.gpu.major,
                b.gpu.minor, tf32 ? "TF32" : "float32", b.settings.graph ? "CUDA graph" : "plain launches",
                b.peak_tflops, b.peak.source.c_str(), tf32 ? "TF32" : "FP32");
-    for (auto [name, r] : {std::make_pair("llama", llama), std::make_pair("lime", lime)}) {
+    for (auto [name, r] : {std::make_pair("llama", llama), std::make_pair("lime", lime), std::make_pair("hc", hc)}) {
         printf("  %-5s  %9.2f ms/step  %10.0f tokens/s", name, r.ms, r.tok_s);
         if (b.on_gpu)
             printf("  MFU %5.1f%%  memory %.3f GB (model) %.3f GB (device, peak)  %s attention", 100 * r.mfu, r.model_gb,
@@ -1464,6 +1480,9 @@ static void print_bench_text(const BenchSetup& b, const BenchResult& llama, cons
     }
     printf("  lime / llama step time: %.3f", lime.ms / llama.ms);
     if (b.on_gpu) printf(", memory: %.3f", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
+    printf("\n  hc / llama step time: %.3f (FLOPs: %.3f)", hc.ms / llama.ms,
+           flops_per_token(ch, c.T) / flops_per_token(cl, c.T));
+    if (b.on_gpu) printf(", memory: %.3f", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
     printf("\n");
 }
 
@@ -1471,11 +1490,11 @@ static void print_bench_text(const BenchSetup& b, const BenchResult& llama, cons
 static BenchSetup bench_setup(Args& a) {
     BenchSetup b;
     if (a.has("arch"))  // taken from SHAPE_FLAGS, but bench always times both: refused, not ignored
-        die("bench", "--arch: bench times llama and lime side by side, both of this shape; leave --arch out "
-                     "(the router flags shape lime)");
+        die("bench", "--arch: bench times llama, lime and hc side by side, all of this shape; leave --arch out "
+                     "(the router flags shape lime, --hc-rate and --hc-dynamic shape hc)");
     set_threads(a);
     b.dev = pick_device(a);
-    b.c = shape_from_args(a);
+    b.c = shape_from_args(a, false);
     b.c.V = (int)a.integer("vocab", 1, 1 << 24);
     b.c.T = (int)a.integer("seq-len", 1, 1 << 20);
     b.B = (int)a.integer("batch", 1, 1 << 20);
@@ -1505,13 +1524,14 @@ static int cmd_bench(int argc, char** argv) {
         {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
         {"json", nullptr, "print one JSON object"},
     }});
-    Args a = parse_args("bench", "Times training steps of llama and lime on synthetic tokens; on the GPU also MFU and "
+    Args a = parse_args("bench", "Times training steps of llama, lime and hc on synthetic tokens; on the GPU also MFU and "
                         "memory.", flags, argc, argv, false);
     BenchSetup b = bench_setup(a);
-    BenchResult llama = bench_one(b, ARCH_LLAMA);
-    BenchResult lime = bench_one(b, ARCH_LIME);
-    if (a.has("json")) print_bench_json(b, llama, lime);
-    else print_bench_text(b, llama, lime);
+    Config cl, cm, ch;
+    bench_configs(b, &cl, &cm, &ch);
+    BenchResult llama = bench_one(b, cl), lime = bench_one(b, cm), hc = bench_one(b, ch);
+    if (a.has("json")) print_bench_json(b, llama, lime, hc);
+    else print_bench_text(b, llama, lime, hc);
     return 0;
 }
 
@@ -1522,12 +1542,11 @@ static int cmd_bench(int argc, char** argv) {
 // Parameters (the routers' share) and FLOPs per token against a llama of the same shape.
 static void print_cost(const Model& model) {
     const Config& c = model.c;
-    size_t router_params = 0;
-    for (const TensorSpec& t : model.specs) if (t.group == GROUP_ROUTER) router_params += t.numel;
     Config llama = c;
     model_parse("llama", &llama);
-    printf("parameters: %zu (routers %zu, %.3f%%)\n", model.n_params, router_params,
-           100.0 * router_params / model.n_params);
+    size_t extra = model.n_params - param_count(llama);  // the routers, or hc's mixing weights
+    printf("parameters: %zu (%s %zu, %.3f%%)\n", model.n_params, c.arch == ARCH_HC ? "hc mixing weights" : "routers",
+           extra, 100.0 * extra / model.n_params);
     printf("FLOPs per token, training step at T=%d: %.4g (llama of this shape: %.4g, %+.3f%%)\n", c.T,
            flops_per_token(c, c.T), flops_per_token(llama, c.T),
            100 * (flops_per_token(c, c.T) / flops_per_token(llama, c.T) - 1));
@@ -1555,6 +1574,45 @@ static std::string analyze_routers(const Model& model, const std::string& out) {
                                    "source layer", "layer", heat, rows, cols);
     if (!err.empty()) return err;
     printf("wrote %s/router_heatmap.png\n", one_line(out).c_str());
+    return "";
+}
+
+// HC's counterpart of the router heatmap: the static mixing weights of every
+// sublayer (rows: layer l's attention, then its MLP; columns: static_alpha[i, k],
+// the weight of stream i in mixture k (mixture 0 is what the sublayer reads, 1+i
+// what stream i keeps), then static_beta[i], how much of the sublayer's output
+// stream i takes). Printed, one row per sublayer, and drawn to OUT/hc_heatmap.png.
+// The dynamic correction (per token, scale * tanh) is not in it.
+static std::string analyze_hc(const Model& model, const std::string& out) {
+    const Config& c = model.c;
+    int n = c.hc_rate, K = n + 1;
+    std::vector<std::vector<double>> heat;
+    std::vector<std::string> rows, cols;
+    for (int k = 0; k < K; k++)
+        for (int i = 0; i < n; i++) cols.push_back(strf("a%d,%d", i, k));
+    for (int i = 0; i < n; i++) cols.push_back(strf("b%d", i));
+    printf("hc static mixing weights (rows: sublayer; a_i,k: stream i in mixture k, mixture 0 feeds the sublayer, "
+           "1+i is kept by stream i; b_i: stream i's share of the sublayer's output)%s:\n",
+           c.hc_dynamic ? ", without the dynamic correction" : "");
+    printf("  %-12s", "");
+    for (const std::string& col : cols) printf(" %6s", col.c_str());
+    printf("\n");
+    for (int s = 0; s < 2 * c.L; s++) {
+        const HcParams& h = model.p.hc[s];
+        std::vector<double> row;
+        for (int k = 0; k < K; k++)
+            for (int i = 0; i < n; i++) row.push_back(h.static_alpha[i * K + k]);
+        for (int i = 0; i < n; i++) row.push_back(h.static_beta[i]);
+        rows.push_back(strf("layer %d %s", s / 2, s % 2 ? "mlp" : "attn"));
+        printf("  %-12s", rows.back().c_str());
+        for (double v : row) printf(" %6.2f", v);
+        printf("\n");
+        heat.push_back(row);
+    }
+    std::string err = plot_heatmap(out + "/hc_heatmap.png", "HC static mixing weights (alpha by mixture, then beta)",
+                                   "weight", "sublayer", heat, rows, cols);
+    if (!err.empty()) return err;
+    printf("wrote %s/hc_heatmap.png\n", out.c_str());
     return "";
 }
 
@@ -1625,7 +1683,8 @@ static int cmd_analyze(int argc, char** argv) {
         {"device", "auto", "auto, cpu or gpu"},
     };
     const char* summary =
-        "The router heatmap (paper Fig. 5), value entropy per layer (Sec. 5.2), parameters and FLOPs\n"
+        "The router heatmap (paper Fig. 5; hc: its static mixing weights), value entropy per layer (Sec. 5.2), "
+        "parameters and FLOPs\n"
         "of a checkpoint, with figures and a short summary.";
     Args a = parse_args("analyze", summary, flags, argc, argv, false);
     set_threads(a);
@@ -1657,6 +1716,7 @@ static int cmd_analyze(int argc, char** argv) {
     print_cost(model);
     model_to_host(&model);
     if (c.arch == ARCH_LIME && c.L > 1 && !(err = analyze_routers(model, out)).empty()) die("analyze", err);
+    if (c.arch == ARCH_HC && !(err = analyze_hc(model, out)).empty()) die("analyze", err);
     err = analyze_entropy(&model, ld.task, n, alpha, values, out);
     if (!err.empty()) die("analyze", err);
     model_free(&model);
@@ -1691,12 +1751,12 @@ static int cmd_export(int argc, char** argv) {
 // On stdout when asked for (--help), on stderr with exit status 2 when no command is given.
 static void usage(FILE* f) {
     fprintf(f, "usage: ./lime COMMAND [flags]   (./lime COMMAND --help for its flags)\n\n"
-           "  train    train one model (llama or lime) on a task\n"
+           "  train    train one model (llama, lime or hc) on a task\n"
            "  eval     score checkpoints on their task (side by side with several --load)\n"
            "  sample   continue a prompt with a trained model\n"
            "  data     print generated examples as the model sees them\n"
            "  verify   check the implementation against reference vectors\n"
-           "  bench    time training steps of llama and lime\n"
+           "  bench    time training steps of llama, lime and hc\n"
            "  compare  train both models for several seeds; report with statistics and figures\n"
            "  analyze  router heatmap, value entropy per layer and cost of a checkpoint\n"
            "  export   write a llama checkpoint as a Hugging Face transformers model directory\n");

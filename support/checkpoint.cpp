@@ -22,14 +22,18 @@ std::string config_to_json(const Config& c) {
                                              : ", \"router\": \"" + router_name(c) + "\", \"router_kv\": \"" +
                                                    (c.router_kv_separate ? "separate" : "shared") + "\"" +
                                                    (c.router_frozen ? ", \"router_frozen\": true" : "");
+    // an hc config also has "hc_dynamic" and "hc_rate" (Hyper-Connections: the streams n)
+    std::string hc = c.arch != ARCH_HC ? ""
+                                       : std::string(", \"hc_dynamic\": ") + (c.hc_dynamic ? "true" : "false") +
+                                             ", \"hc_rate\": " + std::to_string(c.hc_rate);
     char buf[640];
     snprintf(
         buf, sizeof buf,
-        "{\"architecture\": \"%s\", \"head_dim\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
+        "{\"architecture\": \"%s\"%s, \"head_dim\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
         "\"max_position_embeddings\": %d, \"num_attention_heads\": %d, \"num_hidden_layers\": %d, "
         "\"num_key_value_heads\": %d, \"rms_norm_eps\": %.9g, \"rope_theta\": %.9g%s, \"tie_word_embeddings\": true, "
         "\"vocab_size\": %d}",
-        arch_name(c.arch), c.hd, c.d, c.F, c.T, c.H, c.L, c.R, c.eps, c.rope_theta, router.c_str(), c.V);
+        arch_name(c.arch), hc.c_str(), c.hd, c.d, c.F, c.T, c.H, c.L, c.R, c.eps, c.rope_theta, router.c_str(), c.V);
     return buf;
 }
 
@@ -68,7 +72,7 @@ std::string config_from_json(const std::string& text, Config* c) {
     const Json* arch = j.get("architecture");
     c->arch = ARCH_LLAMA;  // an HF LLaMa config has no "architecture": it is llama
     if (arch && (arch->kind != Json::STR || !arch_parse(arch->str, &c->arch)))
-        return "config \"architecture\" must be \"llama\" or \"lime\"";
+        return "config \"architecture\" must be \"llama\", \"lime\" or \"hc\"";
     const Json* router = j.get("router");
     c->router = ROUTER_STATIC;
     c->router_j = 0;
@@ -81,6 +85,16 @@ std::string config_from_json(const std::string& text, Config* c) {
     const Json* frozen = j.get("router_frozen");
     if (frozen && frozen->kind != Json::BOOL) return "config \"router_frozen\" must be true or false";
     c->router_frozen = frozen && frozen->b;
+    // Hyper-Connections: "hc_rate" (default 4) and "hc_dynamic" (default true), only in an hc config
+    const Json *rate = j.get("hc_rate"), *dynamic = j.get("hc_dynamic");
+    if ((rate || dynamic) && c->arch != ARCH_HC)
+        return "config has \"hc_rate\" or \"hc_dynamic\" but its \"architecture\" is not \"hc\"";
+    c->hc_rate = 4;
+    if (rate && (rate->kind != Json::NUM || rate->num != std::floor(rate->num) || rate->num < 1 || rate->num > 16))
+        return "config \"hc_rate\" must be an integer 1 .. 16 (the number of residual streams)";
+    if (rate) c->hc_rate = (int)rate->num;
+    if (dynamic && dynamic->kind != Json::BOOL) return "config \"hc_dynamic\" must be true or false";
+    c->hc_dynamic = !dynamic || dynamic->b;
     return config_check(*c);
 }
 
@@ -247,6 +261,10 @@ std::string model_load(Model* model, const std::string& path, bool with_optim) {
     for (const TensorSpec& t : model->specs) {
         std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
         err = st_get_f32(st, t.name, shape, model->params + t.offset);
+        if (!err.empty() && t.name.find(".hc_") != std::string::npos)  // Hyper-Connections: the config sets the shapes
+            err += strf("; its config says hc_rate %d, hc_dynamic %s, and its hc tensors must have those shapes: use "
+                        "a checkpoint that ./lime train wrote",
+                        fc.hc_rate, fc.hc_dynamic ? "true" : "false");
         if (err.empty()) err = finite(t.name, model->params + t.offset, t.numel);
         if (!err.empty()) return err;
         if (with_optim) {

@@ -2,6 +2,7 @@
 // attention kernels (also read back from checkpoints' configs), and the
 // memory probe model_settings passes to model_create.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 
@@ -17,6 +18,7 @@ bool attention_parse(const std::string& s, Attention* out) {
 bool arch_parse(const std::string& s, Arch* out) {
     if (s == "lime") { *out = ARCH_LIME; return true; }
     if (s == "llama") { *out = ARCH_LLAMA; return true; }
+    if (s == "hc") { *out = ARCH_HC; return true; }
     return false;
 }
 
@@ -42,6 +44,8 @@ std::string model_name(const Config& c) {
     if (c.arch == ARCH_LIME && c.router != ROUTER_STATIC) s += ":" + router_name(c);
     if (c.arch == ARCH_LIME && c.router_kv_separate) s += ":separate";
     if (c.arch == ARCH_LIME && c.router_frozen) s += ":frozen";
+    if (c.arch == ARCH_HC && c.hc_rate != 4) s += ":n" + std::to_string(c.hc_rate);
+    if (c.arch == ARCH_HC && !c.hc_dynamic) s += ":static";
     return s;
 }
 
@@ -52,9 +56,25 @@ bool model_parse(const std::string& s, Config* c) {
     c->router_j = 0;
     c->router_kv_separate = false;
     c->router_frozen = false;
+    c->hc_rate = 4;  // hc's defaults: 4 streams, dynamic
+    c->hc_dynamic = true;
     if (colon == std::string::npos) return true;
-    if (c->arch != ARCH_LIME) return false;  // llama has no router to name
+    if (c->arch == ARCH_LLAMA) return false;  // llama has no variant to name
     std::string rest = s.substr(colon + 1);
+    if (c->arch == ARCH_HC) {  // hc:static, hc:n2, hc:n2:static (config_check checks the rate)
+        bool rate = false, kind = false;  // each part at most once: "hc:n2:n3" names no one model
+        for (size_t at = 0; at <= rest.size();) {
+            size_t end = std::min(rest.find(':', at), rest.size());
+            std::string part = rest.substr(at, end - at);
+            char* tail = nullptr;
+            long n = part.size() > 1 && part[0] == 'n' && isdigit((unsigned char)part[1]) ? strtol(&part[1], &tail, 10) : -1;
+            if ((part == "static" || part == "dynamic") && !kind) c->hc_dynamic = part == "dynamic", kind = true;
+            else if (n >= 0 && *tail == 0 && n <= 1000 && !rate) c->hc_rate = (int)n, rate = true;
+            else return false;
+            at = end + 1;
+        }
+        return true;
+    }
     bool kv = false, variant = false;  // each part at most once: "lime:last-2:first-1" names no one model
     for (size_t at = 0; at <= rest.size();) {
         size_t end = std::min(rest.find(':', at), rest.size());

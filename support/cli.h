@@ -25,13 +25,14 @@
 #include "support/lime.h"
 
 // Names on the command line and in checkpoints, parsed (support/cli.cpp).
-bool arch_parse(const std::string& s, Arch* out);                // "lime" or "llama"
+bool arch_parse(const std::string& s, Arch* out);                // "lime", "llama" or "hc"
 bool router_parse(const std::string& s, Config* c);              // "static", "average", "last-J", "first-J"
 bool attention_parse(const std::string& s, Attention* out);      // "auto", "matmul", "flash"
 // A model as compare names it: "llama", "lime", "lime:last-2", "lime:average:separate"
-// (lime, then its router when not static, then ":separate" for --router-kv separate).
+// (lime, then its router when not static, then ":separate" for --router-kv separate),
+// "hc", "hc:n2", "hc:static", "hc:n2:static" (Hyper-Connections: the rate when not 4, static when not dynamic).
 std::string model_name(const Config& c);
-bool model_parse(const std::string& s, Config* c);  // sets arch and the router fields
+bool model_parse(const std::string& s, Config* c);  // sets arch, the router fields and hc's rate and dynamic
 // What this machine can still give without swapping: MemAvailable of a
 // /proc/meminfo-style file, in bytes; 0 where unknown (not Linux).
 size_t memory_available(const char* meminfo);

@@ -297,6 +297,9 @@ std::string hf_export(const std::string& path, const std::string& out_arg, bool 
     std::map<std::string, std::string> meta;
     std::string err = checkpoint_read_config(path, &c, &meta);
     if (!err.empty()) return err;
+    if (c.arch == ARCH_HC)
+        return path + " is a Hyper-Connections (hc) checkpoint: transformers has no hc model, and summing its streams "
+               "would give a different model; export a checkpoint trained with --arch llama";
     if (c.arch != ARCH_LLAMA)
         return path + " is a LIMe checkpoint: transformers has no LIMe model, and dropping its routers would give a "
                "different model; export a checkpoint trained with --arch llama";

@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
-enum Arch { ARCH_LLAMA = 0, ARCH_LIME = 1 };
+// ARCH_HC: Hyper-Connections (Zhu et al., arXiv 2409.19606), the paper's
+// other baseline: n residual streams mixed by small learned weights.
+enum Arch { ARCH_LLAMA = 0, ARCH_LIME = 1, ARCH_HC = 2 };
 // Router variants (paper Appendix D, Table 7; lime.cu's router_sources says
 // exactly which weights each one learns): static is Eq. 2 itself.
 enum RouterKind { ROUTER_STATIC = 0, ROUTER_AVERAGE = 1, ROUTER_LAST = 2, ROUTER_FIRST = 3 };
@@ -24,12 +26,16 @@ struct Config {
     int router_j = 0;                 // the J of last-J and first-J (layers), else 0
     bool router_kv_separate = false;  // one router for keys, another for values
     bool router_frozen = false;       // the control: routers keep their initial values (lime:frozen)
+    int hc_rate = 4;                  // hc: the number n of residual streams (1 .. 16)
+    bool hc_dynamic = true;           // hc: the per-token correction of the mixing weights
 };
 
 // "" when the shapes are consistent, else one line naming the problem and the fix.
 std::string config_check(const Config& c);
 // Layer l mixes the KV buffer through a router: LIMe, every layer but the first.
 inline bool has_router(const Config& c, int l) { return c.arch == ARCH_LIME && l >= 1; }
+// The residual stream's width in copies of d: n streams for hc, else 1.
+inline int hc_streams(const Config& c) { return c.arch == ARCH_HC ? c.hc_rate : 1; }
 const char* arch_name(Arch a);
 // "static", "average", "last-2", "first-1" (support/cli.h parses them back).
 std::string router_name(const Config& c);
@@ -71,9 +77,19 @@ struct LayerParams {
     float* Wu;       // (F, d)
     float* Wd;       // (d, F)
 };
+// One sublayer's Hyper-Connection weights (hc only; else all nullptr). n streams.
+struct HcParams {
+    float* static_beta;     // (n)
+    float* static_alpha;    // (n, n+1)
+    float* alpha_fn;        // (d, n+1) dynamic_alpha_fn, nullptr when static
+    float* alpha_scale;     // (1)      dynamic_alpha_scale
+    float* beta_fn;         // (d)      dynamic_beta_fn
+    float* beta_scale;      // (1)      dynamic_beta_scale
+};
 struct Params {                       // views into one array: weights, grads, adam_m or adam_v alike
     float* E = nullptr;               // (V, d), tied to the output layer
     std::vector<LayerParams> layer;   // L of them
+    std::vector<HcParams> hc;         // hc: 2L of them, sublayer 2l (attention) and 2l+1 (MLP); else empty
     float* g_final = nullptr;         // (d)
 };
 Params params_carve(const Config& c, float* base);
@@ -163,7 +179,8 @@ const float* model_logits(Model* model);  // (B, T, V) of the last forward (host
 // What analyze reads of the last forward, layer l (host memory):
 //   PROBE_VALUES      (B, T, R, hd) the values layer l attended with (LIMe: routed)
 //   PROBE_RAW_VALUES  (B, T, R, hd) layer l's own W_V output (the same in LLaMa)
-//   PROBE_HIDDEN      (B, T, d)     the residual stream after layer l (the last: before the final norm)
+//   PROBE_HIDDEN      (B, T, d)     the residual stream after layer l (the last: before the final norm;
+//                                   hc: the sum of its n streams)
 enum Probe { PROBE_VALUES = 0, PROBE_RAW_VALUES = 1, PROBE_HIDDEN = 2 };
 const float* model_probe(Model* model, Probe what, int l);
 // Backward of the last forward with targets: fills m->grads.

@@ -58,11 +58,12 @@ template <class Need> static std::string memory_fix(const Config& c, int B, cons
 static std::string launch_check(const Config& c, int B, Device dev, const SizeFlags& f) {
     const char* limit = dev == DEVICE_GPU ? "the 2^31 the GPU kernels' 32-bit indices reach"
                                           : "the 2^31 elements the CPU loops' 32-bit indices reach";
-    double N = (double)B * c.T, width = std::max(c.d, c.H * c.hd);
+    // hc: the residual stream's arrays are n streams, the mixtures n+1 (B*T*(n+1)*d)
+    double N = (double)B * c.T, width = std::max((double)c.d * (c.arch == ARCH_HC ? c.hc_rate + 1 : 1), (double)c.H * c.hd);
     std::string lower = "lower " + (!f.batch.empty() ? f.batch : !f.seq_len.empty() ? f.seq_len : "the batch");
     const std::pair<double, const char*> arrays[] = {{N * c.V, "logits (B*T*V)"},
                                                      {N * c.L * c.R * c.hd, "key buffer (L*B*T*R*hd)"},
-                                                     {N * width, "residual stream (B*T*d)"}};
+                                                     {N * width, c.arch == ARCH_HC ? "residual streams' mixtures (B*T*(n+1)*d)" : "residual stream (B*T*d)"}};
     char buf[300];
     for (auto [floats, name] : arrays)
         if (floats >= 2147483648.0) {

@@ -256,7 +256,8 @@ struct Report {
     std::string label(const std::string& tier) const { return task == "arith" ? "tier " + tier : task; }
     bool has(const std::string& arch) const { return std::find(archs.begin(), archs.end(), arch) != archs.end(); }
     // (a, b) pairs the paired report compares, a - b: each model against llama,
-    // and each X:frozen's X against it (does learning the routers add anything?)
+    // each X:frozen's X against it (does learning the routers add anything?),
+    // and lime against each hc model (the paper's two baselines: lime - hc)
     std::vector<std::pair<std::string, std::string>> pairs() const {
         std::vector<std::pair<std::string, std::string>> out;
         for (const std::string& arch : archs)
@@ -266,6 +267,8 @@ struct Report {
             if (at != std::string::npos && at + 7 == arch.size() && has(arch.substr(0, at)))
                 out.push_back({arch.substr(0, at), arch});
         }
+        for (const std::string& arch : archs)
+            if ((arch == "hc" || arch.rfind("hc:", 0) == 0) && has("lime")) out.push_back({"lime", arch});
         return out;
     }
     // A run stalls when its accuracy is less than halfway from chance to the
@@ -306,10 +309,14 @@ static void report_intro(std::ostringstream& md, const Preset* preset, const std
            : rep.task == "prosqa" ? "ProsQA: exact match of the answer on the real test file (docs/tasks.md 2)."
                                   : "Accuracy: greedy decoding on held-out questions (docs/tasks.md 1).")
        << "\n\n";
-    if (std::any_of(rep.archs.begin(), rep.archs.end(), [](const std::string& a) { return a.find(':') != std::string::npos; }))
+    if (std::any_of(rep.archs.begin(), rep.archs.end(), [](const std::string& a) { return a.rfind("lime:", 0) == 0; }))
         md << "Model `lime:X` is trained with `--arch lime --router X` (`:separate` adds `--router-kv separate`, "
               "`:frozen` adds `--router-weights frozen`: the routers keep their initial values, the control for "
               "\"LIMe helps only by adding gradient paths\"): README, `--router`.\n\n";
+    if (std::any_of(rep.archs.begin(), rep.archs.end(), [](const std::string& a) { return a.rfind("hc", 0) == 0; }))
+        md << "Model `hc` is Hyper-Connections (`--arch hc`, 4 residual streams, dynamic mixing weights), the "
+              "paper's other baseline; `hc:nN` trains it with `--hc-rate N`, `hc:static` with `--hc-dynamic 0`: "
+              "README, `--arch hc`.\n\n";
 }
 
 // Accuracy (or, for text, validation loss and perplexity) per tier and model:
@@ -665,8 +672,9 @@ static CompareSettings compare_settings(Args& a) {
     for (const std::string& s : cs.archs) {
         Config c;
         if (!model_parse(s, &c)) {
-            a.fail("--archs: '" + s + "' is not llama, lime or lime:VARIANT (static, average, last-J, first-J, "
-                   "separate, frozen; e.g. lime:last-2 or lime:frozen)");
+            a.fail("--archs: '" + s + "' is not llama, lime, lime:VARIANT (static, average, last-J, first-J, "
+                   "separate, frozen; e.g. lime:last-2 or lime:frozen), hc or hc:VARIANT (nN streams, static; "
+                   "e.g. hc:n2 or hc:static)");
             continue;
         }
         if (!archs_seen.insert(model_name(c)).second)
@@ -675,7 +683,8 @@ static CompareSettings compare_settings(Args& a) {
         c.V = c.T = c.H = c.R = c.F = 1;
         c.d = c.hd = 2;
         std::string why = config_check(c);
-        if (!why.empty()) a.fail("--archs: '" + s + "' with the runs' " + std::to_string(c.L) + " layers: " + why);
+        if (!why.empty() && c.arch == ARCH_HC) a.fail("--archs: '" + s + "': " + why + "; e.g. hc:n2");
+        else if (!why.empty()) a.fail("--archs: '" + s + "' with the runs' " + std::to_string(c.L) + " layers: " + why);
     }
     cs.reuse = a.has("reuse");
     int jobs = (int)a.integer("jobs", 0, 256);
@@ -733,6 +742,8 @@ static std::vector<std::string> train_args_of(const CompareSettings& cs, const R
         own.insert(own.end(), {"--router", router_name(model)});
     if (model.router_kv_separate) own.insert(own.end(), {"--router-kv", "separate"});
     if (model.router_frozen) own.insert(own.end(), {"--router-weights", "frozen"});
+    if (model.arch == ARCH_HC)
+        own.insert(own.end(), {"--hc-rate", std::to_string(model.hc_rate), "--hc-dynamic", model.hc_dynamic ? "1" : "0"});
     args.insert(args.end(), own.begin(), own.end());
     return args;
 }
@@ -891,7 +902,8 @@ int cmd_compare(int argc, char** argv) {
         {"seeds", "", "seeds per model (default: the preset's)"},
         {"tiers", "", "arith: operators per question, e.g. 4,5,6 (default: the preset's)"},
         {"archs", "llama,lime", "models to compare (cpu-study: also lime:frozen): llama, lime, or lime:VARIANT "
-                                "(lime:average, lime:last-2, lime:first-1, lime:separate, lime:frozen)"},
+                                "(lime:average, lime:last-2, lime:first-1, lime:separate, lime:frozen), hc (Hyper-Connections) "
+                                "or hc:VARIANT (hc:n2, hc:static, hc:n2:static)"},
         {"alpha", "0.5", "order of the Renyi entropy each run's analysis reports (1: Shannon)"},
         {"train-args", "", "extra flags for every ./lime train, replacing the preset's, e.g. \"--epochs 30\""},
         {"jobs", "0", "runs at a time (0: one per core on the CPU, 1 on the GPU)"},

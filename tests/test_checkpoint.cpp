@@ -238,3 +238,107 @@ TEST(checkpoint_meta_checked) {
               k.value ? k.value : "(none)", err.c_str());
     }
 }
+
+// ---------------------------------------------------------------------------
+// Hyper-Connections checkpoints: the config's hc_rate and hc_dynamic, the hc tensors
+
+namespace {
+Config hc_config(int n, bool dynamic) {
+    Config c = tiny_config();
+    c.arch = ARCH_HC;
+    c.hc_rate = n;
+    c.hc_dynamic = dynamic;
+    return c;
+}
+// A file (no checksum, like the reference vectors) holding model m's tensors, but
+// `drop` left out and `reshape` saved with a wrong shape; "config" from `c`.
+std::string write_hc_file(const Model& m, const Config& c, const std::string& path, const std::string& drop,
+                          const std::string& reshape) {
+    StWriter w;
+    w.meta["config"] = config_to_json(c);
+    for (const TensorSpec& t : m.specs) {
+        if (t.name == drop) continue;
+        std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
+        if (t.name == reshape) shape = {(int64_t)t.numel};
+        w.add(t.name, "F32", shape, m.params + t.offset, t.numel * sizeof(float));
+    }
+    return st_write(path, w);
+}
+}  // namespace
+
+TEST(hc_checkpoint_round_trip) {
+    for (bool dynamic : {true, false}) {
+        Config c = hc_config(3, dynamic);
+        Model m;
+        CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create");
+        model_init(&m, 4);
+        for (size_t i = 0; i < m.n_params; i++) m.params[i] += 0.01f * (float)i, m.adam_m[i] = 0.5f, m.adam_v[i] = 0.25f;
+        m.step = 5;
+        TmpFile f;
+        std::string err = model_save(&m, f.path, {}, true);
+        CHECK(err.empty(), "save: %s", err.c_str());
+        Config back;
+        err = checkpoint_read_config(f.path, &back, nullptr);
+        CHECK(err.empty() && back.arch == ARCH_HC && back.hc_rate == 3 && back.hc_dynamic == dynamic,
+              "read config: '%s', arch %d, hc_rate %d, hc_dynamic %d", err.c_str(), (int)back.arch, back.hc_rate, back.hc_dynamic);
+        Model m2;
+        CHECK(model_create(&m2, back, 2, DEVICE_CPU).empty(), "model_create");
+        err = model_load(&m2, f.path, true);
+        bool same = err.empty() && m2.step == 5 && m2.n_params == m.n_params;
+        for (size_t i = 0; same && i < m.n_params; i++)
+            same = m2.params[i] == m.params[i] && m2.adam_m[i] == m.adam_m[i] && m2.adam_v[i] == m.adam_v[i];
+        model_free(&m2);
+        model_free(&m);
+        CHECK(err.empty(), "load: %s", err.c_str());
+        CHECK(same, "hc (dynamic %d): the loaded weights or optimiser state differ from the saved ones", dynamic);
+    }
+}
+
+TEST(hc_config_json_checked) {
+    Config c;
+    std::string base = config_to_json(hc_config(2, false));
+    CHECK(config_from_json(base, &c).empty() && c.hc_rate == 2 && !c.hc_dynamic, "hc config does not read back: %s", base.c_str());
+    std::string llama = config_to_json(tiny_config());
+    CHECK(!contains(llama, "hc_rate"), "a lime config names hc_rate: %s", llama.c_str());
+    struct { std::string from, to, word; } bad[] = {
+        {"\"hc_rate\": 2", "\"hc_rate\": 0", "1 .. 16"},
+        {"\"hc_rate\": 2", "\"hc_rate\": 2.5", "integer"},
+        {"\"hc_dynamic\": false", "\"hc_dynamic\": 1", "true or false"},
+        {"\"architecture\": \"hc\"", "\"architecture\": \"llama\"", "is not \"hc\""},
+    };
+    for (auto& b : bad) {
+        std::string text = base;
+        text.replace(text.find(b.from), b.from.size(), b.to);
+        std::string err = config_from_json(text, &c);
+        CHECK(contains(err, b.word) && !contains(err, "\n"), "%s: '%s', want one line with '%s'", b.to.c_str(), err.c_str(), b.word.c_str());
+    }
+}
+
+// A file whose hc tensors are missing, of the wrong shape, or of another
+// rate than its config says: refused with one line naming the tensor.
+TEST(hc_checkpoint_with_bad_tensors_refused) {
+    Config c = hc_config(2, true);
+    Model m, other;
+    CHECK(model_create(&m, c, 2, DEVICE_CPU).empty() && model_create(&other, hc_config(3, true), 2, DEVICE_CPU).empty(), "model_create");
+    model_init(&m, 4);
+    model_init(&other, 4);
+    struct { const Model* tensors; std::string drop, reshape, word; } cases[] = {
+        {&m, "model.layers.1.hc_mlp.static_alpha", "", "model.layers.1.hc_mlp.static_alpha"},
+        {&m, "model.layers.0.hc_attn.dynamic_beta_scale", "", "model.layers.0.hc_attn.dynamic_beta_scale"},
+        {&m, "", "model.layers.0.hc_attn.dynamic_alpha_fn", "model.layers.0.hc_attn.dynamic_alpha_fn"},
+        {&other, "", "", "model.layers.0.hc_attn.static_beta"},  // rate-3 tensors under a rate-2 config
+    };
+    for (auto& k : cases) {
+        TmpFile f;
+        std::string err = write_hc_file(*k.tensors, c, f.path, k.drop, k.reshape);
+        CHECK(err.empty(), "st_write: %s", err.c_str());
+        Model m2;
+        CHECK(model_create(&m2, c, 2, DEVICE_CPU).empty(), "model_create");
+        err = model_load(&m2, f.path, false);
+        model_free(&m2);
+        CHECK(contains(err, k.word) && contains(err, "hc_rate") && !contains(err, "\n"),
+              "want one line naming %s and hc_rate, got '%s'", k.word.c_str(), err.c_str());
+    }
+    model_free(&m);
+    model_free(&other);
+}

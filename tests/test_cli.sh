@@ -151,6 +151,33 @@ else
     fail resume_equals_uninterrupted "losses after step 5 differ: full [$a] resumed [$b]"
 fi
 
+# --- Hyper-Connections (--arch hc): train, eval, sample, analyze (its mixing weights' heatmap), resume bit for bit
+HC="--arch hc --hc-rate 2"
+if $LIME train $TINY $HC --steps 12 --log-every 1 --out "$tmp/hc" >"$tmp/hc.out" 2>&1 &&
+    grep -q '"architecture": "hc", "hc_dynamic": true, "hc_rate": 2' "$tmp/hc/log.jsonl" &&
+    $LIME eval --load "$tmp/hc/model.safetensors" --json 2>&1 | grep -q '"model": "hc:n2"' &&
+    $LIME sample --load "$tmp/hc/model.safetensors" --prompt "3 + 4 * 2 =" --max-new 5 >/dev/null 2>&1; then
+    pass hc_trains_evals_samples
+else
+    fail hc_trains_evals_samples "$(tail -3 "$tmp/hc.out")"
+fi
+if $LIME analyze --load "$tmp/hc/model.safetensors" --out "$tmp/hc_an" >"$tmp/hc_an.out" 2>&1 &&
+    grep -q "hc static mixing weights" "$tmp/hc_an.out" && grep -q "^  layer 1 mlp " "$tmp/hc_an.out" &&
+    [ -s "$tmp/hc_an/hc_heatmap.png" ] && grep -q "^hidden" "$tmp/hc_an/entropy.tsv" && [ ! -e "$tmp/hc_an/router_heatmap.png" ]; then
+    pass analyze_hc_heatmap_and_entropy
+else
+    fail analyze_hc_heatmap_and_entropy "$(tail -3 "$tmp/hc_an.out")"
+fi
+$LIME train $TINY $HC --hc-dynamic 0 --steps 12 --log-every 1 --out "$tmp/hc_full" >/dev/null 2>&1
+$LIME train $TINY $HC --hc-dynamic 0 --steps 12 --log-every 1 --stop-after 5 --out "$tmp/hc_part" >/dev/null 2>&1
+$LIME train --resume "$tmp/hc_part/checkpoint.safetensors" --quiet >/dev/null 2>&1
+a=$(losses "$tmp/hc_full/log.jsonl"); b=$(losses "$tmp/hc_part/log.jsonl")
+if [ -n "$a" ] && [ "$a" == "$b" ] && [ "$(echo "$a" | wc -l)" -eq 7 ]; then
+    pass hc_resume_equals_uninterrupted
+else
+    fail hc_resume_equals_uninterrupted "losses after step 5 differ: full [$a] resumed [$b]"
+fi
+
 # --- a checkpoint records the data files it was trained on: eval run from another directory
 # finds the default ProsQA file (beside ./lime), and an edited text file gives one warning line
 lime_abs=$(realpath "$LIME")
@@ -216,9 +243,10 @@ opens=$(echo "$out" | tr -cd '{' | wc -c); closes=$(echo "$out" | tr -cd '}' | w
 quotes=$(echo "$out" | tr -cd '"' | wc -c)
 num='-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?'
 if [ "$(echo "$out" | wc -l)" -eq 1 ] && [ "$opens" -eq "$closes" ] && [ $((quotes % 2)) -eq 0 ] &&
-    [ "$(echo "$out" | grep -oE "\"ms_per_step\": $num, \"tokens_per_s\": $num" | wc -l)" -eq 2 ] &&
-    [ "$(echo "$out" | grep -o '"mfu": null, "model_gb": null, "peak_device_gb": null' | wc -l)" -eq 2 ] &&
-    echo "$out" | grep -qE "\"lime_over_llama\": $num" && echo "$out" | grep -q '"gpu_absent": "a CPU run'; then
+    [ "$(echo "$out" | grep -oE "\"ms_per_step\": $num, \"tokens_per_s\": $num" | wc -l)" -eq 3 ] &&
+    [ "$(echo "$out" | grep -o '"mfu": null, "model_gb": null, "peak_device_gb": null' | wc -l)" -eq 3 ] &&
+    echo "$out" | grep -qE "\"lime_over_llama\": $num, \"hc_over_llama\": $num" &&
+    echo "$out" | grep -q '"hc_model": "hc"' && echo "$out" | grep -q '"gpu_absent": "a CPU run'; then
     pass bench_json_on_the_cpu
 else
     fail bench_json_on_the_cpu "$out"

@@ -14,10 +14,12 @@ TINY="--layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 --test-siz
 $LIME train $TINY --steps 2 --out "$tmp/run" >/dev/null 2>&1
 $LIME train $TINY --steps 2 --seed 2 --out "$tmp/run2" >/dev/null 2>&1   # another run, for train_resume_into_other_run
 $LIME train $TINY --steps 2 --arch llama --out "$tmp/llama" >/dev/null 2>&1  # a model with no router
+$LIME train $TINY --steps 2 --arch hc --hc-rate 2 --out "$tmp/hc" >/dev/null 2>&1  # Hyper-Connections
 M=$tmp/run/model.safetensors
 L=$tmp/llama/model.safetensors
 C=$tmp/run/checkpoint.safetensors
-[ -f "$M" ] && [ -f "$C" ] && [ -f "$L" ] || { echo "FAIL flags_setup: could not train the tiny model"; echo "0 passed, 1 failed"; exit 1; }
+HC=$tmp/hc/model.safetensors
+[ -f "$M" ] && [ -f "$C" ] && [ -f "$L" ] && [ -f "$HC" ] || { echo "FAIL flags_setup: could not train the tiny model"; echo "0 passed, 1 failed"; exit 1; }
 T="--task text --text-file $tmp/short.txt"
 A="--train-size 300 --test-size 20"     # a small arithmetic task: quick to generate
 LONG_PROMPT="$(printf '1 + %.0s' $(seq 40))1 ="
@@ -67,6 +69,14 @@ bad train_router_first_past_L "J must be 1 .. 2"   train $A --layers 2 --router 
 bad train_router_on_llama     "for --arch lime"    train $A --arch llama --router average
 bad train_router_kv_on_llama  "for --arch lime"    train $A --arch llama --router-kv separate
 bad train_router_kv_bogus     "shared|separate"    train $A --router-kv both
+bad train_hc_rate_zero        "out of range"       train $A --arch hc --hc-rate 0
+bad train_hc_rate_negative    "out of range"       train $A --arch hc --hc-rate -2
+bad train_hc_rate_past_16     "use 1 .. 16"        train $A --arch hc --hc-rate 17
+bad train_hc_rate_on_llama    "for --arch hc"      train $A --arch llama --hc-rate 2
+bad train_hc_dynamic_on_lime  "for --arch hc"      train $A --arch lime --hc-dynamic 0
+bad train_hc_dynamic_bogus    "0|1"                train $A --arch hc --hc-dynamic yes
+bad train_router_on_hc        "hc has no router"   train $A --arch hc --router average
+bad train_resume_other_hc_rate "different model"   train --resume "$tmp/hc/checkpoint.safetensors" --arch hc --hc-rate 3 --out "$tmp/cwd/x"
 # --- train: flags that do not go together
 bad train_warmup_past_steps   "warmup"             train $A --steps 10 --warmup 100
 bad train_steps_and_epochs    "one of them"        train $A --steps 10 --epochs 2
@@ -138,6 +148,12 @@ bad export_out_not_empty      "add --force"        export --load "$L" --out "$tm
 bad export_out_is_a_file      "not a directory"    export --load "$L" --out "$M"
 bad export_force_over_a_run   "written by ./lime train" export --load "$L" --out "$tmp/run" --force
 bad compare_archs_unknown     "lime:VARIANT"       compare --preset tiny --archs llama,gpt
+bad compare_archs_hc_n0       "hc-rate 0"          compare --preset tiny --archs llama,hc:n0
+bad compare_archs_hc_n17      "hc-rate 17"         compare --preset tiny --archs llama,hc:n17
+bad compare_archs_hc_bogus    "hc:VARIANT"         compare --preset tiny --archs llama,hc:fast
+bad compare_archs_hc_repeated "hc twice"           compare --preset tiny --archs llama,hc,hc:n4:dynamic
+bad export_hc                 "no hc model"        export --load "$HC" --out hf
+bad analyze_routed_hc         "no router"          analyze --load "$HC" --values routed --out out
 bad compare_archs_frozen_llama "lime:VARIANT"      compare --preset tiny --archs llama:frozen,lime
 bad compare_tiers_not_arith   "is for --task arith" compare --preset tiny --task prosqa --tiers 2
 bad compare_flag_other_task   "another task"       compare --preset tiny --task prosqa --train-args "--modulus 7"

@@ -337,6 +337,88 @@ TEST(gpu_crossentropy_all_masked_gives_zero) {
     check_crossentropy(std::vector<float>(13, 0.0f));
 }
 
+// Hyper-Connections: every HC kernel against its CPU op. N = 70 positions: three
+// chunks of HC_ROWS for the weight gradients, the last partial; d = 40: lanes
+// wrap around the row; n = 16, the most streams, keeps n+1 weights in registers.
+static void check_hc(int N, int n, int d, bool dynamic) {
+    int K = n + 1;
+    size_t Nd = (size_t)N * d;
+    char what[64];
+    snprintf(what, sizeof what, "hc N=%d n=%d d=%d %s", N, n, d, dynamic ? "dynamic" : "static");
+    auto X = randv(n * Nd, 1), sb = randv(n, 2), sa = randv((size_t)n * K, 3), afn = randv((size_t)d * K, 4, 0.3f);
+    auto as = randv(1, 5), bfn = randv(d, 6, 0.3f), bs = randv(1, 7);
+    HcParams w = {sb.data(), sa.data(), nullptr, nullptr, nullptr, nullptr};
+    if (dynamic) w.alpha_fn = afn.data(), w.alpha_scale = as.data(), w.beta_fn = bfn.data(), w.beta_scale = bs.data();
+    DevF gX(X), gsb(sb), gsa(sa), gafn(afn), gas(as), gbfn(bfn), gbs(bs);
+    HcParams gw = {gsb.p, gsa.p, nullptr, nullptr, nullptr, nullptr};
+    if (dynamic) gw.alpha_fn = gafn.p, gw.alpha_scale = gas.p, gw.beta_fn = gbfn.p, gw.beta_scale = gbs.p;
+    // the mixing weights
+    std::vector<float> Aw((size_t)N * n * K), bw((size_t)N * n), rstd(bw.size()), ta(Aw.size()), tb(bw.size());
+    hc_weights_forward(Aw.data(), bw.data(), rstd.data(), ta.data(), tb.data(), X.data(), w, N, n, d, 1e-6f);
+    DevF gA(Aw.size()), gb(bw.size()), grstd(rstd.size()), gta(ta.size()), gtb(tb.size());
+    hc_weights_forward_gpu(gA.p, gb.p, grstd.p, gta.p, gtb.p, gX.p, gw, N, n, d, 1e-6f, ctx().stream);
+    double e1 = err_of(gA.get(), Aw), e2 = err_of(gb.get(), bw);
+    CHECK(e1 < TOL_FWD && e2 < TOL_FWD, "%s weights forward: A %.2e, b %.2e", what, e1, e2);
+    if (dynamic) {
+        double e3 = err_of(grstd.get(), rstd), e4 = err_of(gta.get(), ta), e5 = err_of(gtb.get(), tb);
+        CHECK(e3 < TOL_FWD && e4 < TOL_FWD && e5 < TOL_FWD, "%s weights forward: rstd %.2e, ta %.2e, tb %.2e", what, e3, e4, e5);
+    }
+    // their backward, on the CPU's saved values
+    auto dA = randv(Aw.size(), 8), db = randv(bw.size(), 9), dX0 = randv(X.size(), 10);
+    std::vector<std::vector<float>> g0 = {randv(n * K, 11), randv(n, 12), randv(d * K, 13), randv(1, 14), randv(d, 15), randv(1, 16)};
+    std::vector<std::vector<float>> g = g0;
+    HcParams dw = {g[1].data(), g[0].data(), nullptr, nullptr, nullptr, nullptr};
+    if (dynamic) dw.alpha_fn = g[2].data(), dw.alpha_scale = g[3].data(), dw.beta_fn = g[4].data(), dw.beta_scale = g[5].data();
+    std::vector<float> dX = dX0;
+    hc_weights_backward(dX.data(), dw, dA.data(), db.data(), X.data(), rstd.data(), ta.data(), tb.data(), w, N, n, d);
+    DevF gdA(dA), gdb(db), gdX(dX0), crstd(rstd), cta(ta), ctb(tb), scratch(hc_scratch_floats([&] { Config c; c.hc_rate = n; c.d = d; return c; }(), N));
+    DevF gsa_d(g0[0]), gsb_d(g0[1]), gafn_d(g0[2]), gas_d(g0[3]), gbfn_d(g0[4]), gbs_d(g0[5]);
+    HcParams gdw = {gsb_d.p, gsa_d.p, nullptr, nullptr, nullptr, nullptr};
+    if (dynamic) gdw.alpha_fn = gafn_d.p, gdw.alpha_scale = gas_d.p, gdw.beta_fn = gbfn_d.p, gdw.beta_scale = gbs_d.p;
+    hc_weights_backward_gpu(gdX.p, gdw, gdA.p, gdb.p, gX.p, crstd.p, cta.p, ctb.p, gw, N, n, d, scratch.p, ctx().stream);
+    double edx = err_of(gdX.get(), dX);
+    CHECK(edx < TOL_BWD, "%s weights backward: dX %.2e", what, edx);
+    const DevF* gg[] = {&gsa_d, &gsb_d, &gafn_d, &gas_d, &gbfn_d, &gbs_d};
+    const char* names[] = {"static_alpha", "static_beta", "dynamic_alpha_fn", "dynamic_alpha_scale", "dynamic_beta_fn", "dynamic_beta_scale"};
+    for (int i = 0; i < 6; i++) {
+        double e = err_of(gg[i]->get(), g[i]);
+        CHECK(e < TOL_BWD, "%s weights backward: d%s %.2e", what, names[i], e);
+    }
+    // the width connection, forward and backward
+    std::vector<float> M((size_t)K * Nd), wdX(X.size()), wdA(Aw.size());
+    auto dM = randv(M.size(), 17);
+    hc_width_forward(M.data(), X.data(), Aw.data(), N, n, d);
+    hc_width_backward(wdX.data(), wdA.data(), dM.data(), X.data(), Aw.data(), N, n, d);
+    DevF cA(Aw), gM(M.size()), gdM(dM), gwdX(X.size()), gwdA(Aw.size());
+    hc_width_forward_gpu(gM.p, gX.p, cA.p, N, n, d, ctx().stream);
+    hc_width_backward_gpu(gwdX.p, gwdA.p, gdM.p, gX.p, cA.p, N, n, d, ctx().stream);
+    double ew1 = err_of(gM.get(), M), ew2 = err_of(gwdX.get(), wdX), ew3 = err_of(gwdA.get(), wdA);
+    CHECK(ew1 < TOL_FWD && ew2 < TOL_BWD && ew3 < TOL_BWD, "%s width: M %.2e, dX %.2e, dA %.2e", what, ew1, ew2, ew3);
+    // the depth connection, forward and backward
+    auto y = randv(Nd, 18), dXout = randv(X.size(), 19);
+    std::vector<float> Xout(X.size()), dy(Nd), ddb(bw.size()), ddM(M.size());
+    hc_depth_forward(Xout.data(), y.data(), M.data(), bw.data(), N, n, d);
+    hc_depth_backward(dy.data(), ddb.data(), ddM.data(), dXout.data(), y.data(), bw.data(), N, n, d);
+    DevF gy(y), cM(M), cb(bw), gXout(X.size()), gdXout(dXout), gdy(Nd), gddb(bw.size()), gddM(M.size());
+    hc_depth_forward_gpu(gXout.p, gy.p, cM.p, cb.p, N, n, d, ctx().stream);
+    hc_depth_backward_gpu(gdy.p, gddb.p, gddM.p, gdXout.p, gy.p, cb.p, N, n, d, ctx().stream);
+    double ed1 = err_of(gXout.get(), Xout), ed2 = err_of(gdy.get(), dy), ed3 = err_of(gddb.get(), ddb);
+    CHECK(ed1 < TOL_FWD && ed2 < TOL_BWD && ed3 < TOL_BWD, "%s depth: X' %.2e, dy %.2e, db %.2e", what, ed1, ed2, ed3);
+    CHECK(gddM.get() == ddM, "%s depth: dM differs from the CPU's (copies and zeros)", what);
+    // the streams' sum and the embedding's copy into every stream
+    std::vector<float> sum(Nd), wide(X.size());
+    hc_sum(sum.data(), X.data(), n, Nd);
+    hc_expand(wide.data(), y.data(), n, Nd);
+    DevF gsum(Nd), gwide(X.size());
+    hc_sum_gpu(gsum.p, gX.p, n, Nd, ctx().stream);
+    hc_expand_gpu(gwide.p, gy.p, n, Nd, ctx().stream);
+    CHECK(gsum.get() == sum && gwide.get() == wide, "%s: hc_sum or hc_expand differs from the CPU's", what);
+}
+TEST(gpu_hc_dynamic_matches_cpu) { NEED_GPU(); check_hc(70, 3, 40, true); }
+TEST(gpu_hc_static_matches_cpu) { NEED_GPU(); check_hc(70, 3, 40, false); }
+TEST(gpu_hc_sixteen_streams_match_cpu) { NEED_GPU(); check_hc(5, 16, 8, true); }
+TEST(gpu_hc_one_stream_matches_cpu) { NEED_GPU(); check_hc(33, 1, 6, true); }
+
 // ===========================================================================
 // The model through the public API. Compared with the CPU, the GPU's matrix
 // products run in plain float32 (use_tf32(false)); TF32 is the default.
@@ -406,7 +488,8 @@ static std::string fmt_err(double e) {
 }
 
 // The reference vectors through the GPU path: what ./lime verify --device gpu checks.
-static std::string golden_on_gpu(const std::string& path, bool tf32, std::string* worst) {
+// tol_bwd_tf32: the gradients' tolerance under TF32 (docs/model.md: HC's need more than 1e-2).
+static std::string golden_on_gpu(const std::string& path, bool tf32, std::string* worst, double tol_bwd_tf32 = 1e-2) {
     SafeTensors st;
     std::string err = st_read(path, &st);
     if (!err.empty()) return err;
@@ -428,7 +511,7 @@ static std::string golden_on_gpu(const std::string& path, bool tf32, std::string
                                              {"beta1", &opt.beta1}, {"beta2", &opt.beta2},         {"eps", &opt.eps},
                                              {"grad_clip", &opt.grad_clip}};
     for (auto& kv : keys) *kv.second = strtof(meta[kv.first].c_str(), nullptr);
-    double tol_fwd = tf32 ? 1e-2 : TOL_FWD, tol_bwd = tf32 ? 1e-2 : TOL_BWD, max_ratio = 0;
+    double tol_fwd = tf32 ? 1e-2 : TOL_FWD, tol_bwd = tf32 ? tol_bwd_tf32 : TOL_BWD, max_ratio = 0;
     std::string fails;
     auto check = [&](const std::string& what, const float* got, const std::string& name, size_t n, double tol) {
         std::vector<float> want(n);
@@ -470,7 +553,8 @@ static std::string golden_on_gpu(const std::string& path, bool tf32, std::string
     return fails.empty() ? "" : path + ":" + fails;
 }
 
-static const char* GOLDEN[] = {"tests/golden/llama_tiny.safetensors", "tests/golden/lime_tiny.safetensors", "tests/golden/lime_gqa.safetensors"};
+static const char* GOLDEN[] = {"tests/golden/llama_tiny.safetensors", "tests/golden/lime_tiny.safetensors", "tests/golden/lime_gqa.safetensors",
+                               "tests/golden/hc_tiny.safetensors", "tests/golden/hc_static_gqa.safetensors"};
 
 TEST(gpu_matches_reference_vectors_float32) {
     NEED_GPU();
@@ -483,7 +567,9 @@ TEST(gpu_matches_reference_vectors_float32) {
 TEST(gpu_matches_reference_vectors_tf32) {
     NEED_GPU();
     for (const char* path : GOLDEN) {
-        std::string worst, err = golden_on_gpu(path, true, &worst);
+        // HC's gradients are sums that nearly cancel: under TF32 they reach 1e-2 to 3e-2 (docs/model.md, Hyper-Connections)
+        bool hc = strstr(path, "/hc_") != nullptr;
+        std::string worst, err = golden_on_gpu(path, true, &worst, hc ? 3e-2 : 1e-2);
         CHECK(err.empty(), "%s", err.c_str());
     }
 }
@@ -548,6 +634,14 @@ static void check_gpu_trains_like_cpu(Config c) {
 static void check_gpu_trains_like_cpu(Arch arch, int H, int R) { check_gpu_trains_like_cpu(tiny_config(arch, H, R, 9)); }
 TEST(gpu_training_steps_match_cpu_lime_gqa) { NEED_GPU(); use_tf32(false); check_gpu_trains_like_cpu(ARCH_LIME, 4, 2); }
 TEST(gpu_training_steps_match_cpu_llama) { NEED_GPU(); use_tf32(false); check_gpu_trains_like_cpu(ARCH_LLAMA, 2, 2); }
+static Config hc_config(int n, bool dynamic, int H, int R) {
+    Config c = tiny_config(ARCH_HC, H, R, 9);
+    c.hc_rate = n;
+    c.hc_dynamic = dynamic;
+    return c;
+}
+TEST(gpu_training_steps_match_cpu_hc_dynamic_gqa) { NEED_GPU(); use_tf32(false); check_gpu_trains_like_cpu(hc_config(3, true, 4, 2)); }
+TEST(gpu_training_steps_match_cpu_hc_static) { NEED_GPU(); use_tf32(false); check_gpu_trains_like_cpu(hc_config(2, false, 2, 2)); }
 // The whole model with flash attention, over more than one tile of positions.
 static void check_flash_trains_like_cpu(Arch arch, int H, int R, int T) {
     use_tf32(false);
@@ -572,10 +666,7 @@ TEST(gpu_training_steps_match_cpu_lime_last2_separate_kv) {
     check_gpu_trains_like_cpu(c);
 }
 
-TEST(gpu_graph_replay_equals_plain_launches) {
-    NEED_GPU();
-    use_tf32(false);
-    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+static void check_graph_equals_plain(const Config& c) {
     Run graph = train_steps(c, DEVICE_GPU, true, 4, 7, true), plain = train_steps(c, DEVICE_GPU, false, 4, 7, true);
     CHECK(graph.losses.size() == 4 && plain.losses.size() == 4, "training did not run");
     CHECK(same_bits(graph.losses.data(), plain.losses.data(), 4), "losses differ: graph %.9g vs plain %.9g (step 1)", graph.losses[0],
@@ -583,6 +674,8 @@ TEST(gpu_graph_replay_equals_plain_launches) {
     CHECK(same_bits(graph.norms.data(), plain.norms.data(), 4), "gradient norms differ");
     CHECK(same_bits(graph.params.data(), plain.params.data(), graph.params.size()), "parameters or optimiser state differ");
 }
+TEST(gpu_graph_replay_equals_plain_launches) { NEED_GPU(); use_tf32(false); check_graph_equals_plain(tiny_config(ARCH_LIME, 4, 2, 9)); }
+TEST(gpu_hc_graph_replay_equals_plain_launches) { NEED_GPU(); use_tf32(false); check_graph_equals_plain(hc_config(2, true, 4, 2)); }
 
 TEST(gpu_same_seed_gives_bit_identical_losses) {
     NEED_GPU();
@@ -640,10 +733,9 @@ static void poison_scratch(Model& m) {
     (void)m;
 #endif
 }
-static void check_steps_across_schedules(Attention attention) {
+static void check_steps_across_schedules(Attention attention, Config c) {
     use_tf32(false);
     use_attention(attention);
-    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
     Run want;
     for (const StepOrder& s : STEP_ORDERS) {
         set_step_order(s);
@@ -665,8 +757,10 @@ static void check_steps_across_schedules(Attention attention) {
     }
     use_attention(ATTENTION_AUTO);
 }
-TEST(gpu_three_steps_bit_identical_across_schedules_matmul) { NEED_GPU(); check_steps_across_schedules(ATTENTION_MATMUL); }
-TEST(gpu_three_steps_bit_identical_across_schedules_flash) { NEED_GPU(); check_steps_across_schedules(ATTENTION_FLASH); }
+TEST(gpu_three_steps_bit_identical_across_schedules_matmul) { NEED_GPU(); check_steps_across_schedules(ATTENTION_MATMUL, tiny_config(ARCH_LIME, 4, 2, 9)); }
+TEST(gpu_three_steps_bit_identical_across_schedules_flash) { NEED_GPU(); check_steps_across_schedules(ATTENTION_FLASH, tiny_config(ARCH_LIME, 4, 2, 9)); }
+// HC's weight gradients (chunked partial sums) and warp sums: the same bits in every order too.
+TEST(gpu_hc_three_steps_bit_identical_across_schedules) { NEED_GPU(); check_steps_across_schedules(ATTENTION_MATMUL, hc_config(3, true, 4, 2)); }
 
 TEST(gpu_forward_without_targets_gives_cpu_logits) {
     NEED_GPU();

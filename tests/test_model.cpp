@@ -463,6 +463,177 @@ TEST(lime_with_identity_routers_equals_llama) {
     model_free(&lime);
 }
 
+// ---------------------------------------------------------------------------
+// Hyper-Connections (--arch hc): each op against finite differences, then the model
+
+// A sublayer's HC weights as separate vectors, n streams of width d, static or dynamic.
+struct HcWeights {
+    std::vector<float> sb, sa, afn, as, bfn, bs;
+    HcWeights(int n, int d, bool dynamic, uint64_t seed) {
+        sb = randv(n, seed), sa = randv((size_t)n * (n + 1), seed + 1);
+        if (dynamic) afn = randv((size_t)d * (n + 1), seed + 2), as = randv(1, seed + 3), bfn = randv(d, seed + 4), bs = randv(1, seed + 5);
+    }
+    HcParams view() {
+        HcParams h = {sb.data(), sa.data(), nullptr, nullptr, nullptr, nullptr};
+        if (!afn.empty()) h.alpha_fn = afn.data(), h.alpha_scale = as.data(), h.beta_fn = bfn.data(), h.beta_scale = bs.data();
+        return h;
+    }
+};
+
+static void check_hc_weights(bool dynamic) {
+    int N = 5, n = 3, d = 6, K = n + 1;
+    std::vector<float> X = randv((size_t)n * N * d, 40), wA = randv((size_t)N * n * K, 41), wb = randv((size_t)N * n, 42);
+    HcWeights w(n, d, dynamic, 43), dw(n, d, dynamic, 43);
+    for (auto* v : {&dw.sb, &dw.sa, &dw.afn, &dw.as, &dw.bfn, &dw.bs}) std::fill(v->begin(), v->end(), 0.0f);
+    std::vector<float> Aw((size_t)N * n * K), bw((size_t)N * n), rstd((size_t)N * n), ta(Aw.size()), tb(bw.size());
+    auto loss = [&]() {
+        hc_weights_forward(Aw.data(), bw.data(), rstd.data(), ta.data(), tb.data(), X.data(), w.view(), N, n, d, 1e-6f);
+        return dot(Aw, wA) + dot(bw, wb);
+    };
+    loss();
+    std::vector<float> dX(X.size(), 0.0f);
+    hc_weights_backward(dX.data(), dw.view(), wA.data(), wb.data(), X.data(), rstd.data(), ta.data(), tb.data(), w.view(), N, n, d);
+    const char* names[] = {"static_beta", "static_alpha", "dynamic_alpha_fn", "dynamic_alpha_scale", "dynamic_beta_fn", "dynamic_beta_scale"};
+    std::vector<float>* params[] = {&w.sb, &w.sa, &w.afn, &w.as, &w.bfn, &w.bs};
+    std::vector<float>* grads[] = {&dw.sb, &dw.sa, &dw.afn, &dw.as, &dw.bfn, &dw.bs};
+    for (int i = 0; i < (dynamic ? 6 : 2); i++) {
+        double e = fd_error(*params[i], *grads[i], loss);
+        CHECK(e < FD_TOL, "hc weights d%s: rel err %.2e", names[i], e);
+    }
+    double e = dynamic ? fd_error(X, dX, loss) : 0;
+    CHECK(e < FD_TOL, "hc weights dX: rel err %.2e", e);
+    if (!dynamic)
+        for (float g : dX) CHECK(g == 0, "static hc weights: dX %g, want 0 (static weights do not read the streams)", g);
+}
+TEST(hc_weights_backward_matches_finite_differences_dynamic) { check_hc_weights(true); }
+TEST(hc_weights_backward_matches_finite_differences_static) { check_hc_weights(false); }
+
+TEST(hc_width_backward_matches_finite_differences) {
+    int N = 4, n = 3, d = 5, K = n + 1;
+    std::vector<float> X = randv((size_t)n * N * d, 50), Aw = randv((size_t)N * n * K, 51), w = randv((size_t)K * N * d, 52);
+    std::vector<float> M(w.size()), dX(X.size(), 7.0f), dA(Aw.size(), 7.0f);  // 7: both are written, not added to
+    auto loss = [&]() { hc_width_forward(M.data(), X.data(), Aw.data(), N, n, d); return dot(M, w); };
+    hc_width_backward(dX.data(), dA.data(), w.data(), X.data(), Aw.data(), N, n, d);
+    double e1 = fd_error(X, dX, loss), e2 = fd_error(Aw, dA, loss);
+    CHECK(e1 < FD_TOL, "hc width dX: rel err %.2e", e1);
+    CHECK(e2 < FD_TOL, "hc width dA: rel err %.2e", e2);
+}
+
+TEST(hc_depth_backward_matches_finite_differences) {
+    int N = 4, n = 3, d = 5;
+    std::vector<float> y = randv((size_t)N * d, 60), M = randv((size_t)(n + 1) * N * d, 61), bw = randv((size_t)N * n, 62);
+    std::vector<float> w = randv((size_t)n * N * d, 63), Xout(w.size());
+    std::vector<float> dy(y.size(), 7.0f), db(bw.size(), 7.0f), dM(M.size(), 7.0f);
+    auto loss = [&]() { hc_depth_forward(Xout.data(), y.data(), M.data(), bw.data(), N, n, d); return dot(Xout, w); };
+    hc_depth_backward(dy.data(), db.data(), dM.data(), w.data(), y.data(), bw.data(), N, n, d);
+    double e1 = fd_error(y, dy, loss), e2 = fd_error(bw, db, loss), e3 = fd_error(M, dM, loss);
+    CHECK(e1 < FD_TOL, "hc depth dy: rel err %.2e", e1);
+    CHECK(e2 < FD_TOL, "hc depth db: rel err %.2e", e2);
+    CHECK(e3 < FD_TOL, "hc depth dM: rel err %.2e", e3);
+    for (int e = 0; e < N * d; e++) CHECK(dM[e] == 0, "hc depth dM[0] entry %d is %g, want 0 (mixture 0 feeds the sublayer only)", e, dM[e]);
+}
+
+// hc_sum and hc_expand are each other's backward: <sum(X), w> = <X, expand(w)>.
+TEST(hc_sum_and_expand_are_adjoint) {
+    int n = 3;
+    size_t Nd = 20;
+    std::vector<float> X = randv(n * Nd, 70), w = randv(Nd, 71), x(Nd), W(n * Nd);
+    hc_sum(x.data(), X.data(), n, Nd);
+    hc_expand(W.data(), w.data(), n, Nd);
+    double a = dot(x, w), b = dot(X, W);
+    CHECK(std::fabs(a - b) < 1e-5 * std::fabs(b), "<hc_sum(X), w> = %.9g but <X, hc_expand(w)> = %.9g", a, b);
+}
+
+static Config hc_config(int n, bool dynamic, int H, int R) {
+    Config c = tiny_config(ARCH_HC, H, R);
+    c.hc_rate = n;
+    c.hc_dynamic = dynamic;
+    return c;
+}
+TEST(hc_dynamic_model_gradients_match_finite_differences) { check_model_gradients(hc_config(2, true, 2, 2), 0.2f); }
+TEST(hc_static_gqa_model_gradients_match_finite_differences) { check_model_gradients(hc_config(3, false, 4, 2), 0.2f); }
+// Static: with one stream, RMSNorm(a * X) = RMSNorm(X) makes the gradient of
+// the input mixture's weight (alpha column 0, and dynamic_alpha_fn's column 0)
+// nearly 0, below what float32 finite differences of the loss resolve.
+TEST(hc_rate1_model_gradients_match_finite_differences) { check_model_gradients(hc_config(1, false, 2, 1), 0.2f); }
+
+// a and b's loss, logits and, for every tensor of b's that a has too (same
+// name), the gradient: all bit for bit. a and b are initialised with one seed.
+static void check_same_model(const Config& ca, const Config& cb, const char* what) {
+    Model a, b;
+    CHECK(model_create(&a, ca, 2, DEVICE_CPU).empty() && model_create(&b, cb, 2, DEVICE_CPU).empty(), "model_create failed");
+    model_init(&a, 3);
+    model_init(&b, 3);
+    TinyBatch tb(ca.V);
+    float la = model_forward(&a, tb.tokens.data(), tb.targets.data(), tb.mask.data(), tb.B, tb.T);
+    float lb = model_forward(&b, tb.tokens.data(), tb.targets.data(), tb.mask.data(), tb.B, tb.T);
+    CHECK(la == lb, "%s: loss %.9g vs %.9g", what, la, lb);
+    size_t n = (size_t)tb.B * tb.T * ca.V;
+    CHECK(memcmp(model_logits(&a), model_logits(&b), n * sizeof(float)) == 0, "%s: the logits differ (rel err %.2e)", what,
+          rel_err(model_logits(&a), model_logits(&b), n));
+    model_backward(&a);
+    model_backward(&b);
+    for (const TensorSpec& t : b.specs) {
+        const TensorSpec* u = nullptr;
+        for (const TensorSpec& s : a.specs) if (s.name == t.name) u = &s;
+        if (!u) continue;  // a tensor only b has (hc's mixing weights beside llama)
+        CHECK(memcmp(a.grads + u->offset, b.grads + t.offset, t.numel * sizeof(float)) == 0,
+              "%s: the gradient of %s differs (rel err %.2e)", what, t.name.c_str(), rel_err(a.grads + u->offset, b.grads + t.offset, t.numel));
+    }
+    model_free(&a);
+    model_free(&b);
+}
+TEST(hc_rate1_static_at_init_equals_llama_bit_for_bit) {
+    check_same_model(hc_config(1, false, 4, 2), tiny_config(ARCH_LLAMA, 4, 2), "hc n=1 static vs llama");
+}
+TEST(hc_dynamic_at_init_equals_static_bit_for_bit) {
+    check_same_model(hc_config(3, true, 4, 2), hc_config(3, false, 4, 2), "hc n=3 dynamic vs static");
+}
+
+TEST(hc_init_is_the_authors) {
+    Config c = hc_config(2, true, 2, 2);
+    Model m;
+    CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
+    model_init(&m, 9);
+    CHECK(m.p.hc.size() == (size_t)2 * c.L, "%zu HC sublayers, want 2L = %d", m.p.hc.size(), 2 * c.L);
+    for (int s = 0; s < 2 * c.L; s++) {
+        const HcParams& h = m.p.hc[s];
+        int n = c.hc_rate, K = n + 1, l = s / 2;
+        for (int i = 0; i < n; i++) {
+            CHECK(h.static_beta[i] == 1, "sublayer %d: static_beta[%d] = %g, want 1", s, i, h.static_beta[i]);
+            for (int k = 0; k < K; k++) {
+                float want = k == 0 ? (i == l % n) : (k == i + 1);
+                CHECK(h.static_alpha[i * K + k] == want, "sublayer %d: static_alpha[%d, %d] = %g, want %g", s, i, k, h.static_alpha[i * K + k], want);
+            }
+        }
+        for (int j = 0; j < c.d * K; j++) CHECK(h.alpha_fn[j] == 0, "sublayer %d: dynamic_alpha_fn entry %d is not 0", s, j);
+        for (int j = 0; j < c.d; j++) CHECK(h.beta_fn[j] == 0, "sublayer %d: dynamic_beta_fn entry %d is not 0", s, j);
+        CHECK(h.alpha_scale[0] == 0.01f && h.beta_scale[0] == 0.01f, "sublayer %d: scales %g, %g, want 0.01", s, h.alpha_scale[0], h.beta_scale[0]);
+    }
+    for (const TensorSpec& t : m.specs) {
+        bool hc = t.name.find(".hc_") != std::string::npos, dyn = t.name.find(".dynamic_") != std::string::npos;
+        if (hc) CHECK(t.group == (dyn ? GROUP_MATRIX : GROUP_EMBED_GAIN), "%s is in AdamW group %d", t.name.c_str(), (int)t.group);
+    }
+    model_free(&m);
+}
+
+// The memory estimate (memory_needed, from acts_carve) holds HC's n streams:
+// x and xa n times wider, the mixtures M (n+1 per sublayer), and its parameters.
+TEST(hc_memory_estimate_counts_the_streams) {
+    int n = 3;
+    Config l = tiny_config(ARCH_LLAMA, 4, 2), h = hc_config(n, true, 4, 2);
+    size_t B = 2, BT = B * h.T, d = h.d, L = h.L;
+    Acts a;
+    std::vector<float> mem(acts_carve(&a, h, (int)B, nullptr));
+    acts_carve(&a, h, (int)B, mem.data());
+    CHECK((size_t)(a.xa - a.x) == (L + 1) * n * BT * d, "hc x holds %zu floats, want (L+1) n B T d = %zu", (size_t)(a.xa - a.x), (L + 1) * n * BT * d);
+    double extra = memory_needed(h, (int)B, DEVICE_CPU, false) - memory_needed(l, (int)B, DEVICE_CPU, false);
+    double streams = 4.0 * ((n - 1) * (2 * L + 2) * BT * d + 2 * L * (n + 1) * BT * d);  // x, xa and dx wider; M
+    double params = 16.0 * 2 * L * (n + n * (n + 1) + d * (n + 1) + d + 2);             // weights, grads, Adam m, v
+    CHECK(extra >= streams + params, "hc needs %.0f bytes more than llama, want at least %.0f (streams) + %.0f (params)", extra, streams, params);
+    CHECK(param_count(h) - param_count(l) == 2 * L * (n + n * (n + 1) + d * (n + 1) + d + 2), "hc parameters %zu vs llama %zu", param_count(h), param_count(l));
+}
+
 TEST(router_init_is_uniform_with_identity_block) {
     Config c = tiny_config(ARCH_LIME, 4, 2);
     Model m;
