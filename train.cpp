@@ -743,7 +743,10 @@ static void train_open_output(bool quiet, TrainRun* r) {
     train_check_saves(*r);
     std::string err;
     struct stat sb;
-    bool created = stat(r->s.out.c_str(), &sb) != 0;
+    std::vector<std::string> created;  // the directories make_dir makes, outermost first
+    for (size_t i = 1; i <= r->s.out.size(); i++)
+        if (i == r->s.out.size() || r->s.out[i] == '/')
+            if (stat(r->s.out.substr(0, i).c_str(), &sb) != 0) created.push_back(r->s.out.substr(0, i));
     if (!make_dir(r->s.out, &err)) die("train", err + " (choose another --out)");
     r->lock_fd = lock_run_dir(r->s.out);
     remove_stale_temps(r->s.out);
@@ -760,7 +763,7 @@ static void train_open_output(bool quiet, TrainRun* r) {
     if (!err.empty()) {  // nothing of the run's is left: the lock, and the directory if it made it
         if (r->log.fd >= 0 && !log_existed) unlink(log_path.c_str());
         unlink((r->s.out + "/train.lock").c_str());
-        if (created) rmdir(r->s.out.c_str());
+        for (size_t i = created.size(); i-- > 0;) rmdir(created[i].c_str());
         die("train", err);
     }
     if (r->start_step == 0 && ftruncate(r->log.fd, 0) != 0) die("train", "cannot write " + log_path + ": " + strerror(errno));
@@ -1827,7 +1830,7 @@ int main(int argc, char** argv) {
         fflush(stdout);
         fprintf(stderr, "lime %s: error: out of memory (an allocation failed); free memory, raise ulimit -v, or give "
                 "smaller sizes or files\n", argc > 1 ? one_line(argv[1]).c_str() : "");
-        return 1;
+        return 2;
     } catch (const std::exception& e) {
         fflush(stdout);
         fprintf(stderr, "lime %s: error: %s\n", argc > 1 ? one_line(argv[1]).c_str() : "", one_line(e.what()).c_str());
