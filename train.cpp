@@ -799,7 +799,6 @@ static void on_stop_signal(int sig) {
 static void catch_stop_signals(bool on) {
     struct stat sb;
     g_stdout_pipe_flags = on && fstat(1, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode)) ? fcntl(1, F_GETFL) : -1;
-    signal(SIGXFSZ, SIG_IGN);  // a file past ulimit -f: the write fails (EFBIG) and is reported, not a core dump
     struct sigaction sa = {};
     sa.sa_handler = on ? on_stop_signal : SIG_DFL;
     sa.sa_flags = SA_RESETHAND | SA_RESTART;
@@ -1020,6 +1019,7 @@ static int train_finish(TrainRun* r) {
 static int cmd_train(int argc, char** argv) {
     std::vector<FlagSpec> flags = train_flags();
     Args a = parse_args("train", TRAIN_HELP, flags, argc, argv, false);
+    signal(SIGXFSZ, SIG_IGN);  // a file past ulimit -f: the write fails (EFBIG) and is reported, not a core dump
     const std::set<std::string> user_flags = a.given;  // before a resumed run adds its own
     Resumed resumed = resume_flags(a, flags);          // the checkpoint's own flags, with the ones given now on top
     TrainRun run;
