@@ -240,7 +240,7 @@ else
     fail sigint_during_evaluation "exit $status after $ms ms (want 130 within 5 s, a checkpoint)"
 fi
 dir=$tmp/blocked
-( $LIME train ${TINY/--quiet/} $LONG --save-every 1000000 --out "$dir" 2>"$tmp/blocked.err" | sleep 30 ) &
+( $LIME train ${TINY/--quiet/} $LONG --save-every 1000000 --out "$dir" 2>"$tmp/blocked.err" | sleep 30 ) 2>/dev/null &
 wait_for "$dir/log.jsonl"
 for _ in $(seq 60); do  # until the pipe is full (~650 progress lines) and the run blocked in a write: its log stops growing
     n=$(wc -l < "$dir/log.jsonl"); sleep 0.3
