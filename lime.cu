@@ -102,6 +102,10 @@ std::string config_check(const Config& c) {
     };
     if (c.V < 1) return fail("vocabulary size %d must be at least 1", c.V);
     if (c.L < 1) return fail("--layers %d must be at least 1", c.L);
+    // the flags' limits, asked of every config (a checkpoint's too) before anything is sized by it
+    if (c.L > 256 || c.d > 65536 || c.H > 1024 || c.R > 1024 || c.F > (1 << 20) || c.V > (1 << 24) || c.T > (1 << 20))
+        return fail("layers %d, dim %d, heads %d, kv-heads %d, ffn %d, vocab %d or positions %d is past this program's "
+                    "limits (256, 65536, 1024, 1024, 1048576, 16777216, 1048576)", c.L, c.d, c.H, c.R, c.F, c.V, c.T);
     if (c.d < 2 || c.H < 1 || c.R < 1)
         return fail("--dim %d, --heads %d and --kv-heads %d must be positive", c.d, c.H, c.R);
     if (c.d % c.H)

@@ -1,7 +1,9 @@
 // train.cpp — the command-line program `./lime`: train, eval, sample, data,
 // verify and bench, each with --help. The model lives in lime.cu, the tasks
 // in data/; this file reads flags, moves data in and out, and reports.
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -117,6 +119,12 @@ static std::string data_files_changed(const std::map<std::string, std::string>& 
 // Generation and scoring
 // ===========================================================================
 
+// Set by train's stop signals (catch_stop_signals, below); generate and
+// mean_loss look at it before each forward, so that a periodic evaluation
+// (minutes on a long tier) ends within a forward of a Ctrl-C. Outside train
+// no handler sets it: eval, sample and analyze run to their end.
+static volatile sig_atomic_t g_stop_signal = 0;
+
 static int argmax(const float* x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
@@ -153,7 +161,7 @@ static void generate(Model* model, const Vocab& v, std::vector<std::vector<int>>
                 bool done = budget[b] == 0 || (int)s.size() > c.T || s.empty() || (s.size() > 1 && s.back() == v.eos);
                 if (!done) { active.push_back(b); T = std::max(T, (int)s.size()); }
             }
-            if (active.empty()) break;
+            if (active.empty() || g_stop_signal) break;
             tokens.assign((size_t)B * T, v.pad);
             for (int b = 0; b < B; b++) {
                 const std::vector<int>& s = (*seqs)[start + b];
@@ -209,7 +217,7 @@ static double mean_loss(Model* model, const std::vector<Sequence>& seqs, int T, 
     double total = 0, count = 0;
     Batch batch;
     std::vector<int> idx;
-    for (int start = 0; start < n; start += model->B) {
+    for (int start = 0; start < n && !g_stop_signal; start += model->B) {
         int B = std::min(model->B, n - start);
         idx.resize(B);
         for (int b = 0; b < B; b++) idx[b] = start + b;
@@ -363,6 +371,7 @@ struct TrainRun {
     Model model;
     Loader loader;
     Logger log;
+    int lock_fd = -1;                               // DIR/train.lock, flock'ed for the life of the run
     std::map<std::string, std::string> saved_args;  // everything that rebuilds this run, in each checkpoint
     std::string data_files;                         // fingerprints of the data files read (data_fingerprints)
     int start_step = 0;                             // the step a resumed run continues after, else 0
@@ -394,7 +403,8 @@ static std::string eta_str(const TrainRun& r, int step, double ms_per_step) {
 }
 
 // Validation loss and (arith, prosqa) accuracy on the first eval_size test
-// examples (0: all); printed unless quiet, and logged.
+// examples (0: all); printed unless quiet, and logged. A stop signal cuts it
+// short: nothing is printed or logged, and the caller saves and stops.
 static void evaluate(Model* model, const Task& t, int step, int eval_size, Logger* log, double* val_loss,
                      double* acc) {
     *val_loss = mean_loss(model, *t.test, t.T, t.vocab.pad, eval_size);
@@ -411,6 +421,7 @@ static void evaluate(Model* model, const Task& t, int step, int eval_size, Logge
         msg += " | perplexity " + fmt("%.3f", std::exp(*val_loss));
         json.add_num("perplexity", std::exp(*val_loss));
     }
+    if (g_stop_signal) return;  // cut short: its numbers cover part of the test set
     if (!log->quiet) printf("%s\n", msg.c_str());
     log->line(json);
 }
@@ -455,9 +466,18 @@ struct Resumed {
     }
 };
 
-// --resume: reads the checkpoint, refuses a change of task, and takes its
-// saved flags for those not given now (the ones given now win).
-static Resumed resume_flags(Args& a) {
+// The directory a file is in: "." for a bare name.
+static std::string dir_of(const std::string& path) {
+    size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// --resume: reads the checkpoint, refuses a change of task or seed, and takes
+// its saved flags for those not given now (the ones given now win). Only
+// train's own valued flags are taken, and never --out, --stop-after or a
+// switch (--force): what a file says never decides where the run writes or
+// what it replaces. The run writes where the checkpoint is, or to --out.
+static Resumed resume_flags(Args& a, const std::vector<FlagSpec>& flags) {
     Resumed r;
     if (!a.has("resume")) return r;
     r.path = a.str("resume");
@@ -469,8 +489,18 @@ static Resumed resume_flags(Args& a) {
         die("train", r.path + " was not written by ./lime train (no training arguments in it); "
                      "it can be loaded by eval, not resumed");
     refuse_task_change(a, saved);
-    for (auto& kv : saved)
-        if (!a.has(kv.first) && kv.first != "resume") { a.values[kv.first] = {kv.second}; a.given.insert(kv.first); }
+    if (a.has("seed") && saved.count("seed") && a.str("seed") != saved["seed"])
+        die("train", "--seed " + a.str("seed") + " differs from the run being resumed (seed " + saved["seed"] +
+                         "): a resumed run keeps the seed of its initialisation and data order; drop --seed, or "
+                         "start a new run");
+    for (const FlagSpec& f : flags) {
+        std::string name = f.name;
+        if (!f.def || name == "out" || name == "resume" || name == "stop-after" || a.has(name) || !saved.count(name))
+            continue;
+        a.values[name] = {saved[name]};
+        a.given.insert(name);
+    }
+    if (!a.has("out")) { a.values["out"] = {dir_of(r.path)}; a.given.insert("out"); }
     return r;
 }
 
@@ -556,8 +586,18 @@ static std::string vocab_matches(const std::string& path, const std::vector<std:
 // holds a checkpoint or a model (another run's) is refused unless --force; a
 // resumed run may write only where its own checkpoint is, or where none is.
 static void refuse_reused_out(const Args& a, const Resumed& resumed, const TrainRun& r) {
-    if (a.has("force")) return;
     const std::string& out = r.s.out;
+    // the names a run writes: a regular file of a run, or nothing; a symlink, a
+    // directory or a device there is refused, --force or not (never followed or replaced)
+    for (const char* name : {"checkpoint.safetensors", "model.safetensors", "log.jsonl", "train.lock"}) {
+        struct stat sb;
+        std::string path = out + "/" + name;
+        if (lstat(path.c_str(), &sb) != 0 || S_ISREG(sb.st_mode)) continue;
+        die("train", path + " is " + (S_ISLNK(sb.st_mode) ? "a symbolic link" : S_ISDIR(sb.st_mode) ? "a directory"
+                                                                                                : "not a regular file") +
+                         ", where a run writes its own file; remove it, or choose another --out");
+    }
+    if (a.has("force")) return;
     std::string ck = out + "/checkpoint.safetensors", model = out + "/model.safetensors";
     struct stat sc, sm, sr;
     bool has_ck = stat(ck.c_str(), &sc) == 0, has_model = stat(model.c_str(), &sm) == 0;
@@ -610,6 +650,12 @@ static void train_start_model(const Resumed& resumed, TrainRun* r) {
                          "damaged; use an earlier checkpoint or train again");
     err = vocab_matches(resumed.path, tm.vocab, r->task.vocab);
     if (!err.empty()) die("train", err);
+    // the rest of a run trains on the data it began with: a changed file would
+    // go on silently, and the model would then record the new file as its own
+    std::string changed = data_files_changed(resumed.meta, r->ts);
+    if (!changed.empty())
+        die("train", changed.substr(0, changed.find(": results are on other data")) + ": the run being resumed began " +
+                         "on the other file; restore it to go on, or start a new run on this one");
     r->log.kept = resumed.path + " (step " + std::to_string(r->start_step) + ") is kept; free some space, then " +
                   "continue with ./lime train --resume " + resumed.path;
     r->loader.start(r->task.train, r->s.seed, tm.data_epoch, (size_t)tm.data_pos);
@@ -642,16 +688,114 @@ static std::map<std::string, std::string> train_meta(const TrainRun& r) {
     return meta;
 }
 
+// Everything the first save could refuse, asked before the run writes
+// anything: each saved flag is UTF-8 (a checkpoint's metadata is JSON), and
+// the checkpoint and the model would be written as they stand now.
+static void train_check_saves(const TrainRun& r) {
+    for (auto& [flag, value] : r.saved_args)
+        if (!utf8_valid(value))
+            die("train", "--" + flag + " " + value + " is not UTF-8 text, and every checkpoint records it in its "
+                         "metadata (JSON, UTF-8 only); rename the file or directory, or give another --" + flag);
+    std::map<std::string, std::string> meta = train_meta(r);
+    std::string err = model_save_check(&r.model, r.s.out + "/checkpoint.safetensors", meta, true);
+    if (err.empty()) err = model_save_check(&r.model, r.s.out + "/model.safetensors", meta, false);
+    if (!err.empty()) die("train", err);
+}
+
+// DIR/train.lock, flock'ed for the life of the process (the kernel lets go
+// when it ends, however it ends), with its pid inside: a second ./lime train
+// into the same directory, fresh or --resume, is refused naming the holder.
+static int lock_run_dir(const std::string& out) {
+    std::string path = out + "/train.lock";
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
+        die("train", "cannot use " + path + " (" + (fd < 0 ? strerror(errno) : "not a regular file") +
+                         "), the lock a run holds on its directory; remove it if it is not a file, or choose another --out");
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char buf[24] = {0};
+        ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+        long pid = n > 0 ? atol(buf) : 0;
+        die("train", "--out " + out + " is in use by another ./lime train (" +
+                         (pid > 0 ? "pid " + std::to_string(pid) : std::string("its pid not written yet")) +
+                         ", holding " + path + "); wait for it to end or stop it, or choose another --out");
+    }
+    std::string pid = std::to_string(getpid()) + "\n";
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) != (ssize_t)pid.size()) {}  // the pid is for messages only
+    return fd;
+}
+
+// Temporary files of saves that a killed process left in DIR (the lock is
+// held: no other run is writing them). unlink removes a link, never its target.
+static void remove_stale_temps(const std::string& out) {
+    DIR* d = opendir(out.c_str());
+    if (!d) return;
+    while (struct dirent* e = readdir(d)) {
+        std::string name = e->d_name;
+        for (const char* f : {"checkpoint.safetensors.tmp-", "model.safetensors.tmp-"})
+            if (name.rfind(f, 0) == 0 && name.size() == strlen(f) + 6) unlinkat(dirfd(d), name.c_str(), 0);
+    }
+    closedir(d);
+}
+
+// What a save needs, tried once at the start: a temporary file created
+// beside DIR/checkpoint.safetensors (the directory writable, the longest
+// name the run writes fitting NAME_MAX and PATH_MAX), while the directory is
+// open too, as sync_directory opens it, with the lock and the log held: the
+// descriptors a save takes are there (ulimit -n). "" or why not.
+static std::string try_a_save(const std::string& out) {
+    std::string tmp;
+    int fd = open_temp_beside(out + "/checkpoint.safetensors", &tmp);
+    if (fd < 0) {
+        int e = errno;
+        std::string why = e == ENAMETOOLONG ? "; the name is too long for the file system: choose a shorter --out"
+                          : e == EMFILE || e == ENFILE ? "; too few file descriptors: raise the limit (ulimit -n 64)"
+                          : e == EACCES || e == EPERM || e == EROFS ? "; the directory is not writable: choose another --out"
+                                                                    : "";
+        return "cannot create " + out + "/checkpoint.safetensors.tmp-XXXXXX, as every save does: " + strerror(e) + why;
+    }
+    int dir = open(out.c_str(), O_RDONLY | O_CLOEXEC);
+    int e = errno;
+    close(fd);
+    unlink(tmp.c_str());
+    if (dir < 0)
+        return "cannot open " + out + " as every save does (to make its rename durable): " + strerror(e) +
+               (e == EMFILE || e == ENFILE ? "; too few file descriptors: raise the limit (ulimit -n 64)" : "");
+    close(dir);
+    return "";
+}
+
 // Only now, when every check has passed, does the run write anything: the
-// output directory, the log (appended to when resuming), the first line.
+// output directory, its lock, the log (appended to when resuming), the first
+// line. A planted symlink at log.jsonl is refused (O_NOFOLLOW), not followed.
 static void train_open_output(bool quiet, TrainRun* r) {
+    train_check_saves(*r);
     std::string err;
+    struct stat sb;
+    std::vector<std::string> created;  // the directories make_dir makes, outermost first
+    for (size_t i = 1; i <= r->s.out.size(); i++)
+        if (i == r->s.out.size() || r->s.out[i] == '/')
+            if (stat(r->s.out.substr(0, i).c_str(), &sb) != 0) created.push_back(r->s.out.substr(0, i));
     if (!make_dir(r->s.out, &err)) die("train", err + " (choose another --out)");
+    r->lock_fd = lock_run_dir(r->s.out);
+    remove_stale_temps(r->s.out);
     r->log.quiet = quiet;
     std::string log_path = r->s.out + "/log.jsonl";
     r->log.path = log_path;
-    r->log.fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (r->start_step > 0 ? O_APPEND : O_TRUNC), 0644);
-    if (r->log.fd < 0) die("train", "cannot write " + log_path + ": " + strerror(errno));
+    bool log_existed = lstat(log_path.c_str(), &sb) == 0;
+    r->log.fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (r->start_step > 0 ? O_APPEND : 0),
+                     0644);
+    if (r->log.fd < 0) err = "cannot write " + log_path + ": " + strerror(errno);
+    if (r->log.fd < 0 && errno == ELOOP) err += " (it is a symbolic link: a run writes its own log; remove the link)";
+    if (r->log.fd < 0 && (errno == EMFILE || errno == ENFILE)) err += " (too few file descriptors: raise ulimit -n)";
+    if (err.empty()) err = try_a_save(r->s.out);
+    if (!err.empty()) {  // nothing of the run's is left: the lock, and the directory if it made it
+        if (r->log.fd >= 0 && !log_existed) unlink(log_path.c_str());
+        unlink((r->s.out + "/train.lock").c_str());
+        for (size_t i = created.size(); i-- > 0;) rmdir(created[i].c_str());
+        die("train", err);
+    }
+    if (r->start_step == 0 && ftruncate(r->log.fd, 0) != 0) die("train", "cannot write " + log_path + ": " + strerror(errno));
     const Config& c = r->c;
     if (!r->log.quiet) {
         printf("train %s on %s: L=%d d=%d H=%d R=%d F=%d V=%d T=%d, %zu parameters, %s, batch %d, %d steps "
@@ -675,9 +819,18 @@ static void train_open_output(bool quiet, TrainRun* r) {
 // SA_RESETHAND: a second SIGINT, SIGTERM or SIGHUP kills at once. SIGPIPE
 // stays caught (every later write to stdout raises it again, and such writes
 // just fail with EPIPE); once the loop is over it is ignored.
-static volatile sig_atomic_t g_stop_signal = 0;
-static void on_stop_signal(int sig) { if (!g_stop_signal) g_stop_signal = sig; }
+// A stdout that is a pipe nobody reads (./lime train | sleep 60) would keep
+// the loop blocked in a write, deaf to the flag: the handler makes such a
+// pipe non-blocking (fcntl is async-signal-safe), so the blocked write ends
+// and later ones fail at once; the resume line then goes to stderr.
+static int g_stdout_pipe_flags = -1;  // stdout's file status flags when it is a pipe or socket, else -1
+static void on_stop_signal(int sig) {
+    if (!g_stop_signal) g_stop_signal = sig;
+    if (g_stdout_pipe_flags >= 0) fcntl(1, F_SETFL, g_stdout_pipe_flags | O_NONBLOCK);
+}
 static void catch_stop_signals(bool on) {
+    struct stat sb;
+    g_stdout_pipe_flags = on && fstat(1, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode)) ? fcntl(1, F_GETFL) : -1;
     struct sigaction sa = {};
     sa.sa_handler = on ? on_stop_signal : SIG_DFL;
     sa.sa_flags = SA_RESETHAND | SA_RESTART;
@@ -809,7 +962,7 @@ static void save_checkpoint(TrainRun* r, int step) {
     std::string tensor = model_first_nonfinite(&r->model, true);
     if (!tensor.empty()) training_failed(r, "the weights of " + tensor + " are not finite", step, r->last_good);
     std::string err = model_save(&r->model, r->s.out + "/checkpoint.safetensors", train_meta(*r), true);
-    if (!err.empty()) die("train", err);
+    if (!err.empty()) die("train", err + "; stopped: " + r->log.kept);
     r->last_saved = step;
     r->log.kept = r->s.out + "/checkpoint.safetensors (step " + std::to_string(step) + ") is kept; free some " +
                   "space, then continue with ./lime train --resume " + r->s.out + "/checkpoint.safetensors";
@@ -822,8 +975,11 @@ static void save_checkpoint(TrainRun* r, int step) {
 static int train_interrupted(TrainRun* r, int step, int sig) {
     const char* what = sig == SIGINT ? "interrupted (SIGINT)" : sig == SIGTERM ? "terminated (SIGTERM)"
                        : sig == SIGHUP ? "hung up (SIGHUP)" : "output closed (SIGPIPE)";
-    fprintf(sig == SIGPIPE ? stderr : stdout, "%s at step %d: saved %s/checkpoint.safetensors; continue with ./lime "
-            "train --resume %s/checkpoint.safetensors\n", what, step, r->s.out.c_str(), r->s.out.c_str());
+    std::string line = std::string(what) + " at step " + std::to_string(step) + ": saved " + r->s.out +
+                       "/checkpoint.safetensors; continue with ./lime train --resume " + r->s.out +
+                       "/checkpoint.safetensors\n";
+    // stderr after SIGPIPE, or when stdout cannot take the line (a pipe nobody reads: on_stop_signal)
+    if (sig == SIGPIPE || fputs(line.c_str(), stdout) < 0 || fflush(stdout) != 0) fputs(line.c_str(), stderr);
     r->log.line(Json().add_str("type", "interrupted").add_num("step", step).add_num("signal", sig));
     return 128 + sig;
 }
@@ -866,6 +1022,7 @@ static int train_loop(TrainRun* r) {
             r->t_last = now_ms();
             r->eval_ms += r->t_last - t0;
             r->evals_timed++;
+            if ((stop_signal = g_stop_signal)) saving = true;  // a signal during the evaluation: save and stop now
         }
         if (saving) save_checkpoint(r, step);
         if (stop_signal) return train_interrupted(r, step, stop_signal);
@@ -880,7 +1037,7 @@ static int train_finish(TrainRun* r) {
     catch_stop_signals(false);  // the final save and evaluation: a signal ends them at once (the save is atomic)
     double seconds = (now_ms() - r->t_start) / 1000;
     std::string err = model_save(&r->model, r->s.out + "/model.safetensors", train_meta(*r), false);
-    if (!err.empty()) die("train", err);
+    if (!err.empty()) die("train", err + "; stopped: " + r->log.kept);
     const Task& task = r->task;
     evaluate(&r->model, task, r->s.steps, task.kind != "text" ? 0 : r->s.eval_size, &r->log, &r->val_loss, &r->acc);
     printf("done: %s, %d steps in %s, val loss %.4f", model_name(r->c).c_str(), r->s.steps - r->start_step,
@@ -897,8 +1054,9 @@ static int train_finish(TrainRun* r) {
 static int cmd_train(int argc, char** argv) {
     std::vector<FlagSpec> flags = train_flags();
     Args a = parse_args("train", TRAIN_HELP, flags, argc, argv, false);
+    signal(SIGXFSZ, SIG_IGN);  // a file past ulimit -f: the write fails (EFBIG) and is reported, not a core dump
     const std::set<std::string> user_flags = a.given;  // before a resumed run adds its own
-    Resumed resumed = resume_flags(a);                 // the checkpoint's own flags, with the ones given now on top
+    Resumed resumed = resume_flags(a, flags);          // the checkpoint's own flags, with the ones given now on top
     TrainRun run;
     train_from_flags(a, user_flags, &run);
     refuse_reused_out(a, resumed, run);
@@ -1762,8 +1920,28 @@ static void usage(FILE* f) {
            "  export   write a llama checkpoint as a Hugging Face transformers model directory\n");
 }
 
+static int run_command(int argc, char** argv);
+
+// Every allocation a file or a flag sizes is checked first where it can be
+// (model_create, the readers' limits); any other that fails ends the command
+// with one line, not an abort (std::bad_alloc: exit status 134).
 int main(int argc, char** argv) {
     set_wait_policy(argv);  // first: it may run ./lime again (support/cli.h)
+    try {
+        return run_command(argc, argv);
+    } catch (const std::bad_alloc&) {
+        fflush(stdout);
+        fprintf(stderr, "lime %s: error: out of memory (an allocation failed); free memory, raise ulimit -v, or give "
+                "smaller sizes or files\n", argc > 1 ? one_line(argv[1]).c_str() : "");
+        return 2;
+    } catch (const std::exception& e) {
+        fflush(stdout);
+        fprintf(stderr, "lime %s: error: %s\n", argc > 1 ? one_line(argv[1]).c_str() : "", one_line(e.what()).c_str());
+        return 1;
+    }
+}
+
+static int run_command(int argc, char** argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -290,7 +290,10 @@ std::string check_steps(const ProsqaItem& it, const std::vector<std::vector<int>
 // ---------------------------------------------------------------------------
 // Tokens.
 
-bool is_word_char(char c) { return std::isalnum((unsigned char)c) != 0; }
+// Letters, digits, and every byte of a UTF-8 sequence (>= 0x80): "Tém" is one
+// word, never split inside a character (a token must be UTF-8 text: the
+// vocabulary goes into each checkpoint's JSON metadata).
+bool is_word_char(char c) { return std::isalnum((unsigned char)c) != 0 || (unsigned char)c >= 0x80; }
 
 // The pieces of `text` (see prosqa_tokenize).
 std::vector<std::string> split_words(const std::string& text) {

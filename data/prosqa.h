@@ -89,7 +89,7 @@ std::string prosqa_target(const ProsqaItem& item);
 // covers them), in order of first appearance.
 Vocab prosqa_vocab(const std::vector<ProsqaItem>& items = {});
 
-// Tokens: runs of letters or digits, runs of '#', "\n", and every other
+// Tokens: runs of letters, digits or non-ASCII (UTF-8) bytes, runs of '#', "\n", and every other
 // non-space character alone; spaces separate. Appends the ids to *out;
 // "" or the first unknown word.
 std::string prosqa_tokenize(const Vocab& v, const std::string& text, std::vector<int>* out);

@@ -4,6 +4,7 @@
 // of models and routers, timing and formatting. support/cli.cpp holds the
 // parsers and the memory probe.
 #pragma once
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -292,15 +293,38 @@ inline bool make_dir(const std::string& dir, std::string* err) {
     return true;
 }
 
-// PATH.tmp written, then renamed over PATH: a reader sees the old file or the whole new one.
+// A new file beside PATH for writing, named PATH.tmp-XXXXXX (XXXXXX unique):
+// created with O_CREAT | O_EXCL, which never follows a symlink planted there,
+// and never opens a file that exists. Its descriptor, or -1 with errno set.
+inline int open_temp_beside(const std::string& path, std::string* tmp) {
+    std::string name = path + ".tmp-XXXXXX";
+    int fd = mkostemp(&name[0], O_CLOEXEC);
+    if (fd < 0) return -1;
+    fchmod(fd, 0644);  // mkostemp makes it 0600; a checkpoint is as readable as any file
+    *tmp = name;
+    return fd;
+}
+
+// PATH.tmp-XXXXXX written (open_temp_beside), then renamed over PATH: a
+// reader sees the old file or the whole new one, and a symlink at PATH is
+// replaced, never followed.
 inline std::string write_file_atomic(const std::string& path, const std::string& text) {
-    std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    bool ok = f && fwrite(text.data(), 1, text.size(), f) == text.size();
-    if (f && fclose(f) != 0) ok = false;
+    std::string tmp;
+    int fd = open_temp_beside(path, &tmp);
+    if (fd < 0) return "cannot write " + path + ".tmp-XXXXXX: " + strerror(errno);
+    bool ok = true;
+    for (size_t done = 0; ok && done < text.size();) {
+        ssize_t n = write(fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) { if (n == 0) errno = ENOSPC; ok = false; break; }
+        done += (size_t)n;
+    }
+    int e = errno;
+    if (close(fd) != 0 && ok) { ok = false; e = errno; }
     if (ok && rename(tmp.c_str(), path.c_str()) == 0) return "";
-    remove(tmp.c_str());
-    return "cannot write " + path + ": " + strerror(errno);
+    if (ok) e = errno;
+    unlink(tmp.c_str());
+    return "cannot write " + path + ": " + strerror(e);
 }
 
 inline std::string json_num(double v) { return fmt("%.9g", v); }

@@ -204,9 +204,12 @@ void model_to_host(Model* model);
 // HF names; metadata holds "config" and whatever the caller adds.
 std::string config_to_json(const Config& c);
 std::string config_from_json(const std::string& json, Config* c);  // "" or error
-// Writes to PATH.tmp, then renames. with_optim adds optim.m.*, optim.v.*, optim.step.
+// Writes to a new PATH.tmp-XXXXXX, then renames (st_write). with_optim adds optim.m.*, optim.v.*, optim.step.
 std::string model_save(Model* model, const std::string& path, const std::map<std::string, std::string>& meta,
                        bool with_optim);
+// What model_save would refuse with this metadata (not UTF-8, too large), found before any training.
+std::string model_save_check(const Model* model, const std::string& path,
+                             const std::map<std::string, std::string>& meta, bool with_optim);
 // "" when a and b describe the same model, else the fields that differ,
 // e.g. "architecture lime vs llama, hidden_size 16 vs 32".
 std::string config_diff(const Config& a, const Config& b);

@@ -10,6 +10,7 @@
 // Text comes from stb_easy_font, which describes each glyph (5 x 7 units) as
 // axis-aligned rectangles; we scale and rasterise them.
 #include "support/plot.h"
+#include "support/cli.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -449,23 +450,20 @@ std::string check_size(const PlotSize& s) {
     return "";
 }
 
-// PNG, written to PATH.tmp and renamed, so a reader never sees half a file.
+// PNG, encoded in memory, then written to a new PATH.tmp-XXXXXX and renamed
+// (write_file_atomic), so a reader never sees half a file and a symlink
+// planted at either name is never followed.
+static void append_bytes(void* context, void* data, int size) {
+    ((std::string*)context)->append((const char*)data, (size_t)size);
+}
 std::string save_png(const Canvas& cv, const std::string& path) {
     std::vector<unsigned char> rgb(cv.px.size());
     for (size_t i = 0; i < rgb.size(); i++) rgb[i] = (unsigned char)std::lround(std::min(1.f, std::max(0.f, cv.px[i])) * 255);
-    std::string tmp = path + ".tmp";
-    errno = 0;
-    if (!stbi_write_png(tmp.c_str(), cv.w, cv.h, 3, rgb.data(), cv.w * 3)) {
-        std::string why = errno ? strerror(errno) : "write failed";
-        std::remove(tmp.c_str());
-        return "cannot write '" + tmp + "': " + why + " (does the folder exist?)";
-    }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::string why = strerror(errno);
-        std::remove(tmp.c_str());
-        return "cannot rename '" + tmp + "' to '" + path + "': " + why;
-    }
-    return "";
+    std::string png;
+    if (!stbi_write_png_to_func(append_bytes, &png, cv.w, cv.h, 3, rgb.data(), cv.w * 3))
+        return "cannot encode '" + path + "' as PNG";
+    std::string err = write_file_atomic(path, png);
+    return err.empty() ? "" : err + " (does the folder exist?)";
 }
 
 // ---------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 // (stb_image_write for PNG, stb_easy_font for text), see plot.cpp.
 //
 // Every function returns "" on success, else one line naming the problem.
-// Files are written atomically (PATH.tmp, then renamed to PATH).
+// Files are written atomically (a new PATH.tmp-XXXXXX, then renamed to PATH: write_file_atomic).
 //
 // Text is ASCII (other bytes show as '?'). Colours follow the Okabe-Ito
 // palette (colour-blind safe) in series order: blue, vermillion, green,

@@ -2,6 +2,7 @@
 // parser and writer (the header is JSON), the reader with its validation, and
 // the atomic writer.
 #include "support/safetensors.h"
+#include "support/cli.h"  // open_temp_beside
 
 #include <algorithm>
 #include <cerrno>
@@ -56,7 +57,7 @@ static size_t utf8_length(const unsigned char* s, const unsigned char* end) {
     return n;
 }
 
-static bool utf8_valid(const std::string& s) {
+bool utf8_valid(const std::string& s) {
     const unsigned char* p = (const unsigned char*)s.data();
     const unsigned char* end = p + s.size();
     while (p < end) {
@@ -104,6 +105,7 @@ struct JsonParser {
     const char* p;
     const char* end;
     std::string err;
+    size_t values = 0;  // parsed so far: at most JSON_MAX_VALUES
 
     bool fail(const std::string& what) {
         if (err.empty()) err = what + " at byte " + std::to_string(p - begin);
@@ -116,6 +118,8 @@ struct JsonParser {
     bool value(Json* out, int depth) {
         skip_ws();
         if (p == end) return fail("unexpected end of text, expected a value");
+        if (++values > JSON_MAX_VALUES)  // each value costs ~100 bytes held: [0,0,...] would take 50x the text
+            return fail("more than " + std::to_string(JSON_MAX_VALUES) + " values");
         switch (*p) {
             case '{': return object(out, depth + 1);
             case '[': return array(out, depth + 1);
@@ -291,7 +295,7 @@ struct JsonParser {
 
 std::string json_parse(const std::string& text, Json* out) {
     *out = Json();
-    JsonParser ps{text.data(), text.data(), text.data() + text.size(), ""};
+    JsonParser ps{text.data(), text.data(), text.data() + text.size(), "", 0};
     if (ps.value(out, 0)) {
         ps.skip_ws();
         if (ps.p == ps.end) return "";
@@ -777,6 +781,8 @@ static std::string errno_hint(int e) {
         case ENOSPC: return "is the disk full?";
         case EACCES: case EPERM: case EROFS: return "is the directory writable?";
         case EISDIR: return "is a directory in the way?";
+        case EMFILE: case ENFILE: return "too many open files: raise the limit, e.g. ulimit -n 1024";
+        case EFBIG: return "the file size limit (ulimit -f) or the disk is full";
         default: return "check the path and the disk";
     }
 }
@@ -798,13 +804,17 @@ static void test_slow_save(FILE* f) {
 #endif
 }
 
-// Writes the whole file to tmp and forces it to disk. Removes tmp on failure,
-// but only once this function has created it.
-static std::string write_tmp(const std::string& tmp, const std::string& header, const StWriter& w) {
-    FILE* f = fopen(tmp.c_str(), "wb");
+// Writes the whole file to a new tmp beside path (open_temp_beside: a unique
+// name, O_EXCL, so a symlink or a file planted there is never followed or
+// overwritten) and forces it to disk. Removes tmp on failure, but only once
+// this function has created it.
+static std::string write_tmp(const std::string& path, std::string* tmp, const std::string& header, const StWriter& w) {
+    int fd = open_temp_beside(path, tmp);
+    FILE* f = fd < 0 ? nullptr : fdopen(fd, "wb");
     if (!f) {
         int e = errno;
-        return "cannot write " + tmp + ": " + strerror(e) + " (" + errno_hint(e) + ")";
+        if (fd >= 0) { close(fd); unlink(tmp->c_str()); }
+        return "cannot write " + path + ".tmp-XXXXXX: " + strerror(e) + " (" + errno_hint(e) + ")";
     }
     char len8[8];
     uint64_t n = header.size();
@@ -820,8 +830,8 @@ static std::string write_tmp(const std::string& tmp, const std::string& header, 
     int e = errno;
     if (fclose(f) != 0 && ok) { ok = false; e = errno; }
     if (ok) return "";
-    remove(tmp.c_str());
-    return "cannot write " + tmp + ": " + strerror(e) + " (" + errno_hint(e) + ")";
+    unlink(tmp->c_str());
+    return "cannot write " + *tmp + ": " + strerror(e) + " (" + errno_hint(e) + ")";
 }
 
 // Makes the rename itself durable. Best effort: some file systems refuse to
@@ -829,26 +839,32 @@ static std::string write_tmp(const std::string& tmp, const std::string& header, 
 static void sync_directory(const std::string& path) {
     size_t slash = path.rfind('/');
     std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-    int fd = open(dir.c_str(), O_RDONLY);
+    int fd = open(dir.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
     (void)fsync(fd);
     close(fd);
 }
 
-std::string st_write(const std::string& path, const StWriter& w) {
+std::string st_write_check(const std::string& path, const StWriter& w) {
     std::string err = check_entries(w, path);
     if (!err.empty()) return err;
     std::string header = make_header(w);
     if (header.size() > HEADER_MAX)
         return problem(path, "header of " + std::to_string(header.size()) + " bytes exceeds the " +
                        std::to_string(HEADER_MAX) + "-byte limit", "too much metadata?");
-    const std::string tmp = path + ".tmp";
-    err = write_tmp(tmp, header, w);
+    return "";
+}
+
+std::string st_write(const std::string& path, const StWriter& w) {
+    std::string err = st_write_check(path, w);
+    if (!err.empty()) return err;
+    std::string header = make_header(w), tmp;
+    err = write_tmp(path, &tmp, header, w);
     if (!err.empty()) return err;
     // rename() replaces PATH atomically: readers see the old file or the new one.
     if (rename(tmp.c_str(), path.c_str()) != 0) {
         int e = errno;
-        remove(tmp.c_str());
+        unlink(tmp.c_str());
         return "cannot rename " + tmp + " onto " + path + ": " + strerror(e) + " (" + errno_hint(e) + ")";
     }
     sync_directory(path);

@@ -43,11 +43,15 @@ struct Json {
 };
 
 // Parses one JSON value filling the whole text (whitespace aside). Refuses
-// nesting deeper than JSON_MAX_DEPTH, duplicate keys in one object, invalid
+// nesting deeper than JSON_MAX_DEPTH, more than JSON_MAX_VALUES values, duplicate keys in one object, invalid
 // UTF-8, lone surrogates and numbers beyond double range. Error: one line with
 // the byte offset. Numbers are read with strtod: C locale assumed (the
 // project never calls setlocale).
+// More than JSON_MAX_VALUES values is refused before they are held: each
+// takes ~100 bytes, so a 100 MB text of [0,0,...] would take 5 GB; 4M values
+// (under 0.5 GB) is 50 times what the largest checkpoint header needs.
 constexpr int JSON_MAX_DEPTH = 64;
+constexpr size_t JSON_MAX_VALUES = (size_t)1 << 22;
 std::string json_parse(const std::string& text, Json* out);
 std::string json_quote(const std::string& s);   // "..." with the escapes JSON needs
 std::string json_dump(const Json& v);           // compact, numbers round-trip exactly
@@ -112,10 +116,16 @@ struct StWriter {
 };
 
 // Validates the entries (known dtype, bytes == numel * dtype size, unique
-// names), then writes PATH.tmp, flushes it to disk and renames it onto PATH:
-// PATH is either the old file or the complete new one, never half-written.
-// On failure the tmp file is removed and PATH is untouched.
+// names, UTF-8 names and metadata), then writes a new PATH.tmp-XXXXXX beside
+// PATH (a unique name created with O_EXCL: a symlink planted there is never
+// followed), flushes it to disk and renames it onto PATH: PATH is either the
+// old file or the complete new one, never half-written. On failure the tmp
+// file is removed and PATH is untouched.
 std::string st_write(const std::string& path, const StWriter& w);
+// What st_write checks before it writes anything: "" when it would write w.
+std::string st_write_check(const std::string& path, const StWriter& w);
+// Whether s is valid UTF-8 (what JSON text, and so a header, must be).
+bool utf8_valid(const std::string& s);
 
 // FNV-1a 64-bit hash of n bytes: a cheap fingerprint for tensor data.
 uint64_t st_checksum(const void* data, size_t n);

@@ -8,11 +8,14 @@
 // step time and peak memory. Seed s gives both models the same data order
 // and the same initial values for every tensor they share (model_init draws
 // each tensor from a stream named by the seed and the tensor's name).
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -114,6 +117,7 @@ static pid_t start_run(const std::string& self, Run* r, const char* cmd, const s
         // a process group of its own: a Ctrl-C at the terminal reaches compare
         // alone, which forwards it once (twice would end the run unsaved)
         setpgid(0, 0);
+        signal(SIGPIPE, SIG_DFL);  // compare ignores it (its stdout may close); a run starts as any program does
         std::string out = r->dir + "/" + cmd + ".out";
         FILE* f = freopen(out.c_str(), "w", stdout);
         if (f) dup2(fileno(stdout), 2);
@@ -607,6 +611,14 @@ static std::string merge_train_args(const Preset& preset, const std::string& ext
     for (const std::string& f : given) {
         if (f == "task" || f == "ops")
             return "--train-args gives --" + f + "; compare sets it (use compare's --task and --tiers)";
+        if (f == "stop-after" || f == "resume")
+            return "--train-args gives --" + f + "; compare starts each run afresh and runs it to its end (stop "
+                   "compare with Ctrl-C: each run saves a checkpoint; compare --reuse then keeps the finished runs)";
+        for (const char* own : {"seed", "out", "arch", "router", "router-kv", "router-weights", "threads", "device",
+                                "quiet", "force"})
+            if (f == own)
+                return "--train-args gives --" + f + "; compare sets it for each run (use compare's --seeds, " +
+                       "--archs, --out, --jobs or --device)";
         if (!flag_is_for(f, task))
             return "--train-args gives --" + f + ", a flag of another task than --task " + task +
                    "; drop it or change --task";
@@ -624,14 +636,20 @@ static std::string merge_train_args(const Preset& preset, const std::string& ext
     return "";
 }
 
-// The value of --NAME in the runs' flags (the last one), else def.
-static int run_flag(const std::vector<std::string>& args, const std::string& name, int def) {
-    int v = def;
+// The value of --NAME in the runs' flags (the last one), else def; -1 when
+// it is not a whole number in 1 .. 10^6 (train will refuse it: *err says so,
+// blaming --train-args, where it came from).
+static int run_flag(const std::vector<std::string>& args, const std::string& name, int def, std::string* err = nullptr) {
+    std::string v = std::to_string(def);
     for (size_t i = 0; i < args.size(); i++) {
-        if (args[i] == "--" + name && i + 1 < args.size()) v = atoi(args[i + 1].c_str());
-        if (args[i].rfind("--" + name + "=", 0) == 0) v = atoi(args[i].c_str() + name.size() + 3);
+        if (args[i] == "--" + name && i + 1 < args.size()) v = args[i + 1];
+        if (args[i].rfind("--" + name + "=", 0) == 0) v = args[i].substr(name.size() + 3);
     }
-    return v;
+    if (v.empty() || v.size() > 7 || v.find_first_not_of("0123456789") != std::string::npos || atoi(v.c_str()) < 1) {
+        if (err && err->empty()) *err = "--train-args: --" + name + " '" + v + "' is not a positive whole number";
+        return -1;
+    }
+    return atoi(v.c_str());
 }
 // The layers the runs will have: the last --layers of their flags, else train's default.
 static int run_layers(const std::vector<std::string>& args) { return run_flag(args, "layers", 4); }
@@ -662,6 +680,8 @@ static CompareSettings compare_settings(Args& a) {
                    " twice; give each tier once");
     cs.train_args = a.str("train-args");
     std::string err = preset ? merge_train_args(*preset, cs.train_args, cs.task, &cs.run_args) : "";
+    if (err.empty()) run_flag(cs.run_args, "layers", 4, &err);  // --archs is checked with these layers below
+    if (err.empty()) run_flag(cs.run_args, "modulus", 11, &err);
     if (!err.empty()) a.fail(err);
     // models: llama, lime, or lime with a router variant and/or separate K/V routers,
     // e.g. lime:last-2, lime:average, lime:separate (model_parse); each checked with
@@ -680,6 +700,7 @@ static CompareSettings compare_settings(Args& a) {
         if (!archs_seen.insert(model_name(c)).second)
             a.fail("--archs '" + a.str("archs") + "' names " + model_name(c) + " twice; give each model once");
         c.L = run_layers(cs.run_args);
+        if (c.L < 1) continue;  // --train-args' --layers is not a number: said above
         c.V = c.T = c.H = c.R = c.F = 1;
         c.d = c.hd = 2;
         std::string why = config_check(c);
@@ -786,6 +807,26 @@ static bool reusable(const CompareSettings& cs, const Run& r) {
     return true;
 }
 
+// SIGINT, SIGTERM and SIGHUP to compare only set this flag: run_all
+// forwards the signal to every running run (each saves a checkpoint and
+// stops, as train does), waits for them all, and exits 128 + the signal.
+// SIGPIPE is ignored: a closed stdout (./lime compare | head -1) shows as
+// EPIPE in say, which sets the flag to SIGPIPE, and the runs stop the same way.
+static volatile sig_atomic_t g_compare_signal = 0;
+// A stdout that is a pipe nobody reads would keep compare blocked in a
+// write: the handler makes it non-blocking (as train's on_stop_signal does).
+static int g_compare_stdout_flags = -1;
+static void on_compare_signal(int sig) {
+    g_compare_signal = sig;
+    if (g_compare_stdout_flags >= 0) fcntl(1, F_SETFL, g_compare_stdout_flags | O_NONBLOCK);
+}
+
+// One line of progress on stdout; when stdout is closed (EPIPE) compare stops its runs.
+static void say(const std::string& line) {
+    if (fputs(line.c_str(), stdout) < 0 || fflush(stdout) != 0)
+        if (errno == EPIPE && !g_compare_signal) g_compare_signal = SIGPIPE;
+}
+
 // A run's training has ended: its status, memory and time, its log read, one line printed.
 static void finish_run(Run* r, int status, const struct rusage& ru, double started, size_t done, size_t total) {
     r->status = status;
@@ -797,10 +838,9 @@ static void finish_run(Run* r, int status, const struct rusage& ru, double start
     std::string result = !ok ? "FAILED" : std::isfinite(r->accuracy) ? "accuracy " + pct(r->accuracy)
                                                                       : "val loss " + fmt("%.4f", r->val_loss);
     bool tier = r->tier.find_first_not_of("0123456789") == std::string::npos;  // arith's tiers are numbers
-    printf("[%zu/%zu] %s %-5s seed %d: %s in %s%s\n", done, total, ((tier ? "tier " : "") + r->tier).c_str(),
-           r->arch.c_str(), r->seed,
-           result.c_str(), duration_str(r->seconds).c_str(), ok ? "" : (" (see " + r->dir + "/train.out)").c_str());
-    fflush(stdout);
+    say("[" + std::to_string(done) + "/" + std::to_string(total) + "] " + (tier ? "tier " : "") + r->tier + " " +
+        strf("%-5s", r->arch.c_str()) + " seed " + std::to_string(r->seed) + ": " + result + " in " +
+        duration_str(r->seconds) + (ok ? "" : " (see " + r->dir + "/train.out)") + "\n");
 }
 
 // A run's analysis has ended: its entropy read (a failed analysis fails compare).
@@ -810,11 +850,6 @@ static void finish_analysis(Run* r, int status) {
     else read_entropy(r);
 }
 
-// SIGINT, SIGTERM and SIGHUP to compare only set this flag: run_all
-// forwards the signal to every running run (each saves a checkpoint and
-// stops, as train does), waits for them all, and exits 128 + the signal.
-static volatile sig_atomic_t g_compare_signal = 0;
-static void on_compare_signal(int sig) { g_compare_signal = sig; }
 
 // The next run to end (its pid), 0 when a signal came first, -1 when none is left.
 static pid_t wait_run(int* status, struct rusage* ru) {
@@ -825,13 +860,29 @@ static pid_t wait_run(int* status, struct rusage* ru) {
     }
 }
 
+// The line compare ends with when stopped (stderr when stdout is closed or
+// stuck), and its exit status: 128 + the signal; 1 when stdout was closed.
+[[noreturn]] static void compare_stopped(int sig, int stopped) {
+    const char* what = sig == SIGINT ? "interrupted (SIGINT)" : sig == SIGTERM ? "terminated (SIGTERM)"
+                       : sig == SIGHUP ? "hung up (SIGHUP)" : "stopped: its output was closed (EPIPE)";
+    std::string runs = stopped == 0 ? "no run was running"
+                       : (sig == SIGPIPE ? "sent SIGTERM" : "passed it") + std::string(" to ") + std::to_string(stopped) +
+                             " running run" + (stopped == 1 ? "" : "s") + ", each saving a checkpoint in its directory "
+                             "(./lime train --resume DIR/checkpoint.safetensors goes on)";
+    std::string line = std::string("compare ") + what + ": " + runs +
+                       "; no report written; finished runs are kept (rerun with --reuse)\n";
+    if (sig == SIGPIPE) fputs(("lime " + line).c_str(), stderr);
+    else if (fputs(line.c_str(), stdout) < 0 || fflush(stdout) != 0) fputs(line.c_str(), stderr);
+    exit(sig == SIGPIPE ? 1 : 128 + sig);
+}
+
 // A signal came: it goes to every running run, then compare waits for them
 // (forwarding a second signal too: the runs then end at once) and exits.
 static void stop_runs(std::vector<Run>* runs, int sig) {
     int stopped = 0;
     auto running = [](const Run& r) { return r.stage == Run::TRAINING || r.stage == Run::ANALYSING; };
     for (const Run& r : *runs) stopped += running(r);
-    for (int forward = sig;; forward = g_compare_signal) {
+    for (int forward = sig == SIGPIPE ? SIGTERM : sig;; forward = g_compare_signal == SIGPIPE ? SIGTERM : g_compare_signal) {
         for (const Run& r : *runs) if (running(r)) kill(r.pid, forward);
         g_compare_signal = 0;
         int status;
@@ -841,11 +892,7 @@ static void stop_runs(std::vector<Run>* runs, int sig) {
             for (Run& r : *runs) if (r.pid == pid && running(r)) r.stage = Run::DONE;
         if (pid < 0) break;
     }
-    const char* what = sig == SIGINT ? "interrupted (SIGINT)" : sig == SIGTERM ? "terminated (SIGTERM)" : "hung up (SIGHUP)";
-    printf("compare %s: passed it to %d running run%s, each saving a checkpoint in its directory (./lime train "
-           "--resume DIR/checkpoint.safetensors goes on); no report written\n", what, stopped, stopped == 1 ? "" : "s");
-    fflush(stdout);
-    exit(128 + sig);
+    compare_stopped(sig, stopped);
 }
 
 // The next child to start: a trained run's analysis first, else the next run's training.
@@ -862,6 +909,8 @@ static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
     int running = 0;
     std::vector<double> started(runs->size());
     std::string err;
+    struct stat sb;
+    g_compare_stdout_flags = fstat(1, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode)) ? fcntl(1, F_GETFL) : -1;
     struct sigaction sa = {};
     sa.sa_handler = on_compare_signal;
     sa.sa_flags = SA_RESTART;
@@ -917,6 +966,7 @@ int cmd_compare(int argc, char** argv) {
         "per layer, cost, and figures.\nPresets:";
     for (const Preset& p : PRESETS) summary_help += std::string("\n  ") + p.name + ": " + p.about;
     Args a = parse_args("compare", summary_help.c_str(), flags, argc, argv, false);
+    signal(SIGPIPE, SIG_IGN);  // a closed stdout is EPIPE in say: the runs are stopped, one line on stderr
     CompareSettings cs = compare_settings(a);
     std::vector<Run> runs = plan_runs(cs);
     int reused = 0;
@@ -928,13 +978,15 @@ int cmd_compare(int argc, char** argv) {
             r.stage = Run::DONE;
             reused++;
         }
-    if (cs.reuse) printf("compare: --reuse: %d of %zu runs already done in %s\n", reused, runs.size(), cs.dir.c_str());
-    printf("compare %s: %zu runs (%zu tiers x %d seeds x %zu models), %d at a time, %d thread%s each, on the %s\n",
-           cs.preset->name, runs.size(), cs.tiers.size(), cs.seeds, cs.archs.size(), cs.jobs, cs.threads,
-           cs.threads > 1 ? "s" : "", cs.gpu ? "gpu" : "cpu");
-    fflush(stdout);
+    if (cs.reuse)
+        say("compare: --reuse: " + std::to_string(reused) + " of " + std::to_string(runs.size()) +
+            " runs already done in " + cs.dir + "\n");
+    say(strf("compare %s: %zu runs (%zu tiers x %d seeds x %zu models), %d at a time, %d thread%s each, on the %s\n",
+             cs.preset->name, runs.size(), cs.tiers.size(), cs.seeds, cs.archs.size(), cs.jobs, cs.threads,
+             cs.threads > 1 ? "s" : "", cs.gpu ? "gpu" : "cpu"));
     double t0 = now_ms();
     run_all(cs, &runs);
+    if (g_compare_signal) compare_stopped(g_compare_signal, 0);  // after the last run ended, before the report
     for (const Run& r : runs) {
         if (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0))
             die("compare", "a run failed: see " + r.dir + "/train.out");
@@ -946,9 +998,11 @@ int cmd_compare(int argc, char** argv) {
     Report rep(cs.task, cs.tiers, cs.archs, runs, chance_of(cs));
     std::string err = write_report(cs.dir, cs.preset, run_args, rep, run_layers(cs.run_args), &summary);
     if (!err.empty()) die("compare", err);
-    printf("%s", summary.c_str());
-    printf("done in %s; wrote %s/report.md and figures\n", duration_str((now_ms() - t0) / 1000).c_str(),
-           cs.dir.c_str());
+    say(summary);
+    say("done in " + duration_str((now_ms() - t0) / 1000) + "; wrote " + cs.dir + "/report.md and figures\n");
+    if (g_compare_signal == SIGPIPE)
+        fprintf(stderr, "lime compare: its output was closed (EPIPE) before the summary; the report is written: "
+                "%s/report.md\n", one_line(cs.dir).c_str());
     return 0;
 }
 

@@ -38,8 +38,8 @@ wait_for() { for _ in $(seq 200); do [ -e "$1" ] && return 0; sleep 0.1; done; r
 # --- SIGKILL while writing a checkpoint, 20 times. Each save here takes about
 # 70 tensors x 2 ms (LIME_TEST_SLOW_SAVE), the steps between them ~1 ms, so a
 # kill after a random sleep nearly always lands mid-file; a kill counts only
-# when checkpoint.safetensors.tmp (made and renamed by every save) was there,
-# i.e. a half-written file existed. After each kill the last checkpoint must
+# when a checkpoint.safetensors.tmp-XXXXXX (made and renamed by every save)
+# was there, i.e. a half-written file existed. After each kill the last checkpoint must
 # load, and the next run resumes from it.
 dir=$tmp/kill
 ck=$dir/checkpoint.safetensors
@@ -48,13 +48,14 @@ hits=0; tries=0; bad=""; sizes=""
 while [ $hits -lt 20 ] && [ $tries -lt 60 ] && [ -z "$bad" ]; do
     tries=$((tries + 1))
     before=$(saved_step "$ck")
-    rm -f "$ck.tmp"
+    rm -f "$ck".tmp-*
     LIME_TEST_SLOW_SAVE=2000 $LIME train --resume "$ck" $LONG --save-every 1 >/dev/null 2>&1 &
     pid=$!
-    wait_for "$ck.tmp"                                        # its first save has begun
+    for _ in $(seq 200); do compgen -G "$ck.tmp-*" >/dev/null && break; sleep 0.1; done  # its first save has begun
     sleep "0.$(printf '%03d' $((RANDOM % 400)))"               # then a random moment
     kill -KILL $pid; wait $pid 2>/dev/null
-    if [ -e "$ck.tmp" ]; then hits=$((hits + 1)); sizes="$sizes $(stat -c %s "$ck.tmp")"; fi
+    half=$(compgen -G "$ck.tmp-*" | head -1)
+    if [ -n "$half" ]; then hits=$((hits + 1)); sizes="$sizes $(stat -c %s "$half")"; fi
     if ! loads "$ck"; then bad="after kill $tries the checkpoint does not load: $($LIME eval --load "$ck" --n 1 2>&1)"; fi
     after=$(saved_step "$ck")
     if [ -z "$bad" ] && [ "${after:-0}" -lt "${before:-0}" ]; then bad="after kill $tries the checkpoint went back from step $before to $after"; fi
@@ -141,17 +142,132 @@ else
     fail fresh_run_refuses_used_out "exit $status: $out"
 fi
 
-# --- log.jsonl on a full disk (/dev/full): one line naming the file and the
-# error, exit 2, the checkpoint kept as it was.
+# --- a full disk, as ulimit -f makes one (a write past the limit fails with
+# EFBIG): log.jsonl that cannot grow, then a checkpoint that cannot be
+# written. Each: one line naming the file and the error, that the last
+# checkpoint is kept and how to resume, exit 2, the checkpoint as it was.
 dir=$tmp/full
 $LIME train $TINY --steps 4 --stop-after 2 --out "$dir" >/dev/null 2>&1
-rm -f "$dir/log.jsonl"; ln -s /dev/full "$dir/log.jsonl"
-out=$($LIME train --resume "$dir/checkpoint.safetensors" 2>&1 >/dev/null); status=$?
-if [ $status -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "log.jsonl: No space left" &&
-   echo "$out" | grep -q "step 2) is kept" && [ "$(saved_step "$dir/checkpoint.safetensors")" = 2 ] && loads "$dir/checkpoint.safetensors"; then
+truncate -s 2M "$dir/log.jsonl"   # the log at the limit below, the checkpoint well under it
+out=$(ulimit -f 2048; $LIME train --resume "$dir/checkpoint.safetensors" 2>&1 >/dev/null); status=$?
+if [ $status -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "log.jsonl: File too large" &&
+   echo "$out" | grep -q "step 2) is kept.*--resume" && [ "$(saved_step "$dir/checkpoint.safetensors")" = 2 ] && loads "$dir/checkpoint.safetensors"; then
     pass log_write_failure_stops
 else
     fail log_write_failure_stops "exit $status: $out"
+fi
+truncate -s 0 "$dir/log.jsonl"
+size=$(stat -c %s "$dir/checkpoint.safetensors")
+out=$(ulimit -f $((size / 1024 - 2)); $LIME train --resume "$dir/checkpoint.safetensors" --save-every 1 2>&1 >/dev/null); status=$?
+if [ $status -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "checkpoint.safetensors.tmp-.*File too large" &&
+   echo "$out" | grep -q "step 2) is kept; free some space, then continue with ./lime train --resume" &&
+   [ "$(saved_step "$dir/checkpoint.safetensors")" = 2 ] && loads "$dir/checkpoint.safetensors" && [ -z "$(compgen -G "$dir/*.tmp-*")" ]; then
+    pass checkpoint_write_failure_says_what_is_kept
+else
+    fail checkpoint_write_failure_says_what_is_kept "exit $status: $out"
+fi
+
+# --- a checkpoint's stored flags never decide where a run writes or what it
+# replaces: one whose "args" name another run's directory as --out, with
+# --force, resumes into its own directory; the other run is left as it was.
+# Another --seed than the run's is refused.
+$LIME train $TINY --steps 3 --out "$tmp/victim" >/dev/null 2>&1
+sum=$(cat "$tmp/victim"/* | md5sum)
+args='{"out": "'$tmp/victim'", "force": "1", "steps": "6", "batch": "16", "seed": "1", "layers": "2", "dim": "16", "heads": "2", "ffn": "32", "ops": "2", "train-size": "300", "test-size": "20", "task": "arith", "modulus": "11", "format": "chain", "data-seed": "1", "threads": "1"}'
+LIME_TEST_SAVE_META="args=$args" $LIME train $TINY --steps 3 --stop-after 1 --out "$tmp/crafted" >/dev/null 2>&1
+out=$($LIME train --resume "$tmp/crafted/checkpoint.safetensors" 2>&1); status=$?
+out2=$($LIME train --resume "$tmp/crafted/checkpoint.safetensors" --seed 2 2>&1); status2=$?
+if [ $status -eq 0 ] && [ "$(cat "$tmp/victim"/* | md5sum)" = "$sum" ] && loads "$tmp/crafted/model.safetensors" &&
+   [ $status2 -eq 2 ] && echo "$out2" | grep -q "keeps the seed"; then
+    pass resume_takes_no_out_or_force_from_the_file
+else
+    fail resume_takes_no_out_or_force_from_the_file "exit $status, $status2; victim changed? $(cat "$tmp/victim"/* | md5sum | cut -c1-8) vs ${sum:0:8}: $out $out2"
+fi
+
+# --- symlinks planted in a run directory are never followed: at a save's
+# temporary name (the old fixed PATH.tmp), at analyze's, and at log.jsonl
+# (refused with one line). The files they point to outside are unchanged.
+echo "precious" > "$tmp/precious"
+dir=$tmp/links
+mkdir -p "$dir"
+for name in checkpoint.safetensors.tmp model.safetensors.tmp entropy.tsv.tmp value_entropy.png.tmp router_heatmap.png.tmp; do
+    ln -s "$tmp/precious" "$dir/$name"
+done
+$LIME train $TINY --steps 2 --out "$dir" >/dev/null 2>&1 && $LIME analyze --load "$dir/model.safetensors" --n 4 >/dev/null 2>&1
+ok=$?
+ln -s "$tmp/precious" "$tmp/links2.log"; mkdir -p "$tmp/links2"; mv "$tmp/links2.log" "$tmp/links2/log.jsonl"
+out=$($LIME train $TINY --steps 2 --out "$tmp/links2" 2>&1); status=$?
+if [ $ok -eq 0 ] && [ "$(cat "$tmp/precious")" = precious ] && loads "$dir/model.safetensors" && [ $status -eq 2 ] &&
+   [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "symbolic link" && [ "$(cat "$tmp/precious")" = precious ]; then
+    pass planted_symlinks_not_followed
+else
+    fail planted_symlinks_not_followed "train+analyze exit $ok, precious now '$(head -c 40 "$tmp/precious" | tr -dc '[:print:]')'; log link: exit $status: $out"
+fi
+
+# --- one run directory, one process: a second run into it (fresh with --force,
+# or --resume of the running one) is refused naming the holder's pid; the
+# running run goes on and still stops cleanly.
+dir=$tmp/locked
+$LIME train $TINY $LONG --save-every 1000000 --out "$dir" >/dev/null 2>&1 &
+pid=$!
+wait_for "$dir/log.jsonl"; sleep 0.3
+out=$(timeout 20 $LIME train $TINY --steps 3 --seed 2 --out "$dir" --force 2>&1); s1=$?
+$LIME train $TINY --steps 1000000 --stop-after 1 --out "$tmp/locked_ck" >/dev/null 2>&1
+cp "$tmp/locked_ck/checkpoint.safetensors" "$dir/checkpoint.safetensors.copy" 2>/dev/null
+out2=$(timeout 20 $LIME train --resume "$dir/checkpoint.safetensors.copy" 2>&1); s2=$?
+kill -TERM $pid; wait $pid; s3=$?
+if [ $s1 -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "in use by another ./lime train (pid $pid" &&
+   [ $s2 -eq 2 ] && echo "$out2" | grep -q "pid $pid" && [ $s3 -eq 143 ] && loads "$dir/checkpoint.safetensors" &&
+   [ "$(grep -c '"type": "config"' "$dir/log.jsonl")" -eq 1 ]; then
+    pass second_process_in_a_run_directory_refused
+else
+    fail second_process_in_a_run_directory_refused "exits $s1 $s2 $s3: $out | $out2"
+fi
+
+# --- a stop signal is honoured within about a second wherever the run is:
+# during a periodic evaluation (here minutes of greedy decoding at tier 30),
+# and while stdout is a pipe nobody reads (blocked in a write). Each saves.
+dir=$tmp/evalsig
+$LIME train ${TINY/--ops 2/--ops 30} --test-size 300 --steps 10 --eval-every 1 --eval-size 300 --out "$dir" >/dev/null 2>&1 &
+pid=$!
+wait_for "$dir/log.jsonl"; sleep 1.5
+kill -INT $pid; start=$(date +%s%N)
+for _ in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+ms=$((($(date +%s%N) - start) / 1000000)); kill -KILL $pid 2>/dev/null; wait $pid; status=$?
+if [ $status -eq 130 ] && [ $ms -lt 5000 ] && loads "$dir/checkpoint.safetensors"; then
+    pass "sigint_during_evaluation (ended ${ms} ms after the signal)"
+else
+    fail sigint_during_evaluation "exit $status after $ms ms (want 130 within 5 s, a checkpoint)"
+fi
+dir=$tmp/blocked
+( $LIME train ${TINY/--quiet/} $LONG --save-every 1000000 --out "$dir" 2>"$tmp/blocked.err" | sleep 30 ) 2>/dev/null &
+wait_for "$dir/log.jsonl"
+for _ in $(seq 60); do  # until the pipe is full (~650 progress lines) and the run blocked in a write: its log stops growing
+    n=$(wc -l < "$dir/log.jsonl"); sleep 0.3
+    [ "$n" -gt 650 ] && [ "$(wc -l < "$dir/log.jsonl")" -eq "$n" ] && break
+done
+pid=$(pgrep -f -- "--out $dir" | head -1)
+kill -TERM "$pid"; start=$(date +%s%N)
+for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+ms=$((($(date +%s%N) - start) / 1000000)); kill -KILL "$pid" 2>/dev/null; pkill -P $! sleep 2>/dev/null; wait
+if [ $ms -lt 5000 ] && grep -q "terminated (SIGTERM).*--resume $dir/checkpoint.safetensors" "$tmp/blocked.err" &&
+   loads "$dir/checkpoint.safetensors"; then
+    pass "sigterm_with_stdout_blocked (ended ${ms} ms after the signal)"
+else
+    fail sigterm_with_stdout_blocked "ended after $ms ms (want within 5 s, a checkpoint): $(tail -1 "$tmp/blocked.err")"
+fi
+
+# --- compare whose stdout closes (./lime compare | head -1): not a silent
+# death by SIGPIPE (141) but one line on stderr; its runs stopped, each
+# with its checkpoint or model; no report.
+dir=$tmp/cmppipe
+$LIME compare --preset tiny --seeds 1 --out "$dir" 2>"$tmp/cmppipe.err" | head -1 >/dev/null
+status=${PIPESTATUS[0]}
+if [ "$status" -ge 1 ] && [ "$status" -le 127 ] && [ "$(wc -l < "$tmp/cmppipe.err")" -eq 1 ] &&
+   grep -q "output was closed (EPIPE)" "$tmp/cmppipe.err" && [ ! -e "$dir/report.md" ] && [ -z "$(pgrep -f -- "$dir/tier2")" ]; then
+    pass compare_stdout_closed_says_so
+else
+    fail compare_stdout_closed_says_so "exit $status: $(cat "$tmp/cmppipe.err")"
 fi
 
 # --- hostile checkpoints: lies under a valid checksum (anyone can compute
@@ -179,6 +295,9 @@ bad+=$(refused_by data_epoch $LIME train --resume "$tmp/h_epoch/checkpoint.safet
 spoiled "$tmp/h_text" 'LIME_TEST_SAVE_META=task={"task": "text", "text-file": "README.md", "val-frac": "0.1", "seq-len": "8"}'
 bad+=$(refused_by vocab $LIME sample --load "$tmp/h_text/model.safetensors" --prompt "1 =")
 bad+=$(refused_by tokens $LIME eval --load "$tmp/h_text/model.safetensors" --n 1)
+# a config of 10^7 layers: refused before anything is sized by it (ulimit -v: no 20 GB of tensor names first)
+spoiled "$tmp/h_layers" 'LIME_TEST_SAVE_META=config={"architecture": "lime", "head_dim": 8, "hidden_size": 16, "intermediate_size": 32, "max_position_embeddings": 13, "num_attention_heads": 2, "num_hidden_layers": 10000000, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 10000, "router": "static", "router_kv": "shared", "tie_word_embeddings": true, "vocab_size": 20}'
+bad+=$(refused_by "layers 10000000" sh -c "ulimit -v 2000000; exec timeout 20 $LIME eval --load $tmp/h_layers/model.safetensors --n 1")
 spoiled "$tmp/h_nan" "LIME_TEST_SAVE_NAN=model.norm.weight"
 bad+=$(refused_by "model.norm.weight holds a NaN" $LIME eval --load "$tmp/h_nan/model.safetensors" --n 1)
 bad+=$(refused_by "model.norm.weight holds a NaN" $LIME train --resume "$tmp/h_nan/checkpoint.safetensors")

@@ -94,6 +94,23 @@ bad train_resume_other_shape  "different model"    train --resume "$C" --dim 32 
 bad train_resume_other_task   "keeps its task"     train --resume "$C" --ops 3 --out "$tmp/cwd/x"
 bad train_resume_steps_below  "below step 2"       train --resume "$C" --steps 1 --out "$tmp/cwd/x"
 bad train_resume_into_other_run "another checkpoint" train --resume "$C" --out "$tmp/run2"
+bad train_resume_other_seed   "keeps the seed"     train --resume "$C" --seed 2 --out "$tmp/cwd/x"
+# --- train: what the first save would refuse is refused at the start, nothing written
+cp "$tmp/short.txt" "$tmp/t"$'\xff'".txt"
+bad train_out_not_utf8        "not UTF-8"          train $A --steps 2 --out $'r\xff'
+bad train_text_file_not_utf8  "not UTF-8"          train --task text --text-file "$tmp/t"$'\xff'".txt" --seq-len 8 --steps 2 --out r
+long=$(printf 'a%.0s' $(seq 250))
+bad train_out_too_long        "choose a shorter --out" train $A --steps 2 --out "$(printf "$long/%.0s" $(seq 16))$(printf 'b%.0s' $(seq 54))"
+mkdir -p "$tmp/dirck/checkpoint.safetensors"
+bad train_out_name_is_a_dir   "where a run writes its own file" train $A --steps 2 --out "$tmp/dirck" --force
+printf '#!/bin/sh\nulimit -n 4; exec "%s" "$@"\n' "$LIME" > "$tmp/lime_n4"; chmod +x "$tmp/lime_n4"
+LIME=$tmp/lime_n4 bad train_few_descriptors "file descriptors" train $A --steps 2 --out "$tmp/n4"
+# a data file changed under a run: resuming it is refused, its checkpoint kept
+cp "$tmp/short.txt" "$tmp/chg.txt"
+$LIME train --task text --text-file "$tmp/chg.txt" --seq-len 8 --layers 1 --dim 16 --heads 2 --ffn 16 --batch 4 --steps 4 \
+    --stop-after 1 --threads 1 --quiet --out "$tmp/chg" >/dev/null 2>&1
+echo "one more line" >> "$tmp/chg.txt"
+bad train_resume_changed_data "restore it to go on" train --resume "$tmp/chg/checkpoint.safetensors"
 # --- sample
 bad sample_no_prompt          "needs --prompt"     sample --load "$M"
 bad sample_empty_prompt       "empty"              sample --load "$M" --prompt ""
@@ -159,6 +176,10 @@ bad compare_tiers_not_arith   "is for --task arith" compare --preset tiny --task
 bad compare_flag_other_task   "another task"       compare --preset tiny --task prosqa --train-args "--modulus 7"
 bad compare_text_needs_file   "text-file"          compare --preset tiny --task text
 bad compare_alpha_zero        "must be positive"   compare --preset tiny --alpha 0
+bad compare_train_args_layers "--train-args: --layers" compare --preset tiny --train-args "--layers abc"
+bad compare_train_args_stop_after "--train-args gives --stop-after" compare --preset tiny --train-args "--stop-after 3"
+bad compare_train_args_resume "--train-args gives --resume" compare --preset tiny --train-args "--resume $C"
+bad compare_train_args_seed   "compare sets it"    compare --preset tiny --train-args "--seed 3"
 # --- analyze
 bad analyze_alpha_zero        "must be positive"   analyze --load "$M" --alpha 0 --out out
 bad analyze_values            "raw|routed|both"    analyze --load "$M" --values all --out out
@@ -217,5 +238,20 @@ LIME=$tmp/lime_t bad data_train_size_too_many  "distinct questions" data --train
 LIME=$tmp/lime_t bad train_train_size_too_many "distinct questions" train --ops 1 --train-size 1000
 LIME=$tmp/lime_t bad train_prosqa_size_too_many "out of range"      train --task prosqa --train-size 2000000
 LIME=$tmp/lime_t bad train_threads_too_many    "cores"              train $A --threads 1024
+# --- files whose sizes would take far more memory than they hold (ulimit -v: an allocation
+# that slips past the checks would end in std::bad_alloc, exit 134): one line each
+printf '#!/bin/sh\nulimit -v 1500000; exec timeout 20 "%s" "$@"\n' "$LIME" > "$tmp/lime_v"; chmod +x "$tmp/lime_v"
+le64() { local n=$1 i; for i in 0 1 2 3 4 5 6 7; do printf "\\$(printf %03o $(( (n >> (8 * i)) & 255 )))"; done; }
+{ le64 30000003; printf '['; yes '0,' | tr -d '\n' | head -c 30000000; printf '0]'; } > "$tmp/zeros.safetensors"
+LIME=$tmp/lime_v bad eval_header_of_zeros      "more than 4194304 values" eval --load "$tmp/zeros.safetensors"
+rm -f "$tmp/zeros.safetensors"
+# a ProsQA file with a non-UTF-8 name, and one whose words are not ASCII (UTF-8, whole words)
+echo "[$(prosqa_item 1)]" > "$tmp/pq"$'\xff'".json"
+LIME=$tmp/lime_t bad train_prosqa_test_not_utf8 "not UTF-8"       train --task prosqa --prosqa-test "$tmp/pq"$'\xff'".json" --train-size 8 --steps 1 --out r
+echo "[$(prosqa_item 2 | sed 's/Tom/Tém/g')]" > "$tmp/pq_e.json"
+out=$("$LIME" train --task prosqa --prosqa-test "$tmp/pq_e.json" --train-size 8 --layers 1 --dim 16 --heads 2 --ffn 32 --batch 8 \
+      --steps 2 --threads 1 --quiet --out "$tmp/pq_e" 2>&1) && "$LIME" eval --load "$tmp/pq_e/model.safetensors" >/dev/null 2>&1
+status=$?
+if [ $status -eq 0 ]; then pass prosqa_non_ascii_words_train; else fail prosqa_non_ascii_words_train "exit $status: $out"; fi
 
 summary

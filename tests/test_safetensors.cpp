@@ -1,6 +1,8 @@
 // tests/test_safetensors.cpp — the JSON parser, the safetensors reader and
 // writer, and their refusals. Run from the repository root: the reference
 // files are read from tests/golden/.
+#include <sys/resource.h>
+#include <csignal>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -42,6 +44,15 @@ static std::string scratch(const std::string& name) {
 static bool exists(const std::string& path) {
     struct stat sb;
     return stat(path.c_str(), &sb) == 0;
+}
+
+// Whether a temporary file of a save of path (path.tmp-XXXXXX) is left in its directory.
+static bool temp_left(const std::string& path) {
+    std::filesystem::path p(path);
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(p.parent_path(), ec))
+        if (e.path().filename().string().rfind(p.filename().string() + ".tmp", 0) == 0) return true;
+    return false;
 }
 
 static std::vector<char> read_bytes(const std::string& path) {
@@ -253,7 +264,7 @@ TEST(st_write_read_round_trip) {
     const std::string path = scratch("round_trip.safetensors");
     std::string err = st_write(path, w);
     CHECK(err.empty(), "st_write: %s", err.c_str());
-    CHECK(!exists(path + ".tmp"), "the tmp file is left behind");
+    CHECK(!temp_left(path), "the tmp file is left behind");
 
     std::vector<char> raw = read_bytes(path);
     uint64_t hlen = 0;
@@ -353,7 +364,7 @@ TEST(st_write_refuses_bad_entries) {
     for (const Case& c : cases) {
         std::string err = st_write(path, c.w);
         CHECK(contains(err, c.word), "%s: error lacks \"%s\": %s", c.what, c.word, err.c_str());
-        CHECK(!exists(path) && !exists(path + ".tmp"), "%s: a file was written", c.what);
+        CHECK(!exists(path) && !temp_left(path), "%s: a file was written", c.what);
     }
 }
 
@@ -365,7 +376,7 @@ TEST(st_write_into_missing_directory_fails_and_leaves_no_file) {
     std::string err = st_write(path, w);
     CHECK(contains(err, "cannot write") && contains(err, "model.safetensors.tmp") &&
           contains(err, "does the directory exist?"), "unclear error: %s", err.c_str());
-    CHECK(!exists(path) && !exists(path + ".tmp"), "a file was left behind");
+    CHECK(!exists(path) && !temp_left(path), "a file was left behind");
 }
 
 TEST(st_write_failure_keeps_the_existing_file) {
@@ -378,11 +389,16 @@ TEST(st_write_failure_keeps_the_existing_file) {
     CHECK(err.empty(), "%s", err.c_str());
     std::vector<char> before = read_bytes(path);
 
-    // A directory where PATH.tmp should go makes the write itself fail.
-    CHECK(mkdir((path + ".tmp").c_str(), 0700) == 0, "cannot set up the blocking directory");
+    // A file size limit of 16 bytes (ulimit -f, as a full disk) makes the write itself fail.
+    struct rlimit old_limit, tiny = {16, 16};
+    getrlimit(RLIMIT_FSIZE, &old_limit);
+    tiny.rlim_max = old_limit.rlim_max;
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+    CHECK(setrlimit(RLIMIT_FSIZE, &tiny) == 0, "cannot set up the file size limit");
     err = st_write(path, wo);
-    rmdir((path + ".tmp").c_str());
-    CHECK(contains(err, "cannot write"), "write through a blocked tmp should fail: %s", err.c_str());
+    setrlimit(RLIMIT_FSIZE, &old_limit);
+    signal(SIGXFSZ, old_handler);
+    CHECK(contains(err, "cannot write"), "write past the file size limit should fail: %s", err.c_str());
     CHECK(read_bytes(path) == before, "the failed write changed the existing file");
 
     // A refused entry fails before anything is opened.
