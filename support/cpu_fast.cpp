@@ -49,9 +49,11 @@ static void with_lanes(int hd, F f) {
 // kernel moves across the panels).
 //
 // The order of every sum is fixed by the shapes alone: each element of C is
-// one chain of fused multiply-adds over k = 0, 1, ..., K-1, started from C
-// (accumulate) or from 0; a K block ends by storing the sums to C and the next
-// starts by loading them, which changes nothing. The threads share out whole
+// one chain of fused multiply-adds over k = 0, 1, ..., K-1 started from 0,
+// then (accumulate) added to C, as the plain loop's `*y + s`: so x + a @ W^T
+// has the same bits whether the product accumulates or is added after it
+// (HC's depth connection against LLaMa's residual add). A K block ends by
+// storing the sums to C and the next starts by loading them, which changes nothing. The threads share out whole
 // tiles, so the number of threads (and the block sizes) decide who computes an
 // element, never how: a resumed run is bit-exact whatever --threads says.
 
@@ -65,7 +67,8 @@ struct MatView {
 // One tile's work, for a micro-kernel: C[MR, NR] (+)= A[MR, K] @ B[K, NR].
 //   a[i]   row i of A's tile: its element k at a[i][k * a_cs]
 //   b      the panel: row k at b + k * ldb (NR floats)
-//   c      the tile of C, rows ldc apart; load_c: the sums start from it, else from 0
+//   c      the tile of C, rows ldc apart; load_c: the sums start from it (a later
+//          K block), else from 0; add_c: the sums are added to it at the end, else stored
 struct TileArgs {
     const float* const* a;
     size_t a_cs;
@@ -74,7 +77,7 @@ struct TileArgs {
     float* c;
     size_t ldc;
     int K;
-    bool load_c;
+    bool load_c, add_c;
 };
 
 // The portable micro-kernel (any compiler, any CPU): 8 x 32 sums in an array
@@ -92,7 +95,10 @@ struct KernelPlain {
                 for (int j = 0; j < NR; j++) acc[i][j] += aik * b[j];
             }
         for (int i = 0; i < MR; i++)
-            for (int j = 0; j < NR; j++) t.c[(size_t)i * t.ldc + j] = acc[i][j];
+            for (int j = 0; j < NR; j++) {
+                float* c = t.c + (size_t)i * t.ldc + j;
+                *c = t.add_c ? *c + acc[i][j] : acc[i][j];
+            }
     }
 };
 
@@ -121,7 +127,10 @@ struct KernelAvx2 {
         }
 #pragma GCC unroll 6
         for (int i = 0; i < MR; i++)
-            for (int h = 0; h < 2; h++) _mm256_storeu_ps(t.c + (size_t)i * t.ldc + 8 * h, acc[i][h]);
+            for (int h = 0; h < 2; h++) {
+                float* c = t.c + (size_t)i * t.ldc + 8 * h;
+                _mm256_storeu_ps(c, t.add_c ? _mm256_add_ps(_mm256_loadu_ps(c), acc[i][h]) : acc[i][h]);
+            }
     }
 };
 #endif
@@ -152,7 +161,10 @@ struct KernelAvx512 {
         }
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++)
-            for (int h = 0; h < 2; h++) _mm512_storeu_ps(t.c + (size_t)i * t.ldc + 16 * h, acc[i][h]);
+            for (int h = 0; h < 2; h++) {
+                float* c = t.c + (size_t)i * t.ldc + 16 * h;
+                _mm512_storeu_ps(c, t.add_c ? _mm512_add_ps(_mm512_loadu_ps(c), acc[i][h]) : acc[i][h]);
+            }
     }
 };
 #endif
@@ -165,20 +177,20 @@ static const int GEMM_MC_TILES = 12;  // at most this many row tiles per block o
 // on the stack, its missing rows of A repeating the last one.
 template <class Kern>
 static void gemm_tile(float* C, size_t ldc, MatView A, const float* b, size_t ldb, int M, int N, int i0, int j0, int k0,
-                      int kc, bool load_c) {
+                      int kc, bool load_c, bool add_c) {
     const int MR = Kern::MR, NR = Kern::NR;
     const float* a[MR];
     for (int i = 0; i < MR; i++) a[i] = A.p + (size_t)std::min(i0 + i, M - 1) * A.rs + (size_t)k0 * A.cs;
     int mr = std::min(MR, M - i0), nr = std::min(NR, N - j0);
     float* c = C + (size_t)i0 * ldc + j0;
     if (mr == MR && nr == NR) {
-        Kern::run({a, A.cs, b, ldb, c, ldc, kc, load_c});
+        Kern::run({a, A.cs, b, ldb, c, ldc, kc, load_c, add_c});
         return;
     }
     alignas(64) float tile[MR * NR];
-    if (load_c)
+    if (load_c || add_c)
         for (int i = 0; i < mr; i++) memcpy(tile + i * NR, c + (size_t)i * ldc, nr * sizeof(float));
-    Kern::run({a, A.cs, b, ldb, tile, (size_t)NR, kc, load_c});
+    Kern::run({a, A.cs, b, ldb, tile, (size_t)NR, kc, load_c, add_c});
     for (int i = 0; i < mr; i++) memcpy(c + (size_t)i * ldc, tile + i * NR, nr * sizeof(float));
 }
 
@@ -236,7 +248,7 @@ static void gemm_blocked(float* C, size_t ldc, MatView A, MatView B, int M, int 
                 int kc = std::min(GEMM_KC, K - k0);
                 for (int t = rb * tiles_per_block; t < t_end; t++)
                     gemm_tile<Kern>(C, ldc, A, b + (size_t)k0 * ldb, ldb, M, N, t * MR, p * NR, k0, kc,
-                                    accumulate || k0 > 0);
+                                    k0 > 0, accumulate && k0 == 0);
             }
         }
     }
