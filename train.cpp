@@ -237,6 +237,7 @@ static const std::vector<FlagSpec> SHAPE_FLAGS = {
     {"router", "static", "lime's router: static (Eq. 2), average, last-J or first-J (paper Table 7)"},
     {"router-kv", "shared", "lime: one router for keys and values (shared) or one each (separate)"},
     {"router-weights", "learned", "lime: learned, or frozen (the control: routers keep their initial values)"},
+    {"entropy-reg", "0", "lambda of the value-entropy regulariser: loss - lambda * mean S2 of each layer's values (0: off)"},
 };
 
 // The model's shape from the shape flags (V and T come from the task or --vocab, --seq-len).
@@ -255,6 +256,7 @@ static Config shape_from_args(Args& a) {
                "' is not one of static|average|last-J|first-J (J: layers, e.g. last-2)");
     c.router_kv_separate = a.choice("router-kv", {"shared", "separate"}) == "separate";
     c.router_frozen = a.choice("router-weights", {"learned", "frozen"}) == "frozen";
+    c.entropy_reg = (float)a.number("entropy-reg", 0, 1e6);
     if (c.arch == ARCH_LLAMA && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
         a.fail("--router, --router-kv and --router-weights are for --arch lime: llama has no router");
     return c;
@@ -682,7 +684,7 @@ static std::string num_str(double x) {
 // before anyone could look). "" when the step was applied, else why not.
 // On the GPU the check copies the model to the host: a cost of the switch.
 static std::string guarded_step(Model* model, const Batch& b, const AdamWConfig& opt, float factor) {
-    float loss = model_forward(model, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    float loss = model_forward(model, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T, b.valid.data());
     model_backward(model);
     std::string tensor = model_first_nonfinite(model, false);
     if (std::isfinite(loss) && tensor.empty()) {
@@ -747,7 +749,7 @@ static std::string take_step(TrainRun* r, int step, float factor, Batch* batch) 
     std::string skipped;
     if (s.skip_bad) skipped = guarded_step(&r->model, *batch, s.opt, factor);
     else model_train_step(&r->model, batch->tokens.data(), batch->targets.data(), batch->mask.data(), s.B, r->c.T,
-                          s.opt, factor);
+                          s.opt, factor, batch->valid.data());
     r->done_step = step;
     r->steps_timed++;
     r->run_steps++;
@@ -761,11 +763,16 @@ static void log_progress(TrainRun* r, int step, float loss, float norm, float fa
     double t = now_ms(), ms = (t - r->t_last) / r->steps_timed;
     double tok_s = (double)s.B * r->c.T / (ms / 1000);
     double eta = ms * (s.steps - step) / 1000;
+    // with the value-entropy regulariser: the loss's cross-entropy and mean S2 beside it
+    bool ereg = r->c.entropy_reg > 0;
+    std::string parts = ereg ? fmt(" (ce %.4f", r->model.last_ce) + fmt(", s2 %.4f)", r->model.last_s2) : "";
     if (!r->log.quiet)
-        printf("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms/step | %.0f tok/s | ETA %s\n", step, s.steps,
-               loss, s.opt.lr * factor, norm, ms, tok_s, duration_str(eta).c_str());
+        printf("step %d/%d | loss %.4f%s | lr %.2e | norm %.3f | %.1f ms/step | %.0f tok/s | ETA %s\n", step, s.steps,
+               loss, parts.c_str(), s.opt.lr * factor, norm, ms, tok_s, duration_str(eta).c_str());
+    std::string json_parts =
+        ereg ? ", \"ce\": " + json_num(r->model.last_ce) + ", \"s2\": " + json_num(r->model.last_s2) : "";
     r->log.line("{\"type\": \"train\", \"step\": " + std::to_string(step) + ", \"loss\": " + json_num(loss) +
-                ", \"lr\": " + json_num(s.opt.lr * factor) + ", \"norm\": " + json_num(norm) +
+                json_parts + ", \"lr\": " + json_num(s.opt.lr * factor) + ", \"norm\": " + json_num(norm) +
                 ", \"ms_per_step\": " + json_num(ms) + ", \"tokens_per_s\": " + json_num(tok_s) + "}");
     fflush(stdout);
     r->t_last = t;
@@ -1142,6 +1149,8 @@ struct RefBatch {
     int B = 0, T = 0;
     std::vector<int> tokens, targets;
     std::vector<float> mask, want_loss, losses;  // expect.loss [1], expect.losses [3]
+    // a file with "entropy_reg": batch.valid [B, T], expect.ce [1] and expect.s2 [1]
+    std::vector<float> valid, want_ce, want_s2;
 };
 
 // Reads the batch (token ids inside the vocabulary of c) and the expected losses.
@@ -1159,6 +1168,16 @@ static std::string read_ref_batch(const SafeTensors& st, const std::string& path
     if (err.empty()) err = st_get_f32(st, "batch.mask", {B, T}, rb->mask.data());
     if (err.empty()) err = st_get_f32(st, "expect.loss", {1}, rb->want_loss.data());
     if (err.empty()) err = st_get_f32(st, "expect.losses", {3}, rb->losses.data());
+    if (err.empty() && c.entropy_reg > 0) {  // the regulariser's positions and its parts of the loss
+        rb->valid.assign(B * T, 0);
+        rb->want_ce.assign(1, 0);
+        rb->want_s2.assign(1, 0);
+        err = st_get_f32(st, "batch.valid", {B, T}, rb->valid.data());
+        if (err.empty()) err = st_get_f32(st, "expect.ce", {1}, rb->want_ce.data());
+        if (err.empty()) err = st_get_f32(st, "expect.s2", {1}, rb->want_s2.data());
+        for (int i = 0; i < B * T && err.empty(); i++)
+            if (rb->valid[i] != 0 && rb->valid[i] != 1) err = path + ": batch.valid holds a value other than 0 or 1";
+    }
     for (int i = 0; i < B * T && err.empty(); i++)
         if (rb->tokens[i] < 0 || rb->tokens[i] >= c.V || rb->targets[i] < 0 || rb->targets[i] >= c.V)
             err = path + ": a token id is outside the vocabulary";
@@ -1209,19 +1228,24 @@ static std::string verify_model(Model* model, const SafeTensors& st, const RefBa
     const int* tokens = rb.tokens.data();
     const int* targets = rb.targets.data();
     const float* mask = rb.mask.data();
+    const float* valid = rb.valid.empty() ? nullptr : rb.valid.data();  // the regulariser's (its files only)
     std::vector<float> want;
-    float loss = model_forward(model, tokens, targets, mask, rb.B, rb.T);
+    float loss = model_forward(model, tokens, targets, mask, rb.B, rb.T, valid);
     std::string err = ref_expect(st, "expect.logits", {rb.B, rb.T, model->c.V}, &want);
     if (!err.empty()) return err;
     v->check("logits", model_logits(model), want.data(), want.size(), tol_fwd);
     v->check("loss", &loss, rb.want_loss.data(), 1, tol_fwd);
+    if (valid) {
+        v->check("ce", &model->last_ce, rb.want_ce.data(), 1, tol_fwd);
+        v->check("s2", &model->last_s2, rb.want_s2.data(), 1, tol_fwd);
+    }
     model_backward(model);
     model_to_host(model);
     if (!(err = check_all(st, *model, "expect.grad.", model->grads, tol_grad, v)).empty()) return err;
     float got_losses[3];
     for (int step = 1; step <= 3; step++) {
         if (step > 1) {
-            got_losses[step - 1] = model_forward(model, tokens, targets, mask, rb.B, rb.T);
+            got_losses[step - 1] = model_forward(model, tokens, targets, mask, rb.B, rb.T, valid);
             model_backward(model);
         } else {
             got_losses[0] = loss;
