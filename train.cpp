@@ -1352,7 +1352,7 @@ struct BenchResult {
 static BenchResult bench_one(const BenchSetup& b, Arch arch) {
     Config c = b.c;
     c.arch = arch;
-    if (arch == ARCH_LLAMA) model_parse("llama", &c);  // no router: --router and --router-kv are lime's
+    if (arch == ARCH_LLAMA) model_parse("llama", &c), c.entropy_reg = b.c.entropy_reg;  // no router: --router and --router-kv are lime's
     GpuInfo before, after;
     bool on_gpu = b.dev == DEVICE_GPU && gpu_info(&before);
     Model model;

@@ -31,7 +31,8 @@ bool attention_parse(const std::string& s, Attention* out);      // "auto", "mat
 // A model as compare names it: "llama", "lime", "lime:last-2", "lime:average:separate"
 // (lime, then its router when not static, then ":separate" for --router-kv separate).
 std::string model_name(const Config& c);
-bool model_parse(const std::string& s, Config* c);  // sets arch and the router fields
+// sets arch, the router fields and entropy_reg: "lime:last-2", "llama:ereg=0.1", "lime:frozen:ereg=0.5"
+bool model_parse(const std::string& s, Config* c);
 // What this machine can still give without swapping: MemAvailable of a
 // /proc/meminfo-style file, in bytes; 0 where unknown (not Linux).
 size_t memory_available(const char* meminfo);

@@ -256,11 +256,14 @@ struct Report {
     std::string label(const std::string& tier) const { return task == "arith" ? "tier " + tier : task; }
     bool has(const std::string& arch) const { return std::find(archs.begin(), archs.end(), arch) != archs.end(); }
     // (a, b) pairs the paired report compares, a - b: each model against llama,
-    // and each X:frozen's X against it (does learning the routers add anything?)
+    // each X:frozen's X against it (does learning the routers add anything?),
+    // and each regularised model X:ereg=L against lime (does raising the entropy close the gap?)
     std::vector<std::pair<std::string, std::string>> pairs() const {
         std::vector<std::pair<std::string, std::string>> out;
         for (const std::string& arch : archs)
             if (arch != "llama" && has("llama")) out.push_back({arch, "llama"});
+        for (const std::string& arch : archs)
+            if (arch.find(":ereg=") != std::string::npos && has("lime")) out.push_back({arch, "lime"});
         for (const std::string& arch : archs) {
             size_t at = arch.rfind(":frozen");
             if (at != std::string::npos && at + 7 == arch.size() && has(arch.substr(0, at)))
@@ -309,7 +312,8 @@ static void report_intro(std::ostringstream& md, const Preset* preset, const std
     if (std::any_of(rep.archs.begin(), rep.archs.end(), [](const std::string& a) { return a.find(':') != std::string::npos; }))
         md << "Model `lime:X` is trained with `--arch lime --router X` (`:separate` adds `--router-kv separate`, "
               "`:frozen` adds `--router-weights frozen`: the routers keep their initial values, the control for "
-              "\"LIMe helps only by adding gradient paths\"): README, `--router`.\n\n";
+              "\"LIMe helps only by adding gradient paths\"): README, `--router`. `X:ereg=L` is model X trained "
+              "with `--entropy-reg L`, the value-entropy regulariser (docs/training.md).\n\n";
 }
 
 // Accuracy (or, for text, validation loss and perplexity) per tier and model:
@@ -665,7 +669,8 @@ static CompareSettings compare_settings(Args& a) {
         Config c;
         if (!model_parse(s, &c)) {
             a.fail("--archs: '" + s + "' is not llama, lime or lime:VARIANT (static, average, last-J, first-J, "
-                   "separate, frozen; e.g. lime:last-2 or lime:frozen)");
+                   "separate, frozen; e.g. lime:last-2 or lime:frozen), each with an optional :ereg=LAMBDA "
+                   "(a number >= 0, e.g. llama:ereg=0.1)");
             continue;
         }
         if (!archs_seen.insert(model_name(c)).second)
@@ -732,6 +737,7 @@ static std::vector<std::string> train_args_of(const CompareSettings& cs, const R
         own.insert(own.end(), {"--router", router_name(model)});
     if (model.router_kv_separate) own.insert(own.end(), {"--router-kv", "separate"});
     if (model.router_frozen) own.insert(own.end(), {"--router-weights", "frozen"});
+    if (model.entropy_reg > 0) own.insert(own.end(), {"--entropy-reg", fmt("%.9g", model.entropy_reg)});
     args.insert(args.end(), own.begin(), own.end());
     return args;
 }
