@@ -485,6 +485,80 @@ static std::string report_entropy(std::ostringstream& md, const std::string& dir
     return "";
 }
 
+// The regulariser's dose-response (the referee's causal test), when --archs
+// holds a model X:ereg=L: per run, the last layer's raw value entropy against
+// accuracy (a scatter, one colour per model, LIMe's range over seeds shaded),
+// and per model its lambda, mean entropy, mean accuracy and the paired
+// accuracy difference against llama and against lime.
+static double lambda_of(const std::string& arch) {
+    Config c;
+    return model_parse(arch, &c) ? c.entropy_reg : NAN;
+}
+static std::string paired_short(const Report& rep, const std::string& tier, const std::string& a,
+                                const std::string& b) {
+    if (a == b || !rep.has(b)) return "n/a";
+    std::vector<double> va, vb;
+    paired_values(rep, tier, a, b, [](const Run& r) { return r.accuracy; }, &va, &vb);
+    PairedResult p = stats_paired(va, vb);
+    if (p.n < 2) return "n/a";
+    return fmt("%+.1f pts", 100 * p.mean) + " (" + std::to_string(p.wins) + " of " + std::to_string(p.n) +
+           fmt(" higher, p = %.3g)", p.p_wilcoxon);
+}
+static std::string report_referee(std::ostringstream& md, const std::string& dir, const Report& rep, int layers) {
+    bool any = std::any_of(rep.archs.begin(), rep.archs.end(),
+                           [](const std::string& a) { return a.find(":ereg=") != std::string::npos; });
+    if (!any || rep.task == "text") return "";
+    int last = layers - 1;
+    md << "\n## Value entropy against accuracy (the regulariser)\n\n"
+          "`X:ereg=L` is X trained with `--entropy-reg L`: the loss minus L times the mean order-2 Rényi entropy "
+          "of each layer's values (docs/training.md). If entropy were what makes LIMe better, raising LLaMa's to "
+          "LIMe's level should raise its accuracy toward LIMe's. Entropy: the last layer's (" << last
+       << ") raw values (W_V's output), as `./lime analyze` measures it (the authors' order, --alpha).\n\n";
+    std::string err;
+    for (const std::string& tier : rep.tiers) {
+        md << "| " << rep.label(tier) << ": model | lambda | seeds | raw entropy, layer " << last
+           << " (mean ± std) | accuracy (mean ± std) | vs llama | vs lime |\n"
+              "| --- | --- | --- | --- | --- | --- | --- |\n";
+        std::vector<Series> series;
+        double acc_lo = INFINITY, acc_hi = -INFINITY;
+        for (const std::string& arch : rep.archs) {
+            const RunGroup& g = rep.group(tier, arch);
+            Series s{arch, {}, {}, {}, {}};
+            std::vector<double> ent, acc = g.values(&Run::accuracy);
+            for (const Run* r : g.runs) {
+                double e = entropy_at(*r, "raw", last);
+                if (std::isfinite(e)) ent.push_back(e);
+                if (!std::isfinite(e) || !std::isfinite(r->accuracy)) continue;
+                s.x.push_back(100 * r->accuracy), s.y.push_back(e);  // one point per run, not joined
+                s.x.push_back(NAN), s.y.push_back(NAN);
+                acc_lo = std::min(acc_lo, 100 * r->accuracy), acc_hi = std::max(acc_hi, 100 * r->accuracy);
+            }
+            md << "| " << arch << " | " << fmt("%g", lambda_of(arch)) << " | " << g.runs.size() << " | "
+               << mean_std(ent, false) << " | " << mean_std(acc, true) << " | "
+               << paired_short(rep, tier, arch, "llama") << " | " << paired_short(rep, tier, arch, "lime") << " |\n";
+            series.push_back(s);
+        }
+        // LIMe's range of entropy over its seeds, shaded across the plot
+        std::vector<double> lime_ent;
+        if (rep.has("lime"))
+            for (const Run* r : rep.group(tier, "lime").runs)
+                if (std::isfinite(entropy_at(*r, "raw", last))) lime_ent.push_back(entropy_at(*r, "raw", last));
+        if (!lime_ent.empty() && std::isfinite(acc_lo)) {
+            double lo = *std::min_element(lime_ent.begin(), lime_ent.end()),
+                   hi = *std::max_element(lime_ent.begin(), lime_ent.end()), m = stats_mean(lime_ent);
+            series.push_back(Series{"lime's entropy (mean, range)", {acc_lo - 1, acc_hi + 1}, {m, m}, {lo, lo}, {hi, hi}});
+        }
+        std::string f = "entropy_vs_accuracy_" + (rep.task == "arith" ? "tier" + tier : tier) + ".png";
+        md << "\nvs: the paired accuracy difference over seeds (model − llama, model − lime), how many seeds it "
+              "was higher in, and the signed-rank p.\n\n![entropy against accuracy](" << f << ")\n\n";
+        if (err.empty())
+            err = plot_lines(dir + "/" + f, "Last-layer raw value entropy against accuracy, " + rep.label(tier) +
+                             " (one point per run)", "accuracy (%)", "Renyi entropy, layer " + std::to_string(last),
+                             series);
+    }
+    return err;
+}
+
 // Parameters, FLOPs per token, step time and peak memory per tier and model.
 static void report_cost(std::ostringstream& md, const Report& rep) {
     md << "\n## Cost\n\n| tier | model | parameters | FLOPs per token (train step, router counted) | ms per step "
@@ -560,6 +634,7 @@ static std::string write_report(const std::string& dir, const Preset* preset, co
     report_paired(md, rep, summary);
     std::string err = report_entropy(md, dir, rep, layers);
     if (!err.empty()) return err;
+    if (!(err = report_referee(md, dir, rep, layers)).empty()) return err;
     report_cost(md, rep);
     md << "\n## Figures\n\n";
     for (const std::string& tier : rep.tiers) {
