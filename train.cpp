@@ -1395,7 +1395,8 @@ static void bench_configs(const BenchSetup& b, Config* llama, Config* lime) {
 
 // --json: one object with the shape, both models' numbers and their ratios.
 // Off a GPU the GPU's numbers (MFU, memory) are null and "gpu_absent" says why.
-static void print_bench_json(const BenchSetup& b, const BenchResult& llama, const BenchResult& lime) {
+static void print_bench_json(const BenchSetup& b, const BenchResult& llama, const BenchResult& lime,
+                             const std::string& extra = "") {
     Config cl, cm;
     bench_configs(b, &cl, &cm);
     const Config& c = b.c;
@@ -1424,7 +1425,7 @@ static void print_bench_json(const BenchSetup& b, const BenchResult& llama, cons
          strf(", \"lime_over_llama\": %.4f", lime.ms / llama.ms);
     if (b.on_gpu)
         s += strf(", \"memory_lime_over_llama\": %.4f", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
-    printf("%s}\n", s.c_str());
+    printf("%s%s}\n", s.c_str(), extra.c_str());  // extra: the regulariser's timings
 }
 
 // The table: the setting, one line per model, the ratios lime / llama.
@@ -1489,11 +1490,20 @@ static int cmd_bench(int argc, char** argv) {
     }});
     Args a = parse_args("bench", "Times training steps of llama and lime on synthetic tokens; on the GPU also MFU and "
                         "memory.", flags, argc, argv, false);
-    BenchSetup b = bench_setup(a);
-    BenchResult llama = bench_one(b, ARCH_LLAMA);
-    BenchResult lime = bench_one(b, ARCH_LIME);
-    if (a.has("json")) print_bench_json(b, llama, lime);
-    else print_bench_text(b, llama, lime);
+    BenchSetup b = bench_setup(a), plain = b;
+    plain.c.entropy_reg = 0;
+    // --entropy-reg L: each model also with the regulariser, timed right after it without
+    bool ereg = b.c.entropy_reg > 0;
+    BenchResult llama = bench_one(plain, ARCH_LLAMA), llama_reg = ereg ? bench_one(b, ARCH_LLAMA) : BenchResult();
+    BenchResult lime = bench_one(plain, ARCH_LIME), lime_reg = ereg ? bench_one(b, ARCH_LIME) : BenchResult();
+    std::string extra = ereg ? strf(", \"entropy_reg\": %g, \"llama_reg_ms_per_step\": %.4f, "
+                                    "\"lime_reg_ms_per_step\": %.4f", b.c.entropy_reg, llama_reg.ms, lime_reg.ms)
+                             : "";
+    if (a.has("json")) print_bench_json(plain, llama, lime, extra);
+    else print_bench_text(plain, llama, lime);
+    if (ereg && !a.has("json"))
+        printf("  with --entropy-reg %g: llama %.2f ms/step (%+.1f%%), lime %.2f ms/step (%+.1f%%)\n", b.c.entropy_reg,
+               llama_reg.ms, 100 * (llama_reg.ms / llama.ms - 1), lime_reg.ms, 100 * (lime_reg.ms / lime.ms - 1));
     return 0;
 }
 

@@ -11,6 +11,7 @@ SPILL_FREE=(
     flash_attention_forward_kernel flash_attention_backward_kv_kernel flash_attention_backward_q_kernel
     router_forward_kernel router_backward_dbuf_kernel router_dw_partial_kernel router_dw_reduce_kernel
     embedding_backward_kernel rmsnorm_gain_partial_kernel rmsnorm_gain_reduce_kernel
+    ereg_center_kernel ereg_stat_kernel ereg_backward_kernel ereg_loss_kernel
 )
 [ -r "$report" ] || { echo "check_spills: cannot read $report"; exit 1; }
 # One line per compiled kernel and architecture: "name arch stores loads".
