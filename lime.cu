@@ -15,7 +15,8 @@
 //      (forward, then backward restating the forward line it differentiates),
 //      the CUDA kernel and its launcher, and the op's dispatcher op_*();
 //      in order: matrix products, embedding, RMSNorm, RoPE, the KV router,
-//      attention, SwiGLU, cross-entropy, AdamW;
+//      attention, SwiGLU, cross-entropy, the value-entropy regulariser (a
+//      loss term, --entropy-reg), AdamW;
 //   3. forward_pass, backward_pass and update_pass: the model, written once
 //      for both devices and both architectures;
 //   4. the public calls (support/lime.h), then the GPU's memory and staging.
