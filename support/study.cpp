@@ -53,12 +53,19 @@ static const Preset PRESETS[] = {
     {"cpu-study",
      "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 12 --lr 3e-3",
      "3", 6, "two-core CPU: tier 3, 12 epochs, 6 seeds each of LLaMa, LIMe and the frozen-router control"},
+    // the referee's causal test: cpu-study's setting, llama with the value-entropy
+    // regulariser at three lambdas chosen by single runs (seed 1; README): its
+    // last-layer raw value entropy from LLaMa's own level (2.28) through LIMe's (2.37) and beyond
+    {"referee",
+     "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 12 --lr 3e-3",
+     "3", 6, "two-core CPU, about an hour: cpu-study's setting, llama and lime and llama at three entropy-regulariser lambdas"},
     {"tiny", "--layers 2 --dim 16 --heads 2 --ffn 32 --train-size 300 --test-size 20 --batch 16 --steps 30", "2", 2,
      "seconds: for tests"},
 };
 
 // The models a preset compares when --archs is not given.
 static const char* preset_archs(const Preset& p) {
+    if (std::string(p.name) == "referee") return "llama,lime,llama:ereg=0.002,llama:ereg=0.01,llama:ereg=0.1";
     return std::string(p.name) == "cpu-study" ? "llama,lime,lime:frozen" : "llama,lime";
 }
 
@@ -713,7 +720,7 @@ static CompareSettings compare_settings(Args& a) {
     CompareSettings cs;
     cs.preset = find_preset(a.str("preset"));
     const Preset* preset = cs.preset;
-    if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|cpu-study|paper-aet|tiny");
+    if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|cpu-study|paper-aet|referee|tiny");
     cs.task = a.choice("task", {"arith", "prosqa", "text"});
     cs.alpha = a.number("alpha", 0, 100);
     if (a.err.empty() && !(cs.alpha > 0))
@@ -966,12 +973,14 @@ int cmd_compare(int argc, char** argv) {
     std::vector<FlagSpec> flags = {
         {"preset", "classroom",
          "classroom (2 CPU cores, ~10 min), cpu-study (2 CPU cores, ~30 min, with the frozen-router control), "
-         "paper-aet (the paper's setting, GPU) or tiny (tests)"},
+         "paper-aet (the paper's setting, GPU), referee (2 CPU cores, ~1 hour: llama with the value-entropy "
+         "regulariser at 3 lambdas beside llama and lime) or tiny (tests)"},
         {"task", "arith", "arith, prosqa (exact match on the real test file) or text (validation loss)"},
         {"seeds", "", "seeds per model (default: the preset's)"},
         {"tiers", "", "arith: operators per question, e.g. 4,5,6 (default: the preset's)"},
         {"archs", "llama,lime", "models to compare (cpu-study: also lime:frozen): llama, lime, or lime:VARIANT "
-                                "(lime:average, lime:last-2, lime:first-1, lime:separate, lime:frozen)"},
+                                "(lime:average, lime:last-2, lime:first-1, lime:separate, lime:frozen); any of "
+                                "them with :ereg=LAMBDA (the value-entropy regulariser, e.g. llama:ereg=0.1)"},
         {"alpha", "0.5", "order of the Renyi entropy each run's analysis reports (1: Shannon)"},
         {"train-args", "", "extra flags for every ./lime train, replacing the preset's, e.g. \"--epochs 30\""},
         {"jobs", "0", "runs at a time (0: one per core on the CPU, 1 on the GPU)"},
