@@ -2214,8 +2214,8 @@ static void stage(Model* model, const int* tokens, const int* targets, const flo
     if (tokens) memcpy(A->tokens, tokens, N * sizeof(int));
     if (targets) memcpy(A->targets, targets, N * sizeof(int));
     if (mask) memcpy(A->mask, mask, N * sizeof(float));
-    if (model->ereg_on && valid) memcpy(A->valid, valid, N * sizeof(float));
-    if (model->ereg_on && !valid) std::fill(A->valid, A->valid + N, 1.0f);
+    if (tokens && model->ereg_on && valid) memcpy(A->valid, valid, N * sizeof(float));  // with a batch only
+    if (tokens && model->ereg_on && !valid) std::fill(A->valid, A->valid + N, 1.0f);
 }
 
 float model_forward(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T,

@@ -221,8 +221,8 @@ static void gpu_stage(Model* model, const int* tokens, const int* targets, const
     if (tokens) up(A.tokens, s.tokens, tokens, N * sizeof(int));
     if (targets) up(A.targets, s.targets, targets, N * sizeof(int));
     if (mask) up(A.mask, s.mask, mask, N * sizeof(float));
-    if (model->ereg_on && !valid) std::fill(s.valid, s.valid + N, 1.0f);  // the regulariser's: all valid
-    if (model->ereg_on) up(A.valid, s.valid, valid ? valid : s.valid, N * sizeof(float));
+    if (tokens && model->ereg_on && !valid) std::fill(s.valid, s.valid + N, 1.0f);  // the regulariser's: all valid
+    if (tokens && model->ereg_on) up(A.valid, s.valid, valid ? valid : s.valid, N * sizeof(float));
     if (numbers) up(G->numbers, s.numbers, numbers, sizeof(AdamWNumbers));
     cudaCheck(cudaEventRecord(s.copied, G->stream));
 }
