@@ -18,7 +18,8 @@
 //      (forward, then backward restating the forward line it differentiates),
 //      the CUDA kernel and its launcher, and the op's dispatcher op_*();
 //      in order: matrix products, embedding, RMSNorm, RoPE, the KV router,
-//      Hyper-Connections, attention, SwiGLU, cross-entropy, AdamW;
+//      Hyper-Connections, attention, SwiGLU, cross-entropy, the value-entropy
+//      regulariser (a loss term, --entropy-reg), AdamW;
 //   3. forward_pass, backward_pass and update_pass: the model, written once
 //      for both devices and both architectures;
 //   4. the public calls (support/lime.h), then the GPU's memory and staging.
@@ -123,6 +124,8 @@ std::string config_check(const Config& c) {
         return fail("--router and --router-kv are for --arch lime: %s has no router", arch_name(c.arch));
     if (c.arch == ARCH_HC && (c.hc_rate < 1 || c.hc_rate > 16))
         return fail("--hc-rate %d must be 1 .. 16 (the number of residual streams; the paper's is 4)", c.hc_rate);
+    if (!(c.entropy_reg >= 0) || !std::isfinite(c.entropy_reg))
+        return fail("--entropy-reg %g must be a finite number >= 0 (0: no regulariser)", (double)c.entropy_reg);
     if ((c.router == ROUTER_LAST || c.router == ROUTER_FIRST) && (c.router_j < 1 || c.router_j > c.L))
         return fail("--router %s: J must be 1 .. %d (the number of layers)", router_name(c).c_str(), c.L);
     return "";
@@ -279,6 +282,11 @@ struct Acts {
     int* targets;    // (B, T)         copies of the batch, for backward
     float* mask;     // (B, T)
     int* tokens;     // (B, T)
+    float* valid;    // (B, T)         1 where the position holds a token of its sequence (the regulariser's)
+    // the value-entropy regulariser, sized 0 when entropy_reg is 0; D = R*hd
+    float* ereg_mu;  // (L, B, D)      each sequence's mean value over its valid positions
+    float* ereg_G;   // (L, B, D, D)   the Gram matrix of the centred values, G = Z^T Z
+    float* ereg_stat;// (L, B, 4)      S2, 4 / tr(G), 4 / ||G||_F^2 (0, 0, 0 for a sequence without an S2), unused
     // backward scratch
     float* dx;       // (B, T, d) gradient of the residual stream
     float* dnorm;    // (B, T, d) gradient of a norm's output
@@ -377,6 +385,11 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take_int(&A->targets, BT);
     take(&A->mask, BT);
     take_int(&A->tokens, BT);
+    take(&A->valid, BT);
+    size_t ereg = c.entropy_reg > 0 ? 1 : 0;
+    take(&A->ereg_mu, ereg * L * B * kvd);
+    take(&A->ereg_G, ereg * L * B * kvd * kvd);
+    take(&A->ereg_stat, ereg * L * B * 4);
     take(&A->dx, n * BT * d);
     take(&A->dnorm, BT * d);
     take(&A->dq, BT * qd);
@@ -480,7 +493,8 @@ __device__ Num block_sum(Num v, Num* shared) {
 
 // Numbers the device computes and the host reads when it asks (model_metrics).
 struct Metrics {
-    float loss;       // crossentropy_forward_gpu
+    float loss;       // crossentropy_forward_gpu; with the regulariser ereg_loss_gpu's total
+    float ce, s2;     // the cross-entropy and, with the regulariser, the mean S2 (ereg_loss_gpu)
     float inv_count;  // 1 / sum(mask), for the backward (0 when the mask is all 0)
     float norm;       // global gradient norm, before clipping
     float clip_scale; // min(1, grad_clip / (norm + 1e-6)), or 1 without clipping
@@ -514,6 +528,7 @@ struct GpuState {
         int* targets;
         float* mask;
         AdamWNumbers* numbers;
+        float* valid;
         cudaEvent_t copied;
     } slot[2] = {};
     int next_slot = 0;
@@ -2037,7 +2052,7 @@ __global__ void crossentropy_loss_kernel(Metrics* metrics, const float* nll, con
     total = block_sum(total, part);
     count = block_sum(count, part);
     if (threadIdx.x == 0) {
-        metrics->loss = count > 0 ? (float)(total / count) : 0.0f;
+        metrics->loss = metrics->ce = count > 0 ? (float)(total / count) : 0.0f;
         metrics->inv_count = count > 0 ? (float)(1.0 / count) : 0.0f;
     }
 }
@@ -2083,6 +2098,214 @@ static void op_crossentropy_backward(Model* model, float* dlogits_probs, const i
     DISPATCH(model,
              crossentropy_backward_gpu(dlogits_probs, targets, mask, N, V, model->gpu->metrics, stream_of(model)),
              crossentropy_backward(dlogits_probs, targets, mask, N, V));
+}
+
+// ===========================================================================
+// The value-entropy regulariser (the referee's causal test; docs/model.md).
+// Per layer l and sequence b, over the n_b valid positions t of b (valid = 1:
+// a token of the sequence, not padding), D = R*hd:
+//   mu[l, b]  = mean_t V[l][b, t]                          (D)    V: the value projection, before any router
+//   Z         = V[l][b, t] - mu[l, b] at the valid t        (n_b, D)
+//   G         = Z^T Z                                       (D, D)
+//   S2[l, b]  = -log(||G||_F^2 / tr(G)^2)   (0, without gradient, when n_b < 2 or tr(G) = 0)
+//   loss_total = loss - entropy_reg * sum_{l, b} S2[l, b] / (L * B)
+// S2 is the order-2 Renyi entropy of G's normalised spectrum: no
+// eigendecomposition. Its gradient into the values (backward):
+//   dS2/dZ = 4 Z / tr(G) - 4 Z G / ||G||_F^2, 0 at the padding; the centering's
+//   backward subtracts its mean over the valid t, which is 0 (Z's rows sum to 0).
+// ===========================================================================
+
+// One layer, every sequence: stat (B, 4) = {S2, 4 / tr(G), 4 / ||G||_F^2, 0}
+// (all 0 for a sequence without an S2), mu (B, D), G (B, D, D), from V (B, T, D) and valid (B, T).
+static void ereg_forward(float* stat, float* mu, float* G, const float* V, const float* valid, int B, int T, int D) {
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < B; b++) {
+        const float* Vb = V + (size_t)b * T * D;  // (T, D)
+        const float* vb = valid + (size_t)b * T;  // (T)
+        float* m = mu + (size_t)b * D;            // (D)
+        float* g = G + (size_t)b * D * D;         // (D, D)
+        int n = 0;
+        for (int t = 0; t < T; t++) n += vb[t] != 0;
+        // mu = mean over the valid t of V[t]
+        for (int j = 0; j < D; j++) {
+            double s = 0;
+            for (int t = 0; t < T; t++) if (vb[t] != 0) s += Vb[(size_t)t * D + j];
+            m[j] = n ? (float)(s / n) : 0.0f;
+        }
+        // G = Z^T Z = sum over the valid t of (V[t] - mu)(V[t] - mu)^T
+        for (int i = 0; i < D * D; i++) g[i] = 0;
+        for (int t = 0; t < T; t++) {
+            if (vb[t] == 0) continue;
+            const float* v = Vb + (size_t)t * D;
+            for (int i = 0; i < D; i++) {
+                float zi = v[i] - m[i];
+                for (int j = 0; j < D; j++) g[(size_t)i * D + j] += zi * (v[j] - m[j]);
+            }
+        }
+        // S2 = -log(||G||_F^2 / tr(G)^2)
+        double tr = 0, f2 = 0;
+        for (int i = 0; i < D; i++) tr += g[(size_t)i * D + i];
+        for (size_t i = 0; i < (size_t)D * D; i++) f2 += (double)g[i] * g[i];
+        float* st = stat + 4 * b;
+        bool has_s2 = n >= 2 && tr > 0 && f2 > 0;
+        st[0] = has_s2 ? (float)-std::log(f2 / (tr * tr)) : 0.0f;
+        st[1] = has_s2 ? (float)(4.0 / tr) : 0.0f;
+        st[2] = has_s2 ? (float)(4.0 / f2) : 0.0f;
+        st[3] = 0.0f;
+    }
+}
+
+// forward: S2 = -log(||G||_F^2 / tr(G)^2), G = Z^T Z, Z[t] = V[t] - mu at the valid t
+// dV[t] += scale * dS2/dZ[t] = scale * (4 Z[t] / tr(G) - 4 (Z G)[t] / ||G||_F^2)   (valid t only)
+// scale = -entropy_reg / (L * B); a sequence without an S2 has stat 0: no gradient.
+static void ereg_backward(float* dV, const float* V, const float* valid, const float* mu, const float* G,
+                          const float* stat, float scale, int B, int T, int D) {
+#pragma omp parallel for schedule(static)
+    for (int bt = 0; bt < B * T; bt++) {
+        int b = bt / T;
+        const float* st = stat + 4 * b;
+        if (valid[bt] == 0 || st[1] == 0) continue;
+        const float* v = V + (size_t)bt * D;       // (D)
+        const float* m = mu + (size_t)b * D;       // (D)
+        const float* g = G + (size_t)b * D * D;    // (D, D)
+        float* dv = dV + (size_t)bt * D;           // (D)
+        for (int j = 0; j < D; j++) {
+            float zg = 0;  // (Z G)[t, j] = sum_i Z[t, i] G[i, j]
+            for (int i = 0; i < D; i++) zg += (v[i] - m[i]) * g[(size_t)i * D + j];
+            dv[j] += scale * (st[1] * (v[j] - m[j]) - st[2] * zg);
+        }
+    }
+}
+
+// The regularised loss from the cross-entropy and stat (n = L*B entries of 4),
+// summed in order: returns the mean S2; *loss = ce - entropy_reg * mean S2.
+static float ereg_loss(float* loss, float ce, const float* stat, int n, float entropy_reg) {
+    double s = 0;
+    for (int k = 0; k < n; k++) s += stat[4 * k];
+    float s2 = (float)(s / n);
+    *loss = ce - entropy_reg * s2;
+    return s2;
+}
+
+#ifdef LIME_GPU
+// One thread per (b, j): mu (B, D), the mean over b's valid positions (in
+// order, in double), then Z (B, T, D) = V - mu there, 0 at the padding.
+__global__ void ereg_center_kernel(float* Z, float* mu, const float* V, const float* valid, int B, int T, int D) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= B * D) return;
+    int b = idx / D, j = idx % D;
+    const float* vb = valid + (size_t)b * T;
+    int n = 0;
+    double s = 0;
+    for (int t = 0; t < T; t++)
+        if (vb[t] != 0) { n++; s += V[((size_t)b * T + t) * D + j]; }
+    float m = n ? (float)(s / n) : 0.0f;
+    mu[idx] = m;
+    for (int t = 0; t < T; t++) {
+        size_t at = ((size_t)b * T + t) * D + j;
+        Z[at] = vb[t] != 0 ? V[at] - m : 0.0f;
+    }
+}
+// One block per sequence: tr(G) and ||G||_F^2 as fixed trees in double, the
+// count of valid positions, then stat (B, 4) as the CPU's.
+__global__ void ereg_stat_kernel(float* stat, const float* G, const float* valid, int T, int D) {
+    __shared__ double part[256];
+    int b = blockIdx.x;
+    const float* g = G + (size_t)b * D * D;
+    double tr = 0, f2 = 0, n = 0;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) tr += g[(size_t)i * D + i];
+    for (size_t i = threadIdx.x; i < (size_t)D * D; i += blockDim.x) f2 += (double)g[i] * g[i];
+    for (int t = threadIdx.x; t < T; t += blockDim.x) n += valid[(size_t)b * T + t] != 0;
+    tr = block_sum(tr, part);
+    f2 = block_sum(f2, part);
+    n = block_sum(n, part);
+    if (threadIdx.x == 0) {
+        bool has_s2 = n >= 2 && tr > 0 && f2 > 0;
+        float* st = stat + 4 * b;
+        st[0] = has_s2 ? (float)-log(f2 / (tr * tr)) : 0.0f;
+        st[1] = has_s2 ? (float)(4.0 / tr) : 0.0f;
+        st[2] = has_s2 ? (float)(4.0 / f2) : 0.0f;
+        st[3] = 0.0f;
+    }
+}
+// Z (B, T, D) and ZG (B, T, D): scratch; G = Z^T Z per sequence, one batched product.
+static void ereg_forward_gpu(float* stat, float* mu, float* G, const float* V, const float* valid, float* Z, int B,
+                             int T, int D, cublasHandle_t blas, cudaStream_t stream) {
+    LAUNCH(ereg_center_kernel, ceil_div((size_t)B * D, 128), 128, 0, stream)(Z, mu, V, valid, B, T, D);
+    launchCheck();
+    const float one = 1.0f, zero = 0.0f;  // column-major: Z^T is (D, T), G = Z^T (Z^T)^T
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, D, D, T, &one, Z, D, (long long)T * D, Z, D,
+                                          (long long)T * D, &zero, G, D, (long long)D * D, B));
+    LAUNCH(ereg_stat_kernel, B, 256, 0, stream)(stat, G, valid, T, D);
+    launchCheck();
+}
+// One thread per value: dV += scale * (4 Z / tr(G) - 4 (Z G) / ||G||_F^2) at the valid positions.
+__global__ void ereg_backward_kernel(float* dV, const float* Z, const float* ZG, const float* valid, const float* stat,
+                                     float scale, int B, int T, int D) {
+    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)B * T * D) return;
+    size_t bt = idx / D;
+    const float* st = stat + 4 * (bt / T);
+    if (valid[bt] == 0 || st[1] == 0) return;
+    dV[idx] += scale * (st[1] * Z[idx] - st[2] * ZG[idx]);
+}
+static void ereg_backward_gpu(float* dV, const float* V, const float* valid, float* mu, const float* G,
+                              const float* stat, float scale, float* Z, float* ZG, int B, int T, int D,
+                              cublasHandle_t blas, cudaStream_t stream) {
+    LAUNCH(ereg_center_kernel, ceil_div((size_t)B * D, 128), 128, 0, stream)(Z, mu, V, valid, B, T, D);  // Z again
+    launchCheck();
+    const float one = 1.0f, zero = 0.0f;  // column-major: (Z G)^T = G (Z^T), G symmetric
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, D, &one, G, D, (long long)D * D, Z, D,
+                                          (long long)T * D, &zero, ZG, D, (long long)T * D, B));
+    LAUNCH(ereg_backward_kernel, ceil_div((size_t)B * T * D, 256), 256, 0, stream)
+        (dV, Z, ZG, valid, stat, scale, B, T, D);
+    launchCheck();
+}
+// The mean S2 over stat's n entries (a fixed tree, double) into metrics->s2,
+// and metrics->loss = metrics->ce - entropy_reg * s2, in one block.
+__global__ void ereg_loss_kernel(Metrics* metrics, const float* stat, int n, float entropy_reg) {
+    __shared__ double part[256];
+    double s = 0;
+    for (int k = threadIdx.x; k < n; k += blockDim.x) s += stat[4 * k];
+    s = block_sum(s, part);
+    if (threadIdx.x == 0) {
+        float s2 = (float)(s / n);
+        metrics->s2 = s2;
+        metrics->loss = metrics->ce - entropy_reg * s2;
+    }
+}
+static void ereg_loss_gpu(Metrics* metrics, const float* stat, int n, float entropy_reg, cudaStream_t stream) {
+    LAUNCH(ereg_loss_kernel, 1, 256, 0, stream)(metrics, stat, n, entropy_reg);
+    launchCheck();
+}
+#endif
+
+// One layer's S2 per sequence (stat, mu, G of that layer) from its values V (B, T, R*hd).
+static void op_ereg_forward(Model* model, float* stat, float* mu, float* G, const float* V, const float* valid, int B,
+                            int T) {
+    int D = model->c.R * model->c.hd;
+    DISPATCH(model,
+             ereg_forward_gpu(stat, mu, G, V, valid, pass_acts(model)->scratch, B, T, D, blas_of(model),
+                              stream_of(model)),
+             ereg_forward(stat, mu, G, V, valid, B, T, D));
+}
+static void op_ereg_backward(Model* model, float* dV, const float* V, const float* valid, float* mu, const float* G,
+                             const float* stat, int B, int T) {
+    int D = model->c.R * model->c.hd;
+    float scale = -model->c.entropy_reg / ((float)model->c.L * B);
+    [[maybe_unused]] float* Z = pass_acts(model)->scratch;  // GPU: (B, T, D) twice
+    DISPATCH(model,
+             ereg_backward_gpu(dV, V, valid, mu, G, stat, scale, Z, Z + (size_t)B * T * D, B, T, D, blas_of(model),
+                               stream_of(model)),
+             ereg_backward(dV, V, valid, mu, G, stat, scale, B, T, D));
+}
+// After the cross-entropy: the regularised loss and the mean S2 over stat's n = L*B sequences
+// (model->last_loss, last_s2 on the CPU; Metrics on the GPU).
+static void op_ereg_loss(Model* model, const float* stat, int n) {
+    float lambda = model->c.entropy_reg;
+    DISPATCH(model, ereg_loss_gpu(model->gpu->metrics, stat, n, lambda, stream_of(model)),
+             model->last_ce = model->last_loss;
+             model->last_s2 = ereg_loss(&model->last_loss, model->last_ce, stat, n, lambda));
 }
 
 // ===========================================================================
@@ -2346,6 +2569,9 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         op_matmul_forward(model, la.q, la.attn_in, w.Wq, N, d, qd);   // (B, T, H, hd)
         op_matmul_forward(model, la.K, la.attn_in, w.Wk, N, d, kvd);  // (B, T, R, hd) into the buffer
         op_matmul_forward(model, la.V, la.attn_in, w.Wv, N, d, kvd);
+        if (model->ereg_on)  // the value-entropy regulariser: this layer's S2 per sequence
+            op_ereg_forward(model, A->ereg_stat + (size_t)l * B * 4, A->ereg_mu + (size_t)l * B * kvd,
+                            A->ereg_G + (size_t)l * B * kvd * kvd, la.V, A->valid, B, T);
         const float* vr = la.V;
         if (has_router(c, l)) {  // LIMe: mix the buffer of layers 0..l
             op_router_forward(model, la.kr, la.vr, w.router, value_router(w), A->Kbuf, A->Vbuf, l, N);
@@ -2380,6 +2606,7 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
     op_rmsnorm_forward(model, A->hf, A->rstd_f, xL, P.g_final, N);
     op_matmul_forward(model, A->logits, A->hf, P.E, N, d, c.V);  // tied: logits = hf @ E^T
     if (with_loss) op_crossentropy_forward(model, A->probs, A->nll, A->logits, A->targets, A->mask, N);
+    if (with_loss && model->ereg_on) op_ereg_loss(model, A->ereg_stat, c.L * B);  // loss = ce - lambda mean S2
 }
 
 static void backward_pass(Model* model, int B, int T) {
@@ -2439,6 +2666,10 @@ static void backward_pass(Model* model, int B, int T) {
         } else {
             op_add(model, dK, A->dkr, kv_layer);
         }
+        // forward: loss -= entropy_reg * mean S2, S2 from V (the regulariser)
+        if (model->ereg_on)
+            op_ereg_backward(model, dV, la.V, A->valid, A->ereg_mu + (size_t)l * B * kvd,
+                             A->ereg_G + (size_t)l * B * kvd * kvd, A->ereg_stat + (size_t)l * B * 4, B, T);
         // forward: q = a Wq^T, K = a Wk^T, V = a Wv^T, a = rmsnorm(x)
         op_zero(model, A->dnorm, (size_t)N * d);
         op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd);
@@ -2472,8 +2703,8 @@ static std::string gpu_create(Model* model);
 static void gpu_free(Model* model);
 static void gpu_to_device(Model* model);
 static void gpu_to_host(Model* model);
-static void gpu_stage(Model* model, const int* tokens, const int* targets, const float* mask, int N,
-                      const AdamWNumbers* numbers);
+static void gpu_stage(Model* model, const int* tokens, const int* targets, const float* mask, const float* valid,
+                      int N, const AdamWNumbers* numbers);
 static void gpu_read_metrics(Model* model);
 #endif
 
@@ -2609,11 +2840,13 @@ void model_init(Model* model, uint64_t seed) {
 
 // The batch into the activations, and on the GPU model->numbers into device
 // memory: plain copies on the CPU; on the GPU through pinned memory, queued on
-// the stream. targets and mask may be null; `numbers`: stage them too.
-static void stage(Model* model, const int* tokens, const int* targets, const float* mask, int N, bool numbers) {
+// the stream. targets and mask may be null; `numbers`: stage them too. With
+// the regulariser on (model->ereg_on) the valid mask too, all 1 when null.
+static void stage(Model* model, const int* tokens, const int* targets, const float* mask, const float* valid, int N,
+                  bool numbers) {
 #ifdef LIME_GPU
     if (model->device == DEVICE_GPU) {
-        gpu_stage(model, tokens, targets, mask, N, numbers ? &model->numbers : nullptr);
+        gpu_stage(model, tokens, targets, mask, valid, N, numbers ? &model->numbers : nullptr);
         return;
     }
 #endif
@@ -2622,12 +2855,16 @@ static void stage(Model* model, const int* tokens, const int* targets, const flo
     if (tokens) memcpy(A->tokens, tokens, N * sizeof(int));
     if (targets) memcpy(A->targets, targets, N * sizeof(int));
     if (mask) memcpy(A->mask, mask, N * sizeof(float));
+    if (tokens && model->ereg_on && valid) memcpy(A->valid, valid, N * sizeof(float));  // with a batch only
+    if (tokens && model->ereg_on && !valid) std::fill(A->valid, A->valid + N, 1.0f);
 }
 
-float model_forward(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T) {
+float model_forward(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T,
+                    const float* valid) {
     model->cur_B = B;
     model->cur_T = T;
-    stage(model, tokens, targets, mask, B * T, false);
+    model->ereg_on = model->c.entropy_reg > 0 && valid && targets;  // eval (no valid mask): the plain cross-entropy
+    stage(model, tokens, targets, mask, valid, B * T, false);
     forward_pass(model, B, T, targets != nullptr);
 #ifdef LIME_GPU
     if (model->device == DEVICE_GPU) {  // the logits to the host, for model_logits; waits for the device
@@ -2638,6 +2875,7 @@ float model_forward(Model* model, const int* tokens, const int* targets, const f
     }
 #endif
     if (!targets) model->last_loss = 0;
+    if (!model->ereg_on) model->last_ce = model->last_loss, model->last_s2 = 0;
     return model->last_loss;
 }
 
@@ -2680,7 +2918,7 @@ void model_backward(Model* model) { backward_pass(model, model->cur_B, model->cu
 float model_update(Model* model, const AdamWConfig& opt, float factor) {
     model->step++;
     model->numbers = adamw_numbers(opt, factor, model->step);
-    stage(model, nullptr, nullptr, nullptr, 0, true);
+    stage(model, nullptr, nullptr, nullptr, nullptr, 0, true);
     update_pass(model);
 #ifdef LIME_GPU
     if (model->device == DEVICE_GPU) gpu_read_metrics(model);  // waits for the device
@@ -2718,12 +2956,13 @@ static cudaGraphExec_t gpu_graph(Model* model, int B, int T) {
 #endif
 
 void model_train_step(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T,
-                      const AdamWConfig& opt, float factor) {
+                      const AdamWConfig& opt, float factor, const float* valid) {
     model->cur_B = B;
     model->cur_T = T;
     model->step++;
     model->numbers = adamw_numbers(opt, factor, model->step);
-    stage(model, tokens, targets, mask, B * T, true);
+    model->ereg_on = model->c.entropy_reg > 0;  // every step of a regularised model (the graph holds its ops)
+    stage(model, tokens, targets, mask, valid, B * T, true);
 #ifdef LIME_GPU
     if (model->device == DEVICE_GPU && model->settings.graph) {  // no waiting: model_metrics waits when asked
         if (cudaGraphExec_t exec = gpu_graph(model, B, T)) {
@@ -2741,6 +2980,7 @@ void model_metrics(Model* model, float* loss, float* norm) {
 #ifdef LIME_GPU
     if (model->device == DEVICE_GPU) gpu_read_metrics(model);
 #endif
+    if (!model->ereg_on) model->last_ce = model->last_loss, model->last_s2 = 0;
     *loss = model->last_loss;
     *norm = model->last_norm;
 }

@@ -247,6 +247,7 @@ static const std::vector<FlagSpec> SHAPE_FLAGS = {
     {"router-weights", "learned", "lime: learned, or frozen (the control: routers keep their initial values)"},
     {"hc-rate", "4", "hc: n, the number of residual streams (1 .. 16)"},
     {"hc-dynamic", "1", "hc: 1 adds the per-token correction of the mixing weights, 0 keeps them static"},
+    {"entropy-reg", "0", "lambda of the value-entropy regulariser: loss - lambda * mean S2 of each layer's values (0: off)"},
 };
 
 // The model's shape from the shape flags (V and T come from the task or --vocab, --seq-len).
@@ -267,6 +268,7 @@ static Config shape_from_args(Args& a, bool one_model = true) {
                "' is not one of static|average|last-J|first-J (J: layers, e.g. last-2)");
     c.router_kv_separate = a.choice("router-kv", {"shared", "separate"}) == "separate";
     c.router_frozen = a.choice("router-weights", {"learned", "frozen"}) == "frozen";
+    c.entropy_reg = (float)a.number("entropy-reg", 0, 1e6);
     if (c.arch == ARCH_LLAMA && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
         a.fail("--router, --router-kv and --router-weights are for --arch lime: llama has no router");
     if (c.arch == ARCH_HC && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
@@ -867,7 +869,7 @@ static std::string num_str(double x) {
 // before anyone could look). "" when the step was applied, else why not.
 // On the GPU the check copies the model to the host: a cost of the switch.
 static std::string guarded_step(Model* model, const Batch& b, const AdamWConfig& opt, float factor) {
-    float loss = model_forward(model, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    float loss = model_forward(model, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T, b.valid.data());
     model_backward(model);
     std::string tensor = model_first_nonfinite(model, false);
     if (std::isfinite(loss) && tensor.empty()) {
@@ -932,7 +934,7 @@ static std::string take_step(TrainRun* r, int step, float factor, Batch* batch) 
     std::string skipped;
     if (s.skip_bad) skipped = guarded_step(&r->model, *batch, s.opt, factor);
     else model_train_step(&r->model, batch->tokens.data(), batch->targets.data(), batch->mask.data(), s.B, r->c.T,
-                          s.opt, factor);
+                          s.opt, factor, batch->valid.data());
     r->done_step = step;
     r->steps_timed++;
     r->run_steps++;
@@ -945,11 +947,16 @@ static void log_progress(TrainRun* r, int step, float loss, float norm, float fa
     const TrainSettings& s = r->s;
     double t = now_ms(), ms = (t - r->t_last) / r->steps_timed;
     double tok_s = (double)s.B * r->c.T / (ms / 1000);
+    // with the value-entropy regulariser: the loss's cross-entropy and mean S2 beside it
+    bool ereg = r->c.entropy_reg > 0;
+    std::string parts = ereg ? fmt(" (ce %.4f", r->model.last_ce) + fmt(", s2 %.4f)", r->model.last_s2) : "";
     if (!r->log.quiet)
-        printf("step %d/%d | loss %.4f | lr %.2e | norm %.3f | %.1f ms/step | %.0f tok/s | ETA %s\n", step, s.steps,
-               loss, s.opt.lr * factor, norm, ms, tok_s, eta_str(*r, step, ms).c_str());
-    r->log.line(Json().add_str("type", "train").add_num("step", step).add_num("loss", loss)
-                    .add_num("lr", s.opt.lr * factor).add_num("norm", norm).add_num("ms_per_step", ms)
+        printf("step %d/%d | loss %.4f%s | lr %.2e | norm %.3f | %.1f ms/step | %.0f tok/s | ETA %s\n", step, s.steps,
+               loss, parts.c_str(), s.opt.lr * factor, norm, ms, tok_s, eta_str(*r, step, ms).c_str());
+    Json line;
+    line.add_str("type", "train").add_num("step", step).add_num("loss", loss);
+    if (ereg) line.add_num("ce", r->model.last_ce).add_num("s2", r->model.last_s2);
+    r->log.line(line.add_num("lr", s.opt.lr * factor).add_num("norm", norm).add_num("ms_per_step", ms)
                     .add_num("tokens_per_s", tok_s));
     fflush(stdout);
     r->t_last = t;
@@ -1339,6 +1346,8 @@ struct RefBatch {
     int B = 0, T = 0;
     std::vector<int> tokens, targets;
     std::vector<float> mask, want_loss, losses;  // expect.loss [1], expect.losses [3]
+    // a file with "entropy_reg": batch.valid [B, T], expect.ce [1] and expect.s2 [1]
+    std::vector<float> valid, want_ce, want_s2;
 };
 
 // Reads the batch (token ids inside the vocabulary of c) and the expected losses.
@@ -1365,6 +1374,16 @@ static std::string read_ref_batch(const SafeTensors& st, const std::string& path
     if (err.empty()) err = st_get_f32(st, "batch.mask", {B, T}, rb->mask.data());
     if (err.empty()) err = st_get_f32(st, "expect.loss", {1}, rb->want_loss.data());
     if (err.empty()) err = st_get_f32(st, "expect.losses", {3}, rb->losses.data());
+    if (err.empty() && c.entropy_reg > 0) {  // the regulariser's positions and its parts of the loss
+        rb->valid.assign(B * T, 0);
+        rb->want_ce.assign(1, 0);
+        rb->want_s2.assign(1, 0);
+        err = st_get_f32(st, "batch.valid", {B, T}, rb->valid.data());
+        if (err.empty()) err = st_get_f32(st, "expect.ce", {1}, rb->want_ce.data());
+        if (err.empty()) err = st_get_f32(st, "expect.s2", {1}, rb->want_s2.data());
+        for (size_t i = 0; i < (size_t)B * T && err.empty(); i++)
+            if (rb->valid[i] != 0 && rb->valid[i] != 1) err = path + ": batch.valid holds a value other than 0 or 1";
+    }
     for (size_t i = 0; i < (size_t)B * T && err.empty(); i++) {
         if (rb->tokens[i] < 0 || rb->tokens[i] >= c.V || rb->targets[i] < 0 || rb->targets[i] >= c.V)
             err = path + ": a token id is outside the vocabulary";
@@ -1418,19 +1437,24 @@ static std::string verify_model(Model* model, const SafeTensors& st, const RefBa
     const int* tokens = rb.tokens.data();
     const int* targets = rb.targets.data();
     const float* mask = rb.mask.data();
+    const float* valid = rb.valid.empty() ? nullptr : rb.valid.data();  // the regulariser's (its files only)
     std::vector<float> want;
-    float loss = model_forward(model, tokens, targets, mask, rb.B, rb.T);
+    float loss = model_forward(model, tokens, targets, mask, rb.B, rb.T, valid);
     std::string err = ref_expect(st, "expect.logits", {rb.B, rb.T, model->c.V}, &want);
     if (!err.empty()) return err;
     v->check("logits", model_logits(model), want.data(), want.size(), tol_fwd);
     v->check("loss", &loss, rb.want_loss.data(), 1, tol_fwd);
+    if (valid) {
+        v->check("ce", &model->last_ce, rb.want_ce.data(), 1, tol_fwd);
+        v->check("s2", &model->last_s2, rb.want_s2.data(), 1, tol_fwd);
+    }
     model_backward(model);
     model_to_host(model);
     if (!(err = check_all(st, *model, "expect.grad.", model->grads, tol_grad, v)).empty()) return err;
     float got_losses[3];
     for (int step = 1; step <= 3; step++) {
         if (step > 1) {
-            got_losses[step - 1] = model_forward(model, tokens, targets, mask, rb.B, rb.T);
+            got_losses[step - 1] = model_forward(model, tokens, targets, mask, rb.B, rb.T, valid);
             model_backward(model);
         } else {
             got_losses[0] = loss;
@@ -1581,7 +1605,8 @@ static void bench_configs(const BenchSetup& b, Config* llama, Config* lime, Conf
 // --json: one object with the shape, the three models' numbers and their ratios to llama.
 // Off a GPU the GPU's numbers (MFU, memory) are null and "gpu_absent" says why.
 static void print_bench_json(const BenchSetup& b, const BenchResult& llama, const BenchResult& lime,
-                             const BenchResult& hc) {
+                             const BenchResult& hc, float reg, const BenchResult& llama_reg,
+                             const BenchResult& lime_reg) {
     Config cl, cm, ch;
     bench_configs(b, &cl, &cm, &ch);
     const Config& c = b.c;
@@ -1612,6 +1637,9 @@ static void print_bench_json(const BenchSetup& b, const BenchResult& llama, cons
     if (b.on_gpu)
         s.add_num("memory_lime_over_llama", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0)
             .add_num("memory_hc_over_llama", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
+    if (reg > 0)  // --entropy-reg: llama and lime timed with the regulariser too
+        s.add_num("entropy_reg", reg).add_num("llama_reg_ms_per_step", llama_reg.ms)
+            .add_num("lime_reg_ms_per_step", lime_reg.ms);
     printf("%s\n", json_write(s).c_str());
 }
 
@@ -1684,12 +1712,22 @@ static int cmd_bench(int argc, char** argv) {
     }});
     Args a = parse_args("bench", "Times training steps of llama, lime and hc on synthetic tokens; on the GPU also MFU and "
                         "memory.", flags, argc, argv, false);
-    BenchSetup b = bench_setup(a);
+    BenchSetup b = bench_setup(a), plain = b;
+    plain.c.entropy_reg = 0;
     Config cl, cm, ch;
-    bench_configs(b, &cl, &cm, &ch);
-    BenchResult llama = bench_one(b, cl), lime = bench_one(b, cm), hc = bench_one(b, ch);
-    if (a.has("json")) print_bench_json(b, llama, lime, hc);
-    else print_bench_text(b, llama, lime, hc);
+    bench_configs(plain, &cl, &cm, &ch);
+    // --entropy-reg L: llama and lime also with the regulariser, each timed right after it without
+    float reg = b.c.entropy_reg;
+    Config cl_reg = cl, cm_reg = cm;
+    cl_reg.entropy_reg = cm_reg.entropy_reg = reg;
+    BenchResult llama = bench_one(plain, cl), llama_reg = reg > 0 ? bench_one(plain, cl_reg) : BenchResult();
+    BenchResult lime = bench_one(plain, cm), lime_reg = reg > 0 ? bench_one(plain, cm_reg) : BenchResult();
+    BenchResult hc = bench_one(plain, ch);
+    if (a.has("json")) print_bench_json(plain, llama, lime, hc, reg, llama_reg, lime_reg);
+    else print_bench_text(plain, llama, lime, hc);
+    if (reg > 0 && !a.has("json"))
+        printf("  with --entropy-reg %g: llama %.2f ms/step (%+.1f%%), lime %.2f ms/step (%+.1f%%)\n", reg,
+               llama_reg.ms, 100 * (llama_reg.ms / llama.ms - 1), lime_reg.ms, 100 * (lime_reg.ms / lime.ms - 1));
     return 0;
 }
 

@@ -48,11 +48,12 @@ struct Batch {
     int B = 0, T = 0;
     std::vector<int> tokens, targets;   // (B, T)
     std::vector<float> mask;            // (B, T): 1 where the target counts in the loss
+    std::vector<float> valid;           // (B, T): 1 where the position holds a token of the sequence, 0 on padding
 };
 
 // Fill a (B, T) batch from seqs[idx[0..B-1]]: tokens[t] = s[t], targets[t] =
-// s[t+1], mask[t] = 1 iff t+1 >= loss_start and t+1 < n; padding is `pad`
-// with mask 0. A sequence longer than T+1 is cut to its first T+1 tokens:
+// s[t+1], mask[t] = 1 iff t+1 >= loss_start and t+1 < n, valid[t] = 1 iff
+// t < n; padding is `pad` with mask 0 and valid 0. A sequence longer than T+1 is cut to its first T+1 tokens:
 // pick T >= the longest sequence minus 1 (ArithData::seq_len).
 void make_batch(const std::vector<Sequence>& seqs, const int* idx, int B, int T, int pad, Batch* out);
 

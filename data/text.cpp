@@ -61,11 +61,12 @@ void make_batch(const std::vector<Sequence>& seqs, const int* idx, int B, int T,
     out->tokens.assign((size_t)B * T, pad);
     out->targets.assign((size_t)B * T, pad);
     out->mask.assign((size_t)B * T, 0.0f);
+    out->valid.assign((size_t)B * T, 0.0f);
     for (int b = 0; b < B; b++) {
         const Sequence& s = seqs[idx[b]];
         int n = std::min((int)s.tokens.size(), T + 1);  // cut to T+1 tokens
         size_t row = (size_t)b * T;
-        for (int t = 0; t < n && t < T; t++) out->tokens[row + t] = s.tokens[t];
+        for (int t = 0; t < n && t < T; t++) out->tokens[row + t] = s.tokens[t], out->valid[row + t] = 1.0f;
         // position t predicts token t+1; the loss counts it from loss_start on
         for (int t = 0; t + 1 < n; t++) {
             out->targets[row + t] = s.tokens[t + 1];

@@ -16,7 +16,8 @@
 // A lime config also names its router variant ("router": "last-2"), whether
 // keys and values share it ("router_kv": "shared" or "separate") and, only for
 // the control, "router_frozen": true; a config without them (llama, HF files,
-// older checkpoints) reads as static, shared and learned.
+// older checkpoints) reads as static, shared and learned. "entropy_reg": lambda
+// is there only when the value-entropy regulariser is on.
 std::string config_to_json(const Config& c) {
     std::string router = c.arch != ARCH_LIME ? ""
                                              : ", \"router\": \"" + router_name(c) + "\", \"router_kv\": \"" +
@@ -26,6 +27,8 @@ std::string config_to_json(const Config& c) {
     std::string hc = c.arch != ARCH_HC ? ""
                                        : std::string(", \"hc_dynamic\": ") + (c.hc_dynamic ? "true" : "false") +
                                              ", \"hc_rate\": " + std::to_string(c.hc_rate);
+    // the value-entropy regulariser's lambda, only when it is on
+    if (c.entropy_reg != 0) router += ", \"entropy_reg\": " + fmt("%.9g", (double)c.entropy_reg);
     char buf[640];
     snprintf(
         buf, sizeof buf,
@@ -95,6 +98,10 @@ std::string config_from_json(const std::string& text, Config* c) {
     if (rate) c->hc_rate = (int)rate->num;
     if (dynamic && dynamic->kind != Json::BOOL) return "config \"hc_dynamic\" must be true or false";
     c->hc_dynamic = !dynamic || dynamic->b;
+    double reg = 0;
+    if (j.get("entropy_reg")) { err = num("entropy_reg", &reg); if (!err.empty()) return err; }
+    if (!(reg >= 0) || reg > 1e6) return "config \"entropy_reg\" must be a number in 0 .. 1e6";
+    c->entropy_reg = (float)reg;
     return config_check(*c);
 }
 

@@ -46,10 +46,23 @@ std::string model_name(const Config& c) {
     if (c.arch == ARCH_LIME && c.router_frozen) s += ":frozen";
     if (c.arch == ARCH_HC && c.hc_rate != 4) s += ":n" + std::to_string(c.hc_rate);
     if (c.arch == ARCH_HC && !c.hc_dynamic) s += ":static";
+    if (c.entropy_reg != 0) s += ":ereg=" + fmt("%g", c.entropy_reg);  // the value-entropy regulariser
     return s;
 }
 
-bool model_parse(const std::string& s, Config* c) {
+bool model_parse(const std::string& name, Config* c) {
+    // any model may end in :ereg=LAMBDA, the value-entropy regulariser's lambda (>= 0)
+    std::string s = name;
+    c->entropy_reg = 0;
+    size_t ereg = s.rfind(":ereg=");
+    if (ereg != std::string::npos) {
+        std::string num = s.substr(ereg + 6);
+        char* end = nullptr;
+        double v = strtod(num.c_str(), &end);
+        if (num.empty() || *end || !std::isfinite(v) || v < 0 || v > 1e6) return false;
+        c->entropy_reg = (float)v;
+        s = s.substr(0, ereg);
+    }
     size_t colon = s.find(':');
     if (!arch_parse(s.substr(0, colon), &c->arch)) return false;
     c->router = ROUTER_STATIC;

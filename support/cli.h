@@ -33,7 +33,9 @@ bool attention_parse(const std::string& s, Attention* out);      // "auto", "mat
 // (lime, then its router when not static, then ":separate" for --router-kv separate),
 // "hc", "hc:n2", "hc:static", "hc:n2:static" (Hyper-Connections: the rate when not 4, static when not dynamic).
 std::string model_name(const Config& c);
-bool model_parse(const std::string& s, Config* c);  // sets arch, the router fields and hc's rate and dynamic
+// sets arch, the router fields, hc's rate and dynamic and entropy_reg: "lime:last-2",
+// "hc:n2:static", "llama:ereg=0.1", "lime:frozen:ereg=0.5"
+bool model_parse(const std::string& s, Config* c);
 // What this machine can still give without swapping: MemAvailable of a
 // /proc/meminfo-style file, in bytes; 0 where unknown (not Linux).
 size_t memory_available(const char* meminfo);

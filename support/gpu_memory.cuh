@@ -80,14 +80,15 @@ static size_t gpu_carve_small(GpuState* G, char* base, size_t n_params) {
     return bytes;
 }
 
-// Pinned staging: per slot tokens, targets, mask (B*T each) and the update's numbers; then the metrics.
+// Pinned staging: per slot tokens, targets, mask, valid (B*T each) and the update's numbers; then the metrics.
 static void gpu_make_staging(GpuState* G, size_t BT) {
-    size_t bytes = 0, at_slot[2][4];
+    size_t bytes = 0, at_slot[2][5];
     for (auto& s : at_slot) {
         s[0] = place(&bytes, BT * sizeof(int));
         s[1] = place(&bytes, BT * sizeof(int));
         s[2] = place(&bytes, BT * sizeof(float));
         s[3] = place(&bytes, sizeof(AdamWNumbers));
+        s[4] = place(&bytes, BT * sizeof(float));
     }
     size_t at_metrics_host = place(&bytes, sizeof(Metrics));
     cudaCheck(cudaMallocHost(&G->pinned, bytes));
@@ -98,6 +99,7 @@ static void gpu_make_staging(GpuState* G, size_t BT) {
         s.targets = (int*)(pinned + at_slot[k][1]);
         s.mask = (float*)(pinned + at_slot[k][2]);
         s.numbers = (AdamWNumbers*)(pinned + at_slot[k][3]);
+        s.valid = (float*)(pinned + at_slot[k][4]);
         cudaCheck(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
     }
     G->metrics_host = (Metrics*)(pinned + at_metrics_host);
@@ -204,8 +206,8 @@ static void gpu_free(Model* model) {
 // Host arrays -> pinned slot -> device, queued on the stream. The slot used
 // two calls ago is reused: waiting for its copies to finish is the only
 // waiting here, and it lets the host run up to two steps ahead of the device.
-static void gpu_stage(Model* model, const int* tokens, const int* targets, const float* mask, int N,
-                      const AdamWNumbers* numbers) {
+static void gpu_stage(Model* model, const int* tokens, const int* targets, const float* mask, const float* valid,
+                      int N, const AdamWNumbers* numbers) {
     GpuState* G = model->gpu;
     gpu_apply_math(G, model->settings.tf32);
     GpuState::Slot& s = G->slot[G->next_slot];
@@ -213,12 +215,14 @@ static void gpu_stage(Model* model, const int* tokens, const int* targets, const
     cudaCheck(cudaEventSynchronize(s.copied));
     Acts& A = G->acts;
     auto up = [&](void* dst, void* pinned, const void* src, size_t bytes) {
-        memcpy(pinned, src, bytes);
+        if (pinned != src) memcpy(pinned, src, bytes);
         cudaCheck(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, G->stream));
     };
     if (tokens) up(A.tokens, s.tokens, tokens, N * sizeof(int));
     if (targets) up(A.targets, s.targets, targets, N * sizeof(int));
     if (mask) up(A.mask, s.mask, mask, N * sizeof(float));
+    if (tokens && model->ereg_on && !valid) std::fill(s.valid, s.valid + N, 1.0f);  // the regulariser's: all valid
+    if (tokens && model->ereg_on) up(A.valid, s.valid, valid ? valid : s.valid, N * sizeof(float));
     if (numbers) up(G->numbers, s.numbers, numbers, sizeof(AdamWNumbers));
     cudaCheck(cudaEventRecord(s.copied, G->stream));
 }
@@ -229,5 +233,7 @@ static void gpu_read_metrics(Model* model) {
     cudaCheck(cudaMemcpyAsync(G->metrics_host, G->metrics, sizeof(Metrics), cudaMemcpyDeviceToHost, G->stream));
     cudaCheck(cudaStreamSynchronize(G->stream));
     model->last_loss = G->metrics_host->loss;
+    model->last_ce = model->ereg_on ? G->metrics_host->ce : model->last_loss;
+    model->last_s2 = model->ereg_on ? G->metrics_host->s2 : 0.0f;
     model->last_norm = G->metrics_host->norm;
 }

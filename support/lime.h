@@ -28,6 +28,7 @@ struct Config {
     bool router_frozen = false;       // the control: routers keep their initial values (lime:frozen)
     int hc_rate = 4;                  // hc: the number n of residual streams (1 .. 16)
     bool hc_dynamic = true;           // hc: the per-token correction of the mixing weights
+    float entropy_reg = 0.0f;         // lambda of the value-entropy regulariser (lime.cu; 0: off)
 };
 
 // "" when the shapes are consistent, else one line naming the problem and the fix.
@@ -160,6 +161,8 @@ struct Model {
     Acts* acts = nullptr;
     GpuState* gpu = nullptr;
     float last_loss = 0, last_norm = 0;
+    float last_ce = 0, last_s2 = 0;   // with the regulariser: the loss's cross-entropy and mean S2 (else ce = loss, s2 = 0)
+    bool ereg_on = false;             // the last forward computed the regulariser (entropy_reg > 0 and a valid mask)
     std::vector<float> host_copy;     // analysis reads of device activations land here
     ModelSettings settings;
     AdamWNumbers numbers = {};        // the current update's numbers (model_update, model_train_step)
@@ -174,7 +177,12 @@ void model_free(Model* model);
 void model_init(Model* model, uint64_t seed);
 // Forward over tokens (B, T) with T <= c.T. With targets (B, T) and mask (B, T)
 // it also computes the masked mean cross-entropy and returns it, else 0.
-float model_forward(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T);
+// valid (B, T): 1 where a position holds a token of its sequence, 0 on padding.
+// With c.entropy_reg > 0 and a valid mask (and targets) the loss is the
+// regularised one, cross-entropy - entropy_reg * mean S2 (last_ce, last_s2
+// hold the parts); without a valid mask it is the plain cross-entropy (eval).
+float model_forward(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T,
+                    const float* valid = nullptr);
 const float* model_logits(Model* model);  // (B, T, V) of the last forward (host memory)
 // What analyze reads of the last forward, layer l (host memory):
 //   PROBE_VALUES      (B, T, R, hd) the values layer l attended with (LIMe: routed)
@@ -191,8 +199,11 @@ float model_update(Model* model, const AdamWConfig& opt, float factor);
 // replay (the first step of each batch shape runs the kernels one by one, and
 // the second captures them) and does not wait for the device; model_metrics
 // reads loss and norm (and waits), so a training loop calls it only when it logs.
+// With c.entropy_reg > 0 the step's loss is the regularised one; valid as in
+// model_forward, nullptr: every position is valid.
 void model_train_step(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T,
-                      const AdamWConfig& opt, float factor);
+                      const AdamWConfig& opt, float factor, const float* valid = nullptr);
+// Also fills model->last_ce and model->last_s2.
 void model_metrics(Model* model, float* loss, float* norm);
 // Waits until the device has finished the queued steps (a no-op on the CPU): what a timer stops at.
 void model_sync(Model* model);

@@ -56,12 +56,19 @@ static const Preset PRESETS[] = {
     {"cpu-study",
      "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 12 --lr 3e-3",
      "3", 6, "two-core CPU: tier 3, 12 epochs, 6 seeds each of LLaMa, LIMe and the frozen-router control"},
+    // the referee's causal test: cpu-study's setting, llama with the value-entropy
+    // regulariser at three lambdas chosen by single runs (seed 1; README): its
+    // last-layer raw value entropy from LLaMa's own level (2.28) through LIMe's (2.37) and beyond
+    {"referee",
+     "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 12 --lr 3e-3",
+     "3", 6, "two-core CPU, about an hour: cpu-study's setting, llama and lime and llama at three entropy-regulariser lambdas"},
     {"tiny", "--layers 2 --dim 16 --heads 2 --ffn 32 --train-size 300 --test-size 20 --batch 16 --steps 30", "2", 2,
      "seconds: for tests"},
 };
 
 // The models a preset compares when --archs is not given.
 static const char* preset_archs(const Preset& p) {
+    if (std::string(p.name) == "referee") return "llama,lime,llama:ereg=0.002,llama:ereg=0.01,llama:ereg=0.1";
     return std::string(p.name) == "cpu-study" ? "llama,lime,lime:frozen" : "llama,lime";
 }
 
@@ -262,10 +269,13 @@ struct Report {
     // (a, b) pairs the paired report compares, a - b: each model against llama,
     // each X:frozen's X against it (does learning the routers add anything?),
     // and lime against each hc model (the paper's two baselines: lime - hc)
+    // and each regularised model X:ereg=L against lime (does raising the entropy close the gap?)
     std::vector<std::pair<std::string, std::string>> pairs() const {
         std::vector<std::pair<std::string, std::string>> out;
         for (const std::string& arch : archs)
             if (arch != "llama" && has("llama")) out.push_back({arch, "llama"});
+        for (const std::string& arch : archs)
+            if (arch.find(":ereg=") != std::string::npos && has("lime")) out.push_back({arch, "lime"});
         for (const std::string& arch : archs) {
             size_t at = arch.rfind(":frozen");
             if (at != std::string::npos && at + 7 == arch.size() && has(arch.substr(0, at)))
@@ -317,6 +327,9 @@ static void report_intro(std::ostringstream& md, const Preset* preset, const std
         md << "Model `lime:X` is trained with `--arch lime --router X` (`:separate` adds `--router-kv separate`, "
               "`:frozen` adds `--router-weights frozen`: the routers keep their initial values, the control for "
               "\"LIMe helps only by adding gradient paths\"): README, `--router`.\n\n";
+    if (std::any_of(rep.archs.begin(), rep.archs.end(), [](const std::string& a) { return a.find(":ereg=") != std::string::npos; }))
+        md << "Model `X:ereg=L` is model X trained with `--entropy-reg L`, the value-entropy regulariser "
+              "(docs/training.md).\n\n";
     if (std::any_of(rep.archs.begin(), rep.archs.end(), [](const std::string& a) { return a.rfind("hc", 0) == 0; }))
         md << "Model `hc` is Hyper-Connections (`--arch hc`, 4 residual streams, dynamic mixing weights), the "
               "paper's other baseline; `hc:nN` trains it with `--hc-rate N`, `hc:static` with `--hc-dynamic 0`: "
@@ -493,6 +506,80 @@ static std::string report_entropy(std::ostringstream& md, const std::string& dir
     return "";
 }
 
+// The regulariser's dose-response (the referee's causal test), when --archs
+// holds a model X:ereg=L: per run, the last layer's raw value entropy against
+// accuracy (a scatter, one colour per model, LIMe's range over seeds shaded),
+// and per model its lambda, mean entropy, mean accuracy and the paired
+// accuracy difference against llama and against lime.
+static double lambda_of(const std::string& arch) {
+    Config c;
+    return model_parse(arch, &c) ? c.entropy_reg : NAN;
+}
+static std::string paired_short(const Report& rep, const std::string& tier, const std::string& a,
+                                const std::string& b) {
+    if (a == b || !rep.has(b)) return "n/a";
+    std::vector<double> va, vb;
+    paired_values(rep, tier, a, b, [](const Run& r) { return r.accuracy; }, &va, &vb);
+    PairedResult p = stats_paired(va, vb);
+    if (p.n < 2) return "n/a";
+    return fmt("%+.1f pts", 100 * p.mean) + " (" + std::to_string(p.wins) + " of " + std::to_string(p.n) +
+           fmt(" higher, p = %.3g)", p.p_wilcoxon);
+}
+static std::string report_referee(std::ostringstream& md, const std::string& dir, const Report& rep, int layers) {
+    bool any = std::any_of(rep.archs.begin(), rep.archs.end(),
+                           [](const std::string& a) { return a.find(":ereg=") != std::string::npos; });
+    if (!any || rep.task == "text") return "";
+    int last = layers - 1;
+    md << "\n## Value entropy against accuracy (the regulariser)\n\n"
+          "`X:ereg=L` is X trained with `--entropy-reg L`: the loss minus L times the mean order-2 Rényi entropy "
+          "of each layer's values (docs/training.md). If entropy were what makes LIMe better, raising LLaMa's to "
+          "LIMe's level should raise its accuracy toward LIMe's. Entropy: the last layer's (" << last
+       << ") raw values (W_V's output), as `./lime analyze` measures it (the authors' order, --alpha).\n\n";
+    std::string err;
+    for (const std::string& tier : rep.tiers) {
+        md << "| " << rep.label(tier) << ": model | lambda | seeds | raw entropy, layer " << last
+           << " (mean ± std) | accuracy (mean ± std) | vs llama | vs lime |\n"
+              "| --- | --- | --- | --- | --- | --- | --- |\n";
+        std::vector<Series> series;
+        double acc_lo = INFINITY, acc_hi = -INFINITY;
+        for (const std::string& arch : rep.archs) {
+            const RunGroup& g = rep.group(tier, arch);
+            Series s{arch, {}, {}, {}, {}};
+            std::vector<double> ent, acc = g.values(&Run::accuracy);
+            for (const Run* r : g.runs) {
+                double e = entropy_at(*r, "raw", last);
+                if (std::isfinite(e)) ent.push_back(e);
+                if (!std::isfinite(e) || !std::isfinite(r->accuracy)) continue;
+                s.x.push_back(100 * r->accuracy), s.y.push_back(e);  // one point per run, not joined
+                s.x.push_back(NAN), s.y.push_back(NAN);
+                acc_lo = std::min(acc_lo, 100 * r->accuracy), acc_hi = std::max(acc_hi, 100 * r->accuracy);
+            }
+            md << "| " << arch << " | " << fmt("%g", lambda_of(arch)) << " | " << g.runs.size() << " | "
+               << mean_std(ent, false) << " | " << mean_std(acc, true) << " | "
+               << paired_short(rep, tier, arch, "llama") << " | " << paired_short(rep, tier, arch, "lime") << " |\n";
+            series.push_back(s);
+        }
+        // LIMe's range of entropy over its seeds, shaded across the plot
+        std::vector<double> lime_ent;
+        if (rep.has("lime"))
+            for (const Run* r : rep.group(tier, "lime").runs)
+                if (std::isfinite(entropy_at(*r, "raw", last))) lime_ent.push_back(entropy_at(*r, "raw", last));
+        if (!lime_ent.empty() && std::isfinite(acc_lo)) {
+            double lo = *std::min_element(lime_ent.begin(), lime_ent.end()),
+                   hi = *std::max_element(lime_ent.begin(), lime_ent.end()), m = stats_mean(lime_ent);
+            series.push_back(Series{"lime's entropy (mean, range)", {acc_lo - 1, acc_hi + 1}, {m, m}, {lo, lo}, {hi, hi}});
+        }
+        std::string f = "entropy_vs_accuracy_" + (rep.task == "arith" ? "tier" + tier : tier) + ".png";
+        md << "\nvs: the paired accuracy difference over seeds (model − llama, model − lime), how many seeds it "
+              "was higher in, and the signed-rank p.\n\n![entropy against accuracy](" << f << ")\n\n";
+        if (err.empty())
+            err = plot_lines(dir + "/" + f, "Last-layer raw value entropy against accuracy, " + rep.label(tier) +
+                             " (one point per run)", "accuracy (%)", "Renyi entropy, layer " + std::to_string(last),
+                             series);
+    }
+    return err;
+}
+
 // Parameters, FLOPs per token, step time and peak memory per tier and model.
 static void report_cost(std::ostringstream& md, const Report& rep) {
     md << "\n## Cost\n\n| tier | model | parameters | FLOPs per token (train step, router counted) | ms per step "
@@ -568,6 +655,7 @@ static std::string write_report(const std::string& dir, const Preset* preset, co
     report_paired(md, rep, summary);
     std::string err = report_entropy(md, dir, rep, layers);
     if (!err.empty()) return err;
+    if (!(err = report_referee(md, dir, rep, layers)).empty()) return err;
     report_cost(md, rep);
     md << "\n## Figures\n\n";
     for (const std::string& tier : rep.tiers) {
@@ -660,7 +748,7 @@ static CompareSettings compare_settings(Args& a) {
     CompareSettings cs;
     cs.preset = find_preset(a.str("preset"));
     const Preset* preset = cs.preset;
-    if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|cpu-study|paper-aet|tiny");
+    if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|cpu-study|paper-aet|referee|tiny");
     cs.task = a.choice("task", {"arith", "prosqa", "text"});
     cs.alpha = a.number("alpha", 0, 100);
     if (a.err.empty() && !(cs.alpha > 0))
@@ -694,7 +782,7 @@ static CompareSettings compare_settings(Args& a) {
         if (!model_parse(s, &c)) {
             a.fail("--archs: '" + s + "' is not llama, lime, lime:VARIANT (static, average, last-J, first-J, "
                    "separate, frozen; e.g. lime:last-2 or lime:frozen), hc or hc:VARIANT (nN streams, static; "
-                   "e.g. hc:n2 or hc:static)");
+                   "e.g. hc:n2 or hc:static), each with an optional :ereg=LAMBDA (a number >= 0, e.g. llama:ereg=0.1)");
             continue;
         }
         if (!archs_seen.insert(model_name(c)).second)
@@ -765,6 +853,7 @@ static std::vector<std::string> train_args_of(const CompareSettings& cs, const R
     if (model.router_frozen) own.insert(own.end(), {"--router-weights", "frozen"});
     if (model.arch == ARCH_HC)
         own.insert(own.end(), {"--hc-rate", std::to_string(model.hc_rate), "--hc-dynamic", model.hc_dynamic ? "1" : "0"});
+    if (model.entropy_reg > 0) own.insert(own.end(), {"--entropy-reg", fmt("%.9g", model.entropy_reg)});
     args.insert(args.end(), own.begin(), own.end());
     return args;
 }
@@ -946,13 +1035,15 @@ int cmd_compare(int argc, char** argv) {
     std::vector<FlagSpec> flags = {
         {"preset", "classroom",
          "classroom (2 CPU cores, ~10 min), cpu-study (2 CPU cores, ~30 min, with the frozen-router control), "
-         "paper-aet (the paper's setting, GPU) or tiny (tests)"},
+         "paper-aet (the paper's setting, GPU), referee (2 CPU cores, ~1 hour: llama with the value-entropy "
+         "regulariser at 3 lambdas beside llama and lime) or tiny (tests)"},
         {"task", "arith", "arith, prosqa (exact match on the real test file) or text (validation loss)"},
         {"seeds", "", "seeds per model (default: the preset's)"},
         {"tiers", "", "arith: operators per question, e.g. 4,5,6 (default: the preset's)"},
         {"archs", "llama,lime", "models to compare (cpu-study: also lime:frozen): llama, lime, or lime:VARIANT "
                                 "(lime:average, lime:last-2, lime:first-1, lime:separate, lime:frozen), hc (Hyper-Connections) "
-                                "or hc:VARIANT (hc:n2, hc:static, hc:n2:static)"},
+                                "or hc:VARIANT (hc:n2, hc:static, hc:n2:static); any of "
+                                "them with :ereg=LAMBDA (the value-entropy regulariser, e.g. llama:ereg=0.1)"},
         {"alpha", "0.5", "order of the Renyi entropy each run's analysis reports (1: Shannon)"},
         {"train-args", "", "extra flags for every ./lime train, replacing the preset's, e.g. \"--epochs 30\""},
         {"jobs", "0", "runs at a time (0: one per core on the CPU, 1 on the GPU)"},

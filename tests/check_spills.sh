@@ -14,6 +14,7 @@ SPILL_FREE=(
     hc_weights_forward_kernel hc_weights_dx_kernel hc_weights_partial_kernel hc_weights_reduce_kernel
     hc_width_forward_kernel hc_width_backward_dx_kernel hc_width_backward_da_kernel
     hc_depth_forward_kernel hc_depth_backward_dy_kernel hc_depth_backward_db_kernel hc_sum_kernel hc_expand_kernel
+    ereg_center_kernel ereg_stat_kernel ereg_backward_kernel ereg_loss_kernel
 )
 [ -r "$report" ] || { echo "check_spills: cannot read $report"; exit 1; }
 # One line per compiled kernel and architecture: "name arch stores loads".

@@ -117,6 +117,21 @@ else
     fail compare_train_args_epochs_replace_steps "$(tail -3 "$tmp/epochs.out")"
 fi
 
+# --- the value-entropy regulariser: llama:ereg=L in compare, its log (ce and s2), its config, the report's
+# scatter and table, its paired lines against llama and lime
+if $LIME compare --preset tiny --archs llama,lime,llama:ereg=0.1 --out "$tmp/ereg" >"$tmp/ereg.out" 2>&1 &&
+    grep -q "## Value entropy against accuracy" "$tmp/ereg/report.md" &&
+    grep -q "^| llama:ereg=0.1 | 0.1 | 2 | [0-9]" "$tmp/ereg/report.md" &&
+    grep -q "^| llama:ereg=0.1 − lime | 2 |" "$tmp/ereg/report.md" &&
+    grep -q "^| llama:ereg=0.1 − llama | 2 |" "$tmp/ereg/report.md" &&
+    [ "$(head -c 4 "$tmp/ereg/entropy_vs_accuracy_tier2.png" | tail -c 3)" == "PNG" ] &&
+    grep -q '"entropy_reg": 0.1' "$tmp/ereg/tier2/llama-ereg=0.1-seed1/log.jsonl" &&
+    grep -q '"type": "train".*"ce": [0-9.]*, "s2": [0-9.]*' "$tmp/ereg/tier2/llama-ereg=0.1-seed1/log.jsonl" &&
+    ! grep -q '"s2"' "$tmp/ereg/tier2/llama-seed1/log.jsonl"; then
+    pass compare_entropy_regulariser
+else
+    fail compare_entropy_regulariser "$(tail -3 "$tmp/ereg.out")"
+fi
 # --- router variants (paper Table 7) and separate key/value routers: train, the config they leave, analyze, compare
 if $LIME train $TINY --router last-2 --router-kv separate --steps 5 --out "$tmp/variant" >"$tmp/variant.out" 2>&1 &&
     grep -q '"router": "last-2", "router_kv": "separate"' "$tmp/variant/log.jsonl" &&

@@ -172,6 +172,15 @@ bad compare_archs_hc_repeated "hc twice"           compare --preset tiny --archs
 bad export_hc                 "no hc model"        export --load "$HC" --out hf
 bad analyze_routed_hc         "no router"          analyze --load "$HC" --values routed --out out
 bad compare_archs_frozen_llama "lime:VARIANT"      compare --preset tiny --archs llama:frozen,lime
+bad compare_ereg_no_number    ":ereg=LAMBDA"       compare --preset tiny --archs llama,llama:ereg=
+bad compare_ereg_bad_number   ":ereg=LAMBDA"       compare --preset tiny --archs llama,llama:ereg=0.1x
+bad compare_ereg_negative     ":ereg=LAMBDA"       compare --preset tiny --archs llama,lime:frozen:ereg=-1
+bad compare_ereg_nan          ":ereg=LAMBDA"       compare --preset tiny --archs llama,llama:ereg=nan
+bad compare_ereg_twice        "twice"              compare --preset tiny --archs llama:ereg=0.1,llama:ereg=0.10
+bad train_entropy_reg_negative "out of range"      train $A --entropy-reg -0.5
+bad train_entropy_reg_nan     "not a number"       train $A --entropy-reg nan
+bad train_entropy_reg_inf     "not a number"       train $A --entropy-reg inf
+bad train_entropy_reg_empty   "not a number"       train $A --entropy-reg ""
 bad compare_tiers_not_arith   "is for --task arith" compare --preset tiny --task prosqa --tiers 2
 bad compare_flag_other_task   "another task"       compare --preset tiny --task prosqa --train-args "--modulus 7"
 bad compare_text_needs_file   "text-file"          compare --preset tiny --task text

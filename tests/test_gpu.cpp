@@ -418,6 +418,52 @@ TEST(gpu_hc_dynamic_matches_cpu) { NEED_GPU(); check_hc(70, 3, 40, true); }
 TEST(gpu_hc_static_matches_cpu) { NEED_GPU(); check_hc(70, 3, 40, false); }
 TEST(gpu_hc_sixteen_streams_match_cpu) { NEED_GPU(); check_hc(5, 16, 8, true); }
 TEST(gpu_hc_one_stream_matches_cpu) { NEED_GPU(); check_hc(33, 1, 6, true); }
+// The value-entropy regulariser: per sequence S2 (stat), mu and G, then dV,
+// against the CPU; rows with 13, 7 (with a gap) and 1 valid positions, in
+// every block order of the harness.
+TEST(gpu_ereg_matches_cpu) {
+    NEED_GPU();
+    int B = 3, T = 13, D = 8;
+    auto V = randv((size_t)B * T * D, 61), dV0 = randv((size_t)B * T * D, 62);
+    std::vector<float> valid(B * T, 0.0f);
+    for (int t = 0; t < T; t++) valid[t] = 1, valid[T + t] = t < 8 && t != 3, valid[2 * T + t] = t == 5;
+    std::vector<float> stat(4 * B), mu(B * D), G((size_t)B * D * D), dV = dV0;
+    float scale = -0.3f;
+    ereg_forward(stat.data(), mu.data(), G.data(), V.data(), valid.data(), B, T, D);
+    ereg_backward(dV.data(), V.data(), valid.data(), mu.data(), G.data(), stat.data(), scale, B, T, D);
+    for (emu_order order : {FWD, REV, RND}) {
+#ifdef LIME_EMU
+        emu::set_block_order(order);
+#else
+        (void)order;
+#endif
+        DevF gV(V), gvalid(valid), gstat(4 * B), gmu(B * D), gG((size_t)B * D * D), gdV(dV0), Z(2 * (size_t)B * T * D);
+        ereg_forward_gpu(gstat.p, gmu.p, gG.p, gV.p, gvalid.p, Z.p, B, T, D, ctx().blas, ctx().stream);
+        ereg_backward_gpu(gdV.p, gV.p, gvalid.p, gmu.p, gG.p, gstat.p, scale, Z.p, Z.p + (size_t)B * T * D, B, T, D,
+                          ctx().blas, ctx().stream);
+        double e1 = err_of(gstat.get(), stat), e2 = err_of(gmu.get(), mu), e3 = err_of(gG.get(), G),
+               e4 = err_of(gdV.get(), dV);
+        CHECK(e1 < TOL_FWD && e2 < TOL_FWD && e3 < TOL_FWD, "ereg forward: stat %.2e, mu %.2e, G %.2e", e1, e2, e3);
+        CHECK(e4 < TOL_BWD, "ereg backward: dV rel err %.2e", e4);
+        std::vector<float> gs = gstat.get();
+        CHECK(gs[8] == 0 && gs[9] == 0, "the one-position sequence has S2 %g, 4/tr %g", gs[8], gs[9]);
+        // the mean S2 and the loss, after a cross-entropy of 2
+        DevF gmet(sizeof(Metrics) / sizeof(float));
+        Metrics met = {};
+        met.ce = 2.0f;
+        cudaCheck(cudaMemcpy(gmet.p, &met, sizeof met, cudaMemcpyHostToDevice));
+        ereg_loss_gpu((Metrics*)gmet.p, gstat.p, B, 0.5f, ctx().stream);
+        std::vector<float> m = gmet.get();
+        float want_loss, want_s2 = ereg_loss(&want_loss, 2.0f, stat.data(), B, 0.5f);
+        Metrics got;
+        memcpy(&got, m.data(), sizeof got);
+        CHECK(std::fabs(got.s2 - want_s2) < 1e-6f && std::fabs(got.loss - want_loss) < 1e-6f,
+              "ereg loss: s2 %.7g loss %.7g, want %.7g %.7g", got.s2, got.loss, want_s2, want_loss);
+    }
+#ifdef LIME_EMU
+    emu::set_block_order(emu::FORWARD);
+#endif
+}
 
 // ===========================================================================
 // The model through the public API. Compared with the CPU, the GPU's matrix
@@ -506,6 +552,12 @@ static std::string golden_on_gpu(const std::string& path, bool tf32, std::string
     st_get_f32(st, "batch.mask", {B, T}, mask.data());
     st_get_f32(st, "expect.loss", {1}, want_loss.data());
     st_get_f32(st, "expect.losses", {3}, losses.data());
+    std::vector<float> valid;  // the regulariser's positions, in its files only
+    if (c.entropy_reg > 0) {
+        valid.assign(B * T, 0.0f);
+        if (!st_get_f32(st, "batch.valid", {B, T}, valid.data()).empty()) return path + ": no batch.valid";
+    }
+    const float* vp = valid.empty() ? nullptr : valid.data();
     AdamWConfig opt;
     std::pair<const char*, float*> keys[] = {{"lr", &opt.lr},       {"router_lr", &opt.router_lr}, {"weight_decay", &opt.weight_decay},
                                              {"beta1", &opt.beta1}, {"beta2", &opt.beta2},         {"eps", &opt.eps},
@@ -527,15 +579,19 @@ static std::string golden_on_gpu(const std::string& path, bool tf32, std::string
     if (!(err = model_create(&m, c, B, DEVICE_GPU, gpu_settings)).empty()) return err;
     if (!(err = model_load(&m, path, false)).empty()) { model_free(&m); return err; }
     float got_losses[3];
-    got_losses[0] = model_forward(&m, tokens.data(), targets.data(), mask.data(), B, T);
+    got_losses[0] = model_forward(&m, tokens.data(), targets.data(), mask.data(), B, T, vp);
     check("logits", model_logits(&m), "expect.logits", (size_t)B * T * c.V, tol_fwd);
     check("loss", &got_losses[0], "expect.loss", 1, tol_fwd);
+    if (vp) {
+        check("ce", &m.last_ce, "expect.ce", 1, tol_fwd);
+        check("s2", &m.last_s2, "expect.s2", 1, tol_fwd);
+    }
     model_backward(&m);
     model_to_host(&m);
     for (const TensorSpec& t : m.specs) check("grad " + t.name, m.grads + t.offset, "expect.grad." + t.name, t.numel, tol_bwd);
     for (int step = 1; step <= 3; step++) {
         if (step > 1) {
-            got_losses[step - 1] = model_forward(&m, tokens.data(), targets.data(), mask.data(), B, T);
+            got_losses[step - 1] = model_forward(&m, tokens.data(), targets.data(), mask.data(), B, T, vp);
             model_backward(&m);
         }
         model_update(&m, opt, 1.0f);
@@ -554,7 +610,8 @@ static std::string golden_on_gpu(const std::string& path, bool tf32, std::string
 }
 
 static const char* GOLDEN[] = {"tests/golden/llama_tiny.safetensors", "tests/golden/lime_tiny.safetensors", "tests/golden/lime_gqa.safetensors",
-                               "tests/golden/hc_tiny.safetensors", "tests/golden/hc_static_gqa.safetensors"};
+                               "tests/golden/hc_tiny.safetensors", "tests/golden/hc_static_gqa.safetensors",
+                               "tests/golden/llama_ereg.safetensors"};
 
 TEST(gpu_matches_reference_vectors_float32) {
     NEED_GPU();
@@ -656,6 +713,16 @@ static void check_flash_trains_like_cpu(Arch arch, int H, int R, int T) {
 }
 TEST(gpu_flash_training_steps_match_cpu_lime_gqa) { NEED_GPU(); check_flash_trains_like_cpu(ARCH_LIME, 4, 2, 70); }
 TEST(gpu_flash_training_steps_match_cpu_llama) { NEED_GPU(); check_flash_trains_like_cpu(ARCH_LLAMA, 2, 2, 9); }
+// The value-entropy regulariser through the whole model (every position valid), graph replay included.
+TEST(gpu_training_steps_match_cpu_ereg) {
+    NEED_GPU();
+    use_tf32(false);
+    for (Arch arch : {ARCH_LLAMA, ARCH_LIME}) {
+        Config c = tiny_config(arch, 4, 2, 9);
+        c.entropy_reg = 0.5f;
+        check_gpu_trains_like_cpu(c);
+    }
+}
 // A router variant with separate key and value routers (3 layers: layer 2 reads layers 1 and 2 only).
 TEST(gpu_training_steps_match_cpu_lime_last2_separate_kv) {
     NEED_GPU();

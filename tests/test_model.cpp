@@ -326,12 +326,14 @@ struct TinyBatch {
     int B = 2, T = 6;
     std::vector<int> tokens, targets;
     std::vector<float> mask;
+    std::vector<float> valid;  // the regulariser's positions: row 0 all, row 1 its first 4 (the rest padding)
     explicit TinyBatch(int V) {
         Rng r(31);
         for (int i = 0; i < B * T; i++) {
             tokens.push_back((int)r.below(V));
             targets.push_back((int)r.below(V));
             mask.push_back(i % 5 == 0 ? 0.0f : 1.0f);
+            valid.push_back(i < T || i % T < 4 ? 1.0f : 0.0f);
         }
     }
 };
@@ -363,7 +365,8 @@ static void check_model_gradients(const Config& c, float spread = 0.05f) {
             for (size_t i = 0; i < t.numel; i++) if (!on[i]) m.params[t.offset + i] = init[t.offset + i];
         }
     TinyBatch b(c.V);
-    model_forward(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    const float* valid = c.entropy_reg > 0 ? b.valid.data() : nullptr;  // with the regulariser: its loss
+    model_forward(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T, valid);
     model_backward(&m);
     std::vector<float> grads(m.grads, m.grads + m.n_params);
     std::string name = model_name(c);
@@ -373,7 +376,7 @@ static void check_model_gradients(const Config& c, float spread = 0.05f) {
         std::vector<char> on = t.group == GROUP_ROUTER ? learned_entries(c, layer_of(t.name)) : std::vector<char>(t.numel, 1);
         auto loss = [&]() {
             std::copy(x.begin(), x.end(), m.params + t.offset);
-            return (double)model_forward(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+            return (double)model_forward(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T, valid);
         };
         double e = fd_error(x, g, loss, 16, &on);
         std::copy(x.begin(), x.end(), m.params + t.offset);
@@ -1162,4 +1165,154 @@ TEST(model_create_refuses_a_router_past_the_shared_memory) {
     std::string err = create_error(c, 1);
     CHECK(fits.find("--kv-heads") == std::string::npos && err.find("--kv-heads") != std::string::npos && err.find("--layers") != std::string::npos,
           "3 layers: '%s'; 64 layers: '%s'", fits.c_str(), err.c_str());
+}
+
+// ---------------------------------------------------------------------------
+// The value-entropy regulariser
+
+// S2 of one sequence of values V (T, D) with its valid mask, and dS2/dV.
+static float ereg_s2(const std::vector<float>& V, const std::vector<float>& valid, int T, int D,
+                     std::vector<float>* dV = nullptr) {
+    std::vector<float> stat(4), mu(D), G((size_t)D * D);
+    ereg_forward(stat.data(), mu.data(), G.data(), V.data(), valid.data(), 1, T, D);
+    if (dV) {
+        dV->assign((size_t)T * D, 0.0f);
+        ereg_backward(dV->data(), V.data(), valid.data(), mu.data(), G.data(), stat.data(), 1.0f, 1, T, D);
+    }
+    return stat[0];
+}
+
+TEST(ereg_backward_matches_finite_differences) {
+    int B = 3, T = 7, D = 6;  // rows with 7, 5 (a gap at 2 and the end padded) and 1 valid positions
+    std::vector<float> V = randv((size_t)B * T * D, 41), valid(B * T, 0.0f);
+    for (int t = 0; t < T; t++) valid[t] = 1, valid[T + t] = t != 2 && t < 6, valid[2 * T + t] = t == 0;
+    std::vector<float> stat(4 * B), mu(B * D), G((size_t)B * D * D), dV(V.size(), 0.0f);
+    // loss = sum_b S2[b]: the backward with scale 1
+    auto loss = [&]() {
+        ereg_forward(stat.data(), mu.data(), G.data(), V.data(), valid.data(), B, T, D);
+        return (double)stat[0] + stat[4] + stat[8];
+    };
+    loss();
+    ereg_backward(dV.data(), V.data(), valid.data(), mu.data(), G.data(), stat.data(), 1.0f, B, T, D);
+    double e = fd_error(V, dV, loss, 60);
+    CHECK(e < FD_TOL, "regulariser dV: rel err %.2e vs finite differences", e);
+    for (int i = 0; i < B * T * D; i++)
+        CHECK(valid[i / D] != 0 || dV[i] == 0, "padding position %d has gradient %g", i / D, dV[i]);
+    CHECK(stat[8] == 0, "a sequence with one valid position has S2 %g, not 0", stat[8]);
+    for (int i = 2 * T * D; i < 3 * T * D; i++) CHECK(dV[i] == 0, "the one-position sequence has gradient %g", dV[i]);
+}
+
+TEST(ereg_rank_one_values_have_s2_zero) {
+    int T = 9, D = 5;
+    std::vector<float> u = randv(D, 43), a = randv(T, 44), V((size_t)T * D), valid(T, 1.0f);
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < D; j++) V[t * D + j] = a[t] * u[j];  // every value on the line of u
+    float s2 = ereg_s2(V, valid, T, D);
+    CHECK(std::fabs(s2) < 1e-5, "rank-1 values: S2 = %g, want 0", s2);
+}
+
+TEST(ereg_orthonormal_directions_have_s2_ln_d) {
+    int D = 6, T = 2 * D;
+    std::vector<float> V((size_t)T * D, 0.0f), valid(T, 1.0f);
+    for (int i = 0; i < D; i++) V[(2 * i) * D + i] = 1, V[(2 * i + 1) * D + i] = -1;  // +-e_i: mean 0, G = 2 I
+    float s2 = ereg_s2(V, valid, T, D);
+    CHECK(std::fabs(s2 - std::log((double)D)) < 1e-6, "D = %d equal orthonormal directions: S2 = %.7g, want ln D = %.7g", D,
+          s2, std::log((double)D));
+    // rotated by a random orthogonal-ish mixing of two coordinates, S2 stays ln D (a spectrum, not a basis)
+    double c = std::cos(0.7), s = std::sin(0.7);
+    for (int t = 0; t < T; t++) {
+        float x = V[t * D], y = V[t * D + 1];
+        V[t * D] = (float)(c * x - s * y), V[t * D + 1] = (float)(s * x + c * y);
+    }
+    s2 = ereg_s2(V, valid, T, D);
+    CHECK(std::fabs(s2 - std::log((double)D)) < 1e-5, "rotated: S2 = %.7g, want ln D", s2);
+}
+
+TEST(ereg_zero_gram_and_single_position_give_zero_without_nan) {
+    int T = 4, D = 3;
+    std::vector<float> V((size_t)T * D, 0.5f), valid(T, 1.0f), dV;  // every value the same: Z = 0, tr(G) = 0
+    float s2 = ereg_s2(V, valid, T, D, &dV);
+    CHECK(s2 == 0, "zero Gram matrix: S2 = %g, want 0", s2);
+    for (float g : dV) CHECK(g == 0, "zero Gram matrix: gradient %g, want 0 (not NaN)", g);
+    V = randv((size_t)T * D, 45);
+    valid = {0, 1, 0, 0};  // one valid position
+    s2 = ereg_s2(V, valid, T, D, &dV);
+    CHECK(s2 == 0, "one valid position: S2 = %g, want 0", s2);
+    for (float g : dV) CHECK(g == 0, "one valid position: gradient %g, want 0", g);
+    valid.assign(T, 0.0f);  // none
+    s2 = ereg_s2(V, valid, T, D, &dV);
+    CHECK(s2 == 0, "no valid position: S2 = %g, want 0", s2);
+}
+
+TEST(ereg_model_gradients_match_finite_differences) {
+    Config c = tiny_config(ARCH_LLAMA, 4, 2);
+    c.entropy_reg = 1.0f;
+    check_model_gradients(c);
+    c = tiny_config(ARCH_LIME, 4, 2);
+    c.entropy_reg = 1.0f;
+    check_model_gradients(c);
+}
+
+TEST(ereg_loss_is_ce_minus_lambda_mean_s2_and_eval_is_plain_ce) {
+    Config c = tiny_config(ARCH_LLAMA, 4, 2);
+    Model plain, reg;
+    CHECK(model_create(&plain, c, 2, DEVICE_CPU).empty(), "model_create failed");
+    c.entropy_reg = 0.3f;
+    CHECK(model_create(&reg, c, 2, DEVICE_CPU).empty(), "model_create failed");
+    model_init(&plain, 7);
+    model_init(&reg, 7);
+    TinyBatch b(c.V);
+    float ce = model_forward(&plain, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    float total = model_forward(&reg, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T, b.valid.data());
+    CHECK(reg.last_ce == ce, "regularised model's ce %.9g differs from the plain model's %.9g", reg.last_ce, ce);
+    CHECK(reg.last_s2 > 0, "mean S2 %g, want > 0 on random values", reg.last_s2);
+    CHECK(total == ce - 0.3f * reg.last_s2, "loss %.9g != ce - 0.3 s2 = %.9g", total, ce - 0.3f * reg.last_s2);
+    float eval = model_forward(&reg, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);  // no valid mask
+    CHECK(eval == ce && reg.last_s2 == 0, "forward without a valid mask: loss %.9g, want the plain ce %.9g", eval, ce);
+    model_free(&plain);
+    model_free(&reg);
+}
+
+TEST(ereg_lambda_zero_is_bit_identical_and_allocates_nothing) {
+    Config c = tiny_config(ARCH_LIME, 4, 2);
+    Acts probe;
+    size_t off = acts_carve(&probe, c, 2, nullptr);
+    c.entropy_reg = 0.1f;
+    CHECK(acts_carve(&probe, c, 2, nullptr) > off, "entropy_reg 0.1 adds no activations");
+    c.entropy_reg = 0;
+    std::vector<float> params[2];
+    float losses[2][3];
+    for (int run = 0; run < 2; run++) {  // lambda 0: with and without the valid mask, as before the regulariser
+        Model m;
+        CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create failed");
+        model_init(&m, 3);
+        TinyBatch b(c.V);
+        AdamWConfig opt;
+        for (int s = 0; s < 3; s++) {
+            model_train_step(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T, opt, 1.0f,
+                             run ? b.valid.data() : nullptr);
+            float norm;
+            model_metrics(&m, &losses[run][s], &norm);
+            CHECK(!m.ereg_on && m.last_s2 == 0, "lambda 0 computed the regulariser");
+        }
+        params[run].assign(m.params, m.params + m.n_params);
+        model_free(&m);
+    }
+    for (int s = 0; s < 3; s++) CHECK(losses[0][s] == losses[1][s], "step %d: loss %.9g vs %.9g", s, losses[0][s], losses[1][s]);
+    CHECK(params[0] == params[1], "lambda 0 with a valid mask moved the weights differently");
+}
+
+TEST(ereg_config_round_trip) {
+    Config c = tiny_config(ARCH_LLAMA, 4, 2);
+    CHECK(config_to_json(c).find("entropy_reg") == std::string::npos, "entropy_reg 0 is written");
+    c.entropy_reg = 0.25f;
+    std::string json = config_to_json(c);
+    Config back;
+    std::string err = config_from_json(json, &back);
+    CHECK(err.empty(), "config_from_json: %s", err.c_str());
+    CHECK(back.entropy_reg == 0.25f, "entropy_reg read back as %g", back.entropy_reg);
+    CHECK(!config_diff(c, tiny_config(ARCH_LLAMA, 4, 2)).empty(), "config_diff misses entropy_reg");
+    std::string bad = json;
+    bad.replace(bad.find("0.25"), 4, "-1.5");
+    CHECK(!config_from_json(bad, &back).empty(), "entropy_reg -1.5 accepted");
 }
