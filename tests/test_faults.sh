@@ -228,7 +228,7 @@ fi
 # during a periodic evaluation (here minutes of greedy decoding at tier 30),
 # and while stdout is a pipe nobody reads (blocked in a write). Each saves.
 dir=$tmp/evalsig
-$LIME train ${TINY/--ops 2/--ops 30} --test-size 300 --steps 10 --eval-every 1 --eval-size 300 --out "$dir" >/dev/null 2>&1 &
+$LIME train $(echo "$TINY" | sed "s/--ops 2/--ops 30/; s/--test-size 20/--test-size 300/") --steps 10 --eval-every 1 --eval-size 300 --out "$dir" >/dev/null 2>&1 &
 pid=$!
 wait_for "$dir/log.jsonl"; sleep 1.5
 kill -INT $pid; start=$(date +%s%N)
