@@ -586,12 +586,14 @@ static void report_cost(std::ostringstream& md, const Report& rep) {
           "| peak memory (process RSS) |\n"
           "| --- | --- | --- | --- | --- | --- |\n";
     for (const RunGroup& g : rep.groups) {
-        std::vector<double> ms = g.values(&Run::ms_per_step), rss = g.values(&Run::max_rss_mb);
+        std::vector<double> ms = g.values(&Run::ms_per_step), rss;
+        for (double mb : g.values(&Run::max_rss_mb))  // a run read with --reuse was not measured here: 0
+            if (mb > 0) rss.push_back(mb);
         const Run* r0 = g.runs.empty() ? nullptr : g.runs[0];
         md << "| " << rep.label(g.tier) << " | " << g.arch << " | " << (r0 ? fmt("%.0f", r0->params) : "n/a") << " | "
            << (r0 ? fmt("%.4g", r0->flops_per_token_) : "n/a") << " | "
            << (ms.empty() ? "n/a" : fmt("%.2f", stats_mean(ms))) << " | "
-           << (rss.empty() ? "n/a" : fmt("%.0f MB", stats_mean(rss))) << " |\n";
+           << (rss.empty() ? "n/a (reused runs)" : fmt("%.0f MB", stats_mean(rss))) << " |\n";
     }
 }
 
