@@ -104,7 +104,9 @@ bad train_out_too_long        "choose a shorter --out" train $A --steps 2 --out 
 mkdir -p "$tmp/dirck/checkpoint.safetensors"
 bad train_out_name_is_a_dir   "where a run writes its own file" train $A --steps 2 --out "$tmp/dirck" --force
 printf '#!/bin/sh\nulimit -n 4; exec "%s" "$@"\n' "$LIME" > "$tmp/lime_n4"; chmod +x "$tmp/lime_n4"
-LIME=$tmp/lime_n4 bad train_few_descriptors "file descriptors" train $A --steps 2 --out "$tmp/n4"
+# (not under the sanitizers: with 4 descriptors ASan's log_path reports spin, the run never ends)
+case "$LIME" in *asan*) echo "SKIP train_few_descriptors: ASan needs descriptors of its own" ;;
+*) LIME=$tmp/lime_n4 bad train_few_descriptors "file descriptors" train $A --steps 2 --out "$tmp/n4" ;; esac
 # a data file changed under a run: resuming it is refused, its checkpoint kept
 cp "$tmp/short.txt" "$tmp/chg.txt"
 $LIME train --task text --text-file "$tmp/chg.txt" --seq-len 8 --layers 1 --dim 16 --heads 2 --ffn 16 --batch 4 --steps 4 \
