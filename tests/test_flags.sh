@@ -254,7 +254,9 @@ LIME=$tmp/lime_t bad train_threads_too_many    "cores"              train $A --t
 printf '#!/bin/sh\nulimit -v 1500000; exec timeout 20 "%s" "$@"\n' "$LIME" > "$tmp/lime_v"; chmod +x "$tmp/lime_v"
 le64() { local n=$1 i; for i in 0 1 2 3 4 5 6 7; do printf "\\$(printf %03o $(( (n >> (8 * i)) & 255 )))"; done; }
 { le64 30000003; printf '['; yes '0,' | tr -d '\n' | head -c 30000000; printf '0]'; } > "$tmp/zeros.safetensors"
-LIME=$tmp/lime_v bad eval_header_of_zeros      "more than 4194304 values" eval --load "$tmp/zeros.safetensors"
+# (not under the sanitizers: ASan's shadow memory does not fit the ulimit -v this row sets)
+case "$LIME" in *asan*) echo "SKIP eval_header_of_zeros: ASan cannot run under its ulimit -v" ;;
+*) LIME=$tmp/lime_v bad eval_header_of_zeros      "more than 4194304 values" eval --load "$tmp/zeros.safetensors" ;; esac
 rm -f "$tmp/zeros.safetensors"
 # a ProsQA file with a non-UTF-8 name, and one whose words are not ASCII (UTF-8, whole words)
 echo "[$(prosqa_item 1)]" > "$tmp/pq"$'\xff'".json"
