@@ -12,16 +12,30 @@ trap 'rm -rf "$logs"' EXIT
 export ASAN_OPTIONS="log_path=$logs/asan:detect_leaks=1:allocator_may_return_null=1:exitcode=99"
 export UBSAN_OPTIONS="log_path=$logs/ubsan:print_stacktrace=1:halt_on_error=1"
 export LIME=build/lime-asan
+# Two groups side by side (about 3 minutes instead of 5 on 2 cores): the
+# suites share nothing but the sanitizer log folder.
+run_group() {  # run_group LOG SUITE...: each suite's FAIL/SKIP lines and summary into LOG, then "status N"
+    local log=$1 failed=0; shift
+    for suite in "$@"; do
+        local start out status
+        start=$(date +%s)
+        out=$($suite 2>&1); status=$?
+        echo "$out" | grep -E '^(FAIL|SKIP)' >> "$log"
+        echo "-- $suite: $(echo "$out" | tail -1) ($(( $(date +%s) - start )) s)" >> "$log"
+        [ $status -eq 0 ] || failed=$((failed + 1))
+    done
+    echo "status $failed" >> "$log"
+}
+run_group "$logs/group1" build/test_cpu_asan "bash tests/test_cli.sh" &
+run_group "$logs/group2" "bash tests/test_flags.sh" "bash tests/test_faults.sh" "bash tests/test_hostile.sh"
+wait
 failed=0
-for suite in build/test_cpu_asan "bash tests/test_cli.sh" "bash tests/test_flags.sh" "bash tests/test_faults.sh" "bash tests/test_hostile.sh"; do
-    start=$(date +%s)
-    out=$($suite 2>&1); status=$?
-    echo "$out" | grep -E '^(FAIL|SKIP)'
-    echo "-- $suite: $(echo "$out" | tail -1) ($(( $(date +%s) - start )) s)"
-    [ $status -eq 0 ] || failed=$((failed + 1))
+for g in "$logs/group1" "$logs/group2"; do
+    grep -v '^status ' "$g"
+    failed=$((failed + $(sed -n 's/^status //p' "$g")))
 done
 # (a too-large allocation leaves a one-line WARNING file: not a report)
-reports=$(grep -l -E 'ERROR|runtime error|SUMMARY' "$logs"/* 2>/dev/null)
+reports=$(grep -l -E 'ERROR|runtime error|SUMMARY' "$logs"/asan* "$logs"/ubsan* 2>/dev/null)
 if [ -n "$reports" ]; then
     echo "FAIL sanitizer reports:"
     for f in $reports; do echo "== $f"; head -40 "$f"; done

@@ -326,15 +326,16 @@ TEST(arith_too_few_distinct_questions) {
     CHECK(err.find("found only 14 distinct questions") != std::string::npos, "15 of 14 asked: '%s'", err.c_str());
 }
 
-TEST(arith_generation_speed) {
+// A large set at the deepest tier is generated (its speed is a benchmark's
+// business, not a test's: `time ./lime data --ops 6 --train-size 50000`).
+TEST(arith_generates_a_large_set_at_tier_6) {
     ArithSettings s;
     s.ops = 6, s.train_size = 50000, s.test_size = 1000;
     ArithData d;
-    auto t0 = std::chrono::steady_clock::now();
     std::string err = arith_generate(s, &d);
-    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     CHECK(err.empty(), "generate: %s", err.c_str());
-    CHECK(sec < 2.0, "50,000 examples at k = 6 took %.2f s, want well under 2 s", sec);
+    CHECK(d.train.size() == 50000 && d.test.size() == 1000, "sizes %zu, %zu: want 50000, 1000", d.train.size(),
+          d.test.size());
 }
 
 // ---------------------------------------------------------------------------
@@ -664,9 +665,9 @@ TEST(text_load_refuses_special_files) {
     CHECK(mkfifo(fifo.c_str(), 0600) == 0, "cannot make %s", fifo.c_str());
     auto t0 = std::chrono::steady_clock::now();
     err = text_load(fifo, 8, 0.1, &d);
-    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();  // a bound for a hang (10 s), not a timing
     unlink(fifo.c_str());
-    CHECK(err.find("FIFO") != std::string::npos && sec < 1, "a FIFO: '%s' after %.1f s", err.c_str(), sec);
+    CHECK(err.find("FIFO") != std::string::npos && sec < 10, "a FIFO: '%s' after %.1f s", err.c_str(), sec);
 }
 
 // Text takes about 33x the file's size in memory at T = 2: checked against
@@ -710,8 +711,8 @@ TEST(arith_check_size_refuses_at_once) {
     s.p = 11, s.ops = 3, s.train_size = 10000000, s.test_size = 500;
     auto t0 = std::chrono::steady_clock::now();
     std::string err = arith_check_size(s, 0);
-    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    CHECK(err.find("only 3289143 distinct questions") != std::string::npos && sec < 1, "10,000,000 of 3,289,143: '%s' (%.2f s)",
+    double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();  // a bound for a hang (10 s), not a timing
+    CHECK(err.find("only 3289143 distinct questions") != std::string::npos && sec < 10, "10,000,000 of 3,289,143: '%s' (%.2f s)",
           err.c_str(), sec);
     s.train_size = 3000000;
     err = arith_check_size(s, 0);
