@@ -1675,7 +1675,8 @@ static void op_hc_weights_forward(Model* model, float* Aw, float* bw, float* rst
                                   const float* X, const HcParams& w, int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_weights_forward_gpu(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps, stream_of(model)),
-             hc_weights_forward(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps));
+             if (FAST_CPU) hc_weights_forward_fast(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps);
+             else hc_weights_forward(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps));
 }
 static void op_hc_weights_backward(Model* model, float* dX, const HcParams& dw, const float* dA, const float* db,
                                    const float* X, const float* rstd, const float* ta, const float* tb,
@@ -1684,18 +1685,21 @@ static void op_hc_weights_backward(Model* model, float* dX, const HcParams& dw, 
     DISPATCH(model,
              hc_weights_backward_gpu(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d, pass_acts(model)->scratch,
                                      stream_of(model)),
-             hc_weights_backward(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d));
+             if (FAST_CPU) hc_weights_backward_fast(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d);
+             else hc_weights_backward(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d));
 }
 static void op_hc_width_forward(Model* model, float* M, const float* X, const float* Aw, int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_width_forward_gpu(M, X, Aw, N, c.hc_rate, c.d, stream_of(model)),
-             hc_width_forward(M, X, Aw, N, c.hc_rate, c.d));
+             if (FAST_CPU) hc_width_forward_fast(M, X, Aw, N, c.hc_rate, c.d);
+             else hc_width_forward(M, X, Aw, N, c.hc_rate, c.d));
 }
 static void op_hc_width_backward(Model* model, float* dX, float* dA, const float* dM, const float* X, const float* Aw,
                                  int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_width_backward_gpu(dX, dA, dM, X, Aw, N, c.hc_rate, c.d, stream_of(model)),
-             hc_width_backward(dX, dA, dM, X, Aw, N, c.hc_rate, c.d));
+             if (FAST_CPU) hc_width_backward_fast(dX, dA, dM, X, Aw, N, c.hc_rate, c.d);
+             else hc_width_backward(dX, dA, dM, X, Aw, N, c.hc_rate, c.d));
 }
 static void op_hc_depth_forward(Model* model, float* Xout, const float* y, const float* M, const float* bw, int N) {
     const Config& c = model->c;
@@ -1706,7 +1710,8 @@ static void op_hc_depth_backward(Model* model, float* dy, float* db, float* dM, 
                                  const float* bw, int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_depth_backward_gpu(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d, stream_of(model)),
-             hc_depth_backward(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d));
+             if (FAST_CPU) hc_depth_backward_fast(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d);
+             else hc_depth_backward(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d));
 }
 
 // ===========================================================================
