@@ -771,13 +771,62 @@ static void hc_projections(std::vector<float>* wt, HcParams w, int n, int d) {
     }
 }
 
-// = hc_weights_forward. Per position: the n rstd and n(n+2) projections
-// (pa = rstd * (X . alpha_fn[:, k]), the same value as Xn . alpha_fn[:, k]),
-// then their tanh and the weights, over the position's n(n+1) contiguous values.
+// = hc_weights_forward. Each stream's n+2 projections at once, as a row of
+// PP >= n+2 sums in registers (a compile-time 8, 16 or 24, zero past n+2):
+// p += X[j] * [alpha_fn[j, :] | beta_fn[j] | 0 ...] over j, in four chains
+// (j mod 4) summed at the end; then pa = rstd * p, the same value as
+// Xn . alpha_fn[:, k]. The tanh go over a block of HC_BLOCK positions' values at once.
+static const int HC_BLOCK = 16;
+template <int PP>
+static void hc_weights_forward_blocked(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X,
+                                       HcParams w, int N, int n, int d, float eps) {
+    int K = n + 1;
+    size_t Nd = (size_t)N * d;
+    static std::vector<float> wrow;  // (d, PP), kept from call to call
+    wrow.assign((size_t)d * PP, 0.0f);
+    for (int j = 0; j < d; j++) {
+        for (int k = 0; k < K; k++) wrow[(size_t)j * PP + k] = w.alpha_fn[(size_t)j * K + k];
+        wrow[(size_t)j * PP + K] = w.beta_fn[j];
+    }
+    const float* W = wrow.data();
+    float as = w.alpha_scale[0], bs = w.beta_scale[0];
+#pragma omp parallel for schedule(static)
+    for (int t0 = 0; t0 < N; t0 += HC_BLOCK) {
+        int t1 = std::min(N, t0 + HC_BLOCK);
+        for (int t = t0; t < t1; t++)
+            for (int i = 0; i < n; i++) {
+                const float* x = X + i * Nd + (size_t)t * d;
+                float acc[4][PP] = {};
+                int j = 0;
+                for (; j + 4 <= d; j += 4)
+                    for (int c = 0; c < 4; c++) {
+                        float xj = x[j + c];
+                        const float* wj = W + (size_t)(j + c) * PP;
+#pragma omp simd
+                        for (int k = 0; k < PP; k++) acc[c][k] += xj * wj[k];
+                    }
+                for (; j < d; j++)
+                    for (int k = 0; k < PP; k++) acc[0][k] += x[j] * W[(size_t)j * PP + k];
+                size_t ti = (size_t)t * n + i;
+                float r = 1.0f / sqrtf(dot_d(x, x, d) / d + eps);
+                for (int k = 0; k < K; k++) ta[ti * K + k] = r * ((acc[0][k] + acc[1][k]) + (acc[2][k] + acc[3][k]));
+                tb[ti] = r * ((acc[0][K] + acc[1][K]) + (acc[2][K] + acc[3][K]));
+                rstd[ti] = r;
+            }
+        float *pa = ta + (size_t)t0 * n * K, *pb = tb + (size_t)t0 * n;  // the block's projections, then their tanh
+        for (size_t e = 0; e < (size_t)(t1 - t0) * n * K; e++) pa[e] = tanh_fast(pa[e]);
+        for (size_t e = 0; e < (size_t)(t1 - t0) * n; e++) pb[e] = tanh_fast(pb[e]);
+        for (int t = t0; t < t1; t++) {
+            float* A = Aw + (size_t)t * n * K;
+            const float* a = ta + (size_t)t * n * K;
+            for (int e = 0; e < n * K; e++) A[e] = w.static_alpha[e] + as * a[e];
+            for (int i = 0; i < n; i++) bw[(size_t)t * n + i] = w.static_beta[i] + bs * tb[(size_t)t * n + i];
+        }
+    }
+}
 void hc_weights_forward_fast(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w, int N,
                              int n, int d, float eps) {
     int K = n + 1;
-    size_t Nd = (size_t)N * d;
     if (!w.alpha_fn) {  // static: every position's weights are the static ones
 #pragma omp parallel for schedule(static) if ((size_t)N * n * K > 65536)
         for (int t = 0; t < N; t++) {
@@ -786,31 +835,9 @@ void hc_weights_forward_fast(float* Aw, float* bw, float* rstd, float* ta, float
         }
         return;
     }
-    static std::vector<float> wt;
-    hc_projections(&wt, w, n, d);
-    const float *wa = wt.data(), *wb = wa + (size_t)K * d;
-    float as = w.alpha_scale[0], bs = w.beta_scale[0];
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < N; t++) {
-        float* pa = ta + (size_t)t * n * K;  // (n, n+1): the projections, then their tanh
-        float* pb = tb + (size_t)t * n;      // (n)
-        for (int i = 0; i < n; i++) {
-            const float* x = X + i * Nd + (size_t)t * d;
-            float r = 1.0f / sqrtf(dot_d(x, x, d) / d + eps);
-            for (int k = 0; k < K; k++) pa[i * K + k] = r * dot_d(x, wa + (size_t)k * d, d);
-            pb[i] = r * dot_d(x, wb, d);
-            rstd[(size_t)t * n + i] = r;
-        }
-        float* A = Aw + (size_t)t * n * K;
-        for (int e = 0; e < n * K; e++) {
-            pa[e] = tanh_fast(pa[e]);
-            A[e] = w.static_alpha[e] + as * pa[e];
-        }
-        for (int i = 0; i < n; i++) {
-            pb[i] = tanh_fast(pb[i]);
-            bw[(size_t)t * n + i] = w.static_beta[i] + bs * pb[i];
-        }
-    }
+    if (n + 2 <= 8) hc_weights_forward_blocked<8>(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
+    else if (n + 2 <= 16) hc_weights_forward_blocked<16>(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
+    else hc_weights_forward_blocked<24>(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
 }
 
 // = hc_weights_backward (its comment has the math). Per stream of a position:
