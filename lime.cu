@@ -29,8 +29,8 @@
 //   R key/value heads, hd = d / H head size, F SwiGLU hidden size, N = B*T.
 //
 // The CPU loops here are the reference: short and plain. ./lime runs faster
-// versions of three of them (matrix product, router, attention) from
-// support/cpu_fast.cpp, checked against these by the tests; `make lime-ref`
+// versions of four groups of them (matrix product, router, attention,
+// Hyper-Connections) from support/cpu_fast.cpp, checked against these by the tests; `make lime-ref`
 // builds the program on the plain loops alone (-DLIME_REFERENCE).
 //
 // Builds: g++ -x c++ lime.cu (CPU only); nvcc (CPU and GPU); g++ -DLIME_EMU
@@ -3049,7 +3049,7 @@ double flops_per_token(const Config& c, int T) {
 //   backward  depth (n + K + 2) d + 3 n;  width (K + 2 n) d + 2 a;
 //             weights 3 n d + 2 a + 4 n (static a + n)
 //   and the embedding's copy into the streams and their sum: 4 (n + 1) d.
-// docs/model.md (Cost) has the numbers at the bench configs.
+// docs/model.md ("What HC costs") has the numbers at the bench configs.
 double bytes_per_token(const Config& c, int T) {
     double d = c.d, q = (double)c.H * c.hd, kv = (double)c.R * c.hd, F = c.F, S = (double)c.H * T, f = 0;
     for (int l = 0; l < c.L; l++) {
