@@ -29,8 +29,8 @@
 //   R key/value heads, hd = d / H head size, F SwiGLU hidden size, N = B*T.
 //
 // The CPU loops here are the reference: short and plain. ./lime runs faster
-// versions of three of them (matrix product, router, attention) from
-// support/cpu_fast.cpp, checked against these by the tests; `make lime-ref`
+// versions of four groups of them (matrix product, router, attention,
+// Hyper-Connections) from support/cpu_fast.cpp, checked against these by the tests; `make lime-ref`
 // builds the program on the plain loops alone (-DLIME_REFERENCE).
 //
 // Builds: g++ -x c++ lime.cu (CPU only); nvcc (CPU and GPU); g++ -DLIME_EMU
@@ -1675,7 +1675,8 @@ static void op_hc_weights_forward(Model* model, float* Aw, float* bw, float* rst
                                   const float* X, const HcParams& w, int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_weights_forward_gpu(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps, stream_of(model)),
-             hc_weights_forward(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps));
+             if (FAST_CPU) hc_weights_forward_fast(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps);
+             else hc_weights_forward(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps));
 }
 static void op_hc_weights_backward(Model* model, float* dX, const HcParams& dw, const float* dA, const float* db,
                                    const float* X, const float* rstd, const float* ta, const float* tb,
@@ -1684,18 +1685,21 @@ static void op_hc_weights_backward(Model* model, float* dX, const HcParams& dw, 
     DISPATCH(model,
              hc_weights_backward_gpu(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d, pass_acts(model)->scratch,
                                      stream_of(model)),
-             hc_weights_backward(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d));
+             if (FAST_CPU) hc_weights_backward_fast(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d);
+             else hc_weights_backward(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d));
 }
 static void op_hc_width_forward(Model* model, float* M, const float* X, const float* Aw, int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_width_forward_gpu(M, X, Aw, N, c.hc_rate, c.d, stream_of(model)),
-             hc_width_forward(M, X, Aw, N, c.hc_rate, c.d));
+             if (FAST_CPU) hc_width_forward_fast(M, X, Aw, N, c.hc_rate, c.d);
+             else hc_width_forward(M, X, Aw, N, c.hc_rate, c.d));
 }
 static void op_hc_width_backward(Model* model, float* dX, float* dA, const float* dM, const float* X, const float* Aw,
                                  int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_width_backward_gpu(dX, dA, dM, X, Aw, N, c.hc_rate, c.d, stream_of(model)),
-             hc_width_backward(dX, dA, dM, X, Aw, N, c.hc_rate, c.d));
+             if (FAST_CPU) hc_width_backward_fast(dX, dA, dM, X, Aw, N, c.hc_rate, c.d);
+             else hc_width_backward(dX, dA, dM, X, Aw, N, c.hc_rate, c.d));
 }
 static void op_hc_depth_forward(Model* model, float* Xout, const float* y, const float* M, const float* bw, int N) {
     const Config& c = model->c;
@@ -1706,7 +1710,8 @@ static void op_hc_depth_backward(Model* model, float* dy, float* db, float* dM, 
                                  const float* bw, int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_depth_backward_gpu(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d, stream_of(model)),
-             hc_depth_backward(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d));
+             if (FAST_CPU) hc_depth_backward_fast(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d);
+             else hc_depth_backward(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d));
 }
 
 // ===========================================================================
@@ -3025,6 +3030,42 @@ double flops_per_token(const Config& c, int T) {
     }
     fwd += 2 * d * c.V;  // output layer
     return 3 * fwd;
+}
+
+// Bytes per token of one training step, a streaming model: every activation
+// array an op reads or writes counts once for that op (no op finds another's
+// output in a cache), forward and backward, zero-fills included; the weights
+// and AdamW (per step, not per token) are left out. In floats per token, with
+// q = H hd, kv = R hd, S = H T (a token's rows of attention probabilities):
+//   a layer, forward   17 d + 6 q + 6 kv + 6 F + S, plus 2 kv (the keys' copy)
+//                      or a router's 2 (l+1) kv + 2 kv
+//            backward  29 d + 11 q + 13 kv + 13 F + S, plus 3 kv (the keys'
+//                      add) or a router's 6 (l+1) kv + 5 kv
+//   the embedding, final norm, logits and loss: 15 d + 7 V
+// HC (n streams, K = n+1, a = n K mixing weights a token), per sublayer, in
+// place of LLaMa's residual add (4 d forward):
+//   forward   width K d + n d + a;  weights n d + 2 a + 3 n (static a + n);
+//             depth 2 n d + 2 d + n (with the product's output y)
+//   backward  depth (n + K + 2) d + 3 n;  width (K + 2 n) d + 2 a;
+//             weights 3 n d + 2 a + 4 n (static a + n)
+//   and the embedding's copy into the streams and their sum: 4 (n + 1) d.
+// docs/model.md ("What HC costs") has the numbers at the bench configs.
+double bytes_per_token(const Config& c, int T) {
+    double d = c.d, q = (double)c.H * c.hd, kv = (double)c.R * c.hd, F = c.F, S = (double)c.H * T, f = 0;
+    for (int l = 0; l < c.L; l++) {
+        double J = l + 1;  // a router's sources
+        f += 17 * d + 6 * q + 6 * kv + 6 * F + S + (has_router(c, l) ? 2 * J * kv + 2 * kv : 2 * kv);
+        f += 29 * d + 11 * q + 13 * kv + 13 * F + S + (has_router(c, l) ? 6 * J * kv + 5 * kv : 3 * kv);
+        if (c.arch != ARCH_HC) continue;
+        double n = c.hc_rate, K = n + 1, a = n * K, dyn = c.hc_dynamic;
+        double weights_f = dyn ? n * d + 2 * a + 3 * n : a + n, weights_b = dyn ? 3 * n * d + 2 * a + 4 * n : a + n;
+        double fwd = K * d + n * d + a + weights_f + 2 * n * d + 2 * d + n - 4 * d;
+        double bwd = (n + K + 2) * d + 3 * n + (K + 2 * n) * d + 2 * a + weights_b;
+        f += 2 * (fwd + bwd);  // attention and MLP
+    }
+    if (c.arch == ARCH_HC) f += 4 * (c.hc_rate + 1) * d;
+    f += 15 * d + 7 * c.V;
+    return 4 * f;
 }
 
 // ===========================================================================

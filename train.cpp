@@ -1633,7 +1633,8 @@ static void print_bench_json(const BenchSetup& b, const BenchResult& llama, cons
         s.add_str("gpu_absent", "a CPU run: MFU and device memory are measured on a GPU only");
     s.add("llama", one(llama, cl)).add("lime", one(lime, cm)).add("hc", one(hc, ch))
         .add_num("lime_over_llama", lime.ms / llama.ms).add_num("hc_over_llama", hc.ms / llama.ms)
-        .add_num("flops_hc_over_llama", flops_per_token(ch, c.T) / flops_per_token(cl, c.T));
+        .add_num("flops_hc_over_llama", flops_per_token(ch, c.T) / flops_per_token(cl, c.T))
+        .add_num("bytes_hc_over_llama", bytes_per_token(ch, c.T) / bytes_per_token(cl, c.T));
     if (b.on_gpu)
         s.add_num("memory_lime_over_llama", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0)
             .add_num("memory_hc_over_llama", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
@@ -1666,8 +1667,8 @@ static void print_bench_text(const BenchSetup& b, const BenchResult& llama, cons
     }
     printf("  lime / llama step time: %.3f", lime.ms / llama.ms);
     if (b.on_gpu) printf(", memory: %.3f", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
-    printf("\n  hc / llama step time: %.3f (FLOPs: %.3f)", hc.ms / llama.ms,
-           flops_per_token(ch, c.T) / flops_per_token(cl, c.T));
+    printf("\n  hc / llama step time: %.3f (FLOPs: %.3f, bytes: %.3f)", hc.ms / llama.ms,
+           flops_per_token(ch, c.T) / flops_per_token(cl, c.T), bytes_per_token(ch, c.T) / bytes_per_token(cl, c.T));
     if (b.on_gpu) printf(", memory: %.3f", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
     printf("\n");
 }

@@ -704,3 +704,313 @@ void attention_backward_fast(float* dq, float* dk, float* dv, const float* dout,
         attention_backward_blocked<decltype(w)::value>(dq, dk, dv, dout, q, k, v, att, B, T, H, R, hd);
     });
 }
+
+// ===========================================================================
+// Hyper-Connections (lime.cu: hc_weights_*, hc_width_*, hc_depth_backward)
+// ===========================================================================
+//
+// A position's n streams X[i][t] and n+1 mixtures M[k][t] (d floats each) fit
+// in L1 together, so every loop here goes over the positions (shared by the
+// threads) and inside over d, LANES floats at a time (LANES a compile-time
+// constant dividing d, so that the sums stay in registers); the products over
+// d are simd reductions. (The plain loops run their innermost index over the
+// streams or the n+1 weights, which the compiler does not vectorise.)
+
+static const int HC_CHUNKS = 64;      // slices of the positions for the weight gradients: lime.cu's CHUNKS
+static const int HC_MOST_PROJ = 18;   // n + 2 projections at n = 16, the most streams (lime.cu's HC_MAX_RATE)
+
+// Calls f(w) with w a compile-time constant dividing d: 32, 8, 2 or 1.
+template <class F>
+static void with_width_lanes(int d, F f) {
+    if (d % 32 == 0) f(std::integral_constant<int, 32>());
+    else if (d % 8 == 0) f(std::integral_constant<int, 8>());
+    else if (d % 2 == 0) f(std::integral_constant<int, 2>());
+    else f(std::integral_constant<int, 1>());
+}
+
+// sum_j a[j] b[j] (dot_d) and sum_j a[j] (sum_d) over j < d: in vector
+// registers, then one fixed tree over their lanes. (The compiler's own
+// reduction of a loop spills the lanes to the stack and adds them one by one,
+// which cost more than the products here.)
+template <bool PRODUCT>
+static inline float reduce_d(const float* a, const float* b, int d) {
+    int j = 0;
+    float s = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (d >= 8) {  // two sums of 8 lanes (two chains of adds), then 8 -> 4 -> 2 -> 1
+        __m256 v = _mm256_setzero_ps(), u = _mm256_setzero_ps();
+        for (; j + 16 <= d; j += 16) {
+            __m256 a0 = _mm256_loadu_ps(a + j), a1 = _mm256_loadu_ps(a + j + 8);
+            v = PRODUCT ? _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + j), v) : _mm256_add_ps(a0, v);
+            u = PRODUCT ? _mm256_fmadd_ps(a1, _mm256_loadu_ps(b + j + 8), u) : _mm256_add_ps(a1, u);
+        }
+        for (; j + 8 <= d; j += 8)
+            v = PRODUCT ? _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), v)
+                        : _mm256_add_ps(_mm256_loadu_ps(a + j), v);
+        v = _mm256_add_ps(v, u);
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+    }
+#endif
+    for (; j < d; j++) s += PRODUCT ? a[j] * b[j] : a[j];
+    return s;
+}
+static inline float dot_d(const float* a, const float* b, int d) { return reduce_d<true>(a, b, d); }
+static inline float sum_d(const float* a, int d) { return reduce_d<false>(a, nullptr, d); }
+
+// The dynamic weights' projections transposed, wt (n+2, d): row k < n+1 is
+// column k of alpha_fn (d, n+1), row n+1 is beta_fn; each projection of a
+// stream is then a dot product over d.
+static void hc_projections(std::vector<float>* wt, HcParams w, int n, int d) {
+    int K = n + 1;
+    wt->resize((size_t)(K + 1) * d);  // kept from call to call: allocated once
+    for (int j = 0; j < d; j++) {
+        for (int k = 0; k < K; k++) (*wt)[(size_t)k * d + j] = w.alpha_fn[(size_t)j * K + k];
+        (*wt)[(size_t)K * d + j] = w.beta_fn[j];
+    }
+}
+
+// = hc_weights_forward. Each stream's n+2 projections at once, as a row of
+// PP >= n+2 sums in registers (a compile-time 8, 16 or 24, zero past n+2):
+// p += X[j] * [alpha_fn[j, :] | beta_fn[j] | 0 ...] over j, in four chains
+// (j mod 4) summed at the end; then pa = rstd * p, the same value as
+// Xn . alpha_fn[:, k]. The tanh go over a block of HC_BLOCK positions' values at once.
+static const int HC_BLOCK = 16;
+template <int PP>
+static void hc_weights_forward_blocked(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X,
+                                       HcParams w, int N, int n, int d, float eps) {
+    int K = n + 1;
+    size_t Nd = (size_t)N * d;
+    static std::vector<float> wrow;  // (d, PP), kept from call to call
+    wrow.assign((size_t)d * PP, 0.0f);
+    for (int j = 0; j < d; j++) {
+        for (int k = 0; k < K; k++) wrow[(size_t)j * PP + k] = w.alpha_fn[(size_t)j * K + k];
+        wrow[(size_t)j * PP + K] = w.beta_fn[j];
+    }
+    const float* W = wrow.data();
+    float as = w.alpha_scale[0], bs = w.beta_scale[0];
+#pragma omp parallel for schedule(static)
+    for (int t0 = 0; t0 < N; t0 += HC_BLOCK) {
+        int t1 = std::min(N, t0 + HC_BLOCK);
+        for (int t = t0; t < t1; t++)
+            for (int i = 0; i < n; i++) {
+                const float* x = X + i * Nd + (size_t)t * d;
+                float acc[4][PP] = {};
+                int j = 0;
+                for (; j + 4 <= d; j += 4)
+                    for (int c = 0; c < 4; c++) {
+                        float xj = x[j + c];
+                        const float* wj = W + (size_t)(j + c) * PP;
+#pragma omp simd
+                        for (int k = 0; k < PP; k++) acc[c][k] += xj * wj[k];
+                    }
+                for (; j < d; j++)
+                    for (int k = 0; k < PP; k++) acc[0][k] += x[j] * W[(size_t)j * PP + k];
+                size_t ti = (size_t)t * n + i;
+                float r = 1.0f / sqrtf(dot_d(x, x, d) / d + eps);
+                for (int k = 0; k < K; k++) ta[ti * K + k] = r * ((acc[0][k] + acc[1][k]) + (acc[2][k] + acc[3][k]));
+                tb[ti] = r * ((acc[0][K] + acc[1][K]) + (acc[2][K] + acc[3][K]));
+                rstd[ti] = r;
+            }
+        float *pa = ta + (size_t)t0 * n * K, *pb = tb + (size_t)t0 * n;  // the block's projections, then their tanh
+        for (size_t e = 0; e < (size_t)(t1 - t0) * n * K; e++) pa[e] = tanh_fast(pa[e]);
+        for (size_t e = 0; e < (size_t)(t1 - t0) * n; e++) pb[e] = tanh_fast(pb[e]);
+        for (int t = t0; t < t1; t++) {
+            float* A = Aw + (size_t)t * n * K;
+            const float* a = ta + (size_t)t * n * K;
+            for (int e = 0; e < n * K; e++) A[e] = w.static_alpha[e] + as * a[e];
+            for (int i = 0; i < n; i++) bw[(size_t)t * n + i] = w.static_beta[i] + bs * tb[(size_t)t * n + i];
+        }
+    }
+}
+void hc_weights_forward_fast(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w, int N,
+                             int n, int d, float eps) {
+    int K = n + 1;
+    if (!w.alpha_fn) {  // static: every position's weights are the static ones
+#pragma omp parallel for schedule(static) if ((size_t)N * n * K > 65536)
+        for (int t = 0; t < N; t++) {
+            memcpy(Aw + (size_t)t * n * K, w.static_alpha, (size_t)n * K * sizeof(float));
+            memcpy(bw + (size_t)t * n, w.static_beta, (size_t)n * sizeof(float));
+        }
+        return;
+    }
+    if (n + 2 <= 8) hc_weights_forward_blocked<8>(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
+    else if (n + 2 <= 16) hc_weights_forward_blocked<16>(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
+    else hc_weights_forward_blocked<24>(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
+}
+
+// = hc_weights_backward (its comment has the math). Per stream of a position:
+// dp (n+2) the projections' gradients; then in one pass over d, LANES at a
+// time, the chunk's projection gradients (kept transposed, (n+2, d)) gain
+// rstd * dp[k] * X, dXn = sum_k wt[k] dp[k] is formed in registers, and
+// dX gains rstd * dXn; a second pass subtracts X * rstd^3 * mean(dXn . X).
+// The weight gradients are summed per HC_CHUNKS fixed slices of the
+// positions, then the slices in order: the same for any thread count.
+template <int LANES>
+static void hc_weights_backward_blocked(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
+                                        const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n,
+                                        int d) {
+    int K = n + 1, P = K + 1;
+    size_t Nd = (size_t)N * d;
+    bool dyn = w.alpha_fn != nullptr;
+    // one slice's sums: static_alpha (n, n+1), static_beta (n); dynamic: the projections' (n+2, d), the two scales
+    size_t G = (size_t)n * K + n + (dyn ? (size_t)P * d + 2 : 0);
+    static std::vector<float> part, wt;  // kept from call to call; each slice zeroes its own sums
+    if (part.size() < HC_CHUNKS * G) part.resize(HC_CHUNKS * G);
+    if (dyn) hc_projections(&wt, w, n, d);
+    const float* wp = wt.data();
+    float as = dyn ? w.alpha_scale[0] : 0.0f, bs = dyn ? w.beta_scale[0] : 0.0f;
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < HC_CHUNKS; c++) {
+        float *sa = &part[(size_t)c * G], *sb = sa + n * K, *sw = sb + n, *sas = sw + (size_t)P * d, *sbs = sas + 1;
+        memset(sa, 0, G * sizeof(float));
+        for (size_t t = (size_t)N * c / HC_CHUNKS; t < (size_t)N * (c + 1) / HC_CHUNKS; t++)
+            for (int i = 0; i < n; i++) {
+                size_t ti = t * n + i;
+                const float* dAi = dA + ti * K;
+                for (int k = 0; k < K; k++) sa[i * K + k] += dAi[k];
+                sb[i] += db[ti];
+                if (!dyn) continue;
+                float dp[HC_MOST_PROJ], rdp[HC_MOST_PROJ], r = rstd[ti];
+                for (int k = 0; k < K; k++) {
+                    float a = ta[ti * K + k];
+                    sas[0] += dAi[k] * a;
+                    dp[k] = dAi[k] * as * (1 - a * a);
+                }
+                sbs[0] += db[ti] * tb[ti];
+                dp[K] = db[ti] * bs * (1 - tb[ti] * tb[ti]);
+                for (int k = 0; k < P; k++) rdp[k] = r * dp[k];
+                const float* x = X + i * Nd + t * d;
+                float* dx = dX + i * Nd + t * d;
+                float dot[LANES] = {};
+                for (int j0 = 0; j0 < d; j0 += LANES) {
+                    float g[LANES] = {};  // dXn[j0 ..]
+                    for (int k = 0; k < P; k++) {
+                        const float* wk = wp + (size_t)k * d + j0;
+                        float* swk = sw + (size_t)k * d + j0;
+                        float dpk = dp[k], rdpk = rdp[k];
+#pragma omp simd
+                        for (int l = 0; l < LANES; l++) {
+                            g[l] += wk[l] * dpk;
+                            swk[l] += rdpk * x[j0 + l];
+                        }
+                    }
+#pragma omp simd
+                    for (int l = 0; l < LANES; l++) {
+                        dot[l] += g[l] * x[j0 + l];
+                        dx[j0 + l] += r * g[l];
+                    }
+                }
+                float k3 = r * r * r * sum_d(dot, LANES) / d;
+#pragma omp simd
+                for (int j = 0; j < d; j++) dx[j] -= x[j] * k3;
+            }
+    }
+    for (int c = 0; c < HC_CHUNKS; c++) {  // the slices in order
+        const float *sa = &part[(size_t)c * G], *sb = sa + n * K, *sw = sb + n, *sas = sw + (size_t)P * d, *sbs = sas + 1;
+        for (int e = 0; e < n * K; e++) dw.static_alpha[e] += sa[e];
+        for (int i = 0; i < n; i++) dw.static_beta[i] += sb[i];
+        if (!dyn) continue;
+        for (int j = 0; j < d; j++) {
+            for (int k = 0; k < K; k++) dw.alpha_fn[(size_t)j * K + k] += sw[(size_t)k * d + j];
+            dw.beta_fn[j] += sw[(size_t)K * d + j];
+        }
+        dw.alpha_scale[0] += sas[0];
+        dw.beta_scale[0] += sbs[0];
+    }
+}
+void hc_weights_backward_fast(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
+                              const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d) {
+    with_width_lanes(d, [&](auto l) {
+        hc_weights_backward_blocked<decltype(l)::value>(dX, dw, dA, db, X, rstd, ta, tb, w, N, n, d);
+    });
+}
+
+// = hc_width_forward: M[k][t] = sum_i A[t,i,k] X[i][t], the sum over i in
+// the plain loop's order, LANES of d at a time in registers.
+template <int LANES>
+static void hc_width_forward_blocked(float* M, const float* X, const float* Aw, int N, int n, int d) {
+    int K = n + 1;
+    size_t Nd = (size_t)N * d;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        const float* a = Aw + (size_t)t * n * K;
+        for (int k = 0; k < K; k++)
+            for (int j0 = 0; j0 < d; j0 += LANES) {
+                float s[LANES] = {};
+                for (int i = 0; i < n; i++) {
+                    const float* x = X + i * Nd + (size_t)t * d + j0;
+                    float aik = a[i * K + k];
+#pragma omp simd
+                    for (int l = 0; l < LANES; l++) s[l] += aik * x[l];
+                }
+                memcpy(M + k * Nd + (size_t)t * d + j0, s, sizeof s);
+            }
+    }
+}
+void hc_width_forward_fast(float* M, const float* X, const float* Aw, int N, int n, int d) {
+    with_width_lanes(d, [&](auto l) { hc_width_forward_blocked<decltype(l)::value>(M, X, Aw, N, n, d); });
+}
+
+// = hc_width_backward: dA[t,i,k] = dM[k][t] . X[i][t] (dot products over d),
+// dX[i][t] = sum_k A[t,i,k] dM[k][t] (LANES of d at a time in registers).
+template <int LANES>
+static void hc_width_backward_blocked(float* dX, float* dA, const float* dM, const float* X, const float* Aw, int N,
+                                      int n, int d) {
+    int K = n + 1;
+    size_t Nd = (size_t)N * d;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++)
+        for (int i = 0; i < n; i++) {
+            const float* x = X + i * Nd + (size_t)t * d;
+            const float* a = Aw + ((size_t)t * n + i) * K;
+            for (int k = 0; k < K; k++) dA[((size_t)t * n + i) * K + k] = dot_d(dM + k * Nd + (size_t)t * d, x, d);
+            for (int j0 = 0; j0 < d; j0 += LANES) {
+                float s[LANES] = {};
+                for (int k = 0; k < K; k++) {
+                    const float* dm = dM + k * Nd + (size_t)t * d + j0;
+                    float ak = a[k];
+#pragma omp simd
+                    for (int l = 0; l < LANES; l++) s[l] += ak * dm[l];
+                }
+                memcpy(dX + i * Nd + (size_t)t * d + j0, s, sizeof s);
+            }
+        }
+}
+void hc_width_backward_fast(float* dX, float* dA, const float* dM, const float* X, const float* Aw, int N, int n, int d) {
+    with_width_lanes(d, [&](auto l) { hc_width_backward_blocked<decltype(l)::value>(dX, dA, dM, X, Aw, N, n, d); });
+}
+
+// = hc_depth_backward: dy[t] = sum_i b[t,i] dX'[i][t] (LANES of d at a time,
+// in the plain loop's order), db[t,i] = dX'[i][t] . y[t], dM[1+i][t] = dX'[i][t]
+// and dM[0][t] = 0 as whole rows.
+template <int LANES>
+static void hc_depth_backward_blocked(float* dy, float* db, float* dM, const float* dXout, const float* y,
+                                      const float* bw, int N, int n, int d) {
+    size_t Nd = (size_t)N * d;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < N; t++) {
+        const float* b = bw + (size_t)t * n;
+        for (int j0 = 0; j0 < d; j0 += LANES) {
+            float s[LANES] = {};
+            for (int i = 0; i < n; i++) {
+                const float* g = dXout + i * Nd + (size_t)t * d + j0;
+                float bi = b[i];
+#pragma omp simd
+                for (int l = 0; l < LANES; l++) s[l] += bi * g[l];
+            }
+            memcpy(dy + (size_t)t * d + j0, s, sizeof s);
+        }
+        memset(dM + (size_t)t * d, 0, d * sizeof(float));
+        for (int i = 0; i < n; i++) {
+            const float* g = dXout + i * Nd + (size_t)t * d;
+            memcpy(dM + (1 + i) * Nd + (size_t)t * d, g, d * sizeof(float));
+            db[(size_t)t * n + i] = dot_d(g, y + (size_t)t * d, d);
+        }
+    }
+}
+void hc_depth_backward_fast(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw, int N,
+                            int n, int d) {
+    with_width_lanes(d, [&](auto l) { hc_depth_backward_blocked<decltype(l)::value>(dy, db, dM, dXout, y, bw, N, n, d); });
+}

@@ -1,7 +1,7 @@
 // support/cpu_fast.h — the fast CPU path (support/cpu_fast.cpp): blocked
-// versions of lime.cu's plain matrix product, router and attention loops, and
-// a vectorisable e^x. Same arguments as the plain function each one names,
-// plus, for the products, a scratch buffer.
+// versions of lime.cu's plain matrix product, router, attention and
+// Hyper-Connection loops, and a vectorisable e^x and tanh. Same arguments as
+// the plain function each one names, plus, for the products, a scratch buffer.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "support/lime.h"  // RouterSpan
+#include "support/lime.h"  // RouterSpan, HcParams
 
 // The scratch the fast products need (packed panels of 32 columns), in floats,
 // for products of at most `rows` rows by at most `cols` columns.
@@ -66,3 +66,30 @@ inline float exp_fast(float x) {
     return x < -87.0f ? 0.0f : x > 88.0f ? INFINITY : p * scale;
 }
 
+
+// tanh x in plain arithmetic the compiler vectorises, from exp_fast: for
+// |x| < 0.625 the Cephes polynomial x + x^3 P(x^2), above it
+// 1 - 2 / (e^(2|x|) + 1) with x's sign (no cancellation there: the result is
+// over 0.55). +-1 past |x| = 44, NaN stays NaN. The fast HC weights use it.
+inline float tanh_fast(float x) {
+    float a = std::fabs(x), z = x * x;
+    float p = -5.70498872745e-3f;
+    p = p * z + 2.06390887954e-2f;
+    p = p * z - 5.37397155531e-2f;
+    p = p * z + 1.33314422036e-1f;
+    p = p * z - 3.33332819422e-1f;
+    float small = x + x * z * p;
+    float big = std::copysign(1.0f - 2.0f / (exp_fast(2.0f * a) + 1.0f), x);
+    return a < 0.625f ? small : big;
+}
+
+// = hc_weights_forward, hc_weights_backward, hc_width_forward,
+// hc_width_backward and hc_depth_backward (lime.cu's Hyper-Connections).
+void hc_weights_forward_fast(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w, int N,
+                             int n, int d, float eps);
+void hc_weights_backward_fast(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
+                              const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d);
+void hc_width_forward_fast(float* M, const float* X, const float* Aw, int N, int n, int d);
+void hc_width_backward_fast(float* dX, float* dA, const float* dM, const float* X, const float* Aw, int N, int n, int d);
+void hc_depth_backward_fast(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw, int N,
+                            int n, int d);

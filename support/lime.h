@@ -260,6 +260,8 @@ std::string model_first_nonfinite(Model* model, bool params);
 
 // Floating-point operations per token for one training step (forward + backward), router counted.
 double flops_per_token(const Config& c, int T);
+// Bytes per token one training step moves if every op streams its arrays from memory (lime.cu has the model).
+double bytes_per_token(const Config& c, int T);
 
 // Whether --device gpu can work in this build on this machine; if not, *why says so in one line.
 bool gpu_available(std::string* why);

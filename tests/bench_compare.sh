@@ -2,7 +2,8 @@
 # tests/bench_compare.sh — `./lime bench` of two binaries side by side, at the
 # two configs of `make bench`, in alternating rounds (old, new, old, new, ...),
 # so that a change in the machine's load falls on both; prints the median
-# tokens/s of each binary, model, config and thread count, and new / old.
+# tokens/s of each binary, model (llama, lime, hc), config and thread count,
+# new / old, and each binary's hc / llama step time (the ratio of the medians).
 # Not part of `make test` (it measures, it checks nothing).
 #
 #   bash tests/bench_compare.sh OLD_BINARY NEW_BINARY [ROUNDS] [THREADS...]
@@ -31,7 +32,7 @@ for ((r = 1; r <= rounds; r++)); do
             for b in "$old" "$new"; do
                 tag=$([ "$b" = "$old" ] && echo old || echo new)
                 out=$("$b" bench ${c#*:} --steps "$STEPS" --threads "$t" --json) || { echo "bench_compare: $b failed"; exit 1; }
-                for m in llama lime; do
+                for m in llama lime hc; do
                     tps=$(echo "$out" | sed -n "s/.*\"$m\": {[^}]*\"tokens_per_s\": \([0-9.]*\).*/\1/p")
                     echo "${c%%:*} $t $m $tag $tps" >> "$tmp"
                 done
@@ -43,12 +44,15 @@ echo "load after: $(uptime | sed 's/.*load average/load average/')"
 printf "%-5s %-7s %-6s %12s %12s %8s\n" config threads model "old tok/s" "new tok/s" new/old
 for c in "${configs[@]}"; do
     for t in "${threads[@]}"; do
-        for m in llama lime; do
+        for m in llama lime hc; do
             med() { grep "^${c%%:*} $t $m $1 " "$tmp" | awk '{print $5}' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
             o=$(med old); n=$(med new)
             awk -v c="${c%%:*}" -v t="$t" -v m="$m" -v o="$o" -v n="$n" \
                 'BEGIN { printf "%-5s %-7s %-6s %12.0f %12.0f %8.2f\n", c, t, m, o, n, (o > 0 ? n / o : 0) }'
+            eval "tps_${m}_old=$o tps_${m}_new=$n"
         done
+        awk -v c="${c%%:*}" -v t="$t" -v lo="$tps_llama_old" -v ho="$tps_hc_old" -v ln="$tps_llama_new" -v hn="$tps_hc_new" \
+            'BEGIN { printf "%-5s %-7s hc / llama step time: old %.3f, new %.3f\n", c, t, (ho > 0 ? lo / ho : 0), (hn > 0 ? ln / hn : 0) }'
     done
 done
 rm -f "$tmp"
