@@ -5,8 +5,10 @@
 // values in a buffer; layer l >= 1 attends not with its own K[l], V[l] but
 // with a learned mixture of all buffered layers 0..l (Eq. 2 of the paper):
 //   Kr[t, r] = sum_{l' <= l, r'} W[l][r, l'*R + r'] * K[l'][t, r']
-// That mixture, `router_forward`, is the one place the two models differ:
-// `if (has_router(c, l))` in forward_pass and backward_pass. The paper's other
+// The buffer is head-major, a row of B*T*hd floats per (layer, kv head), so
+// the mixture is one matrix product, Kr = W[l] @ Kbuf[0:(l+1)R], run by the
+// matrix products' own code. That mixture, `router_forward`, is the one place
+// the two models differ: `if (has_router(c, l))` in forward_pass and backward_pass. The paper's other
 // baseline, Hyper-Connections (--arch hc), widens the residual stream into n
 // streams; its ops replace the sublayer's input and its residual add, the
 // `if (hc)` lines of the same passes.
@@ -23,13 +25,21 @@
 //   3. forward_pass, backward_pass and update_pass: the model, written once
 //      for both devices and both architectures;
 //   4. the public calls (support/lime.h), then the GPU's memory and staging.
+// What runs, from train.cpp's train_loop to the router's products (README,
+// "Reading the code"; tests/test_docs.sh checks each hop):
+//   train_loop -> take_step -> model_train_step -> forward_pass
+//     -> op_router_forward -> router_forward -> matmul_backward_cpu
+//        -> matmul_backward_fast (./lime) | matmul_backward (./lime-ref)
+//     -> (GPU) router_forward_gpu -> matmul_backward_gpu (cuBLAS)
+//   model_train_step -> backward_pass -> op_router_backward -> router_backward
+//     -> matmul_forward_cpu (dW) and matmul_backward_cpu (dKbuf); GPU: router_backward_gpu
 // Every function takes outputs, inputs, weights, sizes, in that order. The
 // math is docs/model.md and docs/training.md; the names are its names:
 //   B batch, T positions, V vocabulary, L layers, d width, H query heads,
 //   R key/value heads, hd = d / H head size, F SwiGLU hidden size, N = B*T.
 //
 // The CPU loops here are the reference: short and plain. ./lime runs faster
-// versions of three of them (matrix product, router, attention) from
+// versions of two of them (matrix product, attention) from
 // support/cpu_fast.cpp, checked against these by the tests; `make lime-ref`
 // builds the program on the plain loops alone (-DLIME_REFERENCE).
 //
@@ -148,7 +158,7 @@ std::string config_check(const Config& c) {
 //            uniform choice is 1/(l+1) per layer; spreading 1/((l+1)R) over every
 //            column instead would give all R kv heads the same key and value,
 //            collapsing GQA to one kv head, a different change than the ablation's.
-// The weights a variant holds fixed get no gradient (router_backward skips the
+// The weights a variant holds fixed get no gradient (router_backward adds only the
 // columns router_learned leaves out) and routers have no weight decay, so
 // AdamW never moves them: they stay exactly as model_init set them.
 RouterSpan router_sources(const Config& c, int l) {
