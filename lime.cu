@@ -159,7 +159,7 @@ std::string config_check(const Config& c) {
 //            column instead would give all R kv heads the same key and value,
 //            collapsing GQA to one kv head, a different change than the ablation's.
 // The weights a variant holds fixed get no gradient (router_backward adds only the
-// columns router_learned leaves out) and routers have no weight decay, so
+// columns router_learned keeps) and routers have no weight decay, so
 // AdamW never moves them: they stay exactly as model_init set them.
 RouterSpan router_sources(const Config& c, int l) {
     RouterSpan s;  // below 0, from 0: every layer 0..l (static, average)
