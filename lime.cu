@@ -302,8 +302,8 @@ struct Acts {
     float* dx;       // (B, T, d) gradient of the residual stream
     float* dnorm;    // (B, T, d) gradient of a norm's output
     float* dq;       // (B, T, H, hd)
-    float* dkr;      // (R, B, T, hd)
-    float* dvr;      // (R, B, T, hd); with the regulariser also its dV, (B, T, R*hd)
+    float* dkr;      // (R, B, T, hd); also the K/V projections' token-major (B, T, R*hd)
+    float* dvr;      // (R, B, T, hd); also token-major: the regulariser's dV, the V projection's gradient
     float* dKbuf;    // (L, R, B, T, hd) gradient of the KV buffer, filled by layers >= l
     float* dVbuf;    // (L, R, B, T, hd)
     float* dout;     // (B, T, H*hd) gradient of the attention output
@@ -691,36 +691,41 @@ static void op_add(Model* model, float* dst, const float* src, size_t n) {
     DISPATCH(model, add_inplace_gpu(dst, src, n, stream_of(model)), add_inplace(dst, src, n));
 }
 
-// A layer of the head-major KV buffer, (R, N, hd), as token-major (N, R, hd)
-// (to_tokens: dst = src transposed), or back (dst += src transposed): the
-// value-entropy regulariser and model_probe read the values token-major.
-static void kv_transpose(float* dst, const float* src, int N, int R, int hd, bool to_tokens) {
+// A layer of the head-major KV buffer, (R, N, hd), and the same numbers
+// token-major, (N, R, hd), as the projections compute them and the
+// value-entropy regulariser and model_probe read them: to_tokens, dst (N, R,
+// hd) (+)= src (R, N, hd) transposed; else dst (R, N, hd) (+)= src (N, R, hd).
+static void kv_transpose(float* dst, const float* src, int N, int R, int hd, bool to_tokens, bool accumulate) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         for (int r = 0; r < R; r++)
             for (int i = 0; i < hd; i++) {
                 size_t h = ((size_t)r * N + n) * hd + i, t = ((size_t)n * R + r) * hd + i;
-                if (to_tokens) dst[t] = src[h];
-                else dst[h] += src[t];
+                float* y = dst + (to_tokens ? t : h);
+                float x = src[to_tokens ? h : t];
+                *y = accumulate ? *y + x : x;
             }
 }
 #ifdef LIME_GPU
-__global__ void kv_transpose_kernel(float* dst, const float* src, int N, int R, int hd, int to_tokens) {
+__global__ void kv_transpose_kernel(float* dst, const float* src, int N, int R, int hd, int to_tokens, int accumulate) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over (N, R, hd); 32-bit: see model_create
     if (idx >= N * R * hd) return;
     int i = idx % hd, r = idx / hd % R, n = idx / hd / R, h = (r * N + n) * hd + i;
-    if (to_tokens) dst[idx] = src[h];
-    else dst[h] += src[idx];
+    float* y = dst + (to_tokens ? idx : h);
+    float x = src[to_tokens ? h : idx];
+    *y = accumulate ? *y + x : x;
 }
-static void kv_transpose_gpu(float* dst, const float* src, int N, int R, int hd, bool to_tokens, cudaStream_t stream) {
-    LAUNCH(kv_transpose_kernel, ceil_div((size_t)N * R * hd, 256), 256, 0, stream)(dst, src, N, R, hd, to_tokens);
+static void kv_transpose_gpu(float* dst, const float* src, int N, int R, int hd, bool to_tokens, bool accumulate,
+                             cudaStream_t stream) {
+    LAUNCH(kv_transpose_kernel, ceil_div((size_t)N * R * hd, 256), 256, 0, stream)
+        (dst, src, N, R, hd, to_tokens, accumulate);
     launchCheck();
 }
 #endif
-static void op_kv_transpose(Model* model, float* dst, const float* src, int N, bool to_tokens) {
+static void op_kv_transpose(Model* model, float* dst, const float* src, int N, bool to_tokens, bool accumulate) {
     int R = model->c.R, hd = model->c.hd;
-    DISPATCH(model, kv_transpose_gpu(dst, src, N, R, hd, to_tokens, stream_of(model)),
-             kv_transpose(dst, src, N, R, hd, to_tokens));
+    DISPATCH(model, kv_transpose_gpu(dst, src, N, R, hd, to_tokens, accumulate, stream_of(model)),
+             kv_transpose(dst, src, N, R, hd, to_tokens, accumulate));
 }
 
 // ===========================================================================
@@ -2507,21 +2512,22 @@ static float* pass_grads_base(Model* model) {  // all gradients, one array of n_
 // --router-kv separate a second one (the same for gradients: Params alike).
 static float* value_router(const LayerParams& w) { return w.router_v ? w.router_v : w.router; }
 
-// A layer's keys (or values) straight into its rows of the head-major buffer,
-// one product per kv head r: out[r] (N, hd) = inp (N, d) @ W_r^T, W_r = rows
-// r*hd .. r*hd + hd-1 of W (R*hd, d).
-static void kv_projection_forward(Model* model, float* out, const float* inp, const float* W, int N) {
+// A layer's keys (or values) into its rows of the head-major buffer: one
+// product tmp (N, R*hd) = inp (N, d) @ W^T, token-major, then transposed into
+// out (R, N, hd). (A product per kv head would write the rows directly, but
+// reads inp R times and, with hd narrower than the fast kernels' 16 or 32
+// columns, wastes most of every tile: measured slower at d = 32, hd = 8.)
+static void kv_projection_forward(Model* model, float* out, float* tmp, const float* inp, const float* W, int N) {
     const Config& c = model->c;
-    for (int r = 0; r < c.R; r++)
-        op_matmul_forward(model, out + (size_t)r * N * c.hd, inp, W + (size_t)r * c.hd * c.d, N, c.d, c.hd);
+    op_matmul_forward(model, tmp, inp, W, N, c.d, c.R * c.hd);
+    op_kv_transpose(model, out, tmp, N, false, false);
 }
-// forward: out[r] = inp @ W_r^T;  dinp += dout[r] @ W_r,  dW_r += dout[r]^T @ inp, for every kv head r
-static void kv_projection_backward(Model* model, float* dinp, float* dW, const float* dout, const float* inp,
-                                   const float* W, int N) {
+// forward: out = transpose(inp @ W^T);  tmp = transpose(dout), then dinp += tmp @ W, dW += tmp^T @ inp
+static void kv_projection_backward(Model* model, float* dinp, float* dW, float* tmp, const float* dout,
+                                   const float* inp, const float* W, int N) {
     const Config& c = model->c;
-    for (int r = 0; r < c.R; r++)
-        op_matmul_backward(model, dinp, dW + (size_t)r * c.hd * c.d, dout + (size_t)r * N * c.hd, inp,
-                           W + (size_t)r * c.hd * c.d, N, c.d, c.hd);
+    op_kv_transpose(model, tmp, dout, N, true, false);
+    op_matmul_backward(model, dinp, dW, tmp, inp, W, N, c.d, c.R * c.hd);
 }
 
 // Forward over the batch already in A->tokens (and A->targets, A->mask with a loss).
@@ -2541,11 +2547,11 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         const float* a_in = hc ? hc_sublayer_input(model, ha, la.x, P.hc[2 * l], N) : la.x;
         op_rmsnorm_forward(model, la.attn_in, la.rstd_a, a_in, w.g_attn, N);
         op_matmul_forward(model, la.q, la.attn_in, w.Wq, N, d, qd);  // (B, T, H, hd)
-        kv_projection_forward(model, la.K, la.attn_in, w.Wk, N);     // (R, B, T, hd) into the buffer
-        kv_projection_forward(model, la.V, la.attn_in, w.Wv, N);
+        kv_projection_forward(model, la.K, A->dkr, la.attn_in, w.Wk, N);  // (R, B, T, hd) into the buffer
+        kv_projection_forward(model, la.V, A->dkr, la.attn_in, w.Wv, N);  // (dkr: backward's, free here)
         if (model->ereg_on) {  // the value-entropy regulariser: this layer's S2 per sequence, from V as (B, T, R*hd)
             float* Vt = A->ereg_V + (size_t)l * N * kvd;
-            op_kv_transpose(model, Vt, la.V, N, true);
+            op_kv_transpose(model, Vt, la.V, N, true, false);
             op_ereg_forward(model, A->ereg_stat + (size_t)l * B * 4, A->ereg_mu + (size_t)l * B * kvd,
                             A->ereg_G + (size_t)l * B * kvd * kvd, Vt, A->valid, B, T);
         }
@@ -2648,13 +2654,13 @@ static void backward_pass(Model* model, int B, int T) {
             op_zero(model, A->dvr, kv_layer);
             op_ereg_backward(model, A->dvr, A->ereg_V + l * kv_layer, A->valid, A->ereg_mu + (size_t)l * B * kvd,
                              A->ereg_G + (size_t)l * B * kvd * kvd, A->ereg_stat + (size_t)l * B * 4, B, T);
-            op_kv_transpose(model, dV, A->dvr, N, false);
+            op_kv_transpose(model, dV, A->dvr, N, false, true);
         }
         // forward: q = a Wq^T, K = a Wk^T, V = a Wv^T, a = rmsnorm(x)
         op_zero(model, A->dnorm, (size_t)N * d);
         op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd);
-        kv_projection_backward(model, A->dnorm, gw.Wk, dK, la.attn_in, w.Wk, N);
-        kv_projection_backward(model, A->dnorm, gw.Wv, dV, la.attn_in, w.Wv, N);
+        kv_projection_backward(model, A->dnorm, gw.Wk, A->dkr, dK, la.attn_in, w.Wk, N);  // (dkr, dvr: free now)
+        kv_projection_backward(model, A->dnorm, gw.Wv, A->dvr, dV, la.attn_in, w.Wv, N);
         op_rmsnorm_backward(model, hc ? A->hc_dM : A->dx, gw.g_attn, A->dnorm, hc ? ha.M : la.x, w.g_attn, la.rstd_a,
                             N);
         if (hc) hc_input_backward(model, A->dx, ha, la.x, P.hc[2 * l], G.hc[2 * l], N);  // dx is now d x[l]
@@ -2887,7 +2893,7 @@ const float* model_probe(Model* model, Probe what, int l) {
     }
     if (what != PROBE_HIDDEN) {  // the buffer's (R, B, T, hd), as (B, T, R, hd)
         model->host_copy.resize(2 * n);
-        kv_transpose(model->host_copy.data() + n, src, (int)BT, c.R, c.hd, true);
+        kv_transpose(model->host_copy.data() + n, src, (int)BT, c.R, c.hd, true, false);
         return model->host_copy.data() + n;
     }
     if (streams == 1) return src;
