@@ -8,10 +8,10 @@
 // The buffer is head-major, a row of B*T*hd floats per (layer, kv head), so
 // the mixture is one matrix product, Kr = W[l] @ Kbuf[0:(l+1)R], run by the
 // matrix products' own code. That mixture, `router_forward`, is the one place
-// the two models differ: `if (has_router(c, l))` in forward_pass and backward_pass. The paper's other
-// baseline, Hyper-Connections (--arch hc), widens the residual stream into n
-// streams; its ops replace the sublayer's input and its residual add, the
-// `if (hc)` lines of the same passes.
+// the two models differ: `if (has_router(c, l))` in forward_pass and
+// backward_pass. The paper's other baseline, Hyper-Connections (--arch hc),
+// widens the residual stream into n streams; its ops replace the sublayer's
+// input and its residual add, the `if (hc)` lines of the same passes.
 //
 // Read it top to bottom:
 //   1. the config and the parameters (param_specs: every tensor, its HF name
@@ -273,7 +273,7 @@ struct Acts {
     float* attn_in;  // (L, B, T, d)   rmsnorm(x) entering attention
     float* rstd_a;   // (L, B, T)
     float* q;        // (L, B, T, H, hd) queries after RoPE
-    float* Kbuf;     // (L, R, B, T, hd) the KV buffer, head-major: each layer's own keys, before RoPE; row (l, r) of B*T*hd
+    float* Kbuf;     // (L, R, B, T, hd) the KV buffer, head-major (a row of B*T*hd per layer, kv head): keys before RoPE
     float* Vbuf;     // (L, R, B, T, hd) ... and values
     float* kr;       // (L, R, B, T, hd) keys attention reads (routed, after RoPE)
     float* vr;       // (L, R, B, T, hd) values attention reads (routed; unused without a router)

@@ -292,7 +292,9 @@ void matmul_fast_use_kernel(int i) { gemm_kernel = i; }
 // share the slices, each computing all N x OC dot products over its slice into
 // partial (DOT_SLICES, N, OC), and then the slices are added in order.
 static const int DOT_SLICES = 64;
-static bool few_long_dots(int N, int C, int OC) { return (size_t)N * OC <= 4096 && (size_t)N * DOT_SLICES <= (size_t)C; }
+static bool few_long_dots(int N, int C, int OC) {  // at least 64 floats a slice; partial within C * OC floats
+    return (size_t)N * OC <= 65536 && C >= 64 * DOT_SLICES && (size_t)N * DOT_SLICES <= (size_t)C;
+}
 static void dots_sliced(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
                         float* partial) {
 #pragma omp parallel for schedule(static)

@@ -1131,6 +1131,8 @@ TEST(router_products_equal_eq2_with_1_and_5_sources) {
         check_router_products(3, 7, 2, hd, RouterSpan{0, 4}, false);   // nothing learned (average, frozen)
         check_router_products(3, 7, 2, hd, RouterSpan{0, 2}, false);   // last-2: layers 2 and 3 learned
     }
+    check_router_products(2, 300, 2, 16, RouterSpan{0, 0}, true);  // N*hd = 4800: dW by the sliced dot products
+    check_router_products(2, 300, 2, 16, RouterSpan{1, 2}, false);
 }
 
 static void check_fast_attention(int B, int T, int H, int R, int hd) {
