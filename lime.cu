@@ -5,11 +5,13 @@
 // values in a buffer; layer l >= 1 attends not with its own K[l], V[l] but
 // with a learned mixture of all buffered layers 0..l (Eq. 2 of the paper):
 //   Kr[t, r] = sum_{l' <= l, r'} W[l][r, l'*R + r'] * K[l'][t, r']
-// That mixture, `router_forward`, is the one place the two models differ:
-// `if (has_router(c, l))` in forward_pass and backward_pass. The paper's other
-// baseline, Hyper-Connections (--arch hc), widens the residual stream into n
-// streams; its ops replace the sublayer's input and its residual add, the
-// `if (hc)` lines of the same passes.
+// The buffer is head-major, a row of B*T*hd floats per (layer, kv head), so
+// the mixture is one matrix product, Kr = W[l] @ Kbuf[0:(l+1)R], run by the
+// matrix products' own code. That mixture, `router_forward`, is the one place
+// the two models differ: `if (has_router(c, l))` in forward_pass and
+// backward_pass. The paper's other baseline, Hyper-Connections (--arch hc),
+// widens the residual stream into n streams; its ops replace the sublayer's
+// input and its residual add, the `if (hc)` lines of the same passes.
 //
 // Read it top to bottom:
 //   1. the config and the parameters (param_specs: every tensor, its HF name
@@ -23,14 +25,23 @@
 //   3. forward_pass, backward_pass and update_pass: the model, written once
 //      for both devices and both architectures;
 //   4. the public calls (support/lime.h), then the GPU's memory and staging.
+// What runs, from train.cpp's train_loop to the router's products (README,
+// "Reading the code"; tests/test_docs.sh checks each hop):
+//   train_loop -> take_step -> model_train_step -> forward_pass
+//     -> op_router_forward -> router_forward -> matmul_backward_cpu
+//        -> matmul_backward_fast (./lime) | matmul_backward (./lime-ref)
+//     -> (GPU) router_forward_gpu -> matmul_backward_gpu (cuBLAS)
+//   model_train_step -> backward_pass -> op_router_backward -> router_backward
+//     -> matmul_forward_cpu (dW) and matmul_backward_cpu (dKbuf); GPU: router_backward_gpu
 // Every function takes outputs, inputs, weights, sizes, in that order. The
 // math is docs/model.md and docs/training.md; the names are its names:
 //   B batch, T positions, V vocabulary, L layers, d width, H query heads,
 //   R key/value heads, hd = d / H head size, F SwiGLU hidden size, N = B*T.
 //
 // The CPU loops here are the reference: short and plain. ./lime runs faster
-// versions of four groups of them (matrix product, router, attention,
-// Hyper-Connections) from support/cpu_fast.cpp, checked against these by the tests; `make lime-ref`
+// versions of three groups of them (matrix product, which also runs the
+// router; attention; Hyper-Connections) from support/cpu_fast.cpp, checked
+// against these by the tests; `make lime-ref`
 // builds the program on the plain loops alone (-DLIME_REFERENCE).
 //
 // Builds: g++ -x c++ lime.cu (CPU only); nvcc (CPU and GPU); g++ -DLIME_EMU
@@ -148,8 +159,8 @@ std::string config_check(const Config& c) {
 //            uniform choice is 1/(l+1) per layer; spreading 1/((l+1)R) over every
 //            column instead would give all R kv heads the same key and value,
 //            collapsing GQA to one kv head, a different change than the ablation's.
-// The weights a variant holds fixed get no gradient (router_backward skips the
-// columns router_learned leaves out) and routers have no weight decay, so
+// The weights a variant holds fixed get no gradient (router_backward adds only the
+// columns router_learned keeps) and routers have no weight decay, so
 // AdamW never moves them: they stay exactly as model_init set them.
 RouterSpan router_sources(const Config& c, int l) {
     RouterSpan s;  // below 0, from 0: every layer 0..l (static, average)
@@ -263,10 +274,10 @@ struct Acts {
     float* attn_in;  // (L, B, T, d)   rmsnorm(x) entering attention
     float* rstd_a;   // (L, B, T)
     float* q;        // (L, B, T, H, hd) queries after RoPE
-    float* Kbuf;     // (L, B, T, R, hd) the KV buffer: each layer's own keys, before RoPE
-    float* Vbuf;     // (L, B, T, R, hd) ... and values
-    float* kr;       // (L, B, T, R, hd) keys attention reads (routed, after RoPE)
-    float* vr;       // (L, B, T, R, hd) values attention reads (routed; unused without a router)
+    float* Kbuf;     // (L, R, B, T, hd) the KV buffer, head-major (a row of B*T*hd per layer, kv head): keys before RoPE
+    float* Vbuf;     // (L, R, B, T, hd) ... and values
+    float* kr;       // (L, R, B, T, hd) keys attention reads (routed, after RoPE)
+    float* vr;       // (L, R, B, T, hd) values attention reads (routed; unused without a router)
     float* att;      // (L, B, H, T, T) attention probabilities; with flash, (L, B, H, T): each row's log-sum-exp
     float* o;        // (L, B, T, H*hd) attention output, heads concatenated
     float* mlp_in;   // (L, B, T, d)   rmsnorm(xa) entering the MLP
@@ -284,6 +295,7 @@ struct Acts {
     int* tokens;     // (B, T)
     float* valid;    // (B, T)         1 where the position holds a token of its sequence (the regulariser's)
     // the value-entropy regulariser, sized 0 when entropy_reg is 0; D = R*hd
+    float* ereg_V;   // (L, B, T, D)   the values token-major, as the regulariser reads them
     float* ereg_mu;  // (L, B, D)      each sequence's mean value over its valid positions
     float* ereg_G;   // (L, B, D, D)   the Gram matrix of the centred values, G = Z^T Z
     float* ereg_stat;// (L, B, 4)      S2, 4 / tr(G), 4 / ||G||_F^2 (0, 0, 0 for a sequence without an S2), unused
@@ -291,22 +303,18 @@ struct Acts {
     float* dx;       // (B, T, d) gradient of the residual stream
     float* dnorm;    // (B, T, d) gradient of a norm's output
     float* dq;       // (B, T, H, hd)
-    float* dkr;      // (B, T, R, hd)
-    float* dvr;      // (B, T, R, hd)
-    float* dKbuf;    // (L, B, T, R, hd) gradient of the KV buffer, filled by layers >= l
-    float* dVbuf;    // (L, B, T, R, hd)
+    float* dkr;      // (R, B, T, hd); also the K/V projections' token-major (B, T, R*hd)
+    float* dvr;      // (R, B, T, hd); also token-major: the regulariser's dV, the V projection's gradient
+    float* dKbuf;    // (L, R, B, T, hd) gradient of the KV buffer, filled by layers >= l
+    float* dVbuf;    // (L, R, B, T, hd)
     float* dout;     // (B, T, H*hd) gradient of the attention output
     float* dgate;    // (B, T, F)
     float* dup;      // (B, T, F)
     float* dh;       // (B, T, F)
     float* datt;     // (B, H, T, T) GPU attention scratch (empty on the CPU)
-    float* kt;       // (B, R, T, hd) GPU attention scratch: keys, values, their gradients, head-major (CPU: empty)
-    float* vt;
-    float* dkt;
-    float* dvt;
     float* scratch;  // CPU: the fast products' packed panels (support/cpu_fast.h);
                      // GPU: attention's head-major q, out/dout and dq (3, B, T, H*hd), rmsnorm's gain partials,
-                     // flash attention's D (B, H, T), the router's and the embedding's partial sums
+                     // flash attention's D (B, H, T), a router variant's weight gradient, the embedding's partial sums
     size_t scratch_floats;  // its size, in floats
     // Hyper-Connections (hc only; empty otherwise), per sublayer s = 2l (attention), 2l+1 (MLP):
     float* hc_M;     // (2L, n+1, B, T, d) the width connection's mixtures; the sublayer reads mixture 0
@@ -335,13 +343,6 @@ static size_t fast_scratch_floats(const Config& c, size_t BT) {
     for (auto [C, OC] : products)
         most = std::max({most, matmul_fast_scratch_floats(C, OC), matmul_fast_scratch_floats(std::max(BT, OC), C)});
     return most;
-}
-
-// The GPU router's weight gradient sums chunks of ROUTER_CHUNK positions
-// (router_backward_gpu): layer l's partial sums (chunks, 2, R, (l+1)R), in floats.
-#define ROUTER_CHUNK 64
-static size_t router_scratch_floats(int l, size_t N, int R) {
-    return (N + ROUTER_CHUNK - 1) / ROUTER_CHUNK * 2 * R * (l + 1) * R;
 }
 
 // The GPU's HC weight gradient (hc_weights_backward_gpu): dp (BT, n, n+2), then
@@ -387,6 +388,7 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take_int(&A->tokens, BT);
     take(&A->valid, BT);
     size_t ereg = c.entropy_reg > 0 ? 1 : 0;
+    take(&A->ereg_V, ereg * L * BT * kvd);
     take(&A->ereg_mu, ereg * L * B * kvd);
     take(&A->ereg_G, ereg * L * B * kvd * kvd);
     take(&A->ereg_stat, ereg * L * B * 4);
@@ -403,11 +405,8 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->dh, BT * c.F);
     size_t gpu = dev == DEVICE_GPU && !flash ? 1 : 0;  // only the GPU's matrix-product attention uses these
     take(&A->datt, gpu * BT * c.H * c.T);
-    take(&A->kt, gpu * BT * kvd);
-    take(&A->vt, gpu * BT * kvd);
-    take(&A->dkt, gpu * BT * kvd);
-    take(&A->dvt, gpu * BT * kvd);
-    size_t gpu_scratch = std::max({3 * BT * qd, router_scratch_floats(c.L - 1, BT, c.R), hc * hc_scratch_floats(c, BT)});
+    size_t router = 2 * (size_t)c.R * c.L * c.R;  // a variant's weight gradient (router_backward_gpu)
+    size_t gpu_scratch = std::max({3 * BT * qd, router, hc * hc_scratch_floats(c, BT)});
     A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch : FAST_CPU ? fast_scratch_floats(c, BT) : 0;
     take(&A->scratch, A->scratch_floats);
     take(&A->hc_M, hc * 2 * L * (n + 1) * BT * d);
@@ -584,7 +583,7 @@ static void matmul_forward(float* out, const float* inp, const float* W, int N, 
 }
 
 // forward: out = inp @ W^T
-// dinp (N, C) += dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp
+// dinp (N, C) += dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp   (either may be nullptr: not wanted)
 static void matmul_backward(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
                             int OC) {
     if (dinp) {
@@ -596,6 +595,7 @@ static void matmul_backward(float* dinp, float* dW, const float* dout, const flo
                 dinp[(size_t)n * C + i] += s;
             }
     }
+    if (!dW) return;
 #pragma omp parallel for schedule(static)
     for (int o = 0; o < OC; o++)  // row o of dW: the positions' rows of inp, weighted by dout[:, o]
         for (int n = 0; n < N; n++) {
@@ -619,21 +619,32 @@ static void matmul_backward_gpu(float* dinp, float* dW, const float* dout, const
                                 int C, int OC, cublasHandle_t blas) {
     const float one = 1.0f;
     if (dinp) cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, W, C, dout, OC, &one, dinp, C));
-    cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dW, C));
+    if (dW) cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dW, C));
 }
 #endif
+
+// The CPU's products: the blocked ones of support/cpu_fast.cpp in ./lime, the
+// plain loops above in lime-ref and the labs. scratch: the fast ones' panels.
+static void matmul_forward_cpu(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
+                               float* scratch) {
+    if (FAST_CPU) matmul_forward_fast(out, inp, W, N, C, OC, accumulate, scratch);
+    else matmul_forward(out, inp, W, N, C, OC, accumulate);
+}
+static void matmul_backward_cpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
+                                int C, int OC, float* scratch) {
+    if (FAST_CPU) matmul_backward_fast(dinp, dW, dout, inp, W, N, C, OC, scratch);
+    else matmul_backward(dinp, dW, dout, inp, W, N, C, OC);
+}
 
 static void op_matmul_forward(Model* model, float* out, const float* inp, const float* W, int N, int C, int OC,
                               bool accumulate = false) {
     DISPATCH(model, matmul_forward_gpu(out, inp, W, N, C, OC, accumulate, blas_of(model)),
-             if (FAST_CPU) matmul_forward_fast(out, inp, W, N, C, OC, accumulate, model->acts->scratch);
-             else matmul_forward(out, inp, W, N, C, OC, accumulate));
+             matmul_forward_cpu(out, inp, W, N, C, OC, accumulate, model->acts->scratch));
 }
 static void op_matmul_backward(Model* model, float* dinp, float* dW, const float* dout, const float* inp,
                                const float* W, int N, int C, int OC) {
     DISPATCH(model, matmul_backward_gpu(dinp, dW, dout, inp, W, N, C, OC, blas_of(model)),
-             if (FAST_CPU) matmul_backward_fast(dinp, dW, dout, inp, W, N, C, OC, model->acts->scratch);
-             else matmul_backward(dinp, dW, dout, inp, W, N, C, OC));
+             matmul_backward_cpu(dinp, dW, dout, inp, W, N, C, OC, model->acts->scratch));
 }
 
 // ---------------------------------------------------------------------------
@@ -679,6 +690,43 @@ static void op_zero(Model* model, float* p, size_t n) {
 }
 static void op_add(Model* model, float* dst, const float* src, size_t n) {
     DISPATCH(model, add_inplace_gpu(dst, src, n, stream_of(model)), add_inplace(dst, src, n));
+}
+
+// A layer of the head-major KV buffer, (R, N, hd), and the same numbers
+// token-major, (N, R, hd), as the projections compute them and the
+// value-entropy regulariser and model_probe read them: to_tokens, dst (N, R,
+// hd) (+)= src (R, N, hd) transposed; else dst (R, N, hd) (+)= src (N, R, hd).
+static void kv_transpose(float* dst, const float* src, int N, int R, int hd, bool to_tokens, bool accumulate) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < hd; i++) {
+                size_t h = ((size_t)r * N + n) * hd + i, t = ((size_t)n * R + r) * hd + i;
+                float* y = dst + (to_tokens ? t : h);
+                float x = src[to_tokens ? h : t];
+                *y = accumulate ? *y + x : x;
+            }
+}
+#ifdef LIME_GPU
+__global__ void kv_transpose_kernel(float* dst, const float* src, int N, int R, int hd, int to_tokens, int accumulate) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over (N, R, hd); 32-bit: see model_create
+    if (idx >= N * R * hd) return;
+    int i = idx % hd, r = idx / hd % R, n = idx / hd / R, h = (r * N + n) * hd + i;
+    float* y = dst + (to_tokens ? idx : h);
+    float x = src[to_tokens ? h : idx];
+    *y = accumulate ? *y + x : x;
+}
+static void kv_transpose_gpu(float* dst, const float* src, int N, int R, int hd, bool to_tokens, bool accumulate,
+                             cudaStream_t stream) {
+    LAUNCH(kv_transpose_kernel, ceil_div((size_t)N * R * hd, 256), 256, 0, stream)
+        (dst, src, N, R, hd, to_tokens, accumulate);
+    launchCheck();
+}
+#endif
+static void op_kv_transpose(Model* model, float* dst, const float* src, int N, bool to_tokens, bool accumulate) {
+    int R = model->c.R, hd = model->c.hd;
+    DISPATCH(model, kv_transpose_gpu(dst, src, N, R, hd, to_tokens, accumulate, stream_of(model)),
+             kv_transpose(dst, src, N, R, hd, to_tokens, accumulate));
 }
 
 // ===========================================================================
@@ -1002,201 +1050,118 @@ static void op_rope_backward(Model* model, float* dx, int B, int T, int nh) {
 
 // ===========================================================================
 // The KV router (Eq. 2): layer l's keys and values are a learned mixture of
-// the buffered keys and values of layers 0..l, mixed per position n < N:
-//   Kr[n, r, :] = sum_{j < (l+1)R} Wk[r, j] * Kbuf[j / R][n, j % R, :]
-//   Vr[n, r, :] = sum_{j < (l+1)R} Wv[r, j] * Vbuf[j / R][n, j % R, :]
-// Wk, Wv (R, (l+1)R); Kbuf, Vbuf (L, N, R, hd); Kr, Vr (N, R, hd). Column
-// j = l'*R + r' reads layer l', kv head r'. Eq. 2 has one W for both keys and
-// values: Wk == Wv, the same pointer; with --router-kv separate they are two.
-// A variant (router_sources) only holds some weights fixed: `learned` says
-// which source layers' columns get a gradient (none for average and frozen).
+// the buffered keys and values of layers 0..l. The buffer is head-major: row
+// j = l'*R + r' holds layer l', kv head r' at every position, M = N*hd floats,
+// so Kbuf, Vbuf (L, R, N, hd) are (L*R, M) matrices and the mixture is one
+// matrix product over their first J = (l+1)R rows (the authors' torch.mm):
+//   Kr (R, M) = Wk (R, J) @ Kbuf[0:J] (J, M)    Kr[r][n, :] = sum_j Wk[r, j] * Kbuf[j][n, :]
+//   Vr (R, M) = Wv (R, J) @ Vbuf[0:J] (J, M)
+// Eq. 2 has one W for both keys and values: Wk == Wv, the same pointer; with
+// --router-kv separate they are two. The products are the matrix products'
+// own (above): Wk @ Kbuf is matmul_backward's dinp = dout @ W with dout = Wk,
+// W = Kbuf; the plain loops in lime-ref, the blocked ones in ./lime, cuBLAS
+// on the GPU. A variant (router_sources) only holds some weights fixed:
+// `learned` says which source layers' columns get a gradient.
 // ===========================================================================
 
-LAB_SWAPPABLE void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                                  const float* Vbuf, int l, int N, int R, int hd) {
-    int J = (l + 1) * R;
-    size_t layer = (size_t)N * R * hd;  // one layer of the buffer
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int r = 0; r < R; r++)
-            for (int i = 0; i < hd; i++) {
-                float k = 0, v = 0;
-                for (int j = 0; j < J; j++) {
-                    size_t src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
-                    k += Wk[r * J + j] * Kbuf[src];
-                    v += Wv[r * J + j] * Vbuf[src];
-                }
-                Kr[((size_t)n * R + r) * hd + i] = k;
-                Vr[((size_t)n * R + r) * hd + i] = v;
-            }
+// The CPU products' panels and the variants' weight gradient (2, R, J), kept
+// from call to call (sized for the largest layer the first time it is used).
+static float* router_scratch_cpu(int l, int N, int R, int hd) {
+    static std::vector<float> scratch;
+    int J = (l + 1) * R, M = N * hd;
+    size_t floats = 2 * (size_t)R * J + std::max(matmul_fast_forward_scratch_floats(R, M, J),
+                                                 matmul_fast_scratch_floats(std::max(J, R), 32));
+    if (scratch.size() < floats) scratch.resize(floats);
+    return scratch.data();
 }
 
-// forward: Kr[n,r,:] = sum_j Wk[r,j] * Kbuf_j[n,:]   (and Vr alike)
-// dWk[r,j]     += sum_{n,i} dKr[n,r,i] * Kbuf_j[n,i]   (one W: it gets the keys' and the values' sums)
-// dKbuf_j[n,:] += sum_r Wk[r,j] * dKr[n,r,:]           (and dWv, dVbuf alike)
+// Calls add(offset, count) for the runs of row r's columns whose source
+// layer `learned` has: dW[offset .. offset + count) gets the gradient.
+template <class Add>
+static void for_learned_columns(int l, int R, RouterSpan learned, Add add) {
+    int J = (l + 1) * R, below = std::min(learned.below, l + 1), from = std::max(learned.from, below);
+    for (int r = 0; r < R; r++) {
+        if (below > 0) add((size_t)r * J, (size_t)below * R);
+        if (from <= l) add((size_t)r * J + from * R, (size_t)(l + 1 - from) * R);
+    }
+}
+static bool learns_all(int l, RouterSpan learned) { return learned.below >= learned.from || learned.from <= 0 || learned.below > l; }
+static bool learns_any(int l, RouterSpan learned) { return learned.below > 0 || learned.from <= l; }
+
+// Kr, Vr (R, N, hd); Wk, Wv (R, (l+1)R); Kbuf, Vbuf (L, R, N, hd).
+LAB_SWAPPABLE void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
+                                  const float* Vbuf, int l, int N, int R, int hd) {
+    int J = (l + 1) * R, M = N * hd;
+    float* panels = router_scratch_cpu(l, N, R, hd) + 2 * (size_t)R * J;
+    zero_cpu(Kr, (size_t)R * M), zero_cpu(Vr, (size_t)R * M);
+    matmul_backward_cpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, J, panels);  // Kr += Wk (R, J) @ Kbuf (J, M)
+    matmul_backward_cpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, J, panels);
+}
+
+// forward: Kr = Wk @ Kbuf[0:J]   (and Vr = Wv @ Vbuf[0:J])
+// dWk (R, J)        += dKr (R, M) @ Kbuf[0:J]^T   (one W: it gets the keys' and the values' sums)
+// dKbuf[0:J] (J, M) += Wk^T (J, R) @ dKr (R, M)   (and dWv, dVbuf alike)
 // This is where the gradient reaches the keys and values of earlier layers.
+// dW's product is matmul_forward's inp @ W^T (inp = dKr, W = Kbuf), dKbuf's
+// matmul_backward's dW += dout^T @ inp (dout = Wk, inp = dKr). A variant's
+// weight gradient goes through G (2, R, J) first, and only its learned columns are added.
 LAB_SWAPPABLE void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
                                    const float* dVr, const float* Wk, const float* Wv, const float* Kbuf,
                                    const float* Vbuf, int l, RouterSpan learned, int N, int R, int hd) {
-    int J = (l + 1) * R;
-    size_t layer = (size_t)N * R * hd;
-#pragma omp parallel for schedule(static)
-    for (int rj = 0; rj < R * J; rj++) {  // weight (r, j)
-        int r = rj / J, j = rj % J;
-        if (!learned.has(j / R)) continue;  // a weight the variant holds fixed
-        float k = 0, v = 0;
-        for (int n = 0; n < N; n++)
-            for (int i = 0; i < hd; i++) {
-                size_t at = ((size_t)n * R + r) * hd + i, src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
-                k += dKr[at] * Kbuf[src];
-                v += dVr[at] * Vbuf[src];
-            }
-        if (dWk == dWv) dWk[rj] += k + v;
-        else dWk[rj] += k, dWv[rj] += v;
+    int J = (l + 1) * R, M = N * hd;
+    float *G = router_scratch_cpu(l, N, R, hd), *panels = G + 2 * (size_t)R * J;
+    if (learns_any(l, learned)) {
+        bool all = learns_all(l, learned), one = dWk == dWv;
+        float *gk = all ? dWk : G, *gv = all ? dWv : one ? G : G + (size_t)R * J;
+        if (!all) zero_cpu(G, 2 * (size_t)R * J);
+        matmul_forward_cpu(gk, dKr, Kbuf, R, M, J, true, panels);  // gk += dKr @ Kbuf^T
+        matmul_forward_cpu(gv, dVr, Vbuf, R, M, J, true, panels);  // one W: gv == gk, both sums
+        if (!all) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace(dWk + at, gk + at, n); });
+        if (!all && !one) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace(dWv + at, gv + at, n); });
     }
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int j = 0; j < J; j++)
-            for (int i = 0; i < hd; i++) {
-                float k = 0, v = 0;
-                for (int r = 0; r < R; r++) {
-                    k += Wk[r * J + j] * dKr[((size_t)n * R + r) * hd + i];
-                    v += Wv[r * J + j] * dVr[((size_t)n * R + r) * hd + i];
-                }
-                size_t src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
-                dKbuf[src] += k;
-                dVbuf[src] += v;
-            }
+    matmul_backward_cpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, J, panels);  // dKbuf += Wk^T @ dKr
+    matmul_backward_cpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, J, panels);
 }
 
 #ifdef LIME_GPU
-// Kr[n, r, i] = sum_j Wk[r, j] Kbuf_j[n, i] (Vr alike). Forward and the buffer
-// gradient: thread (n, i) holds up to ROUTER_HEADS heads of its position in
-// registers (all R when R <= ROUTER_HEADS: each buffered float is read once)
-// and walks the columns j as two loops, source layer and head, no division.
-// Indices are 32-bit: model_create refuses a buffer of 2^31 floats or more.
-#define ROUTER_HEADS 16
-__global__ void router_forward_kernel(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                                      const float* Vbuf, int l, int N, int R, int hd) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x, layer = N * R * hd, J = (l + 1) * R;
-    if (idx >= N * hd) return;
-    int at = idx / hd * R * hd + idx % hd;  // (n, head 0, i)
-    for (int r0 = 0; r0 < R; r0 += ROUTER_HEADS) {  // output heads r0 + g
-        float k[ROUTER_HEADS] = {}, v[ROUTER_HEADS] = {};
-        for (int src = 0; src <= l; src++)
-            for (int h = 0; h < R; h++) {
-                float kb = Kbuf[src * layer + at + h * hd], vb = Vbuf[src * layer + at + h * hd];
-                for (int g = 0; g < ROUTER_HEADS; g++)
-                    if (r0 + g < R) {
-                        k[g] += Wk[(r0 + g) * J + src * R + h] * kb;
-                        v[g] += Wv[(r0 + g) * J + src * R + h] * vb;
-                    }
-            }
-        for (int g = 0; g < ROUTER_HEADS; g++)
-            if (r0 + g < R) Kr[at + (r0 + g) * hd] = k[g], Vr[at + (r0 + g) * hd] = v[g];
-    }
-}
-// dKbuf_j[n, i] += sum_r Wk[r, j] dKr[n, r, i] (dVbuf alike): thread (n, i), every j.
-__global__ void router_backward_dbuf_kernel(float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
-                                            const float* Wk, const float* Wv, int l, int N, int R, int hd) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x, layer = N * R * hd, J = (l + 1) * R;
-    if (idx >= N * hd) return;
-    int at = idx / hd * R * hd + idx % hd;
-    for (int r0 = 0; r0 < R; r0 += ROUTER_HEADS) {
-        float dk[ROUTER_HEADS], dv[ROUTER_HEADS];
-        for (int g = 0; g < ROUTER_HEADS; g++)
-            dk[g] = r0 + g < R ? dKr[at + (r0 + g) * hd] : 0.0f, dv[g] = r0 + g < R ? dVr[at + (r0 + g) * hd] : 0.0f;
-        for (int src = 0; src <= l; src++)
-            for (int h = 0; h < R; h++) {
-                float k = 0, v = 0;
-                for (int g = 0; g < ROUTER_HEADS; g++)
-                    if (r0 + g < R) {
-                        k += Wk[(r0 + g) * J + src * R + h] * dk[g];
-                        v += Wv[(r0 + g) * J + src * R + h] * dv[g];
-                    }
-                dKbuf[src * layer + at + h * hd] += k;
-                dVbuf[src * layer + at + h * hd] += v;
-            }
-    }
-}
-// dWk[r, j] += sum_{n,i} dKr[n, r, i] Kbuf_j[n, i] (dWv alike) in two fixed-order
-// steps, no atomics. Block (chunk of ROUTER_CHUNK positions, weight group)
-// reads its chunk once: the elements e = (n, i) pass through shared memory
-// `tile` at a time, element-major (dKr, dVr as (tile, R); Kbuf_j, Vbuf_j as
-// (tile, J)), and thread t sums weights w = t + a * ROUTER_THREADS (a <
-// ROUTER_WEIGHTS) into partial (chunks, 2, R*J). Then one thread per weight
-// adds the chunks in order.
-#define ROUTER_THREADS 256
-#define ROUTER_WEIGHTS 8
-#define ROUTER_SHARED_FLOATS 8192  // 32 KB of staged elements
-__global__ void router_dw_partial_kernel(float* partial, const float* dKr, const float* dVr, const float* Kbuf,
-                                         const float* Vbuf, int l, int N, int R, int hd, int tile) {
-    DYNAMIC_SHARED(float, smem);
-    int J = (l + 1) * R, RJ = R * J, layer = N * R * hd, n0 = blockIdx.x * ROUTER_CHUNK;
-    int w0 = blockIdx.y * ROUTER_THREADS * ROUTER_WEIGHTS + threadIdx.x, count = min(ROUTER_CHUNK, N - n0) * hd;
-    float *sdk = smem, *sdv = sdk + tile * R, *sk = sdv + tile * R, *sv = sk + tile * J;
-    float k[ROUTER_WEIGHTS] = {}, v[ROUTER_WEIGHTS] = {};
-    for (int e0 = 0; e0 < count; e0 += tile) {
-        int m = min(tile, count - e0);
-        __syncthreads();  // everyone is done with the previous tile
-        for (int x = threadIdx.x; x < m * (R + J); x += blockDim.x) {  // element s of column c: dKr's, then Kbuf's
-            int c = x / m, s = x % m, at = (n0 + (e0 + s) / hd) * R * hd + (e0 + s) % hd;
-            if (c < R) sdk[s * R + c] = dKr[at + c * hd], sdv[s * R + c] = dVr[at + c * hd];
-            else c -= R, at += c / R * layer + c % R * hd, sk[s * J + c] = Kbuf[at], sv[s * J + c] = Vbuf[at];
-        }
-        __syncthreads();
-        for (int a = 0; a < ROUTER_WEIGHTS; a++) {
-            int w = w0 + a * ROUTER_THREADS, r = w / J, j = w % J;
-            for (int s = 0; w < RJ && s < m; s++) {
-                k[a] += sdk[s * R + r] * sk[s * J + j];
-                v[a] += sdv[s * R + r] * sv[s * J + j];
-            }
-        }
-    }
-    float* out = partial + (size_t)blockIdx.x * 2 * RJ;
-    for (int a = 0; a < ROUTER_WEIGHTS; a++)
-        if (int w = w0 + a * ROUTER_THREADS; w < RJ) out[w] = k[a], out[RJ + w] = v[a];
-}
-__global__ void router_dw_reduce_kernel(float* dWk, float* dWv, const float* partial, int chunks, int l, int R,
-                                        RouterSpan learned) {
-    int w = blockIdx.x * blockDim.x + threadIdx.x, J = (l + 1) * R, RJ = R * J, src = w % J / R;
-    // a weight the variant holds fixed (RouterSpan::has, inlined: it is host code)
-    if (w >= RJ || !(src < learned.below || src >= learned.from)) return;
-    float k = 0, v = 0;
-    for (int c = 0; c < chunks; c++) k += partial[(size_t)c * 2 * RJ + w], v += partial[(size_t)c * 2 * RJ + RJ + w];
-    if (dWk == dWv) dWk[w] += k + v;
-    else dWk[w] += k, dWv[w] += v;
-}
+// The same products on cuBLAS (matmul_forward_gpu, matmul_backward_gpu), on blas's stream.
 LAB_SWAPPABLE void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                                      const float* Vbuf, int l, int N, int R, int hd, cudaStream_t stream) {
-    LAUNCH(router_forward_kernel, ceil_div((size_t)N * hd, 256), 256, 0, stream)
-        (Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd);
-    launchCheck();
+                                      const float* Vbuf, int l, int N, int R, int hd, cublasHandle_t blas) {
+    int J = (l + 1) * R, M = N * hd;
+    cudaStream_t stream;
+    cublasCheck(cublasGetStream(blas, &stream));
+    cudaCheck(cudaMemsetAsync(Kr, 0, (size_t)R * M * sizeof(float), stream));
+    cudaCheck(cudaMemsetAsync(Vr, 0, (size_t)R * M * sizeof(float), stream));
+    matmul_backward_gpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, J, blas);
+    matmul_backward_gpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, J, blas);
 }
+// G: scratch for a variant's weight gradient, 2 * R * (l+1)R floats.
 static void router_backward_gpu(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
                                 const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l,
-                                RouterSpan learned, int N, int R, int hd, float* scratch, cudaStream_t stream) {
-    int J = (l + 1) * R, chunks = (int)ceil_div(N, ROUTER_CHUNK);
-    int tile = std::min(ROUTER_CHUNK * hd, std::max(1, ROUTER_SHARED_FLOATS / (2 * (J + R))));
-    if (learned.below > 0 || learned.from <= l) {  // else every weight is held fixed
-        LAUNCH(router_dw_partial_kernel, dim3(chunks, ceil_div(R * J, ROUTER_THREADS * ROUTER_WEIGHTS)), ROUTER_THREADS,
-               2 * tile * (J + R) * sizeof(float), stream)(scratch, dKr, dVr, Kbuf, Vbuf, l, N, R, hd, tile);
-        launchCheck();
-        LAUNCH(router_dw_reduce_kernel, ceil_div(R * J, 256), 256, 0, stream)(dWk, dWv, scratch, chunks, l, R, learned);
-        launchCheck();
+                                RouterSpan learned, int N, int R, int hd, float* G, cublasHandle_t blas) {
+    int J = (l + 1) * R, M = N * hd;
+    cudaStream_t stream;
+    cublasCheck(cublasGetStream(blas, &stream));
+    if (learns_any(l, learned)) {
+        bool all = learns_all(l, learned), one = dWk == dWv;
+        float *gk = all ? dWk : G, *gv = all ? dWv : one ? G : G + (size_t)R * J;
+        if (!all) cudaCheck(cudaMemsetAsync(G, 0, 2 * (size_t)R * J * sizeof(float), stream));
+        matmul_forward_gpu(gk, dKr, Kbuf, R, M, J, true, blas);
+        matmul_forward_gpu(gv, dVr, Vbuf, R, M, J, true, blas);
+        if (!all) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace_gpu(dWk + at, gk + at, n, stream); });
+        if (!all && !one)
+            for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace_gpu(dWv + at, gv + at, n, stream); });
     }
-    LAUNCH(router_backward_dbuf_kernel, ceil_div((size_t)N * hd, 256), 256, 0, stream)
-        (dKbuf, dVbuf, dKr, dVr, Wk, Wv, l, N, R, hd);
-    launchCheck();
+    matmul_backward_gpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, J, blas);
+    matmul_backward_gpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, J, blas);
 }
 #endif
 
 static void op_router_forward(Model* model, float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
                               const float* Vbuf, int l, int N) {
     int R = model->c.R, hd = model->c.hd;
-    DISPATCH(model, router_forward_gpu(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd, stream_of(model)),
-             if (FAST_CPU) router_forward_fast(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd);
-             else router_forward(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd));
+    DISPATCH(model, router_forward_gpu(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd, blas_of(model)),
+             router_forward(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd));
 }
 static void op_router_backward(Model* model, float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
                                const float* dVr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
@@ -1205,10 +1170,8 @@ static void op_router_backward(Model* model, float* dWk, float* dWv, float* dKbu
     RouterSpan learned = router_learned(model->c, l);  // the variant's trainable columns
     DISPATCH(model,
              router_backward_gpu(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd,
-                                 pass_acts(model)->scratch, stream_of(model)),
-             if (FAST_CPU)
-                 router_backward_fast(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd);
-             else router_backward(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd));
+                                 pass_acts(model)->scratch, blas_of(model)),
+             router_backward(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd));
 }
 
 // ===========================================================================
@@ -1718,7 +1681,8 @@ static void op_hc_depth_backward(Model* model, float* dy, float* db, float* dM, 
 // Causal GQA attention. Query head h reads kv head r = h / (H / R):
 //   s[h,t,u] = q[t,h] . k[u,r] / sqrt(hd)  (u <= t);  p = softmax_u(s)
 //   o[t,h]   = sum_u p[h,t,u] * v[u,r]
-// q, o (B, T, H, hd); k, v (B, T, R, hd); att (B, H, T, T) keeps p for backward.
+// q, o (B, T, H, hd); k, v (R, B, T, hd), head-major (rows of the KV buffer);
+// att (B, H, T, T) keeps p for backward.
 // ===========================================================================
 
 static void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
@@ -1734,7 +1698,7 @@ static void attention_forward(float* out, float* att, const float* q, const floa
                 float* p = att + (((size_t)b * H + h) * T + t) * T;
                 float mx = -INFINITY, sum = 0;
                 for (int u = 0; u <= t; u++) {
-                    const float* ku = k + (((size_t)b * T + u) * R + r) * hd;
+                    const float* ku = k + (((size_t)r * B + b) * T + u) * hd;
                     float s = 0;
                     for (int i = 0; i < hd; i++) s += qt[i] * ku[i];
                     p[u] = s * scale;
@@ -1745,7 +1709,7 @@ static void attention_forward(float* out, float* att, const float* q, const floa
                 float* o = out + (((size_t)b * T + t) * H + h) * hd;
                 for (int i = 0; i < hd; i++) {
                     float s = 0;
-                    for (int u = 0; u <= t; u++) s += p[u] * v[(((size_t)b * T + u) * R + r) * hd + i];
+                    for (int u = 0; u <= t; u++) s += p[u] * v[(((size_t)r * B + b) * T + u) * hd + i];
                     o[i] = s;
                 }
             }
@@ -1769,7 +1733,7 @@ static void attention_backward(float* dq, float* dk, float* dv, const float* dou
                     size_t row = (((size_t)b * T + t) * H + h) * hd;  // q, dq, dout at (b, t, h)
                     const float* p = att + (((size_t)b * H + h) * T + t) * T;
                     auto dp = [&](int u) {
-                        const float* vu = v + (((size_t)b * T + u) * R + r) * hd;
+                        const float* vu = v + (((size_t)r * B + b) * T + u) * hd;
                         float s = 0;
                         for (int i = 0; i < hd; i++) s += dout[row + i] * vu[i];
                         return s;
@@ -1778,7 +1742,7 @@ static void attention_backward(float* dq, float* dk, float* dv, const float* dou
                     for (int u = 0; u <= t; u++) pdp += p[u] * dp(u);
                     for (int i = 0; i < hd; i++) dq[row + i] = 0;
                     for (int u = 0; u <= t; u++) {
-                        size_t kv = (((size_t)b * T + u) * R + r) * hd;  // k, dk, v, dv at (b, u, r)
+                        size_t kv = (((size_t)r * B + b) * T + u) * hd;  // k, dk, v, dv at (r, b, u)
                         float ds = p[u] * (dp(u) - pdp);
                         for (int i = 0; i < hd; i++) {
                             dq[row + i] += scale * ds * k[kv + i];
@@ -1790,11 +1754,12 @@ static void attention_backward(float* dq, float* dk, float* dv, const float* dou
 }
 
 #ifdef LIME_GPU
-// On the GPU attention is three batched matrix products around a softmax, as
-// in llm.c. The products want each head's positions contiguous, so q, k, v
-// are first copied head-major: (B, T, nh, hd) -> (B, nh, T, hd). Then the n_rep
-// query heads sharing kv head r are one (n_rep*T, hd) matrix, and batch entry
-// (b, r) of every product is:
+// On the GPU attention is batched matrix products around a softmax, as in
+// llm.c. The products want each head's positions contiguous: the keys and
+// values are (rows of the KV buffer), the queries are copied head-major,
+// (B, T, H, hd) -> (B, H, T, hd). Then the n_rep query heads sharing kv head
+// r are one (n_rep*T, hd) matrix, and for each kv head r one batched product
+// over b computes, per batch entry b:
 //   scores (n_rep*T, T) = q_g @ k_r^T * scale     -> att, then the causal softmax in place
 //   out_g  (n_rep*T, hd) = att_g @ v_r
 // The scores above the diagonal (u > t) are computed and then set to 0.
@@ -1804,21 +1769,18 @@ __global__ void split_heads_kernel(float* dst, const float* src, int B, int T, i
     int i = idx % hd, t = idx / hd % T, h = idx / hd / T % nh, b = idx / hd / T / nh;
     dst[idx] = src[((b * T + t) * nh + h) * hd + i];
 }
-__global__ void merge_heads_kernel(float* dst, const float* src, int B, int T, int nh, int hd, int accumulate) {
+__global__ void merge_heads_kernel(float* dst, const float* src, int B, int T, int nh, int hd) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, T, nh, hd)
     if (idx >= B * T * nh * hd) return;
     int i = idx % hd, h = idx / hd % nh, t = idx / hd / nh % T, b = idx / hd / nh / T;
-    float v = src[((b * nh + h) * T + t) * hd + i];
-    dst[idx] = accumulate ? dst[idx] + v : v;
+    dst[idx] = src[((b * nh + h) * T + t) * hd + i];
 }
 static void split_heads_gpu(float* dst, const float* src, int B, int T, int nh, int hd, cudaStream_t stream) {
     LAUNCH(split_heads_kernel, ceil_div((size_t)B * T * nh * hd, 256), 256, 0, stream)(dst, src, B, T, nh, hd);
     launchCheck();
 }
-static void merge_heads_gpu(float* dst, const float* src, int B, int T, int nh, int hd, bool accumulate,
-                            cudaStream_t stream) {
-    LAUNCH(merge_heads_kernel, ceil_div((size_t)B * T * nh * hd, 256), 256, 0, stream)
-        (dst, src, B, T, nh, hd, accumulate ? 1 : 0);
+static void merge_heads_gpu(float* dst, const float* src, int B, int T, int nh, int hd, cudaStream_t stream) {
+    LAUNCH(merge_heads_kernel, ceil_div((size_t)B * T * nh * hd, 256), 256, 0, stream)(dst, src, B, T, nh, hd);
     launchCheck();
 }
 
@@ -1848,62 +1810,64 @@ __global__ void causal_softmax_backward_kernel(float* datt, const float* att, in
     for (int u = lane; u < T; u += 32) ds[u] = u <= t ? p[u] * (ds[u] - pdp) : 0.0f;
 }
 
-// kp, vp (B, R, T, hd): head-major keys and values (Acts kt, vt);
-// scratch: 2 * B*T*H*hd floats for head-major q and out.
-static void attention_forward_gpu(float* out, float* att, const float* q, const float* k, const float* v, float* kp,
-                                  float* vp, int B, int T, int H, int R, int hd, float* scratch, cublasHandle_t blas,
-                                  cudaStream_t stream) {
+// k, v (R, B, T, hd); scratch: 2 * B*T*H*hd floats for head-major q and out.
+static void attention_forward_gpu(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
+                                  int H, int R, int hd, float* scratch, cublasHandle_t blas, cudaStream_t stream) {
     int n_rep = H / R, M = n_rep * T;  // rows of one (b, kv head) group
     size_t qsize = (size_t)B * T * H * hd;
     float *qp = scratch, *op = scratch + qsize;
     const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f;
+    long long sq = (long long)H * T * hd, skv = (long long)T * hd, satt = (long long)H * T * T;  // strides over b
     split_heads_gpu(qp, q, B, T, H, hd, stream);
-    split_heads_gpu(kp, k, B, T, R, hd, stream);
-    split_heads_gpu(vp, v, B, T, R, hd, stream);
-    // att_g (M, T) = scale * qp_g (M, hd) @ kp_r^T: matmul_forward_gpu's product, inp = qp_g and W = kp_r
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &scale, kp, hd, (long long)T * hd,
-                                          qp, hd, (long long)M * hd, &zero, att, T, (long long)M * T, B * R));
+    // kv head r, entry b: q_g at qp + (b*H + r*n_rep)*T*hd, k_r at k + (r*B + b)*T*hd, att_g at att + (b*H + r*n_rep)*T*T
+    for (int r = 0; r < R; r++)  // att_g (M, T) = scale * q_g (M, hd) @ k_r^T: matmul_forward_gpu's product
+        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &scale, k + r * B * skv, hd,
+                                              skv, qp + r * n_rep * T * hd, hd, sq, &zero, att + r * n_rep * T * T, T,
+                                              satt, B));
     LAUNCH(causal_softmax_kernel, ceil_div((size_t)B * H * T, 4), 128, 0, stream)(att, B * H * T, T);
     launchCheck();
-    // op_g (M, hd) = att_g (M, T) @ vp_r (T, hd): column-major op_g^T (hd, M) = vp_r^T (hd, T) @ att_g^T (T, M)
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &one, vp, hd, (long long)T * hd,
-                                          att, T, (long long)M * T, &zero, op, hd, (long long)M * hd, B * R));
-    merge_heads_gpu(out, op, B, T, H, hd, false, stream);
+    // op_g (M, hd) = att_g (M, T) @ v_r (T, hd): column-major op_g^T (hd, M) = v_r^T (hd, T) @ att_g^T (T, M)
+    for (int r = 0; r < R; r++)
+        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &one, v + r * B * skv, hd, skv,
+                                              att + r * n_rep * T * T, T, satt, &zero, op + r * n_rep * T * hd, hd, sq,
+                                              B));
+    merge_heads_gpu(out, op, B, T, H, hd, stream);
 }
 
-// The same products backwards, batch entry (b, r):
-//   datt_g = dout_g @ v_r^T;   dv_r = att_g^T @ dout_g   (sums over the group's heads and positions)
+// The same products backwards, batch entry b of kv head r:
+//   datt_g = dout_g @ v_r^T;   dv_r += att_g^T @ dout_g   (sums over the group's heads and positions)
 //   ds = softmax backward (in place over datt)
-//   dq_g = scale * ds_g @ k_r;  dk_r = scale * ds_g^T @ q_g
-// dq is written; dk and dv are added to, as on the CPU.
+//   dq_g = scale * ds_g @ k_r;  dk_r += scale * ds_g^T @ q_g
+// dq is written; dk and dv (R, B, T, hd) are added to, as on the CPU.
 // scratch: 3 * B*T*H*hd floats (head-major q, dout, dq).
-static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt, float* kp, float* vp, float* dkp,
-                                   float* dvp, const float* dout, const float* q, const float* k, const float* v,
-                                   const float* att, int B, int T, int H, int R, int hd, float* scratch,
-                                   cublasHandle_t blas, cudaStream_t stream) {
+static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt, const float* dout, const float* q,
+                                   const float* k, const float* v, const float* att, int B, int T, int H, int R, int hd,
+                                   float* scratch, cublasHandle_t blas, cudaStream_t stream) {
     int n_rep = H / R, M = n_rep * T;
     size_t qsize = (size_t)B * T * H * hd;
     float *qp = scratch, *dop = scratch + qsize, *dqp = scratch + 2 * qsize;
     const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f;
-    long long sq = (long long)M * hd, skv = (long long)T * hd, satt = (long long)M * T;
+    long long sq = (long long)H * T * hd, skv = (long long)T * hd, satt = (long long)H * T * T;
     split_heads_gpu(qp, q, B, T, H, hd, stream);
     split_heads_gpu(dop, dout, B, T, H, hd, stream);
-    split_heads_gpu(kp, k, B, T, R, hd, stream);
-    split_heads_gpu(vp, v, B, T, R, hd, stream);
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &one, vp, hd, skv, dop, hd, sq,
-                                          &zero, datt, T, satt, B * R));
-    // dvp_r^T (hd, T) = dop_g^T (hd, M) @ att_g (M, T)
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &one, dop, hd, sq, att, T, satt,
-                                          &zero, dvp, hd, skv, B * R));
+    for (int r = 0; r < R; r++) {
+        long long g = (long long)r * n_rep * T, kv = (long long)r * B * skv;  // group r's first row; kv head r's rows
+        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &one, v + kv, hd, skv,
+                                              dop + g * hd, hd, sq, &zero, datt + g * T, T, satt, B));
+        // dv_r^T (hd, T) += dop_g^T (hd, M) @ att_g (M, T)
+        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &one, dop + g * hd, hd, sq,
+                                              att + g * T, T, satt, &one, dv + kv, hd, skv, B));
+    }
     LAUNCH(causal_softmax_backward_kernel, ceil_div((size_t)B * H * T, 4), 128, 0, stream)(datt, att, B * H * T, T);
     launchCheck();
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &scale, kp, hd, skv, datt, T, satt,
-                                          &zero, dqp, hd, sq, B * R));
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &scale, qp, hd, sq, datt, T, satt,
-                                          &zero, dkp, hd, skv, B * R));
-    merge_heads_gpu(dq, dqp, B, T, H, hd, false, stream);
-    merge_heads_gpu(dk, dkp, B, T, R, hd, true, stream);
-    merge_heads_gpu(dv, dvp, B, T, R, hd, true, stream);
+    for (int r = 0; r < R; r++) {
+        long long g = (long long)r * n_rep * T, kv = (long long)r * B * skv;
+        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &scale, k + kv, hd, skv,
+                                              datt + g * T, T, satt, &zero, dqp + g * hd, hd, sq, B));
+        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &scale, qp + g * hd, hd, sq,
+                                              datt + g * T, T, satt, &one, dk + kv, hd, skv, B));
+    }
+    merge_heads_gpu(dq, dqp, B, T, H, hd, stream);
 }
 
 // The flash-style kernels: the same outputs in O(T) memory (--attention flash).
@@ -1917,8 +1881,7 @@ static void op_attention_forward(Model* model, float* out, float* att, const flo
     [[maybe_unused]] Acts* A = pass_acts(model);  // the GPU's scratch
     DISPATCH(
         model, if (A->flash) flash_attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(model));
-        else attention_forward_gpu(out, att, q, k, v, A->kt, A->vt, B, T, c.H, c.R, c.hd, A->scratch, blas_of(model),
-                                   stream_of(model)),
+        else attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, A->scratch, blas_of(model), stream_of(model)),
         if (FAST_CPU) attention_forward_fast(out, att, q, k, v, B, T, c.H, c.R, c.hd);
         else attention_forward(out, att, q, k, v, B, T, c.H, c.R, c.hd));
 }
@@ -1930,8 +1893,8 @@ static void op_attention_backward(Model* model, float* dq, float* dk, float* dv,
     (void)out;
     DISPATCH(model, if (A->flash) flash_attention_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R,
                                                                c.hd, A->scratch, stream_of(model));
-             else attention_backward_gpu(dq, dk, dv, A->datt, A->kt, A->vt, A->dkt, A->dvt, dout, q, k, v, att, B, T,
-                                         c.H, c.R, c.hd, A->scratch, blas_of(model), stream_of(model)),
+             else attention_backward_gpu(dq, dk, dv, A->datt, dout, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch,
+                                         blas_of(model), stream_of(model)),
              if (FAST_CPU) attention_backward_fast(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd);
              else attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd));
 }
@@ -2555,6 +2518,24 @@ static float* pass_grads_base(Model* model) {  // all gradients, one array of n_
 // --router-kv separate a second one (the same for gradients: Params alike).
 static float* value_router(const LayerParams& w) { return w.router_v ? w.router_v : w.router; }
 
+// A layer's keys (or values) into its rows of the head-major buffer: one
+// product tmp (N, R*hd) = inp (N, d) @ W^T, token-major, then transposed into
+// out (R, N, hd). (A product per kv head would write the rows directly, but
+// reads inp R times and, with hd narrower than the fast kernels' 16 or 32
+// columns, wastes most of every tile: measured slower at d = 32, hd = 8.)
+static void kv_projection_forward(Model* model, float* out, float* tmp, const float* inp, const float* W, int N) {
+    const Config& c = model->c;
+    op_matmul_forward(model, tmp, inp, W, N, c.d, c.R * c.hd);
+    op_kv_transpose(model, out, tmp, N, false, false);
+}
+// forward: out = transpose(inp @ W^T);  tmp = transpose(dout), then dinp += tmp @ W, dW += tmp^T @ inp
+static void kv_projection_backward(Model* model, float* dinp, float* dW, float* tmp, const float* dout,
+                                   const float* inp, const float* W, int N) {
+    const Config& c = model->c;
+    op_kv_transpose(model, tmp, dout, N, true, false);
+    op_matmul_backward(model, dinp, dW, tmp, inp, W, N, c.d, c.R * c.hd);
+}
+
 // Forward over the batch already in A->tokens (and A->targets, A->mask with a loss).
 static void forward_pass(Model* model, int B, int T, bool with_loss) {
     const Config& c = model->c;
@@ -2571,12 +2552,15 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         // attention block
         const float* a_in = hc ? hc_sublayer_input(model, ha, la.x, P.hc[2 * l], N) : la.x;
         op_rmsnorm_forward(model, la.attn_in, la.rstd_a, a_in, w.g_attn, N);
-        op_matmul_forward(model, la.q, la.attn_in, w.Wq, N, d, qd);   // (B, T, H, hd)
-        op_matmul_forward(model, la.K, la.attn_in, w.Wk, N, d, kvd);  // (B, T, R, hd) into the buffer
-        op_matmul_forward(model, la.V, la.attn_in, w.Wv, N, d, kvd);
-        if (model->ereg_on)  // the value-entropy regulariser: this layer's S2 per sequence
+        op_matmul_forward(model, la.q, la.attn_in, w.Wq, N, d, qd);  // (B, T, H, hd)
+        kv_projection_forward(model, la.K, A->dkr, la.attn_in, w.Wk, N);  // (R, B, T, hd) into the buffer
+        kv_projection_forward(model, la.V, A->dkr, la.attn_in, w.Wv, N);  // (dkr: backward's, free here)
+        if (model->ereg_on) {  // the value-entropy regulariser: this layer's S2 per sequence, from V as (B, T, R*hd)
+            float* Vt = A->ereg_V + (size_t)l * N * kvd;
+            op_kv_transpose(model, Vt, la.V, N, true, false);
             op_ereg_forward(model, A->ereg_stat + (size_t)l * B * 4, A->ereg_mu + (size_t)l * B * kvd,
-                            A->ereg_G + (size_t)l * B * kvd * kvd, la.V, A->valid, B, T);
+                            A->ereg_G + (size_t)l * B * kvd * kvd, Vt, A->valid, B, T);
+        }
         const float* vr = la.V;
         if (has_router(c, l)) {  // LIMe: mix the buffer of layers 0..l
             op_router_forward(model, la.kr, la.vr, w.router, value_router(w), A->Kbuf, A->Vbuf, l, N);
@@ -2585,7 +2569,7 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
             op_copy(model, la.kr, la.K, (size_t)N * kvd);
         }
         op_rope_forward(model, la.q, B, T, c.H);
-        op_rope_forward(model, la.kr, B, T, c.R);
+        op_rope_forward(model, la.kr, c.R * B, T, 1);  // (R, B, T, hd): R*B sequences of one head
         op_attention_forward(model, la.o, la.att, la.q, la.kr, vr, B, T);
         if (hc) {
             hc_sublayer_output(model, la.xa, ha, la.o, w.Wo, N, qd);  // xa = b * (o @ Wo^T) + M[1..n]
@@ -2640,7 +2624,7 @@ static void backward_pass(Model* model, int B, int T) {
         const LayerParams& gw = G.layer[l];
         LayerActs la = layer_acts(A, c, l, B, T);
         HcActs ha = hc ? hc_acts(A, c, 2 * l, B, T) : HcActs{}, hm = hc ? hc_acts(A, c, 2 * l + 1, B, T) : HcActs{};
-        float* dK = A->dKbuf + l * kv_layer;  // (B, T, R, hd): complete once layers > l are done
+        float* dK = A->dKbuf + l * kv_layer;  // (R, B, T, hd): complete once layers > l are done
         float* dV = A->dVbuf + l * kv_layer;
         // MLP block. forward: xnext = xa + h @ Wd^T, h = swiglu(mlp_in Wg^T, mlp_in Wu^T), mlp_in = rmsnorm(xa)
         // (hc: forward xnext = b * (h @ Wd^T) + M[1..n], M = mixtures of xa, mlp_in = rmsnorm(M[0]))
@@ -2664,7 +2648,7 @@ static void backward_pass(Model* model, int B, int T) {
         op_attention_backward(model, A->dq, A->dkr, dvr, A->dout, la.o, la.q, la.kr, routed ? la.vr : la.V, la.att, B,
                               T);
         op_rope_backward(model, A->dq, B, T, c.H);
-        op_rope_backward(model, A->dkr, B, T, c.R);
+        op_rope_backward(model, A->dkr, c.R * B, T, 1);
         if (routed) {
             op_router_backward(model, gw.router, value_router(gw), A->dKbuf, A->dVbuf, A->dkr, A->dvr, w.router,
                                value_router(w), A->Kbuf, A->Vbuf, l, N);
@@ -2672,14 +2656,17 @@ static void backward_pass(Model* model, int B, int T) {
             op_add(model, dK, A->dkr, kv_layer);
         }
         // forward: loss -= entropy_reg * mean S2, S2 from V (the regulariser)
-        if (model->ereg_on)
-            op_ereg_backward(model, dV, la.V, A->valid, A->ereg_mu + (size_t)l * B * kvd,
+        if (model->ereg_on) {  // its gradient (B, T, R*hd) in dvr (free by now), then into dV (R, B, T, hd)
+            op_zero(model, A->dvr, kv_layer);
+            op_ereg_backward(model, A->dvr, A->ereg_V + l * kv_layer, A->valid, A->ereg_mu + (size_t)l * B * kvd,
                              A->ereg_G + (size_t)l * B * kvd * kvd, A->ereg_stat + (size_t)l * B * 4, B, T);
+            op_kv_transpose(model, dV, A->dvr, N, false, true);
+        }
         // forward: q = a Wq^T, K = a Wk^T, V = a Wv^T, a = rmsnorm(x)
         op_zero(model, A->dnorm, (size_t)N * d);
         op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd);
-        op_matmul_backward(model, A->dnorm, gw.Wk, dK, la.attn_in, w.Wk, N, d, kvd);
-        op_matmul_backward(model, A->dnorm, gw.Wv, dV, la.attn_in, w.Wv, N, d, kvd);
+        kv_projection_backward(model, A->dnorm, gw.Wk, A->dkr, dK, la.attn_in, w.Wk, N);  // (dkr, dvr: free now)
+        kv_projection_backward(model, A->dnorm, gw.Wv, A->dvr, dV, la.attn_in, w.Wv, N);
         op_rmsnorm_backward(model, hc ? A->hc_dM : A->dx, gw.g_attn, A->dnorm, hc ? ha.M : la.x, w.g_attn, la.rstd_a,
                             N);
         if (hc) hc_input_backward(model, A->dx, ha, la.x, P.hc[2 * l], G.hc[2 * l], N);  // dx is now d x[l]
@@ -2901,7 +2888,7 @@ const float* model_probe(Model* model, Probe what, int l) {
     if (model->device == DEVICE_GPU) {
         const Acts& D = model->gpu->acts;
         const float* dev = what == PROBE_HIDDEN ? D.x : routed ? D.vr : D.Vbuf;
-        model->host_copy.resize(streams * n + (streams > 1 ? n : 0));
+        model->host_copy.resize((streams + 1) * n);  // room for the values' transpose, or the streams' sum
         cudaCheck(cudaMemcpy(model->host_copy.data(), dev + at, streams * n * sizeof(float), cudaMemcpyDeviceToHost));
         src = model->host_copy.data();
     }
@@ -2909,6 +2896,11 @@ const float* model_probe(Model* model, Probe what, int l) {
     if (!src) {
         const Acts* A = model->acts;
         src = (what == PROBE_HIDDEN ? A->x : routed ? A->vr : A->Vbuf) + at;
+    }
+    if (what != PROBE_HIDDEN) {  // the buffer's (R, B, T, hd), as (B, T, R, hd)
+        model->host_copy.resize(2 * n);
+        kv_transpose(model->host_copy.data() + n, src, (int)BT, c.R, c.hd, true, false);
+        return model->host_copy.data() + n;
     }
     if (streams == 1) return src;
     // hc: the sum of the n streams leaving layer l, what the final norm reads after the last layer

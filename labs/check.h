@@ -199,7 +199,8 @@ inline const char* router_slip_hint(RouterSlip s) {
     default: return "";
     }
 }
-// Kr, Vr (N, R, hd) as router_forward computes them, with the slip s.
+// Kr, Vr (R, N, hd) as router_forward computes them, with the slip s; Kbuf,
+// Vbuf (L, R, N, hd): row j = l'*R + r' (layer l', kv head r') of N*hd floats.
 inline void router_with_slip(RouterSlip s, float* Kr, float* Vr, const float* Wk, const float* Wv,
                              const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd) {
     int J = (l + 1) * R;
@@ -212,20 +213,20 @@ inline void router_with_slip(RouterSlip s, float* Kr, float* Vr, const float* Wk
                     if (s == SLIP_NO_OWN_LAYER && j / R == l) continue;
                     if (s == SLIP_NO_KV_SUM && j % R != r) continue;
                     int w = s == SLIP_TRANSPOSED ? j * R + r : r * J + j;  // W read as if it were ((l+1)R, R)
-                    size_t src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
+                    size_t src = (j / R) * layer + ((size_t)(j % R) * N + n) * hd + i;
                     k += (s == SLIP_KEYS_WITH_WV ? Wv : Wk)[w] * Kbuf[src];
                     v += (s == SLIP_VALUES_WITH_WK ? Wk : Wv)[w] * Vbuf[src];
                 }
-                Kr[((size_t)n * R + r) * hd + i] = (float)k;
-                Vr[((size_t)n * R + r) * hd + i] = (float)v;
+                Kr[((size_t)r * N + n) * hd + i] = (float)k;
+                Vr[((size_t)r * N + n) * hd + i] = (float)v;
             }
 }
-inline std::function<std::string(size_t)> at_nri(int R, int hd) {
-    return [=](size_t x) { return strf("[n=%zu, r=%d, i=%d]", x / ((size_t)R * hd), (int)(x / hd % R), (int)(x % hd)); };
+inline std::function<std::string(size_t)> at_rni(int N, int hd) {
+    return [=](size_t x) { return strf("[r=%zu, n=%d, i=%d]", x / ((size_t)N * hd), (int)(x / hd % N), (int)(x % hd)); };
 }
 // Kr, Vr from `run` (the student's router on the CPU or the harness) against
-// the project's (router_forward_fast), on one shape; "" or the diagnosis. hd even, as
-// the model's (RoPE) and the fast router (two lanes at a time) need.
+// Eq. 2 summed in double (router_with_slip without a slip), on one shape; ""
+// or the diagnosis. hd even, as the model's (RoPE) needs.
 inline std::string check_router_forward(
     const std::function<void(float*, float*, const float*, const float*, const float*, const float*, int, int,
                              int, int)>& run,
@@ -236,7 +237,7 @@ inline std::string check_router_forward(
     std::vector<float> Kbuf = randn(rng, (l + 1) * layer), Vbuf = randn(rng, (l + 1) * layer);
     std::vector<float> Kr(layer, NAN), Vr(layer, NAN), wk(layer), wv(layer);
     run(Kr.data(), Vr.data(), Wk.data(), separate ? Wv.data() : Wk.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
-    router_forward_fast(wk.data(), wv.data(), Wk.data(), Wv.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
+    router_with_slip(SLIP_NONE, wk.data(), wv.data(), Wk.data(), Wv.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
     std::vector<Mistake> mistakes;
     for (RouterSlip s : {SLIP_TRANSPOSED, SLIP_NO_OWN_LAYER, SLIP_KEYS_WITH_WV, SLIP_VALUES_WITH_WK, SLIP_NO_KV_SUM}) {
         std::vector<float> k(layer), v(layer);
@@ -245,7 +246,7 @@ inline std::string check_router_forward(
             mistakes.push_back({router_slip_hint(s), {k, v}});
     }
     std::string shape = strf("l=%d, N=%d, R=%d, hd=%d, %s router", l, N, R, hd, separate ? "separate key and value" : "one");
-    return diagnose({{"Kr", Kr, at_nri(R, hd)}, {"Vr", Vr, at_nri(R, hd)}}, {wk, wv}, mistakes, shape);
+    return diagnose({{"Kr", Kr, at_rni(N, hd)}, {"Vr", Vr, at_rni(N, hd)}}, {wk, wv}, mistakes, shape);
 }
 
 // ---------------------------------------------------------------------------

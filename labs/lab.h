@@ -8,7 +8,8 @@
 #include <cstdint>
 #include "support/lime.h"
 
-// Lab 1. Kr, Vr (N, R, hd); Wk, Wv (R, (l+1)R); Kbuf, Vbuf (L, N, R, hd).
+// Lab 1. Kr, Vr (R, N, hd); Wk, Wv (R, (l+1)R); Kbuf, Vbuf (L, R, N, hd), head-major:
+// row j = l'*R + r' (layer l', kv head r') holds that head's N positions, N*hd floats.
 void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
                     const float* Vbuf, int l, int N, int R, int hd);
 // Lab 2. The gradients of router_forward's outputs in, += the gradients of its inputs out.
@@ -25,5 +26,5 @@ float clip_scale(float norm, float grad_clip);
 #ifdef LIME_EMU
 #include "support/cuda_on_cpu.h"
 void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                        const float* Vbuf, int l, int N, int R, int hd, cudaStream_t stream);
+                        const float* Vbuf, int l, int N, int R, int hd, cublasHandle_t blas);
 #endif

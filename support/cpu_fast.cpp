@@ -1,5 +1,5 @@
-// support/cpu_fast.cpp — the fast CPU path: lime.cu's matrix product,
-// router and attention, blocked so that the compiler keeps the sums in vector
+// support/cpu_fast.cpp — the fast CPU path: lime.cu's matrix product
+// (which also runs the KV router) and attention, blocked so that the compiler keeps the sums in vector
 // registers. Each function computes what the plain loop it names in lime.cu
 // computes (tests/test_model.cpp compares them on random shapes); read the
 // plain loops first. `./lime` uses these; `make lime-ref` builds the plain ones.
@@ -196,14 +196,16 @@ static void gemm_tile(float* C, size_t ldc, MatView A, const float* b, size_t ld
 
 // C[M, N] (+)= A[M, K] @ B[K, N]; C row-major with row stride ldc.
 // B's panels are read in place when B's rows are contiguous and the panel is
-// whole, else first packed into scratch (panel p at scratch + p * K * NR),
-// zero past column N: at most K * round_up(N, NR) floats.
+// whole, else first packed into scratch, zero past column N: with contiguous
+// rows only the last panel, at scratch (K * NR floats); else panel p at
+// scratch + p * K * NR (K * round_up(N, NR) floats).
 template <class Kern>
 static void gemm_blocked(float* C, size_t ldc, MatView A, MatView B, int M, int N, int K, bool accumulate,
                          float* scratch) {
     const int MR = Kern::MR, NR = Kern::NR;
     int row_tiles = (M + MR - 1) / MR, panels = (N + NR - 1) / NR;
     auto in_place = [&](int p) { return B.cs == 1 && (p + 1) * NR <= N; };
+    auto packed = [&](int p) { return scratch + (size_t)(B.cs == 1 ? 0 : p) * K * NR; };
     if (K == 0) {  // an empty sum: C = 0, or C unchanged
         if (!accumulate)
             for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, N * sizeof(float));
@@ -217,7 +219,7 @@ static void gemm_blocked(float* C, size_t ldc, MatView A, MatView B, int M, int 
 #pragma omp for schedule(static)
             for (int p = 0; p < panels; p++) {
                 if (in_place(p)) continue;
-                float* panel = scratch + (size_t)p * K * NR;
+                float* panel = packed(p);
                 for (int j = 0; j < NR; j++) {
                     size_t col = (size_t)p * NR + j;
                     if (col >= (size_t)N)
@@ -242,7 +244,7 @@ static void gemm_blocked(float* C, size_t ldc, MatView A, MatView B, int M, int 
         for (int u = 0; u < row_blocks * panels; u++) {
             int rb = u / panels, p = u % panels;
             int t_end = std::min(row_tiles, (rb + 1) * tiles_per_block);
-            const float* b = in_place(p) ? B.p + (size_t)p * NR : scratch + (size_t)p * K * NR;
+            const float* b = in_place(p) ? B.p + (size_t)p * NR : packed(p);
             size_t ldb = in_place(p) ? B.rs : NR;
             for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
                 int kc = std::min(GEMM_KC, K - k0);
@@ -284,180 +286,54 @@ int matmul_fast_kernels() { return (int)(sizeof GEMM_KERNELS / sizeof GEMM_KERNE
 void matmul_fast_use_kernel(int i) { gemm_kernel = i; }
 #endif
 
+// A product with few outputs and long rows (the router's weight gradient:
+// R x (l+1)R outputs, each a dot product N*hd long) would be one tile for one
+// thread. Instead each row is cut into DOT_SLICES fixed slices; the threads
+// share the slices, each computing all N x OC dot products over its slice into
+// partial (DOT_SLICES, N, OC), and then the slices are added in order.
+static const int DOT_SLICES = 64;
+static bool few_long_dots(int N, int C, int OC) {  // at least 64 floats a slice; partial within C * OC floats
+    return (size_t)N * OC <= 65536 && C >= 64 * DOT_SLICES && (size_t)N * DOT_SLICES <= (size_t)C;
+}
+static void dots_sliced(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
+                        float* partial) {
+#pragma omp parallel for schedule(static)
+    for (int s = 0; s < DOT_SLICES; s++) {
+        size_t from = (size_t)C * s / DOT_SLICES, to = (size_t)C * (s + 1) / DOT_SLICES;
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) {
+                const float *x = inp + (size_t)n * C, *w = W + (size_t)o * C;
+                float d = 0;
+#pragma omp simd reduction(+ : d)
+                for (size_t i = from; i < to; i++) d += x[i] * w[i];
+                partial[((size_t)s * N + n) * OC + o] = d;
+            }
+    }
+    for (size_t e = 0; e < (size_t)N * OC; e++) {
+        float d = 0;
+        for (int s = 0; s < DOT_SLICES; s++) d += partial[(size_t)s * N * OC + e];
+        out[e] = accumulate ? out[e] + d : d;
+    }
+}
+
 // = matmul_forward: out (N, OC) (+)= inp (N, C) @ W^T, W (OC, C).
-// scratch: C * round_up(OC, 32) floats (W^T, packed).
+// scratch: C * round_up(OC, 32) floats (W^T, packed; or the slices' sums).
 void matmul_forward_fast(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
                          float* scratch) {
+    if (few_long_dots(N, C, OC)) return dots_sliced(out, inp, W, N, C, OC, accumulate, scratch);
     gemm_cpu(out, OC, {inp, (size_t)C, 1}, {W, 1, (size_t)C}, N, OC, C, accumulate, scratch);
 }
 
-// = matmul_backward: dinp (N, C) += dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp
-// scratch: max(N, OC) * round_up(C, 32) floats (used only when C is not a multiple of the panel width).
+// = matmul_backward: dinp (N, C) += dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp (either may be nullptr)
+// scratch: max(N, OC) * 32 floats (used only when C is not a multiple of the panel width).
 void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
                           int OC, float* scratch) {
     if (dinp) gemm_cpu(dinp, C, {dout, (size_t)OC, 1}, {W, (size_t)C, 1}, N, C, OC, true, scratch);
-    gemm_cpu(dW, C, {dout, 1, (size_t)OC}, {inp, (size_t)C, 1}, OC, C, N, true, scratch);
+    if (dW) gemm_cpu(dW, C, {dout, 1, (size_t)OC}, {inp, (size_t)C, 1}, OC, C, N, true, scratch);
 }
 
-// ===========================================================================
-// The KV router (lime.cu: router_forward, router_backward)
-// ===========================================================================
-
-static const int ROUTER_CHUNKS = 64;  // slices of the positions for dW: lime.cu's CHUNKS
-
-// The loops go over a head's hd floats LANES at a time (with_lanes),
-// and over 4 router rows (or columns) at once: 4 independent sums in
-// registers, each value loaded once for all 4. Rows past the end get weight 0.
-static const int ROUTER_BLOCK = 4;
-
-// Where column j's entry for position 0 starts in the buffer: layer j / R,
-// kv head j % R. Padded to whole blocks with the last column again.
-static std::vector<size_t> router_columns(int l, int N, int R, int hd) {
-    size_t J = (size_t)(l + 1) * R;
-    std::vector<size_t> at((J + ROUTER_BLOCK - 1) / ROUTER_BLOCK * ROUTER_BLOCK);
-    for (size_t j = 0; j < at.size(); j++) {
-        size_t c = std::min(j, J - 1);
-        at[j] = (c / R) * ((size_t)N * R * hd) + (c % R) * hd;
-    }
-    return at;
-}
-
-template <int LANES>
-static void router_forward_blocked(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                                   const float* Vbuf, int l, int N, int R, int hd) {
-    const int RB = ROUTER_BLOCK;
-    int J = (l + 1) * R;  // router columns
-    std::vector<size_t> col = router_columns(l, N, R, hd);
-    // The weights of output heads r0 .. r0 + RB - 1 for column j side by side (0 past R).
-    std::vector<float> wk((size_t)(R + RB - 1) / RB * J * RB, 0.0f), wv(wk.size(), 0.0f);
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < J; j++) {
-            wk[((size_t)r / RB * J + j) * RB + r % RB] = Wk[r * J + j];
-            wv[((size_t)r / RB * J + j) * RB + r % RB] = Wv[r * J + j];
-        }
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int r0 = 0; r0 < R; r0 += RB)  // output heads r0 .. r0 + RB - 1
-            for (int i0 = 0; i0 < hd; i0 += LANES) {
-                float k[RB][LANES] = {}, v[RB][LANES] = {};
-                for (int j = 0; j < J; j++) {
-                    const float* ks = Kbuf + col[j] + (size_t)n * R * hd + i0;
-                    const float* vs = Vbuf + col[j] + (size_t)n * R * hd + i0;
-                    const float* wkj = &wk[((size_t)r0 / RB * J + j) * RB];
-                    const float* wvj = &wv[((size_t)r0 / RB * J + j) * RB];
-                    for (int b = 0; b < RB; b++)
-#pragma omp simd
-                        for (int i = 0; i < LANES; i++) {
-                            k[b][i] += wkj[b] * ks[i];
-                            v[b][i] += wvj[b] * vs[i];
-                        }
-                }
-                for (int b = 0; b < RB && r0 + b < R; b++) {
-                    memcpy(Kr + ((size_t)n * R + r0 + b) * hd + i0, k[b], sizeof k[b]);
-                    memcpy(Vr + ((size_t)n * R + r0 + b) * hd + i0, v[b], sizeof v[b]);
-                }
-            }
-}
-void router_forward_fast(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
-                         int l, int N, int R, int hd) {
-    with_lanes(hd,
-               [&](auto w) { router_forward_blocked<decltype(w)::value>(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd); });
-}
-
-// = router_backward (its comment has the math). The sums for dW run over
-// ROUTER_CHUNKS fixed slices of the positions, each into
-// LANES lanes per weight, then the slices and the lanes in order: the same for any thread count.
-template <int LANES>
-static void router_backward_blocked(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
-                                    const float* dVr, const float* Wk, const float* Wv, const float* Kbuf,
-                                    const float* Vbuf, int l, RouterSpan learned, int N, int R, int hd) {
-    const int RB = ROUTER_BLOCK;
-    int J = (l + 1) * R;
-    std::vector<size_t> col = router_columns(l, N, R, hd);
-    size_t slice = (size_t)2 * R * J * LANES;  // one chunk's lanes: the keys' (R, J, LANES), then the values'
-    // Every lane is written below before it is read: kept from call to call,
-    // not allocated (1 MB at d = 128: fresh pages and a zero-fill each step).
-    static std::vector<float> lanes;
-    if (lanes.size() < ROUTER_CHUNKS * slice) lanes.resize(ROUTER_CHUNKS * slice);
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < ROUTER_CHUNKS; c++)
-        for (int r = 0; r < R; r++)
-            for (int j0 = 0; j0 < J; j0 += RB) {  // columns j0 .. j0 + RB - 1 (past J: column J - 1 again, not kept)
-                float k[RB][LANES] = {}, v[RB][LANES] = {};
-                for (size_t n = (size_t)N * c / ROUTER_CHUNKS; n < (size_t)N * (c + 1) / ROUTER_CHUNKS; n++)
-                    for (int i0 = 0; i0 < hd; i0 += LANES) {
-                        const float* dk = dKr + (n * R + r) * hd + i0;
-                        const float* dv = dVr + (n * R + r) * hd + i0;
-                        for (int b = 0; b < RB; b++) {
-                            size_t at = col[j0 + b] + n * R * hd + i0;
-#pragma omp simd
-                            for (int i = 0; i < LANES; i++) {
-                                k[b][i] += dk[i] * Kbuf[at + i];
-                                v[b][i] += dv[i] * Vbuf[at + i];
-                            }
-                        }
-                    }
-                for (int b = 0; b < RB && j0 + b < J; b++) {
-                    memcpy(&lanes[c * slice + ((size_t)r * J + j0 + b) * LANES], k[b], sizeof k[b]);
-                    memcpy(&lanes[c * slice + slice / 2 + ((size_t)r * J + j0 + b) * LANES], v[b], sizeof v[b]);
-                }
-            }
-    for (int rj = 0; rj < R * J; rj++) {
-        if (!learned.has(rj % J / R)) continue;  // a weight the variant holds fixed
-        float lk[LANES] = {}, lv[LANES] = {}, k = 0, v = 0;
-        for (int c = 0; c < ROUTER_CHUNKS; c++)
-            for (int i = 0; i < LANES; i++) {
-                lk[i] += lanes[c * slice + (size_t)rj * LANES + i];
-                lv[i] += lanes[c * slice + slice / 2 + (size_t)rj * LANES + i];
-            }
-        for (int i = 0; i < LANES; i++) k += lk[i], v += lv[i];
-        if (dWk == dWv) {
-            dWk[rj] += k + v;
-        } else {
-            dWk[rj] += k;
-            dWv[rj] += v;
-        }
-    }
-    int Jp = (J + RB - 1) / RB * RB;  // each router row padded with zeros to whole blocks of columns
-    std::vector<float> wk((size_t)R * Jp, 0.0f), wv(wk.size(), 0.0f);
-    for (int r = 0; r < R; r++)
-        for (int j = 0; j < J; j++) wk[(size_t)r * Jp + j] = Wk[r * J + j], wv[(size_t)r * Jp + j] = Wv[r * J + j];
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int j0 = 0; j0 < J; j0 += RB)  // buffer entries j0 .. j0 + RB - 1
-            for (int i0 = 0; i0 < hd; i0 += LANES) {
-                float k[RB][LANES], v[RB][LANES];
-                for (int b = 0; b < RB; b++) {  // past J: column J - 1 again, weight 0, not stored
-                    size_t at = col[j0 + b] + (size_t)n * R * hd + i0;
-                    memcpy(k[b], dKbuf + at, sizeof k[b]);
-                    memcpy(v[b], dVbuf + at, sizeof v[b]);
-                }
-                for (int r = 0; r < R; r++) {
-                    const float* dk = dKr + ((size_t)n * R + r) * hd + i0;
-                    const float* dv = dVr + ((size_t)n * R + r) * hd + i0;
-                    const float* wkr = &wk[(size_t)r * Jp + j0];
-                    const float* wvr = &wv[(size_t)r * Jp + j0];
-                    for (int b = 0; b < RB; b++)
-#pragma omp simd
-                        for (int i = 0; i < LANES; i++) {
-                            k[b][i] += wkr[b] * dk[i];
-                            v[b][i] += wvr[b] * dv[i];
-                        }
-                }
-                for (int b = 0; b < RB && j0 + b < J; b++) {
-                    size_t at = col[j0 + b] + (size_t)n * R * hd + i0;
-                    memcpy(dKbuf + at, k[b], sizeof k[b]);
-                    memcpy(dVbuf + at, v[b], sizeof v[b]);
-                }
-            }
-}
-void router_backward_fast(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
-                          const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l,
-                          RouterSpan learned, int N, int R, int hd) {
-    with_lanes(hd, [&](auto w) {
-        router_backward_blocked<decltype(w)::value>(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N,
-                                                    R, hd);
-    });
+size_t matmul_fast_forward_scratch_floats(int N, int C, int OC) {
+    return few_long_dots(N, C, OC) ? (size_t)DOT_SLICES * N * OC : matmul_fast_scratch_floats(C, OC);
 }
 
 // ===========================================================================
@@ -477,10 +353,10 @@ void router_backward_fast(float* dWk, float* dWv, float* dKbuf, float* dVbuf, co
 // write to a sink, so every loop works on all ATT_ROWS rows.
 static const int ATT_ROWS = 4;
 
-// xt (hd, Tp) = x[b, :, r, :]^T for x (B, T, R, hd); zero past T.
-static void head_transposed(float* xt, const float* x, int b, int r, int T, int Tp, int R, int hd) {
+// xt (hd, Tp) = x^T for one kv head's rows x (T, hd); zero past T.
+static void head_transposed(float* xt, const float* x, int T, int Tp, int hd) {
     for (int i = 0; i < hd; i++)
-        for (int u = 0; u < Tp; u++) xt[(size_t)i * Tp + u] = u < T ? x[(((size_t)b * T + u) * R + r) * hd + i] : 0.0f;
+        for (int u = 0; u < Tp; u++) xt[(size_t)i * Tp + u] = u < T ? x[(size_t)u * hd + i] : 0.0f;
 }
 
 // s[j, u] = scale * a[j] . xt[:, u] for the ATT_ROWS rows a[j] (hd floats) and
@@ -600,7 +476,7 @@ struct AttentionBuffers {
           sink(std::max(Tp, hd)) {}
 };
 
-// out (B, T, H, hd), att (B, H, T, T); q (B, T, H, hd); k, v (B, T, R, hd).
+// out (B, T, H, hd), att (B, H, T, T); q (B, T, H, hd); k, v (R, B, T, hd), head-major.
 template <int LANES>
 static void attention_forward_blocked(float* out, float* att, const float* q, const float* k, const float* v, int B,
                                       int T, int H, int R, int hd) {
@@ -612,8 +488,9 @@ static void attention_forward_blocked(float* out, float* att, const float* q, co
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int r = 0; r < R; r++) {
-                head_transposed(buf.xt.data(), k, b, r, T, Tp, R, hd);
-                const float* vr = v + ((size_t)b * T * R + r) * hd;  // v[b, u, r, :] = vr[u * R*hd ...]
+                size_t kv = ((size_t)r * B + b) * T * hd;  // row u of this kv head: kv + u * hd
+                head_transposed(buf.xt.data(), k + kv, T, Tp, hd);
+                const float* vr = v + kv;
                 for (int h = r * n_rep; h < (r + 1) * n_rep; h++)
                     for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
                         int last = std::min(t0 + ATT_ROWS, T) - 1;  // rows t0 .. last
@@ -631,7 +508,7 @@ static void attention_forward_blocked(float* out, float* att, const float* q, co
                         rows_dot_keys(buf.rows.data(), Tp, qt, buf.xt.data(), hd, n16, scale);
                         for (int t = t0; t <= last; t++)
                             softmax_row(p[t - t0], buf.rows.data() + (size_t)(t - t0) * Tp, t, n16, T);
-                        rows_times_matrix<LANES>(o, pt, last + 1, vr, (size_t)R * hd, hd, 1.0f);
+                        rows_times_matrix<LANES>(o, pt, last + 1, vr, (size_t)hd, hd, 1.0f);
                     }
             }
     }
@@ -660,8 +537,8 @@ static void attention_backward_blocked(float* dq, float* dk, float* dv, const fl
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int r = 0; r < R; r++) {
-                head_transposed(buf.xt.data(), v, b, r, T, Tp, R, hd);
-                size_t kv = ((size_t)b * T * R + r) * hd, ld = (size_t)R * hd;  // row u of this kv head: kv + u * ld
+                size_t kv = ((size_t)r * B + b) * T * hd, ld = (size_t)hd;  // row u of this kv head: kv + u * ld
+                head_transposed(buf.xt.data(), v + kv, T, Tp, hd);
                 for (int h = r * n_rep; h < (r + 1) * n_rep; h++)
                     for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
                         int last = std::min(t0 + ATT_ROWS, T) - 1;

@@ -1,7 +1,7 @@
 // support/cpu_fast.h — the fast CPU path (support/cpu_fast.cpp): blocked
-// versions of lime.cu's plain matrix product, router, attention and
-// Hyper-Connection loops, and a vectorisable e^x and tanh. Same arguments as
-// the plain function each one names, plus, for the products, a scratch buffer.
+// versions of lime.cu's plain matrix product, attention and Hyper-Connection
+// loops, and a vectorisable e^x and tanh. Same arguments as the plain function
+// each one names, plus, for the products, a scratch buffer.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "support/lime.h"  // RouterSpan, HcParams
+#include "support/lime.h"  // HcParams
 
 // The scratch the fast products need (packed panels of 32 columns), in floats,
 // for products of at most `rows` rows by at most `cols` columns.
@@ -18,7 +18,9 @@ inline size_t matmul_fast_scratch_floats(size_t rows, size_t cols) { return rows
 // = matmul_forward; scratch: matmul_fast_scratch_floats(C, OC).
 void matmul_forward_fast(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
                          float* scratch);
-// = matmul_backward; scratch: matmul_fast_scratch_floats(max(N, OC), C).
+// matmul_forward_fast's scratch for one shape exactly (at most matmul_fast_scratch_floats(C, OC)).
+size_t matmul_fast_forward_scratch_floats(int N, int C, int OC);
+// = matmul_backward; scratch: matmul_fast_scratch_floats(max(N, OC), C) (max(N, OC) * 32 is enough).
 void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
                           int OC, float* scratch);
 // The micro-kernel the products use: "avx512", "avx2" or "plain" (the best this build has).
@@ -28,12 +30,6 @@ const char* matmul_fast_kernel();
 int matmul_fast_kernels();
 void matmul_fast_use_kernel(int i);
 #endif
-// = router_forward, router_backward.
-void router_forward_fast(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
-                         int l, int N, int R, int hd);
-void router_backward_fast(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
-                          const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l,
-                          RouterSpan learned, int N, int R, int hd);
 // = attention_forward, attention_backward.
 void attention_forward_fast(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
                             int R, int hd);

@@ -35,6 +35,7 @@ struct Flash {
 };
 
 // tile (TILE, HD) = rows t0 .. t0+TILE-1 of head `head` of x (B, T, nh, hd); zeros past T and past hd.
+// The keys and values (R, B, T, hd), head-major, are read as x (R*B, T, 1, hd): entry r*B + b, head 0.
 template <int HD>
 __device__ void flash_load_rows(float* tile, const float* x, int b, int t0, int T, int nh, int head, int hd) {
     for (int e = threadIdx.x; e < Flash<HD>::TILE * HD; e += blockDim.x) {
@@ -79,8 +80,8 @@ __global__ void flash_attention_forward_kernel(float* out, float* lse, const flo
     int end = min(T, (int)(blockIdx.x + 1) * TILE);  // the block's last query sees keys u < end
     for (int u0 = 0; u0 < end; u0 += TILE) {
         __syncthreads();  // everyone is done with the previous tile
-        flash_load_rows<HD>(ks, k, b, u0, T, R, r, hd);
-        flash_load_rows<HD>(vs, v, b, u0, T, R, r, hd);
+        flash_load_rows<HD>(ks, k, r * gridDim.z + b, u0, T, 1, 0, hd);  // k (R, B, T, hd)
+        flash_load_rows<HD>(vs, v, r * gridDim.z + b, u0, T, 1, 0, hd);
         __syncthreads();
         int n = t < T ? min(TILE, t - u0 + 1) : 0;  // this tile's keys u <= t
         for (int j = 0; j < n; j++) {
@@ -126,8 +127,8 @@ __global__ void flash_attention_backward_kv_kernel(float* dk, float* dv, const f
     int part = threadIdx.x % SPLIT, u = blockIdx.x * TILE + threadIdx.x / SPLIT, r = blockIdx.y, b = blockIdx.z;
     int n_rep = H / R;
     float ku[W], vu[W], dku[W], dvu[W];
-    flash_load_row<HD>(ku, k, b, u, T, R, r, hd, part);
-    flash_load_row<HD>(vu, v, b, u, T, R, r, hd, part);
+    flash_load_row<HD>(ku, k, r * gridDim.z + b, u, T, 1, 0, hd, part);  // k (R, B, T, hd)
+    flash_load_row<HD>(vu, v, r * gridDim.z + b, u, T, 1, 0, hd, part);
     for (int i = 0; i < W; i++) dku[i] = dvu[i] = 0.0f;
     for (int g = 0; g < n_rep; g++) {
         int h = r * n_rep + g;
@@ -156,7 +157,7 @@ __global__ void flash_attention_backward_kv_kernel(float* dk, float* dv, const f
         }
     }
     if (u >= T) return;
-    size_t row = (((size_t)b * T + u) * R + r) * hd;
+    size_t row = (((size_t)r * gridDim.z + b) * T + u) * hd;  // dk, dv (R, B, T, hd)
     for (int i = 0; i < W; i++)
         if (int e = i * SPLIT + part; e < hd) dk[row + e] += dku[i], dv[row + e] += dvu[i];
 }
@@ -180,8 +181,8 @@ __global__ void flash_attention_backward_q_kernel(float* dq, const float* dout, 
     int end = min(T, (int)(blockIdx.x + 1) * TILE);
     for (int u0 = 0; u0 < end; u0 += TILE) {
         __syncthreads();
-        flash_load_rows<HD>(ks, k, b, u0, T, R, r, hd);
-        flash_load_rows<HD>(vs, v, b, u0, T, R, r, hd);
+        flash_load_rows<HD>(ks, k, r * gridDim.z + b, u0, T, 1, 0, hd);  // k (R, B, T, hd)
+        flash_load_rows<HD>(vs, v, r * gridDim.z + b, u0, T, 1, 0, hd);
         __syncthreads();
         int n = t < T ? min(TILE, t - u0 + 1) : 0;
         for (int j = 0; j < n; j++) {

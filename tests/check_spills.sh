@@ -9,7 +9,7 @@
 report=${1:?usage: tests/check_spills.sh build/ptxas.txt}
 SPILL_FREE=(
     flash_attention_forward_kernel flash_attention_backward_kv_kernel flash_attention_backward_q_kernel
-    router_forward_kernel router_backward_dbuf_kernel router_dw_partial_kernel router_dw_reduce_kernel
+    kv_transpose_kernel
     embedding_backward_kernel rmsnorm_gain_partial_kernel rmsnorm_gain_reduce_kernel
     hc_weights_forward_kernel hc_weights_dx_kernel hc_weights_partial_kernel hc_weights_reduce_kernel
     hc_width_forward_kernel hc_width_backward_dx_kernel hc_width_backward_da_kernel

@@ -36,6 +36,24 @@ check_document() {
 }
 
 check_document README.md
+
+# README's hop chain from train_loop to the router's products is what runs:
+# in each `a` → `b` of that paragraph, a's body (from its definition to the
+# next closing brace in column 0) calls b.
+body_of() {
+    awk -v f="$1" '!inside && $0 ~ "^[A-Za-z].*[ *&]" f "\\(" && $0 !~ ";[[:space:]]*$" { inside = 1 }
+                   inside { print } inside && /^}/ { inside = 0 }' lime.cu train.cpp support/*.cpp support/*.cuh
+}
+hops=$(sed -n '/^From the training loop into the router/,/^$/p' README.md | grep -oE '`[A-Za-z_]+`( → `[A-Za-z_]+`)+' |
+    tr -d '`' | awk -F' → ' '{ for (i = 1; i < NF; i++) print $i, $(i + 1) }')
+broken=()
+while read -r from to; do
+    [ -n "$from" ] || continue
+    body_of "$from" | grep -qE "\b$to\(" || broken+=("$from→$to")
+done <<<"$hops"
+if [ -z "$hops" ]; then fail readme_hop_chain_is_what_runs "README has no hop chain (\"From the training loop into the router ...\")"
+elif [ ${#broken[@]} -eq 0 ]; then pass readme_hop_chain_is_what_runs
+else fail readme_hop_chain_is_what_runs "README's hop chain names calls the code does not make (fix README or the chain): ${broken[*]}"; fi
 for doc in docs/*.md labs/README.md labs/*/README.md; do check_document "$doc"; done
 
 # The repository stands alone: no text file points at that folder or its contract files.

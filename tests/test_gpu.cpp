@@ -214,15 +214,15 @@ static void check_router(int R, RouterSpan learned = RouterSpan{0, 0}, bool sepa
     router_forward(Kr.data(), Vr.data(), Wk.data(), Wv.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
     DevF gK(Kbuf), gV(Vbuf), gWk(Wk), gWv(Wv), gKr(layer), gVr(layer);
     const float* gwv = separate ? gWv.p : gWk.p;  // shared: one pointer, as the model passes it
-    router_forward_gpu(gKr.p, gVr.p, gWk.p, gwv, gK.p, gV.p, l, N, R, hd, ctx().stream);
+    router_forward_gpu(gKr.p, gVr.p, gWk.p, gwv, gK.p, gV.p, l, N, R, hd, ctx().blas);
     double e1 = err_of(gKr.get(), Kr), e2 = err_of(gVr.get(), Vr);
     CHECK(e1 < TOL_FWD && e2 < TOL_FWD, "router forward R=%d: Kr %.2e, Vr %.2e", R, e1, e2);
     std::vector<float> dW = dW0, dWv = dWv0, dKbuf = dKbuf0, dVbuf = dVbuf0;
     router_backward(dW.data(), separate ? dWv.data() : dW.data(), dKbuf.data(), dVbuf.data(), dKr.data(), dVr.data(), Wk.data(), Wv.data(),
                     Kbuf.data(), Vbuf.data(), l, learned, N, R, hd);
-    DevF gdW(dW0), gdWv(dWv0), gdK(dKbuf0), gdV(dVbuf0), gdKr(dKr), gdVr(dVr), scratch(router_scratch_floats(l, N, R));
+    DevF gdW(dW0), gdWv(dWv0), gdK(dKbuf0), gdV(dVbuf0), gdKr(dKr), gdVr(dVr), scratch(2 * (size_t)R * J);
     router_backward_gpu(gdW.p, separate ? gdWv.p : gdW.p, gdK.p, gdV.p, gdKr.p, gdVr.p, gWk.p, gwv, gK.p, gV.p, l, learned, N, R, hd, scratch.p,
-                        ctx().stream);
+                        ctx().blas);
     double e3 = err_of(gdW.get(), dW), e4 = err_of(gdK.get(), dKbuf), e5 = err_of(gdV.get(), dVbuf), e6 = err_of(gdWv.get(), dWv);
     CHECK(e3 < TOL_BWD && e4 < TOL_BWD && e5 < TOL_BWD && e6 < TOL_BWD, "router backward R=%d learned <%d or >=%d%s: dW %.2e, dKbuf %.2e, dVbuf %.2e, dWv %.2e",
           R, learned.below, learned.from, separate ? " separate" : "", e3, e4, e5, e6);
@@ -236,12 +236,12 @@ TEST(gpu_router_masked_matches_cpu) { NEED_GPU(); check_router(2, RouterSpan{1, 
 TEST(gpu_router_nothing_learned_matches_cpu) { NEED_GPU(); check_router(2, RouterSpan{0, 3}); }
 TEST(gpu_router_separate_kv_matches_cpu) { NEED_GPU(); check_router(2, RouterSpan{0, 0}, true); }
 TEST(gpu_router_separate_kv_masked_matches_cpu) { NEED_GPU(); check_router(1, RouterSpan{0, 1}, true); }  // layers 1 and 2
-// The weight gradient's chunks of ROUTER_CHUNK positions: 150 = 64 + 64 + 22.
-TEST(gpu_router_chunks_not_dividing_N_match_cpu) { NEED_GPU(); check_router(2, RouterSpan{0, 0}, false, 150); }
-// R > ROUTER_HEADS: two groups of output heads; 2 * (J + R) = 160 floats an element: shared tiles of 51 elements.
-TEST(gpu_router_more_heads_than_registers_match_cpu) { NEED_GPU(); check_router(20, RouterSpan{0, 0}, true, 70, 5); }
-// R * J = 2700 weights: two weight groups of ROUTER_THREADS * ROUTER_WEIGHTS = 2048; layers 0 and 1 learned.
-TEST(gpu_router_two_weight_groups_match_cpu) { NEED_GPU(); check_router(30, RouterSpan{2, 3}, false, 9, 4); }
+// Longer rows: 150 positions of 6 floats (N*hd = 900).
+TEST(gpu_router_150_positions_match_cpu) { NEED_GPU(); check_router(2, RouterSpan{0, 0}, false, 150); }
+// Many kv heads: R = 20, separate routers, odd hd.
+TEST(gpu_router_20_heads_separate_match_cpu) { NEED_GPU(); check_router(20, RouterSpan{0, 0}, true, 70, 5); }
+// R * J = 2700 weights, layers 0 and 1 learned: the learned columns' runs of every row.
+TEST(gpu_router_30_heads_masked_match_cpu) { NEED_GPU(); check_router(30, RouterSpan{2, 3}, false, 9, 4); }
 // Layer 0: one source layer, J = R.
 TEST(gpu_router_layer0_one_source_matches_cpu) { NEED_GPU(); check_router(3, RouterSpan{0, 0}, false, 70, 6, 0); }
 
@@ -250,14 +250,14 @@ static void check_attention(int B, int T, int H, int R, int hd) {
     auto q = randv(qn, 1), k = randv(kn, 2), v = randv(kn, 3), dout = randv(qn, 4), dk0 = randv(kn, 5), dv0 = randv(kn, 6);
     std::vector<float> out(qn), att(an);
     attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
-    DevF gq(q), gk(k), gv(v), gout(qn), gatt(an), gkp(kn), gvp(kn), gdkp(kn), gdvp(kn), gdatt(an), scratch(3 * qn);
-    attention_forward_gpu(gout.p, gatt.p, gq.p, gk.p, gv.p, gkp.p, gvp.p, B, T, H, R, hd, scratch.p, ctx().blas, ctx().stream);
+    DevF gq(q), gk(k), gv(v), gout(qn), gatt(an), gdatt(an), scratch(3 * qn);
+    attention_forward_gpu(gout.p, gatt.p, gq.p, gk.p, gv.p, B, T, H, R, hd, scratch.p, ctx().blas, ctx().stream);
     double e1 = err_of(gout.get(), out), e2 = err_of(gatt.get(), att);
     CHECK(e1 < TOL_FWD && e2 < TOL_FWD, "attention forward B=%d T=%d H=%d R=%d: out %.2e, att %.2e", B, T, H, R, e1, e2);
     std::vector<float> dq(qn), dk = dk0, dv = dv0;
     attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
     DevF gdq(qn), gdk(dk0), gdv(dv0), gdout(dout);
-    attention_backward_gpu(gdq.p, gdk.p, gdv.p, gdatt.p, gkp.p, gvp.p, gdkp.p, gdvp.p, gdout.p, gq.p, gk.p, gv.p, gatt.p, B, T, H, R, hd,
+    attention_backward_gpu(gdq.p, gdk.p, gdv.p, gdatt.p, gdout.p, gq.p, gk.p, gv.p, gatt.p, B, T, H, R, hd,
                            scratch.p, ctx().blas, ctx().stream);
     double e3 = err_of(gdq.get(), dq), e4 = err_of(gdk.get(), dk), e5 = err_of(gdv.get(), dv);
     CHECK(e3 < TOL_BWD && e4 < TOL_BWD && e5 < TOL_BWD, "attention backward B=%d T=%d H=%d R=%d: dq %.2e, dk %.2e, dv %.2e", B, T, H, R, e3,

@@ -214,7 +214,7 @@ static void check_attention_reference(int B, int T, int H, int R, int hd, bool f
     std::vector<double> dkd(nk, 0), dvd(nk, 0);
     double scale = 1.0 / std::sqrt((double)hd);
     auto Q = [&](int b, int t, int h) { return &q[(((size_t)b * T + t) * H + h) * hd]; };
-    auto KV = [&](const std::vector<float>& x, int b, int u, int r) { return &x[(((size_t)b * T + u) * R + r) * hd]; };
+    auto KV = [&](const std::vector<float>& x, int b, int u, int r) { return &x[(((size_t)r * B + b) * T + u) * hd]; };  // (R, B, T, hd)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int t = 0; t < T; t++) {
@@ -241,8 +241,8 @@ static void check_attention_reference(int B, int T, int H, int R, int hd, bool f
                         double ds = p[u] * (dp[u] - pdp);
                         o += p[u] * KV(v, b, u, r)[i];
                         g += ds * KV(k, b, u, r)[i] * scale;
-                        dkd[(((size_t)b * T + u) * R + r) * hd + i] += ds * Q(b, t, h)[i] * scale;
-                        dvd[(((size_t)b * T + u) * R + r) * hd + i] += p[u] * go[i];
+                        dkd[(((size_t)r * B + b) * T + u) * hd + i] += ds * Q(b, t, h)[i] * scale;
+                        dvd[(((size_t)r * B + b) * T + u) * hd + i] += p[u] * go[i];
                     }
                     want_out[(((size_t)b * T + t) * H + h) * hd + i] = (float)o;
                     want_dq[(((size_t)b * T + t) * H + h) * hd + i] = (float)g;
@@ -1057,13 +1057,13 @@ TEST(fast_matmul_equals_plain_on_random_shapes) {
         check_fast_matmul(601, 37, 13, 8);    // dW sums 601 rows: three blocks of k
         check_fast_matmul(211, 300, 53, 9);   // forward and dinp: k over 256, 27 row tiles
         check_fast_matmul(1, 1, 1, 10);
+        check_fast_matmul(3, 4099, 12, 11);   // few outputs, long rows: the forward's sliced dot products
     }
     matmul_fast_use_kernel(0);
 }
 
 // The threads share out whole tiles: the products are the same bits for 1, 2 and 3 threads.
-TEST(fast_matmul_same_bits_for_any_thread_count) {
-    int N = 300, C = 70, OC = 45;
+static void check_fast_matmul_threads(int N, int C, int OC) {
     std::vector<float> inp = randv((size_t)N * C, 1), W = randv((size_t)OC * C, 2), dout = randv((size_t)N * OC, 3);
     std::vector<float> scratch(matmul_fast_scratch_floats(std::max({N, OC, C}), std::max(C, OC)));
     std::vector<std::vector<float>> runs;
@@ -1078,37 +1078,69 @@ TEST(fast_matmul_same_bits_for_any_thread_count) {
         runs.push_back(out);
     }
     omp_set_num_threads(before);
-    CHECK(runs[0] == runs[1] && runs[0] == runs[2], "matmul_*_fast (%s kernel): out, dinp or dW differ between 1, 2 and 3 threads",
-          matmul_fast_kernel());
+    CHECK(runs[0] == runs[1] && runs[0] == runs[2],
+          "matmul_*_fast (%s kernel) N=%d C=%d OC=%d: out, dinp or dW differ between 1, 2 and 3 threads", matmul_fast_kernel(), N, C, OC);
+}
+// ... also the forward's sliced dot products (few outputs, long rows: the router's dW).
+TEST(fast_matmul_same_bits_for_any_thread_count) {
+    check_fast_matmul_threads(300, 70, 45);
+    check_fast_matmul_threads(4, 5000, 12);
 }
 
-static void check_fast_router(int l, int N, int R, int hd, RouterSpan learned, bool separate) {
-    size_t layer = (size_t)N * R * hd, J = (size_t)(l + 1) * R;
+// The router (products over the head-major buffer: row j = l'*R + r' of N*hd
+// floats) against Eq. 2 written out in double, with gradients that already
+// hold numbers: Kr[r][m] = sum_j W[r, j] Kbuf[j][m]; dW[r, j] += sum_m dKr[r][m]
+// Kbuf[j][m] on the learned columns only; dKbuf[j][m] += sum_r W[r, j] dKr[r][m].
+static void check_router_products(int l, int N, int R, int hd, RouterSpan learned, bool separate) {
+    size_t M = (size_t)N * hd, layer = R * M, J = (size_t)(l + 1) * R;
     std::vector<float> Wk = randv(R * J, 1), Wv = separate ? randv(R * J, 2) : Wk, Kb = randv((l + 1) * layer, 3), Vb = randv((l + 1) * layer, 4);
     float* wv = separate ? Wv.data() : Wk.data();
-    std::vector<float> Kp(layer), Vp(layer), Kf(layer), Vf(layer);
-    router_forward(Kp.data(), Vp.data(), Wk.data(), wv, Kb.data(), Vb.data(), l, N, R, hd);
-    router_forward_fast(Kf.data(), Vf.data(), Wk.data(), wv, Kb.data(), Vb.data(), l, N, R, hd);
-    double e1 = std::max(rel_err(Kf.data(), Kp.data(), layer), rel_err(Vf.data(), Vp.data(), layer));
+    std::vector<float> Kr(layer), Vr(layer), want_k(layer), want_v(layer);
+    router_forward(Kr.data(), Vr.data(), Wk.data(), wv, Kb.data(), Vb.data(), l, N, R, hd);
     std::vector<float> dK = randv(layer, 5), dV = randv(layer, 6);
-    std::vector<float> dWk_p(R * J, 0.5f), dWv_p(R * J, 0.5f), dKb_p((l + 1) * layer, 0.25f), dVb_p = dKb_p;
-    std::vector<float> dWk_f = dWk_p, dWv_f = dWv_p, dKb_f = dKb_p, dVb_f = dVb_p;
-    router_backward(dWk_p.data(), separate ? dWv_p.data() : dWk_p.data(), dKb_p.data(), dVb_p.data(), dK.data(), dV.data(), Wk.data(), wv,
+    std::vector<float> dWk(R * J, 0.5f), dWv(R * J, 0.5f), dKb((l + 1) * layer, 0.25f), dVb = dKb;
+    std::vector<float> want_dWk = dWk, want_dWv = dWv, want_dKb = dKb, want_dVb = dVb;
+    router_backward(dWk.data(), separate ? dWv.data() : dWk.data(), dKb.data(), dVb.data(), dK.data(), dV.data(), Wk.data(), wv,
                     Kb.data(), Vb.data(), l, learned, N, R, hd);
-    router_backward_fast(dWk_f.data(), separate ? dWv_f.data() : dWk_f.data(), dKb_f.data(), dVb_f.data(), dK.data(), dV.data(), Wk.data(),
-                         wv, Kb.data(), Vb.data(), l, learned, N, R, hd);
-    double e2 = std::max(rel_err(dWk_f.data(), dWk_p.data(), R * J), rel_err(dWv_f.data(), dWv_p.data(), R * J));
-    double e3 = std::max(rel_err(dKb_f.data(), dKb_p.data(), dKb_p.size()), rel_err(dVb_f.data(), dVb_p.data(), dVb_p.size()));
-    CHECK(e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL,
-          "router_*_fast vs plain (%d sources, N=%d R=%d hd=%d, learned <%d or >=%d%s): Kr/Vr %.1e dW %.1e dKbuf/dVbuf %.1e", l + 1, N,
-          R, hd, learned.below, learned.from, separate ? ", separate" : "", e1, e2, e3);
-}
-TEST(fast_router_equals_plain_with_1_and_5_sources) {
-    for (int hd : {8, 16, 64, 128}) {
-        check_fast_router(0, 13, 2, hd, RouterSpan{0, 0}, false);        // 1 source: the layer's own buffer
-        check_fast_router(4, 11, 3, hd, RouterSpan{0, 0}, false);     // 5 sources, R = 3
-        check_fast_router(4, 9, 1, hd, RouterSpan{1, 3}, true);  // 5 sources, R = 1, 1 and 2 fixed, separate routers
+    for (size_t r = 0; r < (size_t)R; r++)
+        for (size_t j = 0; j < J; j++) {
+            double gk = 0, gv = 0;
+            for (size_t m = 0; m < M; m++) gk += (double)dK[r * M + m] * Kb[j * M + m], gv += (double)dV[r * M + m] * Vb[j * M + m];
+            if (!learned.has((int)(j / R))) continue;
+            if (separate) want_dWk[r * J + j] += (float)gk, want_dWv[r * J + j] += (float)gv;
+            else want_dWk[r * J + j] += (float)(gk + gv);
+        }
+    for (size_t m = 0; m < M; m++) {
+        for (size_t r = 0; r < (size_t)R; r++) {
+            double k = 0, v = 0;
+            for (size_t j = 0; j < J; j++) k += (double)Wk[r * J + j] * Kb[j * M + m], v += (double)wv[r * J + j] * Vb[j * M + m];
+            want_k[r * M + m] = (float)k, want_v[r * M + m] = (float)v;
+        }
+        for (size_t j = 0; j < J; j++) {
+            double k = 0, v = 0;
+            for (size_t r = 0; r < (size_t)R; r++) k += (double)Wk[r * J + j] * dK[r * M + m], v += (double)wv[r * J + j] * dV[r * M + m];
+            want_dKb[j * M + m] += (float)k, want_dVb[j * M + m] += (float)v;
+        }
     }
+    double e1 = std::max(rel_err(Kr.data(), want_k.data(), layer), rel_err(Vr.data(), want_v.data(), layer));
+    double e2 = std::max(rel_err(dWk.data(), want_dWk.data(), R * J), rel_err(dWv.data(), want_dWv.data(), R * J));
+    double e3 = std::max(rel_err(dKb.data(), want_dKb.data(), dKb.size()), rel_err(dVb.data(), want_dVb.data(), dVb.size()));
+    CHECK(e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL,
+          "router products vs Eq. 2 in double (%d sources, N=%d R=%d hd=%d, learned <%d or >=%d%s): Kr/Vr %.1e dW %.1e dKbuf/dVbuf %.1e",
+          l + 1, N, R, hd, learned.below, learned.from, separate ? ", separate" : "", e1, e2, e3);
+}
+// Shapes of the CPU products' paths: hd*N a multiple of the panels or not
+// (a packed last panel), N*hd long enough for the sliced dot products of dW.
+TEST(router_products_equal_eq2_with_1_and_5_sources) {
+    for (int hd : {2, 8, 16, 64, 128}) {
+        check_router_products(0, 13, 2, hd, RouterSpan{0, 0}, false);  // 1 source: the layer's own buffer
+        check_router_products(4, 11, 3, hd, RouterSpan{0, 0}, false);  // 5 sources, R = 3
+        check_router_products(4, 9, 1, hd, RouterSpan{1, 3}, true);    // 5 sources, R = 1, 1 and 2 fixed, separate routers
+        check_router_products(3, 7, 2, hd, RouterSpan{0, 4}, false);   // nothing learned (average, frozen)
+        check_router_products(3, 7, 2, hd, RouterSpan{0, 2}, false);   // last-2: layers 2 and 3 learned
+    }
+    check_router_products(2, 300, 2, 16, RouterSpan{0, 0}, true);  // N*hd = 4800: dW by the sliced dot products
+    check_router_products(2, 300, 2, 16, RouterSpan{1, 2}, false);
 }
 
 static void check_fast_attention(int B, int T, int H, int R, int hd) {

@@ -1,7 +1,7 @@
-// labs/lab1/check.cpp — lab 1's checks: your router_forward against the
-// project's (support/cpu_fast.cpp's router_forward_fast) on chosen and random
-// shapes, then the whole model's gradients against finite differences of its
-// loss, the model running your forward. labs/run.sh adds the reference vectors.
+// labs/lab1/check.cpp — lab 1's checks: your router_forward against Eq. 2
+// summed in double (labs/check.h) on chosen and random shapes, then the
+// whole model's gradients against finite differences of its loss, the model
+// running your forward. labs/run.sh adds the reference vectors.
 #include "labs/check.h"
 
 static void mine(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,

@@ -1,5 +1,5 @@
 // labs/lab2/check.cpp — lab 2's checks: your router_backward against the
-// project's (support/cpu_fast.cpp's router_backward_fast) on chosen and
+// backward summed in double (backward_with_slip without a slip) on chosen and
 // random shapes, gradients that arrive already holding numbers (a backward
 // adds to them), a variant's held-fixed columns, then the whole model's
 // gradients against finite differences of its loss, the model running your
@@ -53,7 +53,7 @@ static void backward_with_slip(Slip s, Grads* g, bool shared, const float* dKr, 
             double k = 0, v = 0;
             for (int n = 0; n < N; n++)
                 for (int i = 0; i < hd; i++) {
-                    size_t at = ((size_t)n * R + r) * hd + i, src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
+                    size_t at = ((size_t)r * N + n) * hd + i, src = (j / R) * layer + ((size_t)(j % R) * N + n) * hd + i;
                     k += (double)dKr[at] * Kbuf[src], v += (double)dVr[at] * Vbuf[src];
                 }
             int w = s == TRANSPOSED ? j * R + r : r * J + j;
@@ -68,10 +68,10 @@ static void backward_with_slip(Slip s, Grads* g, bool shared, const float* dKr, 
                 double k = 0, v = 0;
                 for (int r = 0; r < R; r++) {
                     int w = s == TRANSPOSED ? j * R + r : r * J + j;
-                    k += (double)Wk[w] * dKr[((size_t)n * R + r) * hd + i];
-                    v += (double)Wv[w] * dVr[((size_t)n * R + r) * hd + i];
+                    k += (double)Wk[w] * dKr[((size_t)r * N + n) * hd + i];
+                    v += (double)Wv[w] * dVr[((size_t)r * N + n) * hd + i];
                 }
-                size_t src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
+                size_t src = (j / R) * layer + ((size_t)(j % R) * N + n) * hd + i;
                 g->dKbuf[src] += (float)k, g->dVbuf[src] += (float)v;
             }
         }
@@ -90,9 +90,8 @@ static std::string check_shape(Rng& rng, int l, int N, int R, int hd, bool share
     router_backward(got.dWk.data(), shared ? got.dWk.data() : got.dWv.data(), got.dKbuf.data(), got.dVbuf.data(),
                     dKr.data(), dVr.data(), Wk.data(), shared ? Wk.data() : Wv.data(), Kbuf.data(), Vbuf.data(), l,
                     learned, N, R, hd);
-    router_backward_fast(want.dWk.data(), shared ? want.dWk.data() : want.dWv.data(), want.dKbuf.data(),
-                         want.dVbuf.data(), dKr.data(), dVr.data(), Wk.data(), Wv.data(), Kbuf.data(), Vbuf.data(),
-                         l, learned, N, R, hd);
+    backward_with_slip(NONE, &want, shared, dKr.data(), dVr.data(), Wk.data(), Wv.data(), Kbuf.data(), Vbuf.data(), l,
+                       learned, N, R, hd);
     std::vector<Mistake> mistakes;
     for (Slip s : {NOTHING, NO_EARLIER_LAYERS, NO_BUFFER_GRAD, DW_KEYS_ONLY, DW_VALUES_ONLY, TRANSPOSED, OVERWRITE,
                    ALL_COLUMNS}) {
@@ -109,7 +108,7 @@ static std::string check_shape(Rng& rng, int l, int N, int R, int hd, bool share
     };
     auto at_buf = [N, R, hd](size_t x) {
         size_t layer = (size_t)N * R * hd, in = x % layer;
-        return strf("[layer %d][n=%zu, r=%d, i=%d]", (int)(x / layer), in / ((size_t)R * hd), (int)(in / hd % R),
+        return strf("[layer %d][r=%zu, n=%d, i=%d]", (int)(x / layer), in / ((size_t)N * hd), (int)(in / hd % N),
                    (int)(in % hd));
     };
     std::string shape = strf("l=%d, N=%d, R=%d, hd=%d, %s router%s", l, N, R, hd, shared ? "one" : "separate key and value",

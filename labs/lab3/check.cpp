@@ -1,8 +1,8 @@
 // labs/lab3/check.cpp — lab 3's checks: your kernel, through the launch in
 // your file (router_forward_gpu), on the CUDA-on-CPU harness under the
 // forward, reverse and two random thread orders, each with the blocks of a
-// grid in forward, reverse and random order, against the project's CPU router
-// (router_forward_fast). A correct kernel gives the same numbers in
+// grid in forward, reverse and random order, against Eq. 2 summed in double
+// (labs/check.h). A correct kernel gives the same numbers in
 // every order; one that reads shared memory before every thread has written
 // it, or writes it while others still read, does not.
 #include "labs/check.h"
@@ -19,7 +19,10 @@ static void on_device(float* Kr, float* Vr, const float* Wk, const float* Wv, co
     cudaMemcpy(dWv, Wv, w * sizeof(float), cudaMemcpyHostToDevice);
     cudaMemcpy(dKbuf, Kbuf, buf * sizeof(float), cudaMemcpyHostToDevice);
     cudaMemcpy(dVbuf, Vbuf, buf * sizeof(float), cudaMemcpyHostToDevice);
-    router_forward_gpu(dKr, dVr, dWk, Wk == Wv ? dWk : dWv, dKbuf, dVbuf, l, N, R, hd, 0);
+    cublasHandle_t blas;  // the launch reads its stream from a cuBLAS handle, as the model's does
+    cublasCreate(&blas);
+    router_forward_gpu(dKr, dVr, dWk, Wk == Wv ? dWk : dWv, dKbuf, dVbuf, l, N, R, hd, blas);
+    cublasDestroy(blas);
     cudaError_t e = cudaDeviceSynchronize();
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess && launch_error.empty()) launch_error = cudaGetErrorString(e);

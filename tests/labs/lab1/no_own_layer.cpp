@@ -12,11 +12,11 @@ void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, cons
                 float k = 0, v = 0;
                 for (int j = 0; j < J; j++) {
                     if (j / R == l) continue;  // the mistake
-                    size_t src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
+                    size_t src = (j / R) * layer + ((size_t)(j % R) * N + n) * hd + i;
                     k += Wk[r * J + j] * Kbuf[src];
                     v += Wv[r * J + j] * Vbuf[src];
                 }
-                Kr[((size_t)n * R + r) * hd + i] = k;
-                Vr[((size_t)n * R + r) * hd + i] = v;
+                Kr[((size_t)r * N + n) * hd + i] = k;
+                Vr[((size_t)r * N + n) * hd + i] = v;
             }
 }

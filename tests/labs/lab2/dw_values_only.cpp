@@ -13,8 +13,8 @@ void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const f
             float k = 0, v = 0;
             for (int n = 0; n < N; n++)
                 for (int i = 0; i < hd; i++) {
-                    size_t at = ((size_t)n * R + r) * hd + i;
-                    size_t src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
+                    size_t at = ((size_t)r * N + n) * hd + i;
+                    size_t src = (j / R) * layer + ((size_t)(j % R) * N + n) * hd + i;
                     k += dKr[at] * Kbuf[src];
                     v += dVr[at] * Vbuf[src];
                 }
@@ -27,10 +27,10 @@ void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const f
             for (int i = 0; i < hd; i++) {
                 float k = 0, v = 0;
                 for (int r = 0; r < R; r++) {
-                    k += Wk[r * J + j] * dKr[((size_t)n * R + r) * hd + i];
-                    v += Wv[r * J + j] * dVr[((size_t)n * R + r) * hd + i];
+                    k += Wk[r * J + j] * dKr[((size_t)r * N + n) * hd + i];
+                    v += Wv[r * J + j] * dVr[((size_t)r * N + n) * hd + i];
                 }
-                size_t src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
+                size_t src = (j / R) * layer + ((size_t)(j % R) * N + n) * hd + i;
                 dKbuf[src] += k;
                 dVbuf[src] += v;
             }

@@ -17,17 +17,19 @@ __global__ void lab_router_kernel(float* Kr, float* Vr, const float* Wk, const f
         int r = t / hd, i = t % hd;
         float k = 0, v = 0;
         for (int j = 0; j < J; j++) {
-            size_t src = (j / R) * layer + ((size_t)n * R + j % R) * hd + i;
+            size_t src = (j / R) * layer + ((size_t)(j % R) * N + n) * hd + i;
             k += w[r * J + j] * Kbuf[src];
             v += w[R * J + r * J + j] * Vbuf[src];
         }
-        Kr[((size_t)n * R + r) * hd + i] = k;
-        Vr[((size_t)n * R + r) * hd + i] = v;
+        Kr[((size_t)r * N + n) * hd + i] = k;
+        Vr[((size_t)r * N + n) * hd + i] = v;
     }
 }
 
 void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                        const float* Vbuf, int l, int N, int R, int hd, cudaStream_t stream) {
+                        const float* Vbuf, int l, int N, int R, int hd, cublasHandle_t blas) {
+    cudaStream_t stream;  // the model's stream: its cuBLAS handle's
+    cublasGetStream(blas, &stream);
     size_t shared = 2 * (size_t)R * (l + 1) * R * sizeof(float);
     LAUNCH(lab_router_kernel, N, LAB3_THREADS, shared, stream)(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd);
 }
