@@ -209,7 +209,8 @@ static void gemm_blocked(float* C, size_t ldc, MatView A, MatView B, int M, int 
             for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, N * sizeof(float));
         return;
     }
-#pragma omp parallel if ((double)M * N * K > 32768)
+    // (inside a parallel loop, as the regulariser's per sequence: this thread alone)
+#pragma omp parallel if ((double)M * N * K > 32768 && !omp_in_parallel())
     {
         bool packs = false;
         for (int p = 0; p < panels; p++) packs |= !in_place(p);
@@ -297,6 +298,103 @@ void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float
                           int OC, float* scratch) {
     if (dinp) gemm_cpu(dinp, C, {dout, (size_t)OC, 1}, {W, (size_t)C, 1}, N, C, OC, true, scratch);
     gemm_cpu(dW, C, {dout, 1, (size_t)OC}, {inp, (size_t)C, 1}, OC, C, N, true, scratch);
+}
+
+// ===========================================================================
+// The value-entropy regulariser (lime.cu: ereg_forward, ereg_backward)
+// ===========================================================================
+//
+// Per sequence, Z (n, D) holds its n valid positions' centred values, packed
+// together (the padding dropped). The plain loops build G = Z^T Z (D, D) and,
+// backward, Z G (n, D): n D^2 multiply-adds each. Only tr(G), ||G||_F^2 and Z G
+// are used, and the n x n Gram K = Z Z^T gives all three:
+//   tr(K) = sum_t |Z[t]|^2 = tr(G)
+//   ||K||_F^2 = tr(Z Z^T Z Z^T) = tr(Z^T Z Z^T Z) = ||G||_F^2
+//   K Z = Z (Z^T Z) = Z G
+// at n^2 D multiply-adds each. So a sequence with n < D uses K, stored in the
+// first n^2 floats of its G slot (n^2 < D^2), and one with n >= D uses G; the
+// backward recounts n and reads the slot the same way. Both products are the
+// blocked ones above, run on one thread per sequence (the sequences share out
+// the threads); mu is summed as the plain loop sums it (the same bits), the
+// products sum in their own order (equal to rounding).
+//
+// Scratch per sequence b (ereg_fast_scratch_floats): Z (T, D), the product
+// Z G or K Z (T, D), and the products' packed panels.
+static size_t ereg_slot_floats(int T, int D) {
+    return 2 * (size_t)T * D + matmul_fast_scratch_floats(std::max(T, D), D);
+}
+size_t ereg_fast_scratch_floats(int B, int T, int D) { return (size_t)B * ereg_slot_floats(T, D); }
+
+// Z (n, D) = V[t] - mu at b's valid t, in order; returns n.
+static int ereg_pack(float* Z, const float* Vb, const float* vb, const float* m, int T, int D) {
+    int n = 0;
+    for (int t = 0; t < T; t++) {
+        if (vb[t] == 0) continue;
+        const float* v = Vb + (size_t)t * D;
+        float* z = Z + (size_t)n++ * D;
+        for (int j = 0; j < D; j++) z[j] = v[j] - m[j];
+    }
+    return n;
+}
+
+void ereg_forward_fast(float* stat, float* mu, float* G, const float* V, const float* valid, int B, int T, int D,
+                       float* scratch) {
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < B; b++) {
+        const float* Vb = V + (size_t)b * T * D;  // (T, D)
+        const float* vb = valid + (size_t)b * T;  // (T)
+        float* m = mu + (size_t)b * D;            // (D)
+        float* g = G + (size_t)b * D * D;         // (D, D): G, or K (n, n) when n < D
+        float* Z = scratch + (size_t)b * ereg_slot_floats(T, D);  // (n, D)
+        float* pack = Z + 2 * (size_t)T * D;
+        int valid_n = 0;
+        for (int t = 0; t < T; t++) valid_n += vb[t] != 0;
+        for (int j = 0; j < D; j++) {  // mu, summed as ereg_forward sums it
+            double s = 0;
+            for (int t = 0; t < T; t++) if (vb[t] != 0) s += Vb[(size_t)t * D + j];
+            m[j] = valid_n ? (float)(s / valid_n) : 0.0f;
+        }
+        int n = ereg_pack(Z, Vb, vb, m, T, D);
+        int E = n < D ? n : D;  // the Gram's size: K (n, n) = Z Z^T or G (D, D) = Z^T Z
+        if (n >= D) gemm_cpu(g, D, {Z, 1, (size_t)D}, {Z, (size_t)D, 1}, D, D, n, false, pack);  // G = Z^T Z
+        else if (n > 0) gemm_cpu(g, n, {Z, (size_t)D, 1}, {Z, 1, (size_t)D}, n, n, D, false, pack);  // K = Z Z^T
+        // S2 = -log(||G||_F^2 / tr(G)^2), the same from K
+        double tr = 0, f2 = 0;
+        for (int i = 0; i < E; i++) tr += g[(size_t)i * E + i];
+        for (size_t i = 0; i < (size_t)E * E; i++) f2 += (double)g[i] * g[i];
+        float* st = stat + 4 * b;
+        bool has_s2 = n >= 2 && tr > 0 && f2 > 0;
+        st[0] = has_s2 ? (float)-std::log(f2 / (tr * tr)) : 0.0f;
+        st[1] = has_s2 ? (float)(4.0 / tr) : 0.0f;
+        st[2] = has_s2 ? (float)(4.0 / f2) : 0.0f;
+        st[3] = 0.0f;
+    }
+}
+
+void ereg_backward_fast(float* dV, const float* V, const float* valid, const float* mu, const float* G,
+                        const float* stat, float scale, int B, int T, int D, float* scratch) {
+#pragma omp parallel for schedule(static)
+    for (int b = 0; b < B; b++) {
+        const float* st = stat + 4 * b;
+        if (st[1] == 0) continue;  // no S2: no gradient
+        const float* Vb = V + (size_t)b * T * D;  // (T, D)
+        const float* vb = valid + (size_t)b * T;  // (T)
+        const float* g = G + (size_t)b * D * D;   // G (D, D), or K (n, n) when n < D
+        float* Z = scratch + (size_t)b * ereg_slot_floats(T, D);  // (n, D)
+        float* ZG = Z + (size_t)T * D;                            // (n, D)
+        float* pack = ZG + (size_t)T * D;
+        int n = ereg_pack(Z, Vb, vb, mu + (size_t)b * D, T, D);
+        if (n < D) gemm_cpu(ZG, D, {g, (size_t)n, 1}, {Z, (size_t)D, 1}, n, D, n, false, pack);  // K Z
+        else gemm_cpu(ZG, D, {Z, (size_t)D, 1}, {g, (size_t)D, 1}, n, D, D, false, pack);        // Z G
+        // dV[t] += scale * (4 Z[t] / tr(G) - 4 (Z G)[t] / ||G||_F^2) at the valid t
+        for (int t = 0, r = 0; t < T; t++) {
+            if (vb[t] == 0) continue;
+            float* dv = dV + ((size_t)b * T + t) * D;
+            const float *z = Z + (size_t)r * D, *zg = ZG + (size_t)r * D;
+            for (int j = 0; j < D; j++) dv[j] += scale * (st[1] * z[j] - st[2] * zg[j]);
+            r++;
+        }
+    }
 }
 
 // ===========================================================================
