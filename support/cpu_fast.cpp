@@ -314,16 +314,33 @@ void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float
 // at n^2 D multiply-adds each. So a sequence with n < D uses K, stored in the
 // first n^2 floats of its G slot (n^2 < D^2), and one with n >= D uses G; the
 // backward recounts n and reads the slot the same way. Both products are the
-// blocked ones above, run on one thread per sequence (the sequences share out
-// the threads); mu is summed as the plain loop sums it (the same bits), the
-// products sum in their own order (equal to rounding).
+// blocked ones above, each run by the one thread that takes its sequence; mu is
+// summed as the plain loop sums it (the same bits), the products in their own
+// fixed order (equal to rounding), whatever the number of threads.
 //
-// Scratch per sequence b (ereg_fast_scratch_floats): Z (T, D), the product
-// Z G or K Z (T, D), and the products' packed panels.
+// Each thread (at most EREG_SLOTS) takes every threads-th sequence in its own
+// slot of the scratch (ereg_fast_scratch_floats), which stays in its caches:
+// Z (T, D), the product Z G or K Z (T, D), and the products' packed panels.
+static const int EREG_SLOTS = 32;
 static size_t ereg_slot_floats(int T, int D) {
     return 2 * (size_t)T * D + matmul_fast_scratch_floats(std::max(T, D), D);
 }
-size_t ereg_fast_scratch_floats(int B, int T, int D) { return (size_t)B * ereg_slot_floats(T, D); }
+size_t ereg_fast_scratch_floats(int B, int T, int D) {
+    return (size_t)std::min(B, EREG_SLOTS) * ereg_slot_floats(T, D);
+}
+// Calls f(b, slot) for every sequence b, slot the scratch of the thread that runs it.
+template <class F>
+static void ereg_for_sequences(int B, F f) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(std::min({B, EREG_SLOTS, omp_get_max_threads()}))
+    {
+        int slot = omp_get_thread_num(), threads = omp_get_num_threads();
+        for (int b = slot; b < B; b += threads) f(b, slot);
+    }
+#else
+    for (int b = 0; b < B; b++) f(b, 0);
+#endif
+}
 
 // Z (n, D) = V[t] - mu at b's valid t, in order; returns n.
 static int ereg_pack(float* Z, const float* Vb, const float* vb, const float* m, int T, int D) {
@@ -339,13 +356,12 @@ static int ereg_pack(float* Z, const float* Vb, const float* vb, const float* m,
 
 void ereg_forward_fast(float* stat, float* mu, float* G, const float* V, const float* valid, int B, int T, int D,
                        float* scratch) {
-#pragma omp parallel for schedule(static)
-    for (int b = 0; b < B; b++) {
+    ereg_for_sequences(B, [&](int b, int slot) {
         const float* Vb = V + (size_t)b * T * D;  // (T, D)
         const float* vb = valid + (size_t)b * T;  // (T)
         float* m = mu + (size_t)b * D;            // (D)
         float* g = G + (size_t)b * D * D;         // (D, D): G, or K (n, n) when n < D
-        float* Z = scratch + (size_t)b * ereg_slot_floats(T, D);  // (n, D)
+        float* Z = scratch + (size_t)slot * ereg_slot_floats(T, D);  // (n, D)
         float* pack = Z + 2 * (size_t)T * D;
         int valid_n = 0;
         for (int t = 0; t < T; t++) valid_n += vb[t] != 0;
@@ -375,20 +391,19 @@ void ereg_forward_fast(float* stat, float* mu, float* G, const float* V, const f
         st[1] = has_s2 ? (float)(4.0 / tr) : 0.0f;
         st[2] = has_s2 ? (float)(4.0 / f2) : 0.0f;
         st[3] = 0.0f;
-    }
+    });
 }
 
 void ereg_backward_fast(float* dV, const float* V, const float* valid, const float* mu, const float* G,
                         const float* stat, float scale, int B, int T, int D, float* scratch) {
-#pragma omp parallel for schedule(static)
-    for (int b = 0; b < B; b++) {
+    ereg_for_sequences(B, [&](int b, int slot) {
         const float* st = stat + 4 * b;
-        if (st[1] == 0) continue;  // no S2: no gradient
+        if (st[1] == 0) return;  // no S2: no gradient
         const float* Vb = V + (size_t)b * T * D;  // (T, D)
         const float* vb = valid + (size_t)b * T;  // (T)
         const float* g = G + (size_t)b * D * D;   // G (D, D), or K (n, n) when n < D
-        float* Z = scratch + (size_t)b * ereg_slot_floats(T, D);  // (n, D)
-        float* ZG = Z + (size_t)T * D;                            // (n, D)
+        float* Z = scratch + (size_t)slot * ereg_slot_floats(T, D);  // (n, D)
+        float* ZG = Z + (size_t)T * D;                               // (n, D)
         float* pack = ZG + (size_t)T * D;
         int n = ereg_pack(Z, Vb, vb, mu + (size_t)b * D, T, D);
         if (n < D) gemm_cpu(ZG, D, {g, (size_t)n, 1}, {Z, (size_t)D, 1}, n, D, n, false, pack);  // K Z
@@ -401,7 +416,7 @@ void ereg_backward_fast(float* dV, const float* V, const float* valid, const flo
             for (int j = 0; j < D; j++) dv[j] += scale * (st[1] * z[j] - st[2] * zg[j]);
             r++;
         }
-    }
+    });
 }
 
 // ===========================================================================
