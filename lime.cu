@@ -39,9 +39,9 @@
 //   R key/value heads, hd = d / H head size, F SwiGLU hidden size, N = B*T.
 //
 // The CPU loops here are the reference: short and plain. ./lime runs faster
-// versions of three groups of them (matrix product, which also runs the
-// router; attention; Hyper-Connections) from support/cpu_fast.cpp, checked
-// against these by the tests; `make lime-ref`
+// versions of four groups of them (the matrix product, which also runs the
+// router; attention; Hyper-Connections; the value-entropy regulariser) from
+// support/cpu_fast.cpp, checked against these by the tests; `make lime-ref`
 // builds the program on the plain loops alone (-DLIME_REFERENCE).
 //
 // Builds: g++ -x c++ lime.cu (CPU only); nvcc (CPU and GPU); g++ -DLIME_EMU
@@ -297,7 +297,8 @@ struct Acts {
     // the value-entropy regulariser, sized 0 when entropy_reg is 0; D = R*hd
     float* ereg_V;   // (L, B, T, D)   the values token-major, as the regulariser reads them
     float* ereg_mu;  // (L, B, D)      each sequence's mean value over its valid positions
-    float* ereg_G;   // (L, B, D, D)   the Gram matrix of the centred values, G = Z^T Z
+    float* ereg_G;   // (L, B, D, D)   the Gram matrix of the centred values, G = Z^T Z (the fast CPU path:
+                     //                K = Z Z^T (n_b, n_b) instead where n_b < D, support/cpu_fast.cpp)
     float* ereg_stat;// (L, B, 4)      S2, 4 / tr(G), 4 / ||G||_F^2 (0, 0, 0 for a sequence without an S2), unused
     // backward scratch
     float* dx;       // (B, T, d) gradient of the residual stream
@@ -407,7 +408,8 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->datt, gpu * BT * c.H * c.T);
     size_t router = 2 * (size_t)c.R * c.L * c.R;  // a variant's weight gradient (router_backward_gpu)
     size_t gpu_scratch = std::max({3 * BT * qd, router, hc * hc_scratch_floats(c, BT)});
-    A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch : FAST_CPU ? fast_scratch_floats(c, BT) : 0;
+    size_t cpu_scratch = std::max(fast_scratch_floats(c, BT), ereg * ereg_fast_scratch_floats(B, c.T, (int)kvd));
+    A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch : FAST_CPU ? cpu_scratch : 0;
     take(&A->scratch, A->scratch_floats);
     take(&A->hc_M, hc * 2 * L * (n + 1) * BT * d);
     take(&A->hc_y, hc * 2 * L * BT * d);
@@ -2081,6 +2083,11 @@ static void op_crossentropy_backward(Model* model, float* dlogits_probs, const i
 // eigendecomposition. Its gradient into the values (backward):
 //   dS2/dZ = 4 Z / tr(G) - 4 Z G / ||G||_F^2, 0 at the padding; the centering's
 //   backward subtracts its mean over the valid t, which is 0 (Z's rows sum to 0).
+// The cost is n_b D^2 multiply-adds for G and again for Z G. The n_b x n_b
+// Gram K = Z Z^T has the same trace and Frobenius norm (tr K = sum_t |Z[t]|^2
+// = tr G; ||K||_F^2 = tr(Z Z^T Z Z^T) = tr(Z^T Z Z^T Z) = ||G||_F^2) and
+// K Z = Z G, at n_b^2 D each: the fast CPU path (ereg_forward_fast, support/
+// cpu_fast.cpp) takes K where n_b < D, G otherwise, as blocked products.
 // ===========================================================================
 
 // One layer, every sequence: stat (B, 4) = {S2, 4 / tr(G), 4 / ||G||_F^2, 0}
@@ -2255,7 +2262,8 @@ static void op_ereg_forward(Model* model, float* stat, float* mu, float* G, cons
     DISPATCH(model,
              ereg_forward_gpu(stat, mu, G, V, valid, pass_acts(model)->scratch, B, T, D, blas_of(model),
                               stream_of(model)),
-             ereg_forward(stat, mu, G, V, valid, B, T, D));
+             if (FAST_CPU) ereg_forward_fast(stat, mu, G, V, valid, B, T, D, model->acts->scratch);
+             else ereg_forward(stat, mu, G, V, valid, B, T, D));
 }
 static void op_ereg_backward(Model* model, float* dV, const float* V, const float* valid, float* mu, const float* G,
                              const float* stat, int B, int T) {
@@ -2265,7 +2273,8 @@ static void op_ereg_backward(Model* model, float* dV, const float* V, const floa
     DISPATCH(model,
              ereg_backward_gpu(dV, V, valid, mu, G, stat, scale, Z, Z + (size_t)B * T * D, B, T, D, blas_of(model),
                                stream_of(model)),
-             ereg_backward(dV, V, valid, mu, G, stat, scale, B, T, D));
+             if (FAST_CPU) ereg_backward_fast(dV, V, valid, mu, G, stat, scale, B, T, D, model->acts->scratch);
+             else ereg_backward(dV, V, valid, mu, G, stat, scale, B, T, D));
 }
 // After the cross-entropy: the regularised loss and the mean S2 over stat's n = L*B sequences
 // (model->last_loss, last_s2 on the CPU; Metrics on the GPU).

@@ -211,7 +211,8 @@ static void gemm_blocked(float* C, size_t ldc, MatView A, MatView B, int M, int 
             for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, N * sizeof(float));
         return;
     }
-#pragma omp parallel if ((double)M * N * K > 32768)
+    // (inside a parallel loop, as the regulariser's per sequence: this thread alone)
+#pragma omp parallel if ((double)M * N * K > 32768 && !omp_in_parallel())
     {
         bool packs = false;
         for (int p = 0; p < panels; p++) packs |= !in_place(p);
@@ -334,6 +335,125 @@ void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float
 
 size_t matmul_fast_forward_scratch_floats(int N, int C, int OC) {
     return few_long_dots(N, C, OC) ? (size_t)DOT_SLICES * N * OC : matmul_fast_scratch_floats(C, OC);
+}
+
+// ===========================================================================
+// The value-entropy regulariser (lime.cu: ereg_forward, ereg_backward)
+// ===========================================================================
+//
+// Per sequence, Z (n, D) holds its n valid positions' centred values, packed
+// together (the padding dropped). The plain loops build G = Z^T Z (D, D) and,
+// backward, Z G (n, D): n D^2 multiply-adds each. Only tr(G), ||G||_F^2 and Z G
+// are used, and the n x n Gram K = Z Z^T gives all three:
+//   tr(K) = sum_t |Z[t]|^2 = tr(G)
+//   ||K||_F^2 = tr(Z Z^T Z Z^T) = tr(Z^T Z Z^T Z) = ||G||_F^2
+//   K Z = Z (Z^T Z) = Z G
+// at n^2 D multiply-adds each. So a sequence with n < D uses K, stored in the
+// first n^2 floats of its G slot (n^2 < D^2), and one with n >= D uses G; the
+// backward recounts n and reads the slot the same way. Both products are the
+// blocked ones above, each run by the one thread that takes its sequence; mu is
+// summed as the plain loop sums it (the same bits), the products in their own
+// fixed order (equal to rounding), whatever the number of threads.
+//
+// Each thread (at most EREG_SLOTS) takes every threads-th sequence in its own
+// slot of the scratch (ereg_fast_scratch_floats), which stays in its caches:
+// Z (T, D), the product Z G or K Z (T, D), and the products' packed panels.
+static const int EREG_SLOTS = 32;
+static size_t ereg_slot_floats(int T, int D) {
+    return 2 * (size_t)T * D + matmul_fast_scratch_floats(std::max(T, D), D);
+}
+size_t ereg_fast_scratch_floats(int B, int T, int D) {
+    return (size_t)std::min(B, EREG_SLOTS) * ereg_slot_floats(T, D);
+}
+// Calls f(b, slot) for every sequence b, slot the scratch of the thread that runs it.
+template <class F>
+static void ereg_for_sequences(int B, F f) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(std::min({B, EREG_SLOTS, omp_get_max_threads()}))
+    {
+        int slot = omp_get_thread_num(), threads = omp_get_num_threads();
+        for (int b = slot; b < B; b += threads) f(b, slot);
+    }
+#else
+    for (int b = 0; b < B; b++) f(b, 0);
+#endif
+}
+
+// Z (n, D) = V[t] - mu at b's valid t, in order; returns n.
+static int ereg_pack(float* Z, const float* Vb, const float* vb, const float* m, int T, int D) {
+    int n = 0;
+    for (int t = 0; t < T; t++) {
+        if (vb[t] == 0) continue;
+        const float* v = Vb + (size_t)t * D;
+        float* z = Z + (size_t)n++ * D;
+        for (int j = 0; j < D; j++) z[j] = v[j] - m[j];
+    }
+    return n;
+}
+
+void ereg_forward_fast(float* stat, float* mu, float* G, const float* V, const float* valid, int B, int T, int D,
+                       float* scratch) {
+    ereg_for_sequences(B, [&](int b, int slot) {
+        const float* Vb = V + (size_t)b * T * D;  // (T, D)
+        const float* vb = valid + (size_t)b * T;  // (T)
+        float* m = mu + (size_t)b * D;            // (D)
+        float* g = G + (size_t)b * D * D;         // (D, D): G, or K (n, n) when n < D
+        float* Z = scratch + (size_t)slot * ereg_slot_floats(T, D);  // (n, D)
+        float* pack = Z + 2 * (size_t)T * D;
+        int valid_n = 0;
+        for (int t = 0; t < T; t++) valid_n += vb[t] != 0;
+        for (int j0 = 0; j0 < D; j0 += 64) {  // mu, each sum over t in order as ereg_forward's, 64 j at a time
+            int w = std::min(64, D - j0);
+            double s[64] = {0};
+            for (int t = 0; t < T; t++)
+                if (vb[t] != 0)
+                    for (int j = 0; j < w; j++) s[j] += Vb[(size_t)t * D + j0 + j];
+            for (int j = 0; j < w; j++) m[j0 + j] = valid_n ? (float)(s[j] / valid_n) : 0.0f;
+        }
+        int n = ereg_pack(Z, Vb, vb, m, T, D);
+        int E = n < D ? n : D;  // the Gram's size: K (n, n) = Z Z^T or G (D, D) = Z^T Z
+        if (n >= D) gemm_cpu(g, D, {Z, 1, (size_t)D}, {Z, (size_t)D, 1}, D, D, n, false, pack);  // G = Z^T Z
+        else if (n > 0) gemm_cpu(g, n, {Z, (size_t)D, 1}, {Z, 1, (size_t)D}, n, n, D, false, pack);  // K = Z Z^T
+        // S2 = -log(||G||_F^2 / tr(G)^2), the same from K; ||.||_F^2 in 8 lanes, then the lanes in order
+        double tr = 0, f2 = 0, lane[8] = {0};
+        for (int i = 0; i < E; i++) tr += g[(size_t)i * E + i];
+        size_t EE = (size_t)E * E, i = 0;
+        for (; i + 8 <= EE; i += 8)
+            for (int k = 0; k < 8; k++) lane[k] += (double)g[i + k] * g[i + k];
+        for (; i < EE; i++) lane[i % 8] += (double)g[i] * g[i];
+        for (int k = 0; k < 8; k++) f2 += lane[k];
+        float* st = stat + 4 * b;
+        bool has_s2 = n >= 2 && tr > 0 && f2 > 0;
+        st[0] = has_s2 ? (float)-std::log(f2 / (tr * tr)) : 0.0f;
+        st[1] = has_s2 ? (float)(4.0 / tr) : 0.0f;
+        st[2] = has_s2 ? (float)(4.0 / f2) : 0.0f;
+        st[3] = 0.0f;
+    });
+}
+
+void ereg_backward_fast(float* dV, const float* V, const float* valid, const float* mu, const float* G,
+                        const float* stat, float scale, int B, int T, int D, float* scratch) {
+    ereg_for_sequences(B, [&](int b, int slot) {
+        const float* st = stat + 4 * b;
+        if (st[1] == 0) return;  // no S2: no gradient
+        const float* Vb = V + (size_t)b * T * D;  // (T, D)
+        const float* vb = valid + (size_t)b * T;  // (T)
+        const float* g = G + (size_t)b * D * D;   // G (D, D), or K (n, n) when n < D
+        float* Z = scratch + (size_t)slot * ereg_slot_floats(T, D);  // (n, D)
+        float* ZG = Z + (size_t)T * D;                               // (n, D)
+        float* pack = ZG + (size_t)T * D;
+        int n = ereg_pack(Z, Vb, vb, mu + (size_t)b * D, T, D);
+        if (n < D) gemm_cpu(ZG, D, {g, (size_t)n, 1}, {Z, (size_t)D, 1}, n, D, n, false, pack);  // K Z
+        else gemm_cpu(ZG, D, {Z, (size_t)D, 1}, {g, (size_t)D, 1}, n, D, D, false, pack);        // Z G
+        // dV[t] += scale * (4 Z[t] / tr(G) - 4 (Z G)[t] / ||G||_F^2) at the valid t
+        for (int t = 0, r = 0; t < T; t++) {
+            if (vb[t] == 0) continue;
+            float* dv = dV + ((size_t)b * T + t) * D;
+            const float *z = Z + (size_t)r * D, *zg = ZG + (size_t)r * D;
+            for (int j = 0; j < D; j++) dv[j] += scale * (st[1] * z[j] - st[2] * zg[j]);
+            r++;
+        }
+    });
 }
 
 // ===========================================================================

@@ -30,6 +30,14 @@ const char* matmul_fast_kernel();
 int matmul_fast_kernels();
 void matmul_fast_use_kernel(int i);
 #endif
+// = ereg_forward, ereg_backward (the value-entropy regulariser), D = R*hd;
+// scratch: ereg_fast_scratch_floats(B, T, D). Where a sequence has n < D valid
+// positions, its slot of G holds the n x n Gram K = Z Z^T instead (support/cpu_fast.cpp).
+size_t ereg_fast_scratch_floats(int B, int T, int D);
+void ereg_forward_fast(float* stat, float* mu, float* G, const float* V, const float* valid, int B, int T, int D,
+                       float* scratch);
+void ereg_backward_fast(float* dV, const float* V, const float* valid, const float* mu, const float* G,
+                        const float* stat, float scale, int B, int T, int D, float* scratch);
 // = attention_forward, attention_backward.
 void attention_forward_fast(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
                             int R, int hd);

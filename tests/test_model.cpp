@@ -1268,6 +1268,76 @@ TEST(tanh_fast_is_within_2_ulp) {
     CHECK(tanh_fast(INFINITY) == 1.0f && tanh_fast(-INFINITY) == -1.0f && std::isnan(tanh_fast(NAN)), "tanh_fast of +-inf or NaN");
 }
 
+// The regulariser's fast path against the plain loops, one layer of B
+// sequences (B, T, D), `counts` valid positions each (a gap at 1 when there is
+// room, then padding): S2 and its two scales, mu (the same bits), G where the
+// fast path keeps G (n >= D), and dV accumulated onto the same values.
+static void check_fast_ereg(int T, int D, const std::vector<int>& counts) {
+    int B = (int)counts.size();
+    std::vector<float> V = randv((size_t)B * T * D, 50 + D, 2.0f), valid((size_t)B * T, 0.0f);
+    for (int b = 0; b < B; b++)
+        for (int t = 0, n = 0; t < T && n < counts[b]; t++)
+            if (t != 1 || counts[b] > T - 1) valid[(size_t)b * T + t] = 1, n++;
+    std::vector<float> st_p(4 * B), st_f(4 * B), mu_p((size_t)B * D), mu_f((size_t)B * D);
+    std::vector<float> G_p((size_t)B * D * D), G_f((size_t)B * D * D), dV_p = randv(V.size(), 60), dV_f = dV_p;
+    std::vector<float> scratch(ereg_fast_scratch_floats(B, T, D));
+    ereg_forward(st_p.data(), mu_p.data(), G_p.data(), V.data(), valid.data(), B, T, D);
+    ereg_forward_fast(st_f.data(), mu_f.data(), G_f.data(), V.data(), valid.data(), B, T, D, scratch.data());
+    ereg_backward(dV_p.data(), V.data(), valid.data(), mu_p.data(), G_p.data(), st_p.data(), -0.3f, B, T, D);
+    ereg_backward_fast(dV_f.data(), V.data(), valid.data(), mu_f.data(), G_f.data(), st_f.data(), -0.3f, B, T, D,
+                       scratch.data());
+    CHECK(mu_f == mu_p, "ereg_forward_fast T=%d D=%d: mu differs from the plain loop's bits", T, D);
+    for (int b = 0; b < B; b++) {
+        for (int k = 0; k < 3; k++) {
+            float f = st_f[4 * b + k], p = st_p[4 * b + k];
+            CHECK(std::fabs(f - p) <= FAST_TOL * std::fabs(p) + (k == 0 ? 1e-6 : 0),
+                  "ereg_forward_fast T=%d D=%d, sequence %d of %d valid: stat[%d] %.8g, plain %.8g", T, D, b, counts[b], k,
+                  f, p);
+        }
+        if (counts[b] >= D) {
+            size_t at = (size_t)b * D * D;
+            double e = rel_err(G_f.data() + at, G_p.data() + at, (size_t)D * D);
+            CHECK(e < FAST_TOL, "ereg_forward_fast T=%d D=%d, sequence %d of %d valid: G rel err %.1e", T, D, b,
+                  counts[b], e);
+        }
+    }
+    double e = rel_err(dV_f.data(), dV_p.data(), dV_p.size());
+    CHECK(e < FAST_TOL, "ereg_backward_fast T=%d D=%d: dV rel err %.1e", T, D, e);
+}
+// n > D (G), n < D (K), n = D, sequences of 1 and 0 valid positions, D off
+// the panel width, on every micro-kernel the build has.
+TEST(fast_ereg_equals_plain_with_padding_and_short_sequences) {
+    for (int kernel = 0; kernel < matmul_fast_kernels(); kernel++) {
+        matmul_fast_use_kernel(kernel);
+        check_fast_ereg(40, 8, {40, 30, 1, 9, 8});     // n > D: G; n = D; one valid position
+        check_fast_ereg(12, 40, {12, 7, 0, 2, 1});     // n < D: K; no valid position
+        check_fast_ereg(50, 37, {50, 36, 37, 45, 3});  // both in one batch, D off 16 and 32
+        check_fast_ereg(88, 32, {88, 60, 20});         // the d32 bench shape's D and T
+    }
+    matmul_fast_use_kernel(0);
+}
+
+// One thread per sequence, each summing in its own fixed order: the same bits for 1, 2 and 3 threads.
+TEST(fast_ereg_same_bits_for_any_thread_count) {
+    int B = 5, T = 30, D = 20;
+    std::vector<float> V = randv((size_t)B * T * D, 70), valid((size_t)B * T, 1.0f);
+    for (int t = 10; t < T; t++) valid[(size_t)3 * T + t] = 0;  // sequence 3: K (10 < D)
+    std::vector<float> scratch(ereg_fast_scratch_floats(B, T, D));
+    std::vector<std::vector<float>> runs;
+    int before = omp_get_max_threads();
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        std::vector<float> stat(4 * B), mu((size_t)B * D), G((size_t)B * D * D), dV(V.size(), 0.5f);
+        ereg_forward_fast(stat.data(), mu.data(), G.data(), V.data(), valid.data(), B, T, D, scratch.data());
+        ereg_backward_fast(dV.data(), V.data(), valid.data(), mu.data(), G.data(), stat.data(), 1.0f, B, T, D,
+                           scratch.data());
+        dV.insert(dV.end(), stat.begin(), stat.end());
+        runs.push_back(dV);
+    }
+    omp_set_num_threads(before);
+    CHECK(runs[0] == runs[1] && runs[0] == runs[2], "ereg_*_fast: stat or dV differ between 1, 2 and 3 threads");
+}
+
 
 // ---------------------------------------------------------------------------
 // Shapes the GPU kernels cannot launch (launch_check) are refused by
