@@ -2897,7 +2897,11 @@ const float* model_probe(Model* model, Probe what, int l) {
         const Acts& D = model->gpu->acts;
         const float* dev = what == PROBE_HIDDEN ? D.x : routed ? D.vr : D.Vbuf;
         model->host_copy.resize(streams * n + (streams > 1 ? n : 0));
-        cudaCheck(cudaMemcpy(model->host_copy.data(), dev + at, streams * n * sizeof(float), cudaMemcpyDeviceToHost));
+        // on the model's stream, behind the queued step (a plain cudaMemcpy, on the legacy stream,
+        // would not wait for it: that stream is non-blocking), then waited for
+        cudaCheck(cudaMemcpyAsync(model->host_copy.data(), dev + at, streams * n * sizeof(float), cudaMemcpyDeviceToHost,
+                                  model->gpu->stream));
+        cudaCheck(cudaStreamSynchronize(model->gpu->stream));
         src = model->host_copy.data();
     }
 #endif

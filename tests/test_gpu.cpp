@@ -846,6 +846,34 @@ TEST(gpu_forward_without_targets_gives_cpu_logits) {
     model_free(&gpu);
 }
 
+// model_train_step does not wait for the device; a probe right after it must
+// still read that step's forward (its copy queued behind the step, on the
+// model's stream), not device memory the step has not written yet.
+TEST(gpu_probe_right_after_a_train_step_reads_that_step) {
+    NEED_GPU();
+    use_tf32(false);
+    Config c = tiny_config(ARCH_LIME, 4, 2, 8);
+    Model cpu, gpu;
+    CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU, gpu_settings).empty(), "model_create failed");
+    model_init(&cpu, 4);
+    model_init(&gpu, 4);
+    Batch b = make_batch(2, 8, c.V, 12);
+    AdamWConfig opt;
+    model_train_step(&cpu, b.tokens.data(), b.targets.data(), b.mask.data(), 2, 8, opt, 1.0f);
+    model_train_step(&gpu, b.tokens.data(), b.targets.data(), b.mask.data(), 2, 8, opt, 1.0f);
+    const Probe kinds[] = {PROBE_VALUES, PROBE_RAW_VALUES, PROBE_HIDDEN};
+    const char* names[] = {"PROBE_VALUES", "PROBE_RAW_VALUES", "PROBE_HIDDEN"};
+    for (int k = 0; k < 3; k++) {
+        size_t n = (size_t)2 * 8 * (kinds[k] == PROBE_HIDDEN ? c.d : c.R * c.hd);
+        std::vector<float> want(model_probe(&cpu, kinds[k], 1), model_probe(&cpu, kinds[k], 1) + n);
+        const float* got = model_probe(&gpu, kinds[k], 1);
+        double e = rel_err(got, want.data(), n);
+        CHECK(e < TOL_FWD, "%s of layer 1 right after model_train_step: rel err %.2e (first value %g, cpu %g)", names[k], e, got[0], want[0]);
+    }
+    model_free(&cpu);
+    model_free(&gpu);
+}
+
 TEST(gpu_checkpoints_load_on_either_device) {
     NEED_GPU();
     use_tf32(false);
