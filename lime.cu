@@ -1818,17 +1818,23 @@ static void merge_heads_gpu(float* dst, const float* src, int B, int T, int nh, 
 }
 
 // Rows of att (b, h, t), each T long: p[u] = softmax over u <= t, and 0 for u > t. One warp per row.
+// One read of the causal half gives the row's max and sum together (online: a lane's running sum is
+// rescaled when its max grows, then the warp joins its lanes' pairs), and one write gives the row:
+// the probabilities for u <= t, zeros above (the scores' product wrote the whole row).
 __global__ void causal_softmax_kernel(float* att, int rows, int T) {
     int lane = threadIdx.x % 32, row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= rows) return;
     int t = row % T;
     float* p = att + (size_t)row * T;
-    float mx = -INFINITY, sum = 0;
-    for (int u = lane; u <= t; u += 32) mx = fmaxf(mx, p[u]);
-    mx = warp_max(mx);
-    for (int u = lane; u <= t; u += 32) { p[u] = expf(p[u] - mx); sum += p[u]; }
-    sum = warp_sum(sum);
-    for (int u = lane; u < T; u += 32) p[u] = u <= t ? p[u] / sum : 0.0f;
+    float mx = -INFINITY, sum = 0;  // this lane's max, and its sum of e^(p[u] - mx)
+    for (int u = lane; u <= t; u += 32) {
+        float x = p[u];
+        if (x > mx) sum = sum * expf(mx - x) + 1.0f, mx = x;
+        else sum += expf(x - mx);
+    }
+    float row_mx = warp_max(mx);
+    sum = warp_sum(mx == -INFINITY ? 0.0f : sum * expf(mx - row_mx));  // a lane past t holds nothing
+    for (int u = lane; u < T; u += 32) p[u] = u <= t ? expf(p[u] - row_mx) / sum : 0.0f;
 }
 // In place over dp: ds[u] = p[u] (dp[u] - sum_u' p[u'] dp[u']) for u <= t, 0 beyond.
 __global__ void causal_softmax_backward_kernel(float* datt, const float* att, int rows, int T) {

@@ -268,6 +268,34 @@ TEST(gpu_attention_matches_cpu_full_T13) { NEED_GPU(); check_attention(2, 13, 2,
 TEST(gpu_attention_matches_cpu_R1) { NEED_GPU(); check_attention(2, 13, 3, 1, 4); }
 TEST(gpu_attention_matches_cpu_larger) { NEED_GPU(); check_attention(3, 40, 4, 2, 8); }
 
+// The softmax's one read of the causal half: scores that rise along the row
+// (every lane's max grows at each of its 3 scores, and e^138 overflows a float
+// unless the max is taken out), and NaN above the diagonal, which it must not read.
+TEST(gpu_causal_softmax_rising_scores_and_nan_above_the_diagonal) {
+    NEED_GPU();
+    const int T = 70, rows = 2 * T;  // two (b, h) blocks of T rows
+    std::vector<float> s((size_t)rows * T), want(s.size());
+    for (int r = 0; r < rows; r++) {
+        int t = r % T;
+        double sum = 0;
+        for (int u = 0; u <= t; u++) sum += std::exp(2.0 * (u - t));
+        for (int u = 0; u < T; u++) {
+            s[(size_t)r * T + u] = u <= t ? 2.0f * u : NAN;
+            want[(size_t)r * T + u] = u <= t ? (float)(std::exp(2.0 * (u - t)) / sum) : 0.0f;
+        }
+    }
+    DevF att(s);
+    LAUNCH(causal_softmax_kernel, ceil_div((size_t)rows, 4), 128, 0, ctx().stream)(att.p, rows, T);
+    launchCheck();
+    std::vector<float> got = att.get();
+    double e = err_of(got, want);
+    bool zeros = true;
+    for (int r = 0; r < rows; r++)
+        for (int u = r % T + 1; u < T; u++) zeros = zeros && got[(size_t)r * T + u] == 0.0f;
+    CHECK(e < TOL_FWD && zeros, "causal softmax att (%d rows of %d): rel err %.2e, upper triangle all 0: %s", rows, T, e,
+          zeros ? "yes" : "no");
+}
+
 // Flash-style attention against the CPU's: the same outputs and gradients, from
 // one log-sum-exp per row instead of the (T, T) probabilities.
 static void check_flash_attention(int B, int T, int H, int R, int hd) {
