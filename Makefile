@@ -28,7 +28,9 @@ endif
 ARCH_FLAGS ?= $(shell $(CXX) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native)
 CXXFLAGS ?= -std=c++17 -O3 $(ARCH_FLAGS) -fopenmp -Wall -Wextra -I.
 TESTFLAGS = -std=c++17 -O2 -g $(ARCH_FLAGS) -fopenmp -Wall -Wextra -I. -Itests -DLIME_TESTING
-GENCODE  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+# sm_80 and sm_90 machine code, and compute_90 PTX, which the driver compiles for a newer GPU
+# (without it such a GPU fails every launch with "no kernel image is available")
+GENCODE  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVWERROR ?= --Werror all-warnings
 NVFLAGS  ?= -std=c++17 -O3 $(GENCODE) -I. -Xcompiler "-fopenmp $(ARCH_FLAGS) -Wall -Wextra" $(NVWERROR)
 
