@@ -2844,12 +2844,28 @@ void model_init(Model* model, uint64_t seed) {
 
 
 
+// Every token id and target of a batch inside the vocabulary, checked once,
+// here: the embedding and the cross-entropy after it (both devices' loops and
+// kernels) index E and the logits with them unchecked. An id outside
+// 0 .. V-1 is the caller's mistake, not the user's (the commands check their
+// files first): one line and a non-zero exit, as a failed CUDA call.
+static void ids_check(const int* ids, int N, int V, const char* what) {
+    for (int n = 0; n < N; n++)
+        if (ids[n] < 0 || ids[n] >= V) {
+            fprintf(stderr, "lime: %s %d at position %d of the batch is outside the vocabulary 0 .. %d; make the "
+                    "batch with this model's vocabulary\n", what, ids[n], n, V - 1);
+            exit(EXIT_FAILURE);
+        }
+}
+
 // The batch into the activations, and on the GPU model->numbers into device
 // memory: plain copies on the CPU; on the GPU through pinned memory, queued on
 // the stream. targets and mask may be null; `numbers`: stage them too. With
 // the regulariser on (model->ereg_on) the valid mask too, all 1 when null.
 static void stage(Model* model, const int* tokens, const int* targets, const float* mask, const float* valid, int N,
                   bool numbers) {
+    if (tokens) ids_check(tokens, N, model->c.V, "token id");
+    if (targets) ids_check(targets, N, model->c.V, "target");
 #ifdef LIME_GPU
     if (model->device == DEVICE_GPU) {
         gpu_stage(model, tokens, targets, mask, valid, N, numbers ? &model->numbers : nullptr);

@@ -181,6 +181,8 @@ void model_init(Model* model, uint64_t seed);
 // With c.entropy_reg > 0 and a valid mask (and targets) the loss is the
 // regularised one, cross-entropy - entropy_reg * mean S2 (last_ce, last_s2
 // hold the parts); without a valid mask it is the plain cross-entropy (eval).
+// Every token id and target must lie in 0 .. c.V-1: one outside is one line on
+// stderr and exit (checked once, when the batch is staged; the ops index unchecked).
 float model_forward(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T,
                     const float* valid = nullptr);
 const float* model_logits(Model* model);  // (B, T, V) of the last forward (host memory)
