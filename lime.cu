@@ -48,12 +48,12 @@
 #include <omp.h>
 #endif
 
-#include "data/rng.h"
-#include "support/cpu_fast.h"
-#include "support/lime.h"
+#include "support/lib/rng.h"
+#include "support/model/cpu_fast.h"
+#include "support/model/lime.h"
 
 #if defined(LIME_EMU)  // g++ with the harness: the CUDA code runs on the CPU
-#include "support/cuda_on_cpu.h"
+#include "support/harness/cuda_on_cpu.h"
 #define LIME_GPU 1
 #elif defined(__CUDACC__)
 #include <cublas_v2.h>
@@ -1908,7 +1908,7 @@ static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt,
 }
 
 // The flash-style kernels: the same outputs in O(T) memory (--attention flash).
-#include "support/flash_attention.cuh"
+#include "support/model/flash_attention.cuh"
 #endif
 
 // On the GPU, A->flash picks the flash-style kernels (att then holds each row's log-sum-exp).
@@ -2716,7 +2716,7 @@ static void gpu_read_metrics(Model* model);
 
 // memory_needed and memory_fix: what a model of a shape needs, and which of the
 // command's size flags would shrink it most.
-#include "support/memory_check.h"
+#include "support/model/memory_check.h"
 
 std::string model_create(Model* model, const Config& c, int B, Device dev, const ModelSettings& settings) {
     std::string err = config_check(c);
@@ -3078,5 +3078,5 @@ bool gpu_info(GpuInfo*) { return false; }
 size_t model_device_bytes(const Model*) { return 0; }
 #endif
 #ifdef LIME_GPU
-#include "support/gpu_memory.cuh"
+#include "support/model/gpu_memory.cuh"
 #endif

@@ -23,14 +23,14 @@
 #include <omp.h>
 #endif
 
-#include "support/cli.h"
+#include "support/lib/cli.h"
 #include "data/task.h"
-#include "support/export.h"
-#include "support/gpu_peaks.h"
-#include "support/lime.h"
-#include "support/plot.h"
-#include "support/safetensors.h"
-#include "support/study.h"
+#include "support/commands/export.h"
+#include "support/lib/gpu_peaks.h"
+#include "support/model/lime.h"
+#include "support/lib/plot.h"
+#include "support/lib/safetensors.h"
+#include "support/commands/study.h"
 
 // ===========================================================================
 // Tasks: built from flags, or rebuilt from a checkpoint's metadata

@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "data/rng.h"
+#include "support/lib/rng.h"
 
 // ---------------------------------------------------------------------------
 // Vocabulary: token strings <-> ids.

@@ -6,7 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include "support/lime.h"
+#include "support/model/lime.h"
 
 // Lab 1. Kr, Vr (N, R, hd); Wk, Wv (R, (l+1)R); Kbuf, Vbuf (L, N, R, hd).
 void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
@@ -23,7 +23,7 @@ float clip_scale(float norm, float grad_clip);
 
 // Lab 3 (built with support/cuda_on_cpu.h): the launcher lime.cu calls for the router.
 #ifdef LIME_EMU
-#include "support/cuda_on_cpu.h"
+#include "support/harness/cuda_on_cpu.h"
 void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
                         const float* Vbuf, int l, int N, int R, int hd, cudaStream_t stream);
 #endif

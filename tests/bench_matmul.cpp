@@ -17,7 +17,7 @@
 #include <immintrin.h>
 #endif
 
-#include "support/cpu_fast.h"
+#include "support/model/cpu_fast.h"
 
 static double cpu_seconds() {
     timespec t;

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "support/safetensors.h"
+#include "support/lib/safetensors.h"
 
 int main(int argc, char** argv) {
     bool lines = false;

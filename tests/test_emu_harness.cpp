@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "support/cuda_on_cpu.h"
+#include "support/harness/cuda_on_cpu.h"
 #include "test.h"
 
 // ---------------------------------------------------------------------------

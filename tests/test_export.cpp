@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "data/task.h"
-#include "support/export.h"
-#include "support/lime.h"
-#include "support/safetensors.h"
+#include "support/commands/export.h"
+#include "support/model/lime.h"
+#include "support/lib/safetensors.h"
 #include "test.h"
 
 namespace {

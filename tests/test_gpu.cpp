@@ -11,8 +11,8 @@
 
 #include <functional>
 
-#include "support/cli.h"
-#include "support/safetensors.h"
+#include "support/lib/cli.h"
+#include "support/lib/safetensors.h"
 #include "test.h"
 
 #ifndef LIME_GPU

@@ -10,7 +10,7 @@
 
 #include <functional>
 
-#include "support/cli.h"  // memory_available, model_parse
+#include "support/lib/cli.h"  // memory_available, model_parse
 #include "test.h"
 
 // Random values in [-scale, scale], the same for the same seed.

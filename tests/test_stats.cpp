@@ -3,8 +3,8 @@
 // Python with mpmath 1.3 at 30 digits: the t CDF by numerical integration of
 // the t density (mpmath.quad), quantiles by root finding on that integral,
 // Welch's t and df from the textbook formulas.
-#include "support/stats.h"
-#include "support/study.h"  // layer_entropy
+#include "support/lib/stats.h"
+#include "support/commands/study.h"  // layer_entropy
 #include "test.h"
 
 static bool near(double got, double want, double tol) { return std::fabs(got - want) <= tol * (1 + std::fabs(want)); }

@@ -5,7 +5,7 @@
 #pragma once
 #include <string>
 
-#include "support/lime.h"
+#include "support/model/lime.h"
 
 struct GpuPeak {
     double tf32 = 0, fp32 = 0;  // TFLOP/s: TF32 tensor cores, plain float32

@@ -2,7 +2,7 @@
 #pragma once
 #include <vector>
 
-#include "support/lime.h"
+#include "support/model/lime.h"
 
 int cmd_compare(int argc, char** argv);  // ./lime compare
 // Router weight by source layer, rows (layers 1..L-1) normalised to sum 1; NaN where no source.

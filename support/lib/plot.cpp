@@ -9,8 +9,8 @@
 //
 // Text comes from stb_easy_font, which describes each glyph (5 x 7 units) as
 // axis-aligned rectangles; we scale and rasterise them.
-#include "support/plot.h"
-#include "support/cli.h"
+#include "support/lib/plot.h"
+#include "support/lib/cli.h"
 
 #include <algorithm>
 #include <cerrno>

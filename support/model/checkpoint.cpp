@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "support/cli.h"
-#include "support/lime.h"
-#include "support/safetensors.h"
+#include "support/lib/cli.h"
+#include "support/model/lime.h"
+#include "support/lib/safetensors.h"
 
 
 // A lime config also names its router variant ("router": "last-2"), whether

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "support/lime.h"  // RouterSpan
+#include "support/model/lime.h"  // RouterSpan
 
 // The scratch the fast products need (packed panels of 32 columns), in floats,
 // for products of at most `rows` rows by at most `cols` columns.

@@ -23,7 +23,7 @@
 #include <omp.h>
 #endif
 
-#include "support/lime.h"
+#include "support/model/lime.h"
 
 // Names on the command line and in checkpoints, parsed (support/cli.cpp).
 bool arch_parse(const std::string& s, Arch* out);                // "lime", "llama" or "hc"

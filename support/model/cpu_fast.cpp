@@ -6,7 +6,7 @@
 //
 // Every sum runs in an order fixed by the shapes alone, never by the number of
 // threads, so that a resumed run is bit-exact.
-#include "support/cpu_fast.h"
+#include "support/model/cpu_fast.h"
 
 #include <algorithm>
 #include <cmath>

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "support/cli.h"
+#include "support/lib/cli.h"
 
 bool attention_parse(const std::string& s, Attention* out) {
     if (s == "auto") { *out = ATTENTION_AUTO; return true; }

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "support/lime.h"
+#include "support/model/lime.h"
 
 // The files an export writes besides model.safetensors, name -> contents,
 // from the model's config, its task ("arith", "prosqa" or "text") and its

@@ -27,12 +27,12 @@
 #include <string>
 #include <vector>
 
-#include "support/cli.h"
-#include "support/lime.h"
-#include "support/plot.h"
-#include "support/safetensors.h"
-#include "support/stats.h"
-#include "support/study.h"
+#include "support/lib/cli.h"
+#include "support/model/lime.h"
+#include "support/lib/plot.h"
+#include "support/lib/safetensors.h"
+#include "support/lib/stats.h"
+#include "support/commands/study.h"
 
 // ---------------------------------------------------------------------------
 // Presets: the train flags of each run, the tiers and the number of seeds.
