@@ -34,9 +34,9 @@ GENCODE  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm
 NVWERROR ?= --Werror all-warnings
 NVFLAGS  ?= -std=c++17 -O3 $(GENCODE) -I. -Xcompiler "-fopenmp $(ARCH_FLAGS) -Wall -Wextra" $(NVWERROR)
 
-HOST_SRC = support/model/cpu_fast.cpp support/model/checkpoint.cpp support/commands/export.cpp support/lib/cli.cpp support/lib/safetensors.cpp support/lib/plot.cpp support/commands/study.cpp \
+HOST_SRC = support/model/cpu_fast.cpp support/model/checkpoint.cpp support/model/names.cpp support/commands/export.cpp support/lib/cli.cpp support/lib/safetensors.cpp support/lib/plot.cpp support/commands/compare.cpp support/commands/analyze.cpp support/commands/load.cpp \
            data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp
-HEADERS  = support/model/lime.h support/commands/export.h support/model/cpu_fast.h support/model/flash_attention.cuh support/model/gpu_memory.cuh support/model/memory_check.h support/lib/gpu_peaks.h support/lib/safetensors.h data/tasks.h support/lib/rng.h data/prosqa.h support/lib/cli.h support/lib/plot.h support/lib/stats.h support/commands/study.h
+HEADERS  = support/model/lime.h support/model/names.h support/commands/export.h support/model/cpu_fast.h support/model/flash_attention.cuh support/model/gpu_memory.cuh support/model/memory_check.h support/lib/gpu_peaks.h support/lib/safetensors.h data/tasks.h support/lib/rng.h data/prosqa.h support/lib/cli.h support/lib/plot.h support/lib/stats.h support/commands/commands.h
 B = build
 
 .DEFAULT_GOAL := all
@@ -209,7 +209,7 @@ test-asan:
 FUZZ_SECONDS ?= 60
 FUZZ_CXX  ?= clang++
 FUZZFLAGS = -std=c++17 -O1 -g -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Wno-unknown-pragmas -Wno-format-security
-FUZZ_ST_SRC = support/lib/safetensors.cpp support/model/checkpoint.cpp support/lib/cli.cpp support/model/cpu_fast.cpp
+FUZZ_ST_SRC = support/lib/safetensors.cpp support/model/checkpoint.cpp support/lib/cli.cpp support/model/cpu_fast.cpp support/model/names.cpp
 $(B)/fuzz_safetensors: tests/fuzz_safetensors.cpp $(FUZZ_ST_SRC) lime.cu $(HEADERS) | $(B)
 	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_safetensors.cpp $(FUZZ_ST_SRC) -x c++ lime.cu -o $@
 FUZZ_TASK_SRC = data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp support/lib/safetensors.cpp

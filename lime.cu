@@ -22,7 +22,7 @@
 //      regulariser (a loss term, --entropy-reg), AdamW;
 //   3. forward_pass, backward_pass and update_pass: the model, written once
 //      for both devices and both architectures;
-//   4. the public calls (support/lime.h), then the GPU's memory and staging.
+//   4. the public calls (support/model/lime.h), then the GPU's memory and staging.
 // Every function takes outputs, inputs, weights, sizes, in that order. The
 // math is docs/model.md and docs/training.md; the names are its names:
 //   B batch, T positions, V vocabulary, L layers, d width, H query heads,
@@ -30,11 +30,11 @@
 //
 // The CPU loops here are the reference: short and plain. ./lime runs faster
 // versions of three of them (matrix product, router, attention) from
-// support/cpu_fast.cpp, checked against these by the tests; `make lime-ref`
+// support/model/cpu_fast.cpp, checked against these by the tests; `make lime-ref`
 // builds the program on the plain loops alone (-DLIME_REFERENCE).
 //
 // Builds: g++ -x c++ lime.cu (CPU only); nvcc (CPU and GPU); g++ -DLIME_EMU
-// with support/cuda_on_cpu.h (the CUDA kernels run on the CPU, for tests).
+// with support/harness/cuda_on_cpu.h (the CUDA kernels run on the CPU, for tests).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -63,7 +63,7 @@
 #define DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #endif
 
-// The CPU runs the fast kernels of support/cpu_fast.cpp, except in the
+// The CPU runs the fast kernels of support/model/cpu_fast.cpp, except in the
 // reference build (make lime-ref) and the labs' build, which run only the plain loops below.
 #if defined(LIME_REFERENCE) || defined(LIME_LAB)
 static const bool FAST_CPU = false;
@@ -304,7 +304,7 @@ struct Acts {
     float* vt;
     float* dkt;
     float* dvt;
-    float* scratch;  // CPU: the fast products' packed panels (support/cpu_fast.h);
+    float* scratch;  // CPU: the fast products' packed panels (support/model/cpu_fast.h);
                      // GPU: attention's head-major q, out/dout and dq (3, B, T, H*hd), rmsnorm's gain partials,
                      // flash attention's D (B, H, T), the router's and the embedding's partial sums
     size_t scratch_floats;  // its size, in floats
@@ -327,7 +327,7 @@ struct Acts {
 
 // The fast CPU products' scratch, in floats: the most that one of the model's
 // products (C inputs, OC outputs, over BT rows) needs, forward C * round_up(OC, 32)
-// and backward max(BT, OC) * round_up(C, 32) (support/cpu_fast.h). For the
+// and backward max(BT, OC) * round_up(C, 32) (support/model/cpu_fast.h). For the
 // logits that is d x V, not V x V.
 static size_t fast_scratch_floats(const Config& c, size_t BT) {
     size_t d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd, F = c.F, V = c.V, most = 0;
@@ -443,7 +443,7 @@ static double sum_in_order(const double* part, int n) {
     return s;
 }
 
-// e^x in the CPU loops: expf, or in the fast build exp_fast (support/cpu_fast.h),
+// e^x in the CPU loops: expf, or in the fast build exp_fast (support/model/cpu_fast.h),
 // within 2 ulp of it, which the compiler can vectorise (a call to expf stops it).
 static inline float cpu_exp(float x) { return FAST_CPU ? exp_fast(x) : expf(x); }
 
@@ -2696,7 +2696,7 @@ static void update_pass(Model* model) {
 }
 
 // ===========================================================================
-// Making a model, and its public calls (support/lime.h)
+// Making a model, and its public calls (support/model/lime.h)
 // ===========================================================================
 
 #ifndef LIME_GPU

@@ -21,7 +21,7 @@ void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr,
                float grad_scale, const AdamWNumbers& h);
 float clip_scale(float norm, float grad_clip);
 
-// Lab 3 (built with support/cuda_on_cpu.h): the launcher lime.cu calls for the router.
+// Lab 3 (built with support/harness/cuda_on_cpu.h): the launcher lime.cu calls for the router.
 #ifdef LIME_EMU
 #include "support/harness/cuda_on_cpu.h"
 void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,

@@ -4,7 +4,7 @@
 //
 // Built twice from this one file:
 //   g++ -DLIME_EMU  (build/test_gpu_emu, `make test`): the kernels run on the
-//                   CPU harness support/cuda_on_cpu.h, so the shapes here are tiny;
+//                   CPU harness support/harness/cuda_on_cpu.h, so the shapes here are tiny;
 //   nvcc -x cu      (build/test_gpu_native, `make test-gpu`): on a real GPU.
 // lime.cu is included, not linked, so that its static ops and kernels can be called.
 #include "../lime.cu"
@@ -12,6 +12,7 @@
 #include <functional>
 
 #include "support/lib/cli.h"
+#include "support/model/names.h"
 #include "support/lib/safetensors.h"
 #include "test.h"
 
@@ -88,7 +89,7 @@ static bool same_bits(const float* a, const float* b, size_t n) { return memcmp(
 
 static const double TOL_FWD = 1e-5, TOL_BWD = 1e-4;
 
-// The harness's orders of blocks and threads (support/cuda_on_cpu.h); on a GPU, whatever it does.
+// The harness's orders of blocks and threads (support/harness/cuda_on_cpu.h); on a GPU, whatever it does.
 #ifdef LIME_EMU
 typedef emu::Order emu_order;
 static const emu_order FWD = emu::FORWARD, REV = emu::REVERSE, RND = emu::RANDOM;

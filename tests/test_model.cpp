@@ -10,7 +10,8 @@
 
 #include <functional>
 
-#include "support/lib/cli.h"  // memory_available, model_parse
+#include "support/lib/cli.h"  // memory_available
+#include "support/model/names.h"  // model_parse
 #include "test.h"
 
 // Random values in [-scale, scale], the same for the same seed.
@@ -1061,7 +1062,7 @@ TEST(checkpoint_round_trip_and_wrong_architecture_refused) {
 }
 
 // ---------------------------------------------------------------------------
-// The fast CPU path (support/cpu_fast.cpp) against lime.cu's plain loops, on
+// The fast CPU path (support/model/cpu_fast.cpp) against lime.cu's plain loops, on
 // random shapes: GQA and R = 1, odd T, hd 8/16/64/128, routers reading 1 and 5
 // layers. The two sum in different orders, so they agree to rounding.
 

@@ -1,5 +1,5 @@
 // labs/lab1/check.cpp — lab 1's checks: your router_forward against the
-// project's (support/cpu_fast.cpp's router_forward_fast) on chosen and random
+// project's (support/model/cpu_fast.cpp's router_forward_fast) on chosen and random
 // shapes, then the whole model's gradients against finite differences of its
 // loss, the model running your forward. labs/run.sh adds the reference vectors.
 #include "labs/check.h"

@@ -1,5 +1,5 @@
 // labs/lab2/check.cpp — lab 2's checks: your router_backward against the
-// project's (support/cpu_fast.cpp's router_backward_fast) on chosen and
+// project's (support/model/cpu_fast.cpp's router_backward_fast) on chosen and
 // random shapes, gradients that arrive already holding numbers (a backward
 // adds to them), a variant's held-fixed columns, then the whole model's
 // gradients against finite differences of its loss, the model running your

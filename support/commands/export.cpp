@@ -1,4 +1,4 @@
-// support/export.cpp — ./lime export (support/export.h): a llama checkpoint
+// support/commands/export.cpp — ./lime export (support/commands/export.h): a llama checkpoint
 // as a directory that transformers loads with LlamaForCausalLM and
 // AutoTokenizer, and no code of ours.
 //

@@ -1,7 +1,7 @@
-// support/export.h — a LLaMa checkpoint as a Hugging Face transformers model
+// support/commands/export.h — a LLaMa checkpoint as a Hugging Face transformers model
 // directory (./lime export): config.json, model.safetensors,
 // generation_config.json and a tokenizer that gives the ids the trainer used
-// (support/export.cpp; docs/checkpoint.md says what each file holds).
+// (support/commands/export.cpp; docs/checkpoint.md says what each file holds).
 #pragma once
 #include <map>
 #include <string>

@@ -1,4 +1,4 @@
-// plot.cpp — a small PNG plotter (see plot.h).
+// support/lib/plot.cpp — a small PNG plotter (see support/lib/plot.h).
 //
 // Everything is drawn into a float RGB canvas through coverage masks: a shape
 // first records, per pixel, how much of the pixel it covers (0..1; the max

@@ -1,4 +1,4 @@
-// safetensors.cpp — see safetensors.h for the format. Three parts: a JSON
+// support/lib/safetensors.cpp — see support/lib/safetensors.h for the format. Three parts: a JSON
 // parser and writer (the header is JSON), the reader with its validation, and
 // the atomic writer.
 #include "support/lib/safetensors.h"

@@ -1,4 +1,4 @@
-// support/cpu_fast.cpp — the fast CPU path: lime.cu's matrix product,
+// support/model/cpu_fast.cpp — the fast CPU path: lime.cu's matrix product,
 // router and attention, blocked so that the compiler keeps the sums in vector
 // registers. Each function computes what the plain loop it names in lime.cu
 // computes (tests/test_model.cpp compares them on random shapes); read the

@@ -1,4 +1,4 @@
-// support/cpu_fast.h — the fast CPU path (support/cpu_fast.cpp): blocked
+// support/model/cpu_fast.h — the fast CPU path (support/model/cpu_fast.cpp): blocked
 // versions of lime.cu's plain matrix product, router and attention loops, and
 // a vectorisable e^x. Same arguments as the plain function each one names,
 // plus, for the products, a scratch buffer.
