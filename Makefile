@@ -28,13 +28,15 @@ endif
 ARCH_FLAGS ?= $(shell $(CXX) -march=native -E -x c /dev/null >/dev/null 2>&1 && echo -march=native)
 CXXFLAGS ?= -std=c++17 -O3 $(ARCH_FLAGS) -fopenmp -Wall -Wextra -I.
 TESTFLAGS = -std=c++17 -O2 -g $(ARCH_FLAGS) -fopenmp -Wall -Wextra -I. -Itests -DLIME_TESTING
-GENCODE  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+# sm_80 and sm_90 machine code, and compute_90 PTX, which the driver compiles for a newer GPU
+# (without it such a GPU fails every launch with "no kernel image is available")
+GENCODE  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 NVWERROR ?= --Werror all-warnings
 NVFLAGS  ?= -std=c++17 -O3 $(GENCODE) -I. -Xcompiler "-fopenmp $(ARCH_FLAGS) -Wall -Wextra" $(NVWERROR)
 
-HOST_SRC = support/cpu_fast.cpp support/checkpoint.cpp support/export.cpp support/cli.cpp support/safetensors.cpp support/plot.cpp support/study.cpp \
+HOST_SRC = support/model/cpu_fast.cpp support/model/checkpoint.cpp support/model/names.cpp support/commands/export.cpp support/lib/cli.cpp support/lib/safetensors.cpp support/lib/plot.cpp support/commands/compare.cpp support/commands/analyze.cpp support/commands/load.cpp \
            data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp
-HEADERS  = support/lime.h support/export.h support/cpu_fast.h support/flash_attention.cuh support/gpu_memory.cuh support/memory_check.h support/gpu_peaks.h support/safetensors.h data/tasks.h data/rng.h data/prosqa.h support/cli.h support/plot.h support/stats.h support/study.h
+HEADERS  = support/model/lime.h support/model/names.h support/commands/export.h support/model/cpu_fast.h support/model/flash_attention.cuh support/model/gpu_memory.cuh support/model/memory_check.h support/lib/gpu_peaks.h support/lib/safetensors.h data/tasks.h support/lib/rng.h data/prosqa.h support/lib/cli.h support/lib/plot.h support/lib/stats.h support/commands/commands.h
 B = build
 
 .DEFAULT_GOAL := all
@@ -99,7 +101,7 @@ $(B)/lime_cpu.o: lime.cu $(HEADERS) | $(B)
 	$(CXX) $(CXXFLAGS) -x c++ -c lime.cu -o $@
 
 # The CUDA code compiled by g++ against the harness: kernels run on the CPU.
-$(B)/lime_emu.o: lime.cu $(HEADERS) support/cuda_on_cpu.h | $(B)
+$(B)/lime_emu.o: lime.cu $(HEADERS) support/harness/cuda_on_cpu.h | $(B)
 	$(CXX) $(TESTFLAGS) -DLIME_EMU -x c++ -c lime.cu -o $@
 
 emu: lime-emu
@@ -107,7 +109,7 @@ lime-emu: $(B)/test/train.o $(B)/lime_emu.o $(TEST_OBJ)
 	$(CXX) $(TESTFLAGS) $^ -o $@
 
 # The reference build: the CPU path on lime.cu's plain loops alone (no
-# support/cpu_fast.cpp kernels), unoptimised enough to step through in gdb.
+# support/model/cpu_fast.cpp kernels), unoptimised enough to step through in gdb.
 ref: lime-ref
 $(B)/lime_ref.o: lime.cu $(HEADERS) | $(B)
 	$(CXX) -std=c++17 -O1 -g -fopenmp -Wall -Wextra -I. -DLIME_REFERENCE -x c++ -c lime.cu -o $@
@@ -124,7 +126,7 @@ $(B)/test_cpu: $(addprefix $(B)/test/,$(CPU_TEST_SRC:.cpp=.o)) $(TEST_OBJ) | $(B
 	$(CXX) $(TESTFLAGS) $^ -o $@
 
 # Every GPU test, twice: kernels on the CPU harness (make test), and natively (make test-gpu).
-$(B)/test_gpu_emu: tests/test_gpu.cpp tests/test_main.cpp tests/test.h support/cuda_on_cpu.h lime.cu $(TEST_OBJ) $(HEADERS) | $(B) deps
+$(B)/test_gpu_emu: tests/test_gpu.cpp tests/test_main.cpp tests/test.h support/harness/cuda_on_cpu.h lime.cu $(TEST_OBJ) $(HEADERS) | $(B) deps
 	$(CXX) $(TESTFLAGS) -DLIME_EMU tests/test_gpu.cpp tests/test_main.cpp $(TEST_OBJ) -o $@
 
 ifneq ($(NVCC),)
@@ -147,12 +149,12 @@ nvcc-check:
 	@echo "no nvcc found (install the CUDA Toolkit, or set NVCC=/path/to/nvcc)"; exit 1
 endif
 
-$(B)/test_emu: tests/test_emu_harness.cpp tests/test_main.cpp tests/test.h support/cuda_on_cpu.h | $(B)
+$(B)/test_emu: tests/test_emu_harness.cpp tests/test_main.cpp tests/test.h support/harness/cuda_on_cpu.h | $(B)
 	$(CXX) $(TESTFLAGS) tests/test_emu_harness.cpp tests/test_main.cpp -o $@
 
 # The shell suites' JSON reader: what the commands print is parsed back by json_parse.
-$(B)/json_check: tests/json_check.cpp support/safetensors.cpp support/safetensors.h | $(B)
-	$(CXX) -std=c++17 -O1 -Wall -Wextra -I. tests/json_check.cpp support/safetensors.cpp -o $@
+$(B)/json_check: tests/json_check.cpp support/lib/safetensors.cpp support/lib/safetensors.h | $(B)
+	$(CXX) -std=c++17 -O1 -Wall -Wextra -I. tests/json_check.cpp support/lib/safetensors.cpp -o $@
 
 test: lime lime-emu lime-ref $(B)/test_cpu $(B)/test_emu $(B)/test_gpu_emu $(B)/json_check lab-deps
 	bash tests/run.sh
@@ -176,8 +178,8 @@ bench: lime $(B)/bench_matmul
 	./lime bench --layers 4 --dim 32 --heads 4 --kv-heads 4 --ffn 96 --vocab 21 --batch 128 --seq-len 88 --steps 10
 	./lime bench --layers 4 --dim 128 --heads 4 --kv-heads 4 --ffn 352 --vocab 32 --batch 32 --seq-len 64 --steps 10
 	$(B)/bench_matmul
-$(B)/bench_matmul: tests/bench_matmul.cpp $(B)/rel/support/cpu_fast.o support/cpu_fast.h support/lime.h | $(B)
-	$(CXX) $(CXXFLAGS) tests/bench_matmul.cpp $(B)/rel/support/cpu_fast.o -o $@
+$(B)/bench_matmul: tests/bench_matmul.cpp $(B)/rel/support/model/cpu_fast.o support/model/cpu_fast.h support/model/lime.h | $(B)
+	$(CXX) $(CXXFLAGS) tests/bench_matmul.cpp $(B)/rel/support/model/cpu_fast.o -o $@
 
 # The two benchmark configs on the GPU, each with full attention (R = H) and GQA.
 bench-gpu: lime
@@ -207,10 +209,10 @@ test-asan:
 FUZZ_SECONDS ?= 60
 FUZZ_CXX  ?= clang++
 FUZZFLAGS = -std=c++17 -O1 -g -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Wno-unknown-pragmas -Wno-format-security
-FUZZ_ST_SRC = support/safetensors.cpp support/checkpoint.cpp support/cli.cpp support/cpu_fast.cpp
+FUZZ_ST_SRC = support/lib/safetensors.cpp support/model/checkpoint.cpp support/lib/cli.cpp support/model/cpu_fast.cpp support/model/names.cpp
 $(B)/fuzz_safetensors: tests/fuzz_safetensors.cpp $(FUZZ_ST_SRC) lime.cu $(HEADERS) | $(B)
 	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_safetensors.cpp $(FUZZ_ST_SRC) -x c++ lime.cu -o $@
-FUZZ_TASK_SRC = data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp support/safetensors.cpp
+FUZZ_TASK_SRC = data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp support/lib/safetensors.cpp
 $(B)/fuzz_tasks: tests/fuzz_tasks.cpp $(FUZZ_TASK_SRC) $(HEADERS) data/prosqa.h | $(B)
 	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_tasks.cpp $(FUZZ_TASK_SRC) -o $@
 # ./lime verify's reader of reference files: train.cpp itself, with everything it links.
@@ -229,14 +231,14 @@ fuzz: $(FUZZ_BINS)
 # (FILE=..., else labs/lab2/mine.cpp), links it in their place and runs the
 # lab's checks (labs/run.sh). A lab that does not exist lists the labs.
 LAB_FLAGS = -std=c++17 -O1 -g -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -Itests -DLIME_TESTING -DLIME_LAB -DLIME_EMU
-$(B)/lab/lime.o: lime.cu $(HEADERS) support/cuda_on_cpu.h | $(B)
+$(B)/lab/lime.o: lime.cu $(HEADERS) support/harness/cuda_on_cpu.h | $(B)
 	@mkdir -p $(dir $@)
 	$(CXX) $(LAB_FLAGS) -x c++ -c lime.cu -o $@
 LAB_OBJ  = $(B)/lab/lime.o $(TEST_OBJ)
 LAB_MAIN = $(B)/test/train.o
 # Each lab's checker, built once; only lab 3's (a kernel) needs the harness's header.
 LAB_CHECKS = $(patsubst labs/%/check.cpp,$(B)/lab/%/check.o,$(wildcard labs/lab*/check.cpp))
-$(B)/lab/%/check.o: labs/%/check.cpp labs/check.h labs/lab.h support/cuda_on_cpu.h $(HEADERS)
+$(B)/lab/%/check.o: labs/%/check.cpp labs/check.h labs/lab.h support/harness/cuda_on_cpu.h $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(LAB_FLAGS) $(if $(filter lab3,$*),,-ULIME_EMU) -c $< -o $@
 # Lab 5's checker reads the report and the answers as data (labs/lab5/report.h): a program of its own.

@@ -24,7 +24,7 @@
 //      regulariser (a loss term, --entropy-reg), AdamW;
 //   3. forward_pass, backward_pass and update_pass: the model, written once
 //      for both devices and both architectures;
-//   4. the public calls (support/lime.h), then the GPU's memory and staging.
+//   4. the public calls (support/model/lime.h), then the GPU's memory and staging.
 // What runs, from train.cpp's train_loop to the router's products (README,
 // "Reading the code"; tests/test_docs.sh checks each hop):
 //   train_loop -> take_step -> model_train_step -> forward_pass
@@ -41,11 +41,11 @@
 // The CPU loops here are the reference: short and plain. ./lime runs faster
 // versions of four groups of them (the matrix product, which also runs the
 // router; attention; Hyper-Connections; the value-entropy regulariser) from
-// support/cpu_fast.cpp, checked against these by the tests; `make lime-ref`
+// support/model/cpu_fast.cpp, checked against these by the tests; `make lime-ref`
 // builds the program on the plain loops alone (-DLIME_REFERENCE).
 //
 // Builds: g++ -x c++ lime.cu (CPU only); nvcc (CPU and GPU); g++ -DLIME_EMU
-// with support/cuda_on_cpu.h (the CUDA kernels run on the CPU, for tests).
+// with support/harness/cuda_on_cpu.h (the CUDA kernels run on the CPU, for tests).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -59,12 +59,12 @@
 #include <omp.h>
 #endif
 
-#include "data/rng.h"
-#include "support/cpu_fast.h"
-#include "support/lime.h"
+#include "support/lib/rng.h"
+#include "support/model/cpu_fast.h"
+#include "support/model/lime.h"
 
 #if defined(LIME_EMU)  // g++ with the harness: the CUDA code runs on the CPU
-#include "support/cuda_on_cpu.h"
+#include "support/harness/cuda_on_cpu.h"
 #define LIME_GPU 1
 #elif defined(__CUDACC__)
 #include <cublas_v2.h>
@@ -74,7 +74,7 @@
 #define DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #endif
 
-// The CPU runs the fast kernels of support/cpu_fast.cpp, except in the
+// The CPU runs the fast kernels of support/model/cpu_fast.cpp, except in the
 // reference build (make lime-ref) and the labs' build, which run only the plain loops below.
 #if defined(LIME_REFERENCE) || defined(LIME_LAB)
 static const bool FAST_CPU = false;
@@ -298,7 +298,7 @@ struct Acts {
     float* ereg_V;   // (L, B, T, D)   the values token-major, as the regulariser reads them
     float* ereg_mu;  // (L, B, D)      each sequence's mean value over its valid positions
     float* ereg_G;   // (L, B, D, D)   the Gram matrix of the centred values, G = Z^T Z (the fast CPU path:
-                     //                K = Z Z^T (n_b, n_b) instead where n_b < D, support/cpu_fast.cpp)
+                     //                K = Z Z^T (n_b, n_b) instead where n_b < D, support/model/cpu_fast.cpp)
     float* ereg_stat;// (L, B, 4)      S2, 4 / tr(G), 4 / ||G||_F^2 (0, 0, 0 for a sequence without an S2), unused
     // backward scratch
     float* dx;       // (B, T, d) gradient of the residual stream
@@ -313,7 +313,7 @@ struct Acts {
     float* dup;      // (B, T, F)
     float* dh;       // (B, T, F)
     float* datt;     // (B, H, T, T) GPU attention scratch (empty on the CPU)
-    float* scratch;  // CPU: the fast products' packed panels (support/cpu_fast.h);
+    float* scratch;  // CPU: the fast products' packed panels (support/model/cpu_fast.h);
                      // GPU: attention's head-major q, out/dout and dq (3, B, T, H*hd), rmsnorm's gain partials,
                      // flash attention's D (B, H, T), a router variant's weight gradient, the embedding's partial sums
     size_t scratch_floats;  // its size, in floats
@@ -336,7 +336,7 @@ struct Acts {
 
 // The fast CPU products' scratch, in floats: the most that one of the model's
 // products (C inputs, OC outputs, over BT rows) needs, forward C * round_up(OC, 32)
-// and backward max(BT, OC) * round_up(C, 32) (support/cpu_fast.h). For the
+// and backward max(BT, OC) * round_up(C, 32) (support/model/cpu_fast.h). For the
 // logits that is d x V, not V x V.
 static size_t fast_scratch_floats(const Config& c, size_t BT) {
     size_t d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd, F = c.F, V = c.V, most = 0;
@@ -444,7 +444,7 @@ static double sum_in_order(const double* part, int n) {
     return s;
 }
 
-// e^x in the CPU loops: expf, or in the fast build exp_fast (support/cpu_fast.h),
+// e^x in the CPU loops: expf, or in the fast build exp_fast (support/model/cpu_fast.h),
 // within 2 ulp of it, which the compiler can vectorise (a call to expf stops it).
 static inline float cpu_exp(float x) { return FAST_CPU ? exp_fast(x) : expf(x); }
 
@@ -625,7 +625,7 @@ static void matmul_backward_gpu(float* dinp, float* dW, const float* dout, const
 }
 #endif
 
-// The CPU's products: the blocked ones of support/cpu_fast.cpp in ./lime, the
+// The CPU's products: the blocked ones of support/model/cpu_fast.cpp in ./lime, the
 // plain loops above in lime-ref and the labs. scratch: the fast ones' panels.
 static void matmul_forward_cpu(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
                                float* scratch) {
@@ -1787,17 +1787,23 @@ static void merge_heads_gpu(float* dst, const float* src, int B, int T, int nh, 
 }
 
 // Rows of att (b, h, t), each T long: p[u] = softmax over u <= t, and 0 for u > t. One warp per row.
+// One read of the causal half gives the row's max and sum together (online: a lane's running sum is
+// rescaled when its max grows, then the warp joins its lanes' pairs), and one write gives the row:
+// the probabilities for u <= t, zeros above (the scores' product wrote the whole row).
 __global__ void causal_softmax_kernel(float* att, int rows, int T) {
     int lane = threadIdx.x % 32, row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (row >= rows) return;
     int t = row % T;
     float* p = att + (size_t)row * T;
-    float mx = -INFINITY, sum = 0;
-    for (int u = lane; u <= t; u += 32) mx = fmaxf(mx, p[u]);
-    mx = warp_max(mx);
-    for (int u = lane; u <= t; u += 32) { p[u] = expf(p[u] - mx); sum += p[u]; }
-    sum = warp_sum(sum);
-    for (int u = lane; u < T; u += 32) p[u] = u <= t ? p[u] / sum : 0.0f;
+    float mx = -INFINITY, sum = 0;  // this lane's max, and its sum of e^(p[u] - mx)
+    for (int u = lane; u <= t; u += 32) {
+        float x = p[u];
+        if (x > mx) sum = sum * expf(mx - x) + 1.0f, mx = x;
+        else sum += expf(x - mx);
+    }
+    float row_mx = warp_max(mx);
+    sum = warp_sum(mx == -INFINITY ? 0.0f : sum * expf(mx - row_mx));  // a lane past t holds nothing
+    for (int u = lane; u < T; u += 32) p[u] = u <= t ? expf(p[u] - row_mx) / sum : 0.0f;
 }
 // In place over dp: ds[u] = p[u] (dp[u] - sum_u' p[u'] dp[u']) for u <= t, 0 beyond.
 __global__ void causal_softmax_backward_kernel(float* datt, const float* att, int rows, int T) {
@@ -1873,7 +1879,7 @@ static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt,
 }
 
 // The flash-style kernels: the same outputs in O(T) memory (--attention flash).
-#include "support/flash_attention.cuh"
+#include "support/model/flash_attention.cuh"
 #endif
 
 // On the GPU, A->flash picks the flash-style kernels (att then holds each row's log-sum-exp).
@@ -2691,7 +2697,7 @@ static void update_pass(Model* model) {
 }
 
 // ===========================================================================
-// Making a model, and its public calls (support/lime.h)
+// Making a model, and its public calls (support/model/lime.h)
 // ===========================================================================
 
 #ifndef LIME_GPU
@@ -2711,7 +2717,7 @@ static void gpu_read_metrics(Model* model);
 
 // memory_needed and memory_fix: what a model of a shape needs, and which of the
 // command's size flags would shrink it most.
-#include "support/memory_check.h"
+#include "support/model/memory_check.h"
 
 std::string model_create(Model* model, const Config& c, int B, Device dev, const ModelSettings& settings) {
     std::string err = config_check(c);
@@ -2839,12 +2845,28 @@ void model_init(Model* model, uint64_t seed) {
 
 
 
+// Every token id and target of a batch inside the vocabulary, checked once,
+// here: the embedding and the cross-entropy after it (both devices' loops and
+// kernels) index E and the logits with them unchecked. An id outside
+// 0 .. V-1 is the caller's mistake, not the user's (the commands check their
+// files first): one line and a non-zero exit, as a failed CUDA call.
+static void ids_check(const int* ids, int N, int V, const char* what) {
+    for (int n = 0; n < N; n++)
+        if (ids[n] < 0 || ids[n] >= V) {
+            fprintf(stderr, "lime: %s %d at position %d of the batch is outside the vocabulary 0 .. %d; make the "
+                    "batch with this model's vocabulary\n", what, ids[n], n, V - 1);
+            exit(EXIT_FAILURE);
+        }
+}
+
 // The batch into the activations, and on the GPU model->numbers into device
 // memory: plain copies on the CPU; on the GPU through pinned memory, queued on
 // the stream. targets and mask may be null; `numbers`: stage them too. With
 // the regulariser on (model->ereg_on) the valid mask too, all 1 when null.
 static void stage(Model* model, const int* tokens, const int* targets, const float* mask, const float* valid, int N,
                   bool numbers) {
+    if (tokens) ids_check(tokens, N, model->c.V, "token id");
+    if (targets) ids_check(targets, N, model->c.V, "target");
 #ifdef LIME_GPU
     if (model->device == DEVICE_GPU) {
         gpu_stage(model, tokens, targets, mask, valid, N, numbers ? &model->numbers : nullptr);
@@ -2898,7 +2920,11 @@ const float* model_probe(Model* model, Probe what, int l) {
         const Acts& D = model->gpu->acts;
         const float* dev = what == PROBE_HIDDEN ? D.x : routed ? D.vr : D.Vbuf;
         model->host_copy.resize((streams + 1) * n);  // room for the values' transpose, or the streams' sum
-        cudaCheck(cudaMemcpy(model->host_copy.data(), dev + at, streams * n * sizeof(float), cudaMemcpyDeviceToHost));
+        // on the model's stream, behind the queued step (a plain cudaMemcpy, on the legacy stream,
+        // would not wait for it: that stream is non-blocking), then waited for
+        cudaCheck(cudaMemcpyAsync(model->host_copy.data(), dev + at, streams * n * sizeof(float), cudaMemcpyDeviceToHost,
+                                  model->gpu->stream));
+        cudaCheck(cudaStreamSynchronize(model->gpu->stream));
         src = model->host_copy.data();
     }
 #endif
@@ -3094,5 +3120,5 @@ bool gpu_info(GpuInfo*) { return false; }
 size_t model_device_bytes(const Model*) { return 0; }
 #endif
 #ifdef LIME_GPU
-#include "support/gpu_memory.cuh"
+#include "support/model/gpu_memory.cuh"
 #endif

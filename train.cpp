@@ -1,6 +1,8 @@
 // train.cpp — the command-line program `./lime`: train, eval, sample, data,
-// verify and bench, each with --help. The model lives in lime.cu, the tasks
-// in data/; this file reads flags, moves data in and out, and reports.
+// verify, bench and export, each with --help, and main, which also runs the
+// commands of support/commands/ (compare, analyze). The model lives in
+// lime.cu, the tasks in data/; this file reads flags, moves data in and out,
+// and reports.
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -23,14 +25,15 @@
 #include <omp.h>
 #endif
 
-#include "support/cli.h"
+#include "support/lib/cli.h"
+#include "support/model/names.h"
 #include "data/task.h"
-#include "support/export.h"
-#include "support/gpu_peaks.h"
-#include "support/lime.h"
-#include "support/plot.h"
-#include "support/safetensors.h"
-#include "support/study.h"
+#include "support/commands/export.h"
+#include "support/lib/gpu_peaks.h"
+#include "support/model/lime.h"
+#include "support/lib/plot.h"
+#include "support/lib/safetensors.h"
+#include "support/commands/commands.h"
 
 // ===========================================================================
 // Tasks: built from flags, or rebuilt from a checkpoint's metadata
@@ -89,31 +92,13 @@ static std::map<std::string, std::string> task_settings(Args& a) {
 }
 
 // What a checkpoint records of the data files its task read: {"text-file":
-// "SIZE:FNV1A64"} (support/safetensors.h, file_fingerprint), a JSON object.
+// "SIZE:FNV1A64"} (support/lib/safetensors.h, file_fingerprint), a JSON object.
 static std::string data_fingerprints(const std::map<std::string, std::string>& ts) {
     std::map<std::string, std::string> fps;
     for (auto& [key, file] : task_data_files(ts)) fps[key] = file_fingerprint(file, FILE_MAX_TEXT);
     return settings_to_json(fps);
 }
 
-// One line when a data file differs from the one the checkpoint was trained
-// and scored on (its fingerprint in the metadata), else "". Not fatal: the
-// file may have been moved or re-saved on purpose.
-static std::string data_files_changed(const std::map<std::string, std::string>& meta,
-                                      const std::map<std::string, std::string>& ts) {
-    std::map<std::string, std::string> then;
-    auto it = meta.find("data_files");
-    if (it == meta.end() || !settings_from_json(it->second, &then).empty()) return "";
-    std::map<std::string, std::string> files = task_data_files(ts);
-    for (auto& [key, fp] : then) {
-        if (!files.count(key) || fp.empty()) continue;
-        std::string now = file_fingerprint(files[key], FILE_MAX_TEXT);
-        if (now.empty() || now == fp) continue;
-        return "--" + key + " " + files[key] + " differs from the file this model was trained and scored on (bytes:fnv1a64 " +
-               fp + " then, " + now + " now): results are on other data now; restore the file to compare like with like";
-    }
-    return "";
-}
 
 // ===========================================================================
 // Generation and scoring
@@ -575,14 +560,6 @@ static void train_from_flags(Args& a, const std::set<std::string>& user_flags, T
 
 // --- setting the run up --------------------------------------------------------
 
-// A checkpoint's "vocab" must be its task's vocabulary, token for token: a
-// task entry changed to another task would index embedding rows past V.
-static std::string vocab_matches(const std::string& path, const std::vector<std::string>& stored, const Vocab& v) {
-    if (stored == v.tokens) return "";
-    return path + ": its metadata \"vocab\" (" + std::to_string(stored.size()) + " tokens) is not the vocabulary " +
-           "of its task as rebuilt now (" + std::to_string(v.tokens.size()) + " tokens): the file was altered, or " +
-           "the task's data file changed since; use the data it was trained on, an earlier checkpoint, or train again";
-}
 
 // A run directory is never silently reused: a fresh run into an --out that
 // holds a checkpoint or a model (another run's) is refused unless --force; a
@@ -1075,76 +1052,6 @@ static int cmd_train(int argc, char** argv) {
     close(run.log.fd);
     model_free(&run.model);
     return status;
-}
-
-// ===========================================================================
-// Loading a trained model with its task (eval, sample)
-// ===========================================================================
-
-struct Loaded {
-    Model model;
-    Task task;
-    std::map<std::string, std::string> meta;
-    std::string data_changed;  // data_files_changed: printed as a warning by the command
-};
-
-static void warn_data_changed(const char* cmd, const Loaded& ld) {
-    if (!ld.data_changed.empty()) fprintf(stderr, "lime %s: warning: %s\n", cmd, one_line(ld.data_changed).c_str());
-}
-
-// A checkpoint written by train, in a model made for batches of B; with
-// need_task its task is rebuilt (test set included), else only its vocabulary.
-static std::string load_checkpoint(const std::string& path, Device dev, const ModelSettings& settings, int B,
-                                   Loaded* out, bool need_task) {
-    Config c;
-    std::string err = checkpoint_read_config(path, &c, &out->meta);
-    if (!err.empty()) return err;
-    TrainMeta tm;  // the checksum required, every field checked before use
-    err = checkpoint_check_meta(path, c, out->meta, &tm);
-    if (!err.empty()) return err;
-    err = model_create(&out->model, c, B, dev, settings);
-    if (!err.empty()) return err;
-    err = model_load(&out->model, path, false);
-    if (!err.empty()) return err;
-    std::map<std::string, std::string> ts;
-    if (!out->meta.count("task") || !settings_from_json(out->meta["task"], &ts).empty())
-        return path + ": no task settings in the metadata; was it written by ./lime train?";
-    if (need_task) {
-        err = task_build(ts, c.T, &out->task, memory_available("/proc/meminfo"));
-        if (!err.empty()) return path + ": rebuilding its task: " + err;
-        if (out->task.vocab.size() != c.V)
-            return path + ": its task has " + std::to_string(out->task.vocab.size()) + " tokens but the model " +
-                   std::to_string(c.V);
-        // the model reads T positions (T + 1 tokens with the last target): a longer sequence would run past its tables
-        if (out->task.T > c.T) {
-            std::map<std::string, std::string> files = task_data_files(ts);
-            std::string src = files.empty() ? "its " + ts["task"] + " task" : files.begin()->second;
-            return path + ": " + src + " has a sequence of " + std::to_string(out->task.T + 1) +
-                   " tokens, longer than the " + std::to_string(c.T + 1) + " this model holds (T = " +
-                   std::to_string(c.T) + "); restore the data it was trained on, or train a new model on this";
-        }
-    } else {
-        out->task.kind = ts["task"];
-        out->task.settings = ts;
-        const std::string& p = ts["modulus"];
-        if (ts["task"] == "arith" && (p.empty() || p.size() > 3 || p.find_first_not_of("0123456789") != std::string::npos ||
-                                      atoi(p.c_str()) < 2))
-            return path + ": its metadata \"task\" has no \"modulus\" in 2 .. 997: the file was altered or damaged; "
-                          "use an earlier checkpoint or train again";
-        out->task.vocab = ts["task"] == "text"     ? text_vocab()
-                          : ts["task"] == "prosqa" ? prosqa_vocab()
-                                                   : arith_vocab(atoi(p.c_str()));
-        // ProsQA's vocabulary is its fixed words, then those of the test file it was built with: those from the file
-        Vocab& v = out->task.vocab;
-        size_t fixed = v.tokens.size();
-        if (ts["task"] == "prosqa" && tm.vocab.size() > fixed && std::equal(v.tokens.begin(), v.tokens.end(), tm.vocab.begin()))
-            for (size_t i = fixed; i < tm.vocab.size(); i++) {
-                v.ids.emplace(tm.vocab[i], (int)i);
-                v.tokens.push_back(tm.vocab[i]);
-            }
-    }
-    out->data_changed = data_files_changed(out->meta, ts);
-    return vocab_matches(path, tm.vocab, out->task.vocab);
 }
 
 // ===========================================================================
@@ -1693,7 +1600,7 @@ static BenchSetup bench_setup(Args& a) {
     // MFU: flops_per_token (forward + backward, router included) * tokens/s over the
     // device's dense peak for the math in use: TF32 tensor cores, or plain float32.
     b.on_gpu = b.dev == DEVICE_GPU && gpu_info(&b.gpu);
-    b.peak = gpu_peak(b.gpu);
+    b.peak = gpu_peak(b.gpu.name, b.gpu.major, b.gpu.minor);
     b.peak_tflops = b.on_gpu ? (b.settings.tf32 ? b.peak.tf32 : b.peak.fp32) : 0;
     return b;
 }
@@ -1733,195 +1640,7 @@ static int cmd_bench(int argc, char** argv) {
 }
 
 // ===========================================================================
-// ./lime analyze: the router heatmap, value entropy per layer, cost
-// ===========================================================================
-
-// Parameters (the routers' share) and FLOPs per token against a llama of the same shape.
-static void print_cost(const Model& model) {
-    const Config& c = model.c;
-    Config llama = c;
-    model_parse("llama", &llama);
-    size_t extra = model.n_params - param_count(llama);  // the routers, or hc's mixing weights
-    printf("parameters: %zu (%s %zu, %.3f%%)\n", model.n_params, c.arch == ARCH_HC ? "hc mixing weights" : "routers",
-           extra, 100.0 * extra / model.n_params);
-    printf("FLOPs per token, training step at T=%d: %.4g (llama of this shape: %.4g, %+.3f%%)\n", c.T,
-           flops_per_token(c, c.T), flops_per_token(llama, c.T),
-           100 * (flops_per_token(c, c.T) / flops_per_token(llama, c.T) - 1));
-}
-
-// The router heatmap (paper Fig. 5) of a lime model: printed, one row per
-// layer with its own share and its largest source, and drawn to OUT/router_heatmap.png.
-static std::string analyze_routers(const Model& model, const std::string& out) {
-    const Config& c = model.c;
-    std::vector<std::vector<double>> heat = router_heatmap(model);
-    std::vector<std::string> rows, cols;
-    for (int l = 1; l < c.L; l++) rows.push_back("layer " + std::to_string(l));
-    for (int l = 0; l < c.L; l++) cols.push_back(std::to_string(l));
-    printf("router weight by source layer (rows: layer; columns: source layer 0..%d; each row sums to 1):\n", c.L - 1);
-    for (size_t i = 0; i < heat.size(); i++) {
-        printf("  %-9s", rows[i].c_str());
-        for (double v : heat[i]) printf(std::isfinite(v) ? " %5.2f" : "     -", v);
-        int l = (int)i + 1;
-        double own = heat[i][l], best = 0;
-        int best_src = 0;
-        for (int s = 0; s < l; s++) if (heat[i][s] > best) { best = heat[i][s]; best_src = s; }
-        printf("   own %2.0f%%, most from layer %d (%2.0f%%)\n", 100 * own, best_src, 100 * best);
-    }
-    std::string err = plot_heatmap(out + "/router_heatmap.png", "Router weight by source layer (rows sum to 1)",
-                                   "source layer", "layer", heat, rows, cols);
-    if (!err.empty()) return err;
-    printf("wrote %s/router_heatmap.png\n", one_line(out).c_str());
-    return "";
-}
-
-// HC's counterpart of the router heatmap: the static mixing weights of every
-// sublayer (rows: layer l's attention, then its MLP; columns: static_alpha[i, k],
-// the weight of stream i in mixture k (mixture 0 is what the sublayer reads, 1+i
-// what stream i keeps), then static_beta[i], how much of the sublayer's output
-// stream i takes). Printed, one row per sublayer, and drawn to OUT/hc_heatmap.png.
-// The dynamic correction (per token, scale * tanh) is not in it.
-static std::string analyze_hc(const Model& model, const std::string& out) {
-    const Config& c = model.c;
-    int n = c.hc_rate, K = n + 1;
-    std::vector<std::vector<double>> heat;
-    std::vector<std::string> rows, cols;
-    for (int k = 0; k < K; k++)
-        for (int i = 0; i < n; i++) cols.push_back(strf("a%d,%d", i, k));
-    for (int i = 0; i < n; i++) cols.push_back(strf("b%d", i));
-    printf("hc static mixing weights (rows: sublayer; a_i,k: stream i in mixture k, mixture 0 feeds the sublayer, "
-           "1+i is kept by stream i; b_i: stream i's share of the sublayer's output)%s:\n",
-           c.hc_dynamic ? ", without the dynamic correction" : "");
-    printf("  %-12s", "");
-    for (const std::string& col : cols) printf(" %6s", col.c_str());
-    printf("\n");
-    for (int s = 0; s < 2 * c.L; s++) {
-        const HcParams& h = model.p.hc[s];
-        std::vector<double> row;
-        for (int k = 0; k < K; k++)
-            for (int i = 0; i < n; i++) row.push_back(h.static_alpha[i * K + k]);
-        for (int i = 0; i < n; i++) row.push_back(h.static_beta[i]);
-        rows.push_back(strf("layer %d %s", s / 2, s % 2 ? "mlp" : "attn"));
-        printf("  %-12s", rows.back().c_str());
-        for (double v : row) printf(" %6.2f", v);
-        printf("\n");
-        heat.push_back(row);
-    }
-    std::string err = plot_heatmap(out + "/hc_heatmap.png", "HC static mixing weights (alpha by mixture, then beta)",
-                                   "weight", "sublayer", heat, rows, cols);
-    if (!err.empty()) return err;
-    printf("wrote %s/hc_heatmap.png\n", out.c_str());
-    return "";
-}
-
-// Entropy per layer (paper Sec. 5.2 and Fig. 7a, layer_entropy) of the
-// first n test sequences: the raw values (W_V's output), for LIMe the routed
-// values attention reads, and the hidden states (residual stream after each
-// layer). Printed, drawn to OUT/value_entropy.png and written to
-// OUT/entropy.tsv (kind, layer, mean, std over sequences) for compare.
-struct EntropyKind { const char* name; Probe probe; };
-static std::string analyze_entropy(Model* model, const Task& task, int n, double alpha, const std::string& values,
-                                   const std::string& out) {
-    const Config& c = model->c;
-    const std::vector<Sequence>& seqs = *task.test;
-    int B = std::min(n, (int)seqs.size());
-    std::vector<int> idx(B), lens(B);
-    for (int b = 0; b < B; b++) idx[b] = b, lens[b] = std::min(c.T, (int)seqs[b].tokens.size() - 1);
-    Batch batch;
-    make_batch(seqs, idx.data(), B, c.T, task.vocab.pad, &batch);
-    model_forward(model, batch.tokens.data(), nullptr, nullptr, B, c.T);
-    std::vector<EntropyKind> kinds;
-    if (values != "routed") kinds.push_back({"raw", PROBE_RAW_VALUES});
-    if (values != "raw" && c.arch == ARCH_LIME) kinds.push_back({"routed", PROBE_VALUES});
-    kinds.push_back({"hidden", PROBE_HIDDEN});
-    std::vector<Series> series;
-    std::string tsv = "kind\tlayer\tmean\tstd\n";
-    printf("entropy (Renyi, alpha = %g; features z-scored over all %d sequences), mean ± std over sequences:\n",
-           alpha, B);
-    printf("  layer");
-    for (const EntropyKind& k : kinds) printf("  %-17s", k.name);
-    printf("\n");
-    series.resize(kinds.size());
-    for (int l = 0; l < c.L; l++) {
-        printf("  %5d", l);
-        for (size_t i = 0; i < kinds.size(); i++) {
-            int D = kinds[i].probe == PROBE_HIDDEN ? c.d : c.R * c.hd;
-            EntropyStat e = layer_entropy(model_probe(model, kinds[i].probe, l), B, c.T, D, lens, alpha);
-            printf("  %7.4f ± %-7.4f", e.mean, e.std);
-            series[i].label = kinds[i].name;
-            series[i].x.push_back(l);
-            series[i].y.push_back(e.mean);
-            char row[128];
-            snprintf(row, sizeof row, "%s\t%d\t%.6f\t%.6f\n", kinds[i].name, l, e.mean, e.std);
-            tsv += row;
-        }
-        printf("\n");
-    }
-    std::string err = plot_lines(out + "/value_entropy.png", "Entropy per layer (" + model_name(c) + ")", "layer",
-                                 "Renyi entropy (alpha " + fmt("%g", alpha) + ")", series);
-    if (!err.empty()) return err;
-    err = write_file_atomic(out + "/entropy.tsv", tsv);
-    if (!err.empty()) return err;
-    printf("wrote %s/value_entropy.png and %s/entropy.tsv\n", one_line(out).c_str(), one_line(out).c_str());
-    const Series& v = series[kinds.size() > 2 ? 1 : 0];
-    printf("summary: %s value entropy goes from %.3f at layer 0 to %.3f at layer %d%s\n", v.label.c_str(),
-           v.y.front(), v.y.back(), c.L - 1,
-           v.y.back() < v.y.front() ? " (later layers' values are less diverse)" : "");
-    return "";
-}
-
-static int cmd_analyze(int argc, char** argv) {
-    std::vector<FlagSpec> flags = {
-        {"load", "", "a checkpoint written by ./lime train"},
-        {"alpha", "0.5", "order of the Renyi entropy (1: Shannon; 0.5: the authors' code)"},
-        {"values", "both", "lime: raw (W_V output), routed (what attention reads) or both; llama has raw only"},
-        {"n", "64", "test sequences the value entropy is averaged over"},
-        {"out", "", "directory for the figures (default: the checkpoint's)"},
-        {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
-        {"device", "auto", "auto, cpu or gpu"},
-    };
-    const char* summary =
-        "The router heatmap (paper Fig. 5; hc: its static mixing weights), value entropy per layer (Sec. 5.2), "
-        "parameters and FLOPs\n"
-        "of a checkpoint, with figures and a short summary.";
-    Args a = parse_args("analyze", summary, flags, argc, argv, false);
-    set_threads(a);
-    Device dev = pick_device(a);
-    double alpha = a.number("alpha", 0, 100);
-    if (a.err.empty() && !(alpha > 0))
-        a.fail("--alpha " + a.str("alpha") + ": the Renyi order must be positive (1: Shannon, 0.5: the authors')");
-    std::string values = a.choice("values", {"raw", "routed", "both"});
-    int n = (int)a.integer("n", 1, 100000);
-    if (!a.err.empty()) die("analyze", a.err);
-    if (!a.has("load")) die("analyze", "needs --load FILE (a model.safetensors written by ./lime train)");
-    std::string path = a.str("load");
-    size_t slash = path.find_last_of('/');
-    std::string out = a.has("out") ? a.str("out") : path.substr(0, slash == std::string::npos ? 0 : slash);
-    if (out.empty()) out = ".";
-    std::string err;
-    Loaded ld;
-    err = load_checkpoint(path, dev, model_settings(a), n, &ld, true);
-    if (!err.empty()) die("analyze", err);
-    if (values == "routed" && ld.model.c.arch != ARCH_LIME)
-        die("analyze", "--values routed: " + path + " is a " + model_name(ld.model.c) +
-                           " checkpoint, with no router; use --values raw (or a lime checkpoint)");
-    if (!make_dir(out, &err)) die("analyze", err);
-    warn_data_changed("analyze", ld);
-    Model& model = ld.model;
-    const Config& c = model.c;
-    printf("%s: %s, L=%d d=%d H=%d R=%d F=%d V=%d T=%d\n", one_line(path).c_str(), model_name(c).c_str(), c.L, c.d, c.H, c.R,
-           c.F, c.V, c.T);
-    print_cost(model);
-    model_to_host(&model);
-    if (c.arch == ARCH_LIME && c.L > 1 && !(err = analyze_routers(model, out)).empty()) die("analyze", err);
-    if (c.arch == ARCH_HC && !(err = analyze_hc(model, out)).empty()) die("analyze", err);
-    err = analyze_entropy(&model, ld.task, n, alpha, values, out);
-    if (!err.empty()) die("analyze", err);
-    model_free(&model);
-    return 0;
-}
-
-// ===========================================================================
-// ./lime export: a llama checkpoint as a transformers model directory (support/export.cpp)
+// ./lime export: a llama checkpoint as a transformers model directory (support/commands/export.cpp)
 // ===========================================================================
 
 static int cmd_export(int argc, char** argv) {
@@ -1965,7 +1684,7 @@ static int run_command(int argc, char** argv);
 // (model_create, the readers' limits); any other that fails ends the command
 // with one line, not an abort (std::bad_alloc: exit status 134).
 int main(int argc, char** argv) {
-    set_wait_policy(argv);  // first: it may run ./lime again (support/cli.h)
+    set_wait_policy(argv);  // first: it may run ./lime again (support/lib/cli.h)
     try {
         return run_command(argc, argv);
     } catch (const std::bad_alloc&) {

@@ -8,7 +8,7 @@
 #include <map>
 #include <set>
 
-#include "support/safetensors.h"   // Json, json_parse
+#include "support/lib/safetensors.h"   // Json, json_parse
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "data/rng.h"
+#include "support/lib/rng.h"
 #include "data/tasks.h"
 
 // One item, with the fields (and names) of the real JSON files.

@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include "data/task.h"
-#include "support/cli.h"  // exe_dir
-#include "support/safetensors.h"
+#include "support/lib/cli.h"  // exe_dir
+#include "support/lib/safetensors.h"
 
 std::string task_data_path(const std::string& path) {
     if (path.empty() || path[0] == '/' || access(path.c_str(), F_OK) == 0) return path;

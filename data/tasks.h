@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "data/rng.h"
+#include "support/lib/rng.h"
 
 // ---------------------------------------------------------------------------
 // Vocabulary: token strings <-> ids.
@@ -191,7 +191,7 @@ Vocab text_vocab();
 // Read `path`; the last val_frac (in [0, 1)) of its bytes is held out for
 // validation. Each part is cut into windows of T+1 bytes with stride T, so
 // every byte after the first of a part is a target exactly once.
-// The file is opened with file_open_regular (support/safetensors.h): a
+// The file is opened with file_open_regular (support/lib/safetensors.h): a
 // directory, FIFO or device, or a file over 1 GiB, is refused unread. When
 // mem_bytes > 0 (the memory available), a file whose windows would need more
 // (text_memory_bytes) is refused before it is read, naming --seq-len.

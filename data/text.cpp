@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "data/tasks.h"
-#include "support/safetensors.h"  // file_open_regular
+#include "support/lib/safetensors.h"  // file_open_regular
 
 // ---------------------------------------------------------------------------
 // Vocab

@@ -19,10 +19,10 @@
 #include <string>
 #include <vector>
 
-#include "data/rng.h"
+#include "support/lib/rng.h"
 #include "labs/lab.h"
-#include "support/cli.h"
-#include "support/cpu_fast.h"
+#include "support/lib/cli.h"
+#include "support/model/cpu_fast.h"
 
 // ---------------------------------------------------------------------------
 // Running the student's code. Each check runs in a child process (fork), never

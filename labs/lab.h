@@ -6,7 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include "support/lime.h"
+#include "support/model/lime.h"
 
 // Lab 1. Kr, Vr (R, N, hd); Wk, Wv (R, (l+1)R); Kbuf, Vbuf (L, R, N, hd), head-major:
 // row j = l'*R + r' (layer l', kv head r') holds that head's N positions, N*hd floats.
@@ -22,9 +22,9 @@ void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr,
                float grad_scale, const AdamWNumbers& h);
 float clip_scale(float norm, float grad_clip);
 
-// Lab 3 (built with support/cuda_on_cpu.h): the launcher lime.cu calls for the router.
+// Lab 3 (built with support/harness/cuda_on_cpu.h): the launcher lime.cu calls for the router.
 #ifdef LIME_EMU
-#include "support/cuda_on_cpu.h"
+#include "support/harness/cuda_on_cpu.h"
 void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
                         const float* Vbuf, int l, int N, int R, int hd, cublasHandle_t blas);
 #endif

@@ -1,5 +1,5 @@
 // tests/bench_matmul.cpp — `make bench`'s last lines: the FMA peak of one core
-// and what the fast CPU products (support/cpu_fast.cpp) reach on the shapes
+// and what the fast CPU products (support/model/cpu_fast.cpp) reach on the shapes
 // of the two benchmark configs, in GFLOP/s of CPU time (so that a busy
 // machine slows it less than the clock on the wall). Measures, checks nothing.
 //
@@ -17,7 +17,7 @@
 #include <immintrin.h>
 #endif
 
-#include "support/cpu_fast.h"
+#include "support/model/cpu_fast.h"
 
 static double cpu_seconds() {
     timespec t;

@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "support/lime.h"
-#include "support/safetensors.h"
+#include "support/model/lime.h"
+#include "support/lib/safetensors.h"
 
 // A broken promise: say which, then trap so libFuzzer keeps the input.
 static void require(bool ok, const char* what) {

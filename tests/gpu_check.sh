@@ -6,8 +6,12 @@
 #   2. runs the native GPU tests (every kernel against the CPU, reference vectors, graphs, determinism);
 #      a device ./lime cannot use (no GPU, a driver older than the CUDA runtime) fails here, with the reason
 #   3. ./lime verify --device gpu --tf32 0 on every reference file (exact float32 tolerances), matmul and flash attention
-#   4. the benchmark configs (a) and (b), full attention and GQA, TF32 and CUDA graphs, (a) without the graph, (b) with flash attention
-# and prints a short table. Exit status: non-zero if a test or a verify failed.
+#   4. compute-sanitizer's memcheck and racecheck (matmul and flash attention) and initcheck (matmul) on one
+#      step of a tiny `bench --graph 0`, when compute-sanitizer is there; any report it makes fails
+#   5. an nsys kernel summary of config (b) with GQA (the 15 kernels that take the most GPU time), when nsys is there
+#   6. the benchmark configs (a) and (b), full attention and GQA, TF32 and CUDA graphs, (a) without the graph, (b) with flash attention
+# and prints a short table. Time: the five sanitizer runs are capped at 30 s each, the profile at 60 s.
+# Exit status: non-zero if a test, a verify or a sanitizer run failed.
 cd "$(dirname "$0")/.." || exit 2
 set -o pipefail
 GENCODE=${GENCODE:-"-gencode arch=compute_90,code=sm_90"}
@@ -35,6 +39,51 @@ build/test_gpu_native | grep -v '^PASS' || status=1
 echo "== verify --device gpu --tf32 0"
 ./lime verify --device gpu --tf32 0 --quiet tests/golden/*.safetensors || status=1
 ./lime verify --device gpu --tf32 0 --attention flash --quiet tests/golden/*.safetensors || status=1
+
+# compute-sanitizer (on the PATH, or beside nvcc): memcheck, racecheck and initcheck on one timed step of
+# llama, lime and hc (with the regulariser, so its kernels run too), --graph 0 so every kernel is launched
+# where the tool sees it; a tiny shape, since each tool slows the kernels 10-100x.
+SAN=$(command -v compute-sanitizer 2>/dev/null || { [ -n "$NVCC" ] && ls "$(dirname "$NVCC")/compute-sanitizer" 2>/dev/null; })
+TINY="--layers 2 --dim 32 --heads 4 --kv-heads 2 --ffn 64 --vocab 21 --batch 4 --seq-len 40 --steps 1 --graph 0 --entropy-reg 0.01"
+echo "== compute-sanitizer"
+if [ -z "$SAN" ]; then
+    echo "SKIP compute-sanitizer: not found (it comes with the CUDA Toolkit, beside nvcc)"
+else
+    for run in "memcheck matmul" "memcheck flash" "racecheck matmul" "racecheck flash" "initcheck matmul"; do
+        read -r tool attention <<< "$run"
+        log=$(timeout 30 "$SAN" --tool "$tool" --error-exitcode 3 ./lime bench --device gpu $TINY --attention "$attention" 2>&1)
+        rc=$?
+        if [ $rc = 0 ]; then echo "PASS $tool, --attention $attention"; continue; fi
+        status=1
+        if [ $rc = 124 ]; then echo "FAIL $tool, --attention $attention: still running after 30 s"; continue; fi
+        echo "FAIL $tool, --attention $attention (exit $rc):"
+        { echo "$log" | grep '^=========' || echo "$log"; } | head -20 | sed 's/^/   /'
+    done
+fi
+
+# nsys (on the PATH): the kernels of 3 steps of config (b) with GQA, the graph's nodes traced one by one,
+# the 15 that take the most GPU time.
+echo "== nsys kernel summary"
+if ! command -v nsys >/dev/null 2>&1; then
+    echo "SKIP nsys: not found (Nsight Systems: https://developer.nvidia.com/nsight-systems)"
+else
+    dir=$(mktemp -d)
+    if timeout 60 nsys profile --trace cuda --cuda-graph-trace node --output "$dir/b" --force-overwrite true \
+            ./lime bench --device gpu --layers 12 --dim 768 --heads 12 --kv-heads 4 --ffn 2048 --vocab 256 \
+            --batch 8 --seq-len 1024 --steps 3 >/dev/null 2>&1 &&
+        nsys stats --report cuda_gpu_kern_sum --format csv --output - "$dir/b.nsys-rep" > "$dir/sum.csv" 2>/dev/null; then
+        # the CSV's columns: Time (%), Total Time (ns), Instances, Avg, Med, Min, Max, StdDev (ns), Name (quoted: it holds commas)
+        awk -F, 'found && n < 15 && $1 ~ /^"?[0-9.]+"?$/ {
+                     for (i = 1; i <= 3; i++) gsub(/"/, "", $i)
+                     name = $9; for (i = 10; i <= NF; i++) name = name "," $i; gsub(/^"|"$/, "", name)
+                     printf "   %5.1f%%  %9.2f ms  %6d launches  %s\n", $1, $2 / 1e6, $3, substr(name, 1, 100); n++ }
+                 /^"?Time \(%\)/ { found = 1 }' "$dir/sum.csv"
+        [ -s "$dir/sum.csv" ] || echo "   (nsys stats wrote no kernel summary)"
+    else
+        echo "   nsys profile or nsys stats failed, or ran past 60 s (not counted as a failure: a profile, not a test)"
+    fi
+    rm -rf "$dir"
+fi
 
 echo "== bench"
 A="--layers 4 --dim 32 --heads 4 --ffn 96 --vocab 21 --batch 128 --seq-len 88 --steps 30"

@@ -1,5 +1,5 @@
 // tests/json_check.cpp — the shell suites' JSON reader (build/json_check):
-// parses what a command printed with support/safetensors.cpp's json_parse,
+// parses what a command printed with support/lib/safetensors.cpp's json_parse,
 // the reader the program itself trusts.
 //   json_check [--lines] [KEY...] < text
 // The whole of stdin (--lines: each non-empty line) must be one JSON value,
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "support/safetensors.h"
+#include "support/lib/safetensors.h"
 
 int main(int argc, char** argv) {
     bool lines = false;

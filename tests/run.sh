@@ -13,6 +13,7 @@ suites=(
     "bash tests/test_faults.sh"  # kills mid-save, Ctrl-C, NaN guards, corrupt checkpoints
     "bash tests/test_hostile.sh" # lying reference files and checkpoints, JSON parsed back, escaped messages
     "bash tests/test_docs.sh"    # README.md and docs/ name only what exists; nothing points outside
+    "bash tests/test_layers.sh"  # support/ in layers: each file includes only what its layer may
     "bash tests/test_labs.sh"    # the labs: starters fail, the project passes, planted mistakes get their hint
 )
 passed=0; failed=0; skipped=0

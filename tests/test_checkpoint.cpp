@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "support/lime.h"
-#include "support/safetensors.h"
+#include "support/model/lime.h"
+#include "support/lib/safetensors.h"
 #include "test.h"
 
 namespace {

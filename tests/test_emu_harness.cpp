@@ -1,4 +1,4 @@
-// tests/test_emu_harness.cpp — tests of support/cuda_on_cpu.h, the CPU stand-in for
+// tests/test_emu_harness.cpp — tests of support/harness/cuda_on_cpu.h, the CPU stand-in for
 // CUDA: small kernels written for the purpose, launched through LAUNCH as
 // lime.cu launches its own. They check that correct kernels compute the right
 // thing under every thread order, that broken ones are caught (a missing
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
-#include "support/cuda_on_cpu.h"
+#include "support/harness/cuda_on_cpu.h"
 #include "test.h"
 
 // ---------------------------------------------------------------------------
@@ -549,7 +549,7 @@ TEST(emu_shared_memory_in_templated_kernel) {
 #if defined(__clang__)
     CHECK(poisoned, "static __shared__ in a template kernel not poisoned: %g", got[63]);
 #else
-    if (!poisoned) SKIP("g++ ignores section attributes in templates: __shared__ there is not NaN-poisoned (see support/cuda_on_cpu.h)");
+    if (!poisoned) SKIP("g++ ignores section attributes in templates: __shared__ there is not NaN-poisoned (see support/harness/cuda_on_cpu.h)");
 #endif
 }
 

@@ -1,4 +1,4 @@
-// tests/test_export.cpp — ./lime export (support/export.cpp) read back the way
+// tests/test_export.cpp — ./lime export (support/commands/export.cpp) read back the way
 // transformers would read it, without transformers: the JSON files through
 // the project's own reader, field by field against the checkpoint; the
 // tokenizer.json applied to generated examples by a small reading of its
@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "data/task.h"
-#include "support/export.h"
-#include "support/lime.h"
-#include "support/safetensors.h"
+#include "support/commands/export.h"
+#include "support/model/lime.h"
+#include "support/lib/safetensors.h"
 #include "test.h"
 
 namespace {

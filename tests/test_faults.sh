@@ -281,7 +281,7 @@ fi
 
 # --- hostile checkpoints: lies under a valid checksum (anyone can compute
 # one), made by the test hooks LIME_TEST_SAVE_META and LIME_TEST_SAVE_NAN
-# (support/checkpoint.cpp). Each is refused with one line, exit 2.
+# (support/model/checkpoint.cpp). Each is refused with one line, exit 2.
 spoiled() {  # spoiled DIR VAR=VALUE: a tiny run whose files carry that lie
     env "$2" $LIME train $TINY --steps 3 --out "$1" >/dev/null 2>&1
 }

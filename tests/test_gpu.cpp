@@ -4,15 +4,16 @@
 //
 // Built twice from this one file:
 //   g++ -DLIME_EMU  (build/test_gpu_emu, `make test`): the kernels run on the
-//                   CPU harness support/cuda_on_cpu.h, so the shapes here are tiny;
+//                   CPU harness support/harness/cuda_on_cpu.h, so the shapes here are tiny;
 //   nvcc -x cu      (build/test_gpu_native, `make test-gpu`): on a real GPU.
 // lime.cu is included, not linked, so that its static ops and kernels can be called.
 #include "../lime.cu"
 
 #include <functional>
 
-#include "support/cli.h"
-#include "support/safetensors.h"
+#include "support/lib/cli.h"
+#include "support/model/names.h"
+#include "support/lib/safetensors.h"
 #include "test.h"
 
 #ifndef LIME_GPU
@@ -88,7 +89,7 @@ static bool same_bits(const float* a, const float* b, size_t n) { return memcmp(
 
 static const double TOL_FWD = 1e-5, TOL_BWD = 1e-4;
 
-// The harness's orders of blocks and threads (support/cuda_on_cpu.h); on a GPU, whatever it does.
+// The harness's orders of blocks and threads (support/harness/cuda_on_cpu.h); on a GPU, whatever it does.
 #ifdef LIME_EMU
 typedef emu::Order emu_order;
 static const emu_order FWD = emu::FORWARD, REV = emu::REVERSE, RND = emu::RANDOM;
@@ -267,6 +268,34 @@ TEST(gpu_attention_matches_cpu_gqa_T13) { NEED_GPU(); check_attention(2, 13, 4, 
 TEST(gpu_attention_matches_cpu_full_T13) { NEED_GPU(); check_attention(2, 13, 2, 2, 4); }
 TEST(gpu_attention_matches_cpu_R1) { NEED_GPU(); check_attention(2, 13, 3, 1, 4); }
 TEST(gpu_attention_matches_cpu_larger) { NEED_GPU(); check_attention(3, 40, 4, 2, 8); }
+
+// The softmax's one read of the causal half: scores that rise along the row
+// (every lane's max grows at each of its 3 scores, and e^138 overflows a float
+// unless the max is taken out), and NaN above the diagonal, which it must not read.
+TEST(gpu_causal_softmax_rising_scores_and_nan_above_the_diagonal) {
+    NEED_GPU();
+    const int T = 70, rows = 2 * T;  // two (b, h) blocks of T rows
+    std::vector<float> s((size_t)rows * T), want(s.size());
+    for (int r = 0; r < rows; r++) {
+        int t = r % T;
+        double sum = 0;
+        for (int u = 0; u <= t; u++) sum += std::exp(2.0 * (u - t));
+        for (int u = 0; u < T; u++) {
+            s[(size_t)r * T + u] = u <= t ? 2.0f * u : NAN;
+            want[(size_t)r * T + u] = u <= t ? (float)(std::exp(2.0 * (u - t)) / sum) : 0.0f;
+        }
+    }
+    DevF att(s);
+    LAUNCH(causal_softmax_kernel, ceil_div((size_t)rows, 4), 128, 0, ctx().stream)(att.p, rows, T);
+    launchCheck();
+    std::vector<float> got = att.get();
+    double e = err_of(got, want);
+    bool zeros = true;
+    for (int r = 0; r < rows; r++)
+        for (int u = r % T + 1; u < T; u++) zeros = zeros && got[(size_t)r * T + u] == 0.0f;
+    CHECK(e < TOL_FWD && zeros, "causal softmax att (%d rows of %d): rel err %.2e, upper triangle all 0: %s", rows, T, e,
+          zeros ? "yes" : "no");
+}
 
 // Flash-style attention against the CPU's: the same outputs and gradients, from
 // one log-sum-exp per row instead of the (T, T) probabilities.
@@ -842,6 +871,34 @@ TEST(gpu_forward_without_targets_gives_cpu_logits) {
     double e = rel_err(model_logits(&gpu), model_logits(&cpu), (size_t)2 * 5 * c.V);
     CHECK(l1 == 0 && l2 == 0, "loss without targets: %g, %g", l1, l2);
     CHECK(e < TOL_FWD, "logits: rel err %.2e", e);
+    model_free(&cpu);
+    model_free(&gpu);
+}
+
+// model_train_step does not wait for the device; a probe right after it must
+// still read that step's forward (its copy queued behind the step, on the
+// model's stream), not device memory the step has not written yet.
+TEST(gpu_probe_right_after_a_train_step_reads_that_step) {
+    NEED_GPU();
+    use_tf32(false);
+    Config c = tiny_config(ARCH_LIME, 4, 2, 8);
+    Model cpu, gpu;
+    CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU, gpu_settings).empty(), "model_create failed");
+    model_init(&cpu, 4);
+    model_init(&gpu, 4);
+    Batch b = make_batch(2, 8, c.V, 12);
+    AdamWConfig opt;
+    model_train_step(&cpu, b.tokens.data(), b.targets.data(), b.mask.data(), 2, 8, opt, 1.0f);
+    model_train_step(&gpu, b.tokens.data(), b.targets.data(), b.mask.data(), 2, 8, opt, 1.0f);
+    const Probe kinds[] = {PROBE_VALUES, PROBE_RAW_VALUES, PROBE_HIDDEN};
+    const char* names[] = {"PROBE_VALUES", "PROBE_RAW_VALUES", "PROBE_HIDDEN"};
+    for (int k = 0; k < 3; k++) {
+        size_t n = (size_t)2 * 8 * (kinds[k] == PROBE_HIDDEN ? c.d : c.R * c.hd);
+        std::vector<float> want(model_probe(&cpu, kinds[k], 1), model_probe(&cpu, kinds[k], 1) + n);
+        const float* got = model_probe(&gpu, kinds[k], 1);
+        double e = rel_err(got, want.data(), n);
+        CHECK(e < TOL_FWD, "%s of layer 1 right after model_train_step: rel err %.2e (first value %g, cpu %g)", names[k], e, got[0], want[0]);
+    }
     model_free(&cpu);
     model_free(&gpu);
 }

@@ -5,11 +5,13 @@
 // lime.cu is included, not linked, so that its static ops can be called.
 #include "../lime.cu"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <functional>
 
-#include "support/cli.h"  // memory_available, model_parse
+#include "support/lib/cli.h"  // memory_available
+#include "support/model/names.h"  // model_parse
 #include "test.h"
 
 // Random values in [-scale, scale], the same for the same seed.
@@ -315,6 +317,54 @@ TEST(embedding_backward_adds_rows_of_repeated_tokens) {
     for (int i = 0; i < 12; i++) CHECK(dE[i] == want[i], "dE[%d] = %g, want %g", i, dE[i], want[i]);
 }
 
+
+// Runs fn in a child process with its stderr captured: what it wrote, and its exit status (-1: killed, or it returned).
+static std::string in_child(const std::function<void()>& fn, int* status) {
+    int fd[2];
+    if (pipe(fd) != 0) { *status = -1; return "pipe failed"; }
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        dup2(fd[1], 2);
+        omp_set_num_threads(1);  // no thread pool in a forked child
+        alarm(20);
+        fn();
+        _exit(0);
+    }
+    close(fd[1]);
+    std::string out;
+    char buf[256];
+    for (ssize_t got; (got = read(fd[0], buf, sizeof buf)) > 0;) out.append(buf, got);
+    close(fd[0]);
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+    *status = WIFEXITED(ws) && WEXITSTATUS(ws) != 0 ? WEXITSTATUS(ws) : -1;
+    return out;
+}
+
+// stage() checks every token id and target once, before any op indexes with them.
+TEST(a_token_id_outside_the_vocabulary_stops_the_step_with_one_line) {
+    Config c;
+    c.V = 11; c.L = 2; c.d = 8; c.H = 2; c.R = 2; c.hd = 4; c.F = 12; c.T = 6;
+    Model m;
+    CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
+    model_init(&m, 1);
+    std::vector<int> tokens = {1, 2, 3, 11, 4, 5}, targets = {2, 3, 4, 5, -1, 6};
+    std::vector<int> good = {1, 2, 3, 4, 5, 6};
+    std::vector<float> mask(6, 1.0f);
+    struct Case { const char* what; const int* tokens; const int* targets; const char* want; };
+    const Case cases[] = {{"token id 11", tokens.data(), good.data(), "lime: token id 11 at position 3 of the batch is outside the vocabulary 0 .. 10"},
+                          {"target -1", good.data(), targets.data(), "lime: target -1 at position 4 of the batch is outside the vocabulary 0 .. 10"}};
+    for (const Case& k : cases) {
+        int status = 0;
+        std::string err = in_child([&] { model_forward(&m, k.tokens, k.targets, mask.data(), 1, 6); }, &status);
+        CHECK(status > 0, "%s: model_forward did not exit with a non-zero status (stderr: %s)", k.what, err.c_str());
+        CHECK(err.rfind(k.want, 0) == 0 && std::count(err.begin(), err.end(), '\n') == 1,
+              "%s: stderr is not the one line \"%s ...\": %s", k.what, k.want, err.c_str());
+    }
+    model_free(&m);
+}
 // ---------------------------------------------------------------------------
 // The whole model
 
@@ -1020,7 +1070,7 @@ TEST(checkpoint_round_trip_and_wrong_architecture_refused) {
 }
 
 // ---------------------------------------------------------------------------
-// The fast CPU path (support/cpu_fast.cpp) against lime.cu's plain loops, on
+// The fast CPU path (support/model/cpu_fast.cpp) against lime.cu's plain loops, on
 // random shapes: GQA and R = 1, odd T, hd 8/16/64/128, routers reading 1 and 5
 // layers. The two sum in different orders, so they agree to rounding.
 
@@ -1165,7 +1215,7 @@ TEST(fast_attention_equals_plain_gqa_and_r1_odd_t) {
     check_fast_attention(3, 7, 2, 2, 6);        // hd neither a multiple of 8 nor 32
 }
 
-// Hyper-Connections: each fast op (support/cpu_fast.cpp) against its plain
+// Hyper-Connections: each fast op (support/model/cpu_fast.cpp) against its plain
 // loop, static and dynamic; widths that take each of the fast loops' ways (d a
 // multiple of 32, of 8, of 2, odd), 1, 3 and 16 streams, and more positions
 // than the weight gradients' 64 slices. Gradients start from random values:

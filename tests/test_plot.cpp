@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "support/plot.h"
+#include "support/lib/plot.h"
 #include "test.h"
 
 #pragma GCC diagnostic push

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "support/safetensors.h"
+#include "support/lib/safetensors.h"
 #include "test.h"
 
 // ---------------------------------------------------------------------------

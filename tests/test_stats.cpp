@@ -1,10 +1,10 @@
-// tests/test_stats.cpp — stats.h (and study.cpp's layer_entropy, on inputs
+// tests/test_stats.cpp — support/lib/stats.h (and support/commands/analyze.cpp's layer_entropy, on inputs
 // whose entropy is known in closed form) against values computed independently in
 // Python with mpmath 1.3 at 30 digits: the t CDF by numerical integration of
 // the t density (mpmath.quad), quantiles by root finding on that integral,
 // Welch's t and df from the textbook formulas.
-#include "support/stats.h"
-#include "support/study.h"  // layer_entropy
+#include "support/lib/stats.h"
+#include "support/commands/commands.h"  // layer_entropy
 #include "test.h"
 
 static bool near(double got, double want, double tol) { return std::fabs(got - want) <= tol * (1 + std::fabs(want)); }

@@ -1,5 +1,5 @@
 // Lab 3: the router's forward pass as a CUDA kernel, run on the CPU by
-// support/cuda_on_cpu.h (labs/lab3/README.md). Write lab_router_kernel below;
+// support/harness/cuda_on_cpu.h (labs/lab3/README.md). Write lab_router_kernel below;
 // `make lab3` runs it under every thread and block order the harness has.
 #include "labs/lab.h"
 

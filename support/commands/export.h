@@ -1,13 +1,13 @@
-// support/export.h — a LLaMa checkpoint as a Hugging Face transformers model
+// support/commands/export.h — a LLaMa checkpoint as a Hugging Face transformers model
 // directory (./lime export): config.json, model.safetensors,
 // generation_config.json and a tokenizer that gives the ids the trainer used
-// (support/export.cpp; docs/checkpoint.md says what each file holds).
+// (support/commands/export.cpp; docs/checkpoint.md says what each file holds).
 #pragma once
 #include <map>
 #include <string>
 #include <vector>
 
-#include "support/lime.h"
+#include "support/model/lime.h"
 
 // The files an export writes besides model.safetensors, name -> contents,
 // from the model's config, its task ("arith", "prosqa" or "text") and its

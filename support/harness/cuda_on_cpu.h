@@ -1,4 +1,4 @@
-// support/cuda_on_cpu.h — CUDA on the CPU, so that lime.cu's kernels compile with
+// support/harness/cuda_on_cpu.h — CUDA on the CPU, so that lime.cu's kernels compile with
 // g++ -DLIME_EMU and run, and can be tested, on a machine without a GPU.
 //
 // The model in one paragraph. A launch runs the grid's blocks one after

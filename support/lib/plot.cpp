@@ -1,4 +1,4 @@
-// plot.cpp — a small PNG plotter (see plot.h).
+// support/lib/plot.cpp — a small PNG plotter (see support/lib/plot.h).
 //
 // Everything is drawn into a float RGB canvas through coverage masks: a shape
 // first records, per pixel, how much of the pixel it covers (0..1; the max
@@ -9,8 +9,8 @@
 //
 // Text comes from stb_easy_font, which describes each glyph (5 x 7 units) as
 // axis-aligned rectangles; we scale and rasterise them.
-#include "support/plot.h"
-#include "support/cli.h"
+#include "support/lib/plot.h"
+#include "support/lib/cli.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,4 +1,4 @@
-// support/lime.h — the interface of lime.cu: LIMe (Layer-Integrated Memory)
+// support/model/lime.h — the interface of lime.cu: LIMe (Layer-Integrated Memory)
 // and its LLaMa baseline, one model, one code path. The math is
 // docs/model.md; shape names follow it: B batch, T positions, V vocabulary, L layers,
 // d width, H query heads, R key/value heads, hd head size, F SwiGLU size.
@@ -38,7 +38,7 @@ inline bool has_router(const Config& c, int l) { return c.arch == ARCH_LIME && l
 // The residual stream's width in copies of d: n streams for hc, else 1.
 inline int hc_streams(const Config& c) { return c.arch == ARCH_HC ? c.hc_rate : 1; }
 const char* arch_name(Arch a);
-// "static", "average", "last-2", "first-1" (support/cli.h parses them back).
+// "static", "average", "last-2", "first-1" (support/model/names.cpp parses them back).
 std::string router_name(const Config& c);
 // The source layers of layer l's router: l' (0 <= l' <= l) with l' < below
 // or l' >= from. Every variant's set is such a pair (router_sources), so any
@@ -181,6 +181,8 @@ void model_init(Model* model, uint64_t seed);
 // With c.entropy_reg > 0 and a valid mask (and targets) the loss is the
 // regularised one, cross-entropy - entropy_reg * mean S2 (last_ce, last_s2
 // hold the parts); without a valid mask it is the plain cross-entropy (eval).
+// Every token id and target must lie in 0 .. c.V-1: one outside is one line on
+// stderr and exit (checked once, when the batch is staged; the ops index unchecked).
 float model_forward(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T,
                     const float* valid = nullptr);
 const float* model_logits(Model* model);  // (B, T, V) of the last forward (host memory)
@@ -211,7 +213,7 @@ void model_sync(Model* model);
 void model_to_device(Model* model);
 void model_to_host(Model* model);
 
-// Checkpoints (support/checkpoint.cpp, docs/checkpoint.md): safetensors with
+// Checkpoints (support/model/checkpoint.cpp, docs/checkpoint.md): safetensors with
 // HF names; metadata holds "config" and whatever the caller adds.
 std::string config_to_json(const Config& c);
 std::string config_from_json(const std::string& json, Config* c);  // "" or error
@@ -267,7 +269,7 @@ double bytes_per_token(const Config& c, int T);
 bool gpu_available(std::string* why);
 const char* model_attention_name(const Model* model);  // "matmul" or "flash" on the GPU, "cpu" on the CPU
 
-// The GPU for bench: name, compute capability and memory (support/gpu_peaks.h
+// The GPU for bench: name, compute capability and memory (support/lib/gpu_peaks.h
 // has the dense peaks its MFU is measured against).
 struct GpuInfo {
     std::string name;

@@ -1,8 +1,8 @@
-// safetensors.cpp — see safetensors.h for the format. Three parts: a JSON
+// support/lib/safetensors.cpp — see support/lib/safetensors.h for the format. Three parts: a JSON
 // parser and writer (the header is JSON), the reader with its validation, and
 // the atomic writer.
-#include "support/safetensors.h"
-#include "support/cli.h"  // open_temp_beside
+#include "support/lib/safetensors.h"
+#include "support/lib/cli.h"  // open_temp_beside
 
 #include <algorithm>
 #include <cerrno>

@@ -1,12 +1,13 @@
-// support/cli.cpp — the command line's parsers: names of models, routers and
-// attention kernels (also read back from checkpoints' configs), and the
-// memory probe model_settings passes to model_create.
+// support/model/names.cpp — the model's names on the command line and in
+// checkpoints' configs: architectures, routers, attention kernels, and a whole
+// model as compare names it ("lime:last-2", "hc:n2:static", "llama:ereg=0.1").
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
-#include "support/cli.h"
+#include "support/model/names.h"
 
 bool attention_parse(const std::string& s, Attention* out) {
     if (s == "auto") { *out = ATTENTION_AUTO; return true; }
@@ -101,20 +102,3 @@ bool model_parse(const std::string& name, Config* c) {
     }
     return true;
 }
-
-// What this machine can still give without swapping: MemAvailable of a
-// /proc/meminfo-style file, in bytes; 0 where unknown (not Linux). Checked
-// before the activations are allocated, because calloc would succeed anyway
-// (pages are promised, not given) and the run would then be killed, or crawl
-// in swap, part way through its first step.
-size_t memory_available(const char* meminfo) {
-    FILE* f = fopen(meminfo, "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (size_t)kb * 1024;
-}
-

@@ -1,4 +1,4 @@
-// support/cpu_fast.h — the fast CPU path (support/cpu_fast.cpp): blocked
+// support/model/cpu_fast.h — the fast CPU path (support/model/cpu_fast.cpp): blocked
 // versions of lime.cu's plain matrix product, attention and Hyper-Connection
 // loops, and a vectorisable e^x and tanh. Same arguments as the plain function
 // each one names, plus, for the products, a scratch buffer.
@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "support/lime.h"  // HcParams
+#include "support/model/lime.h"  // HcParams
 
 // The scratch the fast products need (packed panels of 32 columns), in floats,
 // for products of at most `rows` rows by at most `cols` columns.
@@ -32,7 +32,7 @@ void matmul_fast_use_kernel(int i);
 #endif
 // = ereg_forward, ereg_backward (the value-entropy regulariser), D = R*hd;
 // scratch: ereg_fast_scratch_floats(B, T, D). Where a sequence has n < D valid
-// positions, its slot of G holds the n x n Gram K = Z Z^T instead (support/cpu_fast.cpp).
+// positions, its slot of G holds the n x n Gram K = Z Z^T instead (support/model/cpu_fast.cpp).
 size_t ereg_fast_scratch_floats(int B, int T, int D);
 void ereg_forward_fast(float* stat, float* mu, float* G, const float* V, const float* valid, int B, int T, int D,
                        float* scratch);

@@ -1,4 +1,4 @@
-// support/memory_check.h — the memory a model needs, asked before anything is
+// support/model/memory_check.h — the memory a model needs, asked before anything is
 // allocated, and the fix for one that does not fit: the command's own size
 // flags that would shrink it most. lime.cu includes it before model_create (it
 // uses lime.cu's acts_carve and param_count).

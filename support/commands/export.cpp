@@ -1,4 +1,4 @@
-// support/export.cpp — ./lime export (support/export.h): a llama checkpoint
+// support/commands/export.cpp — ./lime export (support/commands/export.h): a llama checkpoint
 // as a directory that transformers loads with LlamaForCausalLM and
 // AutoTokenizer, and no code of ours.
 //
@@ -14,7 +14,7 @@
 //   text    one token per byte (id = byte): printable ASCII as itself, every
 //           other byte as its "<0xNN>" token (BPE with no merges, byte fallback)
 // No BOS is added and no EOS: the trainer adds neither to a prompt.
-#include "support/export.h"
+#include "support/commands/export.h"
 
 #include <dirent.h>
 #include <sys/stat.h>
@@ -27,8 +27,8 @@
 #include <set>
 
 #include "data/tasks.h"   // text_vocab
-#include "support/cli.h"  // make_dir, memory_available
-#include "support/safetensors.h"
+#include "support/lib/cli.h"  // make_dir, memory_available
+#include "support/lib/safetensors.h"
 
 namespace {
 

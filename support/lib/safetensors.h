@@ -1,4 +1,4 @@
-// safetensors.h — read and write safetensors checkpoints, and the small JSON
+// support/lib/safetensors.h — read and write safetensors checkpoints, and the small JSON
 // parser their header needs.
 //
 // The format (github.com/huggingface/safetensors), byte by byte:

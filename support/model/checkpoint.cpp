@@ -1,4 +1,4 @@
-// support/checkpoint.cpp — checkpoints (docs/checkpoint.md): safetensors
+// support/model/checkpoint.cpp — checkpoints (docs/checkpoint.md): safetensors
 // files with HF LLaMa tensor names, the model's config as JSON in the
 // metadata, optionally the AdamW state, and a checksum over it all.
 #include <algorithm>
@@ -8,9 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "support/cli.h"
-#include "support/lime.h"
-#include "support/safetensors.h"
+#include "support/lib/cli.h"
+#include "support/model/names.h"
+#include "support/model/lime.h"
+#include "support/lib/safetensors.h"
 
 
 // A lime config also names its router variant ("router": "last-2"), whether

@@ -1,4 +1,4 @@
-// support/gpu_memory.cuh — the GPU's side of a model: the device, its
+// support/model/gpu_memory.cuh — the GPU's side of a model: the device, its
 // memory (three cudaMallocs, carved like the host's), the stream, the cuBLAS
 // handle, and the staging of each step's batch and numbers through pinned
 // memory. lime.cu's GPU build includes it at its end; the kernels sit beside

@@ -1,8 +1,8 @@
-// support/cli.h — the command line's small tools, shared by train.cpp and
-// support/study.cpp: flags (each command lists its own; anything else is
-// refused with one line), errors, threads, device and model settings, names
-// of models and routers, timing and formatting. support/cli.cpp holds the
-// parsers and the memory probe.
+// support/lib/cli.h — the command line's small tools, which know nothing of
+// the model: flags (each command lists its own; anything else is refused with
+// one line), errors, threads, files written atomically, this program's path,
+// timing and formatting. support/lib/cli.cpp holds the memory probe; the
+// model's names and settings from flags are in support/model/names.h.
 #pragma once
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -23,19 +23,7 @@
 #include <omp.h>
 #endif
 
-#include "support/lime.h"
 
-// Names on the command line and in checkpoints, parsed (support/cli.cpp).
-bool arch_parse(const std::string& s, Arch* out);                // "lime", "llama" or "hc"
-bool router_parse(const std::string& s, Config* c);              // "static", "average", "last-J", "first-J"
-bool attention_parse(const std::string& s, Attention* out);      // "auto", "matmul", "flash"
-// A model as compare names it: "llama", "lime", "lime:last-2", "lime:average:separate"
-// (lime, then its router when not static, then ":separate" for --router-kv separate),
-// "hc", "hc:n2", "hc:static", "hc:n2:static" (Hyper-Connections: the rate when not 4, static when not dynamic).
-std::string model_name(const Config& c);
-// sets arch, the router fields, hc's rate and dynamic and entropy_reg: "lime:last-2",
-// "hc:n2:static", "llama:ereg=0.1", "lime:frozen:ereg=0.5"
-bool model_parse(const std::string& s, Config* c);
 // What this machine can still give without swapping: MemAvailable of a
 // /proc/meminfo-style file, in bytes; 0 where unknown (not Linux).
 size_t memory_available(const char* meminfo);
@@ -209,36 +197,6 @@ inline void set_threads(Args& a) {
 #else
     (void)n;
 #endif
-}
-
-inline Device pick_device(Args& a) {
-    std::string d = a.choice("device", {"auto", "cpu", "gpu"});
-    std::string why;
-    if (d == "cpu") return DEVICE_CPU;
-    bool ok = gpu_available(&why);
-    if (d == "gpu" && !ok) die(a.cmd, "--device gpu: " + why);
-    return ok ? DEVICE_GPU : DEVICE_CPU;
-}
-
-// --attention: how the GPU runs attention (ModelSettings in support/lime.h).
-#define ATTENTION_FLAG \
-    {"attention", "auto", "gpu: matmul (products around a stored T x T softmax, fast), flash (memory O(T), slower) or auto (matmul when it fits)"}
-// The settings a model is created with, from the flags this command has
-// (--attention, --tf32, --graph; the others keep their defaults), and the
-// memory the host can give, so that model_create refuses what would not fit.
-inline ModelSettings model_settings(Args& a) {
-    ModelSettings s;
-    if (a.values.count("tf32")) s.tf32 = a.integer("tf32", 0, 1) == 1;
-    if (a.values.count("attention")) attention_parse(a.choice("attention", {"auto", "matmul", "flash"}), &s.attention);
-    if (a.values.count("graph")) s.graph = a.integer("graph", 0, 1) == 1;
-    s.host_bytes = memory_available("/proc/meminfo");
-    // the flags that size the model in this command, for an out-of-memory line (SizeFlags)
-    bool shaped = a.cmd == "train" || a.cmd == "bench";  // the others load a checkpoint's shape
-    if (!shaped) s.flags.layers = s.flags.dim = s.flags.ffn = "";
-    if (a.cmd != "bench") s.flags.vocab = "";  // the task's
-    if (a.cmd != "bench" && !(a.cmd == "train" && a.str("task") == "text")) s.flags.seq_len = "";
-    if (!shaped && a.cmd != "eval") s.flags.batch = a.cmd == "analyze" ? "--n" : "";  // analyze's batch: its --n sequences
-    return s;
 }
 
 inline double now_ms() {

@@ -1,4 +1,4 @@
-// stats.h — the statistics that compare runs across seeds: mean, sample
+// support/lib/stats.h — the statistics that compare runs across seeds: mean, sample
 // standard deviation, Welch's t-test (unequal variances) with its two-sided
 // p-value, and the 95% confidence interval of the difference of means; for
 // paired seeds, the paired t interval, median, wins/ties/losses and the

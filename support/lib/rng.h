@@ -1,4 +1,4 @@
-// data/rng.h — the one random generator of the project: splitmix64. Small,
+// support/lib/rng.h — the one random generator of the project: splitmix64. Small,
 // fast, the same numbers on every machine and compiler, so that a seed names
 // one dataset, one initialisation and one data order everywhere.
 #pragma once

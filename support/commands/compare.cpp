@@ -1,4 +1,4 @@
-// study.cpp — `./lime compare`: LLaMa and LIMe side by side, honestly.
+// support/commands/compare.cpp — `./lime compare`: LLaMa and LIMe side by side, honestly.
 //
 // Each (tier, model, seed) is one `./lime train` run in its own process and
 // directory; compare runs them (several at a time on a CPU), reads their
@@ -27,12 +27,13 @@
 #include <string>
 #include <vector>
 
-#include "support/cli.h"
-#include "support/lime.h"
-#include "support/plot.h"
-#include "support/safetensors.h"
-#include "support/stats.h"
-#include "support/study.h"
+#include "support/lib/cli.h"
+#include "support/model/names.h"
+#include "support/model/lime.h"
+#include "support/lib/plot.h"
+#include "support/lib/safetensors.h"
+#include "support/lib/stats.h"
+#include "support/commands/commands.h"
 
 // ---------------------------------------------------------------------------
 // Presets: the train flags of each run, the tiers and the number of seeds.
@@ -1097,126 +1098,4 @@ int cmd_compare(int argc, char** argv) {
         fprintf(stderr, "lime compare: its output was closed (EPIPE) before the summary; the report is written: "
                 "%s/report.md\n", one_line(cs.dir).c_str());
     return 0;
-}
-
-// ===========================================================================
-// Analysis (docs/tasks.md, "./lime analyze")
-// ===========================================================================
-
-// Router weights (paper Section 5.4, Figure 5): for layer l and source layer
-// l', the mean |W[l][r, l'*R + r']| over r and r', each row normalised to sum
-// 1. Row l-1 holds layer l (layers 1..L-1); entries l' > l are NaN (no such source).
-// With --router-kv separate the mean runs over the key and the value router.
-std::vector<std::vector<double>> router_heatmap(const Model& model) {
-    const Config& c = model.c;
-    std::vector<std::vector<double>> rows;
-    for (int l = 1; l < c.L; l++) {
-        std::vector<double> row(c.L, NAN);
-        std::vector<const float*> routers;
-        for (const float* W : {model.p.layer[l].router, model.p.layer[l].router_v}) if (W) routers.push_back(W);
-        if (routers.empty()) continue;
-        int J = (l + 1) * c.R;
-        double total = 0;
-        for (int src = 0; src <= l; src++) {
-            double s = 0;
-            for (const float* W : routers)
-                for (int r = 0; r < c.R; r++)
-                    for (int rr = 0; rr < c.R; rr++) s += std::fabs(W[r * J + src * c.R + rr]);
-            row[src] = s / (routers.size() * c.R * c.R);
-            total += row[src];
-        }
-        for (int src = 0; src <= l; src++) row[src] /= total > 0 ? total : 1;
-        rows.push_back(row);
-    }
-    return rows;
-}
-
-// Eigenvalues of a symmetric n x n matrix (row-major, destroyed) by cyclic
-// Jacobi rotations: slow for big n, exact enough, and twenty lines.
-static std::vector<double> symmetric_eigenvalues(std::vector<double> a, int n) {
-    for (int sweep = 0; sweep < 100; sweep++) {
-        double off = 0;
-        for (int i = 0; i < n; i++)
-            for (int j = i + 1; j < n; j++) off += a[i * n + j] * a[i * n + j];
-        if (off < 1e-22) break;
-        for (int p = 0; p < n; p++)
-            for (int q = p + 1; q < n; q++) {
-                if (std::fabs(a[p * n + q]) < 1e-300) continue;
-                double theta = (a[q * n + q] - a[p * n + p]) / (2 * a[p * n + q]);
-                double t = (theta >= 0 ? 1 : -1) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
-                double c = 1 / std::sqrt(t * t + 1), s = t * c;
-                for (int k = 0; k < n; k++) {  // rotate columns p and q, then rows p and q
-                    double akp = a[k * n + p], akq = a[k * n + q];
-                    a[k * n + p] = c * akp - s * akq;
-                    a[k * n + q] = s * akp + c * akq;
-                }
-                for (int k = 0; k < n; k++) {
-                    double apk = a[p * n + k], aqk = a[q * n + k];
-                    a[p * n + k] = c * apk - s * aqk;
-                    a[q * n + k] = s * apk + c * aqk;
-                }
-            }
-    }
-    std::vector<double> ev(n);
-    for (int i = 0; i < n; i++) ev[i] = a[i * n + i];
-    return ev;
-}
-
-// Renyi entropy of order alpha of the spectrum of one sequence's z-scored
-// rows z (len, D): the eigenvalues of the Gram matrix Z Z^T, clamped at 0
-// and divided by their sum (the trace), then log(sum lambda^alpha) / (1 - alpha),
-// Shannon's -sum lambda log lambda at alpha = 1. The non-zero eigenvalues of
-// Z Z^T (len x len) are those of Z^T Z (D x D): the smaller one is formed.
-static double spectrum_entropy(const double* z, int len, int D, double alpha) {
-    int n = std::min(len, D);
-    std::vector<double> gram((size_t)n * n, 0);
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < n; j++)
-            for (int k = 0; k < (len <= D ? D : len); k++)  // rows i, j (len <= D) or columns i, j
-                gram[i * n + j] += len <= D ? z[(size_t)i * D + k] * z[(size_t)j * D + k]
-                                            : z[(size_t)k * D + i] * z[(size_t)k * D + j];
-    std::vector<double> ev = symmetric_eigenvalues(gram, n);
-    double trace = 0;
-    for (double& e : ev) { e = std::max(e, 0.0); trace += e; }
-    if (trace <= 0) return 0;
-    double h = 0;
-    if (std::fabs(alpha - 1) < 1e-9) {
-        for (double e : ev) if (e > 0) h -= (e / trace) * std::log(e / trace);
-        return h;
-    }
-    for (double e : ev) h += std::pow(e / trace, alpha);
-    return std::log(h) / (1 - alpha);
-}
-
-// Value entropy as the authors measure it (paper Section 5.2, their code):
-// x (N, T, D) holds one layer's vectors for N sequences, the first lens[s]
-// positions of sequence s real (the rest padding, left out). Each feature is
-// z-scored over every real position of every sequence, in float64, with the
-// standard deviation (dividing by the count) plus 1e-5; then each sequence's
-// entropy is spectrum_entropy; the result is their mean and sample std.
-EntropyStat layer_entropy(const float* x, int N, int T, int D, const std::vector<int>& lens, double alpha) {
-    std::vector<double> mean(D, 0), sd(D, 0);
-    double count = 0;
-    for (int s = 0; s < N; s++) count += lens[s];
-    for (int s = 0; s < N; s++)
-        for (int t = 0; t < lens[s]; t++)
-            for (int j = 0; j < D; j++) mean[j] += x[((size_t)s * T + t) * D + j] / count;
-    for (int s = 0; s < N; s++)
-        for (int t = 0; t < lens[s]; t++)
-            for (int j = 0; j < D; j++) {
-                double v = x[((size_t)s * T + t) * D + j] - mean[j];
-                sd[j] += v * v / count;
-            }
-    for (double& v : sd) v = std::sqrt(v) + 1e-5;
-    std::vector<double> per_seq, z;
-    for (int s = 0; s < N; s++) {
-        z.assign((size_t)lens[s] * D, 0);
-        for (int t = 0; t < lens[s]; t++)
-            for (int j = 0; j < D; j++) z[(size_t)t * D + j] = (x[((size_t)s * T + t) * D + j] - mean[j]) / sd[j];
-        per_seq.push_back(spectrum_entropy(z.data(), lens[s], D, alpha));
-    }
-    EntropyStat e;
-    e.mean = stats_mean(per_seq);
-    e.std = per_seq.size() > 1 ? stats_std(per_seq) : 0;
-    return e;
 }

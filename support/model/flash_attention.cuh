@@ -1,4 +1,4 @@
-// support/flash_attention.cuh — flash-style attention (Dao et al. 2022):
+// support/model/flash_attention.cuh — flash-style attention (Dao et al. 2022):
 // lime.cu's attention_forward/backward without storing the (B, H, T, T)
 // probabilities, for sequences long enough that those would not
 // fit (`--attention flash`, or `auto` when the matrix products' version does

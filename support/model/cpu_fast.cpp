@@ -1,4 +1,4 @@
-// support/cpu_fast.cpp — the fast CPU path: lime.cu's matrix product
+// support/model/cpu_fast.cpp — the fast CPU path: lime.cu's matrix product
 // (which also runs the KV router) and attention, blocked so that the compiler keeps the sums in vector
 // registers. Each function computes what the plain loop it names in lime.cu
 // computes (tests/test_model.cpp compares them on random shapes); read the
@@ -6,7 +6,7 @@
 //
 // Every sum runs in an order fixed by the shapes alone, never by the number of
 // threads, so that a resumed run is bit-exact.
-#include "support/cpu_fast.h"
+#include "support/model/cpu_fast.h"
 
 #include <algorithm>
 #include <cmath>

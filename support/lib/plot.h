@@ -1,4 +1,4 @@
-// plot.h — PNG figures for the slides: line plots (with shaded bands), grouped
+// support/lib/plot.h — PNG figures for the slides: line plots (with shaded bands), grouped
 // bar charts (with error bars) and heatmaps. No dependencies beyond stb
 // (stb_image_write for PNG, stb_easy_font for text), see plot.cpp.
 //

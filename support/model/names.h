@@ -1,0 +1,52 @@
+// support/model/names.h — the model on the command line: the names of
+// architectures, routers, attention kernels and whole models (parsed in
+// support/model/names.cpp, also from checkpoints' configs), and the device and
+// ModelSettings a command's flags choose (--device, --attention, --tf32,
+// --graph). The flags themselves are support/lib/cli.h's.
+#pragma once
+#include <string>
+
+#include "support/lib/cli.h"
+#include "support/model/lime.h"
+
+// Names on the command line and in checkpoints, parsed (support/model/names.cpp).
+bool arch_parse(const std::string& s, Arch* out);                // "lime", "llama" or "hc"
+bool router_parse(const std::string& s, Config* c);              // "static", "average", "last-J", "first-J"
+bool attention_parse(const std::string& s, Attention* out);      // "auto", "matmul", "flash"
+// A model as compare names it: "llama", "lime", "lime:last-2", "lime:average:separate"
+// (lime, then its router when not static, then ":separate" for --router-kv separate),
+// "hc", "hc:n2", "hc:static", "hc:n2:static" (Hyper-Connections: the rate when not 4, static when not dynamic).
+std::string model_name(const Config& c);
+// sets arch, the router fields, hc's rate and dynamic and entropy_reg: "lime:last-2",
+// "hc:n2:static", "llama:ereg=0.1", "lime:frozen:ereg=0.5"
+bool model_parse(const std::string& s, Config* c);
+
+inline Device pick_device(Args& a) {
+    std::string d = a.choice("device", {"auto", "cpu", "gpu"});
+    std::string why;
+    if (d == "cpu") return DEVICE_CPU;
+    bool ok = gpu_available(&why);
+    if (d == "gpu" && !ok) die(a.cmd, "--device gpu: " + why);
+    return ok ? DEVICE_GPU : DEVICE_CPU;
+}
+
+// --attention: how the GPU runs attention (ModelSettings in support/model/lime.h).
+#define ATTENTION_FLAG \
+    {"attention", "auto", "gpu: matmul (products around a stored T x T softmax, fast), flash (memory O(T), slower) or auto (matmul when it fits)"}
+// The settings a model is created with, from the flags this command has
+// (--attention, --tf32, --graph; the others keep their defaults), and the
+// memory the host can give, so that model_create refuses what would not fit.
+inline ModelSettings model_settings(Args& a) {
+    ModelSettings s;
+    if (a.values.count("tf32")) s.tf32 = a.integer("tf32", 0, 1) == 1;
+    if (a.values.count("attention")) attention_parse(a.choice("attention", {"auto", "matmul", "flash"}), &s.attention);
+    if (a.values.count("graph")) s.graph = a.integer("graph", 0, 1) == 1;
+    s.host_bytes = memory_available("/proc/meminfo");
+    // the flags that size the model in this command, for an out-of-memory line (SizeFlags)
+    bool shaped = a.cmd == "train" || a.cmd == "bench";  // the others load a checkpoint's shape
+    if (!shaped) s.flags.layers = s.flags.dim = s.flags.ffn = "";
+    if (a.cmd != "bench") s.flags.vocab = "";  // the task's
+    if (a.cmd != "bench" && !(a.cmd == "train" && a.str("task") == "text")) s.flags.seq_len = "";
+    if (!shaped && a.cmd != "eval") s.flags.batch = a.cmd == "analyze" ? "--n" : "";  // analyze's batch: its --n sequences
+    return s;
+}

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# tests/test_layers.sh — support/ is in layers, and the #include lines keep to them:
+#   support/lib/       a library: includes nothing of the project but support/lib/ itself
+#   support/harness/   CUDA on the CPU: nothing of the project but itself
+#   support/model/     the model's own parts: support/lib/ and support/model/
+#   support/commands/  the commands beyond train/eval/sample/data: lib, model, data/ and commands
+#   data/              the tasks: support/lib/ and data/ only
+#   lime.cu            the model: lib, model and the harness
+# (train.cpp, tests/ and labs/ may include any of them.) A file that breaks its
+# layer's rule fails with one line naming the file, the include and the rule;
+# the checker also runs on a planted breach, so that it cannot pass by reading nothing.
+cd "$(dirname "$0")/.." || exit 2
+source tests/lib.sh
+
+# The layer a file belongs to, and the prefixes its quoted includes may start with.
+allowed() {
+    case $1 in
+        support/lib/*)      echo "support/lib/" ;;
+        support/harness/*)  echo "support/harness/" ;;
+        support/model/*)    echo "support/lib/ support/model/" ;;
+        support/commands/*) echo "support/lib/ support/model/ support/commands/ data/" ;;
+        data/*)             echo "support/lib/ data/" ;;
+        lime.cu)            echo "support/lib/ support/model/ support/harness/" ;;
+        *)                  echo "any" ;;
+    esac
+}
+rule() {
+    case $1 in
+        support/lib/*)      echo "the library layer includes nothing of the project (support/lib/ only)" ;;
+        support/harness/*)  echo "the harness includes nothing of the project" ;;
+        support/model/*)    echo "the model's parts include support/lib/ and support/model/ only" ;;
+        support/commands/*) echo "the commands include support/lib/, support/model/, data/ and support/commands/ only" ;;
+        data/*)             echo "data/ includes support/lib/ and data/ only" ;;
+        lime.cu)            echo "lime.cu includes support/lib/, support/model/ and support/harness/ only" ;;
+    esac
+}
+
+# Prints one line per breach under directory $1 (a checkout); nothing when every include keeps its rule.
+breaches() {
+    local root=$1 f inc prefixes ok p
+    (cd "$root" && find support data lime.cu -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null | sort) |
+    while read -r f; do
+        prefixes=$(allowed "$f")
+        [ "$prefixes" = any ] && continue
+        sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$root/$f" | while read -r inc; do
+            ok=no
+            for p in $prefixes; do [[ $inc == "$p"* ]] && ok=yes; done
+            # a file beside this one, included by its bare name, is in the same folder
+            [[ $inc != */* && -e "$root/$(dirname "$f")/$inc" ]] && ok=yes
+            [ $ok = yes ] || echo "$f includes \"$inc\": $(rule "$f")"
+        done
+    done
+}
+
+# Every folder of support/ is one of the layers, with its README.
+for dir in support/*/; do
+    dir=${dir%/}
+    case $dir in support/lib|support/harness|support/model|support/commands) ;;
+        *) fail "support_folders_are_layers" "$dir is not a layer this test knows (lib, harness, model, commands): add its rule to tests/test_layers.sh"; continue ;;
+    esac
+    if [ -s "$dir/README.md" ]; then pass "${dir//\//_}_has_a_readme"; else fail "${dir//\//_}_has_a_readme" "$dir/README.md is missing or empty"; fi
+done
+loose=$(find support -maxdepth 1 -type f | sort | tr '\n' ' ')
+if [ -z "$loose" ]; then pass support_files_are_in_layer_folders; else fail support_files_are_in_layer_folders "files outside the layer folders: $loose"; fi
+
+found=$(breaches .)
+if [ -z "$found" ]; then pass includes_keep_to_their_layers
+else fail includes_keep_to_their_layers "$(echo "$found" | head -1)$( [ "$(echo "$found" | wc -l)" -gt 1 ] && echo " (and $(($(echo "$found" | wc -l) - 1)) more: bash tests/test_layers.sh)")"
+    echo "$found" | tail -n +2 | sed 's/^/    /'
+fi
+
+# The checker itself, on a copy with a planted breach: a library file that includes the model.
+plant=$tmp/planted  # lib.sh's scratch directory, removed on exit
+mkdir -p "$plant/support/lib" "$plant/support/model" "$plant/data"
+printf '#include <string>\n#include "support/lib/ok.h"\n' > "$plant/support/lib/ok.h"
+printf '#include "support/model/lime.h"\n' > "$plant/support/lib/bad.h"
+printf '#include "support/lib/ok.h"\n#include "support/commands/commands.h"\n' > "$plant/data/task.cpp"
+got=$(breaches "$plant")
+want='data/task.cpp includes "support/commands/commands.h": data/ includes support/lib/ and data/ only
+support/lib/bad.h includes "support/model/lime.h": the library layer includes nothing of the project (support/lib/ only)'
+if [ "$got" = "$want" ]; then pass checker_finds_a_planted_breach
+else fail checker_finds_a_planted_breach "on a planted breach it printed: ${got:-nothing}"; fi
+
+summary
