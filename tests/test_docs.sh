@@ -42,7 +42,7 @@ check_document README.md
 # next closing brace in column 0) calls b.
 body_of() {
     awk -v f="$1" '!inside && $0 ~ "^[A-Za-z].*[ *&]" f "\\(" && $0 !~ ";[[:space:]]*$" { inside = 1 }
-                   inside { print } inside && /^}/ { inside = 0 }' lime.cu train.cpp support/*.cpp support/*.cuh
+                   inside { print } inside && /^}/ { inside = 0 }' lime.cu train.cpp support/*/*.cpp support/*/*.cuh
 }
 hops=$(sed -n '/^From the training loop into the router/,/^$/p' README.md | grep -oE '`[A-Za-z_]+`( → `[A-Za-z_]+`)+' |
     tr -d '`' | awk -F' → ' '{ for (i = 1; i < NF; i++) print $i, $(i + 1) }')
