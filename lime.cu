@@ -2569,13 +2569,12 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         op_rmsnorm_forward(model, la.attn_in, la.rstd_a, a_in, w.g_attn, N);
         op_matmul_forward(model, la.q, la.attn_in, w.Wq, N, d, qd);  // (B, T, H, hd)
         kv_projection_forward(model, la.K, A->dkr, la.attn_in, w.Wk, N);  // (R, B, T, hd) into the buffer
-        kv_projection_forward(model, la.V, A->dkr, la.attn_in, w.Wv, N);  // (dkr: backward's, free here)
-        if (model->ereg_on) {  // the value-entropy regulariser: this layer's S2 per sequence, from V as (B, T, R*hd)
-            float* Vt = A->ereg_V + (size_t)l * N * kvd;
-            op_kv_transpose(model, Vt, la.V, N, true, false);
+        // (dkr: backward's, free here); with the regulariser V's token-major product is kept, in ereg_V
+        float* Vt = model->ereg_on ? A->ereg_V + (size_t)l * N * kvd : A->dkr;  // (B, T, R*hd)
+        kv_projection_forward(model, la.V, Vt, la.attn_in, w.Wv, N);
+        if (model->ereg_on)  // the value-entropy regulariser: this layer's S2 per sequence, from V as (B, T, R*hd)
             op_ereg_forward(model, A->ereg_stat + (size_t)l * B * 4, A->ereg_mu + (size_t)l * B * kvd,
                             A->ereg_G + (size_t)l * B * kvd * kvd, Vt, A->valid, B, T);
-        }
         const float* vr = la.V;
         if (has_router(c, l)) {  // LIMe: mix the buffer of layers 0..l
             op_router_forward(model, la.kr, la.vr, w.router, value_router(w), A->Kbuf, A->Vbuf, l, N);
@@ -2670,18 +2669,16 @@ static void backward_pass(Model* model, int B, int T) {
         } else {
             op_add(model, dK, A->dkr, kv_layer);
         }
-        // forward: loss -= entropy_reg * mean S2, S2 from V (the regulariser)
-        if (model->ereg_on) {  // its gradient (B, T, R*hd) in dvr (free by now), then into dV (R, B, T, hd)
-            op_zero(model, A->dvr, kv_layer);
-            op_ereg_backward(model, A->dvr, A->ereg_V + l * kv_layer, A->valid, A->ereg_mu + (size_t)l * B * kvd,
-                             A->ereg_G + (size_t)l * B * kvd * kvd, A->ereg_stat + (size_t)l * B * 4, B, T);
-            op_kv_transpose(model, dV, A->dvr, N, false, true);
-        }
         // forward: q = a Wq^T, K = a Wk^T, V = a Wv^T, a = rmsnorm(x)
         op_zero(model, A->dnorm, (size_t)N * d);
         op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd);
         kv_projection_backward(model, A->dnorm, gw.Wk, A->dkr, dK, la.attn_in, w.Wk, N);  // (dkr, dvr: free now)
-        kv_projection_backward(model, A->dnorm, gw.Wv, A->dvr, dV, la.attn_in, w.Wv, N);
+        op_kv_transpose(model, A->dvr, dV, N, true, false);  // dV as (B, T, R*hd), as kv_projection_backward
+        // forward: loss -= entropy_reg * mean S2, S2 from V (the regulariser): its gradient joins V's here
+        if (model->ereg_on)
+            op_ereg_backward(model, A->dvr, A->ereg_V + l * kv_layer, A->valid, A->ereg_mu + (size_t)l * B * kvd,
+                             A->ereg_G + (size_t)l * B * kvd * kvd, A->ereg_stat + (size_t)l * B * 4, B, T);
+        op_matmul_backward(model, A->dnorm, gw.Wv, A->dvr, la.attn_in, w.Wv, N, d, kvd);
         op_rmsnorm_backward(model, hc ? A->hc_dM : A->dx, gw.g_attn, A->dnorm, hc ? ha.M : la.x, w.g_attn, la.rstd_a,
                             N);
         if (hc) hc_input_backward(model, A->dx, ha, la.x, P.hc[2 * l], G.hc[2 * l], N);  // dx is now d x[l]
