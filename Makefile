@@ -209,18 +209,28 @@ test-asan:
 FUZZ_SECONDS ?= 60
 FUZZ_CXX  ?= clang++
 FUZZFLAGS = -std=c++17 -O1 -g -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Wno-unknown-pragmas -Wno-format-security
+# Each source compiled once, to build/fuzz/ (the fuzzers share the objects,
+# and make -j2 compiles them side by side), then linked per target.
 FUZZ_ST_SRC = support/lib/safetensors.cpp support/model/checkpoint.cpp support/lib/cli.cpp support/model/cpu_fast.cpp support/model/names.cpp
-$(B)/fuzz_safetensors: tests/fuzz_safetensors.cpp $(FUZZ_ST_SRC) lime.cu $(HEADERS) | $(B)
-	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_safetensors.cpp $(FUZZ_ST_SRC) -x c++ lime.cu -o $@
 FUZZ_TASK_SRC = data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp support/lib/safetensors.cpp
-$(B)/fuzz_tasks: tests/fuzz_tasks.cpp $(FUZZ_TASK_SRC) $(HEADERS) data/prosqa.h | $(B)
-	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_tasks.cpp $(FUZZ_TASK_SRC) -o $@
+fuzz_objs = $(addprefix $(B)/fuzz/,$(1:.cpp=.o))
+$(B)/fuzz/%.o: %.cpp $(HEADERS) data/prosqa.h labs/lab5/report.h | $(B)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZFLAGS) -c $< -o $@
+$(B)/fuzz/lime.o: lime.cu $(HEADERS) | $(B)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZFLAGS) -x c++ -c lime.cu -o $@
+$(B)/fuzz/tests/fuzz_reference.o: train.cpp
+$(B)/fuzz_safetensors: $(call fuzz_objs,tests/fuzz_safetensors.cpp $(FUZZ_ST_SRC)) $(B)/fuzz/lime.o
+	$(FUZZ_CXX) $(FUZZFLAGS) $^ -o $@
+$(B)/fuzz_tasks: $(call fuzz_objs,tests/fuzz_tasks.cpp $(FUZZ_TASK_SRC))
+	$(FUZZ_CXX) $(FUZZFLAGS) $^ -o $@
 # ./lime verify's reader of reference files: train.cpp itself, with everything it links.
-$(B)/fuzz_reference: tests/fuzz_reference.cpp train.cpp $(HOST_SRC) lime.cu $(HEADERS) | $(B)
-	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_reference.cpp $(HOST_SRC) -x c++ lime.cu -o $@
+$(B)/fuzz_reference: $(call fuzz_objs,tests/fuzz_reference.cpp $(HOST_SRC)) $(B)/fuzz/lime.o
+	$(FUZZ_CXX) $(FUZZFLAGS) $^ -o $@
 # Lab 5's grader of the answers, the report and the heatmap (labs/lab5/report.h).
-$(B)/fuzz_lab5: tests/fuzz_lab5.cpp labs/lab5/report.h | $(B)
-	$(FUZZ_CXX) $(FUZZFLAGS) tests/fuzz_lab5.cpp -o $@
+$(B)/fuzz_lab5: $(call fuzz_objs,tests/fuzz_lab5.cpp)
+	$(FUZZ_CXX) $(FUZZFLAGS) $^ -o $@
 FUZZ_BINS = $(B)/fuzz_safetensors $(B)/fuzz_tasks $(B)/fuzz_reference $(B)/fuzz_lab5
 fuzz: $(FUZZ_BINS)
 	bash tests/run_fuzz.sh $(FUZZ_SECONDS) $(FUZZ_BINS)

@@ -26,8 +26,8 @@ run_group() {  # run_group LOG SUITE...: each suite's FAIL/SKIP lines and summar
     done
     echo "status $failed" >> "$log"
 }
-run_group "$logs/group1" build/test_cpu_asan "bash tests/test_cli.sh" &
-run_group "$logs/group2" "bash tests/test_flags.sh" "bash tests/test_faults.sh" "bash tests/test_hostile.sh"
+run_group "$logs/group1" "bash tests/test_cli.sh" "bash tests/test_hostile.sh" &
+run_group "$logs/group2" build/test_cpu_asan "bash tests/test_flags.sh" "bash tests/test_faults.sh"
 wait
 failed=0
 for g in "$logs/group1" "$logs/group2"; do
