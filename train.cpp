@@ -1457,6 +1457,7 @@ struct BenchSetup {
 
 struct BenchResult {
     double ms = 0, tok_s = 0;
+    double cpu_ms = 0;                  // the process's CPU time per step (all threads), in ms
     double mfu = 0;                     // model FLOPs utilisation against the device's peak (GPU)
     double model_gb = 0, device_gb = 0; // GPU memory: the model's allocations; the most device memory it added
     std::string attention;              // matmul or flash on the GPU, cpu on the CPU
@@ -1483,11 +1484,12 @@ static BenchResult bench_one(const BenchSetup& b, const Config& c) {
     model_sync(&model);
     // the device memory all this took (cuBLAS, graphs included): after the warm-up and again after the timed steps
     double added_gb = on_gpu && gpu_info(&after) ? ((double)before.free_bytes - (double)after.free_bytes) / 1e9 : 0;
-    double t0 = now_ms();
+    double t0 = now_ms(), c0 = cpu_ms();
     for (int i = 0; i < b.steps; i++) step();
     model_sync(&model);
     BenchResult r;
     r.ms = (now_ms() - t0) / b.steps;
+    r.cpu_ms = (cpu_ms() - c0) / b.steps;
     r.tok_s = (double)b.B * c.T / (r.ms / 1000);
     if (b.peak_tflops > 0) r.mfu = flops_per_token(c, c.T) * r.tok_s / (b.peak_tflops * 1e12);
     if (on_gpu && gpu_info(&after)) {
@@ -1520,7 +1522,8 @@ static void print_bench_json(const BenchSetup& b, const BenchResult& llama, cons
     Json null_;  // the GPU's numbers off a GPU
     auto one = [&](const BenchResult& r, const Config& rc) {
         Json o;
-        o.add_num("ms_per_step", r.ms).add_num("tokens_per_s", r.tok_s).add_num("flops_per_token", flops_per_token(rc, b.c.T));
+        o.add_num("ms_per_step", r.ms).add_num("tokens_per_s", r.tok_s).add_num("flops_per_token", flops_per_token(rc, b.c.T))
+            .add_num("cpu_ms_per_step", r.cpu_ms);
         if (b.on_gpu) o.add_num("mfu", r.mfu).add_num("model_gb", r.model_gb).add_num("peak_device_gb", r.device_gb);
         else o.add("mfu", null_).add("model_gb", null_).add("peak_device_gb", null_);
         return o.add_str("attention", r.attention);
@@ -1547,7 +1550,8 @@ static void print_bench_json(const BenchSetup& b, const BenchResult& llama, cons
             .add_num("memory_hc_over_llama", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
     if (reg > 0)  // --entropy-reg: llama and lime timed with the regulariser too
         s.add_num("entropy_reg", reg).add_num("llama_reg_ms_per_step", llama_reg.ms)
-            .add_num("lime_reg_ms_per_step", lime_reg.ms);
+            .add_num("lime_reg_ms_per_step", lime_reg.ms).add_num("llama_reg_cpu_ms_per_step", llama_reg.cpu_ms)
+            .add_num("lime_reg_cpu_ms_per_step", lime_reg.cpu_ms);
     printf("%s\n", json_write(s).c_str());
 }
 

@@ -5,7 +5,9 @@
 # machine's load falls on all); each run times llama and lime without the
 # regulariser, each followed by the same model with it. Prints per binary,
 # config and model the median ms/step without and with it, and the median over
-# rounds of (with / without - 1): the regulariser's share of a step.
+# rounds of (with / without - 1): the regulariser's share of a step; then the
+# same for the process's CPU time per step (all threads), which other programs
+# on the machine disturb less than the wall clock.
 # Not part of `make test` (it measures, it checks nothing).
 #
 #   bash tests/bench_ereg.sh [ROUNDS] [LAMBDA] [THREADS] [BINARY...]
@@ -34,25 +36,32 @@ for ((r = 1; r <= rounds; r++)); do
             for m in llama lime; do
                 off=$(echo "$out" | sed -n "s/.*\"$m\": {\"ms_per_step\": \([0-9.e+-]*\).*/\1/p")
                 on=$(echo "$out" | sed -n "s/.*\"${m}_reg_ms_per_step\": \([0-9.e+-]*\).*/\1/p")
-                [ -n "$off" ] && [ -n "$on" ] || { echo "bench_ereg: no ms_per_step for $m in: $out"; exit 1; }
-                echo "$k ${c%%:*} $m $off $on" >> "$tmp"
+                coff=$(echo "$out" | sed -n "s/.*\"$m\": {[^}]*\"cpu_ms_per_step\": \([0-9.e+-]*\).*/\1/p")
+                con=$(echo "$out" | sed -n "s/.*\"${m}_reg_cpu_ms_per_step\": \([0-9.e+-]*\).*/\1/p")
+                [ -n "$off" ] && [ -n "$on" ] && [ -n "$coff" ] && [ -n "$con" ] ||
+                    { echo "bench_ereg: no ms_per_step for $m in: $out"; exit 1; }
+                echo "$k ${c%%:*} $m $off $on $coff $con" >> "$tmp"
             done
         done
     done
 done
 echo "load after: $(uptime | sed 's/.*load average/load average/')"
 med() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
-printf "%-20s %-5s %-6s %12s %12s %8s  %s\n" binary config model "ms/step off" "ms/step on" "on/off-1" \
-    "(median of the rounds'; each round's)"
-for k in "${!bins[@]}"; do
-    for c in "${configs[@]}"; do
-        for m in llama lime; do
-            rows=$(grep "^$k ${c%%:*} $m " "$tmp")
-            off=$(echo "$rows" | awk '{print $4}' | med); on=$(echo "$rows" | awk '{print $5}' | med)
-            ratio=$(echo "$rows" | awk '{printf "%.4f\n", $5 / $4 - 1}' | med)
-            each=$(echo "$rows" | awk '{printf "%+.1f%% ", 100 * ($5 / $4 - 1)}')
-            awk -v b="${bins[$k]}" -v c="${c%%:*}" -v m="$m" -v o="$off" -v n="$on" -v r="$ratio" -v e="$each" \
-                'BEGIN { printf "%-20s %-5s %-6s %12.2f %12.2f %+7.1f%%  %s\n", b, c, m, o, n, 100 * r, e }'
+table() {  # $1: the name of the clock, $2 $3: the columns of its off and on
+    printf "%-20s %-5s %-6s %12s %12s %8s  %s\n" binary config model "$1 off" "$1 on" "on/off-1" \
+        "(median of the rounds'; each round's)"
+    for k in "${!bins[@]}"; do
+        for c in "${configs[@]}"; do
+            for m in llama lime; do
+                rows=$(grep "^$k ${c%%:*} $m " "$tmp")
+                off=$(echo "$rows" | awk -v i="$2" '{print $i}' | med); on=$(echo "$rows" | awk -v i="$3" '{print $i}' | med)
+                ratio=$(echo "$rows" | awk -v i="$2" -v j="$3" '{printf "%.4f\n", $j / $i - 1}' | med)
+                each=$(echo "$rows" | awk -v i="$2" -v j="$3" '{printf "%+.1f%% ", 100 * ($j / $i - 1)}')
+                awk -v b="${bins[$k]}" -v c="${c%%:*}" -v m="$m" -v o="$off" -v n="$on" -v r="$ratio" -v e="$each" \
+                    'BEGIN { printf "%-20s %-5s %-6s %12.2f %12.2f %+7.1f%%  %s\n", b, c, m, o, n, 100 * r, e }'
+            done
         done
     done
-done
+}
+table "wall ms" 4 5
+table "cpu ms" 6 7

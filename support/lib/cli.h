@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdarg>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -202,6 +203,13 @@ inline void set_threads(Args& a) {
 inline double now_ms() {
     using namespace std::chrono;
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+// CPU time this process has used, all its threads together, in milliseconds:
+// less disturbed by other programs on the machine than the wall clock.
+inline double cpu_ms() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 // printf into a std::string: strf for any values (as long as the text is:
