@@ -267,6 +267,18 @@ else
     fail bench_json_on_the_cpu "$out"
 fi
 
+# --- bench --entropy-reg: llama and lime each beside itself with the regulariser, a ratio per model
+out=$($LIME bench --json --device cpu --layers 1 --dim 8 --heads 2 --ffn 16 --vocab 11 --batch 2 --seq-len 4 \
+      --steps 3 --threads 1 --entropy-reg 0.1 2>&1)
+ok=1
+for m in llama lime; do
+    for key in ${m}_pair_ms_per_step ${m}_reg_ms_per_step ${m}_reg_over_plain; do
+        echo "$out" | grep -qE "\"$key\": [0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?[,}]" || ok=0
+    done
+done
+echo "$out" | grep -q '"entropy_reg": 0.1' || ok=0
+if [ $ok -eq 1 ]; then pass bench_entropy_reg_times_pairs; else fail bench_entropy_reg_times_pairs "$out"; fi
+
 # --- tests/run_gpu.sh: a probe that fails where nvidia-smi lists a GPU is a failure, not a skip
 # (a fake nvidia-smi on the PATH; the harness build pretends to have no device)
 if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
