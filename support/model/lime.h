@@ -126,6 +126,7 @@ struct GpuState;   // device mirrors, defined in lime.cu's GPU part
 // row instead (memory O(T), slower; head dims up to 128); auto: matmul when it
 // fits in GPU memory, else flash.
 enum Attention { ATTENTION_AUTO = 0, ATTENTION_MATMUL = 1, ATTENTION_FLASH = 2 };
+static const int FLASH_MAX_HD = 128;  // the widest head the flash kernels handle (support/model/flash_attention.cuh)
 
 // The flags that set a model's sizes in the command that makes it ("" where it
 // has none: eval cannot change a checkpoint's shape). A model that does not fit
