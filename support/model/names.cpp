@@ -1,6 +1,8 @@
 // support/model/names.cpp — the model's names on the command line and in
 // checkpoints' configs: architectures, routers, attention kernels, and a whole
-// model as compare names it ("lime:last-2", "hc:n2:static", "llama:ereg=0.1").
+// model as compare names it ("lime:last-2", "hc:n2:static", "llama:ereg=0.1");
+// and the flags that shape a model, which train and bench share (SHAPE_FLAGS,
+// shape_from_args).
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -101,4 +103,49 @@ bool model_parse(const std::string& name, Config* c) {
         at = end + 1;
     }
     return true;
+}
+
+const std::vector<FlagSpec> SHAPE_FLAGS = {
+    {"arch", "lime", "llama, lime or hc (Hyper-Connections, the paper's other baseline)"},
+    {"layers", "4", "L, transformer layers"},
+    {"dim", "32", "d, model width"},
+    {"heads", "4", "H, query heads"},
+    {"kv-heads", "", "R, key/value heads (default: --heads, full attention)"},
+    {"ffn", "", "F, SwiGLU hidden size (default: 3 * dim)"},
+    {"router", "static", "lime's router: static (Eq. 2), average, last-J or first-J (paper Table 7)"},
+    {"router-kv", "shared", "lime: one router for keys and values (shared) or one each (separate)"},
+    {"router-weights", "learned", "lime: learned, or frozen (the control: routers keep their initial values)"},
+    {"hc-rate", "4", "hc: n, the number of residual streams (1 .. 16)"},
+    {"hc-dynamic", "1", "hc: 1 adds the per-token correction of the mixing weights, 0 keeps them static"},
+    {"entropy-reg", "0", "lambda of the value-entropy regulariser: loss - lambda * mean S2 of each layer's values (0: off)"},
+};
+
+// The model's shape from the shape flags (V and T come from the task or --vocab, --seq-len).
+// one_model: the flags shape one model (train); bench shapes three from them, so
+// its --hc-rate and --hc-dynamic go to its hc beside a lime.
+Config shape_from_args(Args& a, bool one_model) {
+    Config c;
+    std::string arch = a.choice("arch", {"llama", "lime", "hc"});
+    arch_parse(arch, &c.arch);
+    c.L = (int)a.integer("layers", 1, 256);
+    c.d = (int)a.integer("dim", 2, 65536);
+    c.H = (int)a.integer("heads", 1, 1024);
+    c.R = a.has("kv-heads") ? (int)a.integer("kv-heads", 1, 1024) : c.H;
+    c.F = a.has("ffn") ? (int)a.integer("ffn", 1, 1 << 20) : 3 * c.d;
+    c.hd = c.d / c.H;
+    if (!router_parse(a.str("router"), &c))
+        a.fail("--router '" + a.str("router") +
+               "' is not one of static|average|last-J|first-J (J: layers, e.g. last-2)");
+    c.router_kv_separate = a.choice("router-kv", {"shared", "separate"}) == "separate";
+    c.router_frozen = a.choice("router-weights", {"learned", "frozen"}) == "frozen";
+    c.entropy_reg = (float)a.number("entropy-reg", 0, 1e6);
+    if (c.arch == ARCH_LLAMA && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
+        a.fail("--router, --router-kv and --router-weights are for --arch lime: llama has no router");
+    if (c.arch == ARCH_HC && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
+        a.fail("--router, --router-kv and --router-weights are for --arch lime: hc has no router");
+    if (one_model && c.arch != ARCH_HC && (a.has("hc-rate") || a.has("hc-dynamic")))
+        a.fail("--hc-rate and --hc-dynamic are for --arch hc: " + arch + " has one residual stream");
+    c.hc_rate = (int)a.integer("hc-rate", 1, 16);
+    c.hc_dynamic = a.choice("hc-dynamic", {"0", "1"}) == "1";
+    return c;
 }
