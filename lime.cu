@@ -13,18 +13,33 @@
 // widens the residual stream into n streams; its ops replace the sublayer's
 // input and its residual add, the `if (hc)` lines of the same passes.
 //
-// Read it top to bottom:
-//   1. the config and the parameters (param_specs: every tensor, its HF name
-//      and its AdamW group), then the activations (Acts);
-//   2. the ops, one section each: its math with shapes, the plain CPU loops
+// Read it top to bottom; its parts, in this order:
+//   1. the config and the parameters: the router variants' fixed weights
+//      (router_sources), param_specs (every tensor, its HF name and its AdamW
+//      group), params_carve; then the activations (Acts, carved from one
+//      allocation by acts_carve);
+//   2. where the ops run: sums in a fixed order, the CUDA checking macros and
+//      the kernels' helpers (ceil_div, warp_sum, block_sum), DISPATCH (the one
+//      `if` between the devices);
+//   3. the GPU runtime, one #include (support/model/gpu_runtime.cuh: GpuState,
+//      Metrics, staging, graph capture, stream_of, pass_acts): no op in it;
+//   4. the ops, one section each: its math with shapes, the plain CPU loops
 //      (forward, then backward restating the forward line it differentiates),
 //      the CUDA kernel and its launcher, and the op's dispatcher op_*();
-//      in order: matrix products, embedding, RMSNorm, RoPE, the KV router,
-//      Hyper-Connections, attention, SwiGLU, cross-entropy, the value-entropy
-//      regulariser (a loss term, --entropy-reg), AdamW;
-//   3. forward_pass, backward_pass and update_pass: the model, written once
+//      in order: matrix products (with the copies, zeros and the KV buffer's
+//      transpose), embedding, RMSNorm, RoPE, the KV router, Hyper-Connections,
+//      attention, SwiGLU, cross-entropy, the value-entropy regulariser (a loss
+//      term, --entropy-reg), AdamW;
+//   5. forward_pass, backward_pass and update_pass: the model, written once
 //      for both devices and both architectures;
-//   4. the public calls (support/model/lime.h), then the GPU's memory and staging.
+//   6. the public calls (support/model/lime.h): model_create (with the memory
+//      estimate, support/model/memory_check.h), model_init, model_forward,
+//      model_probe, model_train_step, ..., and the training guard
+//      model_first_nonfinite.
+// Elsewhere: the config's names and checks (config_check) are
+// support/model/names.cpp, the cost model (flops_per_token, bytes_per_token)
+// support/model/cost.cpp, the flash attention kernels
+// support/model/flash_attention.cuh (included in the attention section).
 // What runs, from train.cpp's train_loop to the router's products (README,
 // "Reading the code"; tests/test_docs.sh checks each hop):
 //   train_loop -> take_step -> model_train_step -> forward_pass
@@ -94,53 +109,6 @@ static const bool FAST_CPU = true;
 // ===========================================================================
 // Config and parameters
 // ===========================================================================
-
-const char* arch_name(Arch a) { return a == ARCH_LIME ? "lime" : a == ARCH_HC ? "hc" : "llama"; }
-
-std::string router_name(const Config& c) {
-    switch (c.router) {
-    case ROUTER_AVERAGE: return "average";
-    case ROUTER_LAST: return "last-" + std::to_string(c.router_j);
-    case ROUTER_FIRST: return "first-" + std::to_string(c.router_j);
-    default: return "static";
-    }
-}
-
-std::string config_check(const Config& c) {
-    char buf[256];
-    auto fail = [&](const char* fmt, auto... args) {
-        snprintf(buf, sizeof buf, fmt, args...);
-        return std::string(buf);
-    };
-    if (c.V < 1) return fail("vocabulary size %d must be at least 1", c.V);
-    if (c.L < 1) return fail("--layers %d must be at least 1", c.L);
-    // the flags' limits, asked of every config (a checkpoint's too) before anything is sized by it
-    if (c.L > 256 || c.d > 65536 || c.H > 1024 || c.R > 1024 || c.F > (1 << 20) || c.V > (1 << 24) || c.T > (1 << 20))
-        return fail("layers %d, dim %d, heads %d, kv-heads %d, ffn %d, vocab %d or positions %d is past this program's "
-                    "limits (256, 65536, 1024, 1024, 1048576, 16777216, 1048576)", c.L, c.d, c.H, c.R, c.F, c.V, c.T);
-    if (c.d < 2 || c.H < 1 || c.R < 1)
-        return fail("--dim %d, --heads %d and --kv-heads %d must be positive", c.d, c.H, c.R);
-    if (c.d % c.H)
-        return fail("--dim %d is not divisible by --heads %d; pick a width that is a multiple of the heads", c.d, c.H);
-    if (c.H % c.R)
-        return fail(
-            "--heads %d is not divisible by --kv-heads %d; each kv head must serve a whole group of query heads", c.H,
-            c.R);
-    if (c.hd != c.d / c.H) return fail("head size %d differs from dim / heads = %d", c.hd, c.d / c.H);
-    if (c.hd % 2) return fail("head size dim / heads = %d is odd; RoPE rotates pairs, choose an even head size", c.hd);
-    if (c.F < 1) return fail("--ffn %d must be at least 1", c.F);
-    if (c.T < 1) return fail("--seq-len %d must be at least 1", c.T);
-    if (!(c.rope_theta > 0) || !(c.eps > 0)) return fail("rope_theta and rms_norm_eps must be positive");
-    if (c.arch != ARCH_LIME && (c.router != ROUTER_STATIC || c.router_kv_separate || c.router_frozen))
-        return fail("--router and --router-kv are for --arch lime: %s has no router", arch_name(c.arch));
-    if (c.arch == ARCH_HC && (c.hc_rate < 1 || c.hc_rate > 16))
-        return fail("--hc-rate %d must be 1 .. 16 (the number of residual streams; the paper's is 4)", c.hc_rate);
-    if (!(c.entropy_reg >= 0) || !std::isfinite(c.entropy_reg))
-        return fail("--entropy-reg %g must be a finite number >= 0 (0: no regulariser)", (double)c.entropy_reg);
-    if ((c.router == ROUTER_LAST || c.router == ROUTER_FIRST) && (c.router_j < 1 || c.router_j > c.L))
-        return fail("--router %s: J must be 1 .. %d (the number of layers)", router_name(c).c_str(), c.L);
-    return "";
-}
 
 // --- router variants (paper Appendix D, Table 7) -----------------------------
 // Each variant is the static router of Eq. 2 with some of its weights held
@@ -2759,11 +2727,7 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
         float* logits = (float*)calloc((size_t)B * c.T * c.V, sizeof(float));
         if (!logits) return "out of memory allocating the host copy of the logits";
         model->acts->mem = model->acts->logits = logits;
-#ifdef LIME_GPU
-        return gpu_create(model);
-#else
-        return NO_GPU_BUILD;
-#endif
+        return gpu_create(model);  // (a build without the GPU: NO_GPU_BUILD)
     }
     size_t na = acts_carve(model->acts, c, B, nullptr);
     float* mem = (float*)calloc(na, sizeof(float));
@@ -2777,9 +2741,7 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
 }
 
 void model_free(Model* model) {
-#ifdef LIME_GPU
     if (model->gpu) gpu_free(model);
-#endif
     if (model->acts) { free(model->acts->mem); delete model->acts; }
     free(model->params);
     model->acts = nullptr;
@@ -2863,13 +2825,10 @@ static void stage(Model* model, const int* tokens, const int* targets, const flo
                   bool numbers) {
     if (tokens) ids_check(tokens, N, model->c.V, "token id");
     if (targets) ids_check(targets, N, model->c.V, "target");
-#ifdef LIME_GPU
     if (model->device == DEVICE_GPU) {
         gpu_stage(model, tokens, targets, mask, valid, N, numbers ? &model->numbers : nullptr);
         return;
     }
-#endif
-    (void)numbers;
     Acts* A = model->acts;
     if (tokens) memcpy(A->tokens, tokens, N * sizeof(int));
     if (targets) memcpy(A->targets, targets, N * sizeof(int));
@@ -2885,14 +2844,7 @@ float model_forward(Model* model, const int* tokens, const int* targets, const f
     model->ereg_on = model->c.entropy_reg > 0 && valid && targets;  // eval (no valid mask): the plain cross-entropy
     stage(model, tokens, targets, mask, valid, B * T, false);
     forward_pass(model, B, T, targets != nullptr);
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) {  // the logits to the host, for model_logits; waits for the device
-        size_t n = (size_t)B * T * model->c.V;
-        cudaCheck(cudaMemcpyAsync(model->acts->logits, model->gpu->acts.logits, n * sizeof(float),
-                                  cudaMemcpyDeviceToHost, model->gpu->stream));
-        gpu_read_metrics(model);
-    }
-#endif
+    if (model->device == DEVICE_GPU) gpu_read_forward(model, (size_t)B * T * model->c.V);  // waits for the device
     if (!targets) model->last_loss = 0;
     if (!model->ereg_on) model->last_ce = model->last_loss, model->last_s2 = 0;
     return model->last_loss;
@@ -2910,24 +2862,10 @@ const float* model_probe(Model* model, Probe what, int l) {
     size_t n = BT * (what == PROBE_HIDDEN ? c.d : c.R * c.hd), streams = what == PROBE_HIDDEN ? hc_streams(c) : 1;
     bool routed = what == PROBE_VALUES && has_router(c, l);
     size_t at = what == PROBE_HIDDEN ? (l + 1) * streams * n : l * n;  // x[l + 1]: the stream leaving layer l
-    const float* src = nullptr;
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) {
-        const Acts& D = model->gpu->acts;
-        const float* dev = what == PROBE_HIDDEN ? D.x : routed ? D.vr : D.Vbuf;
-        model->host_copy.resize((streams + 1) * n);  // room for the values' transpose, or the streams' sum
-        // on the model's stream, behind the queued step (a plain cudaMemcpy, on the legacy stream,
-        // would not wait for it: that stream is non-blocking), then waited for
-        cudaCheck(cudaMemcpyAsync(model->host_copy.data(), dev + at, streams * n * sizeof(float), cudaMemcpyDeviceToHost,
-                                  model->gpu->stream));
-        cudaCheck(cudaStreamSynchronize(model->gpu->stream));
-        src = model->host_copy.data();
-    }
-#endif
-    if (!src) {
-        const Acts* A = model->acts;
-        src = (what == PROBE_HIDDEN ? A->x : routed ? A->vr : A->Vbuf) + at;
-    }
+    const Acts* A = pass_acts(model);
+    const float* src = (what == PROBE_HIDDEN ? A->x : routed ? A->vr : A->Vbuf) + at;
+    // on the GPU into model->host_copy, with room for the values' transpose or the streams' sum
+    if (model->device == DEVICE_GPU) src = gpu_probe_copy(model, src, streams * n, (streams + 1) * n);
     if (what != PROBE_HIDDEN) {  // the buffer's (R, B, T, hd), as (B, T, R, hd)
         model->host_copy.resize(2 * n);
         kv_transpose(model->host_copy.data() + n, src, (int)BT, c.R, c.hd, true, false);
@@ -2948,9 +2886,7 @@ float model_update(Model* model, const AdamWConfig& opt, float factor) {
     model->numbers = adamw_numbers(opt, factor, model->step);
     stage(model, nullptr, nullptr, nullptr, nullptr, 0, true);
     update_pass(model);
-#ifdef LIME_GPU
     if (model->device == DEVICE_GPU) gpu_read_metrics(model);  // waits for the device
-#endif
     return model->last_norm;
 }
 
@@ -2962,23 +2898,15 @@ void model_train_step(Model* model, const int* tokens, const int* targets, const
     model->numbers = adamw_numbers(opt, factor, model->step);
     model->ereg_on = model->c.entropy_reg > 0;  // every step of a regularised model (the graph holds its ops)
     stage(model, tokens, targets, mask, valid, B * T, true);
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU && model->settings.graph) {  // no waiting: model_metrics waits when asked
-        if (cudaGraphExec_t exec = gpu_graph(model, B, T)) {
-            cudaCheck(cudaGraphLaunch(exec, model->gpu->stream));
-            return;
-        }
-    }
-#endif
+    // the GPU replays the step's graph once it is captured (gpu_graph); no waiting: model_metrics waits when asked
+    if (model->device == DEVICE_GPU && model->settings.graph && gpu_replay_step(model, B, T)) return;
     forward_pass(model, B, T, true);
     backward_pass(model, B, T);
     update_pass(model);
 }
 
 void model_metrics(Model* model, float* loss, float* norm) {
-#ifdef LIME_GPU
     if (model->device == DEVICE_GPU) gpu_read_metrics(model);
-#endif
     if (!model->ereg_on) model->last_ce = model->last_loss, model->last_s2 = 0;
     *loss = model->last_loss;
     *norm = model->last_norm;
@@ -2986,80 +2914,13 @@ void model_metrics(Model* model, float* loss, float* norm) {
 
 
 void model_sync(Model* model) {
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) cudaCheck(cudaStreamSynchronize(model->gpu->stream));
-#else
-    (void)model;
-#endif
+    if (model->device == DEVICE_GPU) gpu_sync(model);
 }
-
 void model_to_device(Model* model) {
-#ifdef LIME_GPU
     if (model->device == DEVICE_GPU) gpu_to_device(model);
-#else
-    (void)model;
-#endif
 }
-
 void model_to_host(Model* model) {
-#ifdef LIME_GPU
     if (model->device == DEVICE_GPU) gpu_to_host(model);
-#else
-    (void)model;
-#endif
-}
-
-// ===========================================================================
-// Cost: FLOPs per token of one training step (forward + backward = 3x forward)
-// ===========================================================================
-
-double flops_per_token(const Config& c, int T) {
-    double d = c.d, qd = (double)c.H * c.hd, kvd = (double)c.R * c.hd, fwd = 0;
-    for (int l = 0; l < c.L; l++) {
-        fwd += 2 * d * (qd + 2 * kvd) + 2 * qd * d + 3 * 2 * d * c.F;  // projections and MLP
-        fwd += 2 * 2 * qd * (T + 1) / 2.0;                              // causal scores and mixing
-        if (has_router(c, l)) fwd += 2 * 2 * (double)c.R * (l + 1) * c.R * c.hd;  // keys and values
-        double n = c.hc_rate;  // hc, per sublayer: the mixtures (width and depth), the dynamic weights
-        if (c.arch == ARCH_HC) fwd += 2 * (2 * (n + 1) * n * d + (c.hc_dynamic ? 2 * (n + 2) * n * d : 0));
-    }
-    fwd += 2 * d * c.V;  // output layer
-    return 3 * fwd;
-}
-
-// Bytes per token of one training step, a streaming model: every activation
-// array an op reads or writes counts once for that op (no op finds another's
-// output in a cache), forward and backward, zero-fills included; the weights
-// and AdamW (per step, not per token) are left out. In floats per token, with
-// q = H hd, kv = R hd, S = H T (a token's rows of attention probabilities):
-//   a layer, forward   17 d + 6 q + 6 kv + 6 F + S, plus 2 kv (the keys' copy)
-//                      or a router's 2 (l+1) kv + 2 kv
-//            backward  29 d + 11 q + 13 kv + 13 F + S, plus 3 kv (the keys'
-//                      add) or a router's 6 (l+1) kv + 5 kv
-//   the embedding, final norm, logits and loss: 15 d + 7 V
-// HC (n streams, K = n+1, a = n K mixing weights a token), per sublayer, in
-// place of LLaMa's residual add (4 d forward):
-//   forward   width K d + n d + a;  weights n d + 2 a + 3 n (static a + n);
-//             depth 2 n d + 2 d + n (with the product's output y)
-//   backward  depth (n + K + 2) d + 3 n;  width (K + 2 n) d + 2 a;
-//             weights 3 n d + 2 a + 4 n (static a + n)
-//   and the embedding's copy into the streams and their sum: 4 (n + 1) d.
-// docs/model.md ("What HC costs") has the numbers at the bench configs.
-double bytes_per_token(const Config& c, int T) {
-    double d = c.d, q = (double)c.H * c.hd, kv = (double)c.R * c.hd, F = c.F, S = (double)c.H * T, f = 0;
-    for (int l = 0; l < c.L; l++) {
-        double J = l + 1;  // a router's sources
-        f += 17 * d + 6 * q + 6 * kv + 6 * F + S + (has_router(c, l) ? 2 * J * kv + 2 * kv : 2 * kv);
-        f += 29 * d + 11 * q + 13 * kv + 13 * F + S + (has_router(c, l) ? 6 * J * kv + 5 * kv : 3 * kv);
-        if (c.arch != ARCH_HC) continue;
-        double n = c.hc_rate, K = n + 1, a = n * K, dyn = c.hc_dynamic;
-        double weights_f = dyn ? n * d + 2 * a + 3 * n : a + n, weights_b = dyn ? 3 * n * d + 2 * a + 4 * n : a + n;
-        double fwd = K * d + n * d + a + weights_f + 2 * n * d + 2 * d + n - 4 * d;
-        double bwd = (n + K + 2) * d + 3 * n + (K + 2 * n) * d + 2 * a + weights_b;
-        f += 2 * (fwd + bwd);  // attention and MLP
-    }
-    if (c.arch == ARCH_HC) f += 4 * (c.hc_rate + 1) * d;
-    f += 15 * d + 7 * c.V;
-    return 4 * f;
 }
 
 // ===========================================================================

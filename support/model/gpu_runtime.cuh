@@ -339,7 +339,36 @@ static cudaGraphExec_t gpu_graph(Model* model, int B, int T) {
     gpu->graphs[key] = exec;
     return exec;
 }
-#else  // no GPU in this build: the public calls' answers
+// The step's graph launched, once gpu_graph has captured it; false: run the step eagerly.
+static bool gpu_replay_step(Model* model, int B, int T) {
+    cudaGraphExec_t exec = gpu_graph(model, B, T);
+    if (exec) cudaCheck(cudaGraphLaunch(exec, model->gpu->stream));
+    return exec != nullptr;
+}
+
+// After a forward: its n logits to the host's copy (model_logits), then the loss; waits for the device.
+static void gpu_read_forward(Model* model, size_t n) {
+    cudaCheck(cudaMemcpyAsync(model->acts->logits, model->gpu->acts.logits, n * sizeof(float), cudaMemcpyDeviceToHost,
+                              model->gpu->stream));
+    gpu_read_metrics(model);
+}
+
+// count floats of device memory at src into model->host_copy (room floats), for model_probe.
+// On the model's stream, behind the queued step (a plain cudaMemcpy, on the legacy
+// stream, would not wait for it: that stream is non-blocking), then waited for.
+static const float* gpu_probe_copy(Model* model, const float* src, size_t count, size_t room) {
+    model->host_copy.resize(room);
+    cudaCheck(cudaMemcpyAsync(model->host_copy.data(), src, count * sizeof(float), cudaMemcpyDeviceToHost,
+                              model->gpu->stream));
+    cudaCheck(cudaStreamSynchronize(model->gpu->stream));
+    return model->host_copy.data();
+}
+
+static void gpu_sync(Model* model) { cudaCheck(cudaStreamSynchronize(model->gpu->stream)); }
+
+#else  // no GPU in this build: the public calls' answers, and stand-ins for the
+       // gpu_* calls they make, which run only where a model is on the GPU: never
+       // here (gpu_create refuses every model)
 
 static const char NO_GPU_BUILD[] =
     "this build has no GPU support (built without nvcc); use --device cpu, or install the CUDA Toolkit and run make";
@@ -350,6 +379,16 @@ bool gpu_available(std::string* why) {
 const char* model_attention_name(const Model*) { return "cpu"; }
 bool gpu_info(GpuInfo*) { return false; }
 size_t model_device_bytes(const Model*) { return 0; }
+static std::string gpu_create(Model*) { return NO_GPU_BUILD; }
+static void gpu_free(Model*) {}
+static void gpu_to_device(Model*) {}
+static void gpu_to_host(Model*) {}
+static void gpu_stage(Model*, const int*, const int*, const float*, const float*, int, const AdamWNumbers*) {}
+static void gpu_read_metrics(Model*) {}
+static bool gpu_replay_step(Model*, int, int) { return false; }
+static void gpu_read_forward(Model*, size_t) {}
+static const float* gpu_probe_copy(Model*, const float* src, size_t, size_t) { return src; }
+static void gpu_sync(Model*) {}
 #endif
 
 // What the passes work on: host memory for the CPU, device memory for the GPU.

@@ -1,8 +1,9 @@
 // support/model/names.cpp — the model's names on the command line and in
 // checkpoints' configs: architectures, routers, attention kernels, and a whole
 // model as compare names it ("lime:last-2", "hc:n2:static", "llama:ereg=0.1");
-// and the flags that shape a model, which train and bench share (SHAPE_FLAGS,
-// shape_from_args).
+// the check of a model's shape every config passes before anything is sized by
+// it (config_check); and the flags that shape a model, which train and bench
+// share (SHAPE_FLAGS, shape_from_args).
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -10,6 +11,53 @@
 #include <cstdlib>
 
 #include "support/model/names.h"
+
+const char* arch_name(Arch a) { return a == ARCH_LIME ? "lime" : a == ARCH_HC ? "hc" : "llama"; }
+
+std::string router_name(const Config& c) {
+    switch (c.router) {
+    case ROUTER_AVERAGE: return "average";
+    case ROUTER_LAST: return "last-" + std::to_string(c.router_j);
+    case ROUTER_FIRST: return "first-" + std::to_string(c.router_j);
+    default: return "static";
+    }
+}
+
+std::string config_check(const Config& c) {
+    char buf[256];
+    auto fail = [&](const char* fmt, auto... args) {
+        snprintf(buf, sizeof buf, fmt, args...);
+        return std::string(buf);
+    };
+    if (c.V < 1) return fail("vocabulary size %d must be at least 1", c.V);
+    if (c.L < 1) return fail("--layers %d must be at least 1", c.L);
+    // the flags' limits, asked of every config (a checkpoint's too) before anything is sized by it
+    if (c.L > 256 || c.d > 65536 || c.H > 1024 || c.R > 1024 || c.F > (1 << 20) || c.V > (1 << 24) || c.T > (1 << 20))
+        return fail("layers %d, dim %d, heads %d, kv-heads %d, ffn %d, vocab %d or positions %d is past this program's "
+                    "limits (256, 65536, 1024, 1024, 1048576, 16777216, 1048576)", c.L, c.d, c.H, c.R, c.F, c.V, c.T);
+    if (c.d < 2 || c.H < 1 || c.R < 1)
+        return fail("--dim %d, --heads %d and --kv-heads %d must be positive", c.d, c.H, c.R);
+    if (c.d % c.H)
+        return fail("--dim %d is not divisible by --heads %d; pick a width that is a multiple of the heads", c.d, c.H);
+    if (c.H % c.R)
+        return fail(
+            "--heads %d is not divisible by --kv-heads %d; each kv head must serve a whole group of query heads", c.H,
+            c.R);
+    if (c.hd != c.d / c.H) return fail("head size %d differs from dim / heads = %d", c.hd, c.d / c.H);
+    if (c.hd % 2) return fail("head size dim / heads = %d is odd; RoPE rotates pairs, choose an even head size", c.hd);
+    if (c.F < 1) return fail("--ffn %d must be at least 1", c.F);
+    if (c.T < 1) return fail("--seq-len %d must be at least 1", c.T);
+    if (!(c.rope_theta > 0) || !(c.eps > 0)) return fail("rope_theta and rms_norm_eps must be positive");
+    if (c.arch != ARCH_LIME && (c.router != ROUTER_STATIC || c.router_kv_separate || c.router_frozen))
+        return fail("--router and --router-kv are for --arch lime: %s has no router", arch_name(c.arch));
+    if (c.arch == ARCH_HC && (c.hc_rate < 1 || c.hc_rate > 16))
+        return fail("--hc-rate %d must be 1 .. 16 (the number of residual streams; the paper's is 4)", c.hc_rate);
+    if (!(c.entropy_reg >= 0) || !std::isfinite(c.entropy_reg))
+        return fail("--entropy-reg %g must be a finite number >= 0 (0: no regulariser)", (double)c.entropy_reg);
+    if ((c.router == ROUTER_LAST || c.router == ROUTER_FIRST) && (c.router_j < 1 || c.router_j > c.L))
+        return fail("--router %s: J must be 1 .. %d (the number of layers)", router_name(c).c_str(), c.L);
+    return "";
+}
 
 bool attention_parse(const std::string& s, Attention* out) {
     if (s == "auto") { *out = ATTENTION_AUTO; return true; }
