@@ -5,14 +5,16 @@
 // kernels leave for the host (Metrics), its making and freeing (gpu_create,
 // gpu_free), the copies of the parameters (gpu_to_device, gpu_to_host), the
 // staging of each step's batch and numbers through two pinned slots
-// (gpu_stage), the read-back of the loss and the norm (gpu_read_metrics),
-// the captured training step (gpu_graph), and what the ops and the passes ask
-// of it (stream_of, blas_of, pass_acts, pass_params, pass_grads).
+// (gpu_stage), the read-back of the loss and the norm (gpu_read_metrics,
+// gpu_read_forward) and of a probed activation (gpu_probe_copy), the captured
+// training step (gpu_graph, replayed by gpu_replay_step), and what the ops and
+// the passes ask of it (stream_of, blas_of, pass_acts, pass_params, pass_grads).
 //
 // lime.cu includes it once, in every build, at the banner "The GPU runtime"
 // before the first op: the ops' launchers and dispatchers use GpuState,
-// Metrics and stream_of. In a build without the GPU (no LIME_GPU) only the
-// pass_* helpers (host memory) and the answers "no GPU" are left. It uses
+// Metrics and stream_of. In a build without the GPU (no LIME_GPU) the pass_*
+// helpers (host memory), the answers "no GPU" and stand-ins for the gpu_*
+// calls of the public calls (never reached: no model is on a GPU) are left. It uses
 // lime.cu's checking macros (cudaCheck, cublasCheck) and Acts, acts_carve;
 // what it calls from later in lime.cu is declared just below.
 
