@@ -13,18 +13,33 @@
 // widens the residual stream into n streams; its ops replace the sublayer's
 // input and its residual add, the `if (hc)` lines of the same passes.
 //
-// Read it top to bottom:
-//   1. the config and the parameters (param_specs: every tensor, its HF name
-//      and its AdamW group), then the activations (Acts);
-//   2. the ops, one section each: its math with shapes, the plain CPU loops
+// Read it top to bottom; its parts, in this order:
+//   1. the config and the parameters: the router variants' fixed weights
+//      (router_sources), param_specs (every tensor, its HF name and its AdamW
+//      group), params_carve; then the activations (Acts, carved from one
+//      allocation by acts_carve);
+//   2. where the ops run: sums in a fixed order, the CUDA checking macros and
+//      the kernels' helpers (ceil_div, warp_sum, block_sum), DISPATCH (the one
+//      `if` between the devices);
+//   3. the GPU runtime, one #include (support/model/gpu_runtime.cuh: GpuState,
+//      Metrics, staging, graph capture, stream_of, pass_acts): no op in it;
+//   4. the ops, one section each: its math with shapes, the plain CPU loops
 //      (forward, then backward restating the forward line it differentiates),
 //      the CUDA kernel and its launcher, and the op's dispatcher op_*();
-//      in order: matrix products, embedding, RMSNorm, RoPE, the KV router,
-//      Hyper-Connections, attention, SwiGLU, cross-entropy, the value-entropy
-//      regulariser (a loss term, --entropy-reg), AdamW;
-//   3. forward_pass, backward_pass and update_pass: the model, written once
+//      in order: matrix products (with the copies, zeros and the KV buffer's
+//      transpose), embedding, RMSNorm, RoPE, the KV router, Hyper-Connections,
+//      attention, SwiGLU, cross-entropy, the value-entropy regulariser (a loss
+//      term, --entropy-reg), AdamW;
+//   5. forward_pass, backward_pass and update_pass: the model, written once
 //      for both devices and both architectures;
-//   4. the public calls (support/model/lime.h), then the GPU's memory and staging.
+//   6. the public calls (support/model/lime.h): model_create (with the memory
+//      estimate, support/model/memory_check.h), model_init, model_forward,
+//      model_probe, model_train_step, ..., and the training guard
+//      model_first_nonfinite.
+// Elsewhere: the config's names and checks (config_check) are
+// support/model/names.cpp, the cost model (flops_per_token, bytes_per_token)
+// support/model/cost.cpp, the flash attention kernels
+// support/model/flash_attention.cuh (included in the attention section).
 // What runs, from train.cpp's train_loop to the router's products (README,
 // "Reading the code"; tests/test_docs.sh checks each hop):
 //   train_loop -> take_step -> model_train_step -> forward_pass
@@ -94,53 +109,6 @@ static const bool FAST_CPU = true;
 // ===========================================================================
 // Config and parameters
 // ===========================================================================
-
-const char* arch_name(Arch a) { return a == ARCH_LIME ? "lime" : a == ARCH_HC ? "hc" : "llama"; }
-
-std::string router_name(const Config& c) {
-    switch (c.router) {
-    case ROUTER_AVERAGE: return "average";
-    case ROUTER_LAST: return "last-" + std::to_string(c.router_j);
-    case ROUTER_FIRST: return "first-" + std::to_string(c.router_j);
-    default: return "static";
-    }
-}
-
-std::string config_check(const Config& c) {
-    char buf[256];
-    auto fail = [&](const char* fmt, auto... args) {
-        snprintf(buf, sizeof buf, fmt, args...);
-        return std::string(buf);
-    };
-    if (c.V < 1) return fail("vocabulary size %d must be at least 1", c.V);
-    if (c.L < 1) return fail("--layers %d must be at least 1", c.L);
-    // the flags' limits, asked of every config (a checkpoint's too) before anything is sized by it
-    if (c.L > 256 || c.d > 65536 || c.H > 1024 || c.R > 1024 || c.F > (1 << 20) || c.V > (1 << 24) || c.T > (1 << 20))
-        return fail("layers %d, dim %d, heads %d, kv-heads %d, ffn %d, vocab %d or positions %d is past this program's "
-                    "limits (256, 65536, 1024, 1024, 1048576, 16777216, 1048576)", c.L, c.d, c.H, c.R, c.F, c.V, c.T);
-    if (c.d < 2 || c.H < 1 || c.R < 1)
-        return fail("--dim %d, --heads %d and --kv-heads %d must be positive", c.d, c.H, c.R);
-    if (c.d % c.H)
-        return fail("--dim %d is not divisible by --heads %d; pick a width that is a multiple of the heads", c.d, c.H);
-    if (c.H % c.R)
-        return fail(
-            "--heads %d is not divisible by --kv-heads %d; each kv head must serve a whole group of query heads", c.H,
-            c.R);
-    if (c.hd != c.d / c.H) return fail("head size %d differs from dim / heads = %d", c.hd, c.d / c.H);
-    if (c.hd % 2) return fail("head size dim / heads = %d is odd; RoPE rotates pairs, choose an even head size", c.hd);
-    if (c.F < 1) return fail("--ffn %d must be at least 1", c.F);
-    if (c.T < 1) return fail("--seq-len %d must be at least 1", c.T);
-    if (!(c.rope_theta > 0) || !(c.eps > 0)) return fail("rope_theta and rms_norm_eps must be positive");
-    if (c.arch != ARCH_LIME && (c.router != ROUTER_STATIC || c.router_kv_separate || c.router_frozen))
-        return fail("--router and --router-kv are for --arch lime: %s has no router", arch_name(c.arch));
-    if (c.arch == ARCH_HC && (c.hc_rate < 1 || c.hc_rate > 16))
-        return fail("--hc-rate %d must be 1 .. 16 (the number of residual streams; the paper's is 4)", c.hc_rate);
-    if (!(c.entropy_reg >= 0) || !std::isfinite(c.entropy_reg))
-        return fail("--entropy-reg %g must be a finite number >= 0 (0: no regulariser)", (double)c.entropy_reg);
-    if ((c.router == ROUTER_LAST || c.router == ROUTER_FIRST) && (c.router_j < 1 || c.router_j > c.L))
-        return fail("--router %s: J must be 1 .. %d (the number of layers)", router_name(c).c_str(), c.L);
-    return "";
-}
 
 // --- router variants (paper Appendix D, Table 7) -----------------------------
 // Each variant is the static router of Eq. 2 with some of its weights held
@@ -495,56 +463,6 @@ __device__ Num block_sum(Num v, Num* shared) {
     return total;
 }
 
-// Numbers the device computes and the host reads when it asks (model_metrics).
-struct Metrics {
-    float loss;       // crossentropy_forward_gpu; with the regulariser ereg_loss_gpu's total
-    float ce, s2;     // the cross-entropy and, with the regulariser, the mean S2 (ereg_loss_gpu)
-    float inv_count;  // 1 / sum(mask), for the backward (0 when the mask is all 0)
-    float norm;       // global gradient norm, before clipping
-    float clip_scale; // min(1, grad_clip / (norm + 1e-6)), or 1 without clipping
-};
-
-// A run of tensors next to each other in the parameter array with one AdamW
-// group: adamw_gpu updates each run with one launch.
-struct AdamWRun {
-    size_t offset, numel;
-    Group group;
-};
-
-// Everything the GPU holds for one model; made by gpu_create, nothing allocated per step.
-struct GpuState {
-    float* mem = nullptr;            // params, grads, adam_m, adam_v: one cudaMalloc, laid out as on the host
-    Params p, g;                     // views into mem, like the host's model->p, model->g
-    Acts acts;                       // device activations, one cudaMalloc (acts.mem)
-    void* small = nullptr;           // one cudaMalloc for the optimiser's numbers and cuBLAS's workspace:
-    double* norm_partial = nullptr;  //   grad_norm_blocks(n_params) partial sums
-    AdamWNumbers* numbers = nullptr; //   this update's numbers, staged from the host
-    Metrics* metrics = nullptr;      //   loss and norm, written by kernels
-    std::vector<AdamWRun> runs;      // the parameter array as runs of one group
-    cudaStream_t stream = nullptr;
-    cublasHandle_t blas = nullptr;
-    bool tf32 = true;                // the math mode the handle is set to
-    // Pinned host staging: the batch and the update's numbers reach the device
-    // through here. Two slots, so the host fills one while the device may
-    // still copy out of the other; `copied` marks the end of a slot's copies.
-    struct Slot {
-        int* tokens;
-        int* targets;
-        float* mask;
-        AdamWNumbers* numbers;
-        float* valid;
-        cudaEvent_t copied;
-    } slot[2] = {};
-    int next_slot = 0;
-    void* pinned = nullptr;          // one cudaMallocHost: both slots and metrics_host
-    Metrics* metrics_host = nullptr;
-    // One captured training step per (B, T, tf32), replayed by model_train_step;
-    // nullptr after that shape's first step, which runs eagerly (gpu_graph).
-    std::map<std::tuple<int, int, bool>, cudaGraphExec_t> graphs;
-    size_t device_bytes = 0;         // what the three cudaMallocs hold
-};
-static cudaStream_t stream_of(const Model* model) { return model->gpu->stream; }
-static cublasHandle_t blas_of(const Model* model) { return model->gpu->blas; }
 #define DISPATCH(model, gpu_call, cpu_call) \
     do {                                    \
         if ((model)->device == DEVICE_GPU) {  \
@@ -561,13 +479,16 @@ static cublasHandle_t blas_of(const Model* model) { return model->gpu->blas; }
     } while (0)
 #endif
 
-// What the passes work on: host memory for the CPU, device memory for the GPU.
-static Acts* pass_acts(Model* model) {
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) return &model->gpu->acts;
-#endif
-    return model->acts;
-}
+// ===========================================================================
+// The GPU runtime, support/model/gpu_runtime.cuh: the device's state
+// (GpuState), the numbers kernels leave for the host (Metrics), making and
+// freeing it (gpu_create, gpu_free), the staging of each batch through pinned
+// slots (gpu_stage), the captured step (gpu_graph), and what the ops and the
+// passes ask of it: stream_of, blas_of, pass_acts, pass_params, pass_grads.
+// None of it is an op; the kernels stay with their ops below. (The checking
+// macros, ceil_div, warp_sum and block_sum stay above: the kernels use them.)
+// ===========================================================================
+#include "support/model/gpu_runtime.cuh"
 
 // ===========================================================================
 // Matrix products: out (N, OC) (+)= inp (N, C) @ W^T, W (OC, C), every
@@ -680,6 +601,10 @@ __global__ void add_inplace_kernel(float* dst, const float* src, size_t n) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] += src[i];
 }
+static void copy_gpu(float* dst, const float* src, size_t n, cudaStream_t stream) {
+    cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+}
+static void zero_gpu(float* p, size_t n, cudaStream_t stream) { cudaCheck(cudaMemsetAsync(p, 0, n * sizeof(float), stream)); }
 static void add_inplace_gpu(float* dst, const float* src, size_t n, cudaStream_t stream) {
     LAUNCH(add_inplace_kernel, ceil_div(n, 256), 256, 0, stream)(dst, src, n);
     launchCheck();
@@ -687,11 +612,10 @@ static void add_inplace_gpu(float* dst, const float* src, size_t n, cudaStream_t
 #endif
 
 static void op_copy(Model* model, float* dst, const float* src, size_t n) {
-    DISPATCH(model, cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream_of(model))),
-             copy_cpu(dst, src, n));
+    DISPATCH(model, copy_gpu(dst, src, n, stream_of(model)), copy_cpu(dst, src, n));
 }
 static void op_zero(Model* model, float* p, size_t n) {
-    DISPATCH(model, cudaCheck(cudaMemsetAsync(p, 0, n * sizeof(float), stream_of(model))), zero_cpu(p, n));
+    DISPATCH(model, zero_gpu(p, n, stream_of(model)), zero_cpu(p, n));
 }
 static void op_add(Model* model, float* dst, const float* src, size_t n) {
     DISPATCH(model, add_inplace_gpu(dst, src, n, stream_of(model)), add_inplace(dst, src, n));
@@ -1058,9 +982,9 @@ static void op_rope_backward(Model* model, float* dx, int B, int T, int nh) {
 // the buffered keys and values of layers 0..l. The buffer is head-major: row
 // j = l'*R + r' holds layer l', kv head r' at every position, M = N*hd floats,
 // so Kbuf, Vbuf (L, R, N, hd) are (L*R, M) matrices and the mixture is one
-// matrix product over their first J = (l+1)R rows (the authors' torch.mm):
-//   Kr (R, M) = Wk (R, J) @ Kbuf[0:J] (J, M)    Kr[r][n, :] = sum_j Wk[r, j] * Kbuf[j][n, :]
-//   Vr (R, M) = Wv (R, J) @ Vbuf[0:J] (J, M)
+// matrix product over their first cols = (l+1)R rows (the authors' torch.mm):
+//   Kr (R, M) = Wk (R, cols) @ Kbuf[0:cols] (cols, M)    Kr[r][n, :] = sum_j Wk[r, j] * Kbuf[j][n, :]
+//   Vr (R, M) = Wv (R, cols) @ Vbuf[0:cols] (cols, M)
 // Eq. 2 has one W for both keys and values: Wk == Wv, the same pointer; with
 // --router-kv separate they are two. The products are the matrix products'
 // own (above): Wk @ Kbuf is matmul_backward's dinp = dout @ W with dout = Wk,
@@ -1069,13 +993,13 @@ static void op_rope_backward(Model* model, float* dx, int B, int T, int nh) {
 // `learned` says which source layers' columns get a gradient.
 // ===========================================================================
 
-// The CPU products' panels and the variants' weight gradient (2, R, J), kept
+// The CPU products' panels and the variants' weight gradient (2, R, cols), kept
 // from call to call (sized for the largest layer the first time it is used).
 static float* router_scratch_cpu(int l, int N, int R, int hd) {
     static std::vector<float> scratch;
-    int J = (l + 1) * R, M = N * hd;
-    size_t floats = 2 * (size_t)R * J + std::max(matmul_fast_forward_scratch_floats(R, M, J),
-                                                 matmul_fast_scratch_floats(std::max(J, R), 32));
+    int cols = (l + 1) * R, M = N * hd;
+    size_t floats = 2 * (size_t)R * cols + std::max(matmul_fast_forward_scratch_floats(R, M, cols),
+                                                 matmul_fast_scratch_floats(std::max(cols, R), 32));
     if (scratch.size() < floats) scratch.resize(floats);
     return scratch.data();
 }
@@ -1084,10 +1008,10 @@ static float* router_scratch_cpu(int l, int N, int R, int hd) {
 // layer `learned` has: dW[offset .. offset + count) gets the gradient.
 template <class Add>
 static void for_learned_columns(int l, int R, RouterSpan learned, Add add) {
-    int J = (l + 1) * R, below = std::min(learned.below, l + 1), from = std::max(learned.from, below);
+    int cols = (l + 1) * R, below = std::min(learned.below, l + 1), from = std::max(learned.from, below);
     for (int r = 0; r < R; r++) {
-        if (below > 0) add((size_t)r * J, (size_t)below * R);
-        if (from <= l) add((size_t)r * J + from * R, (size_t)(l + 1 - from) * R);
+        if (below > 0) add((size_t)r * cols, (size_t)below * R);
+        if (from <= l) add((size_t)r * cols + from * R, (size_t)(l + 1 - from) * R);
     }
 }
 static bool learns_all(int l, RouterSpan learned) { return learned.below >= learned.from || learned.from <= 0 || learned.below > l; }
@@ -1096,69 +1020,69 @@ static bool learns_any(int l, RouterSpan learned) { return learned.below > 0 || 
 // Kr, Vr (R, N, hd); Wk, Wv (R, (l+1)R); Kbuf, Vbuf (L, R, N, hd).
 LAB_SWAPPABLE void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
                                   const float* Vbuf, int l, int N, int R, int hd) {
-    int J = (l + 1) * R, M = N * hd;
-    float* panels = router_scratch_cpu(l, N, R, hd) + 2 * (size_t)R * J;
+    int cols = (l + 1) * R, M = N * hd;
+    float* panels = router_scratch_cpu(l, N, R, hd) + 2 * (size_t)R * cols;
     zero_cpu(Kr, (size_t)R * M), zero_cpu(Vr, (size_t)R * M);
-    matmul_backward_cpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, J, panels);  // Kr += Wk (R, J) @ Kbuf (J, M)
-    matmul_backward_cpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, J, panels);
+    matmul_backward_cpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, cols, panels);  // Kr += Wk (R, cols) @ Kbuf (cols, M)
+    matmul_backward_cpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, cols, panels);
 }
 
-// forward: Kr = Wk @ Kbuf[0:J]   (and Vr = Wv @ Vbuf[0:J])
-// dWk (R, J)        += dKr (R, M) @ Kbuf[0:J]^T   (one W: it gets the keys' and the values' sums)
-// dKbuf[0:J] (J, M) += Wk^T (J, R) @ dKr (R, M)   (and dWv, dVbuf alike)
+// forward: Kr = Wk @ Kbuf[0:cols]   (and Vr = Wv @ Vbuf[0:cols])
+// dWk (R, cols)        += dKr (R, M) @ Kbuf[0:cols]^T   (one W: it gets the keys' and the values' sums)
+// dKbuf[0:cols] (cols, M) += Wk^T (cols, R) @ dKr (R, M)   (and dWv, dVbuf alike)
 // This is where the gradient reaches the keys and values of earlier layers.
 // dW's product is matmul_forward's inp @ W^T (inp = dKr, W = Kbuf), dKbuf's
 // matmul_backward's dW += dout^T @ inp (dout = Wk, inp = dKr). A variant's
-// weight gradient goes through G (2, R, J) first, and only its learned columns are added.
+// weight gradient goes through G (2, R, cols) first, and only its learned columns are added.
 LAB_SWAPPABLE void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
                                    const float* dVr, const float* Wk, const float* Wv, const float* Kbuf,
                                    const float* Vbuf, int l, RouterSpan learned, int N, int R, int hd) {
-    int J = (l + 1) * R, M = N * hd;
-    float *G = router_scratch_cpu(l, N, R, hd), *panels = G + 2 * (size_t)R * J;
+    int cols = (l + 1) * R, M = N * hd;
+    float *G = router_scratch_cpu(l, N, R, hd), *panels = G + 2 * (size_t)R * cols;
     if (learns_any(l, learned)) {
         bool all = learns_all(l, learned), one = dWk == dWv;
-        float *gk = all ? dWk : G, *gv = all ? dWv : one ? G : G + (size_t)R * J;
-        if (!all) zero_cpu(G, 2 * (size_t)R * J);
-        matmul_forward_cpu(gk, dKr, Kbuf, R, M, J, true, panels);  // gk += dKr @ Kbuf^T
-        matmul_forward_cpu(gv, dVr, Vbuf, R, M, J, true, panels);  // one W: gv == gk, both sums
+        float *gk = all ? dWk : G, *gv = all ? dWv : one ? G : G + (size_t)R * cols;
+        if (!all) zero_cpu(G, 2 * (size_t)R * cols);
+        matmul_forward_cpu(gk, dKr, Kbuf, R, M, cols, true, panels);  // gk += dKr @ Kbuf^T
+        matmul_forward_cpu(gv, dVr, Vbuf, R, M, cols, true, panels);  // one W: gv == gk, both sums
         if (!all) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace(dWk + at, gk + at, n); });
         if (!all && !one) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace(dWv + at, gv + at, n); });
     }
-    matmul_backward_cpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, J, panels);  // dKbuf += Wk^T @ dKr
-    matmul_backward_cpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, J, panels);
+    matmul_backward_cpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, cols, panels);  // dKbuf += Wk^T @ dKr
+    matmul_backward_cpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, cols, panels);
 }
 
 #ifdef LIME_GPU
 // The same products on cuBLAS (matmul_forward_gpu, matmul_backward_gpu), on blas's stream.
 LAB_SWAPPABLE void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
                                       const float* Vbuf, int l, int N, int R, int hd, cublasHandle_t blas) {
-    int J = (l + 1) * R, M = N * hd;
+    int cols = (l + 1) * R, M = N * hd;
     cudaStream_t stream;
     cublasCheck(cublasGetStream(blas, &stream));
     cudaCheck(cudaMemsetAsync(Kr, 0, (size_t)R * M * sizeof(float), stream));
     cudaCheck(cudaMemsetAsync(Vr, 0, (size_t)R * M * sizeof(float), stream));
-    matmul_backward_gpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, J, blas);
-    matmul_backward_gpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, J, blas);
+    matmul_backward_gpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, cols, blas);
+    matmul_backward_gpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, cols, blas);
 }
 // G: scratch for a variant's weight gradient, 2 * R * (l+1)R floats.
 static void router_backward_gpu(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
                                 const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l,
                                 RouterSpan learned, int N, int R, int hd, float* G, cublasHandle_t blas) {
-    int J = (l + 1) * R, M = N * hd;
+    int cols = (l + 1) * R, M = N * hd;
     cudaStream_t stream;
     cublasCheck(cublasGetStream(blas, &stream));
     if (learns_any(l, learned)) {
         bool all = learns_all(l, learned), one = dWk == dWv;
-        float *gk = all ? dWk : G, *gv = all ? dWv : one ? G : G + (size_t)R * J;
-        if (!all) cudaCheck(cudaMemsetAsync(G, 0, 2 * (size_t)R * J * sizeof(float), stream));
-        matmul_forward_gpu(gk, dKr, Kbuf, R, M, J, true, blas);
-        matmul_forward_gpu(gv, dVr, Vbuf, R, M, J, true, blas);
+        float *gk = all ? dWk : G, *gv = all ? dWv : one ? G : G + (size_t)R * cols;
+        if (!all) cudaCheck(cudaMemsetAsync(G, 0, 2 * (size_t)R * cols * sizeof(float), stream));
+        matmul_forward_gpu(gk, dKr, Kbuf, R, M, cols, true, blas);
+        matmul_forward_gpu(gv, dVr, Vbuf, R, M, cols, true, blas);
         if (!all) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace_gpu(dWk + at, gk + at, n, stream); });
         if (!all && !one)
             for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace_gpu(dWv + at, gv + at, n, stream); });
     }
-    matmul_backward_gpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, J, blas);
-    matmul_backward_gpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, J, blas);
+    matmul_backward_gpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, cols, blas);
+    matmul_backward_gpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, cols, blas);
 }
 #endif
 
@@ -1639,12 +1563,37 @@ static void op_hc_expand(Model* model, float* X, const float* x, int N) {
     size_t Nd = (size_t)N * model->c.d;
     DISPATCH(model, hc_expand_gpu(X, x, n, Nd, stream_of(model)), hc_expand(X, x, n, Nd));
 }
+// The CPU runs the fast loops (support/model/cpu_fast.cpp) in ./lime, the plain ones above in ./lime-ref.
+static void hc_weights_forward_cpu(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w,
+                                   int N, int n, int d, float eps) {
+    if (FAST_CPU) hc_weights_forward_fast(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
+    else hc_weights_forward(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
+}
+static void hc_weights_backward_cpu(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
+                                    const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d) {
+    if (FAST_CPU) hc_weights_backward_fast(dX, dw, dA, db, X, rstd, ta, tb, w, N, n, d);
+    else hc_weights_backward(dX, dw, dA, db, X, rstd, ta, tb, w, N, n, d);
+}
+static void hc_width_forward_cpu(float* M, const float* X, const float* Aw, int N, int n, int d) {
+    if (FAST_CPU) hc_width_forward_fast(M, X, Aw, N, n, d);
+    else hc_width_forward(M, X, Aw, N, n, d);
+}
+static void hc_width_backward_cpu(float* dX, float* dA, const float* dM, const float* X, const float* Aw, int N, int n,
+                                  int d) {
+    if (FAST_CPU) hc_width_backward_fast(dX, dA, dM, X, Aw, N, n, d);
+    else hc_width_backward(dX, dA, dM, X, Aw, N, n, d);
+}
+static void hc_depth_backward_cpu(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw,
+                                  int N, int n, int d) {
+    if (FAST_CPU) hc_depth_backward_fast(dy, db, dM, dXout, y, bw, N, n, d);
+    else hc_depth_backward(dy, db, dM, dXout, y, bw, N, n, d);
+}
+
 static void op_hc_weights_forward(Model* model, float* Aw, float* bw, float* rstd, float* ta, float* tb,
                                   const float* X, const HcParams& w, int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_weights_forward_gpu(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps, stream_of(model)),
-             if (FAST_CPU) hc_weights_forward_fast(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps);
-             else hc_weights_forward(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps));
+             hc_weights_forward_cpu(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps));
 }
 static void op_hc_weights_backward(Model* model, float* dX, const HcParams& dw, const float* dA, const float* db,
                                    const float* X, const float* rstd, const float* ta, const float* tb,
@@ -1653,21 +1602,18 @@ static void op_hc_weights_backward(Model* model, float* dX, const HcParams& dw, 
     DISPATCH(model,
              hc_weights_backward_gpu(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d, pass_acts(model)->scratch,
                                      stream_of(model)),
-             if (FAST_CPU) hc_weights_backward_fast(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d);
-             else hc_weights_backward(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d));
+             hc_weights_backward_cpu(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d));
 }
 static void op_hc_width_forward(Model* model, float* M, const float* X, const float* Aw, int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_width_forward_gpu(M, X, Aw, N, c.hc_rate, c.d, stream_of(model)),
-             if (FAST_CPU) hc_width_forward_fast(M, X, Aw, N, c.hc_rate, c.d);
-             else hc_width_forward(M, X, Aw, N, c.hc_rate, c.d));
+             hc_width_forward_cpu(M, X, Aw, N, c.hc_rate, c.d));
 }
 static void op_hc_width_backward(Model* model, float* dX, float* dA, const float* dM, const float* X, const float* Aw,
                                  int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_width_backward_gpu(dX, dA, dM, X, Aw, N, c.hc_rate, c.d, stream_of(model)),
-             if (FAST_CPU) hc_width_backward_fast(dX, dA, dM, X, Aw, N, c.hc_rate, c.d);
-             else hc_width_backward(dX, dA, dM, X, Aw, N, c.hc_rate, c.d));
+             hc_width_backward_cpu(dX, dA, dM, X, Aw, N, c.hc_rate, c.d));
 }
 static void op_hc_depth_forward(Model* model, float* Xout, const float* y, const float* M, const float* bw, int N) {
     const Config& c = model->c;
@@ -1678,8 +1624,7 @@ static void op_hc_depth_backward(Model* model, float* dy, float* db, float* dM, 
                                  const float* bw, int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_depth_backward_gpu(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d, stream_of(model)),
-             if (FAST_CPU) hc_depth_backward_fast(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d);
-             else hc_depth_backward(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d));
+             hc_depth_backward_cpu(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d));
 }
 
 // ===========================================================================
@@ -1885,29 +1830,51 @@ static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt,
 #include "support/model/flash_attention.cuh"
 #endif
 
-// On the GPU, A->flash picks the flash-style kernels (att then holds each row's log-sum-exp).
+// On the GPU, A->flash picks the flash-style kernels (att then holds each
+// row's log-sum-exp), else the products around the stored softmax; on the CPU
+// the fast loops (support/model/cpu_fast.cpp) run in ./lime, the plain ones above in ./lime-ref.
+#ifdef LIME_GPU
+static void attention_forward_gpu_any(float* out, float* att, const float* q, const float* k, const float* v, int B,
+                                      int T, int H, int R, int hd, const Acts* A, cublasHandle_t blas,
+                                      cudaStream_t stream) {
+    if (A->flash) flash_attention_forward_gpu(out, att, q, k, v, B, T, H, R, hd, stream);
+    else attention_forward_gpu(out, att, q, k, v, B, T, H, R, hd, A->scratch, blas, stream);
+}
+// out: the forward's output (flash backward needs dout . out per row).
+static void attention_backward_gpu_any(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                                       const float* q, const float* k, const float* v, const float* att, int B, int T,
+                                       int H, int R, int hd, const Acts* A, cublasHandle_t blas, cudaStream_t stream) {
+    if (A->flash) flash_attention_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, H, R, hd, A->scratch, stream);
+    else attention_backward_gpu(dq, dk, dv, A->datt, dout, q, k, v, att, B, T, H, R, hd, A->scratch, blas, stream);
+}
+#endif
+static void attention_forward_cpu(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
+                                  int H, int R, int hd) {
+    if (FAST_CPU) attention_forward_fast(out, att, q, k, v, B, T, H, R, hd);
+    else attention_forward(out, att, q, k, v, B, T, H, R, hd);
+}
+static void attention_backward_cpu(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                                   const float* v, const float* att, int B, int T, int H, int R, int hd) {
+    if (FAST_CPU) attention_backward_fast(dq, dk, dv, dout, q, k, v, att, B, T, H, R, hd);
+    else attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, H, R, hd);
+}
+
 static void op_attention_forward(Model* model, float* out, float* att, const float* q, const float* k, const float* v,
                                  int B, int T) {
     const Config& c = model->c;
-    [[maybe_unused]] Acts* A = pass_acts(model);  // the GPU's scratch
-    DISPATCH(
-        model, if (A->flash) flash_attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(model));
-        else attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, A->scratch, blas_of(model), stream_of(model)),
-        if (FAST_CPU) attention_forward_fast(out, att, q, k, v, B, T, c.H, c.R, c.hd);
-        else attention_forward(out, att, q, k, v, B, T, c.H, c.R, c.hd));
+    DISPATCH(model,
+             attention_forward_gpu_any(out, att, q, k, v, B, T, c.H, c.R, c.hd, pass_acts(model), blas_of(model),
+                                       stream_of(model)),
+             attention_forward_cpu(out, att, q, k, v, B, T, c.H, c.R, c.hd));
 }
-// out: the forward's output (flash backward needs dout . out per row).
 static void op_attention_backward(Model* model, float* dq, float* dk, float* dv, const float* dout, const float* out,
                                   const float* q, const float* k, const float* v, const float* att, int B, int T) {
     const Config& c = model->c;
-    [[maybe_unused]] Acts* A = pass_acts(model);
-    (void)out;
-    DISPATCH(model, if (A->flash) flash_attention_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R,
-                                                               c.hd, A->scratch, stream_of(model));
-             else attention_backward_gpu(dq, dk, dv, A->datt, dout, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch,
-                                         blas_of(model), stream_of(model)),
-             if (FAST_CPU) attention_backward_fast(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd);
-             else attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd));
+    (void)out;  // the GPU's flash kernels' alone
+    DISPATCH(model,
+             attention_backward_gpu_any(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd, pass_acts(model),
+                                        blas_of(model), stream_of(model)),
+             attention_backward_cpu(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd));
 }
 
 // ===========================================================================
@@ -2065,12 +2032,17 @@ static void crossentropy_backward_gpu(float* dlogits_probs, const int* targets, 
 #endif
 
 // The loss lands in model->last_loss on the CPU, in device memory (Metrics) on the GPU.
+// The CPU's loss goes to *loss (model->last_loss); the GPU's stays in Metrics until the host asks.
+static void crossentropy_forward_cpu(float* loss, float* probs, float* nll, const float* logits, const int* targets,
+                                     const float* mask, int N, int V) {
+    *loss = crossentropy_forward(probs, nll, logits, targets, mask, N, V);
+}
 static void op_crossentropy_forward(Model* model, float* probs, float* nll, const float* logits, const int* targets,
                                     const float* mask, int N) {
     int V = model->c.V;
     DISPATCH(model,
              crossentropy_forward_gpu(probs, nll, logits, targets, mask, N, V, model->gpu->metrics, stream_of(model)),
-             model->last_loss = crossentropy_forward(probs, nll, logits, targets, mask, N, V));
+             crossentropy_forward_cpu(&model->last_loss, probs, nll, logits, targets, mask, N, V));
 }
 static void op_crossentropy_backward(Model* model, float* dlogits_probs, const int* targets, const float* mask, int N) {
     int V = model->c.V;
@@ -2265,14 +2237,29 @@ static void ereg_loss_gpu(Metrics* metrics, const float* stat, int n, float entr
 #endif
 
 // One layer's S2 per sequence (stat, mu, G of that layer) from its values V (B, T, R*hd).
+// The CPU runs the fast loops (support/model/cpu_fast.cpp) in ./lime, the plain ones above in ./lime-ref.
+static void ereg_forward_cpu(float* stat, float* mu, float* G, const float* V, const float* valid, int B, int T, int D,
+                             float* scratch) {
+    if (FAST_CPU) ereg_forward_fast(stat, mu, G, V, valid, B, T, D, scratch);
+    else ereg_forward(stat, mu, G, V, valid, B, T, D);
+}
+static void ereg_backward_cpu(float* dV, const float* V, const float* valid, const float* mu, const float* G,
+                              const float* stat, float scale, int B, int T, int D, float* scratch) {
+    if (FAST_CPU) ereg_backward_fast(dV, V, valid, mu, G, stat, scale, B, T, D, scratch);
+    else ereg_backward(dV, V, valid, mu, G, stat, scale, B, T, D);
+}
+// On the CPU, *loss (the cross-entropy) becomes the regularised loss: *ce keeps the cross-entropy, *s2 the mean S2.
+static void ereg_loss_cpu(float* loss, float* ce, float* s2, const float* stat, int n, float entropy_reg) {
+    *ce = *loss;
+    *s2 = ereg_loss(loss, *ce, stat, n, entropy_reg);
+}
 static void op_ereg_forward(Model* model, float* stat, float* mu, float* G, const float* V, const float* valid, int B,
                             int T) {
     int D = model->c.R * model->c.hd;
     DISPATCH(model,
              ereg_forward_gpu(stat, mu, G, V, valid, pass_acts(model)->scratch, B, T, D, blas_of(model),
                               stream_of(model)),
-             if (FAST_CPU) ereg_forward_fast(stat, mu, G, V, valid, B, T, D, model->acts->scratch);
-             else ereg_forward(stat, mu, G, V, valid, B, T, D));
+             ereg_forward_cpu(stat, mu, G, V, valid, B, T, D, model->acts->scratch));
 }
 static void op_ereg_backward(Model* model, float* dV, const float* V, const float* valid, float* mu, const float* G,
                              const float* stat, int B, int T) {
@@ -2282,16 +2269,14 @@ static void op_ereg_backward(Model* model, float* dV, const float* V, const floa
     DISPATCH(model,
              ereg_backward_gpu(dV, V, valid, mu, G, stat, scale, Z, Z + (size_t)B * T * D, B, T, D, blas_of(model),
                                stream_of(model)),
-             if (FAST_CPU) ereg_backward_fast(dV, V, valid, mu, G, stat, scale, B, T, D, model->acts->scratch);
-             else ereg_backward(dV, V, valid, mu, G, stat, scale, B, T, D));
+             ereg_backward_cpu(dV, V, valid, mu, G, stat, scale, B, T, D, model->acts->scratch));
 }
 // After the cross-entropy: the regularised loss and the mean S2 over stat's n = L*B sequences
 // (model->last_loss, last_s2 on the CPU; Metrics on the GPU).
 static void op_ereg_loss(Model* model, const float* stat, int n) {
     float lambda = model->c.entropy_reg;
     DISPATCH(model, ereg_loss_gpu(model->gpu->metrics, stat, n, lambda, stream_of(model)),
-             model->last_ce = model->last_loss;
-             model->last_s2 = ereg_loss(&model->last_loss, model->last_ce, stat, n, lambda));
+             ereg_loss_cpu(&model->last_loss, &model->last_ce, &model->last_s2, stat, n, lambda));
 }
 
 // ===========================================================================
@@ -2320,29 +2305,32 @@ static double grad_sumsq(const float* g, size_t n) {
 // One update's numbers: the groups' lr times the schedule factor, their
 // weight decay (matrices only), and the bias corrections of update `step`.
 LAB_SWAPPABLE AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step) {
-    AdamWNumbers h = {};
-    h.lr[GROUP_MATRIX] = h.lr[GROUP_EMBED_GAIN] = o.lr * factor;
-    h.lr[GROUP_ROUTER] = o.router_lr * factor;
-    h.weight_decay[GROUP_MATRIX] = o.weight_decay;
-    h.beta1 = o.beta1;
-    h.beta2 = o.beta2;
-    h.eps = o.eps;
-    h.grad_clip = o.grad_clip;
-    h.bc1 = 1.0f - powf(o.beta1, (float)step);
-    h.bc2 = 1.0f - powf(o.beta2, (float)step);
-    return h;
+    AdamWNumbers nums = {};
+    nums.lr[GROUP_MATRIX] = nums.lr[GROUP_EMBED_GAIN] = o.lr * factor;
+    nums.lr[GROUP_ROUTER] = o.router_lr * factor;
+    nums.weight_decay[GROUP_MATRIX] = o.weight_decay;
+    nums.beta1 = o.beta1;
+    nums.beta2 = o.beta2;
+    nums.eps = o.eps;
+    nums.grad_clip = o.grad_clip;
+    nums.bc1 = 1.0f - powf(o.beta1, (float)step);
+    nums.bc2 = 1.0f - powf(o.beta2, (float)step);
+    return nums;
 }
 
 // One tensor: p (n), its moments m, v and its gradient g, times grad_scale (the clipping).
 LAB_SWAPPABLE void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd,
-                             float grad_scale, const AdamWNumbers& h) {
+                             float grad_scale, const AdamWNumbers& nums) {
+    // the numbers as locals: m, v and p could be nums as far as the compiler
+    // knows, and it would reload them after every store instead of vectorising
+    const float beta1 = nums.beta1, beta2 = nums.beta2, bc1 = nums.bc1, bc2 = nums.bc2, eps = nums.eps;
 #pragma omp parallel for schedule(dynamic, share_chunk((long)n))
     for (size_t i = 0; i < n; i++) {
         float gi = g[i] * grad_scale;
-        m[i] = h.beta1 * m[i] + (1.0f - h.beta1) * gi;
-        v[i] = h.beta2 * v[i] + (1.0f - h.beta2) * gi * gi;
-        float mhat = m[i] / h.bc1, vhat = v[i] / h.bc2;
-        p[i] -= lr * wd * p[i] + lr * mhat / (sqrtf(vhat) + h.eps);
+        m[i] = beta1 * m[i] + (1.0f - beta1) * gi;
+        v[i] = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+        float mhat = m[i] / bc1, vhat = v[i] / bc2;
+        p[i] -= lr * wd * p[i] + lr * mhat / (sqrtf(vhat) + eps);
     }
 }
 
@@ -2366,48 +2354,70 @@ __global__ void grad_sumsq_kernel(double* partial, const float* g, size_t n) {
     s = block_sum(s, part);
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
-__global__ void grad_norm_kernel(Metrics* metrics, const double* partial, int blocks, const AdamWNumbers* h) {
+__global__ void grad_norm_kernel(Metrics* metrics, const double* partial, int blocks, const AdamWNumbers* nums) {
     __shared__ double part[NORM_THREADS];
     double s = 0;
     for (int b = threadIdx.x; b < blocks; b += blockDim.x) s += partial[b];
     s = block_sum(s, part);
     if (threadIdx.x == 0) {
-        float norm = (float)sqrt(s), clip = h->grad_clip;
+        float norm = (float)sqrt(s), clip = nums->grad_clip;
         metrics->norm = norm;
         metrics->clip_scale = clip > 0 ? fminf(1.0f, clip / (norm + 1e-6f)) : 1.0f;
     }
 }
 // partial: grad_norm_blocks(n) doubles.
-static void grad_norm_gpu(Metrics* metrics, double* partial, const float* g, size_t n, const AdamWNumbers* h,
+static void grad_norm_gpu(Metrics* metrics, double* partial, const float* g, size_t n, const AdamWNumbers* nums,
                           cudaStream_t stream) {
     int blocks = grad_norm_blocks(n);
     LAUNCH(grad_sumsq_kernel, blocks, NORM_THREADS, 0, stream)(partial, g, n);
     launchCheck();
-    LAUNCH(grad_norm_kernel, 1, NORM_THREADS, 0, stream)(metrics, partial, blocks, h);
+    LAUNCH(grad_norm_kernel, 1, NORM_THREADS, 0, stream)(metrics, partial, blocks, nums);
     launchCheck();
 }
 
 // One run of tensors of one group (n floats): one thread per parameter.
 // The numbers come from device memory, written before each step.
-__global__ void adamw_kernel(float* p, float* m, float* v, const float* g, size_t n, int group, const AdamWNumbers* h,
+__global__ void adamw_kernel(float* p, float* m, float* v, const float* g, size_t n, int group, const AdamWNumbers* nums,
                              const Metrics* metrics) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float lr = h->lr[group], wd = h->weight_decay[group];
+    float lr = nums->lr[group], wd = nums->weight_decay[group];
     float gi = g[i] * metrics->clip_scale;
-    float mi = h->beta1 * m[i] + (1.0f - h->beta1) * gi;
-    float vi = h->beta2 * v[i] + (1.0f - h->beta2) * gi * gi;
+    float mi = nums->beta1 * m[i] + (1.0f - nums->beta1) * gi;
+    float vi = nums->beta2 * v[i] + (1.0f - nums->beta2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    float mhat = mi / h->bc1, vhat = vi / h->bc2;
-    p[i] -= lr * wd * p[i] + lr * mhat / (sqrtf(vhat) + h->eps);
+    float mhat = mi / nums->bc1, vhat = vi / nums->bc2;
+    p[i] -= lr * wd * p[i] + lr * mhat / (sqrtf(vhat) + nums->eps);
 }
-static void adamw_gpu(float* p, float* m, float* v, const float* g, size_t n, Group group, const AdamWNumbers* h,
+static void adamw_gpu(float* p, float* m, float* v, const float* g, size_t n, Group group, const AdamWNumbers* nums,
                       const Metrics* metrics, cudaStream_t stream) {
-    LAUNCH(adamw_kernel, ceil_div(n, 256), 256, 0, stream)(p, m, v, g, n, (int)group, h, metrics);
+    LAUNCH(adamw_kernel, ceil_div(n, 256), 256, 0, stream)(p, m, v, g, n, (int)group, nums, metrics);
     launchCheck();
 }
+// Every run of one group (GpuState::runs) with one launch; mem holds params,
+// grads, adam_m, adam_v of n floats each. The numbers and the clip scale are
+// read on the device.
+static void adamw_gpu_runs(float* mem, const std::vector<AdamWRun>& runs, size_t n, const AdamWNumbers* nums,
+                           const Metrics* metrics, cudaStream_t stream) {
+    for (const AdamWRun& run : runs)
+        adamw_gpu(mem + run.offset, mem + 2 * n + run.offset, mem + 3 * n + run.offset, mem + n + run.offset, run.numel,
+                  run.group, nums, metrics, stream);
+}
 #endif
+
+// The CPU's global norm, into *norm (model->last_norm).
+static void grad_norm_cpu(float* norm, const float* g, size_t n) { *norm = (float)std::sqrt(grad_sumsq(g, n)); }
+// Every tensor of the spec with its group's lr and weight decay; params holds
+// params, grads, adam_m, adam_v of n floats each; the gradients scaled by the
+// clip scale of the global norm.
+static void adamw_cpu_tensors(float* params, const std::vector<TensorSpec>& specs, size_t n, float norm,
+                              const AdamWNumbers& nums) {
+    float clip = clip_scale(norm, nums.grad_clip);
+    for (const TensorSpec& t : specs)
+        adamw_cpu(params + t.offset, params + 2 * n + t.offset, params + 3 * n + t.offset, params + n + t.offset,
+                  t.numel, nums.lr[t.group], nums.weight_decay[t.group], clip, nums);
+}
 
 // Global gradient norm: model->last_norm on the CPU, Metrics (with the clip scale) on the GPU.
 static void op_grad_norm(Model* model) {
@@ -2415,22 +2425,16 @@ static void op_grad_norm(Model* model) {
     DISPATCH(model,
              grad_norm_gpu(model->gpu->metrics, model->gpu->norm_partial, model->gpu->mem + n, n, model->gpu->numbers,
                            stream_of(model)),
-             model->last_norm = (float)std::sqrt(grad_sumsq(model->grads, n)));
+             grad_norm_cpu(&model->last_norm, model->grads, n));
 }
 // AdamW on every tensor with model->numbers; the GPU reads their device copy
 // (staged before the step), so that a captured graph stays valid.
 static void op_adamw(Model* model) {
-    const AdamWNumbers& h = model->numbers;
-    float clip = clip_scale(model->last_norm, h.grad_clip);
-    DISPATCH(model, float* mem = model->gpu->mem; size_t n = model->n_params;
-             for (const AdamWRun& run
-                  : model->gpu->runs)
-                 adamw_gpu(mem + run.offset, mem + 2 * n + run.offset, mem + 3 * n + run.offset, mem + n + run.offset,
-                           run.numel, run.group, model->gpu->numbers, model->gpu->metrics, stream_of(model)),
-             for (const TensorSpec& t
-                  : model->specs)
-                 adamw_cpu(model->params + t.offset, model->adam_m + t.offset, model->adam_v + t.offset,
-                           model->grads + t.offset, t.numel, h.lr[t.group], h.weight_decay[t.group], clip, h));
+    size_t n = model->n_params;
+    DISPATCH(model,
+             adamw_gpu_runs(model->gpu->mem, model->gpu->runs, n, model->gpu->numbers, model->gpu->metrics,
+                            stream_of(model)),
+             adamw_cpu_tensors(model->params, model->specs, n, model->last_norm, model->numbers));
 }
 
 // ===========================================================================
@@ -2511,25 +2515,6 @@ static void hc_input_backward(Model* model, float* dX, const HcActs& h, const fl
     Acts* A = pass_acts(model);
     op_hc_width_backward(model, dX, A->hc_dA, A->hc_dM, X, h.A, N);
     op_hc_weights_backward(model, dX, dw, A->hc_dA, A->hc_db, X, h.rstd, h.ta, h.tb, w, N);
-}
-
-static const Params& pass_params(Model* model) {
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) return model->gpu->p;
-#endif
-    return model->p;
-}
-static const Params& pass_grads(Model* model) {
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) return model->gpu->g;
-#endif
-    return model->g;
-}
-static float* pass_grads_base(Model* model) {  // all gradients, one array of n_params
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) return model->gpu->mem + model->n_params;
-#endif
-    return model->grads;
 }
 
 // The router that mixes the values: the one router of Eq. 2, or with
@@ -2700,21 +2685,6 @@ static void update_pass(Model* model) {
 // Making a model, and its public calls (support/model/lime.h)
 // ===========================================================================
 
-#ifndef LIME_GPU
-static const char NO_GPU_BUILD[] =
-    "this build has no GPU support (built without nvcc); use --device cpu, or install the CUDA Toolkit and run make";
-#endif
-
-#ifdef LIME_GPU  // the GPU's memory and staging, at the end of the file
-static std::string gpu_create(Model* model);
-static void gpu_free(Model* model);
-static void gpu_to_device(Model* model);
-static void gpu_to_host(Model* model);
-static void gpu_stage(Model* model, const int* tokens, const int* targets, const float* mask, const float* valid,
-                      int N, const AdamWNumbers* numbers);
-static void gpu_read_metrics(Model* model);
-#endif
-
 // memory_needed and memory_fix: what a model of a shape needs, and which of the
 // command's size flags would shrink it most.
 #include "support/model/memory_check.h"
@@ -2763,11 +2733,7 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
         float* logits = (float*)calloc((size_t)B * c.T * c.V, sizeof(float));
         if (!logits) return "out of memory allocating the host copy of the logits";
         model->acts->mem = model->acts->logits = logits;
-#ifdef LIME_GPU
-        return gpu_create(model);
-#else
-        return NO_GPU_BUILD;
-#endif
+        return gpu_create(model);  // (a build without the GPU: NO_GPU_BUILD)
     }
     size_t na = acts_carve(model->acts, c, B, nullptr);
     float* mem = (float*)calloc(na, sizeof(float));
@@ -2781,9 +2747,7 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
 }
 
 void model_free(Model* model) {
-#ifdef LIME_GPU
     if (model->gpu) gpu_free(model);
-#endif
     if (model->acts) { free(model->acts->mem); delete model->acts; }
     free(model->params);
     model->acts = nullptr;
@@ -2797,18 +2761,18 @@ void model_init(Model* model, uint64_t seed) {
         Rng rng(seed_for(seed, t.name));
         if (t.group == GROUP_ROUTER) {
             // uniform in [-b, b], b = sqrt(3 / ((l+1) R)), then the last R x R block = I
-            int J = t.shape[1], R = c.R, l = J / R - 1;
-            double b = std::sqrt(3.0 / J);
+            int cols = t.shape[1], R = c.R, l = cols / R - 1;
+            double b = std::sqrt(3.0 / cols);
             for (size_t i = 0; i < t.numel; i++) p[i] = (float)((2.0 * rng.uniform() - 1.0) * b);
             for (int r = 0; r < R; r++)
-                for (int k = 0; k < R; k++) p[r * J + (J - R) + k] = r == k ? 1.0f : 0.0f;
+                for (int k = 0; k < R; k++) p[r * cols + (cols - R) + k] = r == k ? 1.0f : 0.0f;
             // the variants (router_sources): 0 for the layers a router does not read;
             // average's fixed weights, 1/(l+1) for the same kv head of every layer
             RouterSpan sources = router_sources(c, l);
             for (int r = 0; r < R; r++)
-                for (int j = 0; j < J; j++) {
-                    if (!sources.has(j / R)) p[r * J + j] = 0.0f;
-                    if (c.router == ROUTER_AVERAGE) p[r * J + j] = j % R == r ? 1.0f / (l + 1) : 0.0f;
+                for (int j = 0; j < cols; j++) {
+                    if (!sources.has(j / R)) p[r * cols + j] = 0.0f;
+                    if (c.router == ROUTER_AVERAGE) p[r * cols + j] = j % R == r ? 1.0f / (l + 1) : 0.0f;
                 }
         } else if (t.shape.size() == 1) {
             for (size_t i = 0; i < t.numel; i++) p[i] = 1.0f;  // RMSNorm gains
@@ -2867,13 +2831,10 @@ static void stage(Model* model, const int* tokens, const int* targets, const flo
                   bool numbers) {
     if (tokens) ids_check(tokens, N, model->c.V, "token id");
     if (targets) ids_check(targets, N, model->c.V, "target");
-#ifdef LIME_GPU
     if (model->device == DEVICE_GPU) {
         gpu_stage(model, tokens, targets, mask, valid, N, numbers ? &model->numbers : nullptr);
         return;
     }
-#endif
-    (void)numbers;
     Acts* A = model->acts;
     if (tokens) memcpy(A->tokens, tokens, N * sizeof(int));
     if (targets) memcpy(A->targets, targets, N * sizeof(int));
@@ -2889,14 +2850,7 @@ float model_forward(Model* model, const int* tokens, const int* targets, const f
     model->ereg_on = model->c.entropy_reg > 0 && valid && targets;  // eval (no valid mask): the plain cross-entropy
     stage(model, tokens, targets, mask, valid, B * T, false);
     forward_pass(model, B, T, targets != nullptr);
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) {  // the logits to the host, for model_logits; waits for the device
-        size_t n = (size_t)B * T * model->c.V;
-        cudaCheck(cudaMemcpyAsync(model->acts->logits, model->gpu->acts.logits, n * sizeof(float),
-                                  cudaMemcpyDeviceToHost, model->gpu->stream));
-        gpu_read_metrics(model);
-    }
-#endif
+    if (model->device == DEVICE_GPU) gpu_read_forward(model, (size_t)B * T * model->c.V);  // waits for the device
     if (!targets) model->last_loss = 0;
     if (!model->ereg_on) model->last_ce = model->last_loss, model->last_s2 = 0;
     return model->last_loss;
@@ -2914,24 +2868,10 @@ const float* model_probe(Model* model, Probe what, int l) {
     size_t n = BT * (what == PROBE_HIDDEN ? c.d : c.R * c.hd), streams = what == PROBE_HIDDEN ? hc_streams(c) : 1;
     bool routed = what == PROBE_VALUES && has_router(c, l);
     size_t at = what == PROBE_HIDDEN ? (l + 1) * streams * n : l * n;  // x[l + 1]: the stream leaving layer l
-    const float* src = nullptr;
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) {
-        const Acts& D = model->gpu->acts;
-        const float* dev = what == PROBE_HIDDEN ? D.x : routed ? D.vr : D.Vbuf;
-        model->host_copy.resize((streams + 1) * n);  // room for the values' transpose, or the streams' sum
-        // on the model's stream, behind the queued step (a plain cudaMemcpy, on the legacy stream,
-        // would not wait for it: that stream is non-blocking), then waited for
-        cudaCheck(cudaMemcpyAsync(model->host_copy.data(), dev + at, streams * n * sizeof(float), cudaMemcpyDeviceToHost,
-                                  model->gpu->stream));
-        cudaCheck(cudaStreamSynchronize(model->gpu->stream));
-        src = model->host_copy.data();
-    }
-#endif
-    if (!src) {
-        const Acts* A = model->acts;
-        src = (what == PROBE_HIDDEN ? A->x : routed ? A->vr : A->Vbuf) + at;
-    }
+    const Acts* A = pass_acts(model);
+    const float* src = (what == PROBE_HIDDEN ? A->x : routed ? A->vr : A->Vbuf) + at;
+    // on the GPU into model->host_copy, with room for the values' transpose or the streams' sum
+    if (model->device == DEVICE_GPU) src = gpu_probe_copy(model, src, streams * n, (streams + 1) * n);
     if (what != PROBE_HIDDEN) {  // the buffer's (R, B, T, hd), as (B, T, R, hd)
         model->host_copy.resize(2 * n);
         kv_transpose(model->host_copy.data() + n, src, (int)BT, c.R, c.hd, true, false);
@@ -2952,40 +2892,9 @@ float model_update(Model* model, const AdamWConfig& opt, float factor) {
     model->numbers = adamw_numbers(opt, factor, model->step);
     stage(model, nullptr, nullptr, nullptr, nullptr, 0, true);
     update_pass(model);
-#ifdef LIME_GPU
     if (model->device == DEVICE_GPU) gpu_read_metrics(model);  // waits for the device
-#endif
     return model->last_norm;
 }
-
-#ifdef LIME_GPU
-// The training step captured once per (B, T, math mode) as a CUDA graph. The
-// graph holds pointers and shapes only: the batch and the step's numbers are
-// read from device memory that stage() fills before every replay. The first
-// step of a key gets nullptr and runs eagerly, so that every kernel's first
-// launch (module loading, cuBLAS's first calls) happens outside a capture.
-static cudaGraphExec_t gpu_graph(Model* model, int B, int T) {
-    GpuState* G = model->gpu;
-    auto key = std::make_tuple(B, T, G->tf32);
-    auto it = G->graphs.find(key);
-    if (it == G->graphs.end()) {
-        G->graphs[key] = nullptr;
-        return nullptr;
-    }
-    if (it->second) return it->second;
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
-    cudaCheck(cudaStreamBeginCapture(G->stream, cudaStreamCaptureModeThreadLocal));
-    forward_pass(model, B, T, true);
-    backward_pass(model, B, T);
-    update_pass(model);
-    cudaCheck(cudaStreamEndCapture(G->stream, &graph));
-    cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
-    cudaCheck(cudaGraphDestroy(graph));
-    G->graphs[key] = exec;
-    return exec;
-}
-#endif
 
 void model_train_step(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T,
                       const AdamWConfig& opt, float factor, const float* valid) {
@@ -2995,23 +2904,15 @@ void model_train_step(Model* model, const int* tokens, const int* targets, const
     model->numbers = adamw_numbers(opt, factor, model->step);
     model->ereg_on = model->c.entropy_reg > 0;  // every step of a regularised model (the graph holds its ops)
     stage(model, tokens, targets, mask, valid, B * T, true);
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU && model->settings.graph) {  // no waiting: model_metrics waits when asked
-        if (cudaGraphExec_t exec = gpu_graph(model, B, T)) {
-            cudaCheck(cudaGraphLaunch(exec, model->gpu->stream));
-            return;
-        }
-    }
-#endif
+    // the GPU replays the step's graph once it is captured (gpu_graph); no waiting: model_metrics waits when asked
+    if (model->device == DEVICE_GPU && model->settings.graph && gpu_replay_step(model, B, T)) return;
     forward_pass(model, B, T, true);
     backward_pass(model, B, T);
     update_pass(model);
 }
 
 void model_metrics(Model* model, float* loss, float* norm) {
-#ifdef LIME_GPU
     if (model->device == DEVICE_GPU) gpu_read_metrics(model);
-#endif
     if (!model->ereg_on) model->last_ce = model->last_loss, model->last_s2 = 0;
     *loss = model->last_loss;
     *norm = model->last_norm;
@@ -3019,80 +2920,13 @@ void model_metrics(Model* model, float* loss, float* norm) {
 
 
 void model_sync(Model* model) {
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) cudaCheck(cudaStreamSynchronize(model->gpu->stream));
-#else
-    (void)model;
-#endif
+    if (model->device == DEVICE_GPU) gpu_sync(model);
 }
-
 void model_to_device(Model* model) {
-#ifdef LIME_GPU
     if (model->device == DEVICE_GPU) gpu_to_device(model);
-#else
-    (void)model;
-#endif
 }
-
 void model_to_host(Model* model) {
-#ifdef LIME_GPU
     if (model->device == DEVICE_GPU) gpu_to_host(model);
-#else
-    (void)model;
-#endif
-}
-
-// ===========================================================================
-// Cost: FLOPs per token of one training step (forward + backward = 3x forward)
-// ===========================================================================
-
-double flops_per_token(const Config& c, int T) {
-    double d = c.d, qd = (double)c.H * c.hd, kvd = (double)c.R * c.hd, fwd = 0;
-    for (int l = 0; l < c.L; l++) {
-        fwd += 2 * d * (qd + 2 * kvd) + 2 * qd * d + 3 * 2 * d * c.F;  // projections and MLP
-        fwd += 2 * 2 * qd * (T + 1) / 2.0;                              // causal scores and mixing
-        if (has_router(c, l)) fwd += 2 * 2 * (double)c.R * (l + 1) * c.R * c.hd;  // keys and values
-        double n = c.hc_rate;  // hc, per sublayer: the mixtures (width and depth), the dynamic weights
-        if (c.arch == ARCH_HC) fwd += 2 * (2 * (n + 1) * n * d + (c.hc_dynamic ? 2 * (n + 2) * n * d : 0));
-    }
-    fwd += 2 * d * c.V;  // output layer
-    return 3 * fwd;
-}
-
-// Bytes per token of one training step, a streaming model: every activation
-// array an op reads or writes counts once for that op (no op finds another's
-// output in a cache), forward and backward, zero-fills included; the weights
-// and AdamW (per step, not per token) are left out. In floats per token, with
-// q = H hd, kv = R hd, S = H T (a token's rows of attention probabilities):
-//   a layer, forward   17 d + 6 q + 6 kv + 6 F + S, plus 2 kv (the keys' copy)
-//                      or a router's 2 (l+1) kv + 2 kv
-//            backward  29 d + 11 q + 13 kv + 13 F + S, plus 3 kv (the keys'
-//                      add) or a router's 6 (l+1) kv + 5 kv
-//   the embedding, final norm, logits and loss: 15 d + 7 V
-// HC (n streams, K = n+1, a = n K mixing weights a token), per sublayer, in
-// place of LLaMa's residual add (4 d forward):
-//   forward   width K d + n d + a;  weights n d + 2 a + 3 n (static a + n);
-//             depth 2 n d + 2 d + n (with the product's output y)
-//   backward  depth (n + K + 2) d + 3 n;  width (K + 2 n) d + 2 a;
-//             weights 3 n d + 2 a + 4 n (static a + n)
-//   and the embedding's copy into the streams and their sum: 4 (n + 1) d.
-// docs/model.md ("What HC costs") has the numbers at the bench configs.
-double bytes_per_token(const Config& c, int T) {
-    double d = c.d, q = (double)c.H * c.hd, kv = (double)c.R * c.hd, F = c.F, S = (double)c.H * T, f = 0;
-    for (int l = 0; l < c.L; l++) {
-        double J = l + 1;  // a router's sources
-        f += 17 * d + 6 * q + 6 * kv + 6 * F + S + (has_router(c, l) ? 2 * J * kv + 2 * kv : 2 * kv);
-        f += 29 * d + 11 * q + 13 * kv + 13 * F + S + (has_router(c, l) ? 6 * J * kv + 5 * kv : 3 * kv);
-        if (c.arch != ARCH_HC) continue;
-        double n = c.hc_rate, K = n + 1, a = n * K, dyn = c.hc_dynamic;
-        double weights_f = dyn ? n * d + 2 * a + 3 * n : a + n, weights_b = dyn ? 3 * n * d + 2 * a + 4 * n : a + n;
-        double fwd = K * d + n * d + a + weights_f + 2 * n * d + 2 * d + n - 4 * d;
-        double bwd = (n + K + 2) * d + 3 * n + (K + 2 * n) * d + 2 * a + weights_b;
-        f += 2 * (fwd + bwd);  // attention and MLP
-    }
-    if (c.arch == ARCH_HC) f += 4 * (c.hc_rate + 1) * d;
-    f += 15 * d + 7 * c.V;
-    return 4 * f;
 }
 
 // ===========================================================================
@@ -3107,18 +2941,3 @@ std::string model_first_nonfinite(Model* model, bool params) {
     return "";
 }
 
-// ===========================================================================
-// The GPU's memory, stream and staging (gpu_create, gpu_stage, ...).
-// ===========================================================================
-#ifndef LIME_GPU
-bool gpu_available(std::string* why) {
-    *why = NO_GPU_BUILD;
-    return false;
-}
-const char* model_attention_name(const Model*) { return "cpu"; }
-bool gpu_info(GpuInfo*) { return false; }
-size_t model_device_bytes(const Model*) { return 0; }
-#endif
-#ifdef LIME_GPU
-#include "support/model/gpu_memory.cuh"
-#endif

@@ -2,9 +2,9 @@
 # tests/bench_ereg.sh — the value-entropy regulariser's cost: `./lime bench
 # --entropy-reg LAMBDA` at the two configs of `make bench`, ROUNDS times, each
 # round running every config with every binary in turn. Each run times llama
-# and lime step by step beside themselves with the regulariser (bench_pair:
-# the two models' steps interleaved in one process, so that a change in the
-# machine's load falls on both) and gives the median over the pairs of
+# and lime step by step beside themselves with the regulariser (bench_models:
+# the models' steps interleaved in one process, so that a change in the
+# machine's load falls on all) and gives the median over the steps of
 # (with / without). Prints per binary, config and model the median over the
 # rounds of that ratio minus 1, the regulariser's share of a step, and each
 # round's, with the mean ms/step without and with it.
@@ -35,7 +35,8 @@ for ((r = 1; r <= rounds; r++)); do
                 { echo "bench_ereg: $bin bench failed"; exit 1; }
             for m in llama lime; do
                 field() { echo "$out" | sed -n "s/.*\"$1\": \([0-9.e+-]*\).*/\1/p"; }
-                off=$(field "${m}_pair_ms_per_step"); on=$(field "${m}_reg_ms_per_step")
+                off=$(echo "$out" | sed -n "s/.*\"$m\": {\"ms_per_step\": \([0-9.e+-]*\).*/\1/p")
+                on=$(field "${m}_reg_ms_per_step")
                 ratio=$(field "${m}_reg_over_plain")
                 [ -n "$off" ] && [ -n "$on" ] && [ -n "$ratio" ] ||
                     { echo "bench_ereg: no ${m}_reg_over_plain in: $out"; exit 1; }
@@ -47,7 +48,7 @@ done
 echo "load after: $(uptime | sed 's/.*load average/load average/')"
 med() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 printf "%-20s %-5s %-6s %12s %12s %8s  %s\n" binary config model "ms/step off" "ms/step on" "on/off-1" \
-    "(median of the rounds' medians of the pairs; each round's)"
+    "(median of the rounds' medians over the steps; each round's)"
 for k in "${!bins[@]}"; do
     for c in "${configs[@]}"; do
         for m in llama lime; do

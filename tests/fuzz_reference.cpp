@@ -9,16 +9,14 @@
 // three AdamW steps of verify_model). Besides "no crash, no sanitizer report",
 // a promise is checked: a file read_ref_batch accepts has a batch the model
 // can index (1 <= T <= the config's max_position_embeddings, every token id
-// in the vocabulary). train.cpp is included, as tests/test_model.cpp
-// includes lime.cu, to reach its static functions; its main is renamed.
+// in the vocabulary). support/commands/verify.cpp is included, as
+// tests/test_model.cpp includes lime.cu, to reach its static functions.
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
 
-#define main lime_main
-#include "train.cpp"
-#undef main
+#include "support/commands/verify.cpp"
 
 static void require(bool ok, const char* what) {
     if (!ok) {

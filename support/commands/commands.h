@@ -12,6 +12,8 @@
 
 int cmd_compare(int argc, char** argv);  // ./lime compare (compare.cpp)
 int cmd_analyze(int argc, char** argv);  // ./lime analyze (analyze.cpp)
+int cmd_verify(int argc, char** argv);   // ./lime verify (verify.cpp)
+int cmd_bench(int argc, char** argv);    // ./lime bench (bench.cpp)
 
 // Router weight by source layer, rows (layers 1..L-1) normalised to sum 1; NaN where no source.
 std::vector<std::vector<double>> router_heatmap(const Model& model);

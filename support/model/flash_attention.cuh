@@ -25,7 +25,7 @@
 // lime.cu's GPU build includes this file in its attention section, after
 // LAUNCH, DYNAMIC_SHARED, ceil_div and launchCheck; read lime.cu's
 // matrix-product attention first.
-static const int FLASH_MAX_HD = 128;
+// (FLASH_MAX_HD, the widest head it handles, is in support/model/lime.h: gpu_create checks it first.)
 template <int HD>
 struct Flash {
     static constexpr int TILE = HD >= 128 ? 32 : 64;     // rows per tile

@@ -126,6 +126,7 @@ struct GpuState;   // device mirrors, defined in lime.cu's GPU part
 // row instead (memory O(T), slower; head dims up to 128); auto: matmul when it
 // fits in GPU memory, else flash.
 enum Attention { ATTENTION_AUTO = 0, ATTENTION_MATMUL = 1, ATTENTION_FLASH = 2 };
+static const int FLASH_MAX_HD = 128;  // the widest head the flash kernels handle (support/model/flash_attention.cuh)
 
 // The flags that set a model's sizes in the command that makes it ("" where it
 // has none: eval cannot change a checkpoint's shape). A model that does not fit
@@ -260,9 +261,9 @@ std::string checkpoint_check_meta(const std::string& path, const Config& c,
 // has already found a non-finite loss or norm, not every step.
 std::string model_first_nonfinite(Model* model, bool params);
 
-// Floating-point operations per token for one training step (forward + backward), router counted.
+// Floating-point operations per token for one training step (forward + backward), router counted (support/model/cost.cpp).
 double flops_per_token(const Config& c, int T);
-// Bytes per token one training step moves if every op streams its arrays from memory (lime.cu has the model).
+// Bytes per token one training step moves if every op streams its arrays from memory (cost.cpp has the model).
 double bytes_per_token(const Config& c, int T);
 
 // Whether --device gpu can work in this build on this machine; if not, *why says so in one line.

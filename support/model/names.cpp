@@ -1,6 +1,9 @@
 // support/model/names.cpp — the model's names on the command line and in
 // checkpoints' configs: architectures, routers, attention kernels, and a whole
-// model as compare names it ("lime:last-2", "hc:n2:static", "llama:ereg=0.1").
+// model as compare names it ("lime:last-2", "hc:n2:static", "llama:ereg=0.1");
+// the check of a model's shape every config passes before anything is sized by
+// it (config_check); and the flags that shape a model, which train and bench
+// share (SHAPE_FLAGS, shape_from_args).
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -8,6 +11,53 @@
 #include <cstdlib>
 
 #include "support/model/names.h"
+
+const char* arch_name(Arch a) { return a == ARCH_LIME ? "lime" : a == ARCH_HC ? "hc" : "llama"; }
+
+std::string router_name(const Config& c) {
+    switch (c.router) {
+    case ROUTER_AVERAGE: return "average";
+    case ROUTER_LAST: return "last-" + std::to_string(c.router_j);
+    case ROUTER_FIRST: return "first-" + std::to_string(c.router_j);
+    default: return "static";
+    }
+}
+
+std::string config_check(const Config& c) {
+    char buf[256];
+    auto fail = [&](const char* fmt, auto... args) {
+        snprintf(buf, sizeof buf, fmt, args...);
+        return std::string(buf);
+    };
+    if (c.V < 1) return fail("vocabulary size %d must be at least 1", c.V);
+    if (c.L < 1) return fail("--layers %d must be at least 1", c.L);
+    // the flags' limits, asked of every config (a checkpoint's too) before anything is sized by it
+    if (c.L > 256 || c.d > 65536 || c.H > 1024 || c.R > 1024 || c.F > (1 << 20) || c.V > (1 << 24) || c.T > (1 << 20))
+        return fail("layers %d, dim %d, heads %d, kv-heads %d, ffn %d, vocab %d or positions %d is past this program's "
+                    "limits (256, 65536, 1024, 1024, 1048576, 16777216, 1048576)", c.L, c.d, c.H, c.R, c.F, c.V, c.T);
+    if (c.d < 2 || c.H < 1 || c.R < 1)
+        return fail("--dim %d, --heads %d and --kv-heads %d must be positive", c.d, c.H, c.R);
+    if (c.d % c.H)
+        return fail("--dim %d is not divisible by --heads %d; pick a width that is a multiple of the heads", c.d, c.H);
+    if (c.H % c.R)
+        return fail(
+            "--heads %d is not divisible by --kv-heads %d; each kv head must serve a whole group of query heads", c.H,
+            c.R);
+    if (c.hd != c.d / c.H) return fail("head size %d differs from dim / heads = %d", c.hd, c.d / c.H);
+    if (c.hd % 2) return fail("head size dim / heads = %d is odd; RoPE rotates pairs, choose an even head size", c.hd);
+    if (c.F < 1) return fail("--ffn %d must be at least 1", c.F);
+    if (c.T < 1) return fail("--seq-len %d must be at least 1", c.T);
+    if (!(c.rope_theta > 0) || !(c.eps > 0)) return fail("rope_theta and rms_norm_eps must be positive");
+    if (c.arch != ARCH_LIME && (c.router != ROUTER_STATIC || c.router_kv_separate || c.router_frozen))
+        return fail("--router and --router-kv are for --arch lime: %s has no router", arch_name(c.arch));
+    if (c.arch == ARCH_HC && (c.hc_rate < 1 || c.hc_rate > 16))
+        return fail("--hc-rate %d must be 1 .. 16 (the number of residual streams; the paper's is 4)", c.hc_rate);
+    if (!(c.entropy_reg >= 0) || !std::isfinite(c.entropy_reg))
+        return fail("--entropy-reg %g must be a finite number >= 0 (0: no regulariser)", (double)c.entropy_reg);
+    if ((c.router == ROUTER_LAST || c.router == ROUTER_FIRST) && (c.router_j < 1 || c.router_j > c.L))
+        return fail("--router %s: J must be 1 .. %d (the number of layers)", router_name(c).c_str(), c.L);
+    return "";
+}
 
 bool attention_parse(const std::string& s, Attention* out) {
     if (s == "auto") { *out = ATTENTION_AUTO; return true; }
@@ -101,4 +151,49 @@ bool model_parse(const std::string& name, Config* c) {
         at = end + 1;
     }
     return true;
+}
+
+const std::vector<FlagSpec> SHAPE_FLAGS = {
+    {"arch", "lime", "llama, lime or hc (Hyper-Connections, the paper's other baseline)"},
+    {"layers", "4", "L, transformer layers"},
+    {"dim", "32", "d, model width"},
+    {"heads", "4", "H, query heads"},
+    {"kv-heads", "", "R, key/value heads (default: --heads, full attention)"},
+    {"ffn", "", "F, SwiGLU hidden size (default: 3 * dim)"},
+    {"router", "static", "lime's router: static (Eq. 2), average, last-J or first-J (paper Table 7)"},
+    {"router-kv", "shared", "lime: one router for keys and values (shared) or one each (separate)"},
+    {"router-weights", "learned", "lime: learned, or frozen (the control: routers keep their initial values)"},
+    {"hc-rate", "4", "hc: n, the number of residual streams (1 .. 16)"},
+    {"hc-dynamic", "1", "hc: 1 adds the per-token correction of the mixing weights, 0 keeps them static"},
+    {"entropy-reg", "0", "lambda of the value-entropy regulariser: loss - lambda * mean S2 of each layer's values (0: off)"},
+};
+
+// The model's shape from the shape flags (V and T come from the task or --vocab, --seq-len).
+// one_model: the flags shape one model (train); bench shapes three from them, so
+// its --hc-rate and --hc-dynamic go to its hc beside a lime.
+Config shape_from_args(Args& a, bool one_model) {
+    Config c;
+    std::string arch = a.choice("arch", {"llama", "lime", "hc"});
+    arch_parse(arch, &c.arch);
+    c.L = (int)a.integer("layers", 1, 256);
+    c.d = (int)a.integer("dim", 2, 65536);
+    c.H = (int)a.integer("heads", 1, 1024);
+    c.R = a.has("kv-heads") ? (int)a.integer("kv-heads", 1, 1024) : c.H;
+    c.F = a.has("ffn") ? (int)a.integer("ffn", 1, 1 << 20) : 3 * c.d;
+    c.hd = c.d / c.H;
+    if (!router_parse(a.str("router"), &c))
+        a.fail("--router '" + a.str("router") +
+               "' is not one of static|average|last-J|first-J (J: layers, e.g. last-2)");
+    c.router_kv_separate = a.choice("router-kv", {"shared", "separate"}) == "separate";
+    c.router_frozen = a.choice("router-weights", {"learned", "frozen"}) == "frozen";
+    c.entropy_reg = (float)a.number("entropy-reg", 0, 1e6);
+    if (c.arch == ARCH_LLAMA && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
+        a.fail("--router, --router-kv and --router-weights are for --arch lime: llama has no router");
+    if (c.arch == ARCH_HC && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
+        a.fail("--router, --router-kv and --router-weights are for --arch lime: hc has no router");
+    if (one_model && c.arch != ARCH_HC && (a.has("hc-rate") || a.has("hc-dynamic")))
+        a.fail("--hc-rate and --hc-dynamic are for --arch hc: " + arch + " has one residual stream");
+    c.hc_rate = (int)a.integer("hc-rate", 1, 16);
+    c.hc_dynamic = a.choice("hc-dynamic", {"0", "1"}) == "1";
+    return c;
 }

@@ -5,6 +5,7 @@
 // --graph). The flags themselves are support/lib/cli.h's.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "support/lib/cli.h"
 #include "support/model/lime.h"
@@ -20,6 +21,14 @@ std::string model_name(const Config& c);
 // sets arch, the router fields, hc's rate and dynamic and entropy_reg: "lime:last-2",
 // "hc:n2:static", "llama:ereg=0.1", "lime:frozen:ereg=0.5"
 bool model_parse(const std::string& s, Config* c);
+
+// The flags that shape a model (--arch, --layers, --dim, ... --entropy-reg), train's and bench's
+// (support/model/names.cpp).
+extern const std::vector<FlagSpec> SHAPE_FLAGS;
+// The model's shape from the shape flags (V and T come from the task or --vocab, --seq-len).
+// one_model: the flags shape one model (train); bench shapes three from them, so
+// its --hc-rate and --hc-dynamic go to its hc beside a lime.
+Config shape_from_args(Args& a, bool one_model = true);
 
 inline Device pick_device(Args& a) {
     std::string d = a.choice("device", {"auto", "cpu", "gpu"});

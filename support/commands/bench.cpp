@@ -1,0 +1,254 @@
+// support/commands/bench.cpp — `./lime bench`: ms per step and tokens/s of
+// llama, lime and hc of one shape on synthetic tokens, side by side (made
+// together, their steps interleaved: bench_models), with --entropy-reg also
+// llama and lime with the regulariser; on a GPU also MFU against the device's
+// peak (support/lib/gpu_peaks.h) and the memory each model took. train.cpp's main calls cmd_bench (support/commands/commands.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "support/commands/commands.h"
+#include "support/lib/cli.h"
+#include "support/lib/gpu_peaks.h"
+#include "support/lib/rng.h"
+#include "support/lib/safetensors.h"
+#include "support/model/lime.h"
+#include "support/model/names.h"
+
+// ===========================================================================
+// ./lime bench: ms/step and tokens/s of llama and lime on synthetic tokens
+// ===========================================================================
+
+
+// What bench times: the shape (lime's router included), the batch, the
+// device and how the models run; on a GPU, the device and its peaks.
+struct BenchSetup {
+    Config c;
+    int B = 0, steps = 0;
+    Device dev = DEVICE_CPU;
+    ModelSettings settings;   // --attention, --tf32, --graph
+    bool on_gpu = false;      // a GPU gpu_info describes: MFU and memory are measured
+    GpuInfo gpu;
+    GpuPeak peak;
+    double peak_tflops = 0;   // the peak of the math in use (TF32 or float32); 0: no MFU
+};
+
+struct BenchResult {
+    double ms = 0, tok_s = 0;
+    double cpu_ms = 0;                  // the process's CPU time per step (all threads), in ms
+    double mfu = 0;                     // model FLOPs utilisation against the device's peak (GPU)
+    double model_gb = 0, device_gb = 0; // GPU memory: the model's allocations; the most device memory it added
+    std::string attention;              // matmul or flash on the GPU, cpu on the CPU
+};
+
+// One model bench times: its config, and what it measured.
+struct BenchModel {
+    Config c;
+    Model model;
+    BenchResult r;
+    std::vector<double> step_ms;  // each timed step's wall clock
+};
+
+// Makes every model of ms (all of b's shape) and times b.steps training steps of
+// each, interleaved: round i runs one step of every model, in an order that
+// turns by one from round to round, each step timed alone from an idle device
+// to an idle device (model_sync). So a change in the machine's load falls on
+// all the models alike, and a ratio of two models (median_ratio) compares steps
+// taken side by side. Warm-up first: two steps of each model as it is made (on
+// the GPU the first runs eagerly, the second captures the graph), then rounds
+// for 500 ms: the first model a process timed ran 10-25% slower after two steps
+// alone (a CPU that has just woken up; measured on the development machine).
+static void bench_models(const BenchSetup& b, std::vector<BenchModel>* ms) {
+    int n = (int)ms->size(), T = b.c.T;
+    Rng rng(7);
+    std::vector<int> tokens((size_t)b.B * T), targets((size_t)b.B * T);
+    std::vector<float> mask((size_t)b.B * T, 1.0f);
+    for (size_t i = 0; i < tokens.size(); i++) { tokens[i] = (int)rng.below(b.c.V); targets[i] = (int)rng.below(b.c.V); }
+    AdamWConfig opt;
+    auto step = [&](BenchModel& m) {  // one step, from an idle device to an idle device
+        model_train_step(&m.model, tokens.data(), targets.data(), mask.data(), b.B, T, opt, 1.0f);
+        model_sync(&m.model);
+    };
+    GpuInfo info;
+    for (BenchModel& m : *ms) {  // made one after another, each with two warm-up steps
+        double free_before = b.on_gpu && gpu_info(&info) ? (double)info.free_bytes : 0;
+        std::string err = model_create(&m.model, m.c, b.B, b.dev, b.settings);
+        if (!err.empty()) die("bench", err);
+        model_init(&m.model, 1);
+        for (int i = 0; i < 2; i++) step(m);
+        // the device memory it took, cuBLAS and its graph included
+        if (b.on_gpu && gpu_info(&info)) m.r.device_gb = (free_before - (double)info.free_bytes) / 1e9;
+    }
+    double w0 = now_ms();
+    while (now_ms() - w0 < 500)
+        for (BenchModel& m : *ms) step(m);
+    for (int i = 0; i < b.steps; i++)
+        for (int k = 0; k < n; k++) {
+            BenchModel& m = (*ms)[(i + k) % n];
+            double t0 = now_ms(), c0 = cpu_ms();
+            step(m);
+            m.step_ms.push_back(now_ms() - t0);
+            m.r.cpu_ms += (cpu_ms() - c0) / b.steps;
+        }
+    for (BenchModel& m : *ms) {
+        for (double t : m.step_ms) m.r.ms += t / b.steps;
+        m.r.tok_s = (double)b.B * T / (m.r.ms / 1000);
+        if (b.peak_tflops > 0) m.r.mfu = flops_per_token(m.c, T) * m.r.tok_s / (b.peak_tflops * 1e12);
+        if (b.on_gpu) m.r.model_gb = model_device_bytes(&m.model) / 1e9;
+        m.r.attention = model_attention_name(&m.model);
+    }
+    for (BenchModel& m : *ms) model_free(&m.model);
+}
+
+// The median over the rounds of (a's step / b's step): a's time relative to b's.
+static double median_ratio(const BenchModel& a, const BenchModel& b) {
+    std::vector<double> r;
+    for (size_t i = 0; i < a.step_ms.size(); i++) r.push_back(a.step_ms[i] / b.step_ms[i]);
+    std::sort(r.begin(), r.end());
+    size_t n = r.size();
+    return n % 2 ? r[n / 2] : (r[n / 2 - 1] + r[n / 2]) / 2;
+}
+
+// The shapes bench names: llama (no router), lime (the flags' router) and hc
+// (the flags' --hc-rate and --hc-dynamic, default 4 streams, dynamic); --arch is refused.
+static void bench_configs(const BenchSetup& b, Config* llama, Config* lime, Config* hc) {
+    *llama = *lime = *hc = b.c;
+    model_parse("llama", llama);
+    lime->arch = ARCH_LIME;
+    model_parse("hc", hc);
+    hc->hc_rate = b.c.hc_rate, hc->hc_dynamic = b.c.hc_dynamic;
+}
+
+// --json: one object with the shape, the three models' numbers and their ratios to llama.
+// Off a GPU the GPU's numbers (MFU, memory) are null and "gpu_absent" says why.
+static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>& ms, float reg) {
+    const BenchModel &ml = ms[0], &mm = ms[1], &mh = ms[2];
+    const BenchResult &llama = ml.r, &lime = mm.r, &hc = mh.r;
+    const Config &cl = ml.c, &cm = mm.c, &ch = mh.c;
+    const Config& c = b.c;
+    Json null_;  // the GPU's numbers off a GPU
+    auto one = [&](const BenchResult& r, const Config& rc) {
+        Json o;
+        o.add_num("ms_per_step", r.ms).add_num("tokens_per_s", r.tok_s).add_num("flops_per_token", flops_per_token(rc, b.c.T))
+            .add_num("cpu_ms_per_step", r.cpu_ms);
+        if (b.on_gpu) o.add_num("mfu", r.mfu).add_num("model_gb", r.model_gb).add_num("peak_device_gb", r.device_gb);
+        else o.add("mfu", null_).add("model_gb", null_).add("peak_device_gb", null_);
+        return o.add_str("attention", r.attention);
+    };
+    Json shape;
+    shape.add_num("L", c.L).add_num("d", c.d).add_num("H", c.H).add_num("R", c.R).add_num("F", c.F).add_num("V", c.V)
+        .add_num("B", b.B).add_num("T", c.T);
+    Json s;
+    s.add_str("device", b.dev == DEVICE_GPU ? "gpu" : "cpu").add("shape", shape).add_num("steps", b.steps)
+        .add_str("lime_model", model_name(cm)).add_str("hc_model", model_name(ch));
+    if (b.on_gpu)
+        s.add_str("gpu", b.gpu.name).add_num("tf32", b.settings.tf32).add_num("graph", b.settings.graph)
+            .add_num("peak_tflops", b.peak_tflops).add_str("peak_source", b.peak.source);
+    else if (b.dev == DEVICE_GPU)
+        s.add_str("gpu_absent", "no GPU information: MFU and memory are not measured");
+    else
+        s.add_str("gpu_absent", "a CPU run: MFU and device memory are measured on a GPU only");
+    s.add("llama", one(llama, cl)).add("lime", one(lime, cm)).add("hc", one(hc, ch))
+        .add_num("lime_over_llama", median_ratio(mm, ml)).add_num("hc_over_llama", median_ratio(mh, ml))
+        .add_num("flops_hc_over_llama", flops_per_token(ch, c.T) / flops_per_token(cl, c.T))
+        .add_num("bytes_hc_over_llama", bytes_per_token(ch, c.T) / bytes_per_token(cl, c.T));
+    if (b.on_gpu)
+        s.add_num("memory_lime_over_llama", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0)
+            .add_num("memory_hc_over_llama", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
+    if (reg > 0)  // --entropy-reg: llama and lime with the regulariser too, against themselves without
+        s.add_num("entropy_reg", reg).add_num("llama_reg_ms_per_step", ms[3].r.ms)
+            .add_num("lime_reg_ms_per_step", ms[4].r.ms).add_num("llama_reg_over_plain", median_ratio(ms[3], ml))
+            .add_num("lime_reg_over_plain", median_ratio(ms[4], mm));
+    printf("%s\n", json_write(s).c_str());
+}
+
+// The table: the setting, one line per model, the ratios lime / llama and hc / llama
+// (medians over the rounds, median_ratio), and with --entropy-reg the regulariser's.
+static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>& ms, float reg) {
+    const BenchModel &ml = ms[0], &mm = ms[1], &mh = ms[2];
+    const BenchResult &llama = ml.r, &lime = mm.r, &hc = mh.r;
+    const Config &cl = ml.c, &cm = mm.c, &ch = mh.c;
+    const Config& c = b.c;
+    bool tf32 = b.settings.tf32;
+    printf("bench %s: L=%d d=%d H=%d R=%d F=%d V=%d B=%d T=%d, %d steps, lime is %s, hc is %s\n",
+           b.dev == DEVICE_GPU ? "gpu" : "cpu", c.L, c.d, c.H, c.R, c.F, c.V, b.B, c.T, b.steps,
+           model_name(cm).c_str(), model_name(ch).c_str());
+    if (b.on_gpu)
+        printf("  %s (sm_%d%d), %s, %s; MFU against %.1f TFLOP/s (%s %s)\n", b.gpu.name.c_str(), b.gpu.major,
+               b.gpu.minor, tf32 ? "TF32" : "float32", b.settings.graph ? "CUDA graph" : "plain launches",
+               b.peak_tflops, b.peak.source.c_str(), tf32 ? "TF32" : "FP32");
+    for (auto [name, r] : {std::make_pair("llama", llama), std::make_pair("lime", lime), std::make_pair("hc", hc)}) {
+        printf("  %-5s  %9.2f ms/step  %10.0f tokens/s", name, r.ms, r.tok_s);
+        if (b.on_gpu)
+            printf("  MFU %5.1f%%  memory %.3f GB (model) %.3f GB (device, peak)  %s attention", 100 * r.mfu, r.model_gb,
+                   r.device_gb, r.attention.c_str());
+        printf("\n");
+    }
+    printf("  lime / llama step time: %.3f (the median of the %d steps' ratios)", median_ratio(mm, ml), b.steps);
+    if (b.on_gpu) printf(", memory: %.3f", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
+    printf("\n  hc / llama step time: %.3f (FLOPs: %.3f, bytes: %.3f)", median_ratio(mh, ml),
+           flops_per_token(ch, c.T) / flops_per_token(cl, c.T), bytes_per_token(ch, c.T) / bytes_per_token(cl, c.T));
+    if (b.on_gpu) printf(", memory: %.3f", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
+    printf("\n");
+    if (reg > 0)
+        printf("  with --entropy-reg %g: llama %.2f ms/step (%+.1f%%), lime %.2f ms/step (%+.1f%%)\n", reg, ms[3].r.ms,
+               100 * (median_ratio(ms[3], ml) - 1), ms[4].r.ms, 100 * (median_ratio(ms[4], mm) - 1));
+}
+
+// The flags of bench, read and checked; on a GPU also its description and peaks.
+static BenchSetup bench_setup(Args& a) {
+    BenchSetup b;
+    if (a.has("arch"))  // taken from SHAPE_FLAGS, but bench always times both: refused, not ignored
+        die("bench", "--arch: bench times llama, lime and hc side by side, all of this shape; leave --arch out "
+                     "(the router flags shape lime, --hc-rate and --hc-dynamic shape hc)");
+    set_threads(a);
+    b.dev = pick_device(a);
+    b.c = shape_from_args(a, false);
+    b.c.V = (int)a.integer("vocab", 1, 1 << 24);
+    b.c.T = (int)a.integer("seq-len", 1, 1 << 20);
+    b.B = (int)a.integer("batch", 1, 1 << 20);
+    b.steps = (int)a.integer("steps", 1, 1 << 20);
+    b.settings = model_settings(a);
+    if (!a.err.empty()) die("bench", a.err);
+    std::string err = config_check(b.c);
+    if (!err.empty()) die("bench", err);
+    // MFU: flops_per_token (forward + backward, router included) * tokens/s over the
+    // device's dense peak for the math in use: TF32 tensor cores, or plain float32.
+    b.on_gpu = b.dev == DEVICE_GPU && gpu_info(&b.gpu);
+    b.peak = gpu_peak(b.gpu.name, b.gpu.major, b.gpu.minor);
+    b.peak_tflops = b.on_gpu ? (b.settings.tf32 ? b.peak.tf32 : b.peak.fp32) : 0;
+    return b;
+}
+
+int cmd_bench(int argc, char** argv) {
+    std::vector<FlagSpec> flags = concat({SHAPE_FLAGS, {
+        {"vocab", "21", "V, vocabulary size"},
+        {"seq-len", "88", "T, positions"},
+        {"batch", "128", "B, sequences per step"},
+        {"steps", "20", "timed steps per model, the models' steps interleaved (after warm-up: 2 and 500 ms)"},
+        {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
+        {"device", "auto", "auto, cpu or gpu"},
+        {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
+        ATTENTION_FLAG,
+        {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
+        {"json", nullptr, "print one JSON object"},
+    }});
+    Args a = parse_args("bench", "Times training steps of llama, lime and hc on synthetic tokens; on the GPU also MFU and "
+                        "memory.", flags, argc, argv, false);
+    BenchSetup b = bench_setup(a), plain = b;
+    plain.c.entropy_reg = 0;
+    std::vector<BenchModel> ms(3);  // llama, lime, hc; with --entropy-reg L also llama and lime with the regulariser
+    bench_configs(plain, &ms[0].c, &ms[1].c, &ms[2].c);
+    float reg = b.c.entropy_reg;
+    if (reg > 0) {
+        ms.resize(5);
+        ms[3].c = ms[0].c, ms[4].c = ms[1].c;
+        ms[3].c.entropy_reg = ms[4].c.entropy_reg = reg;
+    }
+    bench_models(plain, &ms);
+    if (a.has("json")) print_bench_json(plain, ms, reg);
+    else print_bench_text(plain, ms, reg);
+    return 0;
+}

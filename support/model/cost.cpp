@@ -1,0 +1,57 @@
+// support/model/cost.cpp — what one training step of a model costs, per
+// token: its floating-point operations (flops_per_token: forward + backward =
+// 3x forward, the router and Hyper-Connections counted) and the bytes its ops
+// move if every op streams its arrays from memory (bytes_per_token). bench
+// turns them into MFU, analyze prints them, docs/model.md has the numbers.
+// Declared in support/model/lime.h; it reads only the Config.
+#include "support/model/lime.h"
+
+// FLOPs per token of one training step (forward + backward = 3x forward).
+double flops_per_token(const Config& c, int T) {
+    double d = c.d, qd = (double)c.H * c.hd, kvd = (double)c.R * c.hd, fwd = 0;
+    for (int l = 0; l < c.L; l++) {
+        fwd += 2 * d * (qd + 2 * kvd) + 2 * qd * d + 3 * 2 * d * c.F;  // projections and MLP
+        fwd += 2 * 2 * qd * (T + 1) / 2.0;                              // causal scores and mixing
+        if (has_router(c, l)) fwd += 2 * 2 * (double)c.R * (l + 1) * c.R * c.hd;  // keys and values
+        double n = c.hc_rate;  // hc, per sublayer: the mixtures (width and depth), the dynamic weights
+        if (c.arch == ARCH_HC) fwd += 2 * (2 * (n + 1) * n * d + (c.hc_dynamic ? 2 * (n + 2) * n * d : 0));
+    }
+    fwd += 2 * d * c.V;  // output layer
+    return 3 * fwd;
+}
+
+// Bytes per token of one training step, a streaming model: every activation
+// array an op reads or writes counts once for that op (no op finds another's
+// output in a cache), forward and backward, zero-fills included; the weights
+// and AdamW (per step, not per token) are left out. In floats per token, with
+// q = H hd, kv = R hd, S = H T (a token's rows of attention probabilities):
+//   a layer, forward   17 d + 6 q + 6 kv + 6 F + S, plus 2 kv (the keys' copy)
+//                      or a router's 2 (l+1) kv + 2 kv
+//            backward  29 d + 11 q + 13 kv + 13 F + S, plus 3 kv (the keys'
+//                      add) or a router's 6 (l+1) kv + 5 kv
+//   the embedding, final norm, logits and loss: 15 d + 7 V
+// HC (n streams, K = n+1, a = n K mixing weights a token), per sublayer, in
+// place of LLaMa's residual add (4 d forward):
+//   forward   width K d + n d + a;  weights n d + 2 a + 3 n (static a + n);
+//             depth 2 n d + 2 d + n (with the product's output y)
+//   backward  depth (n + K + 2) d + 3 n;  width (K + 2 n) d + 2 a;
+//             weights 3 n d + 2 a + 4 n (static a + n)
+//   and the embedding's copy into the streams and their sum: 4 (n + 1) d.
+// docs/model.md ("What HC costs") has the numbers at the bench configs.
+double bytes_per_token(const Config& c, int T) {
+    double d = c.d, q = (double)c.H * c.hd, kv = (double)c.R * c.hd, F = c.F, S = (double)c.H * T, f = 0;
+    for (int l = 0; l < c.L; l++) {
+        double J = l + 1;  // a router's sources
+        f += 17 * d + 6 * q + 6 * kv + 6 * F + S + (has_router(c, l) ? 2 * J * kv + 2 * kv : 2 * kv);
+        f += 29 * d + 11 * q + 13 * kv + 13 * F + S + (has_router(c, l) ? 6 * J * kv + 5 * kv : 3 * kv);
+        if (c.arch != ARCH_HC) continue;
+        double n = c.hc_rate, K = n + 1, a = n * K, dyn = c.hc_dynamic;
+        double weights_f = dyn ? n * d + 2 * a + 3 * n : a + n, weights_b = dyn ? 3 * n * d + 2 * a + 4 * n : a + n;
+        double fwd = K * d + n * d + a + weights_f + 2 * n * d + 2 * d + n - 4 * d;
+        double bwd = (n + K + 2) * d + 3 * n + (K + 2 * n) * d + 2 * a + weights_b;
+        f += 2 * (fwd + bwd);  // attention and MLP
+    }
+    if (c.arch == ARCH_HC) f += 4 * (c.hc_rate + 1) * d;
+    f += 15 * d + 7 * c.V;
+    return 4 * f;
+}

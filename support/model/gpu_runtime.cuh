@@ -1,0 +1,421 @@
+// support/model/gpu_runtime.cuh — the GPU runtime: everything of the GPU
+// that is not an op's kernel. The state a model holds on the device
+// (GpuState: one cudaMalloc each for the parameters' group, the activations
+// and the small numbers, the stream, the cuBLAS handle), the numbers the
+// kernels leave for the host (Metrics), its making and freeing (gpu_create,
+// gpu_free), the copies of the parameters (gpu_to_device, gpu_to_host), the
+// staging of each step's batch and numbers through two pinned slots
+// (gpu_stage), the read-back of the loss and the norm (gpu_read_metrics,
+// gpu_read_forward) and of a probed activation (gpu_probe_copy), the captured
+// training step (gpu_graph, replayed by gpu_replay_step), and what the ops and
+// the passes ask of it (stream_of, blas_of, pass_acts, pass_params, pass_grads).
+//
+// lime.cu includes it once, in every build, at the banner "The GPU runtime"
+// before the first op: the ops' launchers and dispatchers use GpuState,
+// Metrics and stream_of. In a build without the GPU (no LIME_GPU) the pass_*
+// helpers (host memory), the answers "no GPU" and stand-ins for the gpu_*
+// calls of the public calls (never reached: no model is on a GPU) are left. It uses
+// lime.cu's checking macros (cudaCheck, cublasCheck) and Acts, acts_carve;
+// what it calls from later in lime.cu is declared just below.
+
+#ifdef LIME_GPU
+// From later in lime.cu: the RoPE tables (gpu_create fills the device's), the
+// norm's partial sums (the small allocation holds them), the memory a model
+// needs (support/model/memory_check.h), and the passes (gpu_graph captures them).
+static void rope_tables(float* cos_t, float* sin_t, int T, int hd, float theta);
+static int grad_norm_blocks(size_t n);
+static double memory_needed(const Config& c, int B, Device dev, bool on_device, bool flash);
+template <class Need> static std::string memory_fix(const Config& c, int B, const SizeFlags& f, Need need);
+static void forward_pass(Model* model, int B, int T, bool with_loss);
+static void backward_pass(Model* model, int B, int T);
+static void update_pass(Model* model);
+
+// Numbers the device computes and the host reads when it asks (model_metrics).
+struct Metrics {
+    float loss;       // crossentropy_forward_gpu; with the regulariser ereg_loss_gpu's total
+    float ce, s2;     // the cross-entropy and, with the regulariser, the mean S2 (ereg_loss_gpu)
+    float inv_count;  // 1 / sum(mask), for the backward (0 when the mask is all 0)
+    float norm;       // global gradient norm, before clipping
+    float clip_scale; // min(1, grad_clip / (norm + 1e-6)), or 1 without clipping
+};
+
+// A run of tensors next to each other in the parameter array with one AdamW
+// group: adamw_gpu updates each run with one launch.
+struct AdamWRun {
+    size_t offset, numel;
+    Group group;
+};
+
+// Everything the GPU holds for one model; made by gpu_create, nothing allocated per step.
+struct GpuState {
+    float* mem = nullptr;            // params, grads, adam_m, adam_v: one cudaMalloc, laid out as on the host
+    Params p, g;                     // views into mem, like the host's model->p, model->g
+    Acts acts;                       // device activations, one cudaMalloc (acts.mem)
+    void* small = nullptr;           // one cudaMalloc for the optimiser's numbers and cuBLAS's workspace:
+    double* norm_partial = nullptr;  //   grad_norm_blocks(n_params) partial sums
+    AdamWNumbers* numbers = nullptr; //   this update's numbers, staged from the host
+    Metrics* metrics = nullptr;      //   loss and norm, written by kernels
+    std::vector<AdamWRun> runs;      // the parameter array as runs of one group
+    cudaStream_t stream = nullptr;
+    cublasHandle_t blas = nullptr;
+    bool tf32 = true;                // the math mode the handle is set to
+    // Pinned host staging: the batch and the update's numbers reach the device
+    // through here. Two slots, so the host fills one while the device may
+    // still copy out of the other; `copied` marks the end of a slot's copies.
+    struct Slot {
+        int* tokens;
+        int* targets;
+        float* mask;
+        AdamWNumbers* numbers;
+        float* valid;
+        cudaEvent_t copied;
+    } slot[2] = {};
+    int next_slot = 0;
+    void* pinned = nullptr;          // one cudaMallocHost: both slots and metrics_host
+    Metrics* metrics_host = nullptr;
+    // One captured training step per (B, T, tf32), replayed by model_train_step;
+    // nullptr after that shape's first step, which runs eagerly (gpu_graph).
+    std::map<std::tuple<int, int, bool>, cudaGraphExec_t> graphs;
+    size_t device_bytes = 0;         // what the three cudaMallocs hold
+};
+static cudaStream_t stream_of(const Model* model) { return model->gpu->stream; }
+static cublasHandle_t blas_of(const Model* model) { return model->gpu->blas; }
+
+bool gpu_available(std::string* why) {
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess || n < 1) {
+        cudaGetLastError();  // clear it: asking is not a failure
+        *why = std::string("no CUDA device found (cudaGetDeviceCount: ") +
+               (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + "); use --device cpu";
+        return false;
+    }
+    return true;
+}
+
+const char* model_attention_name(const Model* model) {
+    return !model->gpu ? "cpu" : model->gpu->acts.flash ? "flash" : "matmul";
+}
+
+// The handle's math mode: TF32 tensor cores, or plain float32 (ModelSettings::tf32, read before each step).
+static void gpu_apply_math(GpuState* gpu, bool tf32) {
+    if (gpu->tf32 == tf32) return;
+    cublasCheck(cublasSetMathMode(gpu->blas, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    gpu->tf32 = tf32;
+}
+
+bool gpu_info(GpuInfo* info) {
+    std::string why;
+    if (!gpu_available(&why)) return false;
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    info->name = prop.name;
+    info->major = prop.major;
+    info->minor = prop.minor;
+    cudaCheck(cudaMemGetInfo(&info->free_bytes, &info->total_bytes));
+    return true;
+}
+
+size_t model_device_bytes(const Model* model) { return model->gpu ? model->gpu->device_bytes : 0; }
+
+// cuBLAS's workspace, ours so that graph capture allocates nothing (32 MiB: NVIDIA's advice for Hopper).
+static const size_t CUBLAS_WORKSPACE_BYTES = 32u << 20;
+
+// The line for a model the device cannot hold, with the flags that would shrink it (memory_fix).
+static std::string gpu_out_of_memory(const Model* model, bool flash, size_t need, size_t free_bytes) {
+    char buf[200];
+    snprintf(buf, sizeof buf, "needs %.2f GB of GPU memory, the device has %.2f GB free; ", need / 1e9,
+             free_bytes / 1e9);
+    return buf + memory_fix(model->c, model->B, model->settings.flags, [&](const Config& h, int hb) {
+               return memory_needed(h, hb, DEVICE_GPU, true, flash);
+           });
+}
+
+// Where each piece of an allocation starts: pieces one after another, 256-byte aligned.
+static size_t place(size_t* off, size_t bytes) {
+    size_t at = *off;
+    *off += (bytes + 255) & ~(size_t)255;
+    return at;
+}
+
+// The small allocation: the gradient norm's partial sums, the update's
+// numbers, the metrics and cuBLAS's workspace. With base == nullptr it only measures.
+static size_t gpu_carve_small(GpuState* gpu, char* base, size_t n_params) {
+    size_t bytes = 0;
+    size_t at_partial = place(&bytes, grad_norm_blocks(n_params) * sizeof(double)),
+           at_numbers = place(&bytes, sizeof(AdamWNumbers));
+    size_t at_metrics = place(&bytes, sizeof(Metrics)), at_workspace = place(&bytes, CUBLAS_WORKSPACE_BYTES);
+    if (!base) return bytes;
+    gpu->norm_partial = (double*)(base + at_partial);
+    gpu->numbers = (AdamWNumbers*)(base + at_numbers);
+    gpu->metrics = (Metrics*)(base + at_metrics);
+    cudaCheck(cudaStreamCreateWithFlags(&gpu->stream, cudaStreamNonBlocking));
+    cublasCheck(cublasCreate(&gpu->blas));
+    cublasCheck(cublasSetStream(gpu->blas, gpu->stream));
+    // after cublasSetStream (which resets it): cuBLAS then allocates nothing while a graph is captured
+    cublasCheck(cublasSetWorkspace(gpu->blas, base + at_workspace, CUBLAS_WORKSPACE_BYTES));
+    return bytes;
+}
+
+// Pinned staging: per slot tokens, targets, mask, valid (B*T each) and the update's numbers; then the metrics.
+static void gpu_make_staging(GpuState* gpu, size_t BT) {
+    size_t bytes = 0, at_slot[2][5];
+    for (auto& s : at_slot) {
+        s[0] = place(&bytes, BT * sizeof(int));
+        s[1] = place(&bytes, BT * sizeof(int));
+        s[2] = place(&bytes, BT * sizeof(float));
+        s[3] = place(&bytes, sizeof(AdamWNumbers));
+        s[4] = place(&bytes, BT * sizeof(float));
+    }
+    size_t at_metrics_host = place(&bytes, sizeof(Metrics));
+    cudaCheck(cudaMallocHost(&gpu->pinned, bytes));
+    char* pinned = (char*)gpu->pinned;
+    for (int k = 0; k < 2; k++) {
+        GpuState::Slot& s = gpu->slot[k];
+        s.tokens = (int*)(pinned + at_slot[k][0]);
+        s.targets = (int*)(pinned + at_slot[k][1]);
+        s.mask = (float*)(pinned + at_slot[k][2]);
+        s.numbers = (AdamWNumbers*)(pinned + at_slot[k][3]);
+        s.valid = (float*)(pinned + at_slot[k][4]);
+        cudaCheck(cudaEventCreateWithFlags(&s.copied, cudaEventDisableTiming));
+    }
+    gpu->metrics_host = (Metrics*)(pinned + at_metrics_host);
+}
+
+// The parameter array as runs of tensors that share an AdamW group.
+static std::vector<AdamWRun> adamw_runs(const std::vector<TensorSpec>& specs) {
+    std::vector<AdamWRun> runs;
+    for (const TensorSpec& t : specs) {
+        if (!runs.empty() && runs.back().group == t.group) runs.back().numel += t.numel;
+        else runs.push_back({t.offset, t.numel, t.group});
+    }
+    return runs;
+}
+
+// cudaMalloc that answers false (and clears the error) when the memory is not there.
+static bool device_alloc(void** p, size_t bytes) {
+    if (cudaMalloc(p, bytes) == cudaSuccess) return true;
+    cudaGetLastError();
+    *p = nullptr;
+    return false;
+}
+
+// The host arrays (params, grads, adam_m, adam_v: 4 * n_params floats) to and from the device's, in one copy.
+static void gpu_to_device(Model* model) {
+    cudaCheck(cudaMemcpyAsync(model->gpu->mem, model->params, 4 * model->n_params * sizeof(float),
+                              cudaMemcpyHostToDevice, model->gpu->stream));
+    cudaCheck(cudaStreamSynchronize(model->gpu->stream));
+}
+static void gpu_to_host(Model* model) {
+    cudaCheck(cudaMemcpyAsync(model->params, model->gpu->mem, 4 * model->n_params * sizeof(float),
+                              cudaMemcpyDeviceToHost, model->gpu->stream));
+    cudaCheck(cudaStreamSynchronize(model->gpu->stream));
+}
+
+// Device memory (three cudaMallocs), pinned staging (one cudaMallocHost), the
+// stream, the cuBLAS handle; then the host's parameters copied over. Sizes
+// first, so that too big a model is refused with a message, not an abort.
+static std::string gpu_create(Model* model) {
+    std::string why;
+    if (!gpu_available(&why)) return why;
+    const Config& c = model->c;
+    Attention attention = model->settings.attention;
+    GpuState* gpu = model->gpu = new GpuState();
+    size_t n = model->n_params;
+    if (attention == ATTENTION_FLASH && c.hd > FLASH_MAX_HD)
+        return "--attention flash handles head dims up to " + std::to_string(FLASH_MAX_HD) + ", this model has " +
+               std::to_string(c.hd) + "; use --attention matmul";
+    bool flash = attention == ATTENTION_FLASH;
+    size_t acts_floats = acts_carve(&gpu->acts, c, model->B, nullptr, DEVICE_GPU, flash),
+           small_bytes = gpu_carve_small(gpu, nullptr, n);
+    size_t fixed_bytes = 4 * n * sizeof(float) + small_bytes, need = fixed_bytes + acts_floats * sizeof(float);
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaCheck(cudaSetDevice(0));
+    cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
+    if (need > free_bytes && attention == ATTENTION_AUTO &&
+        c.hd <= FLASH_MAX_HD) {  // the (T, T) probabilities do not fit: flash
+        flash = true;
+        acts_floats = acts_carve(&gpu->acts, c, model->B, nullptr, DEVICE_GPU, flash);
+        need = fixed_bytes + acts_floats * sizeof(float);
+    }
+    if (need > free_bytes || !device_alloc((void**)&gpu->mem, 4 * n * sizeof(float)) ||
+        !device_alloc((void**)&gpu->acts.mem, acts_floats * sizeof(float)) || !device_alloc(&gpu->small, small_bytes))
+        return gpu_out_of_memory(model, flash, need, free_bytes);
+    gpu->device_bytes = need;
+    gpu->p = params_carve(c, gpu->mem);
+    gpu->g = params_carve(c, gpu->mem + n);
+    acts_carve(&gpu->acts, c, model->B, gpu->acts.mem, DEVICE_GPU, flash);
+    gpu_carve_small(gpu, (char*)gpu->small, n);
+    gpu->tf32 = model->settings.tf32;
+    cublasCheck(cublasSetMathMode(gpu->blas, gpu->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    gpu_make_staging(gpu, (size_t)model->B * c.T);
+    gpu->runs = adamw_runs(model->specs);
+    // (every copy on the model's stream: it does not wait for the legacy stream; gpu_to_device below waits)
+    cudaCheck(cudaMemsetAsync(gpu->metrics, 0, sizeof(Metrics), gpu->stream));
+    // the RoPE tables, computed on the host as the CPU path's
+    std::vector<float> cos_t((size_t)c.T * c.hd / 2), sin_t((size_t)c.T * c.hd / 2);
+    rope_tables(cos_t.data(), sin_t.data(), c.T, c.hd, c.rope_theta);
+    cudaCheck(cudaMemcpyAsync(gpu->acts.rope_cos, cos_t.data(), cos_t.size() * sizeof(float), cudaMemcpyHostToDevice,
+                              gpu->stream));
+    cudaCheck(cudaMemcpyAsync(gpu->acts.rope_sin, sin_t.data(), sin_t.size() * sizeof(float), cudaMemcpyHostToDevice,
+                              gpu->stream));
+    gpu_to_device(model);
+    return "";
+}
+
+static void gpu_free(Model* model) {
+    GpuState* gpu = model->gpu;
+    if (gpu->stream) cudaCheck(cudaStreamSynchronize(gpu->stream));
+    for (auto& kv : gpu->graphs)
+        if (kv.second) cudaCheck(cudaGraphExecDestroy(kv.second));  // nullptr: that shape ran eagerly only
+    for (auto& s : gpu->slot)
+        if (s.copied) cudaCheck(cudaEventDestroy(s.copied));
+    if (gpu->blas) cublasCheck(cublasDestroy(gpu->blas));
+    if (gpu->stream) cudaCheck(cudaStreamDestroy(gpu->stream));
+    cudaCheck(cudaFreeHost(gpu->pinned));
+    cudaCheck(cudaFree(gpu->small));
+    cudaCheck(cudaFree(gpu->acts.mem));
+    cudaCheck(cudaFree(gpu->mem));
+    delete gpu;
+    model->gpu = nullptr;
+}
+
+// Host arrays -> pinned slot -> device, queued on the stream. The slot used
+// two calls ago is reused: waiting for its copies to finish is the only
+// waiting here, and it lets the host run up to two steps ahead of the device.
+static void gpu_stage(Model* model, const int* tokens, const int* targets, const float* mask, const float* valid,
+                      int N, const AdamWNumbers* numbers) {
+    GpuState* gpu = model->gpu;
+    gpu_apply_math(gpu, model->settings.tf32);
+    GpuState::Slot& s = gpu->slot[gpu->next_slot];
+    gpu->next_slot ^= 1;
+    cudaCheck(cudaEventSynchronize(s.copied));
+    Acts& A = gpu->acts;
+    auto up = [&](void* dst, void* pinned, const void* src, size_t bytes) {
+        if (pinned != src) memcpy(pinned, src, bytes);
+        cudaCheck(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, gpu->stream));
+    };
+    if (tokens) up(A.tokens, s.tokens, tokens, N * sizeof(int));
+    if (targets) up(A.targets, s.targets, targets, N * sizeof(int));
+    if (mask) up(A.mask, s.mask, mask, N * sizeof(float));
+    if (tokens && model->ereg_on && !valid) std::fill(s.valid, s.valid + N, 1.0f);  // the regulariser's: all valid
+    if (tokens && model->ereg_on) up(A.valid, s.valid, valid ? valid : s.valid, N * sizeof(float));
+    if (numbers) up(gpu->numbers, s.numbers, numbers, sizeof(AdamWNumbers));
+    cudaCheck(cudaEventRecord(s.copied, gpu->stream));
+}
+
+// Waits for the device, then reads the loss and the gradient norm.
+static void gpu_read_metrics(Model* model) {
+    GpuState* gpu = model->gpu;
+    cudaCheck(cudaMemcpyAsync(gpu->metrics_host, gpu->metrics, sizeof(Metrics), cudaMemcpyDeviceToHost, gpu->stream));
+    cudaCheck(cudaStreamSynchronize(gpu->stream));
+    model->last_loss = gpu->metrics_host->loss;
+    model->last_ce = model->ereg_on ? gpu->metrics_host->ce : model->last_loss;
+    model->last_s2 = model->ereg_on ? gpu->metrics_host->s2 : 0.0f;
+    model->last_norm = gpu->metrics_host->norm;
+}
+
+// The training step captured once per (B, T, math mode) as a CUDA graph. The
+// graph holds pointers and shapes only: the batch and the step's numbers are
+// read from device memory that stage() fills before every replay. The first
+// step of a key gets nullptr and runs eagerly, so that every kernel's first
+// launch (module loading, cuBLAS's first calls) happens outside a capture.
+static cudaGraphExec_t gpu_graph(Model* model, int B, int T) {
+    GpuState* gpu = model->gpu;
+    auto key = std::make_tuple(B, T, gpu->tf32);
+    auto it = gpu->graphs.find(key);
+    if (it == gpu->graphs.end()) {
+        gpu->graphs[key] = nullptr;
+        return nullptr;
+    }
+    if (it->second) return it->second;
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaCheck(cudaStreamBeginCapture(gpu->stream, cudaStreamCaptureModeThreadLocal));
+    forward_pass(model, B, T, true);
+    backward_pass(model, B, T);
+    update_pass(model);
+    cudaCheck(cudaStreamEndCapture(gpu->stream, &graph));
+    cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
+    cudaCheck(cudaGraphDestroy(graph));
+    gpu->graphs[key] = exec;
+    return exec;
+}
+// The step's graph launched, once gpu_graph has captured it; false: run the step eagerly.
+static bool gpu_replay_step(Model* model, int B, int T) {
+    cudaGraphExec_t exec = gpu_graph(model, B, T);
+    if (exec) cudaCheck(cudaGraphLaunch(exec, model->gpu->stream));
+    return exec != nullptr;
+}
+
+// After a forward: its n logits to the host's copy (model_logits), then the loss; waits for the device.
+static void gpu_read_forward(Model* model, size_t n) {
+    cudaCheck(cudaMemcpyAsync(model->acts->logits, model->gpu->acts.logits, n * sizeof(float), cudaMemcpyDeviceToHost,
+                              model->gpu->stream));
+    gpu_read_metrics(model);
+}
+
+// count floats of device memory at src into model->host_copy (room floats), for model_probe.
+// On the model's stream, behind the queued step (a plain cudaMemcpy, on the legacy
+// stream, would not wait for it: that stream is non-blocking), then waited for.
+static const float* gpu_probe_copy(Model* model, const float* src, size_t count, size_t room) {
+    model->host_copy.resize(room);
+    cudaCheck(cudaMemcpyAsync(model->host_copy.data(), src, count * sizeof(float), cudaMemcpyDeviceToHost,
+                              model->gpu->stream));
+    cudaCheck(cudaStreamSynchronize(model->gpu->stream));
+    return model->host_copy.data();
+}
+
+static void gpu_sync(Model* model) { cudaCheck(cudaStreamSynchronize(model->gpu->stream)); }
+
+#else  // no GPU in this build: the public calls' answers, and stand-ins for the
+       // gpu_* calls they make, which run only where a model is on the GPU: never
+       // here (gpu_create refuses every model)
+
+static const char NO_GPU_BUILD[] =
+    "this build has no GPU support (built without nvcc); use --device cpu, or install the CUDA Toolkit and run make";
+bool gpu_available(std::string* why) {
+    *why = NO_GPU_BUILD;
+    return false;
+}
+const char* model_attention_name(const Model*) { return "cpu"; }
+bool gpu_info(GpuInfo*) { return false; }
+size_t model_device_bytes(const Model*) { return 0; }
+static std::string gpu_create(Model*) { return NO_GPU_BUILD; }
+static void gpu_free(Model*) {}
+static void gpu_to_device(Model*) {}
+static void gpu_to_host(Model*) {}
+static void gpu_stage(Model*, const int*, const int*, const float*, const float*, int, const AdamWNumbers*) {}
+static void gpu_read_metrics(Model*) {}
+static bool gpu_replay_step(Model*, int, int) { return false; }
+static void gpu_read_forward(Model*, size_t) {}
+static const float* gpu_probe_copy(Model*, const float* src, size_t, size_t) { return src; }
+static void gpu_sync(Model*) {}
+#endif
+
+// What the passes work on: host memory for the CPU, device memory for the GPU.
+static Acts* pass_acts(Model* model) {
+#ifdef LIME_GPU
+    if (model->device == DEVICE_GPU) return &model->gpu->acts;
+#endif
+    return model->acts;
+}
+
+static const Params& pass_params(Model* model) {
+#ifdef LIME_GPU
+    if (model->device == DEVICE_GPU) return model->gpu->p;
+#endif
+    return model->p;
+}
+static const Params& pass_grads(Model* model) {
+#ifdef LIME_GPU
+    if (model->device == DEVICE_GPU) return model->gpu->g;
+#endif
+    return model->g;
+}
+static float* pass_grads_base(Model* model) {  // all gradients, one array of n_params
+#ifdef LIME_GPU
+    if (model->device == DEVICE_GPU) return model->gpu->mem + model->n_params;
+#endif
+    return model->grads;
+}
