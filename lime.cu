@@ -403,10 +403,7 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
 // one that fits the model's device (DISPATCH is that one `if`).
 // Sums never depend on the number of threads or blocks (a resumed run is
 // bit-exact): on the CPU a fixed number of chunks, each summed in order, then
-// the chunks in order; on the GPU fixed trees and no atomics. A parallel loop
-// hands its iterations out in chunks to whichever thread is free
-// (`schedule(dynamic, share_chunk(n))`, support/model/cpu_fast.h): a thread the
-// machine's other programs hold up delays the others by one chunk, not by its share.
+// the chunks in order; on the GPU fixed trees and no atomics.
 // ===========================================================================
 static const int CHUNKS = 64;
 static double sum_in_order(const double* part, int n) {
@@ -496,7 +493,7 @@ __device__ Num block_sum(Num v, Num* shared) {
 // ===========================================================================
 
 static void matmul_forward(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate) {
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OC; o++) {
             const float* x = inp + (size_t)n * C;
@@ -513,7 +510,7 @@ static void matmul_forward(float* out, const float* inp, const float* W, int N, 
 static void matmul_backward(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
                             int OC) {
     if (dinp) {
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
         for (int n = 0; n < N; n++)
             for (int i = 0; i < C; i++) {
                 float s = 0;
@@ -522,7 +519,7 @@ static void matmul_backward(float* dinp, float* dW, const float* dout, const flo
             }
     }
     if (!dW) return;
-#pragma omp parallel for schedule(dynamic, share_chunk(OC))
+#pragma omp parallel for schedule(static)
     for (int o = 0; o < OC; o++)  // row o of dW: the positions' rows of inp, weighted by dout[:, o]
         for (int n = 0; n < N; n++) {
             float g = dout[(size_t)n * OC + o];
@@ -577,14 +574,14 @@ static void op_matmul_backward(Model* model, float* dinp, float* dW, const float
 // Copies, zeros and sums of whole arrays (the residual stream, gradients).
 // dst = src and p = 0: memcpy and memset in CHUNKS pieces shared by the threads.
 static void copy_cpu(float* dst, const float* src, size_t n) {
-#pragma omp parallel for schedule(dynamic, 1) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > 65536)
     for (int c = 0; c < CHUNKS; c++) {
         size_t from = n * c / CHUNKS, to = n * (c + 1) / CHUNKS;
         memcpy(dst + from, src + from, (to - from) * sizeof(float));
     }
 }
 static void zero_cpu(float* p, size_t n) {
-#pragma omp parallel for schedule(dynamic, 1) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > 65536)
     for (int c = 0; c < CHUNKS; c++) {
         size_t from = n * c / CHUNKS, to = n * (c + 1) / CHUNKS;
         memset(p + from, 0, (to - from) * sizeof(float));
@@ -592,7 +589,7 @@ static void zero_cpu(float* p, size_t n) {
 }
 // dst += src, elementwise.
 static void add_inplace(float* dst, const float* src, size_t n) {
-#pragma omp parallel for schedule(dynamic, share_chunk((long)n)) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > 65536)
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
@@ -626,7 +623,7 @@ static void op_add(Model* model, float* dst, const float* src, size_t n) {
 // value-entropy regulariser and model_probe read them: to_tokens, dst (N, R,
 // hd) (+)= src (R, N, hd) transposed; else dst (R, N, hd) (+)= src (N, R, hd).
 static void kv_transpose(float* dst, const float* src, int N, int R, int hd, bool to_tokens, bool accumulate) {
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         for (int r = 0; r < R; r++)
             for (int i = 0; i < hd; i++) {
@@ -663,7 +660,7 @@ static void op_kv_transpose(Model* model, float* dst, const float* src, int N, b
 // ===========================================================================
 
 static void embedding_forward(float* out, const int* tokens, const float* E, int N, int d) {
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) memcpy(out + (size_t)n * d, E + (size_t)tokens[n] * d, d * sizeof(float));
 }
 
@@ -760,7 +757,7 @@ static void op_embedding_backward(Model* model, float* dE, const float* dout, co
 // ===========================================================================
 
 static void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int N, int d, float eps) {
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* x = inp + (size_t)n * d;
         float* y = out + (size_t)n * d;
@@ -781,7 +778,7 @@ static void rmsnorm_forward(float* out, float* rstd, const float* inp, const flo
 static void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
                              const float* rstd, int N, int d) {
     std::vector<float> part((size_t)CHUNKS * d, 0.0f);
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(static)
     for (int c = 0; c < CHUNKS; c++) {
         float* dgc = &part[(size_t)c * d];
         for (size_t n = (size_t)N * c / CHUNKS; n < (size_t)N * (c + 1) / CHUNKS; n++) {
@@ -911,7 +908,7 @@ static void rope_tables(float* cos_t, float* sin_t, int T, int hd, float theta) 
 // The rotation is orthogonal, so its backward is the rotation by -angle.
 static void rope_rotate(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, float sign) {
     int half = hd / 2;
-#pragma omp parallel for collapse(2) schedule(dynamic, share_chunk((long)B * T))
+#pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int t = 0; t < T; t++) {
             const float* cs = cos_t + t * half;
@@ -1125,7 +1122,7 @@ static void op_router_backward(Model* model, float* dWk, float* dWv, float* dKbu
 
 // x[t] = sum_i X[i][t]: the final norm's input. Also the backward of hc_expand: dx = sum_i dX[i].
 static void hc_sum(float* x, const float* X, int n, size_t Nd) {
-#pragma omp parallel for schedule(dynamic, share_chunk((long)Nd)) if (Nd > 65536)
+#pragma omp parallel for schedule(static) if (Nd > 65536)
     for (size_t e = 0; e < Nd; e++) {
         float s = 0;
         for (int i = 0; i < n; i++) s += X[i * Nd + e];
@@ -1144,7 +1141,7 @@ static void hc_weights_forward(float* Aw, float* bw, float* rstd, float* ta, flo
                                int N, int n, int d, float eps) {
     int K = n + 1;
     size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++)
         for (int i = 0; i < n; i++) {
             size_t ti = (size_t)t * n + i;
@@ -1190,7 +1187,7 @@ static void hc_weights_backward(float* dX, HcParams dw, const float* dA, const f
     // one chunk's sums: static_alpha (n*K), static_beta (n), then alpha_fn (d*K), alpha_scale, beta_fn (d), beta_scale
     size_t G = (size_t)n * K + n + (dyn ? (size_t)d * K + d + 2 : 0);
     std::vector<float> part((size_t)CHUNKS * G, 0.0f);
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(static)
     for (int c = 0; c < CHUNKS; c++) {
         float *sa = &part[(size_t)c * G], *sb = sa + n * K, *afn = sb + n, *as = afn + (size_t)d * K, *bfn = as + 1,
               *bs = bfn + d;
@@ -1238,7 +1235,7 @@ static void hc_weights_backward(float* dX, HcParams dw, const float* dA, const f
 static void hc_width_forward(float* M, const float* X, const float* Aw, int N, int n, int d) {
     int K = n + 1;
     size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++)
         for (int k = 0; k < K; k++)
             for (int j = 0; j < d; j++) {
@@ -1254,7 +1251,7 @@ static void hc_width_backward(float* dX, float* dA, const float* dM, const float
                               int d) {
     int K = n + 1;
     size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++)
         for (int i = 0; i < n; i++) {
             const float* x = X + i * Nd + (size_t)t * d;
@@ -1276,7 +1273,7 @@ static void hc_width_backward(float* dX, float* dA, const float* dM, const float
 // X'[i][t] = b[t,i] * y[t] + M[1+i][t]: the depth connection (X' and M must not overlap).
 static void hc_depth_forward(float* Xout, const float* y, const float* M, const float* bw, int N, int n, int d) {
     size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++)
         for (int i = 0; i < n; i++)
             for (int j = 0; j < d; j++) {
@@ -1291,7 +1288,7 @@ static void hc_depth_forward(float* Xout, const float* y, const float* M, const 
 static void hc_depth_backward(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw,
                               int N, int n, int d) {
     size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
         for (int j = 0; j < d; j++) {
             size_t e = (size_t)t * d + j;
@@ -1639,7 +1636,7 @@ static void attention_forward(float* out, float* att, const float* q, const floa
                               int H, int R, int hd) {
     int n_rep = H / R;
     float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel for collapse(3) schedule(dynamic, share_chunk((long)B * H * T))
+#pragma omp parallel for collapse(3) schedule(static)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < H; h++)
             for (int t = 0; t < T; t++) {
@@ -1675,7 +1672,7 @@ static void attention_backward(float* dq, float* dk, float* dv, const float* dou
                                const float* v, const float* att, int B, int T, int H, int R, int hd) {
     int n_rep = H / R;
     float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel for collapse(2) schedule(dynamic, share_chunk((long)B * R))
+#pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
         for (int r = 0; r < R; r++)
             for (int h = r * n_rep; h < (r + 1) * n_rep; h++)
@@ -1882,14 +1879,14 @@ static void op_attention_backward(Model* model, float* dq, float* dk, float* dv,
 // ===========================================================================
 
 static void swiglu_forward(float* out, const float* gate, const float* up, size_t n) {
-#pragma omp parallel for schedule(dynamic, share_chunk((long)n))
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) out[i] = gate[i] / (1.0f + cpu_exp(-gate[i])) * up[i];
 }
 
 // forward: h = silu(g) * u
 // dg = dh * u * silu'(g),  silu'(g) = s (1 + g (1 - s)),  s = sigmoid(g);   du = dh * silu(g)
 static void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t n) {
-#pragma omp parallel for schedule(dynamic, share_chunk((long)n))
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         float g = gate[i], s = 1.0f / (1.0f + cpu_exp(-g));
         dgate[i] = dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
@@ -1938,7 +1935,7 @@ static void op_swiglu_backward(Model* model, float* dgate, float* dup, const flo
 // probs (N, V), nll (N); returns the loss (0 when the mask is all 0).
 static float crossentropy_forward(float* probs, float* nll, const float* logits, const int* targets, const float* mask,
                                   int N, int V) {
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* z = logits + (size_t)n * V;
         float* p = probs + (size_t)n * V;
@@ -1961,7 +1958,7 @@ static void crossentropy_backward(float* dlogits_probs, const int* targets, cons
     double count = 0;
     for (int n = 0; n < N; n++) count += mask[n];
     float w = count > 0 ? (float)(1.0 / count) : 0.0f;
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         float* g = dlogits_probs + (size_t)n * V;
         float s = mask[n] * w;
@@ -2074,7 +2071,7 @@ static void op_crossentropy_backward(Model* model, float* dlogits_probs, const i
 // One layer, every sequence: stat (B, 4) = {S2, 4 / tr(G), 4 / ||G||_F^2, 0}
 // (all 0 for a sequence without an S2), mu (B, D), G (B, D, D), from V (B, T, D) and valid (B, T).
 static void ereg_forward(float* stat, float* mu, float* G, const float* V, const float* valid, int B, int T, int D) {
-#pragma omp parallel for schedule(dynamic, share_chunk(B))
+#pragma omp parallel for schedule(static)
     for (int b = 0; b < B; b++) {
         const float* Vb = V + (size_t)b * T * D;  // (T, D)
         const float* vb = valid + (size_t)b * T;  // (T)
@@ -2116,7 +2113,7 @@ static void ereg_forward(float* stat, float* mu, float* G, const float* V, const
 // scale = -entropy_reg / (L * B); a sequence without an S2 has stat 0: no gradient.
 static void ereg_backward(float* dV, const float* V, const float* valid, const float* mu, const float* G,
                           const float* stat, float scale, int B, int T, int D) {
-#pragma omp parallel for schedule(dynamic, share_chunk((long)B * T))
+#pragma omp parallel for schedule(static)
     for (int bt = 0; bt < B * T; bt++) {
         int b = bt / T;
         const float* st = stat + 4 * b;
@@ -2296,7 +2293,7 @@ float lr_factor(int s, int warmup, int steps, Schedule sched, float min_lr_ratio
 
 static double grad_sumsq(const float* g, size_t n) {
     double part[CHUNKS] = {};
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(static)
     for (int c = 0; c < CHUNKS; c++)
         for (size_t i = n * c / CHUNKS; i < n * (c + 1) / CHUNKS; i++) part[c] += (double)g[i] * g[i];
     return sum_in_order(part, CHUNKS);
@@ -2324,7 +2321,7 @@ LAB_SWAPPABLE void adamw_cpu(float* p, float* m, float* v, const float* g, size_
     // the numbers as locals: m, v and p could be nums as far as the compiler
     // knows, and it would reload them after every store instead of vectorising
     const float beta1 = nums.beta1, beta2 = nums.beta2, bc1 = nums.bc1, bc2 = nums.bc2, eps = nums.eps;
-#pragma omp parallel for schedule(dynamic, share_chunk((long)n))
+#pragma omp parallel for schedule(static)
     for (size_t i = 0; i < n; i++) {
         float gi = g[i] * grad_scale;
         m[i] = beta1 * m[i] + (1.0f - beta1) * gi;

@@ -52,8 +52,11 @@ struct BenchModel {
 };
 
 // Makes every model of ms (all of b's shape) and times b.steps training steps of
-// each, interleaved: round i runs one step of every model, in an order that
-// turns by one from round to round, each step timed alone from an idle device
+// each, interleaved: round i runs two steps of every model, in an order drawn
+// afresh each round, and times the second alone, so that it starts from the
+// caches its model's own step left, as in a training run (a step right after
+// another model's ran up to 20% slower, and a fixed order put a model after the
+// same other one every time); each timed step runs from an idle device
 // to an idle device (model_sync). So a change in the machine's load falls on
 // all the models alike, and a ratio of two models (median_ratio) compares steps
 // taken side by side. Warm-up first: two steps of each model as it is made (on
@@ -84,14 +87,20 @@ static void bench_models(const BenchSetup& b, std::vector<BenchModel>* ms) {
     double w0 = now_ms();
     while (now_ms() - w0 < 500)
         for (BenchModel& m : *ms) step(m);
-    for (int i = 0; i < b.steps; i++)
+    std::vector<int> order(n);
+    for (int k = 0; k < n; k++) order[k] = k;
+    Rng shuffle(11);
+    for (int i = 0; i < b.steps; i++) {
+        for (int k = n - 1; k > 0; k--) std::swap(order[k], order[shuffle.below(k + 1)]);  // a new order each round
         for (int k = 0; k < n; k++) {
-            BenchModel& m = (*ms)[(i + k) % n];
+            BenchModel& m = (*ms)[order[k]];
+            step(m);  // untimed: it leaves the caches as a training run's previous step would
             double t0 = now_ms(), c0 = cpu_ms();
             step(m);
             m.step_ms.push_back(now_ms() - t0);
             m.r.cpu_ms += (cpu_ms() - c0) / b.steps;
         }
+    }
     for (BenchModel& m : *ms) {
         for (double t : m.step_ms) m.r.ms += t / b.steps;
         m.r.tok_s = (double)b.B * T / (m.r.ms / 1000);

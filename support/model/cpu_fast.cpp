@@ -217,7 +217,7 @@ static void gemm_blocked(float* C, size_t ldc, MatView A, MatView B, int M, int 
         bool packs = false;
         for (int p = 0; p < panels; p++) packs |= !in_place(p);
         if (packs) {
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static)
             for (int p = 0; p < panels; p++) {
                 if (in_place(p)) continue;
                 float* panel = packed(p);
@@ -230,19 +230,18 @@ static void gemm_blocked(float* C, size_t ldc, MatView A, MatView B, int M, int 
                 }
             }
         }
-        // Work units: a block of row tiles by one panel; at least four units per
-        // thread, blocks of at most GEMM_MC_TILES tiles, all of about the same size,
-        // each taken by whichever thread is free (share_chunk's reason).
+        // Work units: a block of row tiles by one panel; at least one unit per
+        // thread, blocks of at most GEMM_MC_TILES tiles, all of about the same size.
 #ifdef _OPENMP
         int threads = omp_get_num_threads();
 #else
         int threads = 1;
 #endif
-        int row_blocks = std::max((4 * threads + panels - 1) / panels, (row_tiles + GEMM_MC_TILES - 1) / GEMM_MC_TILES);
+        int row_blocks = std::max((threads + panels - 1) / panels, (row_tiles + GEMM_MC_TILES - 1) / GEMM_MC_TILES);
         row_blocks = std::min(row_blocks, row_tiles);
         int tiles_per_block = (row_tiles + row_blocks - 1) / row_blocks;
         row_blocks = (row_tiles + tiles_per_block - 1) / tiles_per_block;
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(static)
         for (int u = 0; u < row_blocks * panels; u++) {
             int rb = u / panels, p = u % panels;
             int t_end = std::min(row_tiles, (rb + 1) * tiles_per_block);
@@ -299,7 +298,7 @@ static bool few_long_dots(int N, int C, int OC) {  // at least 64 floats a slice
 }
 static void dots_sliced(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
                         float* partial) {
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(static)
     for (int s = 0; s < DOT_SLICES; s++) {
         size_t from = (size_t)C * s / DOT_SLICES, to = (size_t)C * (s + 1) / DOT_SLICES;
         for (int n = 0; n < N; n++)
@@ -356,7 +355,7 @@ size_t matmul_fast_forward_scratch_floats(int N, int C, int OC) {
 // summed as the plain loop sums it (the same bits), the products in their own
 // fixed order (equal to rounding), whatever the number of threads.
 //
-// Each thread (at most EREG_SLOTS) takes the next sequence not yet taken, in its own
+// Each thread (at most EREG_SLOTS) takes every threads-th sequence in its own
 // slot of the scratch (ereg_fast_scratch_floats), which stays in its caches:
 // Z (T, D), the product Z G or K Z (T, D), and the products' packed panels.
 static const int EREG_SLOTS = 32;
@@ -372,9 +371,8 @@ static void ereg_for_sequences(int B, F f) {
 #ifdef _OPENMP
 #pragma omp parallel num_threads(std::min({B, EREG_SLOTS, omp_get_max_threads()}))
     {
-        int slot = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-        for (int b = 0; b < B; b++) f(b, slot);
+        int slot = omp_get_thread_num(), threads = omp_get_num_threads();
+        for (int b = slot; b < B; b += threads) f(b, slot);
     }
 #else
     for (int b = 0; b < B; b++) f(b, 0);
@@ -607,7 +605,7 @@ static void attention_forward_blocked(float* out, float* att, const float* q, co
 #pragma omp parallel
     {
         AttentionBuffers buf(Tp, hd);
-#pragma omp for collapse(2) schedule(dynamic, share_chunk((long)B * R))
+#pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int r = 0; r < R; r++) {
                 size_t kv = ((size_t)r * B + b) * T * hd;  // row u of this kv head: kv + u * hd
@@ -656,7 +654,7 @@ static void attention_backward_blocked(float* dq, float* dk, float* dv, const fl
 #pragma omp parallel
     {
         AttentionBuffers buf(Tp, hd);
-#pragma omp for collapse(2) schedule(dynamic, share_chunk((long)B * R))
+#pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int r = 0; r < R; r++) {
                 size_t kv = ((size_t)r * B + b) * T * hd, ld = (size_t)hd;  // row u of this kv head: kv + u * ld
@@ -789,7 +787,7 @@ static void hc_weights_forward_blocked(float* Aw, float* bw, float* rstd, float*
     }
     const float* W = wrow.data();
     float as = w.alpha_scale[0], bs = w.beta_scale[0];
-#pragma omp parallel for schedule(dynamic, share_chunk(N / HC_BLOCK))
+#pragma omp parallel for schedule(static)
     for (int t0 = 0; t0 < N; t0 += HC_BLOCK) {
         int t1 = std::min(N, t0 + HC_BLOCK);
         for (int t = t0; t < t1; t++)
@@ -827,7 +825,7 @@ void hc_weights_forward_fast(float* Aw, float* bw, float* rstd, float* ta, float
                              int n, int d, float eps) {
     int K = n + 1;
     if (!w.alpha_fn) {  // static: every position's weights are the static ones
-#pragma omp parallel for schedule(dynamic, share_chunk(N)) if ((size_t)N * n * K > 65536)
+#pragma omp parallel for schedule(static) if ((size_t)N * n * K > 65536)
         for (int t = 0; t < N; t++) {
             memcpy(Aw + (size_t)t * n * K, w.static_alpha, (size_t)n * K * sizeof(float));
             memcpy(bw + (size_t)t * n, w.static_beta, (size_t)n * sizeof(float));
@@ -860,7 +858,7 @@ static void hc_weights_backward_blocked(float* dX, HcParams dw, const float* dA,
     if (dyn) hc_projections(&wt, w, n, d);
     const float* wp = wt.data();
     float as = dyn ? w.alpha_scale[0] : 0.0f, bs = dyn ? w.beta_scale[0] : 0.0f;
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(static)
     for (int c = 0; c < HC_CHUNKS; c++) {
         float *sa = &part[(size_t)c * G], *sb = sa + n * K, *sw = sb + n, *sas = sw + (size_t)P * d, *sbs = sas + 1;
         memset(sa, 0, G * sizeof(float));
@@ -932,7 +930,7 @@ template <int LANES>
 static void hc_width_forward_blocked(float* M, const float* X, const float* Aw, int N, int n, int d) {
     int K = n + 1;
     size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
         const float* a = Aw + (size_t)t * n * K;
         for (int k = 0; k < K; k++)
@@ -959,7 +957,7 @@ static void hc_width_backward_blocked(float* dX, float* dA, const float* dM, con
                                       int n, int d) {
     int K = n + 1;
     size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++)
         for (int i = 0; i < n; i++) {
             const float* x = X + i * Nd + (size_t)t * d;
@@ -988,7 +986,7 @@ template <int LANES>
 static void hc_depth_backward_blocked(float* dy, float* db, float* dM, const float* dXout, const float* y,
                                       const float* bw, int N, int n, int d) {
     size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(dynamic, share_chunk(N))
+#pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++) {
         const float* b = bw + (size_t)t * n;
         for (int j0 = 0; j0 < d; j0 += LANES) {

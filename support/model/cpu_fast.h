@@ -11,14 +11,6 @@
 
 #include "support/model/lime.h"  // HcParams
 
-// The chunk of a parallel loop of n iterations, `schedule(dynamic, share_chunk(n))`:
-// about 64 chunks (at least one iteration each), each taken by whichever thread
-// is free. On a machine other programs keep busy the scheduler often sets one
-// of our threads aside; with a static split the others wait at the loop's end
-// for its whole share, here for at most the one chunk it holds. Who computes an
-// iteration changes, never how: the results do not depend on it.
-inline int share_chunk(long n) { return (int)std::max(1L, n / 64); }
-
 // The scratch the fast products need (packed panels of 32 columns), in floats,
 // for products of at most `rows` rows by at most `cols` columns.
 inline size_t matmul_fast_scratch_floats(size_t rows, size_t cols) { return rows * ((cols + 31) / 32 * 32); }
