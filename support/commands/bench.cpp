@@ -39,7 +39,7 @@ struct BenchResult {
     double ms = 0, tok_s = 0;
     double cpu_ms = 0;                  // the process's CPU time per step (all threads), in ms
     double mfu = 0;                     // model FLOPs utilisation against the device's peak (GPU)
-    double model_gb = 0, device_gb = 0; // GPU memory: the model's allocations; the most device memory it added
+    double model_gb = 0, device_gb = 0; // GPU memory: the model's allocations; what it took as it was made and ran its two warm-up steps
     std::string attention;              // matmul or flash on the GPU, cpu on the CPU
 };
 
