@@ -19,7 +19,7 @@ void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const f
 // Lab 4. One update's numbers; one tensor's update; the clipping factor.
 AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step);
 void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd,
-               float grad_scale, const AdamWNumbers& h);
+               float grad_scale, const AdamWNumbers& nums);
 float clip_scale(float norm, float grad_clip);
 
 // Lab 3 (built with support/harness/cuda_on_cpu.h): the launcher lime.cu calls for the router.

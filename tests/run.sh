@@ -16,8 +16,28 @@ suites=(
     "bash tests/test_layers.sh"  # support/ in layers: each file includes only what its layer may
     "bash tests/test_labs.sh"    # the labs: starters fail, the project passes, planted mistakes get their hint
 )
+# The suites share nothing but the built binaries, so JOBS of them (2 by
+# default: this machine's cores) run at once, each into its own file; the
+# results are printed in the order above.
+jobs=${JOBS:-2}
+out_dir=$(mktemp -d)
+trap 'rm -rf "$out_dir"' EXIT
+run_suite() {  # run_suite I: suite I's output into $out_dir/I.out, its status and seconds into I.status
+    local suite=${suites[$1]} start=$SECONDS status
+    $suite >"$out_dir/$1.out" 2>&1
+    status=$?
+    echo "$status $((SECONDS - start))" >"$out_dir/$1.status"
+}
+for i in "${!suites[@]}"; do
+    bin=${suites[$i]#bash }
+    [ -e "${bin%% *}" ] || continue
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    run_suite "$i" &
+done
+wait
 passed=0; failed=0; skipped=0
-for suite in "${suites[@]}"; do
+for i in "${!suites[@]}"; do
+    suite=${suites[$i]}
     bin=${suite#bash }
     if [ ! -e "${bin%% *}" ]; then
         echo "SKIP $suite: not built"
@@ -25,9 +45,8 @@ for suite in "${suites[@]}"; do
         continue
     fi
     echo "== $suite"
-    start=$(date +%s)
-    out=$($suite 2>&1)
-    status=$?
+    read -r status seconds <"$out_dir/$i.status"
+    out=$(cat "$out_dir/$i.out")
     echo "$out" | grep -v -E '^[0-9]+ passed, [0-9]+ failed'
     line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1)
     p=$(echo "$line" | sed -n 's/^\([0-9]*\) passed.*/\1/p')
@@ -43,7 +62,7 @@ for suite in "${suites[@]}"; do
             failed=$((failed + 1))
         fi
     fi
-    echo "-- $suite: $line ($(( $(date +%s) - start )) s)"
+    echo "-- $suite: $line ($seconds s)"
 done
 echo "$passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

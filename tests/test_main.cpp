@@ -1,8 +1,10 @@
 // tests/test_main.cpp — runs the tests linked into this binary (see test.h).
 #include <cstring>
+#include "support/lib/cli.h"  // set_wait_policy
 #include "test.h"
 
 int main(int argc, char** argv) {
+    set_wait_policy(argv);  // as ./lime: waiting threads sleep, so suites run side by side (tests/run.sh)
     const char* filter = argc > 1 ? argv[1] : nullptr;
     int passed = 0, failed = 0, skipped = 0;
     for (const TestCase& t : test_registry()) {

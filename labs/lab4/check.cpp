@@ -12,23 +12,23 @@ static std::string check_numbers() {
     o.lr = 2e-3f, o.router_lr = 3e-2f, o.weight_decay = 0.1f, o.beta1 = 0.8f, o.beta2 = 0.9f, o.grad_clip = 0.5f;
     float f = 0.25f;
     int step = 3;
-    AdamWNumbers h = adamw_numbers(o, f, step);
+    AdamWNumbers nums = adamw_numbers(o, f, step);
     const char* names[3] = {"matrices", "embedding and gains", "routers"};
     for (int g = 0; g < 3; g++) {
         double lr = (g == GROUP_ROUTER ? o.router_lr : o.lr) * (double)f;
-        if (!near(h.lr[g], lr))
+        if (!near(nums.lr[g], lr))
             return strf("lr[%d] (the %s' group) is wrong; hint: %s", g, names[g],
                        g == GROUP_ROUTER ? "the routers have their own learning rate, router_lr, times the schedule "
                                            "factor"
                                          : "this group's learning rate is lr times the schedule factor");
         double wd = g == GROUP_MATRIX ? o.weight_decay : 0.0;
-        if (!near(h.weight_decay[g], wd))
+        if (!near(nums.weight_decay[g], wd))
             return strf("weight_decay[%d] (the %s' group) is wrong; hint: weight decay is for the matrices only; "
                        "embedding, gains and routers get none", g, names[g]);
     }
-    if (!near(h.beta1, o.beta1) || !near(h.beta2, o.beta2) || !near(h.eps, o.eps) || !near(h.grad_clip, o.grad_clip))
+    if (!near(nums.beta1, o.beta1) || !near(nums.beta2, o.beta2) || !near(nums.eps, o.eps) || !near(nums.grad_clip, o.grad_clip))
         return "beta1, beta2, eps or grad_clip is not the config's; hint: copy them from the AdamWConfig";
-    if (!near(h.bc1, 1 - std::pow((double)o.beta1, step)) || !near(h.bc2, 1 - std::pow((double)o.beta2, step)))
+    if (!near(nums.bc1, 1 - std::pow((double)o.beta1, step)) || !near(nums.bc2, 1 - std::pow((double)o.beta2, step)))
         return strf("bc1 or bc2 is wrong at step %d; hint: the bias corrections are 1 - beta^step", step);
     return "";
 }
@@ -49,14 +49,14 @@ static const char* hint(Slip s) {
     }
 }
 static void update_with_slip(Slip s, std::vector<float>* p, std::vector<float>* m, std::vector<float>* v,
-                             const std::vector<float>& g, float lr, float wd, float scale, const AdamWNumbers& h) {
+                             const std::vector<float>& g, float lr, float wd, float scale, const AdamWNumbers& nums) {
     if (s == NOTHING) return;
     for (size_t i = 0; i < g.size(); i++) {
         double gi = (double)g[i] * (s == NO_CLIP ? 1.0 : scale);
         if (s == DECAY_IN_GRADIENT) gi += wd * (*p)[i];
-        double mi = h.beta1 * (*m)[i] + (1.0 - h.beta1) * gi, vi = h.beta2 * (*v)[i] + (1.0 - h.beta2) * gi * gi;
-        double mhat = s == NO_BIAS_CORRECTION ? mi : mi / h.bc1, vhat = s == NO_BIAS_CORRECTION ? vi : vi / h.bc2;
-        double den = s == EPS_INSIDE_SQRT ? std::sqrt(vhat + h.eps) : std::sqrt(vhat) + h.eps;
+        double mi = nums.beta1 * (*m)[i] + (1.0 - nums.beta1) * gi, vi = nums.beta2 * (*v)[i] + (1.0 - nums.beta2) * gi * gi;
+        double mhat = s == NO_BIAS_CORRECTION ? mi : mi / nums.bc1, vhat = s == NO_BIAS_CORRECTION ? vi : vi / nums.bc2;
+        double den = s == EPS_INSIDE_SQRT ? std::sqrt(vhat + nums.eps) : std::sqrt(vhat) + nums.eps;
         double decay = s == DECAY_IN_GRADIENT ? 0 : (s == DECAY_WITHOUT_LR ? 1.0 : lr) * wd * (*p)[i];
         (*p)[i] = (float)((*p)[i] - decay - lr * mhat / den);
         (*m)[i] = (float)mi, (*v)[i] = (float)vi;
@@ -64,18 +64,18 @@ static void update_with_slip(Slip s, std::vector<float>* p, std::vector<float>* 
 }
 
 static std::string check_update(Rng& rng, size_t n, float wd, float scale) {
-    AdamWNumbers h = {};
-    h.beta1 = 0.9f, h.beta2 = 0.95f, h.eps = 1e-3f, h.bc1 = 1 - 0.9f * 0.9f, h.bc2 = 1 - 0.95f * 0.95f;
+    AdamWNumbers nums = {};
+    nums.beta1 = 0.9f, nums.beta2 = 0.95f, nums.eps = 1e-3f, nums.bc1 = 1 - 0.9f * 0.9f, nums.bc2 = 1 - 0.95f * 0.95f;
     float lr = 0.05f;
     std::vector<float> p = randn(rng, n), m = randn(rng, n, 0.1f), v = randn(rng, n, 0.1f), g = randn(rng, n);
     for (float& x : v) x = std::fabs(x);
     std::vector<float> gp = p, gm = m, gv = v;
-    adamw_cpu(gp.data(), gm.data(), gv.data(), g.data(), n, lr, wd, scale, h);
+    adamw_cpu(gp.data(), gm.data(), gv.data(), g.data(), n, lr, wd, scale, nums);
     std::vector<float> want[3], outs[3];
     std::vector<Mistake> mistakes;
     for (Slip s : {NONE, NOTHING, NO_BIAS_CORRECTION, DECAY_WITHOUT_LR, DECAY_IN_GRADIENT, NO_CLIP, EPS_INSIDE_SQRT}) {
         std::vector<float> sp = p, sm = m, sv = v;
-        update_with_slip(s, &sp, &sm, &sv, g, lr, wd, scale, h);
+        update_with_slip(s, &sp, &sm, &sv, g, lr, wd, scale, nums);
         if (s == NONE) want[0] = sp, want[1] = sm, want[2] = sv;
         else mistakes.push_back({hint(s), {sp, sm, sv}});
     }

@@ -11,9 +11,9 @@
 //   beta1, beta2, eps, grad_clip   the config's
 //   bc1, bc2         the bias corrections 1 - beta1^step, 1 - beta2^step
 AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step) {
-    AdamWNumbers h = {};
+    AdamWNumbers nums = {};
     // Your code here.
-    return h;
+    return nums;
 }
 
 // One tensor of n parameters p, its moments m and v, its gradient g:
@@ -21,7 +21,7 @@ AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step) {
 //   m = beta1 m + (1 - beta1) g';   v = beta2 v + (1 - beta2) g'^2
 //   p -= lr * wd * p + lr * (m / bc1) / (sqrt(v / bc2) + eps)
 void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd,
-               float grad_scale, const AdamWNumbers& h) {
+               float grad_scale, const AdamWNumbers& nums) {
     // Your code here.
 }
 
