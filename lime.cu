@@ -2528,13 +2528,6 @@ static void kv_projection_forward(Model* model, float* out, float* tmp, const fl
     op_matmul_forward(model, tmp, inp, W, N, c.d, c.R * c.hd);
     op_kv_transpose(model, out, tmp, N, false, false);
 }
-// forward: out = transpose(inp @ W^T);  tmp = transpose(dout), then dinp += tmp @ W, dW += tmp^T @ inp
-static void kv_projection_backward(Model* model, float* dinp, float* dW, float* tmp, const float* dout,
-                                   const float* inp, const float* W, int N) {
-    const Config& c = model->c;
-    op_kv_transpose(model, tmp, dout, N, true, false);
-    op_matmul_backward(model, dinp, dW, tmp, inp, W, N, c.d, c.R * c.hd);
-}
 
 // Forward over the batch already in A->tokens (and A->targets, A->mask with a loss).
 static void forward_pass(Model* model, int B, int T, bool with_loss) {
@@ -2654,11 +2647,13 @@ static void backward_pass(Model* model, int B, int T) {
         } else {
             op_add(model, dK, A->dkr, kv_layer);
         }
-        // forward: q = a Wq^T, K = a Wk^T, V = a Wv^T, a = rmsnorm(x)
+        // forward: q = a Wq^T, K and V = transpose(a Wk^T), transpose(a Wv^T) (kv_projection_forward), a = rmsnorm(x)
         op_zero(model, A->dnorm, (size_t)N * d);
         op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd);
-        kv_projection_backward(model, A->dnorm, gw.Wk, A->dkr, dK, la.attn_in, w.Wk, N);  // (dkr, dvr: free now)
-        op_kv_transpose(model, A->dvr, dV, N, true, false);  // dV as (B, T, R*hd), as kv_projection_backward
+        // dkr, dvr are free now: they take dK and dV token-major, (B, T, R*hd), for the products' backward
+        op_kv_transpose(model, A->dkr, dK, N, true, false);
+        op_matmul_backward(model, A->dnorm, gw.Wk, A->dkr, la.attn_in, w.Wk, N, d, kvd);
+        op_kv_transpose(model, A->dvr, dV, N, true, false);
         // forward: loss -= entropy_reg * mean S2, S2 from V (the regulariser): its gradient joins V's here
         if (model->ereg_on)
             op_ereg_backward(model, A->dvr, A->ereg_V + l * kv_layer, A->valid, A->ereg_mu + (size_t)l * B * kvd,

@@ -9,7 +9,7 @@
 # Optional, outside the project's dependencies: it runs only where a Python
 # with torch is installed, and never in `make test` or CI. For example
 #   python3 -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch
-#   /tmp/torchenv/bin/python tests/bench_torch.py --threads 2
+#   /tmp/torchenv/bin/python tests/bench_torch.py --threads 2 --rounds 5
 #   /tmp/torchenv/bin/python tests/bench_torch.py --threads 1 --config d128 --modes eager
 # The model follows lime.cu (docs/model.md): RMSNorm, RoPE (half split),
 # causal GQA attention, SwiGLU, tied embeddings; lime adds a router per layer
@@ -122,7 +122,8 @@ class Model(torch.nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def bench(c, arch, mode, steps, warmup):
+def make_step(c, arch, mode, warmup):
+    """One model and its optimiser; returns a function that runs one training step."""
     torch.manual_seed(1)
     model = Model(c, arch, sdpa=(mode == "compile"))
     opt = torch.optim.AdamW(model.groups(), betas=(0.9, 0.95), eps=1e-8)
@@ -140,11 +141,14 @@ def bench(c, arch, mode, steps, warmup):
 
     for _ in range(warmup):
         step()
+    return step
+
+
+def tokens_per_s(c, step, steps):
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
-    dt = (time.perf_counter() - t0) / steps
-    return c["B"] * c["T"] / dt
+    return c["B"] * c["T"] * steps / (time.perf_counter() - t0)
 
 
 def lime_bench(binary, c, threads, steps):
@@ -163,19 +167,29 @@ def main():
     ap.add_argument("--config", choices=["d32", "d128", "both"], default="both")
     ap.add_argument("--modes", default="eager,compile", help="eager, compile or both (comma-separated)")
     ap.add_argument("--lime", default="./lime", help="the ./lime binary to compare with ('' to skip it)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternating rounds (./lime, then each torch model), medians reported")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     modes = [m for m in a.modes.split(",") if m]
-    print(f"torch {torch.__version__}, {a.threads} threads, {a.steps} steps after {a.warmup} warm-up")
+    print(f"torch {torch.__version__}, {a.threads} threads, {a.steps} steps after {a.warmup} warm-up, "
+          f"medians of {a.rounds} alternating rounds (tokens/s; lime/X: the median of the rounds' ratios)")
     print(f"{'config':6} {'arch':6} {'./lime':>9} " + " ".join(f"{m:>9} {'lime/' + m:>13}" for m in modes))
+    median = lambda xs: sorted(xs)[len(xs) // 2]
     for name in (["d32", "d128"] if a.config == "both" else [a.config]):
         c = CONFIGS[name]
-        ours = lime_bench(a.lime, c, a.threads, a.steps) if a.lime else (float("nan"), float("nan"))
+        steps = {(arch, m): make_step(c, arch, m, a.warmup) for arch in ["llama", "lime"] for m in modes}
+        ours, theirs = [], {k: [] for k in steps}
+        for _ in range(a.rounds):  # the machine's speed drifts: each round times both, one after the other
+            ours.append(lime_bench(a.lime, c, a.threads, a.steps) if a.lime else (float("nan"), float("nan")))
+            for k, step in steps.items():
+                theirs[k].append(tokens_per_s(c, step, a.steps))
         for i, arch in enumerate(["llama", "lime"]):
-            row = f"{name:6} {arch:6} {ours[i]:9.0f} "
+            row = f"{name:6} {arch:6} {median([o[i] for o in ours]):9.0f} "
             for m in modes:
-                tps = bench(c, arch, m, a.steps, a.warmup)
-                row += f"{tps:9.0f} {ours[i] / tps:13.2f} "
+                tps = theirs[(arch, m)]
+                ratio = median([o[i] / t for o, t in zip(ours, tps)])
+                row += f"{median(tps):9.0f} {ratio:13.2f} "
             print(row, flush=True)
 
 

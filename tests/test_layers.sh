@@ -12,42 +12,33 @@
 cd "$(dirname "$0")/.." || exit 2
 source tests/lib.sh
 
-# The layer a file belongs to, and the prefixes its quoted includes may start with.
-allowed() {
+# One table: the layer a file belongs to, as "PREFIXES|RULE": the prefixes its
+# quoted includes may start with, and the rule in words ("any|" outside the layers).
+layer() {
     case $1 in
-        support/lib/*)      echo "support/lib/" ;;
-        support/harness/*)  echo "support/harness/" ;;
-        support/model/*)    echo "support/lib/ support/model/" ;;
-        support/commands/*) echo "support/lib/ support/model/ support/commands/ data/" ;;
-        data/*)             echo "support/lib/ data/" ;;
-        lime.cu)            echo "support/lib/ support/model/ support/harness/" ;;
-        *)                  echo "any" ;;
-    esac
-}
-rule() {
-    case $1 in
-        support/lib/*)      echo "the library layer includes nothing of the project (support/lib/ only)" ;;
-        support/harness/*)  echo "the harness includes nothing of the project" ;;
-        support/model/*)    echo "the model's parts include support/lib/ and support/model/ only" ;;
-        support/commands/*) echo "the commands include support/lib/, support/model/, data/ and support/commands/ only" ;;
-        data/*)             echo "data/ includes support/lib/ and data/ only" ;;
-        lime.cu)            echo "lime.cu includes support/lib/, support/model/ and support/harness/ only" ;;
+        support/lib/*)      echo "support/lib/|the library layer includes nothing of the project (support/lib/ only)" ;;
+        support/harness/*)  echo "support/harness/|the harness includes nothing of the project" ;;
+        support/model/*)    echo "support/lib/ support/model/|the model's parts include support/lib/ and support/model/ only" ;;
+        support/commands/*) echo "support/lib/ support/model/ support/commands/ data/|the commands include support/lib/, support/model/, data/ and support/commands/ only" ;;
+        data/*)             echo "support/lib/ data/|data/ includes support/lib/ and data/ only" ;;
+        lime.cu)            echo "support/lib/ support/model/ support/harness/|lime.cu includes support/lib/, support/model/ and support/harness/ only" ;;
+        *)                  echo "any|" ;;
     esac
 }
 
 # Prints one line per breach under directory $1 (a checkout); nothing when every include keeps its rule.
 breaches() {
-    local root=$1 f inc prefixes ok p
+    local root=$1 f inc entry prefixes ok p
     (cd "$root" && find support data lime.cu -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null | sort) |
     while read -r f; do
-        prefixes=$(allowed "$f")
+        entry=$(layer "$f"); prefixes=${entry%%|*}
         [ "$prefixes" = any ] && continue
         sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$root/$f" | while read -r inc; do
             ok=no
             for p in $prefixes; do [[ $inc == "$p"* ]] && ok=yes; done
             # a file beside this one, included by its bare name, is in the same folder
             [[ $inc != */* && -e "$root/$(dirname "$f")/$inc" ]] && ok=yes
-            [ $ok = yes ] || echo "$f includes \"$inc\": $(rule "$f")"
+            [ $ok = yes ] || echo "$f includes \"$inc\": ${entry#*|}"
         done
     done
 }

@@ -37,7 +37,7 @@ struct BenchSetup {
 
 struct BenchResult {
     double ms = 0, tok_s = 0;
-    double cpu_ms = 0;                  // the process's CPU time per step (all threads), in ms
+    double cpu_ms_per_step = 0;         // the process's CPU time per step (all threads), in ms
     double mfu = 0;                     // model FLOPs utilisation against the device's peak (GPU)
     double model_gb = 0, device_gb = 0; // GPU memory: the model's allocations; what it took as it was made and ran its two warm-up steps
     std::string attention;              // matmul or flash on the GPU, cpu on the CPU
@@ -98,7 +98,7 @@ static void bench_models(const BenchSetup& b, std::vector<BenchModel>* ms) {
             double t0 = now_ms(), c0 = cpu_ms();
             step(m);
             m.step_ms.push_back(now_ms() - t0);
-            m.r.cpu_ms += (cpu_ms() - c0) / b.steps;
+            m.r.cpu_ms_per_step += (cpu_ms() - c0) / b.steps;
         }
     }
     for (BenchModel& m : *ms) {
@@ -141,7 +141,7 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
     auto one = [&](const BenchResult& r, const Config& rc) {
         Json o;
         o.add_num("ms_per_step", r.ms).add_num("tokens_per_s", r.tok_s).add_num("flops_per_token", flops_per_token(rc, b.c.T))
-            .add_num("cpu_ms_per_step", r.cpu_ms);
+            .add_num("cpu_ms_per_step", r.cpu_ms_per_step);
         if (b.on_gpu) o.add_num("mfu", r.mfu).add_num("model_gb", r.model_gb).add_num("peak_device_gb", r.device_gb);
         else o.add("mfu", null_).add("model_gb", null_).add("peak_device_gb", null_);
         return o.add_str("attention", r.attention);

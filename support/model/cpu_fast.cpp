@@ -102,71 +102,66 @@ struct KernelPlain {
     }
 };
 
+// The vector micro-kernel: MR x 2 vector registers of sums; per k two loads of
+// B, MR broadcasts of A, 2 MR fused multiply-adds. Simd is one instruction set:
+//   AVX-512  8 x 32 sums in 16 zmm registers (16 + 2 + 1 of the 32)
+//   AVX2     6 x 16 sums in 12 ymm registers (12 + 2 + 1 of the 16)
+template <class Simd>
+struct KernelSimd {
+    using Vec = typename Simd::Vec;
+    static const int MR = Simd::MR, W = Simd::W, NR = 2 * Simd::W;
+    static void run(const TileArgs& t) {
+        Vec acc[MR][2];
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++)
+            for (int h = 0; h < 2; h++)
+                acc[i][h] = t.load_c ? Simd::load(t.c + (size_t)i * t.ldc + W * h) : Simd::zero();
+        const float* a[MR];
+        for (int i = 0; i < MR; i++) a[i] = t.a[i];
+        const float* b = t.b;
+        size_t at = 0;
+        for (int k = 0; k < t.K; k++, b += t.ldb, at += t.a_cs) {
+            Vec b0 = Simd::load(b), b1 = Simd::load(b + W);
+#pragma GCC unroll 8
+            for (int i = 0; i < MR; i++) {
+                Vec x = Simd::broadcast(a[i] + at);
+                acc[i][0] = Simd::fma(x, b0, acc[i][0]);
+                acc[i][1] = Simd::fma(x, b1, acc[i][1]);
+            }
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++)
+            for (int h = 0; h < 2; h++) {
+                float* c = t.c + (size_t)i * t.ldc + W * h;
+                Simd::store(c, t.add_c ? Simd::add(Simd::load(c), acc[i][h]) : acc[i][h]);
+            }
+    }
+};
 #if defined(__AVX2__) && defined(__FMA__)
-// AVX2 + FMA: 6 x 16 sums in 12 ymm registers (8 floats each); per k two
-// loads of B, six broadcasts of A, twelve FMAs. 12 + 2 + 1 of the 16 registers.
-struct KernelAvx2 {
-    static const int MR = 6, NR = 16;
-    static void run(const TileArgs& t) {
-        __m256 acc[MR][2];
-#pragma GCC unroll 6
-        for (int i = 0; i < MR; i++)
-            for (int h = 0; h < 2; h++)
-                acc[i][h] = t.load_c ? _mm256_loadu_ps(t.c + (size_t)i * t.ldc + 8 * h) : _mm256_setzero_ps();
-        const float *a0 = t.a[0], *a1 = t.a[1], *a2 = t.a[2], *a3 = t.a[3], *a4 = t.a[4], *a5 = t.a[5];
-        const float* b = t.b;
-        size_t at = 0;
-        for (int k = 0; k < t.K; k++, b += t.ldb, at += t.a_cs) {
-            __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8), x;
-#define LIME_ROW(i)                                        \
-    x = _mm256_broadcast_ss(a##i + at);                    \
-    acc[i][0] = _mm256_fmadd_ps(x, b0, acc[i][0]);         \
-    acc[i][1] = _mm256_fmadd_ps(x, b1, acc[i][1]);
-            LIME_ROW(0) LIME_ROW(1) LIME_ROW(2) LIME_ROW(3) LIME_ROW(4) LIME_ROW(5)
-#undef LIME_ROW
-        }
-#pragma GCC unroll 6
-        for (int i = 0; i < MR; i++)
-            for (int h = 0; h < 2; h++) {
-                float* c = t.c + (size_t)i * t.ldc + 8 * h;
-                _mm256_storeu_ps(c, t.add_c ? _mm256_add_ps(_mm256_loadu_ps(c), acc[i][h]) : acc[i][h]);
-            }
-    }
+struct Avx2 {
+    using Vec = __m256;
+    static const int W = 8, MR = 6;
+    static Vec zero() { return _mm256_setzero_ps(); }
+    static Vec load(const float* p) { return _mm256_loadu_ps(p); }
+    static Vec broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+    static Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+    static Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+    static void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 };
+using KernelAvx2 = KernelSimd<Avx2>;
 #endif
-
 #if defined(__AVX512F__)
-// AVX-512: 8 x 32 sums in 16 zmm registers (16 floats each); per k two loads
-// of B, eight broadcasts of A, sixteen FMAs. 16 + 2 + 1 of the 32 registers.
-struct KernelAvx512 {
-    static const int MR = 8, NR = 32;
-    static void run(const TileArgs& t) {
-        __m512 acc[MR][2];
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; i++)
-            for (int h = 0; h < 2; h++)
-                acc[i][h] = t.load_c ? _mm512_loadu_ps(t.c + (size_t)i * t.ldc + 16 * h) : _mm512_setzero_ps();
-        const float *a0 = t.a[0], *a1 = t.a[1], *a2 = t.a[2], *a3 = t.a[3], *a4 = t.a[4], *a5 = t.a[5],
-                    *a6 = t.a[6], *a7 = t.a[7];
-        const float* b = t.b;
-        size_t at = 0;
-        for (int k = 0; k < t.K; k++, b += t.ldb, at += t.a_cs) {
-            __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), x;
-#define LIME_ROW(i)                                        \
-    x = _mm512_set1_ps(a##i[at]);                          \
-    acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);         \
-    acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
-            LIME_ROW(0) LIME_ROW(1) LIME_ROW(2) LIME_ROW(3) LIME_ROW(4) LIME_ROW(5) LIME_ROW(6) LIME_ROW(7)
-#undef LIME_ROW
-        }
-#pragma GCC unroll 8
-        for (int i = 0; i < MR; i++)
-            for (int h = 0; h < 2; h++) {
-                float* c = t.c + (size_t)i * t.ldc + 16 * h;
-                _mm512_storeu_ps(c, t.add_c ? _mm512_add_ps(_mm512_loadu_ps(c), acc[i][h]) : acc[i][h]);
-            }
-    }
+struct Avx512 {
+    using Vec = __m512;
+    static const int W = 16, MR = 8;
+    static Vec zero() { return _mm512_setzero_ps(); }
+    static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+    static Vec broadcast(const float* p) { return _mm512_set1_ps(*p); }
+    static Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+    static Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+    static void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 };
+using KernelAvx512 = KernelSimd<Avx512>;
 #endif
 
 static const int GEMM_KC = 256;       // k per block: a block of a panel is KC x NR floats (32 KB at NR = 32)
