@@ -164,6 +164,14 @@ struct Avx512 {
 using KernelAvx512 = KernelSimd<Avx512>;
 #endif
 
+// A product of at most 4 rows (the router's: Kr = W @ Kbuf has R rows, 4 at
+// the bench's sizes) would leave most of an 8-row tile idle, and send every
+// tile through the edge's copies: it runs the same kernel with 4 rows.
+template <class Simd>
+struct FourRows : Simd {
+    static const int MR = 4;
+};
+
 static const int GEMM_KC = 256;       // k per block: a block of a panel is KC x NR floats (32 KB at NR = 32)
 static const int GEMM_MC_TILES = 12;  // at most this many row tiles per block of A
 
@@ -268,9 +276,13 @@ static void gemm_cpu(float* C, size_t ldc, MatView A, MatView B, int M, int N, i
     const char* name = GEMM_KERNELS[gemm_kernel];
     (void)name;  // (a build with the portable kernel alone)
 #if defined(__AVX512F__)
+    if (!strcmp(name, "avx512") && M <= 4)
+        return gemm_blocked<KernelSimd<FourRows<Avx512>>>(C, ldc, A, B, M, N, K, accumulate, scratch);
     if (!strcmp(name, "avx512")) return gemm_blocked<KernelAvx512>(C, ldc, A, B, M, N, K, accumulate, scratch);
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
+    if (!strcmp(name, "avx2") && M <= 4)
+        return gemm_blocked<KernelSimd<FourRows<Avx2>>>(C, ldc, A, B, M, N, K, accumulate, scratch);
     if (!strcmp(name, "avx2")) return gemm_blocked<KernelAvx2>(C, ldc, A, B, M, N, K, accumulate, scratch);
 #endif
     gemm_blocked<KernelPlain>(C, ldc, A, B, M, N, K, accumulate, scratch);
