@@ -17,6 +17,7 @@
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -170,6 +171,16 @@ def main():
     ap.add_argument("--rounds", type=int, default=3,
                     help="alternating rounds (./lime, then each torch model), medians reported")
     a = ap.parse_args()
+    for flag in ("threads", "steps", "rounds"):
+        if getattr(a, flag) < 1:
+            sys.exit(f"bench_torch: --{flag} must be at least 1")
+    if a.warmup < 0:
+        sys.exit("bench_torch: --warmup must be 0 or more")
+    bad = [m for m in a.modes.split(",") if m not in ("eager", "compile")]
+    if bad or not a.modes:
+        sys.exit(f"bench_torch: --modes {a.modes!r}: use eager, compile or eager,compile")
+    if a.lime and not (os.path.isfile(a.lime) and os.access(a.lime, os.X_OK)):
+        sys.exit(f"bench_torch: --lime {a.lime}: not an executable; build it with make, or pass --lime ''")
     torch.set_num_threads(a.threads)
     modes = [m for m in a.modes.split(",") if m]
     print(f"torch {torch.__version__}, {a.threads} threads, {a.steps} steps after {a.warmup} warm-up, "

@@ -20,6 +20,7 @@ suites=(
 # default: this machine's cores) run at once, each into its own file; the
 # results are printed in the order above.
 jobs=${JOBS:-2}
+[[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "tests/run.sh: JOBS=$jobs is not a number of suites to run at once; use JOBS=1 or more"; exit 2; }
 out_dir=$(mktemp -d)
 trap 'rm -rf "$out_dir"' EXIT
 run_suite() {  # run_suite I: suite I's output into $out_dir/I.out, its status and seconds into I.status
