@@ -22,7 +22,9 @@ suites=(
 jobs=${JOBS:-2}
 [[ $jobs =~ ^[1-9][0-9]*$ ]] || { echo "tests/run.sh: JOBS=$jobs is not a number of suites to run at once; use JOBS=1 or more"; exit 2; }
 out_dir=$(mktemp -d)
-trap 'rm -rf "$out_dir"' EXIT
+set -m  # each suite in its own process group, so that an interrupted run stops the suites it started
+trap 'for p in $(jobs -p); do kill -- -"$p" 2>/dev/null; done; rm -rf "$out_dir"' EXIT
+trap 'exit 130' INT TERM
 run_suite() {  # run_suite I: suite I's output into $out_dir/I.out, its status and seconds into I.status
     local suite=${suites[$1]} start=$SECONDS status
     $suite >"$out_dir/$1.out" 2>&1
@@ -46,7 +48,7 @@ for i in "${!suites[@]}"; do
         continue
     fi
     echo "== $suite"
-    read -r status seconds <"$out_dir/$i.status"
+    read -r status seconds <"$out_dir/$i.status" 2>/dev/null || { status=1; seconds=?; }
     out=$(cat "$out_dir/$i.out")
     echo "$out" | grep -v -E '^[0-9]+ passed, [0-9]+ failed'
     line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -1)
