@@ -176,13 +176,12 @@ def main():
             sys.exit(f"bench_torch: --{flag} must be at least 1")
     if a.warmup < 0:
         sys.exit("bench_torch: --warmup must be 0 or more")
-    bad = [m for m in a.modes.split(",") if m not in ("eager", "compile")]
-    if bad or not a.modes:
+    modes = a.modes.split(",")
+    if any(m not in ("eager", "compile") for m in modes):
         sys.exit(f"bench_torch: --modes {a.modes!r}: use eager, compile or eager,compile")
     if a.lime and not (os.path.isfile(a.lime) and os.access(a.lime, os.X_OK)):
         sys.exit(f"bench_torch: --lime {a.lime}: not an executable; build it with make, or pass --lime ''")
     torch.set_num_threads(a.threads)
-    modes = [m for m in a.modes.split(",") if m]
     print(f"torch {torch.__version__}, {a.threads} threads, {a.steps} steps after {a.warmup} warm-up, "
           f"medians of {a.rounds} alternating rounds (tokens/s; lime/X: the median of the rounds' ratios)")
     print(f"{'config':6} {'arch':6} {'./lime':>9} " + " ".join(f"{m:>9} {'lime/' + m:>13}" for m in modes))

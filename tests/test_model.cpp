@@ -1112,7 +1112,7 @@ TEST(fast_matmul_equals_plain_on_random_shapes) {
         check_fast_matmul(211, 300, 53, 9);   // forward and dinp: k over 256, 27 row tiles
         check_fast_matmul(1, 1, 1, 10);
         check_fast_matmul(3, 4099, 12, 11);   // few outputs, long rows: the forward's sliced dot products
-        check_fast_matmul(4, 300, 4, 12);     // at most 4 rows (dinp and dW): the 4-row kernel, k over 256
+        check_fast_matmul(4, 300, 4, 12);     // at most 4 rows (forward, dinp and dW): the 4-row kernel, k over 256
     }
     matmul_fast_use_kernel(0);
 }

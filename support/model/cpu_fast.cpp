@@ -116,7 +116,7 @@ struct KernelSimd {
         for (int i = 0; i < MR; i++)
             for (int h = 0; h < 2; h++)
                 acc[i][h] = t.load_c ? Simd::load(t.c + (size_t)i * t.ldc + W * h) : Simd::zero();
-        const float* a[MR];
+        const float* a[MR];  // the rows' pointers, held in registers for the loop
         for (int i = 0; i < MR; i++) a[i] = t.a[i];
         const float* b = t.b;
         size_t at = 0;
@@ -276,14 +276,14 @@ static void gemm_cpu(float* C, size_t ldc, MatView A, MatView B, int M, int N, i
     const char* name = GEMM_KERNELS[gemm_kernel];
     (void)name;  // (a build with the portable kernel alone)
 #if defined(__AVX512F__)
-    if (!strcmp(name, "avx512") && M <= 4)
-        return gemm_blocked<KernelSimd<FourRows<Avx512>>>(C, ldc, A, B, M, N, K, accumulate, scratch);
-    if (!strcmp(name, "avx512")) return gemm_blocked<KernelAvx512>(C, ldc, A, B, M, N, K, accumulate, scratch);
+    if (!strcmp(name, "avx512"))
+        return M <= 4 ? gemm_blocked<KernelSimd<FourRows<Avx512>>>(C, ldc, A, B, M, N, K, accumulate, scratch)
+                      : gemm_blocked<KernelAvx512>(C, ldc, A, B, M, N, K, accumulate, scratch);
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
-    if (!strcmp(name, "avx2") && M <= 4)
-        return gemm_blocked<KernelSimd<FourRows<Avx2>>>(C, ldc, A, B, M, N, K, accumulate, scratch);
-    if (!strcmp(name, "avx2")) return gemm_blocked<KernelAvx2>(C, ldc, A, B, M, N, K, accumulate, scratch);
+    if (!strcmp(name, "avx2"))
+        return M <= 4 ? gemm_blocked<KernelSimd<FourRows<Avx2>>>(C, ldc, A, B, M, N, K, accumulate, scratch)
+                      : gemm_blocked<KernelAvx2>(C, ldc, A, B, M, N, K, accumulate, scratch);
 #endif
     gemm_blocked<KernelPlain>(C, ldc, A, B, M, N, K, accumulate, scratch);
 }
