@@ -26,8 +26,8 @@
 //   4. the ops, one section each: its math with shapes, the plain CPU loops
 //      (forward, then backward restating the forward line it differentiates),
 //      the CUDA kernel and its launcher, and the op's dispatcher op_*();
-//      in order: matrix products (with the copies, zeros and the KV buffer's
-//      transpose), embedding, RMSNorm, RoPE, the KV router, Hyper-Connections,
+//      in order: matrix products (with the K and V projections into the KV
+//      buffer, the copies, zeros and the buffer's transpose), embedding, RMSNorm, RoPE, the KV router, Hyper-Connections,
 //      attention, SwiGLU, cross-entropy, the value-entropy regulariser (a loss
 //      term, --entropy-reg), AdamW;
 //   5. forward_pass, backward_pass and update_pass: the model, written once
@@ -272,8 +272,8 @@ struct Acts {
     float* dx;       // (B, T, d) gradient of the residual stream
     float* dnorm;    // (B, T, d) gradient of a norm's output
     float* dq;       // (B, T, H, hd)
-    float* dkr;      // (R, B, T, hd); also the K/V projections' token-major (B, T, R*hd)
-    float* dvr;      // (R, B, T, hd); also token-major: the regulariser's dV, the V projection's gradient
+    float* dkr;      // (R, B, T, hd)
+    float* dvr;      // (R, B, T, hd); also token-major (B, T, R*hd): the regulariser's dV
     float* dKbuf;    // (L, R, B, T, hd) gradient of the KV buffer, filled by layers >= l
     float* dVbuf;    // (L, R, B, T, hd)
     float* dout;     // (B, T, H*hd) gradient of the attention output
@@ -571,6 +571,88 @@ static void op_matmul_backward(Model* model, float* dinp, float* dW, const float
 }
 
 // ---------------------------------------------------------------------------
+// The K and V projections: the same product, out = inp @ W^T, written straight
+// into the head-major KV buffer, each kv head r's hd columns as its own rows:
+// out (R, N, hd), out[r, n, i] = sum_c inp[n, c] W[r*hd + i, c], W (R*hd, C).
+// ---------------------------------------------------------------------------
+
+static void kv_projection_forward(float* out, const float* inp, const float* W, int N, int C, int R, int hd) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < R * hd; o++) {  // column o of the product: head o / hd, its element o % hd
+            float s = 0;
+            for (int i = 0; i < C; i++) s += inp[(size_t)n * C + i] * W[(size_t)o * C + i];
+            out[((size_t)(o / hd) * N + n) * hd + o % hd] = s;
+        }
+}
+
+// forward: out[r, n, i] = inp[n] . W[r*hd + i]
+// dinp (N, C) += sum over (r, i) of dout[r, n, i] W[r*hd + i];  dW (R*hd, C) += sum over n of dout[r, n, i] inp[n]
+static void kv_projection_backward(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
+                                   int C, int R, int hd) {
+    auto g = [&](int n, int o) { return dout[((size_t)(o / hd) * N + n) * hd + o % hd]; };
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < C; i++) {
+            float s = 0;
+            for (int o = 0; o < R * hd; o++) s += g(n, o) * W[(size_t)o * C + i];
+            dinp[(size_t)n * C + i] += s;
+        }
+#pragma omp parallel for schedule(static)
+    for (int o = 0; o < R * hd; o++)
+        for (int n = 0; n < N; n++)
+            for (int i = 0; i < C; i++) dW[(size_t)o * C + i] += g(n, o) * inp[(size_t)n * C + i];
+}
+
+#ifdef LIME_GPU
+// One product per kv head, batched: head r's out_r (N, hd) = inp @ W_r^T,
+// W_r = W's rows r*hd.. (hd, C); column-major out_r^T (hd, N) = W_r^T (hd, C) @ inp^T.
+static void kv_projection_forward_gpu(float* out, const float* inp, const float* W, int N, int C, int R, int hd,
+                                      cublasHandle_t blas) {
+    const float one = 1.0f, zero = 0.0f;
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, hd, N, C, &one, W, C, (long long)hd * C, inp,
+                                          C, 0, &zero, out, hd, (long long)N * hd, R));
+}
+
+// dW_r^T (C, hd) += inp^T (C, N) @ dout_r (N, hd), batched over the heads;
+// dinp^T (C, N) += W_r^T (C, hd) @ dout_r^T (hd, N), one head after another
+// (a batch would write dinp from R products at once).
+static void kv_projection_backward_gpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W,
+                                       int N, int C, int R, int hd, cublasHandle_t blas) {
+    const float one = 1.0f;
+    size_t head = (size_t)N * hd;  // floats from one kv head's rows to the next's
+    for (int r = 0; r < R; r++)
+        cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, hd, &one, W + (size_t)r * hd * C, C,
+                                dout + r * head, hd, &one, dinp, C));
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, hd, N, &one, inp, C, 0, dout, hd,
+                                          (long long)head, &one, dW, C, (long long)hd * C, R));
+}
+#endif
+
+static void kv_projection_forward_cpu(float* out, const float* inp, const float* W, int N, int C, int R, int hd,
+                                      float* scratch) {
+    if (FAST_CPU) kv_projection_forward_fast(out, inp, W, N, C, R, hd, scratch);
+    else kv_projection_forward(out, inp, W, N, C, R, hd);
+}
+static void kv_projection_backward_cpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W,
+                                       int N, int C, int R, int hd, float* scratch) {
+    if (FAST_CPU) kv_projection_backward_fast(dinp, dW, dout, inp, W, N, C, R, hd, scratch);
+    else kv_projection_backward(dinp, dW, dout, inp, W, N, C, R, hd);
+}
+
+static void op_kv_projection_forward(Model* model, float* out, const float* inp, const float* W, int N) {
+    int C = model->c.d, R = model->c.R, hd = model->c.hd;
+    DISPATCH(model, kv_projection_forward_gpu(out, inp, W, N, C, R, hd, blas_of(model)),
+             kv_projection_forward_cpu(out, inp, W, N, C, R, hd, model->acts->scratch));
+}
+static void op_kv_projection_backward(Model* model, float* dinp, float* dW, const float* dout, const float* inp,
+                                      const float* W, int N) {
+    int C = model->c.d, R = model->c.R, hd = model->c.hd;
+    DISPATCH(model, kv_projection_backward_gpu(dinp, dW, dout, inp, W, N, C, R, hd, blas_of(model)),
+             kv_projection_backward_cpu(dinp, dW, dout, inp, W, N, C, R, hd, model->acts->scratch));
+}
+
+// ---------------------------------------------------------------------------
 // Copies, zeros and sums of whole arrays (the residual stream, gradients).
 // dst = src and p = 0: memcpy and memset in CHUNKS pieces shared by the threads.
 static void copy_cpu(float* dst, const float* src, size_t n) {
@@ -619,9 +701,9 @@ static void op_add(Model* model, float* dst, const float* src, size_t n) {
 }
 
 // A layer of the head-major KV buffer, (R, N, hd), and the same numbers
-// token-major, (N, R, hd), as the projections compute them and the
-// value-entropy regulariser and model_probe read them: to_tokens, dst (N, R,
-// hd) (+)= src (R, N, hd) transposed; else dst (R, N, hd) (+)= src (N, R, hd).
+// token-major, (N, R, hd), as the value-entropy regulariser and model_probe
+// read them: to_tokens, dst (N, R, hd) (+)= src (R, N, hd) transposed; else
+// dst (R, N, hd) (+)= src (N, R, hd).
 static void kv_transpose(float* dst, const float* src, int N, int R, int hd, bool to_tokens, bool accumulate) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
@@ -2518,17 +2600,6 @@ static void hc_input_backward(Model* model, float* dX, const HcActs& h, const fl
 // --router-kv separate a second one (the same for gradients: Params alike).
 static float* value_router(const LayerParams& w) { return w.router_v ? w.router_v : w.router; }
 
-// A layer's keys (or values) into its rows of the head-major buffer: one
-// product tmp (N, R*hd) = inp (N, d) @ W^T, token-major, then transposed into
-// out (R, N, hd). (A product per kv head would write the rows directly, but
-// reads inp R times and, with hd narrower than the fast kernels' 16 or 32
-// columns, wastes most of every tile: measured slower at d = 32, hd = 8.)
-static void kv_projection_forward(Model* model, float* out, float* tmp, const float* inp, const float* W, int N) {
-    const Config& c = model->c;
-    op_matmul_forward(model, tmp, inp, W, N, c.d, c.R * c.hd);
-    op_kv_transpose(model, out, tmp, N, false, false);
-}
-
 // Forward over the batch already in A->tokens (and A->targets, A->mask with a loss).
 static void forward_pass(Model* model, int B, int T, bool with_loss) {
     const Config& c = model->c;
@@ -2546,13 +2617,14 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         const float* a_in = hc ? hc_sublayer_input(model, ha, la.x, P.hc[2 * l], N) : la.x;
         op_rmsnorm_forward(model, la.attn_in, la.rstd_a, a_in, w.g_attn, N);
         op_matmul_forward(model, la.q, la.attn_in, w.Wq, N, d, qd);  // (B, T, H, hd)
-        kv_projection_forward(model, la.K, A->dkr, la.attn_in, w.Wk, N);  // (R, B, T, hd) into the buffer
-        // (dkr: backward's, free here); with the regulariser V's token-major product is kept, in ereg_V
-        float* Vt = model->ereg_on ? A->ereg_V + (size_t)l * N * kvd : A->dkr;  // (B, T, R*hd)
-        kv_projection_forward(model, la.V, Vt, la.attn_in, w.Wv, N);
-        if (model->ereg_on)  // the value-entropy regulariser: this layer's S2 per sequence, from V as (B, T, R*hd)
+        op_kv_projection_forward(model, la.K, la.attn_in, w.Wk, N);  // (R, B, T, hd) into the buffer
+        op_kv_projection_forward(model, la.V, la.attn_in, w.Wv, N);
+        if (model->ereg_on) {  // the value-entropy regulariser: this layer's S2 per sequence, from V as (B, T, R*hd)
+            float* Vt = A->ereg_V + (size_t)l * N * kvd;  // token-major, kept for the backward
+            op_kv_transpose(model, Vt, la.V, N, true, false);
             op_ereg_forward(model, A->ereg_stat + (size_t)l * B * 4, A->ereg_mu + (size_t)l * B * kvd,
                             A->ereg_G + (size_t)l * B * kvd * kvd, Vt, A->valid, B, T);
+        }
         const float* vr = la.V;
         if (has_router(c, l)) {  // LIMe: mix the buffer of layers 0..l
             op_router_forward(model, la.kr, la.vr, w.router, value_router(w), A->Kbuf, A->Vbuf, l, N);
@@ -2647,18 +2719,19 @@ static void backward_pass(Model* model, int B, int T) {
         } else {
             op_add(model, dK, A->dkr, kv_layer);
         }
-        // forward: q = a Wq^T, K and V = transpose(a Wk^T), transpose(a Wv^T) (kv_projection_forward), a = rmsnorm(x)
-        op_zero(model, A->dnorm, (size_t)N * d);
-        op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd);
-        // dkr, dvr are free now: they take dK and dV token-major, (B, T, R*hd), for the products' backward
-        op_kv_transpose(model, A->dkr, dK, N, true, false);
-        op_matmul_backward(model, A->dnorm, gw.Wk, A->dkr, la.attn_in, w.Wk, N, d, kvd);
-        op_kv_transpose(model, A->dvr, dV, N, true, false);
-        // forward: loss -= entropy_reg * mean S2, S2 from V (the regulariser): its gradient joins V's here
-        if (model->ereg_on)
+        // forward: loss -= entropy_reg * mean S2, S2 from V (the regulariser): its gradient, token-major
+        // in dvr (free now), joins dV
+        if (model->ereg_on) {
+            op_zero(model, A->dvr, kv_layer);
             op_ereg_backward(model, A->dvr, A->ereg_V + l * kv_layer, A->valid, A->ereg_mu + (size_t)l * B * kvd,
                              A->ereg_G + (size_t)l * B * kvd * kvd, A->ereg_stat + (size_t)l * B * 4, B, T);
-        op_matmul_backward(model, A->dnorm, gw.Wv, A->dvr, la.attn_in, w.Wv, N, d, kvd);
+            op_kv_transpose(model, dV, A->dvr, N, false, true);
+        }
+        // forward: q = a Wq^T, K and V = the heads of a Wk^T and a Wv^T (kv_projection_forward), a = rmsnorm(x)
+        op_zero(model, A->dnorm, (size_t)N * d);
+        op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd);
+        op_kv_projection_backward(model, A->dnorm, gw.Wk, dK, la.attn_in, w.Wk, N);
+        op_kv_projection_backward(model, A->dnorm, gw.Wv, dV, la.attn_in, w.Wv, N);
         op_rmsnorm_backward(model, hc ? A->hc_dM : A->dx, gw.g_attn, A->dnorm, hc ? ha.M : la.x, w.g_attn, la.rstd_a,
                             N);
         if (hc) hc_input_backward(model, A->dx, ha, la.x, P.hc[2 * l], G.hc[2 * l], N);  // dx is now d x[l]

@@ -124,6 +124,22 @@ TEST(gpu_matmul_forward_backward_match_cpu) {
     CHECK(e1 < TOL_BWD && e2 < TOL_BWD, "matmul backward: dinp %.2e, dW %.2e", e1, e2);
 }
 
+TEST(gpu_kv_projection_forward_backward_match_cpu) {
+    NEED_GPU();
+    int N = 26, C = 24, R = 3, hd = 8, OC = R * hd;
+    auto inp = randv((size_t)N * C, 1), W = randv((size_t)OC * C, 2), dout = randv((size_t)N * OC, 4);
+    auto dinp0 = randv((size_t)N * C, 5), dW0 = randv((size_t)OC * C, 6);
+    std::vector<float> out((size_t)N * OC), dinp = dinp0, dW = dW0;
+    kv_projection_forward(out.data(), inp.data(), W.data(), N, C, R, hd);
+    kv_projection_backward(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, R, hd);
+    DevF gout(randv((size_t)N * OC, 3)), ginp(inp), gW(W), gdout(dout), gdinp(dinp0), gdW(dW0);
+    kv_projection_forward_gpu(gout.p, ginp.p, gW.p, N, C, R, hd, ctx().blas);
+    kv_projection_backward_gpu(gdinp.p, gdW.p, gdout.p, ginp.p, gW.p, N, C, R, hd, ctx().blas);
+    double e0 = err_of(gout.get(), out), e1 = err_of(gdinp.get(), dinp), e2 = err_of(gdW.get(), dW);
+    CHECK(e0 < TOL_FWD, "kv_projection forward (R, N, hd): rel err %.2e", e0);
+    CHECK(e1 < TOL_BWD && e2 < TOL_BWD, "kv_projection backward: dinp %.2e, dW %.2e", e1, e2);
+}
+
 // scratch_floats: room for the chunks' (V, d) partial sums; with none, one chunk
 // adds to dE in the CPU's order, bit for bit.
 static void check_embedding(int N, int d, int V, size_t scratch_floats) {

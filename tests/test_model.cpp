@@ -84,6 +84,29 @@ TEST(matmul_forward_matches_naive_product) {
     CHECK(e < 1e-6, "matmul out vs naive: rel err %.2e", e);
 }
 
+// The K and V projections are matmul's product, laid out per kv head: out[r, n, i] = (inp @ W^T)[n, r*hd + i].
+// Same sums in the same order: the same bits, forward and backward (dout read alike).
+TEST(kv_projection_is_the_product_written_per_kv_head) {
+    int N = 7, C = 5, R = 3, hd = 4, OC = R * hd;
+    std::vector<float> inp = randv(N * C, 11), W = randv(OC * C, 12), tokens(N * OC), heads(N * OC);
+    matmul_forward(tokens.data(), inp.data(), W.data(), N, C, OC, false);
+    kv_projection_forward(heads.data(), inp.data(), W.data(), N, C, R, hd);
+    std::vector<float> dheads = randv(N * OC, 13), dtokens(N * OC);
+    int wrong = 0;
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < hd; i++) {
+                size_t t = ((size_t)n * R + r) * hd + i, h = ((size_t)r * N + n) * hd + i;
+                wrong += heads[h] != tokens[t];
+                dtokens[t] = dheads[h];
+            }
+    std::vector<float> dinp_t(N * C, 0.5f), dinp_h = dinp_t, dW_t(OC * C, 0.25f), dW_h = dW_t;
+    matmul_backward(dinp_t.data(), dW_t.data(), dtokens.data(), inp.data(), W.data(), N, C, OC);
+    kv_projection_backward(dinp_h.data(), dW_h.data(), dheads.data(), inp.data(), W.data(), N, C, R, hd);
+    CHECK(wrong == 0, "kv_projection_forward: %d of %d outputs differ from matmul_forward's, placed per head", wrong, N * OC);
+    CHECK(dinp_h == dinp_t && dW_h == dW_t, "kv_projection_backward: dinp or dW differ from matmul_backward's");
+}
+
 TEST(rmsnorm_backward_matches_finite_differences) {
     int N = 6, d = 10;
     std::vector<float> x = randv(N * d, 6), g = randv(d, 7), w = randv(N * d, 8), out(N * d), rstd(N);
@@ -1113,6 +1136,37 @@ TEST(fast_matmul_equals_plain_on_random_shapes) {
         check_fast_matmul(1, 1, 1, 10);
         check_fast_matmul(3, 4099, 12, 11);   // few outputs, long rows: the forward's sliced dot products
         check_fast_matmul(4, 300, 4, 12);     // at most 4 rows (forward, dinp and dW): the 4-row kernel, k over 256
+    }
+    matmul_fast_use_kernel(0);
+}
+
+// The projections into the head-major buffer (C's columns, and dout's, in blocks of hd), against the plain loops.
+static void check_fast_kv_projection(int N, int C, int R, int hd, uint64_t seed) {
+    int OC = R * hd;
+    std::vector<float> inp = randv((size_t)N * C, seed), W = randv((size_t)OC * C, seed + 1), dout = randv((size_t)N * OC, seed + 2);
+    std::vector<float> scratch(matmul_fast_scratch_floats(std::max({N, OC, C}), std::max(C, OC)));
+    std::vector<float> plain((size_t)N * OC), fast((size_t)N * OC, 7.0f);  // every value overwritten
+    kv_projection_forward(plain.data(), inp.data(), W.data(), N, C, R, hd);
+    kv_projection_forward_fast(fast.data(), inp.data(), W.data(), N, C, R, hd, scratch.data());
+    double e0 = rel_err(fast.data(), plain.data(), plain.size());
+    std::vector<float> dinp_p((size_t)N * C, 0.5f), dinp_f = dinp_p, dW_p((size_t)OC * C, 0.25f), dW_f = dW_p;
+    kv_projection_backward(dinp_p.data(), dW_p.data(), dout.data(), inp.data(), W.data(), N, C, R, hd);
+    kv_projection_backward_fast(dinp_f.data(), dW_f.data(), dout.data(), inp.data(), W.data(), N, C, R, hd, scratch.data());
+    double e1 = rel_err(dinp_f.data(), dinp_p.data(), dinp_p.size()), e2 = rel_err(dW_f.data(), dW_p.data(), dW_p.size());
+    CHECK(e0 < FAST_TOL && e1 < FAST_TOL && e2 < FAST_TOL,
+          "kv_projection_*_fast (%s kernel) vs plain N=%d C=%d R=%d hd=%d: out %.1e dinp %.1e dW %.1e", matmul_fast_kernel(), N, C, R,
+          hd, e0, e1, e2);
+}
+// Heads narrower than a tile (several heads a tile), as wide, wider; odd N and C; k over 256.
+TEST(fast_kv_projection_equals_plain_on_random_shapes) {
+    for (int kernel = 0; kernel < matmul_fast_kernels(); kernel++) {
+        matmul_fast_use_kernel(kernel);
+        check_fast_kv_projection(37, 13, 4, 8, 20);   // 4 heads in each 32-wide tile
+        check_fast_kv_projection(29, 32, 1, 32, 21);  // one head, one tile
+        check_fast_kv_projection(53, 70, 2, 64, 22);  // two tiles a head
+        check_fast_kv_projection(11, 300, 3, 6, 23);  // heads of 6 across tile edges; k over 256
+        check_fast_kv_projection(5, 9, 3, 2, 24);     // at most 8 rows: one row tile
+        check_fast_kv_projection(1, 1, 1, 2, 25);
     }
     matmul_fast_use_kernel(0);
 }

@@ -52,17 +52,46 @@ static void with_lanes(int hd, F f) {
 // one chain of fused multiply-adds over k = 0, 1, ..., K-1 started from 0,
 // then (accumulate) added to C, as the plain loop's `*y + s`: so x + a @ W^T
 // has the same bits whether the product accumulates or is added after it
-// (HC's depth connection against LLaMa's residual add). A K block ends by
-// storing the sums to C and the next starts by loading them, which changes nothing. The threads share out whole
+// (HC's depth connection against LLaMa's residual add). That holds for one
+// block of K; a longer product (K over GEMM_KC, or A's columns in kv heads)
+// stores its sums to C at each block's end and the next block goes on from
+// them, so C's old value joins after the first block: another order, fixed
+// by the shapes all the same. The threads share out whole
 // tiles, so the number of threads (and the block sizes) decide who computes an
 // element, never how: a resumed run is bit-exact whatever --threads says.
 
 // An operand of a product, read where it lies: element (i, k) is p[i*rs + k*cs].
 // A row-major (rows, cols) array is {p, cols, 1}; its transpose is {p, 1, cols}.
+// In the head-major KV buffer, (R, N, hd), the rows (rb) or the columns (kb)
+// come in blocks of hd, one kv head each, the next head bs floats on:
+// element (i, k) is p[(i/rb or k/kb) * bs + (i%rb)*rs + (k%kb)*cs] (0: no blocks).
 struct MatView {
     const float* p;
     size_t rs, cs;
+    int rb = 0, kb = 0;
+    size_t bs = 0;
 };
+static const float* view_at(const MatView& A, int i, int k) {
+    size_t head = A.rb ? i / A.rb : A.kb ? k / A.kb : 0;
+    if (A.rb) i %= A.rb;
+    if (A.kb) k %= A.kb;
+    return A.p + head * A.bs + (size_t)i * A.rs + (size_t)k * A.cs;
+}
+// The product's C, row-major with row stride ldc; or, written into the buffer
+// (R, N, hd), its columns in blocks of cb = hd, each block bs floats on.
+struct OutView {
+    float* p;
+    size_t ldc;
+    int cb = 0;
+    size_t bs = 0;
+};
+static float* out_at(const OutView& C, int i, int j) {
+    size_t head = C.cb ? j / C.cb : 0;
+    if (C.cb) j %= C.cb;
+    return C.p + head * C.bs + (size_t)i * C.ldc + j;
+}
+// The longest run of row i's columns j.. (at most n) that lies in one block of C.
+static int out_run(const OutView& C, int j, int n) { return C.cb ? std::min(n, C.cb - j % C.cb) : n; }
 
 // One tile's work, for a micro-kernel: C[MR, NR] (+)= A[MR, K] @ B[K, NR].
 //   a[i]   row i of A's tile: its element k at a[i][k * a_cs]
@@ -176,42 +205,53 @@ static const int GEMM_KC = 256;       // k per block: a block of a panel is KC x
 static const int GEMM_MC_TILES = 12;  // at most this many row tiles per block of A
 
 // Runs the kernel on the tile at rows i0.., columns j0.. of C; a tile that
-// C's edge cuts (mr < MR rows or nr < NR columns) goes through a whole tile
-// on the stack, its missing rows of A repeating the last one.
+// C's edge cuts (mr < MR rows or nr < NR columns), or that spans two kv heads
+// of the buffer, goes through a whole tile on the stack, its missing rows of A
+// repeating the last one.
 template <class Kern>
-static void gemm_tile(float* C, size_t ldc, MatView A, const float* b, size_t ldb, int M, int N, int i0, int j0, int k0,
-                      int kc, bool load_c, bool add_c) {
+static void gemm_tile(OutView C, MatView A, const float* b, size_t ldb, int M, int N, int i0, int j0, int k0, int kc,
+                      bool load_c, bool add_c) {
     const int MR = Kern::MR, NR = Kern::NR;
     const float* a[MR];
-    for (int i = 0; i < MR; i++) a[i] = A.p + (size_t)std::min(i0 + i, M - 1) * A.rs + (size_t)k0 * A.cs;
+    for (int i = 0; i < MR; i++) a[i] = view_at(A, std::min(i0 + i, M - 1), k0);
     int mr = std::min(MR, M - i0), nr = std::min(NR, N - j0);
-    float* c = C + (size_t)i0 * ldc + j0;
-    if (mr == MR && nr == NR) {
-        Kern::run({a, A.cs, b, ldb, c, ldc, kc, load_c, add_c});
+    if (mr == MR && nr == NR && out_run(C, j0, NR) == NR) {
+        Kern::run({a, A.cs, b, ldb, out_at(C, i0, j0), C.ldc, kc, load_c, add_c});
         return;
     }
     alignas(64) float tile[MR * NR];
-    if (load_c || add_c)
-        for (int i = 0; i < mr; i++) memcpy(tile + i * NR, c + (size_t)i * ldc, nr * sizeof(float));
+    auto copy = [&](bool to_tile) {  // the tile's mr x nr floats, from C or back into it
+        for (int i = 0; i < mr; i++)
+            for (int j = 0, run; j < nr; j += run) {
+                run = out_run(C, j0 + j, nr - j);
+                float *c = out_at(C, i0 + i, j0 + j), *t = tile + i * NR + j;
+                memcpy(to_tile ? t : c, to_tile ? c : t, run * sizeof(float));
+            }
+    };
+    if (load_c || add_c) copy(true);
     Kern::run({a, A.cs, b, ldb, tile, (size_t)NR, kc, load_c, add_c});
-    for (int i = 0; i < mr; i++) memcpy(c + (size_t)i * ldc, tile + i * NR, nr * sizeof(float));
+    copy(false);
 }
 
-// C[M, N] (+)= A[M, K] @ B[K, N]; C row-major with row stride ldc.
+// C[M, N] (+)= A[M, K] @ B[K, N]. A block of K ends where a kv head of A's
+// columns does (A.kb).
 // B's panels are read in place when B's rows are contiguous and the panel is
 // whole, else first packed into scratch, zero past column N: with contiguous
 // rows only the last panel, at scratch (K * NR floats); else panel p at
 // scratch + p * K * NR (K * round_up(N, NR) floats).
 template <class Kern>
-static void gemm_blocked(float* C, size_t ldc, MatView A, MatView B, int M, int N, int K, bool accumulate,
-                         float* scratch) {
+static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
     const int MR = Kern::MR, NR = Kern::NR;
     int row_tiles = (M + MR - 1) / MR, panels = (N + NR - 1) / NR;
     auto in_place = [&](int p) { return B.cs == 1 && (p + 1) * NR <= N; };
     auto packed = [&](int p) { return scratch + (size_t)(B.cs == 1 ? 0 : p) * K * NR; };
     if (K == 0) {  // an empty sum: C = 0, or C unchanged
         if (!accumulate)
-            for (int i = 0; i < M; i++) memset(C + (size_t)i * ldc, 0, N * sizeof(float));
+            for (int i = 0; i < M; i++)
+                for (int j = 0, run; j < N; j += run) {
+                    run = out_run(C, j, N - j);
+                    memset(out_at(C, i, j), 0, run * sizeof(float));
+                }
         return;
     }
     // (inside a parallel loop, as the regulariser's per sequence: this thread alone)
@@ -250,11 +290,12 @@ static void gemm_blocked(float* C, size_t ldc, MatView A, MatView B, int M, int 
             int t_end = std::min(row_tiles, (rb + 1) * tiles_per_block);
             const float* b = in_place(p) ? B.p + (size_t)p * NR : packed(p);
             size_t ldb = in_place(p) ? B.rs : NR;
-            for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
-                int kc = std::min(GEMM_KC, K - k0);
+            for (int k0 = 0, kc; k0 < K; k0 += kc) {
+                kc = std::min(GEMM_KC, K - k0);
+                if (A.kb) kc = std::min(kc, A.kb - k0 % A.kb);
                 for (int t = rb * tiles_per_block; t < t_end; t++)
-                    gemm_tile<Kern>(C, ldc, A, b + (size_t)k0 * ldb, ldb, M, N, t * MR, p * NR, k0, kc,
-                                    k0 > 0, accumulate && k0 == 0);
+                    gemm_tile<Kern>(C, A, b + (size_t)k0 * ldb, ldb, M, N, t * MR, p * NR, k0, kc, k0 > 0,
+                                    accumulate && k0 == 0);
             }
         }
     }
@@ -272,20 +313,20 @@ static const char* const GEMM_KERNELS[] = {
     "plain"};
 static int gemm_kernel = 0;  // the one in use: the best, except in tests (matmul_fast_use_kernel)
 
-static void gemm_cpu(float* C, size_t ldc, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
+static void gemm_cpu(OutView C, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
     const char* name = GEMM_KERNELS[gemm_kernel];
     (void)name;  // (a build with the portable kernel alone)
 #if defined(__AVX512F__)
     if (!strcmp(name, "avx512"))
-        return M <= 4 ? gemm_blocked<KernelSimd<FourRows<Avx512>>>(C, ldc, A, B, M, N, K, accumulate, scratch)
-                      : gemm_blocked<KernelAvx512>(C, ldc, A, B, M, N, K, accumulate, scratch);
+        return M <= 4 ? gemm_blocked<KernelSimd<FourRows<Avx512>>>(C, A, B, M, N, K, accumulate, scratch)
+                      : gemm_blocked<KernelAvx512>(C, A, B, M, N, K, accumulate, scratch);
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
     if (!strcmp(name, "avx2"))
-        return M <= 4 ? gemm_blocked<KernelSimd<FourRows<Avx2>>>(C, ldc, A, B, M, N, K, accumulate, scratch)
-                      : gemm_blocked<KernelAvx2>(C, ldc, A, B, M, N, K, accumulate, scratch);
+        return M <= 4 ? gemm_blocked<KernelSimd<FourRows<Avx2>>>(C, A, B, M, N, K, accumulate, scratch)
+                      : gemm_blocked<KernelAvx2>(C, A, B, M, N, K, accumulate, scratch);
 #endif
-    gemm_blocked<KernelPlain>(C, ldc, A, B, M, N, K, accumulate, scratch);
+    gemm_blocked<KernelPlain>(C, A, B, M, N, K, accumulate, scratch);
 }
 
 const char* matmul_fast_kernel() { return GEMM_KERNELS[gemm_kernel]; }
@@ -329,15 +370,34 @@ static void dots_sliced(float* out, const float* inp, const float* W, int N, int
 void matmul_forward_fast(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
                          float* scratch) {
     if (few_long_dots(N, C, OC)) return dots_sliced(out, inp, W, N, C, OC, accumulate, scratch);
-    gemm_cpu(out, OC, {inp, (size_t)C, 1}, {W, 1, (size_t)C}, N, OC, C, accumulate, scratch);
+    gemm_cpu({out, (size_t)OC}, {inp, (size_t)C, 1}, {W, 1, (size_t)C}, N, OC, C, accumulate, scratch);
 }
 
 // = matmul_backward: dinp (N, C) += dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp (either may be nullptr)
 // scratch: max(N, OC) * 32 floats (used only when C is not a multiple of the panel width).
 void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
                           int OC, float* scratch) {
-    if (dinp) gemm_cpu(dinp, C, {dout, (size_t)OC, 1}, {W, (size_t)C, 1}, N, C, OC, true, scratch);
-    if (dW) gemm_cpu(dW, C, {dout, 1, (size_t)OC}, {inp, (size_t)C, 1}, OC, C, N, true, scratch);
+    if (dinp) gemm_cpu({dinp, (size_t)C}, {dout, (size_t)OC, 1}, {W, (size_t)C, 1}, N, C, OC, true, scratch);
+    if (dW) gemm_cpu({dW, (size_t)C}, {dout, 1, (size_t)OC}, {inp, (size_t)C, 1}, OC, C, N, true, scratch);
+}
+
+// = kv_projection_forward: out (R, N, hd) = inp (N, C) @ W^T, W (R*hd, C),
+// each kv head's hd columns written as its own (N, hd) rows of the buffer.
+// scratch: C * round_up(R*hd, 32) floats (W^T, packed).
+void kv_projection_forward_fast(float* out, const float* inp, const float* W, int N, int C, int R, int hd,
+                                float* scratch) {
+    OutView heads{out, (size_t)hd, hd, (size_t)N * hd};
+    gemm_cpu(heads, {inp, (size_t)C, 1}, {W, 1, (size_t)C}, N, R * hd, C, false, scratch);
+}
+
+// = kv_projection_backward: dinp (N, C) += dout @ W;  dW (R*hd, C) += dout^T @ inp,
+// with dout (R, N, hd) read as the (N, R*hd) matrix it holds. scratch: as matmul_backward_fast's.
+void kv_projection_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
+                                 int C, int R, int hd, float* scratch) {
+    size_t head = (size_t)N * hd;  // floats from one kv head's rows to the next's
+    MatView by_token{dout, (size_t)hd, 1, 0, hd, head}, by_column{dout, 1, (size_t)hd, hd, 0, head};
+    gemm_cpu({dinp, (size_t)C}, by_token, {W, (size_t)C, 1}, N, C, R * hd, true, scratch);
+    gemm_cpu({dW, (size_t)C}, by_column, {inp, (size_t)C, 1}, R * hd, C, N, true, scratch);
 }
 
 size_t matmul_fast_forward_scratch_floats(int N, int C, int OC) {
@@ -419,8 +479,8 @@ void ereg_forward_fast(float* stat, float* mu, float* G, const float* V, const f
         }
         int n = ereg_pack(Z, Vb, vb, m, T, D);
         int E = n < D ? n : D;  // the Gram's size: K (n, n) = Z Z^T or G (D, D) = Z^T Z
-        if (n >= D) gemm_cpu(g, D, {Z, 1, (size_t)D}, {Z, (size_t)D, 1}, D, D, n, false, pack);  // G = Z^T Z
-        else if (n > 0) gemm_cpu(g, n, {Z, (size_t)D, 1}, {Z, 1, (size_t)D}, n, n, D, false, pack);  // K = Z Z^T
+        if (n >= D) gemm_cpu({g, (size_t)D}, {Z, 1, (size_t)D}, {Z, (size_t)D, 1}, D, D, n, false, pack);  // G = Z^T Z
+        else if (n > 0) gemm_cpu({g, (size_t)n}, {Z, (size_t)D, 1}, {Z, 1, (size_t)D}, n, n, D, false, pack);  // K = Z Z^T
         // S2 = -log(||G||_F^2 / tr(G)^2), the same from K; ||.||_F^2 in 8 lanes, then the lanes in order
         double tr = 0, f2 = 0, lane[8] = {0};
         for (int i = 0; i < E; i++) tr += g[(size_t)i * E + i];
@@ -450,8 +510,8 @@ void ereg_backward_fast(float* dV, const float* V, const float* valid, const flo
         float* ZG = Z + (size_t)T * D;                               // (n, D)
         float* pack = ZG + (size_t)T * D;
         int n = ereg_pack(Z, Vb, vb, mu + (size_t)b * D, T, D);
-        if (n < D) gemm_cpu(ZG, D, {g, (size_t)n, 1}, {Z, (size_t)D, 1}, n, D, n, false, pack);  // K Z
-        else gemm_cpu(ZG, D, {Z, (size_t)D, 1}, {g, (size_t)D, 1}, n, D, D, false, pack);        // Z G
+        if (n < D) gemm_cpu({ZG, (size_t)D}, {g, (size_t)n, 1}, {Z, (size_t)D, 1}, n, D, n, false, pack);  // K Z
+        else gemm_cpu({ZG, (size_t)D}, {Z, (size_t)D, 1}, {g, (size_t)D, 1}, n, D, D, false, pack);        // Z G
         // dV[t] += scale * (4 Z[t] / tr(G) - 4 (Z G)[t] / ||G||_F^2) at the valid t
         for (int t = 0, r = 0; t < T; t++) {
             if (vb[t] == 0) continue;
