@@ -506,16 +506,19 @@ static void matmul_forward(float* out, const float* inp, const float* W, int N, 
 }
 
 // forward: out = inp @ W^T
-// dinp (N, C) += dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp   (either may be nullptr: not wanted)
+// dinp (N, C) (+)= dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp   (either may be nullptr: not wanted)
+// add_dinp: dinp gets the product added, else written (the first of the products that
+// make a gradient: no zero-fill before it). dW is always added to.
 static void matmul_backward(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
-                            int OC) {
+                            int OC, bool add_dinp) {
     if (dinp) {
 #pragma omp parallel for schedule(static)
         for (int n = 0; n < N; n++)
             for (int i = 0; i < C; i++) {
                 float s = 0;
                 for (int o = 0; o < OC; o++) s += dout[(size_t)n * OC + o] * W[(size_t)o * C + i];
-                dinp[(size_t)n * C + i] += s;
+                float* y = dinp + (size_t)n * C + i;
+                *y = add_dinp ? *y + s : s;
             }
     }
     if (!dW) return;
@@ -537,11 +540,11 @@ static void matmul_forward_gpu(float* out, const float* inp, const float* W, int
     cublasCheck(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, W, C, inp, C, &beta, out, OC));
 }
 
-// dinp^T (C, N) += W^T (C, OC) @ dout^T (OC, N);  dW^T (C, OC) += inp^T (C, N) @ dout (N, OC)
+// dinp^T (C, N) (+)= W^T (C, OC) @ dout^T (OC, N);  dW^T (C, OC) += inp^T (C, N) @ dout (N, OC)
 static void matmul_backward_gpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
-                                int C, int OC, cublasHandle_t blas) {
-    const float one = 1.0f;
-    if (dinp) cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, W, C, dout, OC, &one, dinp, C));
+                                int C, int OC, bool add_dinp, cublasHandle_t blas) {
+    const float one = 1.0f, beta = add_dinp ? 1.0f : 0.0f;
+    if (dinp) cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, W, C, dout, OC, &beta, dinp, C));
     if (dW) cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dW, C));
 }
 #endif
@@ -554,9 +557,9 @@ static void matmul_forward_cpu(float* out, const float* inp, const float* W, int
     else matmul_forward(out, inp, W, N, C, OC, accumulate);
 }
 static void matmul_backward_cpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
-                                int C, int OC, float* scratch) {
-    if (FAST_CPU) matmul_backward_fast(dinp, dW, dout, inp, W, N, C, OC, scratch);
-    else matmul_backward(dinp, dW, dout, inp, W, N, C, OC);
+                                int C, int OC, bool add_dinp, float* scratch) {
+    if (FAST_CPU) matmul_backward_fast(dinp, dW, dout, inp, W, N, C, OC, add_dinp, scratch);
+    else matmul_backward(dinp, dW, dout, inp, W, N, C, OC, add_dinp);
 }
 
 static void op_matmul_forward(Model* model, float* out, const float* inp, const float* W, int N, int C, int OC,
@@ -565,9 +568,9 @@ static void op_matmul_forward(Model* model, float* out, const float* inp, const 
              matmul_forward_cpu(out, inp, W, N, C, OC, accumulate, model->acts->scratch));
 }
 static void op_matmul_backward(Model* model, float* dinp, float* dW, const float* dout, const float* inp,
-                               const float* W, int N, int C, int OC) {
-    DISPATCH(model, matmul_backward_gpu(dinp, dW, dout, inp, W, N, C, OC, blas_of(model)),
-             matmul_backward_cpu(dinp, dW, dout, inp, W, N, C, OC, model->acts->scratch));
+                               const float* W, int N, int C, int OC, bool add_dinp) {
+    DISPATCH(model, matmul_backward_gpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp, blas_of(model)),
+             matmul_backward_cpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp, model->acts->scratch));
 }
 
 // ---------------------------------------------------------------------------
@@ -1101,9 +1104,8 @@ LAB_SWAPPABLE void router_forward(float* Kr, float* Vr, const float* Wk, const f
                                   const float* Vbuf, int l, int N, int R, int hd) {
     int cols = (l + 1) * R, M = N * hd;
     float* panels = router_scratch_cpu(l, N, R, hd) + 2 * (size_t)R * cols;
-    zero_cpu(Kr, (size_t)R * M), zero_cpu(Vr, (size_t)R * M);
-    matmul_backward_cpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, cols, panels);  // Kr += Wk (R, cols) @ Kbuf (cols, M)
-    matmul_backward_cpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, cols, panels);
+    matmul_backward_cpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, cols, false, panels);  // Kr = Wk (R, cols) @ Kbuf (cols, M)
+    matmul_backward_cpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, cols, false, panels);
 }
 
 // forward: Kr = Wk @ Kbuf[0:cols]   (and Vr = Wv @ Vbuf[0:cols])
@@ -1127,8 +1129,8 @@ LAB_SWAPPABLE void router_backward(float* dWk, float* dWv, float* dKbuf, float* 
         if (!all) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace(dWk + at, gk + at, n); });
         if (!all && !one) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace(dWv + at, gv + at, n); });
     }
-    matmul_backward_cpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, cols, panels);  // dKbuf += Wk^T @ dKr
-    matmul_backward_cpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, cols, panels);
+    matmul_backward_cpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, cols, false, panels);  // dKbuf += Wk^T @ dKr
+    matmul_backward_cpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, cols, false, panels);
 }
 
 #ifdef LIME_GPU
@@ -1136,12 +1138,8 @@ LAB_SWAPPABLE void router_backward(float* dWk, float* dWv, float* dKbuf, float* 
 LAB_SWAPPABLE void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
                                       const float* Vbuf, int l, int N, int R, int hd, cublasHandle_t blas) {
     int cols = (l + 1) * R, M = N * hd;
-    cudaStream_t stream;
-    cublasCheck(cublasGetStream(blas, &stream));
-    cudaCheck(cudaMemsetAsync(Kr, 0, (size_t)R * M * sizeof(float), stream));
-    cudaCheck(cudaMemsetAsync(Vr, 0, (size_t)R * M * sizeof(float), stream));
-    matmul_backward_gpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, cols, blas);
-    matmul_backward_gpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, cols, blas);
+    matmul_backward_gpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, cols, false, blas);
+    matmul_backward_gpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, cols, false, blas);
 }
 // G: scratch for a variant's weight gradient, 2 * R * (l+1)R floats.
 static void router_backward_gpu(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
@@ -1160,8 +1158,8 @@ static void router_backward_gpu(float* dWk, float* dWv, float* dKbuf, float* dVb
         if (!all && !one)
             for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace_gpu(dWv + at, gv + at, n, stream); });
     }
-    matmul_backward_gpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, cols, blas);
-    matmul_backward_gpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, cols, blas);
+    matmul_backward_gpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, cols, false, blas);
+    matmul_backward_gpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, cols, false, blas);
 }
 #endif
 
@@ -2675,8 +2673,7 @@ static void backward_pass(Model* model, int B, int T) {
     // loss -> logits -> final norm
     float* dlogits = A->probs;
     op_crossentropy_backward(model, dlogits, A->targets, A->mask, N);
-    op_zero(model, A->dnorm, (size_t)N * d);
-    op_matmul_backward(model, A->dnorm, G.E, dlogits, A->hf, P.E, N, d, c.V);
+    op_matmul_backward(model, A->dnorm, G.E, dlogits, A->hf, P.E, N, d, c.V, false);
     bool hc = c.arch == ARCH_HC;  // Hyper-Connections: n residual streams
     float* dxL = hc ? A->hc_dy : A->dx;  // hc: the gradient of the streams' sum, then of every stream
     op_zero(model, dxL, (size_t)N * d);
@@ -2693,18 +2690,15 @@ static void backward_pass(Model* model, int B, int T) {
         // MLP block. forward: xnext = xa + h @ Wd^T, h = swiglu(mlp_in Wg^T, mlp_in Wu^T), mlp_in = rmsnorm(xa)
         // (hc: forward xnext = b * (h @ Wd^T) + M[1..n], M = mixtures of xa, mlp_in = rmsnorm(M[0]))
         const float* dy = hc ? hc_output_backward(model, hm, A->dx, N) : A->dx;  // gradient of h @ Wd^T
-        op_zero(model, A->dh, (size_t)N * c.F);
-        op_matmul_backward(model, A->dh, gw.Wd, dy, la.h, w.Wd, N, c.F, d);
+        op_matmul_backward(model, A->dh, gw.Wd, dy, la.h, w.Wd, N, c.F, d, false);
         op_swiglu_backward(model, A->dgate, A->dup, A->dh, la.gate, la.up, (size_t)N * c.F);
-        op_zero(model, A->dnorm, (size_t)N * d);
-        op_matmul_backward(model, A->dnorm, gw.Wg, A->dgate, la.mlp_in, w.Wg, N, d, c.F);
-        op_matmul_backward(model, A->dnorm, gw.Wu, A->dup, la.mlp_in, w.Wu, N, d, c.F);
+        op_matmul_backward(model, A->dnorm, gw.Wg, A->dgate, la.mlp_in, w.Wg, N, d, c.F, false);
+        op_matmul_backward(model, A->dnorm, gw.Wu, A->dup, la.mlp_in, w.Wu, N, d, c.F, true);
         op_rmsnorm_backward(model, hc ? A->hc_dM : A->dx, gw.g_mlp, A->dnorm, hc ? hm.M : la.xa, w.g_mlp, la.rstd_m, N);
         if (hc) hc_input_backward(model, A->dx, hm, la.xa, P.hc[2 * l + 1], G.hc[2 * l + 1], N);  // dx is now d xa
         // attention block. forward: xa = x + o @ Wo^T  (hc: xa = b * (o @ Wo^T) + M[1..n], M = mixtures of x)
         dy = hc ? hc_output_backward(model, ha, A->dx, N) : A->dx;  // gradient of o @ Wo^T
-        op_zero(model, A->dout, (size_t)N * qd);
-        op_matmul_backward(model, A->dout, gw.Wo, dy, la.o, w.Wo, N, qd, d);
+        op_matmul_backward(model, A->dout, gw.Wo, dy, la.o, w.Wo, N, qd, d, false);
         bool routed = has_router(c, l);
         float* dvr = routed ? A->dvr : dV;  // without a router, attention's values are the buffer itself
         op_zero(model, A->dkr, kv_layer);
@@ -2728,8 +2722,7 @@ static void backward_pass(Model* model, int B, int T) {
             op_kv_transpose(model, dV, A->dvr, N, false, true);
         }
         // forward: q = a Wq^T, K and V = the heads of a Wk^T and a Wv^T (kv_projection_forward), a = rmsnorm(x)
-        op_zero(model, A->dnorm, (size_t)N * d);
-        op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd);
+        op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd, false);  // then K's and V's add
         op_kv_projection_backward(model, A->dnorm, gw.Wk, dK, la.attn_in, w.Wk, N);
         op_kv_projection_backward(model, A->dnorm, gw.Wv, dV, la.attn_in, w.Wv, N);
         op_rmsnorm_backward(model, hc ? A->hc_dM : A->dx, gw.g_attn, A->dnorm, hc ? ha.M : la.x, w.g_attn, la.rstd_a,

@@ -116,12 +116,14 @@ TEST(gpu_matmul_forward_backward_match_cpu) {
         double e = err_of(dout_.get(), out);
         CHECK(e < TOL_FWD, "matmul forward (accumulate %d): rel err %.2e", acc, e);
     }
-    std::vector<float> dinp = dinp0, dW = dW0;
-    matmul_backward(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC);
-    DevF gdinp(dinp0), gdW(dW0), gdout(dout), ginp(inp), gW(W);
-    matmul_backward_gpu(gdinp.p, gdW.p, gdout.p, ginp.p, gW.p, N, C, OC, ctx().blas);
-    double e1 = err_of(gdinp.get(), dinp), e2 = err_of(gdW.get(), dW);
-    CHECK(e1 < TOL_BWD && e2 < TOL_BWD, "matmul backward: dinp %.2e, dW %.2e", e1, e2);
+    for (bool add : {false, true}) {
+        std::vector<float> dinp = dinp0, dW = dW0;
+        matmul_backward(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, add);
+        DevF gdinp(dinp0), gdW(dW0), gdout(dout), ginp(inp), gW(W);
+        matmul_backward_gpu(gdinp.p, gdW.p, gdout.p, ginp.p, gW.p, N, C, OC, add, ctx().blas);
+        double e1 = err_of(gdinp.get(), dinp), e2 = err_of(gdW.get(), dW);
+        CHECK(e1 < TOL_BWD && e2 < TOL_BWD, "matmul backward (add_dinp %d): dinp %.2e, dW %.2e", add, e1, e2);
+    }
 }
 
 TEST(gpu_kv_projection_forward_backward_match_cpu) {

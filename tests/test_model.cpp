@@ -64,10 +64,23 @@ TEST(matmul_backward_matches_finite_differences) {
     std::vector<float> inp = randv(N * C, 1), W = randv(OC * C, 2), w = randv(N * OC, 3), out(N * OC);
     std::vector<float> dinp(N * C, 0), dW(OC * C, 0);
     auto loss = [&]() { matmul_forward(out.data(), inp.data(), W.data(), N, C, OC, false); return dot(out, w); };
-    matmul_backward(dinp.data(), dW.data(), w.data(), inp.data(), W.data(), N, C, OC);
+    matmul_backward(dinp.data(), dW.data(), w.data(), inp.data(), W.data(), N, C, OC, true);
     double e1 = fd_error(inp, dinp, loss), e2 = fd_error(W, dW, loss);
     CHECK(e1 < FD_TOL, "matmul dinp: rel err %.2e", e1);
     CHECK(e2 < FD_TOL, "matmul dW: rel err %.2e", e2);
+}
+
+// add_dinp = false writes dinp: what it held does not matter; true adds to it.
+TEST(matmul_backward_writes_or_adds_dinp) {
+    int N = 4, C = 3, OC = 5;
+    std::vector<float> inp = randv(N * C, 1), W = randv(OC * C, 2), dout = randv(N * OC, 3);
+    std::vector<float> written(N * C, 9.0f), added(N * C, 1.0f), zero(N * C, 0.0f);
+    matmul_backward(written.data(), nullptr, dout.data(), inp.data(), W.data(), N, C, OC, false);
+    matmul_backward(added.data(), nullptr, dout.data(), inp.data(), W.data(), N, C, OC, true);
+    matmul_backward(zero.data(), nullptr, dout.data(), inp.data(), W.data(), N, C, OC, true);
+    int wrong = 0;
+    for (int i = 0; i < N * C; i++) wrong += written[i] != zero[i] || added[i] != 1.0f + zero[i];
+    CHECK(wrong == 0, "matmul_backward dinp: %d of %d values neither written (add_dinp false) nor added (true)", wrong, N * C);
 }
 
 TEST(matmul_forward_matches_naive_product) {
@@ -101,7 +114,7 @@ TEST(kv_projection_is_the_product_written_per_kv_head) {
                 dtokens[t] = dheads[h];
             }
     std::vector<float> dinp_t(N * C, 0.5f), dinp_h = dinp_t, dW_t(OC * C, 0.25f), dW_h = dW_t;
-    matmul_backward(dinp_t.data(), dW_t.data(), dtokens.data(), inp.data(), W.data(), N, C, OC);
+    matmul_backward(dinp_t.data(), dW_t.data(), dtokens.data(), inp.data(), W.data(), N, C, OC, true);
     kv_projection_backward(dinp_h.data(), dW_h.data(), dheads.data(), inp.data(), W.data(), N, C, R, hd);
     CHECK(wrong == 0, "kv_projection_forward: %d of %d outputs differ from matmul_forward's, placed per head", wrong, N * OC);
     CHECK(dinp_h == dinp_t && dW_h == dW_t, "kv_projection_backward: dinp or dW differ from matmul_backward's");
@@ -1116,12 +1129,16 @@ static void check_fast_matmul(int N, int C, int OC, uint64_t seed) {
     matmul_forward(plain.data(), inp.data(), W.data(), N, C, OC, false);
     double e0 = rel_err(over.data(), plain.data(), plain.size());
     std::vector<float> dinp_p((size_t)N * C, 0.5f), dinp_f = dinp_p, dW_p((size_t)OC * C, 0.25f), dW_f = dW_p;
-    matmul_backward(dinp_p.data(), dW_p.data(), dout.data(), inp.data(), W.data(), N, C, OC);
-    matmul_backward_fast(dinp_f.data(), dW_f.data(), dout.data(), inp.data(), W.data(), N, C, OC, scratch.data());
+    matmul_backward(dinp_p.data(), dW_p.data(), dout.data(), inp.data(), W.data(), N, C, OC, true);
+    matmul_backward_fast(dinp_f.data(), dW_f.data(), dout.data(), inp.data(), W.data(), N, C, OC, true, scratch.data());
     double e2 = rel_err(dinp_f.data(), dinp_p.data(), dinp_p.size()), e3 = rel_err(dW_f.data(), dW_p.data(), dW_p.size());
-    CHECK(e0 < FAST_TOL && e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL,
-          "matmul_*_fast (%s kernel) vs plain N=%d C=%d OC=%d: out %.1e (accumulating %.1e) dinp %.1e dW %.1e", matmul_fast_kernel(), N,
-          C, OC, e0, e1, e2, e3);
+    std::vector<float> dinp_w((size_t)N * C, 7.0f);  // add_dinp = false: every value overwritten
+    matmul_backward(dinp_p.data(), nullptr, dout.data(), inp.data(), W.data(), N, C, OC, false);
+    matmul_backward_fast(dinp_w.data(), nullptr, dout.data(), inp.data(), W.data(), N, C, OC, false, scratch.data());
+    double e4 = rel_err(dinp_w.data(), dinp_p.data(), dinp_p.size());
+    CHECK(e0 < FAST_TOL && e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL && e4 < FAST_TOL,
+          "matmul_*_fast (%s kernel) vs plain N=%d C=%d OC=%d: out %.1e (accumulating %.1e) dinp %.1e (written %.1e) dW %.1e",
+          matmul_fast_kernel(), N, C, OC, e0, e1, e2, e4, e3);
 }
 // Every micro-kernel the build has; sizes that are not multiples of any tile
 // (odd, prime), more than a block of k (256) and of rows.
@@ -1181,7 +1198,7 @@ static void check_fast_matmul_threads(int N, int C, int OC) {
         omp_set_num_threads(threads);
         std::vector<float> out((size_t)N * OC), dinp((size_t)N * C, 0.5f), dW((size_t)OC * C, 0.25f);
         matmul_forward_fast(out.data(), inp.data(), W.data(), N, C, OC, false, scratch.data());
-        matmul_backward_fast(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, scratch.data());
+        matmul_backward_fast(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, true, scratch.data());
         out.insert(out.end(), dinp.begin(), dinp.end());
         out.insert(out.end(), dW.begin(), dW.end());
         runs.push_back(out);

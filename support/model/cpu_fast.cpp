@@ -373,11 +373,11 @@ void matmul_forward_fast(float* out, const float* inp, const float* W, int N, in
     gemm_cpu({out, (size_t)OC}, {inp, (size_t)C, 1}, {W, 1, (size_t)C}, N, OC, C, accumulate, scratch);
 }
 
-// = matmul_backward: dinp (N, C) += dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp (either may be nullptr)
+// = matmul_backward: dinp (N, C) (+)= dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp (either may be nullptr)
 // scratch: max(N, OC) * 32 floats (used only when C is not a multiple of the panel width).
 void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
-                          int OC, float* scratch) {
-    if (dinp) gemm_cpu({dinp, (size_t)C}, {dout, (size_t)OC, 1}, {W, (size_t)C, 1}, N, C, OC, true, scratch);
+                          int OC, bool add_dinp, float* scratch) {
+    if (dinp) gemm_cpu({dinp, (size_t)C}, {dout, (size_t)OC, 1}, {W, (size_t)C, 1}, N, C, OC, add_dinp, scratch);
     if (dW) gemm_cpu({dW, (size_t)C}, {dout, 1, (size_t)OC}, {inp, (size_t)C, 1}, OC, C, N, true, scratch);
 }
 

@@ -22,7 +22,7 @@ void matmul_forward_fast(float* out, const float* inp, const float* W, int N, in
 size_t matmul_fast_forward_scratch_floats(int N, int C, int OC);
 // = matmul_backward; scratch: matmul_fast_scratch_floats(max(N, OC), C) (max(N, OC) * 32 is enough).
 void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
-                          int OC, float* scratch);
+                          int OC, bool add_dinp, float* scratch);
 // = kv_projection_forward, kv_projection_backward: the K and V projections,
 // written into (and read from) the head-major buffer (R, N, hd). Scratch: as
 // matmul_forward_fast's and matmul_backward_fast's with OC = R*hd.
