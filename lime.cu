@@ -27,9 +27,10 @@
 //      (forward, then backward restating the forward line it differentiates),
 //      the CUDA kernel and its launcher, and the op's dispatcher op_*();
 //      in order: matrix products (with the K and V projections into the KV
-//      buffer, the copies, zeros and the buffer's transpose), embedding, RMSNorm, RoPE, the KV router, Hyper-Connections,
-//      attention, SwiGLU, cross-entropy, the value-entropy regulariser (a loss
-//      term, --entropy-reg), AdamW;
+//      buffer, the copies, zeros and the buffer's transpose), embedding,
+//      RMSNorm, RoPE, the KV router, Hyper-Connections, attention, SwiGLU,
+//      cross-entropy, the value-entropy regulariser (a loss term,
+//      --entropy-reg), AdamW;
 //   5. forward_pass, backward_pass and update_pass: the model, written once
 //      for both devices and both architectures;
 //   6. the public calls (support/model/lime.h): model_create (with the memory
