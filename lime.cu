@@ -580,13 +580,16 @@ static void op_matmul_backward(Model* model, float* dinp, float* dW, const float
 // out (R, N, hd), out[r, n, i] = sum_c inp[n, c] W[r*hd + i, c], W (R*hd, C).
 // ---------------------------------------------------------------------------
 
+// Where column o of position n's product lies in (R, N, hd): head o / hd, its element o % hd.
+static size_t kv_at(int n, int o, int N, int hd) { return ((size_t)(o / hd) * N + n) * hd + o % hd; }
+
 static void kv_projection_forward(float* out, const float* inp, const float* W, int N, int C, int R, int hd) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
-        for (int o = 0; o < R * hd; o++) {  // column o of the product: head o / hd, its element o % hd
+        for (int o = 0; o < R * hd; o++) {
             float s = 0;
             for (int i = 0; i < C; i++) s += inp[(size_t)n * C + i] * W[(size_t)o * C + i];
-            out[((size_t)(o / hd) * N + n) * hd + o % hd] = s;
+            out[kv_at(n, o, N, hd)] = s;
         }
 }
 
@@ -594,7 +597,7 @@ static void kv_projection_forward(float* out, const float* inp, const float* W, 
 // dinp (N, C) += sum over (r, i) of dout[r, n, i] W[r*hd + i];  dW (R*hd, C) += sum over n of dout[r, n, i] inp[n]
 static void kv_projection_backward(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
                                    int C, int R, int hd) {
-    auto g = [&](int n, int o) { return dout[((size_t)(o / hd) * N + n) * hd + o % hd]; };
+    auto g = [&](int n, int o) { return dout[kv_at(n, o, N, hd)]; };
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         for (int i = 0; i < C; i++) {

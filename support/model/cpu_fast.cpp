@@ -71,10 +71,15 @@ struct MatView {
     int rb = 0, kb = 0;
     size_t bs = 0;
 };
+// Index x's block (blocks of `block`; 0: one block), x left as its place in it.
+static size_t block_of(int& x, int block) {
+    if (!block) return 0;
+    size_t b = x / block;
+    x %= block;
+    return b;
+}
 static const float* view_at(const MatView& A, int i, int k) {
-    size_t head = A.rb ? i / A.rb : A.kb ? k / A.kb : 0;
-    if (A.rb) i %= A.rb;
-    if (A.kb) k %= A.kb;
+    size_t head = block_of(i, A.rb) + block_of(k, A.kb);  // (at most one of them has blocks)
     return A.p + head * A.bs + (size_t)i * A.rs + (size_t)k * A.cs;
 }
 // The product's C, row-major with row stride ldc; or, written into the buffer
@@ -86,8 +91,7 @@ struct OutView {
     size_t bs = 0;
 };
 static float* out_at(const OutView& C, int i, int j) {
-    size_t head = C.cb ? j / C.cb : 0;
-    if (C.cb) j %= C.cb;
+    size_t head = block_of(j, C.cb);
     return C.p + head * C.bs + (size_t)i * C.ldc + j;
 }
 // The longest run of row i's columns j.. (at most n) that lies in one block of C.
