@@ -151,17 +151,28 @@ struct KernelSimd {
                 acc[i][h] = t.load_c ? Simd::load(t.c + (size_t)i * t.ldc + W * h) : Simd::zero();
         const float* a[MR];  // the rows' pointers, held in registers for the loop
         for (int i = 0; i < MR; i++) a[i] = t.a[i];
-        const float* b = t.b;
-        size_t at = 0;
-        for (int k = 0; k < t.K; k++, b += t.ldb, at += t.a_cs) {
-            Vec b0 = Simd::load(b), b1 = Simd::load(b + W);
+        // One k: two loads of B's row, MR broadcasts, 2 MR fused multiply-adds.
+        // The loop runs four of them a round, so that the MR pointers and the
+        // loop's count move once per four k (the same sums, in the same order).
+        auto step = [&](const float* bk, size_t ak) {
+            Vec b0 = Simd::load(bk), b1 = Simd::load(bk + W);
 #pragma GCC unroll 8
             for (int i = 0; i < MR; i++) {
-                Vec x = Simd::broadcast(a[i] + at);
+                Vec x = Simd::broadcast(a[i] + ak);
                 acc[i][0] = Simd::fma(x, b0, acc[i][0]);
                 acc[i][1] = Simd::fma(x, b1, acc[i][1]);
             }
+        };
+        const float* b = t.b;
+        size_t at = 0;
+        int k = 0;
+        for (; k + 4 <= t.K; k += 4, b += 4 * t.ldb, at += 4 * t.a_cs) {
+            step(b, at);
+            step(b + t.ldb, at + t.a_cs);
+            step(b + 2 * t.ldb, at + 2 * t.a_cs);
+            step(b + 3 * t.ldb, at + 3 * t.a_cs);
         }
+        for (; k < t.K; k++, b += t.ldb, at += t.a_cs) step(b, at);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++)
             for (int h = 0; h < 2; h++) {
