@@ -1049,18 +1049,29 @@ static void rope_backward_gpu(float* dx, const float* cos_t, const float* sin_t,
 }
 #endif
 
+// The CPU's: rope_rotate_fast (support/model/cpu_fast.cpp, the same loop,
+// vectorised) in ./lime, the plain loops above in lime-ref and the labs.
+static void rope_forward_cpu(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd) {
+    if (FAST_CPU) rope_rotate_fast(x, cos_t, sin_t, B, T, nh, hd, 1.0f);
+    else rope_forward(x, cos_t, sin_t, B, T, nh, hd);
+}
+static void rope_backward_cpu(float* dx, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd) {
+    if (FAST_CPU) rope_rotate_fast(dx, cos_t, sin_t, B, T, nh, hd, -1.0f);
+    else rope_backward(dx, cos_t, sin_t, B, T, nh, hd);
+}
+
 // x (B, T, nh, hd) in place, with the tables in the model's activations.
 static void op_rope_forward(Model* model, float* x, int B, int T, int nh) {
     const Acts* A = pass_acts(model);
     int hd = model->c.hd;
     DISPATCH(model, rope_forward_gpu(x, A->rope_cos, A->rope_sin, B, T, nh, hd, stream_of(model)),
-             rope_forward(x, A->rope_cos, A->rope_sin, B, T, nh, hd));
+             rope_forward_cpu(x, A->rope_cos, A->rope_sin, B, T, nh, hd));
 }
 static void op_rope_backward(Model* model, float* dx, int B, int T, int nh) {
     const Acts* A = pass_acts(model);
     int hd = model->c.hd;
     DISPATCH(model, rope_backward_gpu(dx, A->rope_cos, A->rope_sin, B, T, nh, hd, stream_of(model)),
-             rope_backward(dx, A->rope_cos, A->rope_sin, B, T, nh, hd));
+             rope_backward_cpu(dx, A->rope_cos, A->rope_sin, B, T, nh, hd));
 }
 
 // ===========================================================================

@@ -1291,6 +1291,26 @@ TEST(fast_attention_equals_plain_gqa_and_r1_odd_t) {
     check_fast_attention(3, 7, 2, 2, 6);        // hd neither a multiple of 8 nor 32
 }
 
+// RoPE: the fast rotation (support/model/cpu_fast.cpp) gives the plain loop's
+// bits, forward and backward, for half heads of 16 lanes, of 4, and neither.
+TEST(fast_rope_equals_plain_bits) {
+    for (int hd : {2, 6, 8, 10, 32, 40, 64}) {
+        int B = 2, T = 7, nh = 3;
+        std::vector<float> cs(T * hd / 2), sn(T * hd / 2);
+        rope_tables(cs.data(), sn.data(), T, hd, 10000.0f);
+        for (float sign : {1.0f, -1.0f}) {
+            std::vector<float> plain = randv(B * T * nh * hd, 12), fast = plain;
+            if (sign > 0) rope_forward(plain.data(), cs.data(), sn.data(), B, T, nh, hd);
+            else rope_backward(plain.data(), cs.data(), sn.data(), B, T, nh, hd);
+            rope_rotate_fast(fast.data(), cs.data(), sn.data(), B, T, nh, hd, sign);
+            size_t bad = 0;
+            while (bad < plain.size() && plain[bad] == fast[bad]) bad++;
+            CHECK(bad == plain.size(), "rope %s hd %d: x[%zu] fast %.9g, plain %.9g", sign > 0 ? "forward" : "backward",
+                  hd, bad, bad < fast.size() ? fast[bad] : 0.0, bad < plain.size() ? plain[bad] : 0.0);
+        }
+    }
+}
+
 // Hyper-Connections: each fast op (support/model/cpu_fast.cpp) against its plain
 // loop, static and dynamic; widths that take each of the fast loops' ways (d a
 // multiple of 32, of 8, of 2, odd), 1, 3 and 16 streams, and more positions

@@ -45,6 +45,8 @@ void ereg_forward_fast(float* stat, float* mu, float* G, const float* V, const f
                        float* scratch);
 void ereg_backward_fast(float* dV, const float* V, const float* valid, const float* mu, const float* G,
                         const float* stat, float scale, int B, int T, int D, float* scratch);
+// = rope_forward (sign 1), rope_backward (sign -1): x (B, T, nh, hd) in place.
+void rope_rotate_fast(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, float sign);
 // = attention_forward, attention_backward.
 void attention_forward_fast(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
                             int R, int hd);
