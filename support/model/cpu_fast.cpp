@@ -677,6 +677,7 @@ static void softmax_row(float* p, float* s, int t, int n, int T) {
     float mx[16], sum[16];
     for (int i = 0; i < 16; i++) mx[i] = -INFINITY, sum[i] = 0;
     for (int u = 0; u < n; u += 16)
+#pragma omp simd  // (without it the compiler kept the 16 maxima as scalars, a branch each)
         for (int i = 0; i < 16; i++) {
             float x = u + i <= t ? s[u + i] : -INFINITY;  // masked: e^-inf = 0
             mx[i] = x > mx[i] ? x : mx[i];
