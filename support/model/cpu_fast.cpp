@@ -1,6 +1,7 @@
 // support/model/cpu_fast.cpp — the fast CPU path: lime.cu's matrix product
-// (which also runs the KV router) and attention, blocked so that the compiler keeps the sums in vector
-// registers. Each function computes what the plain loop it names in lime.cu
+// (which also runs the KV router and the K and V projections), attention, RoPE,
+// Hyper-Connections and the value-entropy regulariser, blocked so that the
+// compiler keeps the sums in vector registers. Each function computes what the plain loop it names in lime.cu
 // computes (tests/test_model.cpp compares them on random shapes); read the
 // plain loops first. `./lime` uses these; `make lime-ref` builds the plain ones.
 //
