@@ -1,9 +1,10 @@
 // support/model/cpu_fast.cpp — the fast CPU path: lime.cu's matrix product
 // (which also runs the KV router and the K and V projections), attention, RoPE,
 // Hyper-Connections and the value-entropy regulariser, blocked so that the
-// compiler keeps the sums in vector registers. Each function computes what the plain loop it names in lime.cu
-// computes (tests/test_model.cpp compares them on random shapes); read the
-// plain loops first. `./lime` uses these; `make lime-ref` builds the plain ones.
+// compiler keeps the sums in vector registers. Each function computes what the
+// plain loop it names in lime.cu computes (tests/test_model.cpp compares them
+// on random shapes); read the plain loops first. `./lime` uses these; `make
+// lime-ref` builds the plain ones.
 //
 // Every sum runs in an order fixed by the shapes alone, never by the number of
 // threads, so that a resumed run is bit-exact.
@@ -540,6 +541,42 @@ void ereg_backward_fast(float* dV, const float* V, const float* valid, const flo
 }
 
 // ===========================================================================
+// RoPE: the plain loop of lime.cu's rope_rotate, its pairs (i, i + hd/2) taken
+// LANES at a time (16, 4 or 1, a compile-time constant dividing hd/2): with a
+// run-time count of 4 (hd = 8) the compiler's vector loop never ran, and the
+// pass moved 3 GB/s. The same arithmetic, so the same bits.
+// ===========================================================================
+
+template <int LANES>
+static void rope_rotate_blocked(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
+                                float sign) {
+    int half = hd / 2;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const float* cs = cos_t + t * half;
+            const float* sn = sin_t + t * half;
+            for (int h = 0; h < nh; h++) {
+                float* v = x + (((size_t)b * T + t) * nh + h) * hd;
+                for (int i0 = 0; i0 < half; i0 += LANES)
+#pragma omp simd
+                    for (int i = i0; i < i0 + LANES; i++) {
+                        float x0 = v[i], x1 = v[i + half], s = sign * sn[i];
+                        v[i] = x0 * cs[i] - x1 * s;
+                        v[i + half] = x1 * cs[i] + x0 * s;
+                    }
+            }
+        }
+}
+void rope_rotate_fast(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, float sign) {
+    int half = hd / 2;
+    auto run = [&](auto w) { rope_rotate_blocked<decltype(w)::value>(x, cos_t, sin_t, B, T, nh, hd, sign); };
+    if (half % 16 == 0) run(std::integral_constant<int, 16>());
+    else if (half % 4 == 0) run(std::integral_constant<int, 4>());
+    else run(std::integral_constant<int, 1>());
+}
+
+// ===========================================================================
 // Causal GQA attention (lime.cu: attention_forward, attention_backward)
 // ===========================================================================
 
@@ -596,42 +633,6 @@ static void rows_times_matrix(float* const* out, const float* const* p, int n, c
         for (int j = 0; j < ATT_ROWS; j++)
             for (int i = 0; i < LANES; i++) out[j][i0 + i] = scale * acc[j][i];
     }
-}
-
-// ===========================================================================
-// RoPE: the plain loop of lime.cu's rope_rotate, its pairs (i, i + hd/2) taken
-// LANES at a time (16, 4 or 1, a compile-time constant dividing hd/2): with a
-// run-time count of 4 (hd = 8) the compiler's vector loop never ran, and the
-// pass moved 3 GB/s. The same arithmetic, so the same bits.
-// ===========================================================================
-
-template <int LANES>
-static void rope_rotate_blocked(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
-                                float sign) {
-    int half = hd / 2;
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            const float* cs = cos_t + t * half;
-            const float* sn = sin_t + t * half;
-            for (int h = 0; h < nh; h++) {
-                float* v = x + (((size_t)b * T + t) * nh + h) * hd;
-                for (int i0 = 0; i0 < half; i0 += LANES)
-#pragma omp simd
-                    for (int i = i0; i < i0 + LANES; i++) {
-                        float x0 = v[i], x1 = v[i + half], s = sign * sn[i];
-                        v[i] = x0 * cs[i] - x1 * s;
-                        v[i + half] = x1 * cs[i] + x0 * s;
-                    }
-            }
-        }
-}
-void rope_rotate_fast(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, float sign) {
-    int half = hd / 2;
-    auto run = [&](auto w) { rope_rotate_blocked<decltype(w)::value>(x, cos_t, sin_t, B, T, nh, hd, sign); };
-    if (half % 16 == 0) run(std::integral_constant<int, 16>());
-    else if (half % 4 == 0) run(std::integral_constant<int, 4>());
-    else run(std::integral_constant<int, 1>());
 }
 
 // dst[u * ld + i] += sum_j a[j][u] * scale * x[j][i] for u < n, i < hd: the
