@@ -153,9 +153,8 @@ struct KernelSimd {
                 acc[i][h] = t.load_c ? Simd::load(t.c + (size_t)i * t.ldc + W * h) : Simd::zero();
         const float* a[MR];  // the rows' pointers, held in registers for the loop
         for (int i = 0; i < MR; i++) a[i] = t.a[i];
-        // One k: two loads of B's row, MR broadcasts, 2 MR fused multiply-adds.
-        // The loop runs four of them a round, so that the MR pointers and the
-        // loop's count move once per four k (the same sums, in the same order).
+        // One k (step); the loop runs four a round, so that the MR pointers and
+        // the loop's count move once per four k (the same sums, in the same order).
         auto step = [&](const float* bk, size_t ak) {
             Vec b0 = Simd::load(bk), b1 = Simd::load(bk + W);
 #pragma GCC unroll 8
@@ -569,11 +568,8 @@ static void rope_rotate_blocked(float* x, const float* cos_t, const float* sin_t
         }
 }
 void rope_rotate_fast(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, float sign) {
-    int half = hd / 2;
-    auto run = [&](auto w) { rope_rotate_blocked<decltype(w)::value>(x, cos_t, sin_t, B, T, nh, hd, sign); };
-    if (half % 16 == 0) run(std::integral_constant<int, 16>());
-    else if (half % 4 == 0) run(std::integral_constant<int, 4>());
-    else run(std::integral_constant<int, 1>());
+    // with_lanes' w divides hd, so w / 2 (16, 4 or 1) divides hd / 2
+    with_lanes(hd, [&](auto w) { rope_rotate_blocked<decltype(w)::value / 2>(x, cos_t, sin_t, B, T, nh, hd, sign); });
 }
 
 // ===========================================================================
