@@ -304,14 +304,12 @@ struct Acts {
 };
 
 // The fast CPU products' scratch, in floats: the most that one of the model's
-// products (C inputs, OC outputs, over BT rows) needs, forward C * round_up(OC, 32)
-// and backward max(BT, OC) * round_up(C, 32) (support/model/cpu_fast.h). For the
-// logits that is d x V, not V x V.
-static size_t fast_scratch_floats(const Config& c, size_t BT) {
+// forward products (C inputs, OC outputs) needs, C * round_up(OC, 32), W^T
+// packed (support/model/cpu_fast.h); the backward products need none.
+static size_t fast_scratch_floats(const Config& c) {
     size_t d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd, F = c.F, V = c.V, most = 0;
     const std::pair<size_t, size_t> products[] = {{d, qd}, {d, kvd}, {qd, d}, {d, F}, {F, d}, {d, V}};
-    for (auto [C, OC] : products)
-        most = std::max({most, matmul_fast_scratch_floats(C, OC), matmul_fast_scratch_floats(std::max(BT, OC), C)});
+    for (auto [C, OC] : products) most = std::max(most, matmul_fast_scratch_floats(C, OC));
     return most;
 }
 
@@ -377,7 +375,7 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->datt, gpu * BT * c.H * c.T);
     size_t router = 2 * (size_t)c.R * c.L * c.R;  // a variant's weight gradient (router_backward_gpu)
     size_t gpu_scratch = std::max({3 * BT * qd, router, hc * hc_scratch_floats(c, BT)});
-    size_t cpu_scratch = std::max(fast_scratch_floats(c, BT), ereg * ereg_fast_scratch_floats(B, c.T, (int)kvd));
+    size_t cpu_scratch = std::max(fast_scratch_floats(c), ereg * ereg_fast_scratch_floats(B, c.T, (int)kvd));
     A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch : FAST_CPU ? cpu_scratch : 0;
     take(&A->scratch, A->scratch_floats);
     take(&A->hc_M, hc * 2 * L * (n + 1) * BT * d);
@@ -558,8 +556,8 @@ static void matmul_forward_cpu(float* out, const float* inp, const float* W, int
     else matmul_forward(out, inp, W, N, C, OC, accumulate);
 }
 static void matmul_backward_cpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
-                                int C, int OC, bool add_dinp, float* scratch) {
-    if (FAST_CPU) matmul_backward_fast(dinp, dW, dout, inp, W, N, C, OC, add_dinp, scratch);
+                                int C, int OC, bool add_dinp) {
+    if (FAST_CPU) matmul_backward_fast(dinp, dW, dout, inp, W, N, C, OC, add_dinp);
     else matmul_backward(dinp, dW, dout, inp, W, N, C, OC, add_dinp);
 }
 
@@ -571,7 +569,7 @@ static void op_matmul_forward(Model* model, float* out, const float* inp, const 
 static void op_matmul_backward(Model* model, float* dinp, float* dW, const float* dout, const float* inp,
                                const float* W, int N, int C, int OC, bool add_dinp) {
     DISPATCH(model, matmul_backward_gpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp, blas_of(model)),
-             matmul_backward_cpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp, model->acts->scratch));
+             matmul_backward_cpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp));
 }
 
 // ---------------------------------------------------------------------------
@@ -642,8 +640,8 @@ static void kv_projection_forward_cpu(float* out, const float* inp, const float*
     else kv_projection_forward(out, inp, W, N, C, R, hd);
 }
 static void kv_projection_backward_cpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W,
-                                       int N, int C, int R, int hd, float* scratch) {
-    if (FAST_CPU) kv_projection_backward_fast(dinp, dW, dout, inp, W, N, C, R, hd, scratch);
+                                       int N, int C, int R, int hd) {
+    if (FAST_CPU) kv_projection_backward_fast(dinp, dW, dout, inp, W, N, C, R, hd);
     else kv_projection_backward(dinp, dW, dout, inp, W, N, C, R, hd);
 }
 
@@ -656,7 +654,7 @@ static void op_kv_projection_backward(Model* model, float* dinp, float* dW, cons
                                       const float* W, int N) {
     int C = model->c.d, R = model->c.R, hd = model->c.hd;
     DISPATCH(model, kv_projection_backward_gpu(dinp, dW, dout, inp, W, N, C, R, hd, blas_of(model)),
-             kv_projection_backward_cpu(dinp, dW, dout, inp, W, N, C, R, hd, model->acts->scratch));
+             kv_projection_backward_cpu(dinp, dW, dout, inp, W, N, C, R, hd));
 }
 
 // ---------------------------------------------------------------------------
@@ -1090,13 +1088,13 @@ static void op_rope_backward(Model* model, float* dx, int B, int T, int nh) {
 // `learned` says which source layers' columns get a gradient.
 // ===========================================================================
 
-// The CPU products' panels and the variants' weight gradient (2, R, cols), kept
-// from call to call (sized for the largest layer the first time it is used).
+// The variants' weight gradient (2, R, cols), then the scratch of the weight
+// gradient's product (matmul_forward_cpu's), kept from call to call (sized for
+// the largest layer the first time it is used).
 static float* router_scratch_cpu(int l, int N, int R, int hd) {
     static std::vector<float> scratch;
     int cols = (l + 1) * R, M = N * hd;
-    size_t floats = 2 * (size_t)R * cols + std::max(matmul_fast_forward_scratch_floats(R, M, cols),
-                                                 matmul_fast_scratch_floats(std::max(cols, R), 32));
+    size_t floats = 2 * (size_t)R * cols + matmul_fast_forward_scratch_floats(R, M, cols);
     if (scratch.size() < floats) scratch.resize(floats);
     return scratch.data();
 }
@@ -1118,9 +1116,8 @@ static bool learns_any(int l, RouterSpan learned) { return learned.below > 0 || 
 LAB_SWAPPABLE void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
                                   const float* Vbuf, int l, int N, int R, int hd) {
     int cols = (l + 1) * R, M = N * hd;
-    float* panels = router_scratch_cpu(l, N, R, hd) + 2 * (size_t)R * cols;
-    matmul_backward_cpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, cols, false, panels);  // Kr = Wk (R, cols) @ Kbuf (cols, M)
-    matmul_backward_cpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, cols, false, panels);
+    matmul_backward_cpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, cols, false);  // Kr = Wk (R, cols) @ Kbuf (cols, M)
+    matmul_backward_cpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, cols, false);
 }
 
 // forward: Kr = Wk @ Kbuf[0:cols]   (and Vr = Wv @ Vbuf[0:cols])
@@ -1144,8 +1141,8 @@ LAB_SWAPPABLE void router_backward(float* dWk, float* dWv, float* dKbuf, float* 
         if (!all) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace(dWk + at, gk + at, n); });
         if (!all && !one) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace(dWv + at, gv + at, n); });
     }
-    matmul_backward_cpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, cols, false, panels);  // dKbuf += Wk^T @ dKr
-    matmul_backward_cpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, cols, false, panels);
+    matmul_backward_cpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, cols, false);  // dKbuf += Wk^T @ dKr
+    matmul_backward_cpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, cols, false);
 }
 
 #ifdef LIME_GPU

@@ -71,11 +71,11 @@ int main() {
         double fwd = (cpu_seconds() - t0) / reps;
         t0 = cpu_seconds();
         for (int r = 0; r < reps; r++)  // dW alone
-            matmul_backward_fast(nullptr, dW.data(), dout.data(), inp.data(), W.data(), s.N, s.C, s.OC, true, scratch.data());
+            matmul_backward_fast(nullptr, dW.data(), dout.data(), inp.data(), W.data(), s.N, s.C, s.OC, true);
         double dw = (cpu_seconds() - t0) / reps;
         t0 = cpu_seconds();
         for (int r = 0; r < reps; r++)  // dinp and dW
-            matmul_backward_fast(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), s.N, s.C, s.OC, true, scratch.data());
+            matmul_backward_fast(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), s.N, s.C, s.OC, true);
         double both = (cpu_seconds() - t0) / reps;
         char name[64];
         snprintf(name, sizeof name, "%d x %d -> %d", s.N, s.C, s.OC);

@@ -1078,8 +1078,9 @@ TEST(memory_estimate_names_the_flags_that_help) {
     std::string e4 = model_create(&m, vocab, 1, DEVICE_CPU, bs);
     CHECK(e4.find("lower --vocab") != std::string::npos, "bench, vocabulary: '%s'", e4.c_str());
     vocab.V = 100000;
-    CHECK(fast_scratch_floats(vocab, 6) == (size_t)vocab.V * 32, "scratch %zu floats for V=%d, d=%d", fast_scratch_floats(vocab, 6),
-          vocab.V, vocab.d);
+    size_t logits_panels = (size_t)vocab.d * ((vocab.V + 31) / 32 * 32);  // the logits' W^T packed, d x V
+    CHECK(fast_scratch_floats(vocab) == logits_panels, "scratch %zu floats for V=%d, d=%d, want %zu", fast_scratch_floats(vocab),
+          vocab.V, vocab.d, logits_panels);
     CHECK(m.params == nullptr && m.acts == nullptr, "a refused model allocated memory");
 }
 
@@ -1130,11 +1131,11 @@ static void check_fast_matmul(int N, int C, int OC, uint64_t seed) {
     double e0 = rel_err(over.data(), plain.data(), plain.size());
     std::vector<float> dinp_p((size_t)N * C, 0.5f), dinp_f = dinp_p, dW_p((size_t)OC * C, 0.25f), dW_f = dW_p;
     matmul_backward(dinp_p.data(), dW_p.data(), dout.data(), inp.data(), W.data(), N, C, OC, true);
-    matmul_backward_fast(dinp_f.data(), dW_f.data(), dout.data(), inp.data(), W.data(), N, C, OC, true, scratch.data());
+    matmul_backward_fast(dinp_f.data(), dW_f.data(), dout.data(), inp.data(), W.data(), N, C, OC, true);
     double e2 = rel_err(dinp_f.data(), dinp_p.data(), dinp_p.size()), e3 = rel_err(dW_f.data(), dW_p.data(), dW_p.size());
     std::vector<float> dinp_w((size_t)N * C, 7.0f);  // add_dinp = false: every value overwritten
     matmul_backward(dinp_p.data(), nullptr, dout.data(), inp.data(), W.data(), N, C, OC, false);
-    matmul_backward_fast(dinp_w.data(), nullptr, dout.data(), inp.data(), W.data(), N, C, OC, false, scratch.data());
+    matmul_backward_fast(dinp_w.data(), nullptr, dout.data(), inp.data(), W.data(), N, C, OC, false);
     double e4 = rel_err(dinp_w.data(), dinp_p.data(), dinp_p.size());
     CHECK(e0 < FAST_TOL && e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL && e4 < FAST_TOL,
           "matmul_*_fast (%s kernel) vs plain N=%d C=%d OC=%d: out %.1e (accumulating %.1e) dinp %.1e (written %.1e) dW %.1e",
@@ -1168,7 +1169,7 @@ static void check_fast_kv_projection(int N, int C, int R, int hd, uint64_t seed)
     double e0 = rel_err(fast.data(), plain.data(), plain.size());
     std::vector<float> dinp_p((size_t)N * C, 0.5f), dinp_f = dinp_p, dW_p((size_t)OC * C, 0.25f), dW_f = dW_p;
     kv_projection_backward(dinp_p.data(), dW_p.data(), dout.data(), inp.data(), W.data(), N, C, R, hd);
-    kv_projection_backward_fast(dinp_f.data(), dW_f.data(), dout.data(), inp.data(), W.data(), N, C, R, hd, scratch.data());
+    kv_projection_backward_fast(dinp_f.data(), dW_f.data(), dout.data(), inp.data(), W.data(), N, C, R, hd);
     double e1 = rel_err(dinp_f.data(), dinp_p.data(), dinp_p.size()), e2 = rel_err(dW_f.data(), dW_p.data(), dW_p.size());
     CHECK(e0 < FAST_TOL && e1 < FAST_TOL && e2 < FAST_TOL,
           "kv_projection_*_fast (%s kernel) vs plain N=%d C=%d R=%d hd=%d: out %.1e dinp %.1e dW %.1e", matmul_fast_kernel(), N, C, R,
@@ -1198,7 +1199,7 @@ static void check_fast_matmul_threads(int N, int C, int OC) {
         omp_set_num_threads(threads);
         std::vector<float> out((size_t)N * OC), dinp((size_t)N * C, 0.5f), dW((size_t)OC * C, 0.25f);
         matmul_forward_fast(out.data(), inp.data(), W.data(), N, C, OC, false, scratch.data());
-        matmul_backward_fast(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, true, scratch.data());
+        matmul_backward_fast(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, true);
         out.insert(out.end(), dinp.begin(), dinp.end());
         out.insert(out.end(), dW.begin(), dW.end());
         runs.push_back(out);

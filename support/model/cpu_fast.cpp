@@ -119,12 +119,14 @@ struct TileArgs {
 // the compiler keeps in vector registers, vectorising the loops over j.
 struct KernelPlain {
     static const int MR = 8, NR = 32;
+    template <bool PACKED>
     static void run(const TileArgs& t) {
+        const size_t ldb = PACKED ? NR : t.ldb;
         float acc[MR][NR];
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) acc[i][j] = t.load_c ? t.c[(size_t)i * t.ldc + j] : 0.0f;
         const float* b = t.b;
-        for (int k = 0; k < t.K; k++, b += t.ldb)
+        for (int k = 0; k < t.K; k++, b += ldb)
             for (int i = 0; i < MR; i++) {
                 float aik = t.a[i][k * t.a_cs];
                 for (int j = 0; j < NR; j++) acc[i][j] += aik * b[j];
@@ -145,7 +147,9 @@ template <class Simd>
 struct KernelSimd {
     using Vec = typename Simd::Vec;
     static const int MR = Simd::MR, W = Simd::W, NR = 2 * Simd::W;
+    template <bool PACKED>
     static void run(const TileArgs& t) {
+        const size_t ldb = PACKED ? NR : t.ldb;
         Vec acc[MR][2];
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++)
@@ -167,13 +171,13 @@ struct KernelSimd {
         const float* b = t.b;
         size_t at = 0;
         int k = 0;
-        for (; k + 4 <= t.K; k += 4, b += 4 * t.ldb, at += 4 * t.a_cs) {
+        for (; k + 4 <= t.K; k += 4, b += 4 * ldb, at += 4 * t.a_cs) {
             step(b, at);
-            step(b + t.ldb, at + t.a_cs);
-            step(b + 2 * t.ldb, at + 2 * t.a_cs);
-            step(b + 3 * t.ldb, at + 3 * t.a_cs);
+            step(b + ldb, at + t.a_cs);
+            step(b + 2 * ldb, at + 2 * t.a_cs);
+            step(b + 3 * ldb, at + 3 * t.a_cs);
         }
-        for (; k < t.K; k++, b += t.ldb, at += t.a_cs) step(b, at);
+        for (; k < t.K; k++, b += ldb, at += t.a_cs) step(b, at);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++)
             for (int h = 0; h < 2; h++) {
@@ -224,7 +228,7 @@ static const int GEMM_MC_TILES = 12;  // at most this many row tiles per block o
 // C's edge cuts (mr < MR rows or nr < NR columns), or that spans two kv heads
 // of the buffer, goes through a whole tile on the stack, its missing rows of A
 // repeating the last one.
-template <class Kern>
+template <class Kern, bool PACKED>
 static void gemm_tile(OutView C, MatView A, const float* b, size_t ldb, int M, int N, int i0, int j0, int k0, int kc,
                       bool load_c, bool add_c) {
     const int MR = Kern::MR, NR = Kern::NR;
@@ -232,7 +236,7 @@ static void gemm_tile(OutView C, MatView A, const float* b, size_t ldb, int M, i
     for (int i = 0; i < MR; i++) a[i] = view_at(A, std::min(i0 + i, M - 1), k0);
     int mr = std::min(MR, M - i0), nr = std::min(NR, N - j0);
     if (mr == MR && nr == NR && out_run(C, j0, NR) == NR) {
-        Kern::run({a, A.cs, b, ldb, out_at(C, i0, j0), C.ldc, kc, load_c, add_c});
+        Kern::template run<PACKED>({a, A.cs, b, ldb, out_at(C, i0, j0), C.ldc, kc, load_c, add_c});
         return;
     }
     alignas(64) float tile[MR * NR];
@@ -245,22 +249,25 @@ static void gemm_tile(OutView C, MatView A, const float* b, size_t ldb, int M, i
             }
     };
     if (load_c || add_c) copy(true);
-    Kern::run({a, A.cs, b, ldb, tile, (size_t)NR, kc, load_c, add_c});
+    Kern::template run<PACKED>({a, A.cs, b, ldb, tile, (size_t)NR, kc, load_c, add_c});
     copy(false);
 }
 
 // C[M, N] (+)= A[M, K] @ B[K, N]. A block of K ends where a kv head of A's
 // columns does (A.kb).
-// B's panels are read in place when B's rows are contiguous and the panel is
-// whole, else first packed into scratch, zero past column N: with contiguous
-// rows only the last panel, at scratch (K * NR floats); else panel p at
-// scratch + p * K * NR (K * round_up(N, NR) floats).
+// B's panels reach the kernel packed, rows NR floats apart, zero past column N
+// (a constant stride, which the kernel's loads take as an offset; and a block
+// of a panel, KC x NR floats, that no cache set conflict evicts, as rows
+// 512 bytes apart in place would):
+// - B read transposed (B.cs != 1): all panels once, before the tiles, panel p at
+//   scratch + p * K * NR (K * round_up(N, NR) floats of scratch);
+// - B's rows contiguous: each work unit copies its block of the panel, KC x NR
+//   floats, onto its own stack, and its row tiles all read it. A unit of one
+//   row tile (the router's products) reads a whole panel in place instead.
 template <class Kern>
 static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
     const int MR = Kern::MR, NR = Kern::NR;
     int row_tiles = (M + MR - 1) / MR, panels = (N + NR - 1) / NR;
-    auto in_place = [&](int p) { return B.cs == 1 && (p + 1) * NR <= N; };
-    auto packed = [&](int p) { return scratch + (size_t)(B.cs == 1 ? 0 : p) * K * NR; };
     if (K == 0) {  // an empty sum: C = 0, or C unchanged
         if (!accumulate)
             for (int i = 0; i < M; i++)
@@ -273,13 +280,10 @@ static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, b
     // (inside a parallel loop, as the regulariser's per sequence: this thread alone)
 #pragma omp parallel if ((double)M * N * K > 32768 && !omp_in_parallel())
     {
-        bool packs = false;
-        for (int p = 0; p < panels; p++) packs |= !in_place(p);
-        if (packs) {
+        if (B.cs != 1) {
 #pragma omp for schedule(static)
             for (int p = 0; p < panels; p++) {
-                if (in_place(p)) continue;
-                float* panel = packed(p);
+                float* panel = scratch + (size_t)p * K * NR;
                 for (int j = 0; j < NR; j++) {
                     size_t col = (size_t)p * NR + j;
                     if (col >= (size_t)N)
@@ -300,18 +304,36 @@ static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, b
         row_blocks = std::min(row_blocks, row_tiles);
         int tiles_per_block = (row_tiles + row_blocks - 1) / row_blocks;
         row_blocks = (row_tiles + tiles_per_block - 1) / tiles_per_block;
+        alignas(64) float block[GEMM_KC * NR];  // this unit's block of its panel (B's rows contiguous)
 #pragma omp for schedule(static)
         for (int u = 0; u < row_blocks * panels; u++) {
             int rb = u / panels, p = u % panels;
-            int t_end = std::min(row_tiles, (rb + 1) * tiles_per_block);
-            const float* b = in_place(p) ? B.p + (size_t)p * NR : packed(p);
-            size_t ldb = in_place(p) ? B.rs : NR;
+            int t_begin = rb * tiles_per_block, t_end = std::min(row_tiles, t_begin + tiles_per_block);
+            int cols = std::min(NR, N - p * NR);  // the panel's columns in B
+            bool in_place = B.cs == 1 && cols == NR && t_end - t_begin == 1;
             for (int k0 = 0, kc; k0 < K; k0 += kc) {
                 kc = std::min(GEMM_KC, K - k0);
                 if (A.kb) kc = std::min(kc, A.kb - k0 % A.kb);
-                for (int t = rb * tiles_per_block; t < t_end; t++)
-                    gemm_tile<Kern>(C, A, b + (size_t)k0 * ldb, ldb, M, N, t * MR, p * NR, k0, kc, k0 > 0,
-                                    accumulate && k0 == 0);
+                const float* b = scratch + ((size_t)p * K + k0) * NR;  // B.cs != 1: packed above
+                if (in_place) {
+                    b = B.p + (size_t)k0 * B.rs + (size_t)p * NR;
+                } else if (B.cs == 1) {
+                    for (int k = 0; k < kc; k++) {
+                        float* row = block + (size_t)k * NR;
+                        const float* from = B.p + (size_t)(k0 + k) * B.rs + (size_t)p * NR;
+                        if (cols == NR)
+                            for (int j = 0; j < NR; j++) row[j] = from[j];
+                        else
+                            for (int j = 0; j < NR; j++) row[j] = j < cols ? from[j] : 0.0f;
+                    }
+                    b = block;
+                }
+                for (int t = t_begin; t < t_end; t++) {
+                    if (in_place)
+                        gemm_tile<Kern, false>(C, A, b, B.rs, M, N, t * MR, p * NR, k0, kc, k0 > 0, accumulate && k0 == 0);
+                    else
+                        gemm_tile<Kern, true>(C, A, b, NR, M, N, t * MR, p * NR, k0, kc, k0 > 0, accumulate && k0 == 0);
+                }
             }
         }
     }
@@ -390,11 +412,11 @@ void matmul_forward_fast(float* out, const float* inp, const float* W, int N, in
 }
 
 // = matmul_backward: dinp (N, C) (+)= dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp (either may be nullptr)
-// scratch: max(N, OC) * 32 floats (used only when C is not a multiple of the panel width).
+// B's rows are contiguous in both (W, inp): no scratch (gemm_blocked packs them on the stack).
 void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
-                          int OC, bool add_dinp, float* scratch) {
-    if (dinp) gemm_cpu({dinp, (size_t)C}, {dout, (size_t)OC, 1}, {W, (size_t)C, 1}, N, C, OC, add_dinp, scratch);
-    if (dW) gemm_cpu({dW, (size_t)C}, {dout, 1, (size_t)OC}, {inp, (size_t)C, 1}, OC, C, N, true, scratch);
+                          int OC, bool add_dinp) {
+    if (dinp) gemm_cpu({dinp, (size_t)C}, {dout, (size_t)OC, 1}, {W, (size_t)C, 1}, N, C, OC, add_dinp, nullptr);
+    if (dW) gemm_cpu({dW, (size_t)C}, {dout, 1, (size_t)OC}, {inp, (size_t)C, 1}, OC, C, N, true, nullptr);
 }
 
 // = kv_projection_forward: out (R, N, hd) = inp (N, C) @ W^T, W (R*hd, C),
@@ -407,13 +429,13 @@ void kv_projection_forward_fast(float* out, const float* inp, const float* W, in
 }
 
 // = kv_projection_backward: dinp (N, C) += dout @ W;  dW (R*hd, C) += dout^T @ inp,
-// with dout (R, N, hd) read as the (N, R*hd) matrix it holds. scratch: as matmul_backward_fast's.
+// with dout (R, N, hd) read as the (N, R*hd) matrix it holds. No scratch, as matmul_backward_fast.
 void kv_projection_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
-                                 int C, int R, int hd, float* scratch) {
+                                 int C, int R, int hd) {
     size_t head = (size_t)N * hd;  // floats from one kv head's rows to the next's
     MatView by_token{dout, (size_t)hd, 1, 0, hd, head}, by_column{dout, 1, (size_t)hd, hd, 0, head};
-    gemm_cpu({dinp, (size_t)C}, by_token, {W, (size_t)C, 1}, N, C, R * hd, true, scratch);
-    gemm_cpu({dW, (size_t)C}, by_column, {inp, (size_t)C, 1}, R * hd, C, N, true, scratch);
+    gemm_cpu({dinp, (size_t)C}, by_token, {W, (size_t)C, 1}, N, C, R * hd, true, nullptr);
+    gemm_cpu({dW, (size_t)C}, by_column, {inp, (size_t)C, 1}, R * hd, C, N, true, nullptr);
 }
 
 size_t matmul_fast_forward_scratch_floats(int N, int C, int OC) {

@@ -20,16 +20,16 @@ void matmul_forward_fast(float* out, const float* inp, const float* W, int N, in
                          float* scratch);
 // matmul_forward_fast's scratch for one shape exactly (at most matmul_fast_scratch_floats(C, OC)).
 size_t matmul_fast_forward_scratch_floats(int N, int C, int OC);
-// = matmul_backward; scratch: matmul_fast_scratch_floats(max(N, OC), C) (max(N, OC) * 32 is enough).
+// = matmul_backward (no scratch: both products read B's rows where they lie).
 void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
-                          int OC, bool add_dinp, float* scratch);
+                          int OC, bool add_dinp);
 // = kv_projection_forward, kv_projection_backward: the K and V projections,
 // written into (and read from) the head-major buffer (R, N, hd). Scratch: as
-// matmul_forward_fast's and matmul_backward_fast's with OC = R*hd.
+// matmul_forward_fast's with OC = R*hd (the backward, as matmul_backward_fast, none).
 void kv_projection_forward_fast(float* out, const float* inp, const float* W, int N, int C, int R, int hd,
                                 float* scratch);
 void kv_projection_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
-                                 int C, int R, int hd, float* scratch);
+                                 int C, int R, int hd);
 // The micro-kernel the products use: "avx512", "avx2" or "plain" (the best this build has).
 const char* matmul_fast_kernel();
 #ifdef LIME_TESTING
