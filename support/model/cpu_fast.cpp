@@ -42,9 +42,9 @@ static void with_lanes(int hd, F f) {
 // registers while k runs: per k it loads one row of B's tile (NR floats, a
 // "panel" of B), broadcasts the MR elements of A's column k, and does MR x NR
 // fused multiply-adds, with no load or store of C inside the loop. B is read in
-// panels of NR columns whose rows lie NR floats apart (packed into scratch when
-// B is not already stored that way); A is read where it lies, one pointer per
-// row. Around the kernel, two levels of blocking keep what it reads in the
+// panels of NR columns, packed so that their rows lie NR floats apart (into
+// scratch, or a block at a time onto the stack: gemm_blocked); A is read where
+// it lies, one pointer per row. Around the kernel, two levels of blocking keep what it reads in the
 // caches: K in blocks of GEMM_KC (one block of a panel, KC x NR floats, stays
 // in L1 while the kernel runs down a block of rows), and M in blocks of up to
 // GEMM_MC_TILES tiles (one block of A, MC x KC floats, stays in L2 while the
@@ -101,7 +101,8 @@ static int out_run(const OutView& C, int j, int n) { return C.cb ? std::min(n, C
 
 // One tile's work, for a micro-kernel: C[MR, NR] (+)= A[MR, K] @ B[K, NR].
 //   a[i]   row i of A's tile: its element k at a[i][k * a_cs]
-//   b      the panel: row k at b + k * ldb (NR floats)
+//   b      the panel: row k at b + k * ldb (NR floats); the kernels' run<PACKED>
+//          with PACKED takes ldb = NR, a constant (a packed panel), else t.ldb
 //   c      the tile of C, rows ldc apart; load_c: the sums start from it (a later
 //          K block), else from 0; add_c: the sums are added to it at the end, else stored
 struct TileArgs {
