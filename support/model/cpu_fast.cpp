@@ -44,8 +44,8 @@ static void with_lanes(int hd, F f) {
 // fused multiply-adds, with no load or store of C inside the loop. B is read in
 // panels of NR columns, packed so that their rows lie NR floats apart (into
 // scratch, or a block at a time onto the stack: gemm_blocked); A is read where
-// it lies, one pointer per row. Around the kernel, two levels of blocking keep what it reads in the
-// caches: K in blocks of GEMM_KC (one block of a panel, KC x NR floats, stays
+// it lies, one pointer per row. Around the kernel, two levels of blocking keep
+// what it reads in the caches: K in blocks of GEMM_KC (one block of a panel, KC x NR floats, stays
 // in L1 while the kernel runs down a block of rows), and M in blocks of up to
 // GEMM_MC_TILES tiles (one block of A, MC x KC floats, stays in L2 while the
 // kernel moves across the panels).
@@ -256,10 +256,12 @@ static void gemm_tile(OutView C, MatView A, const float* b, size_t ldb, int M, i
 
 // C[M, N] (+)= A[M, K] @ B[K, N]. A block of K ends where a kv head of A's
 // columns does (A.kb).
-// B's panels reach the kernel packed, rows NR floats apart, zero past column N
-// (a constant stride, which the kernel's loads take as an offset; and a block
-// of a panel, KC x NR floats, that no cache set conflict evicts, as rows
-// 512 bytes apart in place would):
+// B's panels reach the kernel packed, rows NR floats apart, zero past column N:
+// a constant stride, which the kernel's loads take as an offset, and a block of
+// a panel, KC x NR floats, in one piece (read in place at C = 128, its rows lie
+// 512 bytes apart, in a quarter of the L1 cache's sets). The products got
+// 5-17% faster; W^T, packed before as well, gained as much as the others, so
+// the stride is at least part of it (docs/training.md).
 // - B read transposed (B.cs != 1): all panels once, before the tiles, panel p at
 //   scratch + p * K * NR (K * round_up(N, NR) floats of scratch);
 // - B's rows contiguous: each work unit copies its block of the panel, KC x NR
@@ -315,10 +317,12 @@ static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, b
             for (int k0 = 0, kc; k0 < K; k0 += kc) {
                 kc = std::min(GEMM_KC, K - k0);
                 if (A.kb) kc = std::min(kc, A.kb - k0 % A.kb);
-                const float* b = scratch + ((size_t)p * K + k0) * NR;  // B.cs != 1: packed above
-                if (in_place) {
+                const float* b = block;
+                if (B.cs != 1) {
+                    b = scratch + ((size_t)p * K + k0) * NR;  // packed above
+                } else if (in_place) {
                     b = B.p + (size_t)k0 * B.rs + (size_t)p * NR;
-                } else if (B.cs == 1) {
+                } else {
                     for (int k = 0; k < kc; k++) {
                         float* row = block + (size_t)k * NR;
                         const float* from = B.p + (size_t)(k0 + k) * B.rs + (size_t)p * NR;
@@ -327,7 +331,6 @@ static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, b
                         else
                             for (int j = 0; j < NR; j++) row[j] = j < cols ? from[j] : 0.0f;
                     }
-                    b = block;
                 }
                 for (int t = t_begin; t < t_end; t++) {
                     if (in_place)
