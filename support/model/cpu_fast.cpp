@@ -241,12 +241,21 @@ static void gemm_tile(OutView C, MatView A, const float* b, size_t ldb, int M, i
         return;
     }
     alignas(64) float tile[MR * NR];
+    // The tile's columns as runs that each lie in one block of C (one kv head):
+    // run r is columns from[r] .. from[r] + len[r] - 1, at[r] in C's row i0.
+    int from[NR], len[NR], runs = 0;
+    float* at[NR];
+    for (int j = 0; j < nr; j += len[runs++]) {
+        from[runs] = j, len[runs] = out_run(C, j0 + j, nr - j), at[runs] = out_at(C, i0, j0 + j);
+    }
     auto copy = [&](bool to_tile) {  // the tile's mr x nr floats, from C or back into it
         for (int i = 0; i < mr; i++)
-            for (int j = 0, run; j < nr; j += run) {
-                run = out_run(C, j0 + j, nr - j);
-                float *c = out_at(C, i0 + i, j0 + j), *t = tile + i * NR + j;
-                memcpy(to_tile ? t : c, to_tile ? c : t, run * sizeof(float));
+            for (int r = 0; r < runs; r++) {
+                float *c = at[r] + (size_t)i * C.ldc, *t = tile + i * NR + from[r];
+                if (len[r] == 8)  // a kv head of 8 floats (d = 32): a copy of constant size, inlined
+                    memcpy(to_tile ? t : c, to_tile ? c : t, 8 * sizeof(float));
+                else
+                    memcpy(to_tile ? t : c, to_tile ? c : t, len[r] * sizeof(float));
             }
     };
     if (load_c || add_c) copy(true);
