@@ -245,8 +245,10 @@ static void gemm_tile(OutView C, MatView A, const float* b, size_t ldb, int M, i
     // run r is columns from[r] .. from[r] + len[r] - 1, at[r] in C's row i0.
     int from[NR], len[NR], runs = 0;
     float* at[NR];
-    for (int j = 0; j < nr; j += len[runs++]) {
-        from[runs] = j, len[runs] = out_run(C, j0 + j, nr - j), at[runs] = out_at(C, i0, j0 + j);
+    for (int j = 0; j < nr; j += len[runs], runs++) {
+        from[runs] = j;
+        len[runs] = out_run(C, j0 + j, nr - j);
+        at[runs] = out_at(C, i0, j0 + j);
     }
     auto copy = [&](bool to_tile) {  // the tile's mr x nr floats, from C or back into it
         for (int i = 0; i < mr; i++)
@@ -341,11 +343,12 @@ static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, b
                             for (int j = 0; j < NR; j++) row[j] = j < cols ? from[j] : 0.0f;
                     }
                 }
+                bool load_c = k0 > 0, add_c = accumulate && k0 == 0;
                 for (int t = t_begin; t < t_end; t++) {
                     if (in_place)
-                        gemm_tile<Kern, false>(C, A, b, B.rs, M, N, t * MR, p * NR, k0, kc, k0 > 0, accumulate && k0 == 0);
+                        gemm_tile<Kern, false>(C, A, b, B.rs, M, N, t * MR, p * NR, k0, kc, load_c, add_c);
                     else
-                        gemm_tile<Kern, true>(C, A, b, NR, M, N, t * MR, p * NR, k0, kc, k0 > 0, accumulate && k0 == 0);
+                        gemm_tile<Kern, true>(C, A, b, NR, M, N, t * MR, p * NR, k0, kc, load_c, add_c);
                 }
             }
         }

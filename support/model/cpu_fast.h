@@ -20,7 +20,7 @@ void matmul_forward_fast(float* out, const float* inp, const float* W, int N, in
                          float* scratch);
 // matmul_forward_fast's scratch for one shape exactly (at most matmul_fast_scratch_floats(C, OC)).
 size_t matmul_fast_forward_scratch_floats(int N, int C, int OC);
-// = matmul_backward (no scratch: both products read B's rows where they lie).
+// = matmul_backward (no scratch: B, W or inp, has contiguous rows, copied a block at a time onto the stack).
 void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
                           int OC, bool add_dinp);
 // = kv_projection_forward, kv_projection_backward: the K and V projections,
