@@ -45,10 +45,10 @@ static void with_lanes(int hd, F f) {
 // panels of NR columns, packed so that their rows lie NR floats apart (into
 // scratch, or a block at a time onto the stack: gemm_blocked); A is read where
 // it lies, one pointer per row. Around the kernel, two levels of blocking keep
-// what it reads in the caches: K in blocks of GEMM_KC (one block of a panel, KC x NR floats, stays
-// in L1 while the kernel runs down a block of rows), and M in blocks of up to
-// GEMM_MC_TILES tiles (one block of A, MC x KC floats, stays in L2 while the
-// kernel moves across the panels).
+// what it reads in the caches: K in blocks of GEMM_KC (one block of a panel,
+// KC x NR floats, stays in L1 while the kernel runs down a block of rows), and
+// M in blocks of up to GEMM_MC_TILES tiles (one block of A, MC x KC floats,
+// stays in L2 while the kernel moves across the panels).
 //
 // The order of every sum is fixed by the shapes alone: each element of C is
 // one chain of fused multiply-adds over k = 0, 1, ..., K-1 started from 0,
@@ -270,9 +270,9 @@ static void gemm_tile(OutView C, MatView A, const float* b, size_t ldb, int M, i
 // B's panels reach the kernel packed, rows NR floats apart, zero past column N:
 // a constant stride, which the kernel's loads take as an offset, and a block of
 // a panel, KC x NR floats, in one piece (read in place at C = 128, its rows lie
-// 512 bytes apart, in a quarter of the L1 cache's sets). The products got
-// 5-17% faster; W^T, packed before as well, gained as much as the others, so
-// the stride is at least part of it (docs/training.md).
+// 512 bytes apart, in a quarter of the L1 cache's sets). W^T, packed before as
+// well, gained as much as the others, so the stride is at least part of the
+// gain (measured in docs/training.md, "B's panels packed").
 // - B read transposed (B.cs != 1): all panels once, before the tiles, panel p at
 //   scratch + p * K * NR (K * round_up(N, NR) floats of scratch);
 // - B's rows contiguous: each work unit copies its block of the panel, KC x NR
