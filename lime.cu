@@ -282,10 +282,11 @@ struct Acts {
     float* dup;      // (B, T, F)
     float* dh;       // (B, T, F)
     float* datt;     // (B, H, T, T) GPU attention scratch (empty on the CPU)
-    float* scratch;  // CPU: the fast products' packed panels (support/model/cpu_fast.h);
+    float* scratch;  // CPU: partial sums and buffers of one op at a time (cpu_scratch_floats);
                      // GPU: attention's head-major q, out/dout and dq (3, B, T, H*hd), rmsnorm's gain partials,
                      // flash attention's D (B, H, T), a router variant's weight gradient, the embedding's partial sums
     size_t scratch_floats;  // its size, in floats
+    int threads;            // CPU: the threads the fast attention's scratch has buffers for
     // Hyper-Connections (hc only; empty otherwise), per sublayer s = 2l (attention), 2l+1 (MLP):
     float* hc_M;     // (2L, n+1, B, T, d) the width connection's mixtures; the sublayer reads mixture 0
     float* hc_y;     // (2L, B, T, d)      the sublayer's output, before the depth connection
@@ -313,12 +314,27 @@ static size_t fast_scratch_floats(const Config& c) {
     return most;
 }
 
+// One sublayer's HC weights: static_alpha (n, n+1), static_beta (n), alpha_fn
+// (d, n+1), alpha_scale, beta_fn (d), beta_scale.
+static size_t hc_weight_floats(size_t n, size_t d) { return n * (n + 1) + n + d * (n + 1) + d + 2; }
+
 // The GPU's HC weight gradient (hc_weights_backward_gpu): dp (BT, n, n+2), then
 // the partial sums of HC_ROWS positions each, (chunks, G) for G weights, in floats.
 #define HC_ROWS 32
 static size_t hc_scratch_floats(const Config& c, size_t BT) {
-    size_t n = c.hc_rate, G = n * (n + 1) + n + (size_t)c.d * (n + 1) + c.d + 2;
+    size_t n = c.hc_rate, G = hc_weight_floats(n, c.d);
     return BT * n * (n + 2) + (BT + HC_ROWS - 1) / HC_ROWS * G;
+}
+
+// The CPU ops' scratch, in floats, for `threads` threads: the most one op
+// takes (one runs at a time). Defined after the ops, whose sums it sizes.
+static size_t cpu_scratch_floats(const Config& c, int B, int threads);
+static int cpu_threads() {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
 }
 
 // Carves (or, with base == nullptr, only measures) the activations; only the scratch differs between devices.
@@ -375,8 +391,8 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->datt, gpu * BT * c.H * c.T);
     size_t router = 2 * (size_t)c.R * c.L * c.R;  // a variant's weight gradient (router_backward_gpu)
     size_t gpu_scratch = std::max({3 * BT * qd, router, hc * hc_scratch_floats(c, BT)});
-    size_t cpu_scratch = std::max(fast_scratch_floats(c), ereg * ereg_fast_scratch_floats(B, c.T, (int)kvd));
-    A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch : FAST_CPU ? cpu_scratch : 0;
+    A->threads = cpu_threads();
+    A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch : cpu_scratch_floats(c, B, A->threads);
     take(&A->scratch, A->scratch_floats);
     take(&A->hc_M, hc * 2 * L * (n + 1) * BT * d);
     take(&A->hc_y, hc * 2 * L * BT * d);
@@ -861,13 +877,13 @@ static void rmsnorm_forward(float* out, float* rstd, const float* inp, const flo
 // dx_i += r * g_i * dy_i - x_i * r^3 * mean_j(g_j * dy_j * x_j)
 // dg_i += sum_n dy_i * x_i * r
 // dg is summed over CHUNKS fixed slices of the rows, then the slices in
-// order, so the sum is the same for any thread count.
+// order, so the sum is the same for any thread count. part: CHUNKS * d floats of scratch.
 static void rmsnorm_backward(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
-                             const float* rstd, int N, int d) {
-    std::vector<float> part((size_t)CHUNKS * d, 0.0f);
+                             const float* rstd, int N, int d, float* part) {
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < CHUNKS; c++) {
-        float* dgc = &part[(size_t)c * d];
+        float* dgc = part + (size_t)c * d;
+        memset(dgc, 0, (size_t)d * sizeof(float));
         for (size_t n = (size_t)N * c / CHUNKS; n < (size_t)N * (c + 1) / CHUNKS; n++) {
             const float* x = inp + n * d;
             const float* dy = dout + n * d;
@@ -973,7 +989,7 @@ static void op_rmsnorm_backward(Model* model, float* dinp, float* dg, const floa
     int d = model->c.d;
     DISPATCH(model,
              rmsnorm_backward_gpu(dinp, dg, dout, inp, g, rstd, N, d, pass_acts(model)->scratch, stream_of(model)),
-             rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, d));
+             rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, d, model->acts->scratch));
 }
 
 // ===========================================================================
@@ -1271,19 +1287,21 @@ static void hc_weights_forward(float* Aw, float* bw, float* rstd, float* ta, flo
 // dX[i][t] += rstd * dXn - X * rstd^3 * mean_j(dXn_j X_j)       (RMSNorm's backward with gain 1)
 // The weight gradients are summed over CHUNKS fixed slices of the positions,
 // then the slices in order: the same for any thread count.
+// scratch: CHUNKS * (hc_weight_floats(n, d) + d) floats, each slice's sums and its dXn row.
 static void hc_weights_backward(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
-                                const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d) {
+                                const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d,
+                                float* scratch) {
     int K = n + 1;
     size_t Nd = (size_t)N * d;
     bool dyn = w.alpha_fn != nullptr;
     // one chunk's sums: static_alpha (n*K), static_beta (n), then alpha_fn (d*K), alpha_scale, beta_fn (d), beta_scale
     size_t G = (size_t)n * K + n + (dyn ? (size_t)d * K + d + 2 : 0);
-    std::vector<float> part((size_t)CHUNKS * G, 0.0f);
+    float* part = scratch;  // (CHUNKS, G), then (CHUNKS, d): each slice's dXn
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < CHUNKS; c++) {
-        float *sa = &part[(size_t)c * G], *sb = sa + n * K, *afn = sb + n, *as = afn + (size_t)d * K, *bfn = as + 1,
-              *bs = bfn + d;
-        std::vector<float> dxn(dyn ? d : 0);
+        float *sa = part + (size_t)c * G, *sb = sa + n * K, *afn = sb + n, *as = afn + (size_t)d * K, *bfn = as + 1,
+              *bs = bfn + d, *dxn = part + CHUNKS * G + (size_t)c * d;
+        memset(sa, 0, G * sizeof(float));
         for (size_t t = (size_t)N * c / CHUNKS; t < (size_t)N * (c + 1) / CHUNKS; t++)
             for (int i = 0; i < n; i++) {
                 size_t ti = t * n + i;
@@ -1317,7 +1335,7 @@ static void hc_weights_backward(float* dX, HcParams dw, const float* dA, const f
     float* outs[] = {dw.static_alpha, dw.static_beta, dw.alpha_fn, dw.alpha_scale, dw.beta_fn, dw.beta_scale};
     size_t sizes[] = {(size_t)n * K, (size_t)n, (size_t)d * K, 1, (size_t)d, 1};
     for (int c = 0; c < CHUNKS; c++) {
-        const float* src = &part[(size_t)c * G];
+        const float* src = part + (size_t)c * G;
         for (int o = 0; o < (dyn ? 6 : 2); src += sizes[o], o++)
             for (size_t e = 0; e < sizes[o]; e++) outs[o][e] += src[e];
     }
@@ -1653,15 +1671,17 @@ static void op_hc_expand(Model* model, float* X, const float* x, int N) {
     DISPATCH(model, hc_expand_gpu(X, x, n, Nd, stream_of(model)), hc_expand(X, x, n, Nd));
 }
 // The CPU runs the fast loops (support/model/cpu_fast.cpp) in ./lime, the plain ones above in ./lime-ref.
+// scratch: cpu_scratch_floats's.
 static void hc_weights_forward_cpu(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w,
-                                   int N, int n, int d, float eps) {
-    if (FAST_CPU) hc_weights_forward_fast(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
+                                   int N, int n, int d, float eps, float* scratch) {
+    if (FAST_CPU) hc_weights_forward_fast(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps, scratch);
     else hc_weights_forward(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
 }
 static void hc_weights_backward_cpu(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
-                                    const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d) {
-    if (FAST_CPU) hc_weights_backward_fast(dX, dw, dA, db, X, rstd, ta, tb, w, N, n, d);
-    else hc_weights_backward(dX, dw, dA, db, X, rstd, ta, tb, w, N, n, d);
+                                    const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d,
+                                    float* scratch) {
+    if (FAST_CPU) hc_weights_backward_fast(dX, dw, dA, db, X, rstd, ta, tb, w, N, n, d, scratch);
+    else hc_weights_backward(dX, dw, dA, db, X, rstd, ta, tb, w, N, n, d, scratch);
 }
 static void hc_width_forward_cpu(float* M, const float* X, const float* Aw, int N, int n, int d) {
     if (FAST_CPU) hc_width_forward_fast(M, X, Aw, N, n, d);
@@ -1682,7 +1702,7 @@ static void op_hc_weights_forward(Model* model, float* Aw, float* bw, float* rst
                                   const float* X, const HcParams& w, int N) {
     const Config& c = model->c;
     DISPATCH(model, hc_weights_forward_gpu(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps, stream_of(model)),
-             hc_weights_forward_cpu(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps));
+             hc_weights_forward_cpu(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps, model->acts->scratch));
 }
 static void op_hc_weights_backward(Model* model, float* dX, const HcParams& dw, const float* dA, const float* db,
                                    const float* X, const float* rstd, const float* ta, const float* tb,
@@ -1691,7 +1711,7 @@ static void op_hc_weights_backward(Model* model, float* dX, const HcParams& dw, 
     DISPATCH(model,
              hc_weights_backward_gpu(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d, pass_acts(model)->scratch,
                                      stream_of(model)),
-             hc_weights_backward_cpu(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d));
+             hc_weights_backward_cpu(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d, model->acts->scratch));
 }
 static void op_hc_width_forward(Model* model, float* M, const float* X, const float* Aw, int N) {
     const Config& c = model->c;
@@ -1937,14 +1957,16 @@ static void attention_backward_gpu_any(float* dq, float* dk, float* dv, const fl
     else attention_backward_gpu(dq, dk, dv, A->datt, dout, q, k, v, att, B, T, H, R, hd, A->scratch, blas, stream);
 }
 #endif
+// scratch: cpu_scratch_floats's, with row buffers for `threads` threads.
 static void attention_forward_cpu(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                                  int H, int R, int hd) {
-    if (FAST_CPU) attention_forward_fast(out, att, q, k, v, B, T, H, R, hd);
+                                  int H, int R, int hd, float* scratch, int threads) {
+    if (FAST_CPU) attention_forward_fast(out, att, q, k, v, B, T, H, R, hd, scratch, threads);
     else attention_forward(out, att, q, k, v, B, T, H, R, hd);
 }
 static void attention_backward_cpu(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                                   const float* v, const float* att, int B, int T, int H, int R, int hd) {
-    if (FAST_CPU) attention_backward_fast(dq, dk, dv, dout, q, k, v, att, B, T, H, R, hd);
+                                   const float* v, const float* att, int B, int T, int H, int R, int hd, float* scratch,
+                                   int threads) {
+    if (FAST_CPU) attention_backward_fast(dq, dk, dv, dout, q, k, v, att, B, T, H, R, hd, scratch, threads);
     else attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, H, R, hd);
 }
 
@@ -1954,7 +1976,7 @@ static void op_attention_forward(Model* model, float* out, float* att, const flo
     DISPATCH(model,
              attention_forward_gpu_any(out, att, q, k, v, B, T, c.H, c.R, c.hd, pass_acts(model), blas_of(model),
                                        stream_of(model)),
-             attention_forward_cpu(out, att, q, k, v, B, T, c.H, c.R, c.hd));
+             attention_forward_cpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, model->acts->scratch, model->acts->threads));
 }
 static void op_attention_backward(Model* model, float* dq, float* dk, float* dv, const float* dout, const float* out,
                                   const float* q, const float* k, const float* v, const float* att, int B, int T) {
@@ -1963,7 +1985,8 @@ static void op_attention_backward(Model* model, float* dq, float* dk, float* dv,
     DISPATCH(model,
              attention_backward_gpu_any(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd, pass_acts(model),
                                         blas_of(model), stream_of(model)),
-             attention_backward_cpu(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd));
+             attention_backward_cpu(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd, model->acts->scratch,
+                                    model->acts->threads));
 }
 
 // ===========================================================================
@@ -2538,6 +2561,18 @@ static void op_adamw(Model* model) {
 // pass waits for the device, so a whole training step can be captured as a
 // CUDA graph and replayed.
 // ===========================================================================
+
+// The CPU ops' scratch (declared with Acts): rmsnorm_backward's gain slices,
+// the plain hc_weights_backward's slices and rows; in ./lime also the fast
+// products' panels, the attention's row buffers (one set per thread), the
+// fast HC weights' and the regulariser's (support/model/cpu_fast.h).
+static size_t cpu_scratch_floats(const Config& c, int B, int threads) {
+    size_t d = c.d, n = c.hc_rate, hc = c.arch == ARCH_HC ? 1 : 0, ereg = c.entropy_reg > 0 ? 1 : 0;
+    size_t most = std::max(CHUNKS * d, hc * CHUNKS * (hc_weight_floats(n, d) + d));
+    if (!FAST_CPU) return most;
+    return std::max({most, fast_scratch_floats(c), attention_fast_scratch_floats(c.T, c.hd, threads),
+                     hc * hc_fast_scratch_floats((int)n, (int)d), ereg * ereg_fast_scratch_floats(B, c.T, c.R * c.hd)});
+}
 
 // Pointers of layer l's activations for a (B, T) batch: per-layer strides are B*T*width.
 struct LayerActs {

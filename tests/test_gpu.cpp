@@ -184,7 +184,8 @@ static void check_rmsnorm(int N, int d) {
     double e1 = err_of(gy.get(), y), e2 = err_of(grstd.get(), rstd);
     CHECK(e1 < TOL_FWD && e2 < TOL_FWD, "rmsnorm forward N=%d d=%d: out %.2e, rstd %.2e", N, d, e1, e2);
     std::vector<float> dx = dx0, dg = dg0;
-    rmsnorm_backward(dx.data(), dg.data(), dy.data(), x.data(), g.data(), rstd.data(), N, d);
+    std::vector<float> part((size_t)CHUNKS * d);
+    rmsnorm_backward(dx.data(), dg.data(), dy.data(), x.data(), g.data(), rstd.data(), N, d, part.data());
     DevF gdx(dx0), gdg(dg0), gdy(dy), scratch((size_t)ceil_div(N, GAIN_ROWS) * d);
     rmsnorm_backward_gpu(gdx.p, gdg.p, gdy.p, gx.p, gg.p, grstd.p, N, d, scratch.p, ctx().stream);
     double e3 = err_of(gdx.get(), dx), e4 = err_of(gdg.get(), dg);
@@ -417,7 +418,8 @@ static void check_hc(int N, int n, int d, bool dynamic) {
     HcParams dw = {g[1].data(), g[0].data(), nullptr, nullptr, nullptr, nullptr};
     if (dynamic) dw.alpha_fn = g[2].data(), dw.alpha_scale = g[3].data(), dw.beta_fn = g[4].data(), dw.beta_scale = g[5].data();
     std::vector<float> dX = dX0;
-    hc_weights_backward(dX.data(), dw, dA.data(), db.data(), X.data(), rstd.data(), ta.data(), tb.data(), w, N, n, d);
+    std::vector<float> part((size_t)CHUNKS * (hc_weight_floats(n, d) + d));
+    hc_weights_backward(dX.data(), dw, dA.data(), db.data(), X.data(), rstd.data(), ta.data(), tb.data(), w, N, n, d, part.data());
     DevF gdA(dA), gdb(db), gdX(dX0), crstd(rstd), cta(ta), ctb(tb), scratch(hc_scratch_floats([&] { Config c; c.hc_rate = n; c.d = d; return c; }(), N));
     DevF gsa_d(g0[0]), gsb_d(g0[1]), gafn_d(g0[2]), gas_d(g0[3]), gbfn_d(g0[4]), gbs_d(g0[5]);
     HcParams gdw = {gsb_d.p, gsa_d.p, nullptr, nullptr, nullptr, nullptr};

@@ -123,10 +123,10 @@ TEST(kv_projection_is_the_product_written_per_kv_head) {
 TEST(rmsnorm_backward_matches_finite_differences) {
     int N = 6, d = 10;
     std::vector<float> x = randv(N * d, 6), g = randv(d, 7), w = randv(N * d, 8), out(N * d), rstd(N);
-    std::vector<float> dx(N * d, 0), dg(d, 0);
+    std::vector<float> dx(N * d, 0), dg(d, 0), part((size_t)CHUNKS * d, NAN);  // rmsnorm_backward zeroes its scratch
     auto loss = [&]() { rmsnorm_forward(out.data(), rstd.data(), x.data(), g.data(), N, d, 1e-6f); return dot(out, w); };
     loss();
-    rmsnorm_backward(dx.data(), dg.data(), w.data(), x.data(), g.data(), rstd.data(), N, d);
+    rmsnorm_backward(dx.data(), dg.data(), w.data(), x.data(), g.data(), rstd.data(), N, d, part.data());
     double e1 = fd_error(x, dx, loss), e2 = fd_error(g, dg, loss);
     CHECK(e1 < FD_TOL, "rmsnorm dx: rel err %.2e", e1);
     CHECK(e2 < FD_TOL, "rmsnorm dg: rel err %.2e", e2);
@@ -244,10 +244,16 @@ static void check_attention_reference(int B, int T, int H, int R, int hd, bool f
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * R * hd;
     std::vector<float> q = randv(nq, 40), k = randv(nk, 41), v = randv(nk, 42), dout = randv(nq, 43), dk0 = randv(nk, 44), dv0 = randv(nk, 45);
     std::vector<float> out(nq), att((size_t)B * H * T * T), dq(nq), dk = dk0, dv = dv0;
-    auto forward = fast ? attention_forward_fast : attention_forward;
-    auto backward = fast ? attention_backward_fast : attention_backward;
-    forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
-    backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
+    int threads = omp_get_max_threads();
+    std::vector<float> scratch(attention_fast_scratch_floats(T, hd, threads), NAN);
+    if (fast) {
+        attention_forward_fast(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd, scratch.data(), threads);
+        attention_backward_fast(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R,
+                                hd, scratch.data(), threads);
+    } else {
+        attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
+        attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
+    }
     std::vector<float> want_out(nq), want_att(att.size()), want_dq(nq), want_dk(dk0), want_dv(dv0);
     std::vector<double> dkd(nk, 0), dvd(nk, 0);
     double scale = 1.0 / std::sqrt((double)hd);
@@ -592,8 +598,9 @@ static void check_hc_weights(bool dynamic) {
         return dot(Aw, wA) + dot(bw, wb);
     };
     loss();
-    std::vector<float> dX(X.size(), 0.0f);
-    hc_weights_backward(dX.data(), dw.view(), wA.data(), wb.data(), X.data(), rstd.data(), ta.data(), tb.data(), w.view(), N, n, d);
+    std::vector<float> dX(X.size(), 0.0f), scratch((size_t)CHUNKS * (hc_weight_floats(n, d) + d), NAN);
+    hc_weights_backward(dX.data(), dw.view(), wA.data(), wb.data(), X.data(), rstd.data(), ta.data(), tb.data(), w.view(), N, n, d,
+                        scratch.data());
     const char* names[] = {"static_beta", "static_alpha", "dynamic_alpha_fn", "dynamic_alpha_scale", "dynamic_beta_fn", "dynamic_beta_scale"};
     std::vector<float>* params[] = {&w.sb, &w.sa, &w.afn, &w.as, &w.bfn, &w.bs};
     std::vector<float>* grads[] = {&dw.sb, &dw.sa, &dw.afn, &dw.as, &dw.bfn, &dw.bs};
@@ -1275,14 +1282,37 @@ static void check_fast_attention(int B, int T, int H, int R, int hd) {
     std::vector<float> q = randv(nq, 11), k = randv(nk, 12), v = randv(nk, 13), dout = randv(nq, 14);
     std::vector<float> out_p(nq), out_f(nq), att_p(na), att_f(na), dq_p(nq), dq_f(nq), dk_p = randv(nk, 15), dk_f = dk_p, dv_p = randv(nk, 16),
                                                                                                 dv_f = dv_p;
+    int threads = omp_get_max_threads();
+    std::vector<float> scratch(attention_fast_scratch_floats(T, hd, threads), NAN);
     attention_forward(out_p.data(), att_p.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
-    attention_forward_fast(out_f.data(), att_f.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
+    attention_forward_fast(out_f.data(), att_f.data(), q.data(), k.data(), v.data(), B, T, H, R, hd, scratch.data(), threads);
     attention_backward(dq_p.data(), dk_p.data(), dv_p.data(), dout.data(), q.data(), k.data(), v.data(), att_p.data(), B, T, H, R, hd);
-    attention_backward_fast(dq_f.data(), dk_f.data(), dv_f.data(), dout.data(), q.data(), k.data(), v.data(), att_f.data(), B, T, H, R, hd);
+    attention_backward_fast(dq_f.data(), dk_f.data(), dv_f.data(), dout.data(), q.data(), k.data(), v.data(), att_f.data(), B, T, H, R, hd,
+                            scratch.data(), threads);
     double e1 = rel_err(out_f.data(), out_p.data(), nq), e2 = rel_err(att_f.data(), att_p.data(), na);
     double e3 = rel_err(dq_f.data(), dq_p.data(), nq), e4 = rel_err(dk_f.data(), dk_p.data(), nk), e5 = rel_err(dv_f.data(), dv_p.data(), nk);
     CHECK(e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL && e4 < FAST_TOL && e5 < FAST_TOL,
           "attention_*_fast vs plain B=%d T=%d H=%d R=%d hd=%d: out %.1e att %.1e dq %.1e dk %.1e dv %.1e", B, T, H, R, hd, e1, e2, e3, e4, e5);
+}
+// Scratch with row buffers for one thread: the attention runs on one thread
+// however many OpenMP has, within its scratch (the sanitizer suite catches a
+// thread past it), and gives the same bits.
+TEST(fast_attention_stays_within_its_threads_buffers) {
+    int B = 3, T = 21, H = 4, R = 2, hd = 8, before = omp_get_max_threads();
+    size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * R * hd, na = (size_t)B * H * T * T;
+    std::vector<float> q = randv(nq, 11), k = randv(nk, 12), v = randv(nk, 13), dout = randv(nq, 14);
+    std::vector<std::vector<float>> runs;
+    omp_set_num_threads(3);
+    for (int threads : {3, 1}) {
+        std::vector<float> scratch(attention_fast_scratch_floats(T, hd, threads), NAN), out(nq), att(na), dq(nq), dk(nk, 0.5f), dv(nk, 0.25f);
+        attention_forward_fast(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd, scratch.data(), threads);
+        attention_backward_fast(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd,
+                                scratch.data(), threads);
+        for (auto* x : {&att, &dq, &dk, &dv}) out.insert(out.end(), x->begin(), x->end());
+        runs.push_back(out);
+    }
+    omp_set_num_threads(before);
+    CHECK(runs[0] == runs[1], "attention_*_fast: out, att, dq, dk or dv differ between scratch for 3 threads and for 1");
 }
 TEST(fast_attention_equals_plain_gqa_and_r1_odd_t) {
     for (int hd : {8, 16, 64, 128}) {
@@ -1329,16 +1359,19 @@ static void check_fast_hc(int N, int n, int d, bool dynamic) {
     // the mixing weights
     std::vector<float> A_p(nA), b_p(nb), rstd_p(nb), ta_p(nA), tb_p(nb), A_f(nA), b_f(nb), rstd_f(nb), ta_f(nA), tb_f(nb);
     hc_weights_forward(A_p.data(), b_p.data(), rstd_p.data(), ta_p.data(), tb_p.data(), X.data(), w.view(), N, n, d, 1e-6f);
-    hc_weights_forward_fast(A_f.data(), b_f.data(), rstd_f.data(), ta_f.data(), tb_f.data(), X.data(), w.view(), N, n, d, 1e-6f);
+    std::vector<float> scratch(std::max(hc_fast_scratch_floats(n, d), (size_t)CHUNKS * (hc_weight_floats(n, d) + d)), NAN);
+    hc_weights_forward_fast(A_f.data(), b_f.data(), rstd_f.data(), ta_f.data(), tb_f.data(), X.data(), w.view(), N, n, d, 1e-6f,
+                            scratch.data());
     double e1 = std::max(rel_err(A_f.data(), A_p.data(), nA), rel_err(b_f.data(), b_p.data(), nb));
     double e2 = dynamic ? std::max({rel_err(rstd_f.data(), rstd_p.data(), nb), rel_err(ta_f.data(), ta_p.data(), nA),
                                     rel_err(tb_f.data(), tb_p.data(), nb)}) : 0;
     // their backward, from the plain forward's saved values
     std::vector<float> dA = randv(nA, 3), db = randv(nb, 4), dX_p = randv(n * Nd, 5), dX_f = dX_p;
     HcWeights g_p(n, d, dynamic, 6), g_f(n, d, dynamic, 6);
-    hc_weights_backward(dX_p.data(), g_p.view(), dA.data(), db.data(), X.data(), rstd_p.data(), ta_p.data(), tb_p.data(), w.view(), N, n, d);
+    hc_weights_backward(dX_p.data(), g_p.view(), dA.data(), db.data(), X.data(), rstd_p.data(), ta_p.data(), tb_p.data(), w.view(), N, n, d,
+                        scratch.data());
     hc_weights_backward_fast(dX_f.data(), g_f.view(), dA.data(), db.data(), X.data(), rstd_p.data(), ta_p.data(), tb_p.data(), w.view(), N,
-                             n, d);
+                             n, d, scratch.data());
     double e3 = rel_err(dX_f.data(), dX_p.data(), dX_p.size()), e4 = 0;
     std::vector<float>*gp[] = {&g_p.sb, &g_p.sa, &g_p.afn, &g_p.as, &g_p.bfn, &g_p.bs}, *gf[] = {&g_f.sb, &g_f.sa, &g_f.afn, &g_f.as, &g_f.bfn, &g_f.bs};
     for (int i = 0; i < 6; i++) e4 = std::max(e4, rel_err(gf[i]->data(), gp[i]->data(), gp[i]->size()));
@@ -1390,7 +1423,9 @@ TEST(fast_hc_same_bits_for_any_thread_count) {
         HcWeights g(n, d, true, 6);
         std::vector<float> dX(X.size()), wdA(Aw.size());
         hc_width_backward_fast(dX.data(), wdA.data(), dM.data(), X.data(), Aw.data(), N, n, d);
-        hc_weights_backward_fast(dX.data(), g.view(), dA.data(), db.data(), X.data(), rstd.data(), ta.data(), tb.data(), w.view(), N, n, d);
+        std::vector<float> scratch(hc_fast_scratch_floats(n, d), NAN);
+        hc_weights_backward_fast(dX.data(), g.view(), dA.data(), db.data(), X.data(), rstd.data(), ta.data(), tb.data(), w.view(), N, n, d,
+                                 scratch.data());
         for (auto* v : {&wdA, &g.sb, &g.sa, &g.afn, &g.as, &g.bfn, &g.bs}) dX.insert(dX.end(), v->begin(), v->end());
         runs.push_back(dX);
     }

@@ -14,13 +14,17 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
-#include <vector>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 #ifdef _OPENMP
 #include <omp.h>
+static int thread_index() { return omp_get_thread_num(); }
+static int threads_allowed() { return omp_get_max_threads(); }
+#else
+static int thread_index() { return 0; }
+static int threads_allowed() { return 1; }
 #endif
 
 // Calls f(w) with w a compile-time constant dividing hd: 32, 8 or 2 (hd is
@@ -741,30 +745,42 @@ static void softmax_backward_row(float* ds, const float* p, int n) {
     for (int u = 0; u < n; u++) ds[u] = p[u] * (ds[u] - pdp);
 }
 
-// Per thread: the transposed keys (or values) of one kv head, ATT_ROWS rows
-// of scores (and backward, of probabilities), a row of zeros and a sink for
-// the rows past T.
+// Per thread, carved from the caller's scratch: the transposed keys (or
+// values) of one kv head (hd, Tp), ATT_ROWS rows of scores (and backward, of
+// probabilities), a row of zeros and a sink for the rows past T.
 struct AttentionBuffers {
-    std::vector<float> xt, rows, probs, zero, sink;
-    AttentionBuffers(int Tp, int hd)
-        : xt((size_t)hd * Tp), rows((size_t)ATT_ROWS * Tp), probs((size_t)ATT_ROWS * Tp), zero(std::max(Tp, hd), 0.0f),
-          sink(std::max(Tp, hd)) {}
+    float *xt, *rows, *probs, *zero, *sink;
+    static size_t floats(int Tp, int hd) { return (size_t)hd * Tp + 2 * (size_t)ATT_ROWS * Tp + 2 * (size_t)std::max(Tp, hd); }
+    AttentionBuffers(float* scratch, int Tp, int hd) {
+        xt = scratch + (size_t)thread_index() * floats(Tp, hd);
+        rows = xt + (size_t)hd * Tp;
+        probs = rows + (size_t)ATT_ROWS * Tp;
+        zero = probs + (size_t)ATT_ROWS * Tp;
+        sink = zero + std::max(Tp, hd);
+        memset(zero, 0, (size_t)std::max(Tp, hd) * sizeof(float));
+    }
 };
+size_t attention_fast_scratch_floats(int T, int hd, int threads) {
+    return (size_t)threads * AttentionBuffers::floats((T + 15) / 16 * 16, hd);
+}
+// The threads a parallel region over attention may use: as many as OpenMP
+// would, at most as many as the scratch has buffers for.
+static int attention_threads(int threads) { return std::max(1, std::min(threads, threads_allowed())); }
 
 // out (B, T, H, hd), att (B, H, T, T); q (B, T, H, hd); k, v (R, B, T, hd), head-major.
 template <int LANES>
 static void attention_forward_blocked(float* out, float* att, const float* q, const float* k, const float* v, int B,
-                                      int T, int H, int R, int hd) {
+                                      int T, int H, int R, int hd, float* scratch, int threads) {
     int n_rep = H / R, Tp = (T + 15) / 16 * 16;
     float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel
+#pragma omp parallel num_threads(attention_threads(threads))
     {
-        AttentionBuffers buf(Tp, hd);
+        AttentionBuffers buf(scratch, Tp, hd);
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int r = 0; r < R; r++) {
                 size_t kv = ((size_t)r * B + b) * T * hd;  // row u of this kv head: kv + u * hd
-                head_transposed(buf.xt.data(), k + kv, T, Tp, hd);
+                head_transposed(buf.xt, k + kv, T, Tp, hd);
                 const float* vr = v + kv;
                 for (int h = r * n_rep; h < (r + 1) * n_rep; h++)
                     for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
@@ -774,23 +790,25 @@ static void attention_forward_blocked(float* out, float* att, const float* q, co
                         for (int j = 0; j < ATT_ROWS; j++) {
                             int t = t0 + j;
                             bool in = t <= last;
-                            qt[j] = in ? q + (((size_t)b * T + t) * H + h) * hd : buf.zero.data();
-                            p[j] = in ? att + (((size_t)b * H + h) * T + t) * T : buf.sink.data();
-                            o[j] = in ? out + (((size_t)b * T + t) * H + h) * hd : buf.sink.data();
-                            pt[j] = in ? p[j] : buf.zero.data();
+                            qt[j] = in ? q + (((size_t)b * T + t) * H + h) * hd : buf.zero;
+                            p[j] = in ? att + (((size_t)b * H + h) * T + t) * T : buf.sink;
+                            o[j] = in ? out + (((size_t)b * T + t) * H + h) * hd : buf.sink;
+                            pt[j] = in ? p[j] : buf.zero;
                         }
                         int n16 = (last + 16) / 16 * 16;  // positions 0 .. last in whole vectors
-                        rows_dot_keys(buf.rows.data(), Tp, qt, buf.xt.data(), hd, n16, scale);
+                        rows_dot_keys(buf.rows, Tp, qt, buf.xt, hd, n16, scale);
                         for (int t = t0; t <= last; t++)
-                            softmax_row(p[t - t0], buf.rows.data() + (size_t)(t - t0) * Tp, t, n16, T);
+                            softmax_row(p[t - t0], buf.rows + (size_t)(t - t0) * Tp, t, n16, T);
                         rows_times_matrix<LANES>(o, pt, last + 1, vr, (size_t)hd, hd, 1.0f);
                     }
             }
     }
 }
 void attention_forward_fast(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
-                            int R, int hd) {
-    with_lanes(hd, [&](auto w) { attention_forward_blocked<decltype(w)::value>(out, att, q, k, v, B, T, H, R, hd); });
+                            int R, int hd, float* scratch, int threads) {
+    with_lanes(hd, [&](auto w) {
+        attention_forward_blocked<decltype(w)::value>(out, att, q, k, v, B, T, H, R, hd, scratch, threads);
+    });
 }
 
 // forward: o[t] = sum_u p[t,u] v[u],  p = softmax(s),  s[t,u] = q[t].k[u] * scale
@@ -803,17 +821,17 @@ void attention_forward_fast(float* out, float* att, const float* q, const float*
 template <int LANES>
 static void attention_backward_blocked(float* dq, float* dk, float* dv, const float* dout, const float* q,
                                        const float* k, const float* v, const float* att, int B, int T, int H, int R,
-                                       int hd) {
+                                       int hd, float* scratch, int threads) {
     int n_rep = H / R, Tp = (T + 15) / 16 * 16;
     float scale = 1.0f / sqrtf((float)hd);
-#pragma omp parallel
+#pragma omp parallel num_threads(attention_threads(threads))
     {
-        AttentionBuffers buf(Tp, hd);
+        AttentionBuffers buf(scratch, Tp, hd);
 #pragma omp for collapse(2) schedule(static)
         for (int b = 0; b < B; b++)
             for (int r = 0; r < R; r++) {
                 size_t kv = ((size_t)r * B + b) * T * hd, ld = (size_t)hd;  // row u of this kv head: kv + u * ld
-                head_transposed(buf.xt.data(), v + kv, T, Tp, hd);
+                head_transposed(buf.xt, v + kv, T, Tp, hd);
                 for (int h = r * n_rep; h < (r + 1) * n_rep; h++)
                     for (int t0 = 0; t0 < T; t0 += ATT_ROWS) {
                         int last = std::min(t0 + ATT_ROWS, T) - 1;
@@ -823,11 +841,11 @@ static void attention_backward_blocked(float* dq, float* dk, float* dv, const fl
                             int t = t0 + j;
                             bool in = t <= last;
                             size_t row = (((size_t)b * T + t) * H + h) * hd;
-                            go[j] = in ? dout + row : buf.zero.data();
-                            qt[j] = in ? q + row : buf.zero.data();
-                            gq[j] = in ? dq + row : buf.sink.data();
-                            p[j] = in ? buf.probs.data() + (size_t)j * Tp : buf.zero.data();
-                            ds[j] = in ? buf.rows.data() + (size_t)j * Tp : buf.zero.data();
+                            go[j] = in ? dout + row : buf.zero;
+                            qt[j] = in ? q + row : buf.zero;
+                            gq[j] = in ? dq + row : buf.sink;
+                            p[j] = in ? buf.probs + (size_t)j * Tp : buf.zero;
+                            ds[j] = in ? buf.rows + (size_t)j * Tp : buf.zero;
                         }
                         int n16 = (last + 16) / 16 * 16;
                         for (int t = t0; t <= last; t++) {  // this row of att, zero to n16
@@ -836,13 +854,13 @@ static void attention_backward_blocked(float* dq, float* dk, float* dv, const fl
                                 p[t - t0] = from;
                                 continue;
                             }
-                            float* pj = buf.probs.data() + (size_t)(t - t0) * Tp;
+                            float* pj = buf.probs + (size_t)(t - t0) * Tp;
                             memcpy(pj, from, (size_t)(t + 1) * sizeof(float));
                             memset(pj + t + 1, 0, (size_t)(n16 - t - 1) * sizeof(float));
                         }
-                        rows_dot_keys(buf.rows.data(), Tp, go, buf.xt.data(), hd, n16, 1.0f);  // dp
+                        rows_dot_keys(buf.rows, Tp, go, buf.xt, hd, n16, 1.0f);  // dp
                         for (int j = 0; j <= last - t0; j++)
-                            softmax_backward_row(buf.rows.data() + (size_t)j * Tp, p[j], n16);
+                            softmax_backward_row(buf.rows + (size_t)j * Tp, p[j], n16);
                         rows_times_matrix<LANES>(gq, ds, last + 1, k + kv, ld, hd, scale);
                         add_rows_outer<LANES>(dk + kv, ld, last + 1, ds, qt, hd, scale);
                         add_rows_outer<LANES>(dv + kv, ld, last + 1, p, go, hd, 1.0f);
@@ -851,9 +869,10 @@ static void attention_backward_blocked(float* dq, float* dk, float* dv, const fl
     }
 }
 void attention_backward_fast(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                             const float* v, const float* att, int B, int T, int H, int R, int hd) {
+                             const float* v, const float* att, int B, int T, int H, int R, int hd, float* scratch,
+                             int threads) {
     with_lanes(hd, [&](auto w) {
-        attention_backward_blocked<decltype(w)::value>(dq, dk, dv, dout, q, k, v, att, B, T, H, R, hd);
+        attention_backward_blocked<decltype(w)::value>(dq, dk, dv, dout, q, k, v, att, B, T, H, R, hd, scratch, threads);
     });
 }
 
@@ -914,12 +933,11 @@ static inline float sum_d(const float* a, int d) { return reduce_d<false>(a, nul
 // The dynamic weights' projections transposed, wt (n+2, d): row k < n+1 is
 // column k of alpha_fn (d, n+1), row n+1 is beta_fn; each projection of a
 // stream is then a dot product over d.
-static void hc_projections(std::vector<float>* wt, HcParams w, int n, int d) {
+static void hc_projections(float* wt, HcParams w, int n, int d) {
     int K = n + 1;
-    wt->resize((size_t)(K + 1) * d);  // kept from call to call: allocated once
     for (int j = 0; j < d; j++) {
-        for (int k = 0; k < K; k++) (*wt)[(size_t)k * d + j] = w.alpha_fn[(size_t)j * K + k];
-        (*wt)[(size_t)K * d + j] = w.beta_fn[j];
+        for (int k = 0; k < K; k++) wt[(size_t)k * d + j] = w.alpha_fn[(size_t)j * K + k];
+        wt[(size_t)K * d + j] = w.beta_fn[j];
     }
 }
 
@@ -931,16 +949,16 @@ static void hc_projections(std::vector<float>* wt, HcParams w, int n, int d) {
 static const int HC_BLOCK = 16;
 template <int PP>
 static void hc_weights_forward_blocked(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X,
-                                       HcParams w, int N, int n, int d, float eps) {
+                                       HcParams w, int N, int n, int d, float eps, float* scratch) {
     int K = n + 1;
     size_t Nd = (size_t)N * d;
-    static std::vector<float> wrow;  // (d, PP), kept from call to call
-    wrow.assign((size_t)d * PP, 0.0f);
+    float* wrow = scratch;  // (d, PP)
+    memset(wrow, 0, (size_t)d * PP * sizeof(float));
     for (int j = 0; j < d; j++) {
         for (int k = 0; k < K; k++) wrow[(size_t)j * PP + k] = w.alpha_fn[(size_t)j * K + k];
         wrow[(size_t)j * PP + K] = w.beta_fn[j];
     }
-    const float* W = wrow.data();
+    const float* W = wrow;
     float as = w.alpha_scale[0], bs = w.beta_scale[0];
 #pragma omp parallel for schedule(static)
     for (int t0 = 0; t0 < N; t0 += HC_BLOCK) {
@@ -976,8 +994,15 @@ static void hc_weights_forward_blocked(float* Aw, float* bw, float* rstd, float*
         }
     }
 }
+// The most of its scratch either HC op below takes: hc_weights_forward's row
+// of projections (d, PP), or hc_weights_backward's slices' sums and wt (n+2, d).
+static int hc_row_floats(int n) { return n + 2 <= 8 ? 8 : n + 2 <= 16 ? 16 : 24; }
+static size_t hc_slice_floats(int n, int d) { return (size_t)n * (n + 1) + n + (size_t)(n + 2) * d + 2; }
+size_t hc_fast_scratch_floats(int n, int d) {
+    return std::max((size_t)d * hc_row_floats(n), HC_CHUNKS * hc_slice_floats(n, d) + (size_t)(n + 2) * d);
+}
 void hc_weights_forward_fast(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w, int N,
-                             int n, int d, float eps) {
+                             int n, int d, float eps, float* scratch) {
     int K = n + 1;
     if (!w.alpha_fn) {  // static: every position's weights are the static ones
 #pragma omp parallel for schedule(static) if ((size_t)N * n * K > 65536)
@@ -987,9 +1012,9 @@ void hc_weights_forward_fast(float* Aw, float* bw, float* rstd, float* ta, float
         }
         return;
     }
-    if (n + 2 <= 8) hc_weights_forward_blocked<8>(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
-    else if (n + 2 <= 16) hc_weights_forward_blocked<16>(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
-    else hc_weights_forward_blocked<24>(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
+    if (n + 2 <= 8) hc_weights_forward_blocked<8>(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps, scratch);
+    else if (n + 2 <= 16) hc_weights_forward_blocked<16>(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps, scratch);
+    else hc_weights_forward_blocked<24>(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps, scratch);
 }
 
 // = hc_weights_backward (its comment has the math). Per stream of a position:
@@ -1002,16 +1027,15 @@ void hc_weights_forward_fast(float* Aw, float* bw, float* rstd, float* ta, float
 template <int LANES>
 static void hc_weights_backward_blocked(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
                                         const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n,
-                                        int d) {
+                                        int d, float* scratch) {
     int K = n + 1, P = K + 1;
     size_t Nd = (size_t)N * d;
     bool dyn = w.alpha_fn != nullptr;
     // one slice's sums: static_alpha (n, n+1), static_beta (n); dynamic: the projections' (n+2, d), the two scales
     size_t G = (size_t)n * K + n + (dyn ? (size_t)P * d + 2 : 0);
-    static std::vector<float> part, wt;  // kept from call to call; each slice zeroes its own sums
-    if (part.size() < HC_CHUNKS * G) part.resize(HC_CHUNKS * G);
-    if (dyn) hc_projections(&wt, w, n, d);
-    const float* wp = wt.data();
+    float *part = scratch, *wt = part + HC_CHUNKS * G;  // (HC_CHUNKS, G): each slice zeroes its own sums; (n+2, d)
+    if (dyn) hc_projections(wt, w, n, d);
+    const float* wp = wt;
     float as = dyn ? w.alpha_scale[0] : 0.0f, bs = dyn ? w.beta_scale[0] : 0.0f;
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < HC_CHUNKS; c++) {
@@ -1073,9 +1097,10 @@ static void hc_weights_backward_blocked(float* dX, HcParams dw, const float* dA,
     }
 }
 void hc_weights_backward_fast(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
-                              const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d) {
+                              const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d,
+                              float* scratch) {
     with_width_lanes(d, [&](auto l) {
-        hc_weights_backward_blocked<decltype(l)::value>(dX, dw, dA, db, X, rstd, ta, tb, w, N, n, d);
+        hc_weights_backward_blocked<decltype(l)::value>(dX, dw, dA, db, X, rstd, ta, tb, w, N, n, d, scratch);
     });
 }
 

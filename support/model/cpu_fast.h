@@ -1,7 +1,8 @@
 // support/model/cpu_fast.h — the fast CPU path (support/model/cpu_fast.cpp): blocked
 // versions of lime.cu's plain matrix product, attention and Hyper-Connection
 // loops, and a vectorisable e^x and tanh. Same arguments as the plain function
-// each one names, plus, for the products, a scratch buffer.
+// each one names, plus, for some, a scratch buffer (sized by the *_floats
+// function beside it; lime.cu carves it from the activations).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -47,11 +48,14 @@ void ereg_backward_fast(float* dV, const float* V, const float* valid, const flo
                         const float* stat, float scale, int B, int T, int D, float* scratch);
 // = rope_forward (sign 1), rope_backward (sign -1): x (B, T, nh, hd) in place.
 void rope_rotate_fast(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, float sign);
-// = attention_forward, attention_backward.
+// = attention_forward, attention_backward. scratch: attention_fast_scratch_floats(T,
+// hd, threads), a set of row buffers for each of at most `threads` threads.
+size_t attention_fast_scratch_floats(int T, int hd, int threads);
 void attention_forward_fast(float* out, float* att, const float* q, const float* k, const float* v, int B, int T, int H,
-                            int R, int hd);
+                            int R, int hd, float* scratch, int threads);
 void attention_backward_fast(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                             const float* v, const float* att, int B, int T, int H, int R, int hd);
+                             const float* v, const float* att, int B, int T, int H, int R, int hd, float* scratch,
+                             int threads);
 
 // e^x, within 2 ulp of expf (lime.cu's cpu_exp uses it in the fast build), in
 // plain arithmetic the compiler vectorises (a call to expf stops
@@ -98,10 +102,13 @@ inline float tanh_fast(float x) {
 
 // = hc_weights_forward, hc_weights_backward, hc_width_forward,
 // hc_width_backward and hc_depth_backward (lime.cu's Hyper-Connections).
+// scratch (the weights' two): hc_fast_scratch_floats(n, d).
+size_t hc_fast_scratch_floats(int n, int d);
 void hc_weights_forward_fast(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w, int N,
-                             int n, int d, float eps);
+                             int n, int d, float eps, float* scratch);
 void hc_weights_backward_fast(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
-                              const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d);
+                              const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d,
+                              float* scratch);
 void hc_width_forward_fast(float* M, const float* X, const float* Aw, int N, int n, int d);
 void hc_width_backward_fast(float* dX, float* dA, const float* dM, const float* X, const float* Aw, int N, int n, int d);
 void hc_depth_backward_fast(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw, int N,
