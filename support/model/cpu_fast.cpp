@@ -633,8 +633,13 @@ static const int ATT_ROWS = 4;
 
 // xt (hd, Tp) = x^T for one kv head's rows x (T, hd); zero past T.
 static void head_transposed(float* xt, const float* x, int T, int Tp, int hd) {
-    for (int i = 0; i < hd; i++)
-        for (int u = 0; u < Tp; u++) xt[(size_t)i * Tp + u] = u < T ? x[(size_t)u * hd + i] : 0.0f;
+    int T16 = T / 16 * 16;
+    for (int i = 0; i < hd; i++) {
+        for (int u0 = 0; u0 < T16; u0 += 16)
+#pragma omp simd
+            for (int u = u0; u < u0 + 16; u++) xt[(size_t)i * Tp + u] = x[(size_t)u * hd + i];
+        for (int u = T16; u < Tp; u++) xt[(size_t)i * Tp + u] = u < T ? x[(size_t)u * hd + i] : 0.0f;
+    }
 }
 
 // s[j, u] = scale * a[j] . xt[:, u] for the ATT_ROWS rows a[j] (hd floats) and
