@@ -329,13 +329,6 @@ static size_t hc_scratch_floats(const Config& c, size_t BT) {
 // The CPU ops' scratch, in floats, for `threads` threads: the most one op
 // takes (one runs at a time). Defined after the ops, whose sums it sizes.
 static size_t cpu_scratch_floats(const Config& c, int B, int threads);
-static int cpu_threads() {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
 
 // Carves (or, with base == nullptr, only measures) the activations; only the scratch differs between devices.
 static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device dev = DEVICE_CPU, bool flash = false) {
@@ -1295,7 +1288,7 @@ static void hc_weights_backward(float* dX, HcParams dw, const float* dA, const f
     size_t Nd = (size_t)N * d;
     bool dyn = w.alpha_fn != nullptr;
     // one chunk's sums: static_alpha (n*K), static_beta (n), then alpha_fn (d*K), alpha_scale, beta_fn (d), beta_scale
-    size_t G = (size_t)n * K + n + (dyn ? (size_t)d * K + d + 2 : 0);
+    size_t G = dyn ? hc_weight_floats(n, d) : (size_t)n * K + n;
     float* part = scratch;  // (CHUNKS, G), then (CHUNKS, d): each slice's dXn
 #pragma omp parallel for schedule(static)
     for (int c = 0; c < CHUNKS; c++) {

@@ -21,10 +21,8 @@
 #ifdef _OPENMP
 #include <omp.h>
 static int thread_index() { return omp_get_thread_num(); }
-static int threads_allowed() { return omp_get_max_threads(); }
 #else
 static int thread_index() { return 0; }
-static int threads_allowed() { return 1; }
 #endif
 
 // Calls f(w) with w a compile-time constant dividing hd: 32, 8 or 2 (hd is
@@ -762,7 +760,7 @@ struct AttentionBuffers {
         probs = rows + (size_t)ATT_ROWS * Tp;
         zero = probs + (size_t)ATT_ROWS * Tp;
         sink = zero + std::max(Tp, hd);
-        memset(zero, 0, (size_t)std::max(Tp, hd) * sizeof(float));
+        memset(zero, 0, (size_t)std::max(Tp, hd) * sizeof(float));  // each call: other ops share the scratch
     }
 };
 size_t attention_fast_scratch_floats(int T, int hd, int threads) {
@@ -770,7 +768,7 @@ size_t attention_fast_scratch_floats(int T, int hd, int threads) {
 }
 // The threads a parallel region over attention may use: as many as OpenMP
 // would, at most as many as the scratch has buffers for.
-static int attention_threads(int threads) { return std::max(1, std::min(threads, threads_allowed())); }
+static int attention_threads(int threads) { return std::max(1, std::min(threads, cpu_threads())); }
 
 // out (B, T, H, hd), att (B, H, T, T); q (B, T, H, hd); k, v (R, B, T, hd), head-major.
 template <int LANES>

@@ -11,6 +11,19 @@
 #include <cmath>
 
 #include "support/model/lime.h"  // HcParams
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// The threads OpenMP gives a parallel region now (1 without OpenMP): what the
+// activations' scratch is sized for, and at most what the fast attention uses.
+inline int cpu_threads() {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
 
 // The scratch the fast products need (packed panels of 32 columns), in floats,
 // for products of at most `rows` rows by at most `cols` columns.
