@@ -162,9 +162,9 @@ struct KernelSimd {
         for (int i = 0; i < MR; i++) a[i] = t.a[i];
         // One k (step). With AVX-512 the loop runs four a round, so that the MR
         // pointers and the loop's count move once per four k (the same sums, in
-        // the same order); with AVX2's 16 registers that round made g++ spill a
-        // sum to the stack, and the plain loop (unrolled by two) runs up to 1.3x
-        // faster (docs/training.md, "AVX2").
+        // the same order); with AVX2's 16 registers that round made g++ keep a
+        // sum on the stack, and the plain loop (unrolled by two) ran `inp @ W^T`
+        // up to 1.3x faster, a step 2-5% (docs/training.md, "AVX2").
         auto step = [&](const float* bk, size_t ak) {
             Vec b0 = Simd::load(bk), b1 = Simd::load(bk + W);
 #pragma GCC unroll 8
