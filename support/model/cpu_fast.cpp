@@ -177,7 +177,7 @@ struct KernelSimd {
         const float* b = t.b;
         size_t at = 0;
         int k = 0;
-        if (Simd::ROUND4)
+        if constexpr (Simd::ROUND4)
             for (; k + 4 <= t.K; k += 4, b += 4 * ldb, at += 4 * t.a_cs) {
                 step(b, at);
                 step(b + ldb, at + t.a_cs);
