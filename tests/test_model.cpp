@@ -1161,6 +1161,7 @@ TEST(fast_matmul_equals_plain_on_random_shapes) {
         check_fast_matmul(1, 1, 1, 10);
         check_fast_matmul(3, 4099, 12, 11);   // few outputs, long rows: the forward's sliced dot products
         check_fast_matmul(4, 300, 4, 12);     // at most 4 rows (forward, dinp and dW): the 4-row kernel, k over 256
+        check_fast_matmul(97, 131, 150, 13);  // 4 panels or more in all three (any kernel): A's blocks packed
     }
     matmul_fast_use_kernel(0);
 }
@@ -1218,6 +1219,7 @@ static void check_fast_matmul_threads(int N, int C, int OC) {
 // ... also the forward's sliced dot products (few outputs, long rows: the router's dW).
 TEST(fast_matmul_same_bits_for_any_thread_count) {
     check_fast_matmul_threads(300, 70, 45);
+    check_fast_matmul_threads(300, 130, 150);  // A's blocks packed in all three products
     check_fast_matmul_threads(4, 5000, 12);
 }
 

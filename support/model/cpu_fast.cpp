@@ -45,8 +45,10 @@ static void with_lanes(int hd, F f) {
 // "panel" of B), broadcasts the MR elements of A's column k, and does MR x NR
 // fused multiply-adds, with no load or store of C inside the loop. B is read in
 // panels of NR columns, packed so that their rows lie NR floats apart (into
-// scratch, or a block at a time onto the stack: gemm_blocked); A is read where
-// it lies, one pointer per row. Around the kernel, two levels of blocking keep
+// scratch, or a block at a time onto the stack: gemm_blocked); A, a block of
+// row tiles at a time, packed so that a tile's column k is MR floats in a row
+// (when enough panels reuse it), else read where it lies, one pointer per row.
+// Around the kernel, two levels of blocking keep
 // what it reads in the caches: K in blocks of GEMM_KC (one block of a panel,
 // KC x NR floats, stays in L1 while the kernel runs down a block of rows), and
 // M in blocks of up to GEMM_MC_TILES tiles (one block of A, MC x KC floats,
@@ -102,9 +104,11 @@ static float* out_at(const OutView& C, int i, int j) {
 static int out_run(const OutView& C, int j, int n) { return C.cb ? std::min(n, C.cb - j % C.cb) : n; }
 
 // One tile's work, for a micro-kernel: C[MR, NR] (+)= A[MR, K] @ B[K, NR].
-//   a[i]   row i of A's tile: its element k at a[i][k * a_cs]
-//   b      the panel: row k at b + k * ldb (NR floats); the kernels' run<PACKED>
-//          with PACKED takes ldb = NR, a constant (a packed panel), else t.ldb
+//   a[i]   row i of A's tile: its element k at a[i][k * a_cs]; the kernels'
+//          run<PACKED_B, PACKED_A> with PACKED_A takes a packed tile, a[i] = a[0] + i
+//          and a_cs = MR, constants
+//   b      the panel: row k at b + k * ldb (NR floats); with PACKED_B the kernels
+//          take ldb = NR, a constant (a packed panel), else t.ldb
 //   c      the tile of C, rows ldc apart; load_c: the sums start from it (a later
 //          K block), else from 0; add_c: the sums are added to it at the end, else stored
 struct TileArgs {
@@ -122,9 +126,9 @@ struct TileArgs {
 // the compiler keeps in vector registers, vectorising the loops over j.
 struct KernelPlain {
     static const int MR = 8, NR = 32;
-    template <bool PACKED>
+    template <bool PACKED_B, bool PACKED_A>
     static void run(const TileArgs& t) {
-        const size_t ldb = PACKED ? NR : t.ldb;
+        const size_t ldb = PACKED_B ? NR : t.ldb;
         float acc[MR][NR];
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) acc[i][j] = t.load_c ? t.c[(size_t)i * t.ldc + j] : 0.0f;
@@ -150,16 +154,20 @@ template <class Simd>
 struct KernelSimd {
     using Vec = typename Simd::Vec;
     static const int MR = Simd::MR, W = Simd::W, NR = 2 * Simd::W;
-    template <bool PACKED>
+    template <bool PACKED_B, bool PACKED_A>
     static void run(const TileArgs& t) {
-        const size_t ldb = PACKED ? NR : t.ldb;
+        const size_t ldb = PACKED_B ? NR : t.ldb, a_cs = PACKED_A ? MR : t.a_cs;
         Vec acc[MR][2];
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++)
             for (int h = 0; h < 2; h++)
                 acc[i][h] = t.load_c ? Simd::load(t.c + (size_t)i * t.ldc + W * h) : Simd::zero();
-        const float* a[MR];  // the rows' pointers, held in registers for the loop
-        for (int i = 0; i < MR; i++) a[i] = t.a[i];
+        // The rows' pointers, held in registers for the loop: MR of them, or
+        // (packed) one, the others at constant offsets. MR pointers and the
+        // sums were more than x86's registers: g++ reloaded each pointer from
+        // the stack before its broadcast (docs/training.md, "A packed").
+        const float* a[MR];
+        for (int i = 0; i < MR; i++) a[i] = PACKED_A ? t.a[0] + i : t.a[i];
         // One k (step). With AVX-512 the loop runs four a round, so that the MR
         // pointers and the loop's count move once per four k (the same sums, in
         // the same order); with AVX2's 16 registers that round made g++ keep a
@@ -178,14 +186,14 @@ struct KernelSimd {
         size_t at = 0;
         int k = 0;
         if constexpr (Simd::ROUND4)
-            for (; k + 4 <= t.K; k += 4, b += 4 * ldb, at += 4 * t.a_cs) {
+            for (; k + 4 <= t.K; k += 4, b += 4 * ldb, at += 4 * a_cs) {
                 step(b, at);
-                step(b + ldb, at + t.a_cs);
-                step(b + 2 * ldb, at + 2 * t.a_cs);
-                step(b + 3 * ldb, at + 3 * t.a_cs);
+                step(b + ldb, at + a_cs);
+                step(b + 2 * ldb, at + 2 * a_cs);
+                step(b + 3 * ldb, at + 3 * a_cs);
             }
 #pragma GCC unroll 2
-        for (; k < t.K; k++, b += ldb, at += t.a_cs) step(b, at);
+        for (; k < t.K; k++, b += ldb, at += a_cs) step(b, at);
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++)
             for (int h = 0; h < 2; h++) {
@@ -233,20 +241,19 @@ struct FourRows : Simd {
 
 static const int GEMM_KC = 256;       // k per block: a block of a panel is KC x NR floats (32 KB at NR = 32)
 static const int GEMM_MC_TILES = 12;  // at most this many row tiles per block of A
+static const int GEMM_PACK_PANELS = 4;  // A's blocks are packed in products of at least this many panels
 
-// Runs the kernel on the tile at rows i0.., columns j0.. of C; a tile that
-// C's edge cuts (mr < MR rows or nr < NR columns), or that spans two kv heads
-// of the buffer, goes through a whole tile on the stack, its missing rows of A
-// repeating the last one.
-template <class Kern, bool PACKED>
-static void gemm_tile(OutView C, MatView A, const float* b, size_t ldb, int M, int N, int i0, int j0, int k0, int kc,
-                      bool load_c, bool add_c) {
+// Runs the kernel on the tile at rows i0.., columns j0.. of C, A's tile at
+// a[i][k * a_cs]; a tile that C's edge cuts (mr < MR rows or nr < NR columns),
+// or that spans two kv heads of the buffer, goes through a whole tile on the
+// stack.
+template <class Kern, bool PACKED_B, bool PACKED_A>
+__attribute__((always_inline)) inline static void gemm_tile(OutView C, const float* const* a, size_t a_cs, const float* b, size_t ldb, int M, int N, int i0,
+                      int j0, int kc, bool load_c, bool add_c) {
     const int MR = Kern::MR, NR = Kern::NR;
-    const float* a[MR];
-    for (int i = 0; i < MR; i++) a[i] = view_at(A, std::min(i0 + i, M - 1), k0);
     int mr = std::min(MR, M - i0), nr = std::min(NR, N - j0);
     if (mr == MR && nr == NR && out_run(C, j0, NR) == NR) {
-        Kern::template run<PACKED>({a, A.cs, b, ldb, out_at(C, i0, j0), C.ldc, kc, load_c, add_c});
+        Kern::template run<PACKED_B, PACKED_A>({a, a_cs, b, ldb, out_at(C, i0, j0), C.ldc, kc, load_c, add_c});
         return;
     }
     alignas(64) float tile[MR * NR];
@@ -270,8 +277,102 @@ static void gemm_tile(OutView C, MatView A, const float* b, size_t ldb, int M, i
             }
     };
     if (load_c || add_c) copy(true);
-    Kern::template run<PACKED>({a, A.cs, b, ldb, tile, (size_t)NR, kc, load_c, add_c});
+    Kern::template run<PACKED_B, PACKED_A>({a, a_cs, b, ldb, tile, (size_t)NR, kc, load_c, add_c});
     copy(false);
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// Columns k .. k + 7 of six rows (each row's floats contiguous) as eight runs
+// of six floats at pa, pa + 6, ..., pa + 42: an 8 x 8 transpose in registers
+// (rows 6 and 7 zero). Each run is stored 8 floats wide and the next run's
+// store overwrites the 2 extra, so pa needs 2 floats of room past pa + 48.
+static void six_rows_to_columns(float* pa, const float* const* a, int k) {
+    __m256 z = _mm256_setzero_ps(), r[8] = {_mm256_loadu_ps(a[0] + k), _mm256_loadu_ps(a[1] + k),
+                                            _mm256_loadu_ps(a[2] + k), _mm256_loadu_ps(a[3] + k),
+                                            _mm256_loadu_ps(a[4] + k), _mm256_loadu_ps(a[5] + k), z, z};
+    __m256 u[8], v[8];
+    for (int i = 0; i < 8; i += 2) {  // u: rows i, i+1 interleaved, low and high pairs of each 128-bit half
+        u[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+        u[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4)  // v: four rows' columns, k and k + 4 in the two halves
+        for (int h = 0; h < 2; h++) {
+            v[i + 2 * h] = _mm256_shuffle_ps(u[i + h], u[i + 2 + h], _MM_SHUFFLE(1, 0, 1, 0));
+            v[i + 2 * h + 1] = _mm256_shuffle_ps(u[i + h], u[i + 2 + h], _MM_SHUFFLE(3, 2, 3, 2));
+        }
+    // column j, then j + 4: rows 0-3 from v[j], rows 4-7 from v[4 + j], in the order of pa
+    for (int j = 0; j < 4; j++) _mm256_storeu_ps(pa + 6 * j, _mm256_permute2f128_ps(v[j], v[4 + j], 0x20));
+    for (int j = 0; j < 4; j++) _mm256_storeu_ps(pa + 6 * (j + 4), _mm256_permute2f128_ps(v[j], v[4 + j], 0x31));
+}
+#endif
+
+// A's rows i0 .. i0 + tiles * MR - 1, columns k0 .. k0 + kc - 1, packed tile by
+// tile: tile t's column k at pa + (t * kc + k) * MR; rows past M repeat row M - 1.
+// (pa needs 2 floats of room past the last tile: six_rows_to_columns.)
+template <int MR>
+static void pack_a(float* pa, MatView A, int M, int i0, int tiles, int k0, int kc) {
+    for (int t = 0; t < tiles; t++, pa += (size_t)kc * MR) {
+        const float* a[MR];
+        bool column_runs = A.cs != 1;  // a column of the tile lies in one run of MR floats
+        for (int i = 0; i < MR; i++) {
+            a[i] = view_at(A, std::min(i0 + t * MR + i, M - 1), k0);
+            column_runs = column_runs && a[i] == a[0] + i;
+        }
+        int k = 0;
+        if (column_runs)  // (dout^T: the weight gradient's A)
+            for (; k < kc; k++) memcpy(pa + k * MR, a[0] + k * A.cs, MR * sizeof(float));
+#if defined(__AVX2__) && defined(__FMA__)
+        if constexpr (MR == 6)  // (the AVX2 kernel's tiles of a row-major A: inp, dout)
+            if (A.cs == 1)
+                for (; k + 8 <= kc; k += 8) six_rows_to_columns(pa + k * MR, a, k);
+#endif
+        for (; k < kc; k++)
+            for (int i = 0; i < MR; i++) pa[k * MR + i] = a[i][k * A.cs];
+    }
+}
+
+// The row tiles t_begin .. t_end - 1 of one panel (columns j0..) and one block
+// of K (k0..): A's tiles packed in a_block (PACKED_A, from tile t_begin) or
+// read where they lie, their rows past M repeating row M - 1.
+template <class Kern, bool PACKED_B, bool PACKED_A>
+static void gemm_tiles(OutView C, MatView A, const float* a_block, const float* b, size_t ldb, int M, int N,
+                       int t_begin, int t_end, int j0, int k0, int kc, bool load_c, bool add_c) {
+    const int MR = Kern::MR;
+    for (int t = t_begin; t < t_end; t++) {
+        const float* a[MR];
+        for (int i = 0; i < MR; i++)
+            a[i] = PACKED_A ? a_block + (size_t)(t - t_begin) * kc * MR + i : view_at(A, std::min(t * MR + i, M - 1), k0);
+        gemm_tile<Kern, PACKED_B, PACKED_A>(C, a, PACKED_A ? MR : A.cs, b, ldb, M, N, t * MR, j0, kc, load_c, add_c);
+    }
+}
+
+// One panel p's block of K (k0 .. k0 + kc - 1) for the row tiles t_begin ..
+// t_end - 1: B's block packed (block) or read where it lies, then the tiles.
+template <class Kern>
+static void gemm_panel_block(OutView C, MatView A, MatView B, const float* a_block, float* block,
+                             const float* scratch, int M, int N, int K, int t_begin, int t_end, int p, int k0, int kc,
+                             bool accumulate, bool pack) {
+    const int NR = Kern::NR;
+    int cols = std::min(NR, N - p * NR);  // the panel's columns in B
+    bool in_place = B.cs == 1 && cols == NR && t_end - t_begin == 1;
+    const float* b = block;
+    if (B.cs != 1) {
+        b = scratch + ((size_t)p * K + k0) * NR;  // packed before the tiles
+    } else if (in_place) {
+        b = B.p + (size_t)k0 * B.rs + (size_t)p * NR;
+    } else {
+        for (int k = 0; k < kc; k++) {
+            float* row = block + (size_t)k * NR;
+            const float* from = B.p + (size_t)(k0 + k) * B.rs + (size_t)p * NR;
+            if (cols == NR)  // (a copy of constant size: g++ made the loop 2 NR scalar moves)
+                memcpy(row, from, NR * sizeof(float));
+            else
+                for (int j = 0; j < NR; j++) row[j] = j < cols ? from[j] : 0.0f;
+        }
+    }
+    auto tiles = in_place ? (pack ? gemm_tiles<Kern, false, true> : gemm_tiles<Kern, false, false>)
+                          : (pack ? gemm_tiles<Kern, true, true> : gemm_tiles<Kern, true, false>);
+    tiles(C, A, a_block, b, in_place ? B.rs : NR, M, N, t_begin, t_end, p * NR, k0, kc, k0 > 0, accumulate && k0 == 0);
 }
 
 // C[M, N] (+)= A[M, K] @ B[K, N]. A block of K ends where a kv head of A's
@@ -287,6 +388,9 @@ static void gemm_tile(OutView C, MatView A, const float* b, size_t ldb, int M, i
 // - B's rows contiguous: each work unit copies its block of the panel, KC x NR
 //   floats, onto its own stack, and its row tiles all read it. A unit of one
 //   row tile (the router's products) reads a whole panel in place instead.
+// A's blocks, a row block by a block of K, are packed (onto the stack) once
+// for all the panels a thread runs them with, when there are at least
+// GEMM_PACK_PANELS panels: with two (d = 32) the copy cost more than it saved.
 template <class Kern>
 static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
     const int MR = Kern::MR, NR = Kern::NR;
@@ -328,37 +432,22 @@ static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, b
         int tiles_per_block = (row_tiles + row_blocks - 1) / row_blocks;
         row_blocks = (row_tiles + tiles_per_block - 1) / tiles_per_block;
         alignas(64) float block[GEMM_KC * NR];  // this unit's block of its panel (B's rows contiguous)
-#pragma omp for schedule(static)
-        for (int u = 0; u < row_blocks * panels; u++) {
-            int rb = u / panels, p = u % panels;
+        alignas(64) float a_block[GEMM_MC_TILES * MR * GEMM_KC + 8];  // its row block's block of A, packed
+        bool pack = panels >= GEMM_PACK_PANELS;
+        // The units, in the order (row block, panel), shared out as runs of
+        // consecutive ones: this thread's are u_begin .. u_end - 1.
+        int units = row_blocks * panels, u_begin = (int)((long)units * thread_index() / threads),
+            u_end = (int)((long)units * (thread_index() + 1) / threads);
+        for (int rb = u_begin / panels; rb * panels < u_end; rb++) {
             int t_begin = rb * tiles_per_block, t_end = std::min(row_tiles, t_begin + tiles_per_block);
-            int cols = std::min(NR, N - p * NR);  // the panel's columns in B
-            bool in_place = B.cs == 1 && cols == NR && t_end - t_begin == 1;
+            int p_begin = std::max(u_begin - rb * panels, 0), p_end = std::min(u_end - rb * panels, panels);
             for (int k0 = 0, kc; k0 < K; k0 += kc) {
                 kc = std::min(GEMM_KC, K - k0);
                 if (A.kb) kc = std::min(kc, A.kb - k0 % A.kb);
-                const float* b = block;
-                if (B.cs != 1) {
-                    b = scratch + ((size_t)p * K + k0) * NR;  // packed above
-                } else if (in_place) {
-                    b = B.p + (size_t)k0 * B.rs + (size_t)p * NR;
-                } else {
-                    for (int k = 0; k < kc; k++) {
-                        float* row = block + (size_t)k * NR;
-                        const float* from = B.p + (size_t)(k0 + k) * B.rs + (size_t)p * NR;
-                        if (cols == NR)
-                            for (int j = 0; j < NR; j++) row[j] = from[j];
-                        else
-                            for (int j = 0; j < NR; j++) row[j] = j < cols ? from[j] : 0.0f;
-                    }
-                }
-                bool load_c = k0 > 0, add_c = accumulate && k0 == 0;
-                for (int t = t_begin; t < t_end; t++) {
-                    if (in_place)
-                        gemm_tile<Kern, false>(C, A, b, B.rs, M, N, t * MR, p * NR, k0, kc, load_c, add_c);
-                    else
-                        gemm_tile<Kern, true>(C, A, b, NR, M, N, t * MR, p * NR, k0, kc, load_c, add_c);
-                }
+                if (pack) pack_a<MR>(a_block, A, M, t_begin * MR, t_end - t_begin, k0, kc);
+                for (int p = p_begin; p < p_end; p++)
+                    gemm_panel_block<Kern>(C, A, B, a_block, block, scratch, M, N, K, t_begin, t_end, p, k0, kc,
+                                           accumulate, pack);
             }
         }
     }
