@@ -246,10 +246,12 @@ static const int GEMM_PACK_PANELS = 4;  // A's blocks are packed in products of 
 // Runs the kernel on the tile at rows i0.., columns j0.. of C, A's tile at
 // a[i][k * a_cs]; a tile that C's edge cuts (mr < MR rows or nr < NR columns),
 // or that spans two kv heads of the buffer, goes through a whole tile on the
-// stack.
+// stack. Inlined by hand: called per tile, its call cost more than packing
+// saved at d = 32 (docs/training.md, "A packed").
 template <class Kern, bool PACKED_B, bool PACKED_A>
-__attribute__((always_inline)) inline static void gemm_tile(OutView C, const float* const* a, size_t a_cs, const float* b, size_t ldb, int M, int N, int i0,
-                      int j0, int kc, bool load_c, bool add_c) {
+__attribute__((always_inline)) inline static void gemm_tile(OutView C, const float* const* a, size_t a_cs,
+                                                            const float* b, size_t ldb, int M, int N, int i0, int j0,
+                                                            int kc, bool load_c, bool add_c) {
     const int MR = Kern::MR, NR = Kern::NR;
     int mr = std::min(MR, M - i0), nr = std::min(NR, N - j0);
     if (mr == MR && nr == NR && out_run(C, j0, NR) == NR) {
@@ -432,7 +434,8 @@ static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, b
         int tiles_per_block = (row_tiles + row_blocks - 1) / row_blocks;
         row_blocks = (row_tiles + tiles_per_block - 1) / tiles_per_block;
         alignas(64) float block[GEMM_KC * NR];  // this unit's block of its panel (B's rows contiguous)
-        alignas(64) float a_block[GEMM_MC_TILES * MR * GEMM_KC + 8];  // its row block's block of A, packed
+        // its row block's block of A, packed (+ 8: the room six_rows_to_columns' last store needs)
+        alignas(64) float a_block[GEMM_MC_TILES * MR * GEMM_KC + 8];
         bool pack = panels >= GEMM_PACK_PANELS;
         // The units, in the order (row block, panel), shared out as runs of
         // consecutive ones: this thread's are u_begin .. u_end - 1.
