@@ -495,24 +495,45 @@ void matmul_fast_use_kernel(int i) { gemm_kernel = i; }
 // thread. Instead each row is cut into DOT_SLICES fixed slices; the threads
 // share the slices, each computing all N x OC dot products over its slice into
 // partial (DOT_SLICES, N, OC), and then the slices are added in order.
+// In a slice, four rows of inp and two of W at a time: 4 x 2 sums of 8 lanes
+// each, eight independent chains of fused multiply-adds, six loads for eight
+// of them. One dot product at a time waited on its one chain's latency: the
+// router's dW ran at 14 GFLOP/s on one core (docs/training.md, "Sliced dots").
 static const int DOT_SLICES = 64;
 static bool few_long_dots(int N, int C, int OC) {  // at least 64 floats a slice; partial within C * OC floats
     return (size_t)N * OC <= 65536 && C >= 64 * DOT_SLICES && (size_t)N * DOT_SLICES <= (size_t)C;
 }
+// part (N, OC) = the dot products of inp's rows (N, C) and W's (OC, C) over columns from .. to - 1.
+static void dots_of_slice(float* part, const float* inp, const float* W, int N, int C, int OC, size_t from, size_t to) {
+    const int NB = 4, OB = 2, LANES = 8;
+    for (int n0 = 0; n0 < N; n0 += NB)
+        for (int o0 = 0; o0 < OC; o0 += OB) {
+            const float *x[NB], *w[OB];  // past the edge: the last row again, its sums unused
+            for (int a = 0; a < NB; a++) x[a] = inp + (size_t)std::min(n0 + a, N - 1) * C;
+            for (int b = 0; b < OB; b++) w[b] = W + (size_t)std::min(o0 + b, OC - 1) * C;
+            float acc[NB][OB][LANES] = {};
+            size_t i = from;
+            for (; i + LANES <= to; i += LANES)
+                for (int a = 0; a < NB; a++)
+                    for (int b = 0; b < OB; b++)
+                        for (int k = 0; k < LANES; k++) acc[a][b][k] += x[a][i + k] * w[b][i + k];
+            for (; i < to; i++)  // the slice's last columns, in lane 0
+                for (int a = 0; a < NB; a++)
+                    for (int b = 0; b < OB; b++) acc[a][b][0] += x[a][i] * w[b][i];
+            for (int a = 0; a < std::min(NB, N - n0); a++)
+                for (int b = 0; b < std::min(OB, OC - o0); b++) {
+                    float d = 0;
+                    for (int k = 0; k < LANES; k++) d += acc[a][b][k];
+                    part[(size_t)(n0 + a) * OC + o0 + b] = d;
+                }
+        }
+}
 static void dots_sliced(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
                         float* partial) {
 #pragma omp parallel for schedule(static)
-    for (int s = 0; s < DOT_SLICES; s++) {
-        size_t from = (size_t)C * s / DOT_SLICES, to = (size_t)C * (s + 1) / DOT_SLICES;
-        for (int n = 0; n < N; n++)
-            for (int o = 0; o < OC; o++) {
-                const float *x = inp + (size_t)n * C, *w = W + (size_t)o * C;
-                float d = 0;
-#pragma omp simd reduction(+ : d)
-                for (size_t i = from; i < to; i++) d += x[i] * w[i];
-                partial[((size_t)s * N + n) * OC + o] = d;
-            }
-    }
+    for (int s = 0; s < DOT_SLICES; s++)
+        dots_of_slice(partial + (size_t)s * N * OC, inp, W, N, C, OC, (size_t)C * s / DOT_SLICES,
+                      (size_t)C * (s + 1) / DOT_SLICES);
     for (size_t e = 0; e < (size_t)N * OC; e++) {
         float d = 0;
         for (int s = 0; s < DOT_SLICES; s++) d += partial[(size_t)s * N * OC + e];
