@@ -495,15 +495,17 @@ void matmul_fast_use_kernel(int i) { gemm_kernel = i; }
 // thread. Instead each row is cut into DOT_SLICES fixed slices; the threads
 // share the slices, each computing all N x OC dot products over its slice into
 // partial (DOT_SLICES, N, OC), and then the slices are added in order.
-// In a slice, four rows of inp and two of W at a time: 4 x 2 sums of 8 lanes
-// each, eight independent chains of fused multiply-adds, six loads for eight
-// of them. One dot product at a time waited on its one chain's latency: the
-// router's dW ran at 14 GFLOP/s on one core (docs/training.md, "Sliced dots").
 static const int DOT_SLICES = 64;
 static bool few_long_dots(int N, int C, int OC) {  // at least 64 floats a slice; partial within C * OC floats
     return (size_t)N * OC <= 65536 && C >= 64 * DOT_SLICES && (size_t)N * DOT_SLICES <= (size_t)C;
 }
 // part (N, OC) = the dot products of inp's rows (N, C) and W's (OC, C) over columns from .. to - 1.
+// Four rows of inp by two of W at a time: 4 x 2 sums of 8 lanes, eight
+// independent chains of fused multiply-adds, six vector loads for every eight
+// of them. One dot product at a time waited on its one chain's latency: the
+// router's dW ran at 14 GFLOP/s on one core (docs/training.md, "Sliced dots").
+// With fewer than 4 rows (R < 4) the missing rows repeat the last one and
+// their sums are dropped: R = 2 computes twice the dots it keeps.
 static void dots_of_slice(float* part, const float* inp, const float* W, int N, int C, int OC, size_t from, size_t to) {
     const int NB = 4, OB = 2, LANES = 8;
     for (int n0 = 0; n0 < N; n0 += NB)
