@@ -1160,6 +1160,8 @@ TEST(fast_matmul_equals_plain_on_random_shapes) {
         check_fast_matmul(211, 300, 53, 9);   // forward and dinp: k over 256, 27 row tiles
         check_fast_matmul(1, 1, 1, 10);
         check_fast_matmul(3, 4099, 12, 11);   // few outputs, long rows: the forward's sliced dot products
+        check_fast_matmul(2, 4099, 7, 14);    // ... with 2 rows (R = 2: its own tile) and 1 (R = 1)
+        check_fast_matmul(1, 4103, 5, 15);
         check_fast_matmul(4, 300, 4, 12);     // at most 4 rows (forward, dinp and dW): the 4-row kernel, k over 256
         check_fast_matmul(97, 131, 150, 13);  // 4 panels or more in all three (any kernel): A's blocks packed
     }

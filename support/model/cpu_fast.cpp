@@ -500,14 +500,16 @@ static bool few_long_dots(int N, int C, int OC) {  // at least 64 floats a slice
     return (size_t)N * OC <= 65536 && C >= 64 * DOT_SLICES && (size_t)N * DOT_SLICES <= (size_t)C;
 }
 // part (N, OC) = the dot products of inp's rows (N, C) and W's (OC, C) over columns from .. to - 1.
-// Four rows of inp by two of W at a time: 4 x 2 sums of 8 lanes, eight
-// independent chains of fused multiply-adds, six vector loads for every eight
-// of them. One dot product at a time waited on its one chain's latency: the
-// router's dW ran at 14 GFLOP/s on one core (docs/training.md, "Sliced dots").
-// With fewer than 4 rows (R < 4) the missing rows repeat the last one and
-// their sums are dropped: R = 2 computes twice the dots it keeps.
+// NB rows of inp by OB of W at a time: NB x OB sums of 8 lanes, independent
+// chains of fused multiply-adds. 4 x 2 (R >= 3 kv heads) is eight chains and
+// six vector loads for every eight of them; with R = 2 it is 2 x 4, with R = 1
+// 1 x 4, so that no row is computed twice. One dot product at a time waited on
+// its one chain's latency: the router's dW ran at 14 GFLOP/s on one core
+// (docs/training.md, "Sliced dots"). Each sum adds the same products in the
+// same order whatever the tile, so the tile does not change the bits.
+template <int NB, int OB>
 static void dots_of_slice(float* part, const float* inp, const float* W, int N, int C, int OC, size_t from, size_t to) {
-    const int NB = 4, OB = 2, LANES = 8;
+    const int LANES = 8;
     for (int n0 = 0; n0 < N; n0 += NB)
         for (int o0 = 0; o0 < OC; o0 += OB) {
             const float *x[NB], *w[OB];  // past the edge: the last row again, its sums unused
@@ -533,9 +535,13 @@ static void dots_of_slice(float* part, const float* inp, const float* W, int N, 
 static void dots_sliced(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
                         float* partial) {
 #pragma omp parallel for schedule(static)
-    for (int s = 0; s < DOT_SLICES; s++)
-        dots_of_slice(partial + (size_t)s * N * OC, inp, W, N, C, OC, (size_t)C * s / DOT_SLICES,
-                      (size_t)C * (s + 1) / DOT_SLICES);
+    for (int s = 0; s < DOT_SLICES; s++) {
+        float* part = partial + (size_t)s * N * OC;
+        size_t from = (size_t)C * s / DOT_SLICES, to = (size_t)C * (s + 1) / DOT_SLICES;
+        if (N >= 3) dots_of_slice<4, 2>(part, inp, W, N, C, OC, from, to);
+        else if (N == 2) dots_of_slice<2, 4>(part, inp, W, N, C, OC, from, to);
+        else dots_of_slice<1, 4>(part, inp, W, N, C, OC, from, to);
+    }
     for (size_t e = 0; e < (size_t)N * OC; e++) {
         float d = 0;
         for (int s = 0; s < DOT_SLICES; s++) d += partial[(size_t)s * N * OC + e];
