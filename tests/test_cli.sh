@@ -252,7 +252,8 @@ bad bad_verify_no_files     "needs reference"  $LIME verify
 bad bad_text_without_file   "text-file"        $LIME train --task text --out "$tmp/x"
 if [ -e "$tmp/x/model.safetensors" ]; then fail bad_input_wrote_nothing "a refused run wrote a model"; else pass bad_input_wrote_nothing; fi
 
-# --- bench --json: one valid object; off a GPU its GPU numbers are null, with the reason
+# --- bench --json: one valid object; off a GPU its GPU numbers are null, with the reason, and
+# MFU is against the CPU's FMA peak, a positive number of GFLOP/s it measured
 out=$($LIME bench --json --device cpu --layers 1 --dim 8 --heads 2 --ffn 16 --vocab 11 --batch 2 --seq-len 4 \
       --steps 1 --threads 1 2>&1)
 opens=$(echo "$out" | tr -cd '{' | wc -c); closes=$(echo "$out" | tr -cd '}' | wc -c)
@@ -260,7 +261,8 @@ quotes=$(echo "$out" | tr -cd '"' | wc -c)
 num='-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?'
 if [ "$(echo "$out" | wc -l)" -eq 1 ] && [ "$opens" -eq "$closes" ] && [ $((quotes % 2)) -eq 0 ] &&
     [ "$(echo "$out" | grep -oE "\"ms_per_step\": $num, \"tokens_per_s\": $num" | wc -l)" -eq 3 ] &&
-    [ "$(echo "$out" | grep -o '"mfu": null, "model_gb": null, "peak_device_gb": null' | wc -l)" -eq 3 ] &&
+    [ "$(echo "$out" | grep -oE "\"mfu\": $num, \"model_gb\": null, \"peak_device_gb\": null" | wc -l)" -eq 3 ] &&
+    echo "$out" | grep -oE "\"cpu_peak_gflops\": $num" | awk '{ exit !($2 > 0) }' &&
     echo "$out" | grep -qE "\"lime_over_llama\": $num, \"hc_over_llama\": $num" &&
     echo "$out" | grep -q '"hc_model": "hc"' && echo "$out" | grep -q '"gpu_absent": "a CPU run'; then
     pass bench_json_on_the_cpu

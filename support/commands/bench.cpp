@@ -1,8 +1,10 @@
 // support/commands/bench.cpp — `./lime bench`: ms per step and tokens/s of
 // llama, lime and hc of one shape on synthetic tokens, side by side (made
 // together, their steps interleaved: bench_models), with --entropy-reg also
-// llama and lime with the regulariser; on a GPU also MFU against the device's
-// peak (support/lib/gpu_peaks.h) and the memory each model took. train.cpp's main calls cmd_bench (support/commands/commands.h).
+// llama and lime with the regulariser; MFU, on a GPU against the device's
+// peak (support/lib/gpu_peaks.h), on the CPU against its threads' FMA peak
+// measured between the steps (support/lib/cpu_peak.h); on a GPU also the
+// memory each model took. train.cpp's main calls cmd_bench (support/commands/commands.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +13,7 @@
 
 #include "support/commands/commands.h"
 #include "support/lib/cli.h"
+#include "support/lib/cpu_peak.h"
 #include "support/lib/gpu_peaks.h"
 #include "support/lib/rng.h"
 #include "support/lib/safetensors.h"
@@ -33,12 +36,13 @@ struct BenchSetup {
     GpuInfo gpu;
     GpuPeak peak;
     double peak_tflops = 0;   // the peak of the math in use (TF32 or float32); 0: no MFU
+    bool cpu_peak = false;    // a CPU run: MFU against the FMA peak of its threads, measured each round
 };
 
 struct BenchResult {
     double ms = 0, tok_s = 0;
     double cpu_ms_per_step = 0;         // the process's CPU time per step (all threads), in ms
-    double mfu = 0;                     // model FLOPs utilisation against the device's peak (GPU)
+    double mfu = 0;                     // model FLOPs utilisation against the device's peak (GPU) or the CPU's
     double model_gb = 0, device_gb = 0; // GPU memory: the model's allocations; what it took as it was made and ran its two warm-up steps
     std::string attention;              // matmul or flash on the GPU, cpu on the CPU
 };
@@ -50,6 +54,38 @@ struct BenchModel {
     BenchResult r;
     std::vector<double> step_ms;  // each timed step's wall clock
 };
+
+// The threads a parallel region runs (--threads, or all cores).
+static int omp_threads() {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+// The FMA peak of all the threads OpenMP runs, in GFLOP/s of the wall clock:
+// each runs `rounds` rounds of support/lib/cpu_peak.h's chains.
+static double cpu_peak_gflops(long rounds) {
+    double flops = 0, t0 = now_ms();
+#pragma omp parallel reduction(+ : flops)
+    flops += cpu_fma_flops(rounds);
+    return flops / std::max(now_ms() - t0, 1e-6) / 1e6;
+}
+
+// Rounds of the chains that take about 3 ms on this machine (a slow build's too).
+static long cpu_peak_rounds() {
+    long probe = 1 << 16;
+    double t0 = now_ms();
+    cpu_peak_gflops(probe);
+    return std::clamp((long)(probe * 3.0 / std::max(now_ms() - t0, 1e-3)), 1L << 12, 1L << 24);
+}
+
+static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    size_t n = v.size();
+    return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 // Makes every model of ms (all of b's shape) and times b.steps training steps of
 // each, interleaved: round i runs two steps of every model, in an order drawn
@@ -63,7 +99,10 @@ struct BenchModel {
 // the GPU the first runs eagerly, the second captures the graph), then rounds
 // for 500 ms: the first model a process timed ran 10-25% slower after two steps
 // alone (a CPU that has just woken up; measured on the development machine).
-static void bench_models(const BenchSetup& b, std::vector<BenchModel>* ms) {
+// On the CPU each round ends with the FMA peak of the threads (cpu_peaks, GFLOP/s),
+// and a model's MFU is the median over the rounds of its step's FLOP/s over the
+// round's peak: a machine whose speed moves moves both.
+static void bench_models(const BenchSetup& b, std::vector<BenchModel>* ms, std::vector<double>* cpu_peaks) {
     int n = (int)ms->size(), T = b.c.T;
     Rng rng(7);
     std::vector<int> tokens((size_t)b.B * T), targets((size_t)b.B * T);
@@ -87,6 +126,7 @@ static void bench_models(const BenchSetup& b, std::vector<BenchModel>* ms) {
     double w0 = now_ms();
     while (now_ms() - w0 < 500)
         for (BenchModel& m : *ms) step(m);
+    long peak_rounds = b.cpu_peak ? cpu_peak_rounds() : 0;
     std::vector<int> order(n);
     for (int k = 0; k < n; k++) order[k] = k;
     Rng shuffle(11);
@@ -100,11 +140,19 @@ static void bench_models(const BenchSetup& b, std::vector<BenchModel>* ms) {
             m.step_ms.push_back(now_ms() - t0);
             m.r.cpu_ms_per_step += (cpu_ms() - c0) / b.steps;
         }
+        if (b.cpu_peak) cpu_peaks->push_back(cpu_peak_gflops(peak_rounds));
     }
     for (BenchModel& m : *ms) {
         for (double t : m.step_ms) m.r.ms += t / b.steps;
         m.r.tok_s = (double)b.B * T / (m.r.ms / 1000);
-        if (b.peak_tflops > 0) m.r.mfu = flops_per_token(m.c, T) * m.r.tok_s / (b.peak_tflops * 1e12);
+        double step_flops = flops_per_token(m.c, T) * b.B * T;
+        if (b.peak_tflops > 0) m.r.mfu = step_flops / (m.r.ms / 1000) / (b.peak_tflops * 1e12);
+        if (b.cpu_peak) {  // each round's step against that round's peak
+            std::vector<double> mfus;
+            for (size_t i = 0; i < m.step_ms.size(); i++)
+                mfus.push_back(step_flops / (m.step_ms[i] / 1000) / ((*cpu_peaks)[i] * 1e9));
+            m.r.mfu = median(mfus);
+        }
         if (b.on_gpu) m.r.model_gb = model_device_bytes(&m.model) / 1e9;
         m.r.attention = model_attention_name(&m.model);
     }
@@ -115,9 +163,7 @@ static void bench_models(const BenchSetup& b, std::vector<BenchModel>* ms) {
 static double median_ratio(const BenchModel& a, const BenchModel& b) {
     std::vector<double> r;
     for (size_t i = 0; i < a.step_ms.size(); i++) r.push_back(a.step_ms[i] / b.step_ms[i]);
-    std::sort(r.begin(), r.end());
-    size_t n = r.size();
-    return n % 2 ? r[n / 2] : (r[n / 2 - 1] + r[n / 2]) / 2;
+    return median(r);
 }
 
 // The shapes bench names: llama (no router), lime (the flags' router) and hc
@@ -131,8 +177,9 @@ static void bench_configs(const BenchSetup& b, Config* llama, Config* lime, Conf
 }
 
 // --json: one object with the shape, the three models' numbers and their ratios to llama.
-// Off a GPU the GPU's numbers (MFU, memory) are null and "gpu_absent" says why.
-static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>& ms, float reg) {
+// Off a GPU the GPU's numbers (memory) are null and "gpu_absent" says why; a CPU
+// run's MFU is against cpu_peak (GFLOP/s, the median of the rounds' peaks).
+static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>& ms, float reg, double cpu_peak) {
     const BenchModel &ml = ms[0], &mm = ms[1], &mh = ms[2];
     const BenchResult &llama = ml.r, &lime = mm.r, &hc = mh.r;
     const Config &cl = ml.c, &cm = mm.c, &ch = mh.c;
@@ -142,8 +189,10 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
         Json o;
         o.add_num("ms_per_step", r.ms).add_num("tokens_per_s", r.tok_s).add_num("flops_per_token", flops_per_token(rc, b.c.T))
             .add_num("cpu_ms_per_step", r.cpu_ms_per_step);
-        if (b.on_gpu) o.add_num("mfu", r.mfu).add_num("model_gb", r.model_gb).add_num("peak_device_gb", r.device_gb);
-        else o.add("mfu", null_).add("model_gb", null_).add("peak_device_gb", null_);
+        if (b.on_gpu || b.cpu_peak) o.add_num("mfu", r.mfu);
+        else o.add("mfu", null_);
+        if (b.on_gpu) o.add_num("model_gb", r.model_gb).add_num("peak_device_gb", r.device_gb);
+        else o.add("model_gb", null_).add("peak_device_gb", null_);
         return o.add_str("attention", r.attention);
     };
     Json shape;
@@ -158,7 +207,9 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
     else if (b.dev == DEVICE_GPU)
         s.add_str("gpu_absent", "no GPU information: MFU and memory are not measured");
     else
-        s.add_str("gpu_absent", "a CPU run: MFU and device memory are measured on a GPU only");
+        s.add_str("gpu_absent", "a CPU run: device memory is measured on a GPU only")
+            .add_num("threads", omp_threads()).add_str("cpu_peak_vectors", cpu_fma_kind())
+            .add_num("cpu_peak_gflops", cpu_peak);
     s.add("llama", one(llama, cl)).add("lime", one(lime, cm)).add("hc", one(hc, ch))
         .add_num("lime_over_llama", median_ratio(mm, ml)).add_num("hc_over_llama", median_ratio(mh, ml))
         .add_num("flops_hc_over_llama", flops_per_token(ch, c.T) / flops_per_token(cl, c.T))
@@ -175,7 +226,7 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
 
 // The table: the setting, one line per model, the ratios lime / llama and hc / llama
 // (medians over the rounds, median_ratio), and with --entropy-reg the regulariser's.
-static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>& ms, float reg) {
+static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>& ms, float reg, double cpu_peak) {
     const BenchModel &ml = ms[0], &mm = ms[1], &mh = ms[2];
     const BenchResult &llama = ml.r, &lime = mm.r, &hc = mh.r;
     const Config &cl = ml.c, &cm = mm.c, &ch = mh.c;
@@ -188,8 +239,12 @@ static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>&
         printf("  %s (sm_%d%d), %s, %s; MFU against %.1f TFLOP/s (%s %s)\n", b.gpu.name.c_str(), b.gpu.major,
                b.gpu.minor, tf32 ? "TF32" : "float32", b.settings.graph ? "CUDA graph" : "plain launches",
                b.peak_tflops, b.peak.source.c_str(), tf32 ? "TF32" : "FP32");
+    if (b.cpu_peak)
+        printf("  %d threads; MFU against their %s FMA peak, %.1f GFLOP/s (measured after each round: the medians)\n",
+               omp_threads(), cpu_fma_kind(), cpu_peak);
     for (auto [name, r] : {std::make_pair("llama", llama), std::make_pair("lime", lime), std::make_pair("hc", hc)}) {
         printf("  %-5s  %9.2f ms/step  %10.0f tokens/s", name, r.ms, r.tok_s);
+        if (b.cpu_peak) printf("  MFU %5.1f%%", 100 * r.mfu);
         if (b.on_gpu)
             printf("  MFU %5.1f%%  memory %.3f GB (model) %.3f GB (device, peak)  %s attention", 100 * r.mfu, r.model_gb,
                    r.device_gb, r.attention.c_str());
@@ -224,10 +279,12 @@ static BenchSetup bench_setup(Args& a) {
     std::string err = config_check(b.c);
     if (!err.empty()) die("bench", err);
     // MFU: flops_per_token (forward + backward, router included) * tokens/s over the
-    // device's dense peak for the math in use: TF32 tensor cores, or plain float32.
+    // device's dense peak for the math in use: TF32 tensor cores, or plain float32;
+    // on the CPU over its threads' FMA peak, measured each round (bench_models).
     b.on_gpu = b.dev == DEVICE_GPU && gpu_info(&b.gpu);
     b.peak = gpu_peak(b.gpu.name, b.gpu.major, b.gpu.minor);
     b.peak_tflops = b.on_gpu ? (b.settings.tf32 ? b.peak.tf32 : b.peak.fp32) : 0;
+    b.cpu_peak = b.dev == DEVICE_CPU;
     return b;
 }
 
@@ -256,8 +313,9 @@ int cmd_bench(int argc, char** argv) {
         ms[3].c = ms[0].c, ms[4].c = ms[1].c;
         ms[3].c.entropy_reg = ms[4].c.entropy_reg = reg;
     }
-    bench_models(plain, &ms);
-    if (a.has("json")) print_bench_json(plain, ms, reg);
-    else print_bench_text(plain, ms, reg);
+    std::vector<double> cpu_peaks;  // a CPU run's FMA peak after each round, GFLOP/s
+    bench_models(plain, &ms, &cpu_peaks);
+    if (a.has("json")) print_bench_json(plain, ms, reg, median(cpu_peaks));
+    else print_bench_text(plain, ms, reg, median(cpu_peaks));
     return 0;
 }
