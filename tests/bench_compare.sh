@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tests/bench_compare.sh — `./lime bench` of two binaries side by side, at the
-# two configs of `make bench`, in alternating rounds (old, new, old, new, ...),
-# so that a change in the machine's load falls on both; prints the median
+# two configs of `make bench`, in alternating rounds whose pairs alternate too
+# (old then new, then new then old: a fixed order once made one setting look 9%
+# faster, docs/training.md "Waiting threads"), so that a change in the
+# machine's load falls on both; prints the median
 # tokens/s of each binary, model (llama, lime, hc), config and thread count,
 # new / old, and each binary's hc / llama step time (the ratio of the medians).
 # Not part of `make test` (it measures, it checks nothing).
@@ -29,7 +31,9 @@ echo "load before: $(uptime | sed 's/.*load average/load average/'); ${LOAD:-0} 
 for ((r = 1; r <= rounds; r++)); do
     for c in "${configs[@]}"; do
         for t in "${threads[@]}"; do
-            for b in "$old" "$new"; do
+            pair=("$old" "$new")
+            ((r % 2 == 0)) && pair=("$new" "$old")
+            for b in "${pair[@]}"; do
                 tag=$([ "$b" = "$old" ] && echo old || echo new)
                 out=$("$b" bench ${c#*:} --steps "$STEPS" --threads "$t" --json) || { echo "bench_compare: $b failed"; exit 1; }
                 for m in llama lime hc; do
