@@ -301,8 +301,9 @@ int cmd_bench(int argc, char** argv) {
         {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
         {"json", nullptr, "print one JSON object"},
     }});
-    Args a = parse_args("bench", "Times training steps of llama, lime and hc on synthetic tokens; on the GPU also MFU and "
-                        "memory.", flags, argc, argv, false);
+    Args a = parse_args("bench", "Times training steps of llama, lime and hc on synthetic tokens, with MFU (against the "
+                        "GPU's datasheet peak, or the CPU's FMA peak measured as it runs); on the GPU also memory.",
+                        flags, argc, argv, false);
     BenchSetup b = bench_setup(a), plain = b;
     plain.c.entropy_reg = 0;
     std::vector<BenchModel> ms(3);  // llama, lime, hc; with --entropy-reg L also llama and lime with the regulariser
