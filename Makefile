@@ -188,7 +188,7 @@ bench: lime $(B)/bench_matmul
 	./lime bench --layers 4 --dim 32 --heads 4 --kv-heads 4 --ffn 96 --vocab 21 --batch 128 --seq-len 88 --steps 10
 	./lime bench --layers 4 --dim 128 --heads 4 --kv-heads 4 --ffn 352 --vocab 32 --batch 32 --seq-len 64 --steps 10
 	$(B)/bench_matmul
-$(B)/bench_matmul: tests/bench_matmul.cpp $(B)/rel/support/model/cpu_fast.o support/model/cpu_fast.h support/lib/cpu_peak.h | $(B)
+$(B)/bench_matmul: tests/bench_matmul.cpp $(B)/rel/support/model/cpu_fast.o support/model/cpu_fast.h support/model/lime.h support/lib/cpu_peak.h | $(B)
 	$(CXX) $(CXXFLAGS) tests/bench_matmul.cpp $(B)/rel/support/model/cpu_fast.o -o $@
 
 # The two benchmark configs on the GPU, each with full attention (R = H) and GQA.
