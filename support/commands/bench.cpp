@@ -17,6 +17,7 @@
 #include "support/lib/gpu_peaks.h"
 #include "support/lib/rng.h"
 #include "support/lib/safetensors.h"
+#include "support/model/cpu_fast.h"  // cpu_threads
 #include "support/model/lime.h"
 #include "support/model/names.h"
 
@@ -54,15 +55,6 @@ struct BenchModel {
     BenchResult r;
     std::vector<double> step_ms;  // each timed step's wall clock
 };
-
-// The threads a parallel region runs (--threads, or all cores).
-static int omp_threads() {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
 
 // The FMA peak of all the threads OpenMP runs, in GFLOP/s of the wall clock:
 // each runs `rounds` rounds of support/lib/cpu_peak.h's chains.
@@ -208,7 +200,7 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
         s.add_str("gpu_absent", "no GPU information: MFU and memory are not measured");
     else
         s.add_str("gpu_absent", "a CPU run: device memory is measured on a GPU only")
-            .add_num("threads", omp_threads()).add_str("cpu_peak_vectors", cpu_fma_kind())
+            .add_num("threads", cpu_threads()).add_str("cpu_peak_vectors", cpu_fma_kind())
             .add_num("cpu_peak_gflops", cpu_peak);
     s.add("llama", one(llama, cl)).add("lime", one(lime, cm)).add("hc", one(hc, ch))
         .add_num("lime_over_llama", median_ratio(mm, ml)).add_num("hc_over_llama", median_ratio(mh, ml))
@@ -241,13 +233,13 @@ static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>&
                b.peak_tflops, b.peak.source.c_str(), tf32 ? "TF32" : "FP32");
     if (b.cpu_peak)
         printf("  %d threads; MFU against their %s FMA peak, %.1f GFLOP/s (measured after each round: the medians)\n",
-               omp_threads(), cpu_fma_kind(), cpu_peak);
+               cpu_threads(), cpu_fma_kind(), cpu_peak);
     for (auto [name, r] : {std::make_pair("llama", llama), std::make_pair("lime", lime), std::make_pair("hc", hc)}) {
         printf("  %-5s  %9.2f ms/step  %10.0f tokens/s", name, r.ms, r.tok_s);
-        if (b.cpu_peak) printf("  MFU %5.1f%%", 100 * r.mfu);
+        if (b.on_gpu || b.cpu_peak) printf("  MFU %5.1f%%", 100 * r.mfu);
         if (b.on_gpu)
-            printf("  MFU %5.1f%%  memory %.3f GB (model) %.3f GB (device, peak)  %s attention", 100 * r.mfu, r.model_gb,
-                   r.device_gb, r.attention.c_str());
+            printf("  memory %.3f GB (model) %.3f GB (device, peak)  %s attention", r.model_gb, r.device_gb,
+                   r.attention.c_str());
         printf("\n");
     }
     printf("  lime / llama step time: %.3f (the median of the %d steps' ratios)", median_ratio(mm, ml), b.steps);
@@ -316,7 +308,8 @@ int cmd_bench(int argc, char** argv) {
     }
     std::vector<double> cpu_peaks;  // a CPU run's FMA peak after each round, GFLOP/s
     bench_models(plain, &ms, &cpu_peaks);
-    if (a.has("json")) print_bench_json(plain, ms, reg, median(cpu_peaks));
-    else print_bench_text(plain, ms, reg, median(cpu_peaks));
+    double cpu_peak = median(cpu_peaks);
+    if (a.has("json")) print_bench_json(plain, ms, reg, cpu_peak);
+    else print_bench_text(plain, ms, reg, cpu_peak);
     return 0;
 }
