@@ -2,7 +2,7 @@
 # tests/bench_compare.sh — `./lime bench` of two binaries side by side, at the
 # two configs of `make bench`, in alternating rounds whose pairs alternate too
 # (old then new, then new then old: a fixed order once made one setting look 9%
-# faster, docs/training.md "Waiting threads"), so that a change in the
+# faster, docs/speed.md "Waiting threads"), so that a change in the
 # machine's load falls on both; prints the median
 # tokens/s of each binary, model (llama, lime, hc), config and thread count,
 # new / old, and each binary's hc / llama step time (the ratio of the medians).

@@ -270,6 +270,18 @@ else
     fail bench_json_on_the_cpu "$out"
 fi
 
+# --- bench --json: lime / llama beside its FLOP and byte ratios; with two layers the router
+# (layer 1) adds FLOPs, and more bytes than FLOPs (it moves the buffer for few FLOPs a float)
+out=$($LIME bench --json --device cpu --layers 2 --dim 8 --heads 2 --ffn 16 --vocab 11 --batch 2 --seq-len 4 \
+      --steps 1 --threads 1 2>&1)
+flops=$(echo "$out" | grep -oE "\"flops_lime_over_llama\": $num" | awk '{ print $2 }')
+bytes=$(echo "$out" | grep -oE "\"bytes_lime_over_llama\": $num" | awk '{ print $2 }')
+if [ -n "$flops" ] && [ -n "$bytes" ] && awk -v f="$flops" -v b="$bytes" 'BEGIN { exit !(f > 1 && b > f) }'; then
+    pass bench_json_lime_cost_ratios
+else
+    fail bench_json_lime_cost_ratios "flops_lime_over_llama '$flops', bytes_lime_over_llama '$bytes' (want 1 < flops < bytes): $out"
+fi
+
 # --- bench --entropy-reg: llama and lime also with the regulariser, each a ratio to itself without
 out=$($LIME bench --json --device cpu --layers 1 --dim 8 --heads 2 --ffn 16 --vocab 11 --batch 2 --seq-len 4 \
       --steps 3 --threads 1 --entropy-reg 0.1 2>&1)

@@ -205,7 +205,9 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
     s.add("llama", one(llama, cl)).add("lime", one(lime, cm)).add("hc", one(hc, ch))
         .add_num("lime_over_llama", median_ratio(mm, ml)).add_num("hc_over_llama", median_ratio(mh, ml))
         .add_num("flops_hc_over_llama", flops_per_token(ch, c.T) / flops_per_token(cl, c.T))
-        .add_num("bytes_hc_over_llama", bytes_per_token(ch, c.T) / bytes_per_token(cl, c.T));
+        .add_num("bytes_hc_over_llama", bytes_per_token(ch, c.T) / bytes_per_token(cl, c.T))
+        .add_num("flops_lime_over_llama", flops_per_token(cm, c.T) / flops_per_token(cl, c.T))
+        .add_num("bytes_lime_over_llama", bytes_per_token(cm, c.T) / bytes_per_token(cl, c.T));
     if (b.on_gpu)
         s.add_num("memory_lime_over_llama", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0)
             .add_num("memory_hc_over_llama", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
@@ -217,7 +219,8 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
 }
 
 // The table: the setting, one line per model, the ratios lime / llama and hc / llama
-// (medians over the rounds, median_ratio), and with --entropy-reg the regulariser's.
+// (medians over the rounds, median_ratio) beside their FLOP and byte ratios (a CPU step
+// lands between the two: support/model/cost.cpp), and with --entropy-reg the regulariser's.
 static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>& ms, float reg, double cpu_peak) {
     const BenchModel &ml = ms[0], &mm = ms[1], &mh = ms[2];
     const BenchResult &llama = ml.r, &lime = mm.r, &hc = mh.r;
@@ -242,7 +245,9 @@ static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>&
                    r.attention.c_str());
         printf("\n");
     }
-    printf("  lime / llama step time: %.3f (the median of the %d steps' ratios)", median_ratio(mm, ml), b.steps);
+    printf("  lime / llama step time: %.3f (the median of the %d steps' ratios; FLOPs: %.3f, bytes: %.3f)",
+           median_ratio(mm, ml), b.steps, flops_per_token(cm, c.T) / flops_per_token(cl, c.T),
+           bytes_per_token(cm, c.T) / bytes_per_token(cl, c.T));
     if (b.on_gpu) printf(", memory: %.3f", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
     printf("\n  hc / llama step time: %.3f (FLOPs: %.3f, bytes: %.3f)", median_ratio(mh, ml),
            flops_per_token(ch, c.T) / flops_per_token(cl, c.T), bytes_per_token(ch, c.T) / bytes_per_token(cl, c.T));

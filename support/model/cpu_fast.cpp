@@ -165,14 +165,14 @@ struct KernelSimd {
         // The rows' pointers, held in registers for the loop: MR of them, or
         // (packed) one, the others at constant offsets. MR pointers and the
         // sums were more than x86's registers: g++ reloaded each pointer from
-        // the stack before its broadcast (docs/training.md, "A packed").
+        // the stack before its broadcast (docs/speed.md, "A packed").
         const float* a[MR];
         for (int i = 0; i < MR; i++) a[i] = PACKED_A ? t.a[0] + i : t.a[i];
         // One k (step). With AVX-512 the loop runs four a round, so that the MR
         // pointers and the loop's count move once per four k (the same sums, in
         // the same order); with AVX2's 16 registers that round made g++ keep a
         // sum on the stack, and the plain loop (unrolled by two) ran `inp @ W^T`
-        // up to 1.3x faster, a step 2-5% (docs/training.md, "AVX2").
+        // up to 1.3x faster, a step 2-5% (docs/speed.md, "AVX2").
         auto step = [&](const float* bk, size_t ak) {
             Vec b0 = Simd::load(bk), b1 = Simd::load(bk + W);
 #pragma GCC unroll 8
@@ -247,7 +247,7 @@ static const int GEMM_PACK_PANELS = 4;  // A's blocks are packed in products of 
 // a[i][k * a_cs]; a tile that C's edge cuts (mr < MR rows or nr < NR columns),
 // or that spans two kv heads of the buffer, goes through a whole tile on the
 // stack. Inlined by hand: called per tile, its call cost more than packing
-// saved at d = 32 (docs/training.md, "A packed").
+// saved at d = 32 (docs/speed.md, "A packed").
 template <class Kern, bool PACKED_B, bool PACKED_A>
 __attribute__((always_inline)) inline static void gemm_tile(OutView C, const float* const* a, size_t a_cs,
                                                             const float* b, size_t ldb, int M, int N, int i0, int j0,
@@ -384,7 +384,7 @@ static void gemm_panel_block(OutView C, MatView A, MatView B, const float* a_blo
 // a panel, KC x NR floats, in one piece (read in place at C = 128, its rows lie
 // 512 bytes apart, in a quarter of the L1 cache's sets). W^T, packed before as
 // well, gained as much as the others, so the stride is at least part of the
-// gain (measured in docs/training.md, "B's panels packed").
+// gain (measured in docs/speed.md, "B's panels packed").
 // - B read transposed (B.cs != 1): all panels once, before the tiles, panel p at
 //   scratch + p * K * NR (K * round_up(N, NR) floats of scratch);
 // - B's rows contiguous: each work unit copies its block of the panel, KC x NR
@@ -505,7 +505,7 @@ static bool few_long_dots(int N, int C, int OC) {  // at least 64 floats a slice
 // six vector loads for every eight of them; with R = 2 it is 2 x 4, with R = 1
 // 1 x 4, so that no row is computed twice. One dot product at a time waited on
 // its one chain's latency: the router's dW ran at 14 GFLOP/s on one core
-// (docs/training.md, "Sliced dots"). Each sum adds the same products in the
+// (docs/speed.md, "Sliced dots"). Each sum adds the same products in the
 // same order whatever the tile, so the tile does not change the bits.
 template <int NB, int OB>
 static void dots_of_slice(float* part, const float* inp, const float* W, int N, int C, int OC, size_t from, size_t to) {
