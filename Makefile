@@ -182,7 +182,7 @@ run: lime
 	@echo; echo "accuracy on 500 held-out questions, greedy decoding:"
 	./lime eval --load runs/llama/model.safetensors --load runs/lime/model.safetensors
 
-# Then the FMA peak of one core and the fast products' GFLOP/s (tests/bench_matmul.cpp);
+# Then the memory's speed, the FMA peak of one core and the fast products' GFLOP/s (tests/bench_matmul.cpp);
 # tests/bench_compare.sh times two binaries side by side, tests/bench_torch.py PyTorch (README).
 bench: lime $(B)/bench_matmul
 	./lime bench --layers 4 --dim 32 --heads 4 --kv-heads 4 --ffn 96 --vocab 21 --batch 128 --seq-len 88 --steps 10

@@ -1,10 +1,15 @@
 // tests/bench_matmul.cpp — `make bench`'s last lines: the FMA peak of one core
 // and what the fast CPU products (support/model/cpu_fast.cpp) reach on the shapes
 // of the two benchmark configs, in GFLOP/s of CPU time (so that a busy
-// machine slows it less than the clock on the wall). Measures, checks nothing.
+// machine slows it less than the clock on the wall), and the memory's speed.
+// Measures, checks nothing.
 //
 // The peak: support/lib/cpu_peak.h, its chains of fused multiply-adds on one core.
+// The memory: c = a + s * b over arrays of 64 MB, far larger than the caches, on
+// one thread and on all, in wall-clock time: what a pass that streams its
+// arrays, as the router's products do (docs/speed.md), can reach.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <vector>
@@ -21,7 +26,31 @@ static double cpu_seconds() {
     return t.tv_sec + 1e-9 * t.tv_nsec;
 }
 
+// GB/s of c = a + s * b (the three arrays' bytes over the time), the median of 9 passes.
+static double triad_gb_per_s(int threads) {
+    size_t n = (size_t)16 << 20;  // floats an array: 64 MB
+    std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n, 0.0f);
+    std::vector<double> rates;
+    for (int pass = 0; pass < 9; pass++) {
+        auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (size_t i = 0; i < n; i++) c[i] = a[i] + 0.5f * b[i];
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        rates.push_back(3.0 * n * sizeof(float) / s / 1e9);
+    }
+    volatile float read_back = c[n / 2];  // c is read, so its stores are not dropped
+    (void)read_back;
+    std::sort(rates.begin(), rates.end());
+    return rates[rates.size() / 2];
+}
+
 int main() {
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    printf("memory, c = a + s * b over 64 MB arrays (wall clock): 1 thread %.1f GB/s, %d threads %.1f GB/s\n",
+           triad_gb_per_s(1), threads, triad_gb_per_s(threads));
 #ifdef _OPENMP
     omp_set_num_threads(1);
 #endif

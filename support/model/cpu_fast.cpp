@@ -507,6 +507,11 @@ static bool few_long_dots(int N, int C, int OC) {  // at least 64 floats a slice
 // its one chain's latency: the router's dW ran at 14 GFLOP/s on one core
 // (docs/speed.md, "Sliced dots"). Each sum adds the same products in the
 // same order whatever the tile, so the tile does not change the bits.
+// With AVX2 the sums are NB x OB ymm registers, written out: g++ vectorised
+// the plain form across the sums instead, each x and w gathered a float at
+// a time and the sums stored every 8 columns (1.5-3x slower, docs/speed.md,
+// "The router's dots in registers"); the same fused multiply-adds, in the same
+// order, as g++ made of the plain form (the same bits).
 template <int NB, int OB>
 static void dots_of_slice(float* part, const float* inp, const float* W, int N, int C, int OC, size_t from, size_t to) {
     const int LANES = 8;
@@ -517,10 +522,26 @@ static void dots_of_slice(float* part, const float* inp, const float* W, int N, 
             for (int b = 0; b < OB; b++) w[b] = W + (size_t)std::min(o0 + b, OC - 1) * C;
             float acc[NB][OB][LANES] = {};
             size_t i = from;
+#if defined(__AVX2__) && defined(__FMA__)
+            __m256 sums[NB][OB];
+            for (int a = 0; a < NB; a++)
+                for (int b = 0; b < OB; b++) sums[a][b] = _mm256_setzero_ps();
+            for (; i + LANES <= to; i += LANES) {
+                __m256 wv[OB];
+                for (int b = 0; b < OB; b++) wv[b] = _mm256_loadu_ps(w[b] + i);
+                for (int a = 0; a < NB; a++) {
+                    __m256 xv = _mm256_loadu_ps(x[a] + i);
+                    for (int b = 0; b < OB; b++) sums[a][b] = _mm256_fmadd_ps(xv, wv[b], sums[a][b]);
+                }
+            }
+            for (int a = 0; a < NB; a++)
+                for (int b = 0; b < OB; b++) _mm256_storeu_ps(acc[a][b], sums[a][b]);
+#else
             for (; i + LANES <= to; i += LANES)
                 for (int a = 0; a < NB; a++)
                     for (int b = 0; b < OB; b++)
                         for (int k = 0; k < LANES; k++) acc[a][b][k] += x[a][i + k] * w[b][i + k];
+#endif
             for (; i < to; i++)  // the slice's last columns, in lane 0
                 for (int a = 0; a < NB; a++)
                     for (int b = 0; b < OB; b++) acc[a][b][0] += x[a][i] * w[b][i];
