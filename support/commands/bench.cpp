@@ -158,6 +158,15 @@ static double median_ratio(const BenchModel& a, const BenchModel& b) {
     return median(r);
 }
 
+// A model's FLOPs and bytes per token over llama's (support/model/cost.cpp): on a
+// CPU its step lands between the two.
+struct CostRatio {
+    double flops, bytes;
+};
+static CostRatio cost_over(const Config& m, const Config& llama, int T) {
+    return {flops_per_token(m, T) / flops_per_token(llama, T), bytes_per_token(m, T) / bytes_per_token(llama, T)};
+}
+
 // The shapes bench names: llama (no router), lime (the flags' router) and hc
 // (the flags' --hc-rate and --hc-dynamic, default 4 streams, dynamic); --arch is refused.
 static void bench_configs(const BenchSetup& b, Config* llama, Config* lime, Config* hc) {
@@ -202,12 +211,11 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
         s.add_str("gpu_absent", "a CPU run: device memory is measured on a GPU only")
             .add_num("threads", cpu_threads()).add_str("cpu_peak_vectors", cpu_fma_kind())
             .add_num("cpu_peak_gflops", cpu_peak);
+    CostRatio lime_cost = cost_over(cm, cl, c.T), hc_cost = cost_over(ch, cl, c.T);
     s.add("llama", one(llama, cl)).add("lime", one(lime, cm)).add("hc", one(hc, ch))
         .add_num("lime_over_llama", median_ratio(mm, ml)).add_num("hc_over_llama", median_ratio(mh, ml))
-        .add_num("flops_hc_over_llama", flops_per_token(ch, c.T) / flops_per_token(cl, c.T))
-        .add_num("bytes_hc_over_llama", bytes_per_token(ch, c.T) / bytes_per_token(cl, c.T))
-        .add_num("flops_lime_over_llama", flops_per_token(cm, c.T) / flops_per_token(cl, c.T))
-        .add_num("bytes_lime_over_llama", bytes_per_token(cm, c.T) / bytes_per_token(cl, c.T));
+        .add_num("flops_hc_over_llama", hc_cost.flops).add_num("bytes_hc_over_llama", hc_cost.bytes)
+        .add_num("flops_lime_over_llama", lime_cost.flops).add_num("bytes_lime_over_llama", lime_cost.bytes);
     if (b.on_gpu)
         s.add_num("memory_lime_over_llama", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0)
             .add_num("memory_hc_over_llama", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
@@ -219,8 +227,8 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
 }
 
 // The table: the setting, one line per model, the ratios lime / llama and hc / llama
-// (medians over the rounds, median_ratio) beside their FLOP and byte ratios (a CPU step
-// lands between the two: support/model/cost.cpp), and with --entropy-reg the regulariser's.
+// (medians over the rounds, median_ratio) beside their FLOP and byte ratios (cost_over),
+// and with --entropy-reg the regulariser's.
 static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>& ms, float reg, double cpu_peak) {
     const BenchModel &ml = ms[0], &mm = ms[1], &mh = ms[2];
     const BenchResult &llama = ml.r, &lime = mm.r, &hc = mh.r;
@@ -245,12 +253,12 @@ static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>&
                    r.attention.c_str());
         printf("\n");
     }
+    CostRatio lime_cost = cost_over(cm, cl, c.T), hc_cost = cost_over(ch, cl, c.T);
     printf("  lime / llama step time: %.3f (the median of the %d steps' ratios; FLOPs: %.3f, bytes: %.3f)",
-           median_ratio(mm, ml), b.steps, flops_per_token(cm, c.T) / flops_per_token(cl, c.T),
-           bytes_per_token(cm, c.T) / bytes_per_token(cl, c.T));
+           median_ratio(mm, ml), b.steps, lime_cost.flops, lime_cost.bytes);
     if (b.on_gpu) printf(", memory: %.3f", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
-    printf("\n  hc / llama step time: %.3f (FLOPs: %.3f, bytes: %.3f)", median_ratio(mh, ml),
-           flops_per_token(ch, c.T) / flops_per_token(cl, c.T), bytes_per_token(ch, c.T) / bytes_per_token(cl, c.T));
+    printf("\n  hc / llama step time: %.3f (FLOPs: %.3f, bytes: %.3f)", median_ratio(mh, ml), hc_cost.flops,
+           hc_cost.bytes);
     if (b.on_gpu) printf(", memory: %.3f", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
     printf("\n");
     if (reg > 0)
