@@ -166,9 +166,9 @@ inline Args parse_args(const std::string& cmd, const char* summary, const std::v
 // one of a step's hundreds of barriers spins out a time slice, taking the
 // core from the very thread it waits for: --threads 2 beside two busy
 // processes ran 6x slower than --threads 1. Here a waiting thread spins for
-// 200 rounds (libgomp's GOMP_SPINCOUNT; ~10-30 us: the usual gap at a
-// barrier of an idle machine), then sleeps; other runtimes get
-// OMP_WAIT_POLICY=passive. libgomp reads these variables when the program is
+// 200 rounds (libgomp's GOMP_SPINCOUNT; a round is one pause, whose time
+// depends on the CPU: 5 us in all on an AMD EPYC), then sleeps; other
+// runtimes get OMP_WAIT_POLICY=passive. libgomp reads these variables when the program is
 // loaded, before main, so ./lime sets them and runs itself again (exec: same
 // process, same arguments), once. A user's own OMP_WAIT_POLICY or
 // GOMP_SPINCOUNT is left as it is (no restart).

@@ -423,7 +423,10 @@ static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, b
             }
         }
         // Work units: a block of row tiles by one panel; at least one unit per
-        // thread, blocks of at most GEMM_MC_TILES tiles, all of about the same size.
+        // thread, blocks of at most GEMM_MC_TILES tiles. Block rb is the tiles
+        // rb * row_tiles / row_blocks onwards: sizes that differ by at most one
+        // tile. (Blocks of 12 with the remainder last gave the second thread 124
+        // of M = 2048's 256 tiles and the first 132: docs/speed.md, "Even blocks".)
 #ifdef _OPENMP
         int threads = omp_get_num_threads();
 #else
@@ -431,8 +434,7 @@ static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, b
 #endif
         int row_blocks = std::max((threads + panels - 1) / panels, (row_tiles + GEMM_MC_TILES - 1) / GEMM_MC_TILES);
         row_blocks = std::min(row_blocks, row_tiles);
-        int tiles_per_block = (row_tiles + row_blocks - 1) / row_blocks;
-        row_blocks = (row_tiles + tiles_per_block - 1) / tiles_per_block;
+        auto block_start = [&](int rb) { return (int)((long)row_tiles * rb / row_blocks); };
         alignas(64) float block[GEMM_KC * NR];  // this unit's block of its panel (B's rows contiguous)
         // its row block's block of A, packed (+ 8: the room six_rows_to_columns' last store needs)
         alignas(64) float a_block[GEMM_MC_TILES * MR * GEMM_KC + 8];
@@ -442,7 +444,7 @@ static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, b
         int units = row_blocks * panels, u_begin = (int)((long)units * thread_index() / threads),
             u_end = (int)((long)units * (thread_index() + 1) / threads);
         for (int rb = u_begin / panels; rb * panels < u_end; rb++) {
-            int t_begin = rb * tiles_per_block, t_end = std::min(row_tiles, t_begin + tiles_per_block);
+            int t_begin = block_start(rb), t_end = block_start(rb + 1);
             int p_begin = std::max(u_begin - rb * panels, 0), p_end = std::min(u_end - rb * panels, panels);
             for (int k0 = 0, kc; k0 < K; k0 += kc) {
                 kc = std::min(GEMM_KC, K - k0);
