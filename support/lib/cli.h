@@ -168,10 +168,10 @@ inline Args parse_args(const std::string& cmd, const char* summary, const std::v
 // processes ran 6x slower than --threads 1. Here a waiting thread spins for
 // 200 rounds (libgomp's GOMP_SPINCOUNT; a round is one pause, whose time
 // depends on the CPU: 5 us in all on an AMD EPYC), then sleeps; other
-// runtimes get OMP_WAIT_POLICY=passive. libgomp reads these variables when the program is
-// loaded, before main, so ./lime sets them and runs itself again (exec: same
-// process, same arguments), once. A user's own OMP_WAIT_POLICY or
-// GOMP_SPINCOUNT is left as it is (no restart).
+// runtimes get OMP_WAIT_POLICY=passive. libgomp reads these variables when
+// the program is loaded, before main, so ./lime sets them and runs itself
+// again (exec: same process, same arguments), once. A user's own
+// OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is (no restart).
 inline void set_wait_policy(char** argv) {
 #if defined(_OPENMP) && defined(__linux__)
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
