@@ -1,8 +1,8 @@
-// tests/bench_matmul.cpp — `make bench`'s last lines: the FMA peak of one core
-// and what the fast CPU products (support/model/cpu_fast.cpp) reach on the shapes
-// of the two benchmark configs, in GFLOP/s of CPU time (so that a busy
-// machine slows it less than the clock on the wall), and the memory's speed.
-// Measures, checks nothing.
+// tests/bench_matmul.cpp — `make bench`'s last lines: the memory's speed, then
+// the FMA peak of one core and what the fast CPU products
+// (support/model/cpu_fast.cpp) reach on the shapes of the two benchmark
+// configs, in GFLOP/s of CPU time (so that a busy machine slows it less than
+// the clock on the wall). Measures, checks nothing.
 //
 // The peak: support/lib/cpu_peak.h, its chains of fused multiply-adds on one core.
 // The memory: c = a + s * b over arrays of 64 MB, far larger than the caches, on
