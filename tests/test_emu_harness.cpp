@@ -520,6 +520,22 @@ TEST(emu_refuses_launches_cuda_refuses) {
     cudaFree(out);
 }
 
+// A host pointer handed to a kernel: a GPU that reaches host memory (HMM,
+// pinned memory) writes there without a fault, so the harness refuses it.
+TEST(emu_refuses_a_host_pointer_argument) {
+    float* dev = nullptr;
+    cudaMalloc(&dev, 64 * sizeof(float));
+    std::vector<float> host(64, 0.0f);
+    long before = emu::kernels_run();
+    LAUNCH(fill_kernel, 1, 64, 0, 0)(host.data(), 1.0f);
+    CHECK(cudaGetLastError() == cudaErrorIllegalAddress, "a host pointer argument accepted");
+    CHECK(emu::kernels_run() == before && host[0] == 0.0f, "the kernel ran on host memory");
+    LAUNCH(fill_kernel, 1, 32, 0, 0)(dev + 32, 1.0f);  // inside an allocation, not at its start
+    CHECK(cudaGetLastError() == cudaSuccess && to_host(dev, 64)[63] == 1.0f, "a pointer into an allocation refused: %s",
+          emu::last_error_message());
+    cudaFree(dev);
+}
+
 TEST(emu_shared_memory_starts_as_nan) {
     float* out = nullptr;
     int* dyn = nullptr;
@@ -942,6 +958,9 @@ TEST(emu_cublas_refuses_what_cublas_refuses) {
     CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, nullptr, A, 2, B, 2, &one, C, 2) == CUBLAS_STATUS_INVALID_VALUE, "null alpha");
     CHECK(cublasSgemm(nullptr, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, A, 2, B, 2, &one, C, 2) == CUBLAS_STATUS_NOT_INITIALIZED, "null handle");
     CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 0, 2, 2, &one, A, 1, B, 2, &one, C, 1) == CUBLAS_STATUS_SUCCESS, "m = 0 is legal");
+    std::vector<float> host(4, 1.0f);
+    CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, host.data(), 2, B, 2, &one, C, 2) ==
+              CUBLAS_STATUS_EXECUTION_FAILED, "a host matrix accepted");
     std::vector<float> got = to_host(C, 64);
     for (float x : got) CHECK(x == 0.0f, "a refused call wrote C");
     CHECK(cudaGetLastError() == cudaSuccess, "a cuBLAS refusal set a CUDA error");

@@ -533,12 +533,12 @@ static Config tiny_config(Arch arch, int H, int R, int T) {
     return c;
 }
 
-struct Batch {
+struct RandomBatch {
     std::vector<int> tokens, targets;
     std::vector<float> mask;
 };
-static Batch make_batch(int B, int T, int V, uint64_t seed) {
-    Batch b;
+static RandomBatch make_batch(int B, int T, int V, uint64_t seed) {
+    RandomBatch b;
     b.tokens = randi((size_t)B * T, seed, V);
     b.targets = randi((size_t)B * T, seed + 1, V);
     b.mask.assign((size_t)B * T, 1.0f);
@@ -692,14 +692,14 @@ TEST(gpu_flash_matches_reference_vectors_float32) {
 
 // Trains two models, one per device (or both on the GPU, with and without
 // the graph), on the same batches; returns the loss and norm after each step.
-struct Run {
+struct TrainedRun {
     std::vector<float> losses, norms;
     std::vector<float> params;
 };
 // `prepare`, if given, sees the model after model_init.
-static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t seed, bool vary_shape = false,
+static TrainedRun train_steps(Config c, Device dev, bool graph, int steps, uint64_t seed, bool vary_shape = false,
                        const std::function<void(Model&)>& prepare = nullptr) {
-    Run r;  // the caller picks the math mode (use_tf32)
+    TrainedRun r;  // the caller picks the math mode (use_tf32)
     int B = 3;
     Model m;
     ModelSettings settings = gpu_settings;
@@ -711,7 +711,7 @@ static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t see
     AdamWConfig opt;
     for (int s = 0; s < steps; s++) {
         int b = vary_shape && s % 2 ? 2 : B, T = vary_shape && s % 2 ? c.T - 2 : c.T;  // a second graph, then back
-        Batch batch = make_batch(b, T, c.V, 100 + s);
+        RandomBatch batch = make_batch(b, T, c.V, 100 + s);
         model_train_step(&m, batch.tokens.data(), batch.targets.data(), batch.mask.data(), b, T, opt, lr_factor(s + 1, 2, steps, SCHED_COSINE, 0.1f));
         float loss, norm;
         model_metrics(&m, &loss, &norm);
@@ -725,7 +725,7 @@ static Run train_steps(Config c, Device dev, bool graph, int steps, uint64_t see
 }
 
 static void check_gpu_trains_like_cpu(Config c) {
-    Run cpu = train_steps(c, DEVICE_CPU, false, 4, 5), gpu = train_steps(c, DEVICE_GPU, true, 4, 5);
+    TrainedRun cpu = train_steps(c, DEVICE_CPU, false, 4, 5), gpu = train_steps(c, DEVICE_GPU, true, 4, 5);
     CHECK(gpu.losses.size() == 4, "GPU training did not run");
     for (int s = 0; s < 4; s++) {
         double e = std::fabs(gpu.losses[s] - cpu.losses[s]) / cpu.losses[s];
@@ -783,7 +783,7 @@ TEST(gpu_training_steps_match_cpu_lime_last2_separate_kv) {
 }
 
 static void check_graph_equals_plain(const Config& c) {
-    Run graph = train_steps(c, DEVICE_GPU, true, 4, 7, true), plain = train_steps(c, DEVICE_GPU, false, 4, 7, true);
+    TrainedRun graph = train_steps(c, DEVICE_GPU, true, 4, 7, true), plain = train_steps(c, DEVICE_GPU, false, 4, 7, true);
     CHECK(graph.losses.size() == 4 && plain.losses.size() == 4, "training did not run");
     CHECK(same_bits(graph.losses.data(), plain.losses.data(), 4), "losses differ: graph %.9g vs plain %.9g (step 1)", graph.losses[0],
           plain.losses[0]);
@@ -797,11 +797,11 @@ TEST(gpu_same_seed_gives_bit_identical_losses) {
     NEED_GPU();
     use_tf32(false);
     Config c = tiny_config(ARCH_LIME, 4, 2, 9);
-    Run a = train_steps(c, DEVICE_GPU, true, 3, 11);
+    TrainedRun a = train_steps(c, DEVICE_GPU, true, 3, 11);
 #ifdef LIME_EMU
     emu::set_order(emu::RANDOM, 12345);  // the threads of every block in another order: same bits still
 #endif
-    Run b = train_steps(c, DEVICE_GPU, true, 3, 11);
+    TrainedRun b = train_steps(c, DEVICE_GPU, true, 3, 11);
 #ifdef LIME_EMU
     emu::set_order(emu::FORWARD);
 #endif
@@ -852,10 +852,10 @@ static void poison_scratch(Model& m) {
 static void check_steps_across_schedules(Attention attention, Config c) {
     use_tf32(false);
     use_attention(attention);
-    Run want;
+    TrainedRun want;
     for (const StepOrder& s : STEP_ORDERS) {
         set_step_order(s);
-        Run got = train_steps(c, DEVICE_GPU, s.graph, 3, 21, false, poison_scratch);
+        TrainedRun got = train_steps(c, DEVICE_GPU, s.graph, 3, 21, false, poison_scratch);
         set_step_order(STEP_ORDERS[0]);
         emu_clear_poison();
         const char* name = step_order_name(s);
@@ -886,7 +886,7 @@ TEST(gpu_forward_without_targets_gives_cpu_logits) {
     CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU, gpu_settings).empty(), "model_create failed");
     model_init(&cpu, 2);
     model_init(&gpu, 2);
-    Batch b = make_batch(2, 5, c.V, 9);  // T = 5 < c.T
+    RandomBatch b = make_batch(2, 5, c.V, 9);  // T = 5 < c.T
     float l1 = model_forward(&cpu, b.tokens.data(), nullptr, nullptr, 2, 5), l2 = model_forward(&gpu, b.tokens.data(), nullptr, nullptr, 2, 5);
     double e = rel_err(model_logits(&gpu), model_logits(&cpu), (size_t)2 * 5 * c.V);
     CHECK(l1 == 0 && l2 == 0, "loss without targets: %g, %g", l1, l2);
@@ -906,7 +906,7 @@ TEST(gpu_probe_right_after_a_train_step_reads_that_step) {
     CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU, gpu_settings).empty(), "model_create failed");
     model_init(&cpu, 4);
     model_init(&gpu, 4);
-    Batch b = make_batch(2, 8, c.V, 12);
+    RandomBatch b = make_batch(2, 8, c.V, 12);
     AdamWConfig opt;
     model_train_step(&cpu, b.tokens.data(), b.targets.data(), b.mask.data(), 2, 8, opt, 1.0f);
     model_train_step(&gpu, b.tokens.data(), b.targets.data(), b.mask.data(), 2, 8, opt, 1.0f);
@@ -933,7 +933,7 @@ TEST(gpu_checkpoints_load_on_either_device) {
           "model_create failed");
     model_init(&gpu, 4);
     AdamWConfig opt;
-    Batch b = make_batch(3, 9, c.V, 21);
+    RandomBatch b = make_batch(3, 9, c.V, 21);
     for (int s = 0; s < 2; s++) model_train_step(&gpu, b.tokens.data(), b.targets.data(), b.mask.data(), 3, 9, opt, 1.0f);
     std::string path = "build/test_gpu_checkpoint.safetensors";
     std::string err = model_save(&gpu, path, {}, true);
@@ -1008,9 +1008,9 @@ TEST(gpu_tf32_switch_changes_the_products_only_slightly) {
     NEED_GPU();
     Config c = tiny_config(ARCH_LIME, 4, 2, 9);
     use_tf32(false);
-    Run exact = train_steps(c, DEVICE_GPU, true, 2, 3);
+    TrainedRun exact = train_steps(c, DEVICE_GPU, true, 2, 3);
     use_tf32(true);
-    Run tf32 = train_steps(c, DEVICE_GPU, true, 2, 3);
+    TrainedRun tf32 = train_steps(c, DEVICE_GPU, true, 2, 3);
     CHECK(exact.losses.size() == 2 && tf32.losses.size() == 2, "training did not run");
     double e = std::fabs(exact.losses[0] - tf32.losses[0]) / exact.losses[0];
     CHECK(e < 1e-2, "TF32 loss %g vs float32 %g", tf32.losses[0], exact.losses[0]);

@@ -72,4 +72,26 @@ support/lib/bad.h includes "support/model/lime.h": the library layer includes no
 if [ "$got" = "$want" ]; then pass checker_finds_a_planted_breach
 else fail checker_finds_a_planted_breach "on a planted breach it printed: ${got:-nothing}"; fi
 
+# One type name, one definition. Two files that each define `struct Run` link
+# into one program with one of the two destructors (the linker keeps one weak
+# copy of an inline member), so one file's objects are freed by the other's
+# code: build/test_gpu_native freed tests/test_gpu.cpp's runs with
+# support/commands/compare.cpp's destructor and crashed on its first real GPU.
+# Prints "NAME: FILE FILE ..." for every name a top-level struct or class of two files has.
+twice_defined() {
+    (cd "$1" && find support data tests labs lime.cu train.cpp -type f \( -name '*.h' -o -name '*.cpp' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null |
+        sort | xargs grep -HE '^(struct|class) [A-Za-z_][A-Za-z_0-9]* *(\{|:|final)' 2>/dev/null) |
+        sed -E 's/^([^:]+):(struct|class) ([A-Za-z_0-9]+).*/\3 \1/' | sort -u |
+        awk '{ files[$1] = files[$1] " " $2; n[$1]++ } END { for (k in n) if (n[k] > 1) print k ":" files[k] }' | sort
+}
+found=$(twice_defined .)
+if [ -z "$found" ]; then pass a_type_name_is_defined_once
+else fail a_type_name_is_defined_once "types of one name defined in two files (rename one): $(echo "$found" | tr '\n' ';')"; fi
+mkdir -p "$plant/support/commands" "$plant/tests"
+printf 'struct Run {\n    int seed;\n};\n' > "$plant/support/commands/compare.cpp"
+printf 'struct Run {\n    float loss;\n};\nstruct Other : Run {};\n' > "$plant/tests/test_gpu.cpp"
+got=$(twice_defined "$plant")
+if [ "$got" = "Run: support/commands/compare.cpp tests/test_gpu.cpp" ]; then pass checker_finds_a_planted_twice_defined_type
+else fail checker_finds_a_planted_twice_defined_type "on a planted pair it printed: ${got:-nothing}"; fi
+
 summary

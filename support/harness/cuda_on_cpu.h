@@ -962,6 +962,16 @@ inline bool inside(const void* p, size_t n, bool pinned) {
     return it->second.pinned == pinned && (uintptr_t)p + n <= it->first + it->second.bytes;
 }
 inline bool on_device(const void* p, size_t n) { return inside(p, n, false); }
+// Does p point into (or just past) a device allocation? What a kernel's or a
+// product's pointer argument must do: on a GPU that reaches host memory
+// (HMM, or pinned memory) a host pointer there is no fault, only a silent
+// write into the host's heap.
+inline bool points_to_device(const void* p) {
+    auto it = allocations.upper_bound((uintptr_t)p);
+    if (it == allocations.begin()) return false;
+    --it;
+    return !it->second.pinned && (uintptr_t)p <= it->first + it->second.bytes;
+}
 }}  // namespace emu::detail
 
 inline cudaError_t cudaMalloc(void** p, size_t bytes) {
@@ -1237,6 +1247,12 @@ inline void launch(const char* name, const void* key, dim3 g, dim3 b, size_t sme
     issue(s, [=] { run_grid(name, g, b, smem, body); }, name);
 }
 
+// Notes in *bad the index of x when x is a pointer (not null) outside device memory.
+template <class T> void host_argument(const T& x, int at, int* bad, const void** bad_p) {
+    if constexpr (std::is_pointer_v<T>)
+        if (x && *bad < 0 && !points_to_device((const void*)x)) *bad = at, *bad_p = (const void*)x;
+}
+
 // LAUNCH(k, grid, block, smem, stream) is a Launch; its call operator takes
 // the kernel's arguments, converts them to the parameter types (as <<<>>>
 // does), keeps them by value and issues the grid.
@@ -1249,6 +1265,15 @@ template <class... P> struct Launch {
     template <class... A> void operator()(A&&... a) const {
         static_assert(sizeof...(A) == sizeof...(P), "LAUNCH: wrong number of kernel arguments");
         std::tuple<std::decay_t<P>...> args(std::forward<A>(a)...);
+        int at = 0, bad = -1;  // the first pointer argument that is not device memory
+        const void* bad_p = nullptr;
+        std::apply([&](const auto&... x) { (host_argument(x, at++, &bad, &bad_p), ...); }, args);
+        if (bad >= 0) {
+            fail(cudaErrorIllegalAddress, "launch of %s refused: argument %d (%p) is not device memory (a host pointer?)",
+                 name, bad + 1, bad_p);
+            invalidate(resolve(stream));
+            return;
+        }
         auto k = kernel;
         launch(name, key_of(kernel), grid, block, smem, stream, [k, args] { std::apply(k, args); });
     }
@@ -1398,6 +1423,11 @@ inline cublasStatus_t gemm(const char* fn, cublasHandle_t h, cublasOperation_t t
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+    for (const void* p : {k ? (const void*)A : C, k ? (const void*)B : C, (const void*)C})  // (k = 0: A, B unread)
+        if (!points_to_device(p)) {  // a host pointer: cuBLAS would fail the product (or, with HMM, write the host)
+            report("%s: CUBLAS_STATUS_EXECUTION_FAILED (matrix %p is not device memory: a host pointer?)", fn, p);
+            return CUBLAS_STATUS_EXECUTION_FAILED;
+        }
     float a = *alpha, b = *beta;  // host pointer mode: the scalars are read at the call
     bool tA = ta != CUBLAS_OP_N, tB = tb != CUBLAS_OP_N, t32 = (h->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH;
     if (a == 0.0f) k = 0;  // C = beta * C: as in BLAS, A and B are not read
