@@ -2385,8 +2385,8 @@ static void op_ereg_loss(Model* model, const float* stat, int n) {
 }
 
 // ===========================================================================
-// AdamW (docs/training.md): global-norm clipping, then per tensor with its
-// group's lr and weight decay (AdamWNumbers: per Group):
+// AdamW (docs/training.md): global-norm clipping, then per run of tensors with
+// their group's lr and weight decay (AdamWNumbers: per Group):
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
 //   p -= lr*wd*p + lr * (m / (1-b1^s)) / (sqrt(v / (1-b2^s)) + eps)
 // ===========================================================================
@@ -2423,13 +2423,26 @@ LAB_SWAPPABLE AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int
     return nums;
 }
 
-// One tensor: p (n), its moments m, v and its gradient g, times grad_scale (the clipping).
+// The parameter array as runs of tensors next to each other that share an
+// AdamW group (one run: the embedding and the first gain; the next: q, k, v, o).
+std::vector<AdamWRun> adamw_runs(const std::vector<TensorSpec>& specs) {
+    std::vector<AdamWRun> runs;
+    for (const TensorSpec& t : specs) {
+        if (!runs.empty() && runs.back().group == t.group) runs.back().numel += t.numel;
+        else runs.push_back({t.offset, t.numel, t.group});
+    }
+    return runs;
+}
+
+// One run of tensors: p (n), its moments m, v and its gradient g, times
+// grad_scale (the clipping). A short run (a gain, a router) stays on one
+// thread, as copy_cpu's arrays do.
 LAB_SWAPPABLE void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd,
                              float grad_scale, const AdamWNumbers& nums) {
     // the numbers as locals: m, v and p could be nums as far as the compiler
     // knows, and it would reload them after every store instead of vectorising
     const float beta1 = nums.beta1, beta2 = nums.beta2, bc1 = nums.bc1, bc2 = nums.bc2, eps = nums.eps;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n > 65536)
     for (size_t i = 0; i < n; i++) {
         float gi = g[i] * grad_scale;
         m[i] = beta1 * m[i] + (1.0f - beta1) * gi;
@@ -2513,15 +2526,15 @@ static void adamw_gpu_runs(float* mem, const std::vector<AdamWRun>& runs, size_t
 
 // The CPU's global norm, into *norm (model->last_norm).
 static void grad_norm_cpu(float* norm, const float* g, size_t n) { *norm = (float)std::sqrt(grad_sumsq(g, n)); }
-// Every tensor of the spec with its group's lr and weight decay; params holds
-// params, grads, adam_m, adam_v of n floats each; the gradients scaled by the
-// clip scale of the global norm.
-static void adamw_cpu_tensors(float* params, const std::vector<TensorSpec>& specs, size_t n, float norm,
-                              const AdamWNumbers& nums) {
+// Every run of tensors (model->adamw_runs) with its group's lr and weight
+// decay; params holds params, grads, adam_m, adam_v of n floats each; the
+// gradients scaled by the clip scale of the global norm.
+static void adamw_cpu_runs(float* params, const std::vector<AdamWRun>& runs, size_t n, float norm,
+                           const AdamWNumbers& nums) {
     float clip = clip_scale(norm, nums.grad_clip);
-    for (const TensorSpec& t : specs)
-        adamw_cpu(params + t.offset, params + 2 * n + t.offset, params + 3 * n + t.offset, params + n + t.offset,
-                  t.numel, nums.lr[t.group], nums.weight_decay[t.group], clip, nums);
+    for (const AdamWRun& run : runs)
+        adamw_cpu(params + run.offset, params + 2 * n + run.offset, params + 3 * n + run.offset, params + n + run.offset,
+                  run.numel, nums.lr[run.group], nums.weight_decay[run.group], clip, nums);
 }
 
 // Global gradient norm: model->last_norm on the CPU, Metrics (with the clip scale) on the GPU.
@@ -2537,9 +2550,9 @@ static void op_grad_norm(Model* model) {
 static void op_adamw(Model* model) {
     size_t n = model->n_params;
     DISPATCH(model,
-             adamw_gpu_runs(model->gpu->mem, model->gpu->runs, n, model->gpu->numbers, model->gpu->metrics,
+             adamw_gpu_runs(model->gpu->mem, model->adamw_runs, n, model->gpu->numbers, model->gpu->metrics,
                             stream_of(model)),
-             adamw_cpu_tensors(model->params, model->specs, n, model->last_norm, model->numbers));
+             adamw_cpu_runs(model->params, model->adamw_runs, n, model->last_norm, model->numbers));
 }
 
 // ===========================================================================
@@ -2812,6 +2825,7 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
     model->device = dev;
     model->settings = settings;
     model->specs = param_specs(c);
+    model->adamw_runs = adamw_runs(model->specs);
     model->n_params = param_count(c);
     // parameters, gradients, adam_m, adam_v: one allocation (on the GPU, the host copies)
     size_t n = model->n_params;

@@ -21,8 +21,12 @@
 #ifdef _OPENMP
 #include <omp.h>
 static int thread_index() { return omp_get_thread_num(); }
+static int thread_count() { return omp_get_num_threads(); }  // of this team
+static bool in_parallel() { return omp_in_parallel(); }
 #else
 static int thread_index() { return 0; }
+static int thread_count() { return 1; }
+static bool in_parallel() { return false; }
 #endif
 
 // Calls f(w) with w a compile-time constant dividing hd: 32, 8 or 2 (hd is
@@ -393,12 +397,14 @@ static void gemm_panel_block(OutView C, MatView A, MatView B, const float* a_blo
 // A's blocks, a row block by a block of K, are packed (onto the stack) once
 // for all the panels a thread runs them with, when there are at least
 // GEMM_PACK_PANELS panels: with two (d = 32) the copy cost more than it saved.
+// This thread's share of the product: every thread of the team calls it
+// with the same arguments (gemm_cpu starts the team; a team of one computes it all).
 template <class Kern>
 static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
     const int MR = Kern::MR, NR = Kern::NR;
     int row_tiles = (M + MR - 1) / MR, panels = (N + NR - 1) / NR;
     if (K == 0) {  // an empty sum: C = 0, or C unchanged
-        if (!accumulate)
+        if (!accumulate && thread_index() == 0)
             for (int i = 0; i < M; i++)
                 for (int j = 0, run; j < N; j += run) {
                     run = out_run(C, j, N - j);
@@ -406,54 +412,46 @@ static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, b
                 }
         return;
     }
-    // (inside a parallel loop, as the regulariser's per sequence: this thread alone)
-#pragma omp parallel if ((double)M * N * K > 32768 && !omp_in_parallel())
-    {
-        if (B.cs != 1) {
+    if (B.cs != 1) {  // (the team's loop: its threads wait here until B is packed)
 #pragma omp for schedule(static)
-            for (int p = 0; p < panels; p++) {
-                float* panel = scratch + (size_t)p * K * NR;
-                for (int j = 0; j < NR; j++) {
-                    size_t col = (size_t)p * NR + j;
-                    if (col >= (size_t)N)
-                        for (int k = 0; k < K; k++) panel[(size_t)k * NR + j] = 0.0f;
-                    else
-                        for (int k = 0; k < K; k++) panel[(size_t)k * NR + j] = B.p[k * B.rs + col * B.cs];
-                }
+        for (int p = 0; p < panels; p++) {
+            float* panel = scratch + (size_t)p * K * NR;
+            for (int j = 0; j < NR; j++) {
+                size_t col = (size_t)p * NR + j;
+                if (col >= (size_t)N)
+                    for (int k = 0; k < K; k++) panel[(size_t)k * NR + j] = 0.0f;
+                else
+                    for (int k = 0; k < K; k++) panel[(size_t)k * NR + j] = B.p[k * B.rs + col * B.cs];
             }
         }
-        // Work units: a block of row tiles by one panel; at least one unit per
-        // thread, blocks of at most GEMM_MC_TILES tiles. Block rb is the tiles
-        // rb * row_tiles / row_blocks onwards: sizes that differ by at most one
-        // tile. (Blocks of 12 with the remainder last gave the second thread 124
-        // of M = 2048's 256 tiles and the first 132: docs/speed.md, "Even blocks".)
-#ifdef _OPENMP
-        int threads = omp_get_num_threads();
-#else
-        int threads = 1;
-#endif
-        int row_blocks = std::max((threads + panels - 1) / panels, (row_tiles + GEMM_MC_TILES - 1) / GEMM_MC_TILES);
-        row_blocks = std::min(row_blocks, row_tiles);
-        auto block_start = [&](int rb) { return (int)((long)row_tiles * rb / row_blocks); };
-        alignas(64) float block[GEMM_KC * NR];  // this unit's block of its panel (B's rows contiguous)
-        // its row block's block of A, packed (+ 8: the room six_rows_to_columns' last store needs)
-        alignas(64) float a_block[GEMM_MC_TILES * MR * GEMM_KC + 8];
-        bool pack = panels >= GEMM_PACK_PANELS;
-        // The units, in the order (row block, panel), shared out as runs of
-        // consecutive ones: this thread's are u_begin .. u_end - 1.
-        int units = row_blocks * panels, u_begin = (int)((long)units * thread_index() / threads),
-            u_end = (int)((long)units * (thread_index() + 1) / threads);
-        for (int rb = u_begin / panels; rb * panels < u_end; rb++) {
-            int t_begin = block_start(rb), t_end = block_start(rb + 1);
-            int p_begin = std::max(u_begin - rb * panels, 0), p_end = std::min(u_end - rb * panels, panels);
-            for (int k0 = 0, kc; k0 < K; k0 += kc) {
-                kc = std::min(GEMM_KC, K - k0);
-                if (A.kb) kc = std::min(kc, A.kb - k0 % A.kb);
-                if (pack) pack_a<MR>(a_block, A, M, t_begin * MR, t_end - t_begin, k0, kc);
-                for (int p = p_begin; p < p_end; p++)
-                    gemm_panel_block<Kern>(C, A, B, a_block, block, scratch, M, N, K, t_begin, t_end, p, k0, kc,
-                                           accumulate, pack);
-            }
+    }
+    // Work units: a block of row tiles by one panel; at least one unit per
+    // thread, blocks of at most GEMM_MC_TILES tiles. Block rb is the tiles
+    // rb * row_tiles / row_blocks onwards: sizes that differ by at most one
+    // tile. (Blocks of 12 with the remainder last gave the second thread 124
+    // of M = 2048's 256 tiles and the first 132: docs/speed.md, "Even blocks".)
+    int threads = thread_count();
+    int row_blocks = std::max((threads + panels - 1) / panels, (row_tiles + GEMM_MC_TILES - 1) / GEMM_MC_TILES);
+    row_blocks = std::min(row_blocks, row_tiles);
+    auto block_start = [&](int rb) { return (int)((long)row_tiles * rb / row_blocks); };
+    alignas(64) float block[GEMM_KC * NR];  // this unit's block of its panel (B's rows contiguous)
+    // its row block's block of A, packed (+ 8: the room six_rows_to_columns' last store needs)
+    alignas(64) float a_block[GEMM_MC_TILES * MR * GEMM_KC + 8];
+    bool pack = panels >= GEMM_PACK_PANELS;
+    // The units, in the order (row block, panel), shared out as runs of
+    // consecutive ones: this thread's are u_begin .. u_end - 1.
+    int units = row_blocks * panels, u_begin = (int)((long)units * thread_index() / threads),
+        u_end = (int)((long)units * (thread_index() + 1) / threads);
+    for (int rb = u_begin / panels; rb * panels < u_end; rb++) {
+        int t_begin = block_start(rb), t_end = block_start(rb + 1);
+        int p_begin = std::max(u_begin - rb * panels, 0), p_end = std::min(u_end - rb * panels, panels);
+        for (int k0 = 0, kc; k0 < K; k0 += kc) {
+            kc = std::min(GEMM_KC, K - k0);
+            if (A.kb) kc = std::min(kc, A.kb - k0 % A.kb);
+            if (pack) pack_a<MR>(a_block, A, M, t_begin * MR, t_end - t_begin, k0, kc);
+            for (int p = p_begin; p < p_end; p++)
+                gemm_panel_block<Kern>(C, A, B, a_block, block, scratch, M, N, K, t_begin, t_end, p, k0, kc,
+                                       accumulate, pack);
         }
     }
 }
@@ -470,7 +468,8 @@ static const char* const GEMM_KERNELS[] = {
     "plain"};
 static int gemm_kernel = 0;  // the one in use: the best, except in tests (matmul_fast_use_kernel)
 
-static void gemm_cpu(OutView C, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
+// This thread's share of C (+)= A @ B with the kernel in use.
+static void gemm_share(OutView C, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
     const char* name = GEMM_KERNELS[gemm_kernel];
     (void)name;  // (a build with the portable kernel alone)
 #if defined(__AVX512F__)
@@ -484,6 +483,16 @@ static void gemm_cpu(OutView C, MatView A, MatView B, int M, int N, int K, bool 
                       : gemm_blocked<KernelAvx2>(C, A, B, M, N, K, accumulate, scratch);
 #endif
     gemm_blocked<KernelPlain>(C, A, B, M, N, K, accumulate, scratch);
+}
+
+// A product large enough to share, and not inside a parallel loop already (as
+// the regulariser's per sequence, where this thread computes it alone).
+static bool gemm_threaded(int M, int N, int K) { return (double)M * N * K > 32768 && !in_parallel(); }
+
+// C[M, N] (+)= A[M, K] @ B[K, N] on all the threads.
+static void gemm_cpu(OutView C, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
+#pragma omp parallel if (gemm_threaded(M, N, K))
+    gemm_share(C, A, B, M, N, K, accumulate, scratch);
 }
 
 const char* matmul_fast_kernel() { return GEMM_KERNELS[gemm_kernel]; }
@@ -582,10 +591,16 @@ void matmul_forward_fast(float* out, const float* inp, const float* W, int N, in
 
 // = matmul_backward: dinp (N, C) (+)= dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp (either may be nullptr)
 // B's rows are contiguous in both (W, inp): no scratch (gemm_blocked packs them on the stack).
+// The two products run on one team: they write different arrays and read
+// only inputs, so each thread goes on from its share of the first to its
+// share of the second, and the threads wait once, at the end, not twice.
 void matmul_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
                           int OC, bool add_dinp) {
-    if (dinp) gemm_cpu({dinp, (size_t)C}, {dout, (size_t)OC, 1}, {W, (size_t)C, 1}, N, C, OC, add_dinp, nullptr);
-    if (dW) gemm_cpu({dW, (size_t)C}, {dout, 1, (size_t)OC}, {inp, (size_t)C, 1}, OC, C, N, true, nullptr);
+#pragma omp parallel if (gemm_threaded(N, C, OC))
+    {
+        if (dinp) gemm_share({dinp, (size_t)C}, {dout, (size_t)OC, 1}, {W, (size_t)C, 1}, N, C, OC, add_dinp, nullptr);
+        if (dW) gemm_share({dW, (size_t)C}, {dout, 1, (size_t)OC}, {inp, (size_t)C, 1}, OC, C, N, true, nullptr);
+    }
 }
 
 // = kv_projection_forward: out (R, N, hd) = inp (N, C) @ W^T, W (R*hd, C),
@@ -598,13 +613,17 @@ void kv_projection_forward_fast(float* out, const float* inp, const float* W, in
 }
 
 // = kv_projection_backward: dinp (N, C) += dout @ W;  dW (R*hd, C) += dout^T @ inp,
-// with dout (R, N, hd) read as the (N, R*hd) matrix it holds. No scratch, as matmul_backward_fast.
+// with dout (R, N, hd) read as the (N, R*hd) matrix it holds. No scratch, and
+// one team for the two products, as matmul_backward_fast.
 void kv_projection_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
                                  int C, int R, int hd) {
     size_t head = (size_t)N * hd;  // floats from one kv head's rows to the next's
     MatView by_token{dout, (size_t)hd, 1, 0, hd, head}, by_column{dout, 1, (size_t)hd, hd, 0, head};
-    gemm_cpu({dinp, (size_t)C}, by_token, {W, (size_t)C, 1}, N, C, R * hd, true, nullptr);
-    gemm_cpu({dW, (size_t)C}, by_column, {inp, (size_t)C, 1}, R * hd, C, N, true, nullptr);
+#pragma omp parallel if (gemm_threaded(N, C, R * hd))
+    {
+        gemm_share({dinp, (size_t)C}, by_token, {W, (size_t)C, 1}, N, C, R * hd, true, nullptr);
+        gemm_share({dW, (size_t)C}, by_column, {inp, (size_t)C, 1}, R * hd, C, N, true, nullptr);
+    }
 }
 
 size_t matmul_fast_forward_scratch_floats(int N, int C, int OC) {

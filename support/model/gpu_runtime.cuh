@@ -39,13 +39,6 @@ struct Metrics {
     float clip_scale; // min(1, grad_clip / (norm + 1e-6)), or 1 without clipping
 };
 
-// A run of tensors next to each other in the parameter array with one AdamW
-// group: adamw_gpu updates each run with one launch.
-struct AdamWRun {
-    size_t offset, numel;
-    Group group;
-};
-
 // Everything the GPU holds for one model; made by gpu_create, nothing allocated per step.
 struct GpuState {
     float* mem = nullptr;            // params, grads, adam_m, adam_v: one cudaMalloc, laid out as on the host
@@ -55,7 +48,6 @@ struct GpuState {
     double* norm_partial = nullptr;  //   grad_norm_blocks(n_params) partial sums
     AdamWNumbers* numbers = nullptr; //   this update's numbers, staged from the host
     Metrics* metrics = nullptr;      //   loss and norm, written by kernels
-    std::vector<AdamWRun> runs;      // the parameter array as runs of one group
     cudaStream_t stream = nullptr;
     cublasHandle_t blas = nullptr;
     bool tf32 = true;                // the math mode the handle is set to
@@ -182,16 +174,6 @@ static void gpu_make_staging(GpuState* gpu, size_t BT) {
     gpu->metrics_host = (Metrics*)(pinned + at_metrics_host);
 }
 
-// The parameter array as runs of tensors that share an AdamW group.
-static std::vector<AdamWRun> adamw_runs(const std::vector<TensorSpec>& specs) {
-    std::vector<AdamWRun> runs;
-    for (const TensorSpec& t : specs) {
-        if (!runs.empty() && runs.back().group == t.group) runs.back().numel += t.numel;
-        else runs.push_back({t.offset, t.numel, t.group});
-    }
-    return runs;
-}
-
 // cudaMalloc that answers false (and clears the error) when the memory is not there.
 static bool device_alloc(void** p, size_t bytes) {
     if (cudaMalloc(p, bytes) == cudaSuccess) return true;
@@ -249,7 +231,6 @@ static std::string gpu_create(Model* model) {
     gpu->tf32 = model->settings.tf32;
     cublasCheck(cublasSetMathMode(gpu->blas, gpu->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     gpu_make_staging(gpu, (size_t)model->B * c.T);
-    gpu->runs = adamw_runs(model->specs);
     // (every copy on the model's stream: it does not wait for the legacy stream; gpu_to_device below waits)
     cudaCheck(cudaMemsetAsync(gpu->metrics, 0, sizeof(Metrics), gpu->stream));
     // the RoPE tables, computed on the host as the CPU path's

@@ -64,6 +64,13 @@ struct TensorSpec {
 };
 std::vector<TensorSpec> param_specs(const Config& c);  // in memory order
 size_t param_count(const Config& c);
+// A run of tensors next to each other in the parameter array with one AdamW
+// group: op_adamw updates each run as one array (one loop, one kernel launch).
+struct AdamWRun {
+    size_t offset, numel;
+    Group group;
+};
+std::vector<AdamWRun> adamw_runs(const std::vector<TensorSpec>& specs);
 
 struct LayerParams {
     float* g_attn;   // (d)
@@ -151,6 +158,7 @@ struct Model {
     int B = 0;                        // batch size the activations are sized for
     Device device = DEVICE_CPU;
     std::vector<TensorSpec> specs;
+    std::vector<AdamWRun> adamw_runs; // specs as runs of one AdamW group (op_adamw)
     size_t n_params = 0;
     float* params = nullptr;          // host copies (the CPU path works on these)
     float* grads = nullptr;
