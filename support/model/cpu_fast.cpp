@@ -341,7 +341,7 @@ static void pack_a(float* pa, MatView A, int M, int i0, int tiles, int k0, int k
 // of K (k0..): A's tiles packed in a_block (PACKED_A, from tile t_begin) or
 // read where they lie, their rows past M repeating row M - 1.
 template <class Kern, bool PACKED_B, bool PACKED_A>
-static void gemm_tiles(OutView C, MatView A, const float* a_block, const float* b, size_t ldb, int M, int N,
+__attribute__((always_inline)) inline static void gemm_tiles(OutView C, MatView A, const float* a_block, const float* b, size_t ldb, int M, int N,
                        int t_begin, int t_end, int j0, int k0, int kc, bool load_c, bool add_c) {
     const int MR = Kern::MR;
     for (int t = t_begin; t < t_end; t++) {
@@ -354,8 +354,11 @@ static void gemm_tiles(OutView C, MatView A, const float* a_block, const float* 
 
 // One panel p's block of K (k0 .. k0 + kc - 1) for the row tiles t_begin ..
 // t_end - 1: B's block packed (block) or read where it lies, then the tiles.
+// Inlined, with the tiles, into gemm_blocked's loop over panels: called per
+// panel, its arguments went through the stack at every call, which cost as
+// much as the work of the router's panels (a row tile, k <= 16).
 template <class Kern>
-static void gemm_panel_block(OutView C, MatView A, MatView B, const float* a_block, float* block,
+__attribute__((always_inline)) inline static void gemm_panel_block(OutView C, MatView A, MatView B, const float* a_block, float* block,
                              const float* scratch, int M, int N, int K, int t_begin, int t_end, int p, int k0, int kc,
                              bool accumulate, bool pack) {
     const int NR = Kern::NR;
@@ -376,9 +379,11 @@ static void gemm_panel_block(OutView C, MatView A, MatView B, const float* a_blo
                 for (int j = 0; j < NR; j++) row[j] = j < cols ? from[j] : 0.0f;
         }
     }
-    auto tiles = in_place ? (pack ? gemm_tiles<Kern, false, true> : gemm_tiles<Kern, false, false>)
-                          : (pack ? gemm_tiles<Kern, true, true> : gemm_tiles<Kern, true, false>);
-    tiles(C, A, a_block, b, in_place ? B.rs : NR, M, N, t_begin, t_end, p * NR, k0, kc, k0 > 0, accumulate && k0 == 0);
+    bool load_c = k0 > 0, add_c = accumulate && k0 == 0;
+    if (in_place && pack) gemm_tiles<Kern, false, true>(C, A, a_block, b, B.rs, M, N, t_begin, t_end, p * NR, k0, kc, load_c, add_c);
+    else if (in_place) gemm_tiles<Kern, false, false>(C, A, a_block, b, B.rs, M, N, t_begin, t_end, p * NR, k0, kc, load_c, add_c);
+    else if (pack) gemm_tiles<Kern, true, true>(C, A, a_block, b, NR, M, N, t_begin, t_end, p * NR, k0, kc, load_c, add_c);
+    else gemm_tiles<Kern, true, false>(C, A, a_block, b, NR, M, N, t_begin, t_end, p * NR, k0, kc, load_c, add_c);
 }
 
 // C[M, N] (+)= A[M, K] @ B[K, N]. A block of K ends where a kv head of A's
