@@ -166,17 +166,21 @@ inline Args parse_args(const std::string& cmd, const char* summary, const std::v
 // one of a step's hundreds of barriers spins out a time slice, taking the
 // core from the very thread it waits for: --threads 2 beside two busy
 // processes ran 6x slower than --threads 1. Here a waiting thread spins for
-// 200 rounds (libgomp's GOMP_SPINCOUNT; a round is one pause, whose time
-// depends on the CPU: 5 us in all on an AMD EPYC), then sleeps; other
-// runtimes get OMP_WAIT_POLICY=passive. libgomp reads these variables when
-// the program is loaded, before main, so ./lime sets them and runs itself
-// again (exec: same process, same arguments), once. A user's own
-// OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is (no restart).
+// 500 rounds (libgomp's GOMP_SPINCOUNT; a round is one pause, whose time
+// depends on the CPU: 12 us in all on the AMD EPYCs), then sleeps; other
+// runtimes get OMP_WAIT_POLICY=passive. Too short a spin costs an idle
+// machine the sleeps and wake-ups (200 rounds ran about 7% slower on a Zen
+// 5 EPYC), too long a spin a machine with one other busy process (2,000 ran
+// 15-25% slower there): docs/speed.md, "Waiting threads, a fourth machine".
+// libgomp reads these variables when the program is loaded, before main, so
+// ./lime sets them and runs itself again (exec: same process, same
+// arguments), once. A user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as
+// it is (no restart).
 inline void set_wait_policy(char** argv) {
 #if defined(_OPENMP) && defined(__linux__)
     if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
     setenv("OMP_WAIT_POLICY", "passive", 1);
-    setenv("GOMP_SPINCOUNT", "200", 1);
+    setenv("GOMP_SPINCOUNT", "500", 1);
     execv("/proc/self/exe", argv);  // returns only if it failed: run on under the runtime's default
 #else
     (void)argv;
