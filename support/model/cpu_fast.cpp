@@ -341,8 +341,10 @@ static void pack_a(float* pa, MatView A, int M, int i0, int tiles, int k0, int k
 // of K (k0..): A's tiles packed in a_block (PACKED_A, from tile t_begin) or
 // read where they lie, their rows past M repeating row M - 1.
 template <class Kern, bool PACKED_B, bool PACKED_A>
-__attribute__((always_inline)) inline static void gemm_tiles(OutView C, MatView A, const float* a_block, const float* b, size_t ldb, int M, int N,
-                       int t_begin, int t_end, int j0, int k0, int kc, bool load_c, bool add_c) {
+__attribute__((always_inline)) inline static void gemm_tiles(OutView C, MatView A, const float* a_block,
+                                                             const float* b, size_t ldb, int M, int N, int t_begin,
+                                                             int t_end, int j0, int k0, int kc, bool load_c,
+                                                             bool add_c) {
     const int MR = Kern::MR;
     for (int t = t_begin; t < t_end; t++) {
         const float* a[MR];
@@ -358,9 +360,11 @@ __attribute__((always_inline)) inline static void gemm_tiles(OutView C, MatView 
 // panel, its arguments went through the stack at every call, which cost as
 // much as the work of the router's panels (a row tile, k <= 16).
 template <class Kern>
-__attribute__((always_inline)) inline static void gemm_panel_block(OutView C, MatView A, MatView B, const float* a_block, float* block,
-                             const float* scratch, int M, int N, int K, int t_begin, int t_end, int p, int k0, int kc,
-                             bool accumulate, bool pack) {
+__attribute__((always_inline)) inline static void gemm_panel_block(OutView C, MatView A, MatView B,
+                                                                   const float* a_block, float* block,
+                                                                   const float* scratch, int M, int N, int K,
+                                                                   int t_begin, int t_end, int p, int k0, int kc,
+                                                                   bool accumulate, bool pack) {
     const int NR = Kern::NR;
     int cols = std::min(NR, N - p * NR);  // the panel's columns in B
     bool in_place = B.cs == 1 && cols == NR && t_end - t_begin == 1;
@@ -380,10 +384,15 @@ __attribute__((always_inline)) inline static void gemm_panel_block(OutView C, Ma
         }
     }
     bool load_c = k0 > 0, add_c = accumulate && k0 == 0;
-    if (in_place && pack) gemm_tiles<Kern, false, true>(C, A, a_block, b, B.rs, M, N, t_begin, t_end, p * NR, k0, kc, load_c, add_c);
-    else if (in_place) gemm_tiles<Kern, false, false>(C, A, a_block, b, B.rs, M, N, t_begin, t_end, p * NR, k0, kc, load_c, add_c);
-    else if (pack) gemm_tiles<Kern, true, true>(C, A, a_block, b, NR, M, N, t_begin, t_end, p * NR, k0, kc, load_c, add_c);
-    else gemm_tiles<Kern, true, false>(C, A, a_block, b, NR, M, N, t_begin, t_end, p * NR, k0, kc, load_c, add_c);
+    int j0 = p * NR;
+    if (in_place && pack)
+        gemm_tiles<Kern, false, true>(C, A, a_block, b, B.rs, M, N, t_begin, t_end, j0, k0, kc, load_c, add_c);
+    else if (in_place)
+        gemm_tiles<Kern, false, false>(C, A, a_block, b, B.rs, M, N, t_begin, t_end, j0, k0, kc, load_c, add_c);
+    else if (pack)
+        gemm_tiles<Kern, true, true>(C, A, a_block, b, NR, M, N, t_begin, t_end, j0, k0, kc, load_c, add_c);
+    else
+        gemm_tiles<Kern, true, false>(C, A, a_block, b, NR, M, N, t_begin, t_end, j0, k0, kc, load_c, add_c);
 }
 
 // C[M, N] (+)= A[M, K] @ B[K, N]. A block of K ends where a kv head of A's
