@@ -6,7 +6,8 @@
 #   support/commands/  the commands beyond train/eval/sample/data: lib, model, data/ and commands
 #   data/              the tasks: support/lib/ and data/ only
 #   lime.cu            the model: lib, model and the harness
-# (train.cpp, tests/ and labs/ may include any of them.) A file that breaks its
+# (train.cpp, tests/ and labs/ may include any of them.) Also: no type name is
+# defined by two files (they would share one destructor at link time). A file that breaks its
 # layer's rule fails with one line naming the file, the include and the rule;
 # the checker also runs on a planted breach, so that it cannot pass by reading nothing.
 cd "$(dirname "$0")/.." || exit 2

@@ -966,12 +966,7 @@ inline bool on_device(const void* p, size_t n) { return inside(p, n, false); }
 // product's pointer argument must do: on a GPU that reaches host memory
 // (HMM, or pinned memory) a host pointer there is no fault, only a silent
 // write into the host's heap.
-inline bool points_to_device(const void* p) {
-    auto it = allocations.upper_bound((uintptr_t)p);
-    if (it == allocations.begin()) return false;
-    --it;
-    return !it->second.pinned && (uintptr_t)p <= it->first + it->second.bytes;
-}
+inline bool points_to_device(const void* p) { return on_device(p, 0); }
 }}  // namespace emu::detail
 
 inline cudaError_t cudaMalloc(void** p, size_t bytes) {

@@ -412,7 +412,8 @@ __attribute__((always_inline)) inline static void gemm_panel_block(OutView C, Ma
 // for all the panels a thread runs them with, when there are at least
 // GEMM_PACK_PANELS panels: with two (d = 32) the copy cost more than it saved.
 // This thread's share of the product: every thread of the team calls it
-// with the same arguments (gemm_cpu starts the team; a team of one computes it all).
+// with the same arguments (gemm_cpu, matmul_backward_fast and
+// kv_projection_backward_fast start the team; a team of one computes it all).
 template <class Kern>
 static void gemm_blocked(OutView C, MatView A, MatView B, int M, int N, int K, bool accumulate, float* scratch) {
     const int MR = Kern::MR, NR = Kern::NR;
