@@ -414,6 +414,11 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
 // the chunks in order; on the GPU fixed trees and no atomics.
 // ===========================================================================
 static const int CHUNKS = 64;
+// An element-wise loop over more floats than this is shared by the threads; a
+// shorter one (a gain, a router, a small model's activations) stays on one.
+// (An enumerator: nvcc's device pass skips the pragmas that read it, and would
+// call a constant unused.)
+enum : size_t { SHARED_FLOATS = 65536 };
 static double sum_in_order(const double* part, int n) {
     double s = 0;
     for (int i = 0; i < n; i++) s += part[i];
@@ -670,14 +675,14 @@ static void op_kv_projection_backward(Model* model, float* dinp, float* dW, cons
 // Copies, zeros and sums of whole arrays (the residual stream, gradients).
 // dst = src and p = 0: memcpy and memset in CHUNKS pieces shared by the threads.
 static void copy_cpu(float* dst, const float* src, size_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > SHARED_FLOATS)
     for (int c = 0; c < CHUNKS; c++) {
         size_t from = n * c / CHUNKS, to = n * (c + 1) / CHUNKS;
         memcpy(dst + from, src + from, (to - from) * sizeof(float));
     }
 }
 static void zero_cpu(float* p, size_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > SHARED_FLOATS)
     for (int c = 0; c < CHUNKS; c++) {
         size_t from = n * c / CHUNKS, to = n * (c + 1) / CHUNKS;
         memset(p + from, 0, (to - from) * sizeof(float));
@@ -685,7 +690,7 @@ static void zero_cpu(float* p, size_t n) {
 }
 // dst += src, elementwise.
 static void add_inplace(float* dst, const float* src, size_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > SHARED_FLOATS)
     for (size_t i = 0; i < n; i++) dst[i] += src[i];
 }
 
@@ -1223,7 +1228,7 @@ static void op_router_backward(Model* model, float* dWk, float* dWv, float* dKbu
 
 // x[t] = sum_i X[i][t]: the final norm's input. Also the backward of hc_expand: dx = sum_i dX[i].
 static void hc_sum(float* x, const float* X, int n, size_t Nd) {
-#pragma omp parallel for schedule(static) if (Nd > 65536)
+#pragma omp parallel for schedule(static) if (Nd > SHARED_FLOATS)
     for (size_t e = 0; e < Nd; e++) {
         float s = 0;
         for (int i = 0; i < n; i++) s += X[i * Nd + e];
@@ -2436,13 +2441,13 @@ std::vector<AdamWRun> adamw_runs(const std::vector<TensorSpec>& specs) {
 
 // One run of tensors: p (n), its moments m, v and its gradient g, times
 // grad_scale (the clipping). A short run (a gain, a router) stays on one
-// thread, as copy_cpu's arrays do.
+// thread (SHARED_FLOATS).
 LAB_SWAPPABLE void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd,
                              float grad_scale, const AdamWNumbers& nums) {
     // the numbers as locals: m, v and p could be nums as far as the compiler
     // knows, and it would reload them after every store instead of vectorising
     const float beta1 = nums.beta1, beta2 = nums.beta2, bc1 = nums.bc1, bc2 = nums.bc2, eps = nums.eps;
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > SHARED_FLOATS)
     for (size_t i = 0; i < n; i++) {
         float gi = g[i] * grad_scale;
         m[i] = beta1 * m[i] + (1.0f - beta1) * gi;
