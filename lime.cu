@@ -1,111 +1,38 @@
-// lime.cu — LIMe (Layer-Integrated Memory, arXiv 2502.09245) beside its
-// LLaMa baseline: the model, forward and backward of every op, and AdamW.
-//
-// LLaMa is LIMe without routers. In LIMe every layer keeps its keys and
-// values in a buffer; layer l >= 1 attends not with its own K[l], V[l] but
-// with a learned mixture of all buffered layers 0..l (Eq. 2 of the paper):
-//   Kr[t, r] = sum_{l' <= l, r'} W[l][r, l'*R + r'] * K[l'][t, r']
-// The buffer is head-major, a row of B*T*hd floats per (layer, kv head), so
-// the mixture is one matrix product, Kr = W[l] @ Kbuf[0:(l+1)R], run by the
-// matrix products' own code. That mixture, `router_forward`, is the one place
-// the two models differ: `if (has_router(c, l))` in forward_pass and
-// backward_pass. The paper's other baseline, Hyper-Connections (--arch hc),
-// widens the residual stream into n streams; its ops replace the sublayer's
-// input and its residual add, the `if (hc)` lines of the same passes.
-//
-// Read it top to bottom; its parts, in this order:
-//   1. the config and the parameters: the router variants' fixed weights
-//      (router_sources), param_specs (every tensor, its HF name and its AdamW
-//      group), params_carve; then the activations (Acts, carved from one
-//      allocation by acts_carve);
-//   2. where the ops run: sums in a fixed order, the CUDA checking macros and
-//      the kernels' helpers (ceil_div, warp_sum, block_sum), DISPATCH (the one
-//      `if` between the devices);
-//   3. the GPU runtime, one #include (support/model/gpu_runtime.cuh: GpuState,
-//      Metrics, staging, graph capture, stream_of, pass_acts): no op in it;
-//   4. the ops, one section each: its math with shapes, the plain CPU loops
-//      (forward, then backward restating the forward line it differentiates),
-//      the CUDA kernel and its launcher, and the op's dispatcher op_*();
-//      in order: matrix products (with the K and V projections into the KV
-//      buffer, the copies, zeros and the buffer's transpose), embedding,
-//      RMSNorm, RoPE, the KV router, Hyper-Connections, attention, SwiGLU,
-//      cross-entropy, the value-entropy regulariser (a loss term,
-//      --entropy-reg), AdamW;
-//   5. forward_pass, backward_pass and update_pass: the model, written once
-//      for both devices and both architectures;
-//   6. the public calls (support/model/lime.h): model_create (with the memory
-//      estimate, support/model/memory_check.h), model_init, model_forward,
-//      model_probe, model_train_step, ..., and the training guard
-//      model_first_nonfinite.
-// Elsewhere: the config's names and checks (config_check) are
-// support/model/names.cpp, the cost model (flops_per_token, bytes_per_token)
-// support/model/cost.cpp, the flash attention kernels
-// support/model/flash_attention.cuh (included in the attention section).
-// What runs, from train.cpp's train_loop to the router's products (README,
-// "Reading the code"; tests/test_docs.sh checks each hop):
-//   train_loop -> take_step -> model_train_step -> forward_pass
-//     -> op_router_forward -> router_forward -> matmul_backward_cpu
-//        -> matmul_backward_fast (./lime) | matmul_backward (./lime-ref)
-//     -> (GPU) router_forward_gpu -> matmul_backward_gpu (cuBLAS)
-//   model_train_step -> backward_pass -> op_router_backward -> router_backward
-//     -> matmul_forward_cpu (dW) and matmul_backward_cpu (dKbuf); GPU: router_backward_gpu
-// Every function takes outputs, inputs, weights, sizes, in that order. The
-// math is docs/model.md and docs/training.md; the names are its names:
-//   B batch, T positions, V vocabulary, L layers, d width, H query heads,
-//   R key/value heads, hd = d / H head size, F SwiGLU hidden size, N = B*T.
-//
-// The CPU loops here are the reference: short and plain. ./lime runs faster
-// versions of four groups of them (the matrix product, which also runs the
-// router; attention; Hyper-Connections; the value-entropy regulariser) from
-// support/model/cpu_fast.cpp, checked against these by the tests; `make lime-ref`
-// builds the program on the plain loops alone (-DLIME_REFERENCE).
-//
-// Builds: g++ -x c++ lime.cu (CPU only); nvcc (CPU and GPU); g++ -DLIME_EMU
-// with support/harness/cuda_on_cpu.h (the CUDA kernels run on the CPU, for tests).
+// lime.cu — LIMe (Layer-Integrated Memory, arXiv 2502.09245) beside its LLaMa
+// baseline: the model, the forward and backward of every op, and AdamW.
+// LLaMa is LIMe without routers. In LIMe, layer l >= 1 attends not with its
+// own keys and values but with a learned mixture of every buffered layer's
+// (Eq. 2), one router W[l] (R, (l+1)R) for both:
+//   Kr[t, r] = sum_{l' <= l, r'} W[l][r, l'*R + r'] * K[l'][t, r']    (Vr alike)
+// `if (has_router(c, l))` in forward_pass and backward_pass is where the two differ.
+// Names: X the plain CPU loop, X_fast its fast CPU version (support/model/
+// cpu_fast.cpp), X_gpu the CUDA launcher, op_X the dispatcher that picks one
+// (DISPATCH); arguments are outputs, inputs, weights, sizes.
+// Sections: config and parameters; activations; where the ops run; the ops
+// (matrix products, embedding, RMSNorm, RoPE, the KV router, attention,
+// SwiGLU, cross-entropy, AdamW); the residual stream (the study's hooks);
+// forward_pass, backward_pass, update_pass; the public calls (lime.h).
+// Includes: below, each with what it defines. Shapes: B batch, T positions,
+// V vocabulary, L layers, d width, H query heads, R kv heads, hd = d / H,
+// F SwiGLU width, N = B*T (docs/model.md). The study's other models and
+// instruments live in support/study/: LLaMa and LIMe need none of them.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <map>
 #include <string>
-#include <tuple>
+#include <type_traits>
 #include <vector>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
-#include "support/lib/rng.h"
-#include "support/model/cpu_fast.h"
-#include "support/model/lime.h"
-
-#if defined(LIME_EMU)  // g++ with the harness: the CUDA code runs on the CPU
-#include "support/harness/cuda_on_cpu.h"
-#define LIME_GPU 1
-#elif defined(__CUDACC__)
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-#define LIME_GPU 1
-#define LAUNCH(kernel, grid, block, smem, stream) kernel<<<(grid), (block), (smem), (stream)>>>
-#define DYNAMIC_SHARED(type, name) extern __shared__ type name[]
-#endif
-
-// The CPU runs the fast kernels of support/model/cpu_fast.cpp, except in the
-// reference build (make lime-ref) and the labs' build, which run only the plain loops below.
-#if defined(LIME_REFERENCE) || defined(LIME_LAB)
-static const bool FAST_CPU = false;
-#else
-static const bool FAST_CPU = true;
-#endif
-
-// The classroom labs (labs/README.md) build lime.cu once with -DLIME_LAB: the
-// functions marked LAB_SWAPPABLE become weak symbols, and a student's file
-// that defines one is linked in its place. Elsewhere they are plain statics.
-#ifdef LIME_LAB
-#define LAB_SWAPPABLE __attribute__((weak))
-#else
-#define LAB_SWAPPABLE static
-#endif
+#include "support/lib/rng.h"             // defines: Rng, seed_for (each tensor's own random stream)
+#include "support/model/lime.h"          // defines: Config, Params, Model, the public calls
+#include "support/model/cpu_fast.h"      // defines: the fast CPU versions X_fast, exp_fast
+#include "support/model/device.cuh"      // defines: DISPATCH, cudaCheck, warp_sum, block_sum, GpuState, op_copy
+#include "support/model/memory_check.h"  // defines: memory_fix, launch_check (what a shape needs, refused early)
+#include "support/model/flash_attention.cuh"  // defines: flash_attention_forward_gpu, ..._backward_gpu (O(T) memory)
+// The study's other models and instruments: each adds its tensors,
+// activations, ops and init, and joins the passes through named hooks.
+#include "support/study/hyper_connections.cuh"  // defines: hc_specs, HcActs, op_hc_*, hc_sublayer_input (--arch hc)
+#include "support/study/entropy_reg.cuh"        // defines: EregActs, ereg_layer_forward, op_ereg_loss (--entropy-reg)
 
 // ===========================================================================
 // Config and parameters
@@ -174,17 +101,7 @@ std::vector<TensorSpec> param_specs(const Config& c) {
         add(p + "mlp.gate_proj.weight", {c.F, c.d}, GROUP_MATRIX);
         add(p + "mlp.up_proj.weight", {c.F, c.d}, GROUP_MATRIX);
         add(p + "mlp.down_proj.weight", {c.d, c.F}, GROUP_MATRIX);
-        for (const char* sub : {"hc_attn.", "hc_mlp."}) {  // Hyper-Connections: n streams
-            if (c.arch != ARCH_HC) break;
-            int n = c.hc_rate;
-            add(p + sub + "static_beta", {n}, GROUP_EMBED_GAIN);
-            add(p + sub + "static_alpha", {n, n + 1}, GROUP_EMBED_GAIN);
-            if (!c.hc_dynamic) continue;
-            add(p + sub + "dynamic_alpha_fn", {c.d, n + 1}, GROUP_MATRIX);
-            add(p + sub + "dynamic_alpha_scale", {1}, GROUP_MATRIX);
-            add(p + sub + "dynamic_beta_fn", {c.d}, GROUP_MATRIX);
-            add(p + sub + "dynamic_beta_scale", {1}, GROUP_MATRIX);
-        }
+        hc_specs(c, p, add);  // the study's models' tensors (support/study/): none for LLaMa and LIMe
     }
     add("model.norm.weight", {c.d}, GROUP_EMBED_GAIN);
     return specs;
@@ -216,13 +133,7 @@ Params params_carve(const Config& c, float* base) {
         w.Wg = next();
         w.Wu = next();
         w.Wd = next();
-        for (int s = 0; s < (c.arch == ARCH_HC ? 2 : 0); s++) {  // hc_attn, hc_mlp
-            HcParams h = {};
-            h.static_beta = next();
-            h.static_alpha = next();
-            if (c.hc_dynamic) h.alpha_fn = next(), h.alpha_scale = next(), h.beta_fn = next(), h.beta_scale = next();
-            p.hc.push_back(h);
-        }
+        hc_carve(c, &p, next);  // the study's models' tensors, in param_specs' order
     }
     p.g_final = next();
     return p;
@@ -236,8 +147,8 @@ Params params_carve(const Config& c, float* base) {
 struct Acts {
     float* mem = nullptr;
     bool flash = false;  // GPU flash attention: att keeps one number per row, not the probabilities
-    // forward, kept for backward. With hc, the residual stream is n streams:
-    // x, xa and dx are n times wider, (.., n, B, T, d) stream-major (Hyper-Connections).
+    // forward, kept for backward (with hc the residual stream is n streams:
+    // x, xa and dx are n times wider, (.., n, B, T, d) stream-major)
     float* x;        // (L+1, B, T, d) residual stream entering layer l; x[L] enters the final norm
     float* xa;       // (L, B, T, d)   residual stream after attention
     float* attn_in;  // (L, B, T, d)   rmsnorm(x) entering attention
@@ -259,16 +170,7 @@ struct Acts {
     float* logits;   // (B, T, V)
     float* probs;    // (B, T, V)      softmax(logits); backward turns it into dlogits
     float* nll;      // (B, T)         -log p(target)
-    int* targets;    // (B, T)         copies of the batch, for backward
-    float* mask;     // (B, T)
-    int* tokens;     // (B, T)
-    float* valid;    // (B, T)         1 where the position holds a token of its sequence (the regulariser's)
-    // the value-entropy regulariser, sized 0 when entropy_reg is 0; D = R*hd
-    float* ereg_V;   // (L, B, T, D)   the values token-major, as the regulariser reads them
-    float* ereg_mu;  // (L, B, D)      each sequence's mean value over its valid positions
-    float* ereg_G;   // (L, B, D, D)   the Gram matrix of the centred values, G = Z^T Z (the fast CPU path:
-                     //                K = Z Z^T (n_b, n_b) instead where n_b < D, support/model/cpu_fast.cpp)
-    float* ereg_stat;// (L, B, 4)      S2, 4 / tr(G), 4 / ||G||_F^2 (0, 0, 0 for a sequence without an S2), unused
+    BatchArrays batch; // (B, T) each: copies of the batch's tokens, targets, mask and valid (device.cuh)
     // backward scratch
     float* dx;       // (B, T, d) gradient of the residual stream
     float* dnorm;    // (B, T, d) gradient of a norm's output
@@ -282,65 +184,43 @@ struct Acts {
     float* dup;      // (B, T, F)
     float* dh;       // (B, T, F)
     float* datt;     // (B, H, T, T) GPU attention scratch (empty on the CPU)
-    float* scratch;  // CPU: partial sums and buffers of one op at a time (cpu_scratch_floats);
-                     // GPU: attention's head-major q, out/dout and dq (3, B, T, H*hd), rmsnorm's gain partials,
-                     // flash attention's D (B, H, T), a router variant's weight gradient, the embedding's partial sums
+    float* scratch;  // one op at a time: the CPU's partial sums and buffers (cpu_scratch_floats); the GPU's
+                     // head-major q, out/dout and dq (3, B, T, H*hd), partial sums, flash attention's D (B, H, T)
     size_t scratch_floats;  // its size, in floats
     int threads;            // CPU: the threads the fast attention's scratch has buffers for
-    // Hyper-Connections (hc only; empty otherwise), per sublayer s = 2l (attention), 2l+1 (MLP):
-    float* hc_M;     // (2L, n+1, B, T, d) the width connection's mixtures; the sublayer reads mixture 0
-    float* hc_y;     // (2L, B, T, d)      the sublayer's output, before the depth connection
-    float* hc_A;     // (2L, B, T, n, n+1) the mixing weights alpha of each position
-    float* hc_b;     // (2L, B, T, n)      ... and beta
-    float* hc_rstd;  // (2L, B, T, n)      dynamic: 1 / rms of each stream
-    float* hc_ta;    // (2L, B, T, n, n+1) dynamic: tanh(Xn @ dynamic_alpha_fn)
-    float* hc_tb;    // (2L, B, T, n)      dynamic: tanh(Xn @ dynamic_beta_fn)
-    float* hc_x;     // (B, T, d) the embedding before it fills every stream; then the streams' sum (final norm's input)
-    float* hc_dM;    // (n+1, B, T, d) backward scratch: gradient of the mixtures
-    float* hc_dy;    // (B, T, d)      gradient of the sublayer's output (and of hc_x)
-    float* hc_dA;    // (B, T, n, n+1) gradient of the mixing weights
-    float* hc_db;    // (B, T, n)
     float* rope_cos; // (T, hd/2)
     float* rope_sin; // (T, hd/2)
+    HcActs hc;       // Hyper-Connections' (support/study/): sized 0 for other models
+    EregActs ereg;   // the value-entropy regulariser's: sized 0 when it is off
 };
 
-// The fast CPU products' scratch, in floats: the most that one of the model's
-// forward products (C inputs, OC outputs) needs, C * round_up(OC, 32), W^T
-// packed (support/model/cpu_fast.h); the backward products need none.
-static size_t fast_scratch_floats(const Config& c) {
-    size_t d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd, F = c.F, V = c.V, most = 0;
+// The scratch, in floats, of the op that needs the most (one op runs at a
+// time), on the CPU for `threads` threads and on the GPU.
+static size_t router_gpu_scratch_floats(const Config& c, size_t BT);
+static size_t cpu_scratch_floats(const Config& c, int B, int threads) {
+    size_t most = std::max(CHUNKS * (size_t)c.d, hc_cpu_scratch_floats(c));  // rmsnorm_backward's gain slices
+    if (!FAST_CPU) return most;
+    size_t d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd, F = c.F, V = c.V;
     const std::pair<size_t, size_t> products[] = {{d, qd}, {d, kvd}, {qd, d}, {d, F}, {F, d}, {d, V}};
-    for (auto [C, OC] : products) most = std::max(most, matmul_fast_scratch_floats(C, OC));
-    return most;
+    for (auto [C, OC] : products) most = std::max(most, matmul_fast_scratch_floats(C, OC));  // W^T, packed
+    size_t router = c.arch == ARCH_LIME ? router_fast_scratch_floats(c.L, c.R, (size_t)B * c.T * c.hd) : 0;
+    return std::max({most, attention_fast_scratch_floats(c.T, c.hd, threads), router, ereg_cpu_scratch_floats(c, B)});
 }
-
-// One sublayer's HC weights: static_alpha (n, n+1), static_beta (n), alpha_fn
-// (d, n+1), alpha_scale, beta_fn (d), beta_scale.
-static size_t hc_weight_floats(size_t n, size_t d) { return n * (n + 1) + n + d * (n + 1) + d + 2; }
-
-// The GPU's HC weight gradient (hc_weights_backward_gpu): dp (BT, n, n+2), then
-// the partial sums of HC_ROWS positions each, (chunks, G) for G weights, in floats.
-#define HC_ROWS 32
-static size_t hc_scratch_floats(const Config& c, size_t BT) {
-    size_t n = c.hc_rate, G = hc_weight_floats(n, c.d);
-    return BT * n * (n + 2) + (BT + HC_ROWS - 1) / HC_ROWS * G;
+static size_t gpu_scratch_floats(const Config& c, size_t BT) {
+    return std::max({3 * BT * c.H * c.hd, router_gpu_scratch_floats(c, BT), hc_gpu_scratch_floats(c, BT)});
 }
-
-// The CPU ops' scratch, in floats, for `threads` threads: the most one op
-// takes (one runs at a time). Defined after the ops, whose sums it sizes.
-static size_t cpu_scratch_floats(const Config& c, int B, int threads);
 
 // Carves (or, with base == nullptr, only measures) the activations; only the scratch differs between devices.
 static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device dev = DEVICE_CPU, bool flash = false) {
     size_t BT = (size_t)B * c.T, L = c.L, d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd;
-    size_t n = hc_streams(c), hc = c.arch == ARCH_HC ? 1 : 0, hcd = hc && c.hc_dynamic ? 1 : 0;
-    size_t off = 0;
-    auto take = [&](float** p, size_t n) { if (base) *p = base + off; off += (n + 15) & ~(size_t)15; };
-    auto take_int = [&](int** p, size_t n) { if (base) *p = (int*)(base + off); off += (n + 15) & ~(size_t)15; };
-    flash = flash && dev == DEVICE_GPU;
-    A->flash = flash;
-    take(&A->x, (L + 1) * n * BT * d);
-    take(&A->xa, L * n * BT * d);
+    size_t streams = hc_streams(c), off = 0;
+    auto take = [&](auto** p, size_t n) {
+        if (base) *p = (std::remove_pointer_t<decltype(p)>)(base + off);
+        off += (n + 15) & ~(size_t)15;
+    };
+    A->flash = flash = flash && dev == DEVICE_GPU;
+    take(&A->x, (L + 1) * streams * BT * d);
+    take(&A->xa, L * streams * BT * d);
     take(&A->attn_in, L * BT * d);
     take(&A->rstd_a, L * BT);
     take(&A->q, L * BT * qd);
@@ -360,16 +240,11 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->logits, BT * c.V);
     take(&A->probs, BT * c.V);
     take(&A->nll, BT);
-    take_int(&A->targets, BT);
-    take(&A->mask, BT);
-    take_int(&A->tokens, BT);
-    take(&A->valid, BT);
-    size_t ereg = c.entropy_reg > 0 ? 1 : 0;
-    take(&A->ereg_V, ereg * L * BT * kvd);
-    take(&A->ereg_mu, ereg * L * B * kvd);
-    take(&A->ereg_G, ereg * L * B * kvd * kvd);
-    take(&A->ereg_stat, ereg * L * B * 4);
-    take(&A->dx, n * BT * d);
+    take(&A->batch.targets, BT);
+    take(&A->batch.mask, BT);
+    take(&A->batch.tokens, BT);
+    take(&A->batch.valid, BT);
+    take(&A->dx, streams * BT * d);
     take(&A->dnorm, BT * d);
     take(&A->dq, BT * qd);
     take(&A->dkr, BT * kvd);
@@ -380,210 +255,122 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->dgate, BT * c.F);
     take(&A->dup, BT * c.F);
     take(&A->dh, BT * c.F);
-    size_t gpu = dev == DEVICE_GPU && !flash ? 1 : 0;  // only the GPU's matrix-product attention uses these
-    take(&A->datt, gpu * BT * c.H * c.T);
-    size_t router = 2 * (size_t)c.R * c.L * c.R;  // a variant's weight gradient (router_backward_gpu)
-    size_t gpu_scratch = std::max({3 * BT * qd, router, hc * hc_scratch_floats(c, BT)});
+    take(&A->datt, dev == DEVICE_GPU && !flash ? BT * c.H * c.T : 0);  // the GPU's matrix-product attention
     A->threads = cpu_threads();
-    A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch : cpu_scratch_floats(c, B, A->threads);
+    A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch_floats(c, BT) : cpu_scratch_floats(c, B, A->threads);
     take(&A->scratch, A->scratch_floats);
-    take(&A->hc_M, hc * 2 * L * (n + 1) * BT * d);
-    take(&A->hc_y, hc * 2 * L * BT * d);
-    take(&A->hc_A, hc * 2 * L * BT * n * (n + 1));
-    take(&A->hc_b, hc * 2 * L * BT * n);
-    take(&A->hc_rstd, hcd * 2 * L * BT * n);
-    take(&A->hc_ta, hcd * 2 * L * BT * n * (n + 1));
-    take(&A->hc_tb, hcd * 2 * L * BT * n);
-    take(&A->hc_x, hc * BT * d);
-    take(&A->hc_dM, hc * (n + 1) * BT * d);
-    take(&A->hc_dy, hc * BT * d);
-    take(&A->hc_dA, hc * BT * n * (n + 1));
-    take(&A->hc_db, hc * BT * n);
-    take(&A->rope_cos, (size_t)c.T * c.hd / 2);
+    hc_acts_carve(&A->hc, c, BT, take);  // the study's models' activations
+    ereg_acts_carve(&A->ereg, c, B, take);
+    take(&A->rope_cos, (size_t)c.T * c.hd / 2);  // last: tests poison everything before it between steps
     take(&A->rope_sin, (size_t)c.T * c.hd / 2);
     return off;
 }
 
 // ===========================================================================
-// Where the ops run. Each op below has a plain CPU function `op(...)` and, in
-// the GPU build, kernels and a launcher `op_gpu(...)` with the same arguments
-// plus a stream (or cuBLAS handle); its dispatcher `op_op(model, ...)` runs the
-// one that fits the model's device (DISPATCH is that one `if`).
-// Sums never depend on the number of threads or blocks (a resumed run is
-// bit-exact): on the CPU a fixed number of chunks, each summed in order, then
-// the chunks in order; on the GPU fixed trees and no atomics.
-// ===========================================================================
-static const int CHUNKS = 64;
-// An element-wise loop over more floats than this is shared by the threads; a
-// shorter one (a gain, a router, a small model's activations) stays on one.
-// (An enumerator: nvcc's device pass skips the pragmas that read it, and would
-// call a constant unused.)
-enum : size_t { SHARED_FLOATS = 65536 };
-static double sum_in_order(const double* part, int n) {
-    double s = 0;
-    for (int i = 0; i < n; i++) s += part[i];
-    return s;
-}
-
-// e^x in the CPU loops: expf, or in the fast build exp_fast (support/model/cpu_fast.h),
-// within 2 ulp of it, which the compiler can vectorise (a call to expf stops it).
-static inline float cpu_exp(float x) { return FAST_CPU ? exp_fast(x) : expf(x); }
-
-#ifdef LIME_GPU
-static void cuda_check(cudaError_t err, const char* file, int line) {
-    if (err == cudaSuccess) return;
-    fprintf(stderr, "lime: CUDA error at %s:%d: %s\n", file, line, cudaGetErrorString(err));
-    exit(EXIT_FAILURE);
-}
-static void cublas_check(cublasStatus_t status, const char* file, int line) {
-    if (status == CUBLAS_STATUS_SUCCESS) return;
-    fprintf(stderr, "lime: cuBLAS error at %s:%d: %s\n", file, line, cublasGetStatusString(status));
-    exit(EXIT_FAILURE);
-}
-#define cudaCheck(call) cuda_check((call), __FILE__, __LINE__)
-#define cublasCheck(call) cublas_check((call), __FILE__, __LINE__)
-// After every launch: a refused launch (bad grid, too much shared memory) shows here.
-#define launchCheck() cuda_check(cudaGetLastError(), __FILE__, __LINE__)
-
-// Blocks for a elements at b per block; at least 1 (the kernels check their bounds).
-static unsigned ceil_div(size_t a, size_t b) { return a ? (unsigned)((a + b - 1) / b) : 1u; }
-
-// Sum over the 32 lanes of a warp. The xor butterfly leaves the same bits in
-// every lane: each step adds a pair of values that both lanes of the pair hold.
-__device__ inline float warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-__device__ inline float warp_max(float v) {
-    for (int offset = 16; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-// Sum over the block (blockDim.x a power of two, shared holds blockDim.x
-// values) as a fixed tree; every thread gets the total.
-template <class Num>
-__device__ Num block_sum(Num v, Num* shared) {
-    shared[threadIdx.x] = v;
-    __syncthreads();
-    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
-        if ((int)threadIdx.x < stride) shared[threadIdx.x] += shared[threadIdx.x + stride];
-        __syncthreads();
-    }
-    Num total = shared[0];
-    __syncthreads();  // the caller may reuse shared right away
-    return total;
-}
-
-#define DISPATCH(model, gpu_call, cpu_call) \
-    do {                                    \
-        if ((model)->device == DEVICE_GPU) {  \
-            gpu_call;                       \
-        } else {                            \
-            cpu_call;                       \
-        }                                   \
-    } while (0)
-#else
-#define DISPATCH(model, gpu_call, cpu_call) \
-    do {                                    \
-        (void)(model);                      \
-        cpu_call;                           \
-    } while (0)
-#endif
-
-// ===========================================================================
-// The GPU runtime, support/model/gpu_runtime.cuh: the device's state
-// (GpuState), the numbers kernels leave for the host (Metrics), making and
-// freeing it (gpu_create, gpu_free), the staging of each batch through pinned
-// slots (gpu_stage), the captured step (gpu_graph), and what the ops and the
-// passes ask of it: stream_of, blas_of, pass_acts, pass_params, pass_grads.
-// None of it is an op; the kernels stay with their ops below. (The checking
-// macros, ceil_div, warp_sum and block_sum stay above: the kernels use them.)
-// ===========================================================================
-#include "support/model/gpu_runtime.cuh"
-
-// ===========================================================================
-// Matrix products: out (N, OC) (+)= inp (N, C) @ W^T, W (OC, C), every
-// projection of the model. On the GPU, cuBLAS; the fast CPU path blocks them.
+// Where the ops run: support/model/device.cuh. Each op below has a plain CPU
+// loop X, in ./lime often a fast version X_fast (support/model/cpu_fast.cpp),
+// in a GPU build a kernel and its launcher X_gpu; its dispatcher op_X(model,
+// ...) runs the one that fits the model's device (DISPATCH is that one `if`).
+// Sums never depend on the number of threads or blocks: a resumed run is
+// bit-exact (device.cuh says how).
 // ===========================================================================
 
-static void matmul_forward(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate) {
+// ===========================================================================
+// Matrix products, named by their math. Row-major; C (M, N) (+)= ... :
+//   gemm_nn   C = A @ B      A (M, K), B (K, N)
+//   gemm_nt   C = A @ B^T    A (M, K), B (N, K)
+//   gemm_tn   C += A^T @ B   A (K, M), B (K, N)   (always added to)
+// accumulate: C gets the product added, else written. Every projection of
+// the model is one: the linear layer out = inp @ W^T is gemm_nt, its backward
+// gemm_nn (dinp = dout @ W) and gemm_tn (dW += dout^T @ inp); the router's
+// mixture is gemm_nn. On the GPU cuBLAS; the fast CPU path blocks them.
+// ===========================================================================
+
+static void gemm_nn(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate) {
 #pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int o = 0; o < OC; o++) {
-            const float* x = inp + (size_t)n * C;
-            const float* w = W + (size_t)o * C;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
             float s = 0;
-            for (int i = 0; i < C; i++) s += x[i] * w[i];
-            float* y = out + (size_t)n * OC + o;
-            *y = accumulate ? *y + s : s;
+            for (int k = 0; k < K; k++) s += A[(size_t)m * K + k] * B[(size_t)k * N + n];
+            float* c = C + (size_t)m * N + n;
+            *c = accumulate ? *c + s : s;
+        }
+}
+static void gemm_nt(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate) {
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            float s = 0;
+            for (int k = 0; k < K; k++) s += A[(size_t)m * K + k] * B[(size_t)n * K + k];
+            float* c = C + (size_t)m * N + n;
+            *c = accumulate ? *c + s : s;
+        }
+}
+static void gemm_tn(float* C, const float* A, const float* B, int M, int N, int K) {
+#pragma omp parallel for schedule(static)
+    for (int m = 0; m < M; m++)  // row m of C: the rows of B, weighted by column m of A
+        for (int k = 0; k < K; k++) {
+            float a = A[(size_t)k * M + m];
+            for (int n = 0; n < N; n++) C[(size_t)m * N + n] += a * B[(size_t)k * N + n];
         }
 }
 
+#ifdef LIME_GPU
+// cuBLAS is column-major: a row-major (M, N) matrix is a column-major (N, M)
+// one, so C = A @ B is, column-major, C^T = B^T @ A^T: the operands swap places.
+static void gemm_nn_gpu(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate,
+                        cublasHandle_t blas) {
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, N, A, K, &beta, C, N));
+}
+static void gemm_nt_gpu(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate,
+                        cublasHandle_t blas) {
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    cublasCheck(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, K, A, K, &beta, C, N));
+}
+static void gemm_tn_gpu(float* C, const float* A, const float* B, int M, int N, int K, cublasHandle_t blas) {
+    const float one = 1.0f;
+    cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, N, M, K, &one, B, N, A, M, &one, C, N));
+}
+#endif
+
+// --- the linear layer: out (N, OC) (+)= inp (N, C) @ W^T, W (OC, C) ----------
+static void matmul_forward(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate) {
+    gemm_nt(out, inp, W, N, OC, C, accumulate);
+}
 // forward: out = inp @ W^T
-// dinp (N, C) (+)= dout (N, OC) @ W (OC, C);  dW (OC, C) += dout^T @ inp   (either may be nullptr: not wanted)
-// add_dinp: dinp gets the product added, else written (the first of the products that
-// make a gradient: no zero-fill before it). dW is always added to.
+// dinp (N, C) (+)= dout (N, OC) @ W;  dW (OC, C) += dout^T @ inp   (either may be nullptr: not wanted)
+// add_dinp: dinp gets the product added, else written (the first of the
+// products that make a gradient: no zero-fill before it).
 static void matmul_backward(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
                             int OC, bool add_dinp) {
-    if (dinp) {
-#pragma omp parallel for schedule(static)
-        for (int n = 0; n < N; n++)
-            for (int i = 0; i < C; i++) {
-                float s = 0;
-                for (int o = 0; o < OC; o++) s += dout[(size_t)n * OC + o] * W[(size_t)o * C + i];
-                float* y = dinp + (size_t)n * C + i;
-                *y = add_dinp ? *y + s : s;
-            }
-    }
-    if (!dW) return;
-#pragma omp parallel for schedule(static)
-    for (int o = 0; o < OC; o++)  // row o of dW: the positions' rows of inp, weighted by dout[:, o]
-        for (int n = 0; n < N; n++) {
-            float g = dout[(size_t)n * OC + o];
-            for (int i = 0; i < C; i++) dW[(size_t)o * C + i] += g * inp[(size_t)n * C + i];
-        }
+    if (dinp) gemm_nn(dinp, dout, W, N, C, OC, add_dinp);
+    if (dW) gemm_tn(dW, dout, inp, OC, C, N);
 }
-
 #ifdef LIME_GPU
-// cuBLAS is column-major: a row-major (rows, cols) matrix is a column-major
-// (cols, rows) one. So out (N, OC) = inp (N, C) @ W^T is, column-major,
-// out^T (OC, N) = W^T (OC, C) @ inp^T (C, N): op(W) = T, op(inp) = N.
 static void matmul_forward_gpu(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
                                cublasHandle_t blas) {
-    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, OC, N, C, &one, W, C, inp, C, &beta, out, OC));
+    gemm_nt_gpu(out, inp, W, N, OC, C, accumulate, blas);
 }
-
-// dinp^T (C, N) (+)= W^T (C, OC) @ dout^T (OC, N);  dW^T (C, OC) += inp^T (C, N) @ dout (N, OC)
 static void matmul_backward_gpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
                                 int C, int OC, bool add_dinp, cublasHandle_t blas) {
-    const float one = 1.0f, beta = add_dinp ? 1.0f : 0.0f;
-    if (dinp) cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, OC, &one, W, C, dout, OC, &beta, dinp, C));
-    if (dW) cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, N, &one, inp, C, dout, OC, &one, dW, C));
+    if (dinp) gemm_nn_gpu(dinp, dout, W, N, C, OC, add_dinp, blas);
+    if (dW) gemm_tn_gpu(dW, dout, inp, OC, C, N, blas);
 }
 #endif
-
-// The CPU's products: the blocked ones of support/model/cpu_fast.cpp in ./lime, the
-// plain loops above in lime-ref and the labs. scratch: the fast ones' panels.
-static void matmul_forward_cpu(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
-                               float* scratch) {
-    if (FAST_CPU) matmul_forward_fast(out, inp, W, N, C, OC, accumulate, scratch);
-    else matmul_forward(out, inp, W, N, C, OC, accumulate);
-}
-static void matmul_backward_cpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
-                                int C, int OC, bool add_dinp) {
-    if (FAST_CPU) matmul_backward_fast(dinp, dW, dout, inp, W, N, C, OC, add_dinp);
-    else matmul_backward(dinp, dW, dout, inp, W, N, C, OC, add_dinp);
-}
-
+// The fast versions (matmul_forward_fast, matmul_backward_fast) are the same
+// products blocked; scratch: the forward's packed panels.
 static void op_matmul_forward(Model* model, float* out, const float* inp, const float* W, int N, int C, int OC,
                               bool accumulate = false) {
     DISPATCH(model, matmul_forward_gpu(out, inp, W, N, C, OC, accumulate, blas_of(model)),
-             matmul_forward_cpu(out, inp, W, N, C, OC, accumulate, model->acts->scratch));
+             matmul_forward_fast(out, inp, W, N, C, OC, accumulate, pass_acts(model)->scratch),
+             matmul_forward(out, inp, W, N, C, OC, accumulate));
 }
 static void op_matmul_backward(Model* model, float* dinp, float* dW, const float* dout, const float* inp,
                                const float* W, int N, int C, int OC, bool add_dinp) {
     DISPATCH(model, matmul_backward_gpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp, blas_of(model)),
-             matmul_backward_cpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp));
+             matmul_backward_fast(dinp, dW, dout, inp, W, N, C, OC, add_dinp),
+             matmul_backward(dinp, dW, dout, inp, W, N, C, OC, add_dinp));
 }
 
 // ---------------------------------------------------------------------------
@@ -648,112 +435,18 @@ static void kv_projection_backward_gpu(float* dinp, float* dW, const float* dout
 }
 #endif
 
-static void kv_projection_forward_cpu(float* out, const float* inp, const float* W, int N, int C, int R, int hd,
-                                      float* scratch) {
-    if (FAST_CPU) kv_projection_forward_fast(out, inp, W, N, C, R, hd, scratch);
-    else kv_projection_forward(out, inp, W, N, C, R, hd);
-}
-static void kv_projection_backward_cpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W,
-                                       int N, int C, int R, int hd) {
-    if (FAST_CPU) kv_projection_backward_fast(dinp, dW, dout, inp, W, N, C, R, hd);
-    else kv_projection_backward(dinp, dW, dout, inp, W, N, C, R, hd);
-}
-
 static void op_kv_projection_forward(Model* model, float* out, const float* inp, const float* W, int N) {
     int C = model->c.d, R = model->c.R, hd = model->c.hd;
     DISPATCH(model, kv_projection_forward_gpu(out, inp, W, N, C, R, hd, blas_of(model)),
-             kv_projection_forward_cpu(out, inp, W, N, C, R, hd, model->acts->scratch));
+             kv_projection_forward_fast(out, inp, W, N, C, R, hd, pass_acts(model)->scratch),
+             kv_projection_forward(out, inp, W, N, C, R, hd));
 }
 static void op_kv_projection_backward(Model* model, float* dinp, float* dW, const float* dout, const float* inp,
                                       const float* W, int N) {
     int C = model->c.d, R = model->c.R, hd = model->c.hd;
     DISPATCH(model, kv_projection_backward_gpu(dinp, dW, dout, inp, W, N, C, R, hd, blas_of(model)),
-             kv_projection_backward_cpu(dinp, dW, dout, inp, W, N, C, R, hd));
-}
-
-// ---------------------------------------------------------------------------
-// Copies, zeros and sums of whole arrays (the residual stream, gradients).
-// dst = src and p = 0: memcpy and memset in CHUNKS pieces shared by the threads.
-static void copy_cpu(float* dst, const float* src, size_t n) {
-#pragma omp parallel for schedule(static) if (n > SHARED_FLOATS)
-    for (int c = 0; c < CHUNKS; c++) {
-        size_t from = n * c / CHUNKS, to = n * (c + 1) / CHUNKS;
-        memcpy(dst + from, src + from, (to - from) * sizeof(float));
-    }
-}
-static void zero_cpu(float* p, size_t n) {
-#pragma omp parallel for schedule(static) if (n > SHARED_FLOATS)
-    for (int c = 0; c < CHUNKS; c++) {
-        size_t from = n * c / CHUNKS, to = n * (c + 1) / CHUNKS;
-        memset(p + from, 0, (to - from) * sizeof(float));
-    }
-}
-// dst += src, elementwise.
-static void add_inplace(float* dst, const float* src, size_t n) {
-#pragma omp parallel for schedule(static) if (n > SHARED_FLOATS)
-    for (size_t i = 0; i < n; i++) dst[i] += src[i];
-}
-
-#ifdef LIME_GPU
-__global__ void add_inplace_kernel(float* dst, const float* src, size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) dst[i] += src[i];
-}
-static void copy_gpu(float* dst, const float* src, size_t n, cudaStream_t stream) {
-    cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
-}
-static void zero_gpu(float* p, size_t n, cudaStream_t stream) { cudaCheck(cudaMemsetAsync(p, 0, n * sizeof(float), stream)); }
-static void add_inplace_gpu(float* dst, const float* src, size_t n, cudaStream_t stream) {
-    LAUNCH(add_inplace_kernel, ceil_div(n, 256), 256, 0, stream)(dst, src, n);
-    launchCheck();
-}
-#endif
-
-static void op_copy(Model* model, float* dst, const float* src, size_t n) {
-    DISPATCH(model, copy_gpu(dst, src, n, stream_of(model)), copy_cpu(dst, src, n));
-}
-static void op_zero(Model* model, float* p, size_t n) {
-    DISPATCH(model, zero_gpu(p, n, stream_of(model)), zero_cpu(p, n));
-}
-static void op_add(Model* model, float* dst, const float* src, size_t n) {
-    DISPATCH(model, add_inplace_gpu(dst, src, n, stream_of(model)), add_inplace(dst, src, n));
-}
-
-// A layer of the head-major KV buffer, (R, N, hd), and the same numbers
-// token-major, (N, R, hd), as the value-entropy regulariser and model_probe
-// read them: to_tokens, dst (N, R, hd) (+)= src (R, N, hd) transposed; else
-// dst (R, N, hd) (+)= src (N, R, hd).
-static void kv_transpose(float* dst, const float* src, int N, int R, int hd, bool to_tokens, bool accumulate) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int r = 0; r < R; r++)
-            for (int i = 0; i < hd; i++) {
-                size_t h = ((size_t)r * N + n) * hd + i, t = ((size_t)n * R + r) * hd + i;
-                float* y = dst + (to_tokens ? t : h);
-                float x = src[to_tokens ? h : t];
-                *y = accumulate ? *y + x : x;
-            }
-}
-#ifdef LIME_GPU
-__global__ void kv_transpose_kernel(float* dst, const float* src, int N, int R, int hd, int to_tokens, int accumulate) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over (N, R, hd); 32-bit: see model_create
-    if (idx >= N * R * hd) return;
-    int i = idx % hd, r = idx / hd % R, n = idx / hd / R, h = (r * N + n) * hd + i;
-    float* y = dst + (to_tokens ? idx : h);
-    float x = src[to_tokens ? h : idx];
-    *y = accumulate ? *y + x : x;
-}
-static void kv_transpose_gpu(float* dst, const float* src, int N, int R, int hd, bool to_tokens, bool accumulate,
-                             cudaStream_t stream) {
-    LAUNCH(kv_transpose_kernel, ceil_div((size_t)N * R * hd, 256), 256, 0, stream)
-        (dst, src, N, R, hd, to_tokens, accumulate);
-    launchCheck();
-}
-#endif
-static void op_kv_transpose(Model* model, float* dst, const float* src, int N, bool to_tokens, bool accumulate) {
-    int R = model->c.R, hd = model->c.hd;
-    DISPATCH(model, kv_transpose_gpu(dst, src, N, R, hd, to_tokens, accumulate, stream_of(model)),
-             kv_transpose(dst, src, N, R, hd, to_tokens, accumulate));
+             kv_projection_backward_fast(dinp, dW, dout, inp, W, N, C, R, hd),
+             kv_projection_backward(dinp, dW, dout, inp, W, N, C, R, hd));
 }
 
 // ===========================================================================
@@ -853,6 +546,7 @@ static void op_embedding_backward(Model* model, float* dE, const float* dout, co
              embedding_backward(dE, dout, tokens, N, d));
 }
 
+// ===========================================================================
 // ===========================================================================
 // RMSNorm: y_i = x_i * rstd * g_i,  rstd = 1 / sqrt(mean_j x_j^2 + eps)
 // ===========================================================================
@@ -985,11 +679,10 @@ static void op_rmsnorm_forward(Model* model, float* out, float* rstd, const floa
 static void op_rmsnorm_backward(Model* model, float* dinp, float* dg, const float* dout, const float* inp,
                                 const float* g, const float* rstd, int N) {
     int d = model->c.d;
-    DISPATCH(model,
-             rmsnorm_backward_gpu(dinp, dg, dout, inp, g, rstd, N, d, pass_acts(model)->scratch, stream_of(model)),
-             rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, d, model->acts->scratch));
+    float* scratch = pass_acts(model)->scratch;  // the gain's partial sums
+    DISPATCH(model, rmsnorm_backward_gpu(dinp, dg, dout, inp, g, rstd, N, d, scratch, stream_of(model)),
+             rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, d, scratch));
 }
-
 // ===========================================================================
 // RoPE, HF half-split: for i < hd/2, with angle t * theta^(-2i/hd),
 //   y_i = x_i cos - x_{i+hd/2} sin,   y_{i+hd/2} = x_{i+hd/2} cos + x_i sin
@@ -1061,677 +754,246 @@ static void rope_backward_gpu(float* dx, const float* cos_t, const float* sin_t,
 }
 #endif
 
-// The CPU's: rope_rotate_fast (support/model/cpu_fast.cpp, the same loop,
-// vectorised) in ./lime, the plain loops above in lime-ref and the labs.
-static void rope_forward_cpu(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd) {
-    if (FAST_CPU) rope_rotate_fast(x, cos_t, sin_t, B, T, nh, hd, 1.0f);
-    else rope_forward(x, cos_t, sin_t, B, T, nh, hd);
-}
-static void rope_backward_cpu(float* dx, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd) {
-    if (FAST_CPU) rope_rotate_fast(dx, cos_t, sin_t, B, T, nh, hd, -1.0f);
-    else rope_backward(dx, cos_t, sin_t, B, T, nh, hd);
-}
-
-// x (B, T, nh, hd) in place, with the tables in the model's activations.
+// x (B, T, nh, hd) in place, with the tables in the model's activations. The
+// fast version is rope_rotate_fast (support/model/cpu_fast.cpp): the same loop, vectorised.
 static void op_rope_forward(Model* model, float* x, int B, int T, int nh) {
     const Acts* A = pass_acts(model);
     int hd = model->c.hd;
     DISPATCH(model, rope_forward_gpu(x, A->rope_cos, A->rope_sin, B, T, nh, hd, stream_of(model)),
-             rope_forward_cpu(x, A->rope_cos, A->rope_sin, B, T, nh, hd));
+             rope_rotate_fast(x, A->rope_cos, A->rope_sin, B, T, nh, hd, 1.0f),
+             rope_forward(x, A->rope_cos, A->rope_sin, B, T, nh, hd));
 }
 static void op_rope_backward(Model* model, float* dx, int B, int T, int nh) {
     const Acts* A = pass_acts(model);
     int hd = model->c.hd;
     DISPATCH(model, rope_backward_gpu(dx, A->rope_cos, A->rope_sin, B, T, nh, hd, stream_of(model)),
-             rope_backward_cpu(dx, A->rope_cos, A->rope_sin, B, T, nh, hd));
+             rope_rotate_fast(dx, A->rope_cos, A->rope_sin, B, T, nh, hd, -1.0f),
+             rope_backward(dx, A->rope_cos, A->rope_sin, B, T, nh, hd));
 }
 
 // ===========================================================================
-// The KV router (Eq. 2): layer l's keys and values are a learned mixture of
-// the buffered keys and values of layers 0..l. The buffer is head-major: row
-// j = l'*R + r' holds layer l', kv head r' at every position, M = N*hd floats,
-// so Kbuf, Vbuf (L, R, N, hd) are (L*R, M) matrices and the mixture is one
-// matrix product over their first cols = (l+1)R rows (the authors' torch.mm):
-//   Kr (R, M) = Wk (R, cols) @ Kbuf[0:cols] (cols, M)    Kr[r][n, :] = sum_j Wk[r, j] * Kbuf[j][n, :]
-//   Vr (R, M) = Wv (R, cols) @ Vbuf[0:cols] (cols, M)
-// Eq. 2 has one W for both keys and values: Wk == Wv, the same pointer; with
-// --router-kv separate they are two. The products are the matrix products'
-// own (above): Wk @ Kbuf is matmul_backward's dinp = dout @ W with dout = Wk,
-// W = Kbuf; the plain loops in lime-ref, the blocked ones in ./lime, cuBLAS
-// on the GPU. A variant (router_sources) only holds some weights fixed:
-// `learned` says which source layers' columns get a gradient.
+// The KV router (Eq. 2): layer l's keys and values are learned mixtures of the
+// buffered keys and values of layers 0..l. The buffer is head-major: row
+// j = l'*R + r' holds layer l', kv head r' at every position, row = N*hd
+// floats, so Kbuf (L, R, N, hd) is an (L*R, row) matrix, and mixing one
+// buffer is a matrix product over its first cols = (l+1)R rows:
+//   out[r][e] = sum_{j < cols} W[r, j] * buf[j][e]      out (R, N, hd), W (R, cols), e = n*hd + i
+// Eq. 2 applies it to the keys (Kr from Kbuf) and the values (Vr from Vbuf)
+// with one W; with --router-kv separate the values have a W of their own.
+// A variant (router_sources) only holds some weights fixed: `learned` says
+// which source layers' columns get a gradient.
 // ===========================================================================
 
-// The variants' weight gradient (2, R, cols), then the scratch of the weight
-// gradient's product (matmul_forward_cpu's), kept from call to call (sized for
-// the largest layer the first time it is used).
-static float* router_scratch_cpu(int l, int N, int R, int hd) {
-    static std::vector<float> scratch;
-    int cols = (l + 1) * R, M = N * hd;
-    size_t floats = 2 * (size_t)R * cols + matmul_fast_forward_scratch_floats(R, M, cols);
-    if (scratch.size() < floats) scratch.resize(floats);
-    return scratch.data();
+// out (R, N, hd) = W (R, (l+1)R) @ buf[0 : (l+1)R];  buf (L, R, N, hd).
+LAB_SWAPPABLE void router_forward(float* out, const float* W, const float* buf, int l, int N, int R, int hd) {
+    int cols = (l + 1) * R;
+    size_t row = (size_t)N * hd;  // floats of one buffer row: one layer's kv head at every position
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++)
+        for (size_t e = 0; e < row; e++) {
+            float s = 0;
+            for (int j = 0; j < cols; j++) s += W[(size_t)r * cols + j] * buf[j * row + e];
+            out[r * row + e] = s;
+        }
 }
 
-// Calls add(offset, count) for the runs of row r's columns whose source
-// layer `learned` has: dW[offset .. offset + count) gets the gradient.
-template <class Add>
-static void for_learned_columns(int l, int R, RouterSpan learned, Add add) {
-    int cols = (l + 1) * R, below = std::min(learned.below, l + 1), from = std::max(learned.from, below);
-    for (int r = 0; r < R; r++) {
-        if (below > 0) add((size_t)r * cols, (size_t)below * R);
-        if (from <= l) add((size_t)r * cols + from * R, (size_t)(l + 1 - from) * R);
-    }
-}
-static bool learns_all(int l, RouterSpan learned) { return learned.below >= learned.from || learned.from <= 0 || learned.below > l; }
-static bool learns_any(int l, RouterSpan learned) { return learned.below > 0 || learned.from <= l; }
-
-// Kr, Vr (R, N, hd); Wk, Wv (R, (l+1)R); Kbuf, Vbuf (L, R, N, hd).
-LAB_SWAPPABLE void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                                  const float* Vbuf, int l, int N, int R, int hd) {
-    int cols = (l + 1) * R, M = N * hd;
-    matmul_backward_cpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, cols, false);  // Kr = Wk (R, cols) @ Kbuf (cols, M)
-    matmul_backward_cpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, cols, false);
-}
-
-// forward: Kr = Wk @ Kbuf[0:cols]   (and Vr = Wv @ Vbuf[0:cols])
-// dWk (R, cols)        += dKr (R, M) @ Kbuf[0:cols]^T   (one W: it gets the keys' and the values' sums)
-// dKbuf[0:cols] (cols, M) += Wk^T (cols, R) @ dKr (R, M)   (and dWv, dVbuf alike)
-// This is where the gradient reaches the keys and values of earlier layers.
-// dW's product is matmul_forward's inp @ W^T (inp = dKr, W = Kbuf), dKbuf's
-// matmul_backward's dW += dout^T @ inp (dout = Wk, inp = dKr). A variant's
-// weight gradient goes through G (2, R, cols) first, and only its learned columns are added.
-LAB_SWAPPABLE void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
-                                   const float* dVr, const float* Wk, const float* Wv, const float* Kbuf,
-                                   const float* Vbuf, int l, RouterSpan learned, int N, int R, int hd) {
-    int cols = (l + 1) * R, M = N * hd;
-    float *G = router_scratch_cpu(l, N, R, hd), *panels = G + 2 * (size_t)R * cols;
-    if (learns_any(l, learned)) {
-        bool all = learns_all(l, learned), one = dWk == dWv;
-        float *gk = all ? dWk : G, *gv = all ? dWv : one ? G : G + (size_t)R * cols;
-        if (!all) zero_cpu(G, 2 * (size_t)R * cols);
-        matmul_forward_cpu(gk, dKr, Kbuf, R, M, cols, true, panels);  // gk += dKr @ Kbuf^T
-        matmul_forward_cpu(gv, dVr, Vbuf, R, M, cols, true, panels);  // one W: gv == gk, both sums
-        if (!all) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace(dWk + at, gk + at, n); });
-        if (!all && !one) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace(dWv + at, gv + at, n); });
-    }
-    matmul_backward_cpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, cols, false);  // dKbuf += Wk^T @ dKr
-    matmul_backward_cpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, cols, false);
+// forward: out[r][e] = sum_j W[r, j] * buf[j][e]
+// dW[r, j]  += sum_e dout[r][e] * buf[j][e]     (the learned columns only)
+// dbuf[j][e] += sum_r W[r, j] * dout[r][e]      (every layer 0..l: how the gradient reaches earlier layers)
+// Called for the keys, then the values: with one W for both (Eq. 2), dW gets both sums.
+LAB_SWAPPABLE void router_backward(float* dW, float* dbuf, const float* dout, const float* W, const float* buf, int l,
+                                   RouterSpan learned, int N, int R, int hd) {
+    int cols = (l + 1) * R;
+    size_t row = (size_t)N * hd;
+#pragma omp parallel for schedule(static)
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < cols; j++) {
+            if (!learned.has(j / R)) continue;
+            float s = 0;
+            for (size_t e = 0; e < row; e++) s += dout[r * row + e] * buf[j * row + e];
+            dW[(size_t)r * cols + j] += s;
+        }
+#pragma omp parallel for schedule(static)
+    for (int j = 0; j < cols; j++)
+        for (int r = 0; r < R; r++)
+            for (size_t e = 0; e < row; e++) dbuf[j * row + e] += W[(size_t)r * cols + j] * dout[r * row + e];
 }
 
+// The fast CPU versions, router_forward_fast and router_backward_fast
+// (support/model/cpu_fast.cpp), run the same sums as the named products, keys
+// and values together: out = W @ buf is gemm_nn, dW += dout @ buf^T gemm_nt,
+// dbuf += W^T @ dout gemm_tn.
+
+#define ROUTER_HEADS 16     // GPU: a thread's outputs, in registers
+#define ROUTER_SLICE 1024   // GPU: elements e of a row per block of the weight gradient
+#define ROUTER_SHARED 12288 // GPU: floats of shared memory the weight gradient may hold (48 KB)
 #ifdef LIME_GPU
-// The same products on cuBLAS (matmul_forward_gpu, matmul_backward_gpu), on blas's stream.
-LAB_SWAPPABLE void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                                      const float* Vbuf, int l, int N, int R, int hd, cublasHandle_t blas) {
-    int cols = (l + 1) * R, M = N * hd;
-    matmul_backward_gpu(Kr, nullptr, Wk, nullptr, Kbuf, R, M, cols, false, blas);
-    matmul_backward_gpu(Vr, nullptr, Wv, nullptr, Vbuf, R, M, cols, false, blas);
+// On the GPU, two forms of the same sums: hand-written kernels that read each
+// buffer row once (for the keys, blockIdx.y = 0, and the values, 1), or
+// cuBLAS's products. model_create picks one by the byte model (support/model/cost.cpp):
+// the kernels where they fit (dW's sums in shared memory), with fewer launches; cuBLAS otherwise.
+
+// One thread per element e and group of ROUTER_HEADS heads (blockIdx.z): reads buf[j][e] of every row j
+// once, adds W[r, j] times it into each of the group's sums.
+__global__ void router_forward_kernel(KvPair out, KvConst W, KvConst buf, int cols, int R, size_t row) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int r0 = blockIdx.z * ROUTER_HEADS, heads = min(ROUTER_HEADS, R - r0);
+    if (e >= row) return;
+    const float *w = blockIdx.y ? W.v : W.k, *b = blockIdx.y ? buf.v : buf.k;
+    float* o = blockIdx.y ? out.v : out.k;
+    float sum[ROUTER_HEADS] = {};
+    for (int j = 0; j < cols; j++) {
+        float x = b[j * row + e];
+        for (int r = 0; r < ROUTER_HEADS; r++)
+            if (r < heads) sum[r] += w[(r0 + r) * cols + j] * x;
+    }
+    for (int r = 0; r < heads; r++) o[(r0 + r) * row + e] = sum[r];
 }
+LAB_SWAPPABLE void router_forward_gpu(KvPair out, KvConst W, KvConst buf, int l, int N, int R, int hd,
+                                      cudaStream_t stream) {
+    size_t row = (size_t)N * hd;
+    LAUNCH(router_forward_kernel, dim3(ceil_div(row, 256), 2, ceil_div(R, ROUTER_HEADS)), 256, 0, stream)
+        (out, W, buf, (l + 1) * R, R, row);
+    launchCheck();
+}
+
+// dbuf[j][e] += W[r, j] * dout[r][e], r in order (the plain loop's order): one thread per element e,
+// ROUTER_HEADS of its R values of dout in registers at a time.
+__global__ void router_backward_buf_kernel(KvPair dbuf, KvConst dout, KvConst W, int cols, int R, size_t row) {
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= row) return;
+    const float *w = blockIdx.y ? W.v : W.k, *d = blockIdx.y ? dout.v : dout.k;
+    float* db = blockIdx.y ? dbuf.v : dbuf.k;
+    for (int r0 = 0; r0 < R; r0 += ROUTER_HEADS) {
+        float dr[ROUTER_HEADS];
+        for (int r = 0; r < ROUTER_HEADS; r++) dr[r] = r0 + r < R ? d[(r0 + r) * row + e] : 0.0f;
+        for (int j = 0; j < cols; j++) {
+            float s = db[j * row + e];
+            for (int r = 0; r < ROUTER_HEADS; r++)
+                if (r0 + r < R) s += w[(r0 + r) * cols + j] * dr[r];
+            db[j * row + e] = s;
+        }
+    }
+}
+// dW's sums in two fixed-order steps, no atomics. Block (slice s, keys or
+// values) holds all R x cols sums of its ROUTER_SLICE elements in shared
+// memory; tile by tile of `width` elements it stages dout (R, width) and buf
+// (cols, width), each row read once, and thread t adds the tile's dots of
+// pairs t, t + blockDim.x, ... Then partial (slices, 2, R, cols)[s] = the sums,
+// and one thread per weight adds the slices in order into the learned columns.
+__global__ void router_weight_partial_kernel(float* partial, KvConst dout, KvConst buf, int cols, int R, size_t row,
+                                             int width) {
+    DYNAMIC_SHARED(float, smem);
+    int pairs = R * cols;
+    float *sums = smem, *dt = smem + pairs, *bt = dt + R * width;  // (R, cols), (R, width), (cols, width)
+    const float *d = blockIdx.y ? dout.v : dout.k, *b = blockIdx.y ? buf.v : buf.k;
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) sums[p] = 0.0f;
+    size_t from = (size_t)blockIdx.x * ROUTER_SLICE, to = min(row, from + ROUTER_SLICE);
+    for (size_t e0 = from; e0 < to; e0 += width) {
+        int n = (int)min((size_t)width, to - e0);
+        __syncthreads();  // the last tile's dots are done
+        for (int x = threadIdx.x; x < (R + cols) * width; x += blockDim.x) {
+            int k = x / width, i = x % width;
+            float v = i < n ? (k < R ? d[k * row + e0 + i] : b[(k - R) * row + e0 + i]) : 0.0f;
+            (k < R ? dt[k * width + i] : bt[(k - R) * width + i]) = v;
+        }
+        __syncthreads();
+        for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+            int r = p / cols, j = p % cols;
+            float s = 0;
+            for (int i = 0; i < width; i++) s += dt[r * width + i] * bt[j * width + i];
+            sums[p] += s;
+        }
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x)
+        partial[((size_t)blockIdx.x * 2 + blockIdx.y) * pairs + p] = sums[p];
+}
+__global__ void router_weight_reduce_kernel(KvPair dW, const float* partial, int slices, int cols, int R,
+                                            RouterSpan learned) {
+    int p = blockIdx.x * blockDim.x + threadIdx.x, pairs = R * cols, source = p % cols / R;
+    if (p >= pairs || (source >= learned.below && source < learned.from)) return;  // not learned.has(source)
+    float sk = 0, sv = 0;
+    for (int s = 0; s < slices; s++) {
+        sk += partial[((size_t)s * 2) * pairs + p];
+        sv += partial[((size_t)s * 2 + 1) * pairs + p];
+    }
+    dW.k[p] += sk;  // one W: the same float, keys' sum first
+    dW.v[p] += sv;
+}
+// The elements of a tile the weight gradient's shared memory allows; 0: it does not fit.
+static int router_tile_width(int cols, int R) {
+    long room = ROUTER_SHARED - (long)R * cols;
+    return room < R + cols ? 0 : (int)std::min<long>(32, room / (R + cols));
+}
+// partial: the scratch, router_gpu_scratch_floats.
+static void router_backward_gpu(KvPair dW, KvPair dbuf, KvConst dout, KvConst W, KvConst buf, int l,
+                                RouterSpan learned, int N, int R, int hd, float* partial, cudaStream_t stream) {
+    int cols = (l + 1) * R, width = router_tile_width(cols, R), slices = (int)ceil_div((size_t)N * hd, ROUTER_SLICE);
+    size_t row = (size_t)N * hd, shared = ((size_t)R * cols + (size_t)(R + cols) * width) * sizeof(float);
+    LAUNCH(router_backward_buf_kernel, dim3(ceil_div(row, 256), 2), 256, 0, stream)(dbuf, dout, W, cols, R, row);
+    launchCheck();
+    if (!learned.any(l)) return;  // frozen, average: no weight learns
+    LAUNCH(router_weight_partial_kernel, dim3(slices, 2), 256, shared, stream)(partial, dout, buf, cols, R, row, width);
+    launchCheck();
+    LAUNCH(router_weight_reduce_kernel, ceil_div((size_t)R * cols, 256), 256, 0, stream)
+        (dW, partial, slices, cols, R, learned);
+    launchCheck();
+}
+
+// The cuBLAS form: the products above (gemm_nn_gpu, gemm_nt_gpu, gemm_tn_gpu) on blas's stream.
 // G: scratch for a variant's weight gradient, 2 * R * (l+1)R floats.
-static void router_backward_gpu(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
-                                const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l,
-                                RouterSpan learned, int N, int R, int hd, float* G, cublasHandle_t blas) {
-    int cols = (l + 1) * R, M = N * hd;
+static void router_forward_blas(KvPair out, KvConst W, KvConst buf, int l, int N, int R, int hd, cublasHandle_t blas) {
+    int cols = (l + 1) * R, row = N * hd;
+    gemm_nn_gpu(out.k, W.k, buf.k, R, row, cols, false, blas);
+    gemm_nn_gpu(out.v, W.v, buf.v, R, row, cols, false, blas);
+}
+static void router_backward_blas(KvPair dW, KvPair dbuf, KvConst dout, KvConst W, KvConst buf, int l,
+                                 RouterSpan learned, int N, int R, int hd, float* G, cublasHandle_t blas) {
+    int cols = (l + 1) * R, row = N * hd;
     cudaStream_t stream;
     cublasCheck(cublasGetStream(blas, &stream));
-    if (learns_any(l, learned)) {
-        bool all = learns_all(l, learned), one = dWk == dWv;
-        float *gk = all ? dWk : G, *gv = all ? dWv : one ? G : G + (size_t)R * cols;
-        if (!all) cudaCheck(cudaMemsetAsync(G, 0, 2 * (size_t)R * cols * sizeof(float), stream));
-        matmul_forward_gpu(gk, dKr, Kbuf, R, M, cols, true, blas);
-        matmul_forward_gpu(gv, dVr, Vbuf, R, M, cols, true, blas);
-        if (!all) for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace_gpu(dWk + at, gk + at, n, stream); });
-        if (!all && !one)
-            for_learned_columns(l, R, learned, [&](size_t at, size_t n) { add_inplace_gpu(dWv + at, gv + at, n, stream); });
-    }
-    matmul_backward_gpu(nullptr, dKbuf, Wk, dKr, nullptr, R, M, cols, false, blas);
-    matmul_backward_gpu(nullptr, dVbuf, Wv, dVr, nullptr, R, M, cols, false, blas);
-}
-#endif
-
-static void op_router_forward(Model* model, float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                              const float* Vbuf, int l, int N) {
-    int R = model->c.R, hd = model->c.hd;
-    DISPATCH(model, router_forward_gpu(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd, blas_of(model)),
-             router_forward(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd));
-}
-static void op_router_backward(Model* model, float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
-                               const float* dVr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
-                               int l, int N) {
-    int R = model->c.R, hd = model->c.hd;
-    RouterSpan learned = router_learned(model->c, l);  // the variant's trainable columns
-    DISPATCH(model,
-             router_backward_gpu(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd,
-                                 pass_acts(model)->scratch, blas_of(model)),
-             router_backward(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd));
-}
-
-// ===========================================================================
-// Hyper-Connections (--arch hc; Zhu et al., arXiv 2409.19606), the paper's
-// other baseline: the residual stream becomes n streams X (n, N, d), and each
-// sublayer (attention, then the MLP) reads and writes them through small
-// learned mixing weights, at each position t < N:
-//   weights  A[t] = static_alpha + alpha_scale * tanh(Xn[t] @ alpha_fn)    (n, n+1)
-//            b[t] = static_beta  + beta_scale  * tanh(Xn[t] @ beta_fn)     (n)
-//            Xn[i][t] = X[i][t] * rstd,  rstd = 1 / sqrt(mean_j X[i][t,j]^2 + eps)  (RMSNorm, no gain)
-//            (static HC, hc_dynamic false: A[t] = static_alpha, b[t] = static_beta)
-//   width    M[k][t]  = sum_i A[t,i,k] * X[i][t]        k = 0..n      M (n+1, N, d)
-//   sublayer y = sub(rmsnorm(M[0], g))                   y (N, d)
-//   depth    X'[i][t] = b[t,i] * y[t] + M[1+i][t]        X' (n, N, d)
-// The embedding fills every stream (hc_expand) and the final norm reads their
-// sum (hc_sum). X is stream-major, so stream i and mixture k are (N, d) arrays
-// like LLaMa's x; A (N, n, n+1) and b (N, n) hold one small matrix per position.
-// With n = 1 and the initial weights (A = [1 | 1], b = 1) this is LLaMa exactly.
-// HcParams w: static_beta (n), static_alpha (n, n+1), alpha_fn (d, n+1),
-// alpha_scale (1), beta_fn (d), beta_scale (1); the last four nullptr when static.
-// ===========================================================================
-
-// x[t] = sum_i X[i][t]: the final norm's input. Also the backward of hc_expand: dx = sum_i dX[i].
-static void hc_sum(float* x, const float* X, int n, size_t Nd) {
-#pragma omp parallel for schedule(static) if (Nd > SHARED_FLOATS)
-    for (size_t e = 0; e < Nd; e++) {
-        float s = 0;
-        for (int i = 0; i < n; i++) s += X[i * Nd + e];
-        x[e] = s;
-    }
-}
-// X[i][t] = x[t] for every stream i: the embedding. Also the backward of hc_sum: dX[i] = dx.
-static void hc_expand(float* X, const float* x, int n, size_t Nd) {
-    for (int i = 0; i < n; i++) copy_cpu(X + i * Nd, x, Nd);
-}
-
-#define HC_MAX_RATE 16  // config_check: n <= 16, so a position's n+1 mixing weights fit in registers
-// A (N, n, n+1), b (N, n) from X (n, N, d); dynamic also keeps rstd (N, n) of
-// each stream and the tanh values ta (N, n, n+1), tb (N, n), for backward.
-static void hc_weights_forward(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w,
-                               int N, int n, int d, float eps) {
-    int K = n + 1;
-    size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < N; t++)
-        for (int i = 0; i < n; i++) {
-            size_t ti = (size_t)t * n + i;
-            if (!w.alpha_fn) {  // static
-                for (int k = 0; k < K; k++) Aw[ti * K + k] = w.static_alpha[i * K + k];
-                bw[ti] = w.static_beta[i];
-                continue;
-            }
-            const float* x = X + i * Nd + (size_t)t * d;
-            float ss = 0;
-            for (int j = 0; j < d; j++) ss += x[j] * x[j];
-            float r = 1.0f / sqrtf(ss / d + eps), pa[HC_MAX_RATE + 1] = {}, pb = 0;
-            for (int j = 0; j < d; j++) {
-                float xn = x[j] * r;
-                for (int k = 0; k < K; k++) pa[k] += xn * w.alpha_fn[j * K + k];
-                pb += xn * w.beta_fn[j];
-            }
-            for (int k = 0; k < K; k++) {
-                ta[ti * K + k] = tanhf(pa[k]);
-                Aw[ti * K + k] = w.static_alpha[i * K + k] + w.alpha_scale[0] * ta[ti * K + k];
-            }
-            tb[ti] = tanhf(pb);
-            bw[ti] = w.static_beta[i] + w.beta_scale[0] * tb[ti];
-            rstd[ti] = r;
-        }
-}
-
-// forward: A[t] = static_alpha + alpha_scale * ta[t],  ta = tanh(pa),  pa[t,i,k] = sum_j Xn[i][t,j] alpha_fn[j,k]
-//          b[t] = static_beta  + beta_scale  * tb[t],  tb = tanh(pb),  pb[t,i]   = sum_j Xn[i][t,j] beta_fn[j]
-//          Xn[i][t] = X[i][t] * rstd[t,i]
-// d static_alpha += sum_t dA[t];   d static_beta += sum_t db[t]
-// d alpha_scale += sum_{t,i,k} dA * ta;   dpa = dA * alpha_scale * (1 - ta^2)   (beta alike)
-// d alpha_fn[j,k] += sum_{t,i} Xn[i][t,j] dpa[t,i,k];   d beta_fn[j] += sum_{t,i} Xn[i][t,j] dpb[t,i]
-// dXn[i][t,j] = sum_k alpha_fn[j,k] dpa[t,i,k] + beta_fn[j] dpb[t,i]
-// dX[i][t] += rstd * dXn - X * rstd^3 * mean_j(dXn_j X_j)       (RMSNorm's backward with gain 1)
-// The weight gradients are summed over CHUNKS fixed slices of the positions,
-// then the slices in order: the same for any thread count.
-// scratch: CHUNKS * (hc_weight_floats(n, d) + d) floats, each slice's sums and its dXn row.
-static void hc_weights_backward(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
-                                const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d,
-                                float* scratch) {
-    int K = n + 1;
-    size_t Nd = (size_t)N * d;
-    bool dyn = w.alpha_fn != nullptr;
-    // one chunk's sums: static_alpha (n*K), static_beta (n), then alpha_fn (d*K), alpha_scale, beta_fn (d), beta_scale
-    size_t G = dyn ? hc_weight_floats(n, d) : (size_t)n * K + n;
-    float* part = scratch;  // (CHUNKS, G), then (CHUNKS, d): each slice's dXn
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < CHUNKS; c++) {
-        float *sa = part + (size_t)c * G, *sb = sa + n * K, *afn = sb + n, *as = afn + (size_t)d * K, *bfn = as + 1,
-              *bs = bfn + d, *dxn = part + CHUNKS * G + (size_t)c * d;
-        memset(sa, 0, G * sizeof(float));
-        for (size_t t = (size_t)N * c / CHUNKS; t < (size_t)N * (c + 1) / CHUNKS; t++)
-            for (int i = 0; i < n; i++) {
-                size_t ti = t * n + i;
-                for (int k = 0; k < K; k++) sa[i * K + k] += dA[ti * K + k];
-                sb[i] += db[ti];
-                if (!dyn) continue;
-                float dpa[HC_MAX_RATE + 1], dpb = db[ti] * w.beta_scale[0] * (1 - tb[ti] * tb[ti]);
-                for (int k = 0; k < K; k++) {
-                    float a = ta[ti * K + k];
-                    as[0] += dA[ti * K + k] * a;
-                    dpa[k] = dA[ti * K + k] * w.alpha_scale[0] * (1 - a * a);
-                }
-                bs[0] += db[ti] * tb[ti];
-                const float* x = X + i * Nd + t * d;
-                float* dx = dX + i * Nd + t * d;
-                float r = rstd[ti], dot = 0;
-                for (int j = 0; j < d; j++) {
-                    float xn = x[j] * r, g = w.beta_fn[j] * dpb;
-                    for (int k = 0; k < K; k++) {
-                        afn[j * K + k] += xn * dpa[k];
-                        g += w.alpha_fn[j * K + k] * dpa[k];
-                    }
-                    bfn[j] += xn * dpb;
-                    dxn[j] = g;
-                    dot += g * x[j];
-                }
-                float k3 = r * r * r * dot / d;
-                for (int j = 0; j < d; j++) dx[j] += r * dxn[j] - x[j] * k3;
-            }
-    }
-    float* outs[] = {dw.static_alpha, dw.static_beta, dw.alpha_fn, dw.alpha_scale, dw.beta_fn, dw.beta_scale};
-    size_t sizes[] = {(size_t)n * K, (size_t)n, (size_t)d * K, 1, (size_t)d, 1};
-    for (int c = 0; c < CHUNKS; c++) {
-        const float* src = part + (size_t)c * G;
-        for (int o = 0; o < (dyn ? 6 : 2); src += sizes[o], o++)
-            for (size_t e = 0; e < sizes[o]; e++) outs[o][e] += src[e];
-    }
-}
-
-// M[k][t] = sum_i A[t,i,k] * X[i][t]: the width connection.
-static void hc_width_forward(float* M, const float* X, const float* Aw, int N, int n, int d) {
-    int K = n + 1;
-    size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < N; t++)
-        for (int k = 0; k < K; k++)
-            for (int j = 0; j < d; j++) {
-                float s = 0;
-                for (int i = 0; i < n; i++) s += Aw[((size_t)t * n + i) * K + k] * X[i * Nd + (size_t)t * d + j];
-                M[k * Nd + (size_t)t * d + j] = s;
-            }
-}
-
-// forward: M[k][t] = sum_i A[t,i,k] * X[i][t]
-// dA[t,i,k] = dM[k][t] . X[i][t];   dX[i][t] = sum_k A[t,i,k] * dM[k][t]   (both written, not added)
-static void hc_width_backward(float* dX, float* dA, const float* dM, const float* X, const float* Aw, int N, int n,
-                              int d) {
-    int K = n + 1;
-    size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < N; t++)
-        for (int i = 0; i < n; i++) {
-            const float* x = X + i * Nd + (size_t)t * d;
-            const float* a = Aw + ((size_t)t * n + i) * K;
-            for (int k = 0; k < K; k++) {
-                const float* dm = dM + k * Nd + (size_t)t * d;
-                float s = 0;
-                for (int j = 0; j < d; j++) s += dm[j] * x[j];
-                dA[((size_t)t * n + i) * K + k] = s;
-            }
-            for (int j = 0; j < d; j++) {
-                float s = 0;
-                for (int k = 0; k < K; k++) s += a[k] * dM[k * Nd + (size_t)t * d + j];
-                dX[i * Nd + (size_t)t * d + j] = s;
-            }
-        }
-}
-
-// X'[i][t] = b[t,i] * y[t] + M[1+i][t]: the depth connection (X' and M must not overlap).
-static void hc_depth_forward(float* Xout, const float* y, const float* M, const float* bw, int N, int n, int d) {
-    size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < N; t++)
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < d; j++) {
-                size_t e = (size_t)t * d + j;
-                Xout[i * Nd + e] = bw[(size_t)t * n + i] * y[e] + M[(1 + i) * Nd + e];
-            }
-}
-
-// forward: X'[i][t] = b[t,i] * y[t] + M[1+i][t]
-// dy[t] = sum_i b[t,i] * dX'[i][t];   db[t,i] = dX'[i][t] . y[t];   dM[1+i] = dX'[i]
-// All written, not added; dM[0] = 0, for the sublayer's norm to add its gradient into.
-static void hc_depth_backward(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw,
-                              int N, int n, int d) {
-    size_t Nd = (size_t)N * d;
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < N; t++) {
-        for (int j = 0; j < d; j++) {
-            size_t e = (size_t)t * d + j;
-            float s = 0;
-            for (int i = 0; i < n; i++) s += bw[(size_t)t * n + i] * dXout[i * Nd + e];
-            dy[e] = s;
-            dM[e] = 0.0f;
-            for (int i = 0; i < n; i++) dM[(1 + i) * Nd + e] = dXout[i * Nd + e];
-        }
-        for (int i = 0; i < n; i++) {
-            float s = 0;
-            for (int j = 0; j < d; j++) s += dXout[i * Nd + (size_t)t * d + j] * y[(size_t)t * d + j];
-            db[(size_t)t * n + i] = s;
-        }
-    }
-}
-
-#ifdef LIME_GPU
-// x[e] = sum_i X[i][e] (and dx = sum_i dX[i]): one thread per float of (N, d), the streams in order.
-__global__ void hc_sum_kernel(float* x, const float* X, int n, size_t Nd) {
-    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= Nd) return;
-    float s = 0;
-    for (int i = 0; i < n; i++) s += X[i * Nd + e];
-    x[e] = s;
-}
-static void hc_sum_gpu(float* x, const float* X, int n, size_t Nd, cudaStream_t stream) {
-    LAUNCH(hc_sum_kernel, ceil_div(Nd, 256), 256, 0, stream)(x, X, n, Nd);
-    launchCheck();
-}
-// X[i][e] = x[e]: one thread per float of (n, N, d).
-__global__ void hc_expand_kernel(float* X, const float* x, int n, size_t Nd) {
-    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e < n * Nd) X[e] = x[e % Nd];
-}
-static void hc_expand_gpu(float* X, const float* x, int n, size_t Nd, cudaStream_t stream) {
-    LAUNCH(hc_expand_kernel, ceil_div(n * Nd, 256), 256, 0, stream)(X, x, n, Nd);
-    launchCheck();
-}
-
-// The mixing weights: one warp per (position t, stream i). Static: lanes copy
-// the weights. Dynamic: lanes stride over the d columns for the sum of squares
-// and the n+2 products with alpha_fn and beta_fn, then warp sums (fixed trees).
-__global__ void hc_weights_forward_kernel(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X,
-                                          HcParams w, int N, int n, int d, float eps) {
-    int lane = threadIdx.x % 32, ti = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, K = n + 1;
-    if (ti >= N * n) return;  // the whole warp leaves together
-    int t = ti / n, i = ti % n;
-    if (!w.alpha_fn) {
-        for (int k = lane; k < K; k += 32) Aw[ti * K + k] = w.static_alpha[i * K + k];
-        if (lane == 0) bw[ti] = w.static_beta[i];
-        return;
-    }
-    const float* x = X + ((size_t)i * N + t) * d;
-    float ss = 0;
-    for (int j = lane; j < d; j += 32) ss += x[j] * x[j];
-    float r = 1.0f / sqrtf(warp_sum(ss) / d + eps), pa[HC_MAX_RATE + 1], pb = 0;
-    for (int k = 0; k < HC_MAX_RATE + 1; k++) pa[k] = 0;
-    for (int j = lane; j < d; j += 32) {
-        float xn = x[j] * r;
-        for (int k = 0; k < HC_MAX_RATE + 1; k++)
-            if (k < K) pa[k] += xn * w.alpha_fn[j * K + k];
-        pb += xn * w.beta_fn[j];
-    }
-    for (int k = 0; k < HC_MAX_RATE + 1; k++)
-        if (k < K) {
-            float a = tanhf(warp_sum(pa[k]));
-            if (lane == 0) ta[ti * K + k] = a, Aw[ti * K + k] = w.static_alpha[i * K + k] + w.alpha_scale[0] * a;
-        }
-    float b = tanhf(warp_sum(pb));
-    if (lane == 0) tb[ti] = b, bw[ti] = w.static_beta[i] + w.beta_scale[0] * b, rstd[ti] = r;
-}
-static void hc_weights_forward_gpu(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w,
-                                   int N, int n, int d, float eps, cudaStream_t stream) {
-    const int warps = 4;
-    LAUNCH(hc_weights_forward_kernel, ceil_div((size_t)N * n, warps), 32 * warps, 0, stream)
-        (Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
-    launchCheck();
-}
-
-// Backward of the dynamic weights, in three fixed-order steps, no atomics:
-// 1. one warp per (t, i): dpa (K), dpb into dp (N, n, K+1), and dX += the
-//    gain-less RMSNorm's backward of dXn (warp sums).
-// 2. block (chunk of HC_ROWS positions, weight slice): thread w sums weight w's
-//    terms over its chunk's positions and streams in order into partial[chunk].
-//    The G weights of a sublayer, in this order: static_alpha (n*K),
-//    static_beta (n), alpha_fn (d*K), alpha_scale, beta_fn (d), beta_scale.
-// 3. one thread per weight adds the chunks in order.
-// scratch: N*n*(K+1) floats for dp, then ceil(N / HC_ROWS) * G for the partial sums (hc_scratch_floats).
-__global__ void hc_weights_dx_kernel(float* dX, float* dp, const float* dA, const float* db, const float* X,
-                                     const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n,
-                                     int d) {
-    int lane = threadIdx.x % 32, ti = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, K = n + 1;
-    if (ti >= N * n) return;
-    int t = ti / n, i = ti % n;
-    float dpa[HC_MAX_RATE + 1], dpb = db[ti] * w.beta_scale[0] * (1 - tb[ti] * tb[ti]);
-    for (int k = 0; k < HC_MAX_RATE + 1; k++) {
-        float a = k < K ? ta[ti * K + k] : 0.0f;
-        dpa[k] = k < K ? dA[ti * K + k] * w.alpha_scale[0] * (1 - a * a) : 0.0f;
-        if (k < K && lane == 0) dp[ti * (K + 1) + k] = dpa[k];
-    }
-    if (lane == 0) dp[ti * (K + 1) + K] = dpb;
-    const float* x = X + ((size_t)i * N + t) * d;
-    float* dx = dX + ((size_t)i * N + t) * d;
-    auto dxn = [&](int j) {  // dXn[j] = sum_k alpha_fn[j,k] dpa[k] + beta_fn[j] dpb
-        float g = w.beta_fn[j] * dpb;
-        for (int k = 0; k < HC_MAX_RATE + 1; k++)
-            if (k < K) g += w.alpha_fn[j * K + k] * dpa[k];
-        return g;
-    };
-    float r = rstd[ti], dot = 0;
-    for (int j = lane; j < d; j += 32) dot += dxn(j) * x[j];
-    float k3 = r * r * r * warp_sum(dot) / d;
-    for (int j = lane; j < d; j += 32) dx[j] += r * dxn(j) - x[j] * k3;
-}
-__global__ void hc_weights_partial_kernel(float* partial, const float* dA, const float* db, const float* dp,
-                                          const float* X, const float* rstd, const float* ta, const float* tb, int N,
-                                          int n, int d, int G) {
-    int wi = blockIdx.y * blockDim.x + threadIdx.x, chunk = blockIdx.x, K = n + 1;
-    if (wi >= G) return;
-    int t0 = chunk * HC_ROWS, t1 = min(N, t0 + HC_ROWS), nK = n * K, dK = d * K;
-    float s = 0;
-    for (int t = t0; t < t1; t++) {
-        if (wi < nK) { s += dA[(size_t)t * nK + wi]; continue; }       // static_alpha[i, k]: dA[t, i, k]
-        if (wi < nK + n) { s += db[(size_t)t * n + wi - nK]; continue; } // static_beta[i]: db[t, i]
-        int v = wi - nK - n;
-        for (int i = 0; i < n; i++) {
-            size_t ti = (size_t)t * n + i;
-            const float* x = X + ((size_t)i * N + t) * d;
-            if (v < dK) s += x[v / K] * rstd[ti] * dp[ti * (K + 1) + v % K];  // alpha_fn[j, k]: Xn[j] dpa[k]
-            else if (v == dK)
-                for (int k = 0; k < K; k++) s += dA[ti * K + k] * ta[ti * K + k];  // alpha_scale
-            else if (v <= dK + d) s += x[v - dK - 1] * rstd[ti] * dp[ti * (K + 1) + K];  // beta_fn[j]: Xn[j] dpb
-            else s += db[ti] * tb[ti];                                                  // beta_scale
-        }
-    }
-    partial[(size_t)chunk * G + wi] = s;
-}
-__global__ void hc_weights_reduce_kernel(HcParams dw, const float* partial, int chunks, int n, int d, int G) {
-    int wi = blockIdx.x * blockDim.x + threadIdx.x, K = n + 1;
-    if (wi >= G) return;
-    float s = 0;
-    for (int c = 0; c < chunks; c++) s += partial[(size_t)c * G + wi];
-    int v = wi;
-    float* outs[] = {dw.static_alpha, dw.static_beta, dw.alpha_fn, dw.alpha_scale, dw.beta_fn, dw.beta_scale};
-    int sizes[] = {n * K, n, d * K, 1, d, 1};
-    for (int o = 0; o < 6; v -= sizes[o], o++)
-        if (v < sizes[o]) { outs[o][v] += s; return; }
-}
-static void hc_weights_backward_gpu(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
-                                    const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n,
-                                    int d, float* scratch, cudaStream_t stream) {
-    bool dynamic = w.alpha_fn != nullptr;
-    int G = n * (n + 1) + n + (dynamic ? d * (n + 1) + d + 2 : 0), chunks = (int)ceil_div(N, HC_ROWS), warps = 4;
-    float *dp = scratch, *partial = scratch + (size_t)N * n * (n + 2);
-    if (dynamic) {
-        LAUNCH(hc_weights_dx_kernel, ceil_div((size_t)N * n, warps), 32 * warps, 0, stream)
-            (dX, dp, dA, db, X, rstd, ta, tb, w, N, n, d);
+    if (learned.any(l)) {  // G (2, R, cols): the keys' sums, the values'; then the learned columns added
+        gemm_nt_gpu(G, dout.k, buf.k, R, cols, row, false, blas);
+        gemm_nt_gpu(G + (size_t)R * cols, dout.v, buf.v, R, cols, row, false, blas);
+        LAUNCH(router_weight_reduce_kernel, ceil_div((size_t)R * cols, 256), 256, 0, stream)(dW, G, 1, cols, R, learned);
         launchCheck();
     }
-    LAUNCH(hc_weights_partial_kernel, dim3(chunks, ceil_div(G, 128)), 128, 0, stream)
-        (partial, dA, db, dp, X, rstd, ta, tb, N, n, d, G);
-    launchCheck();
-    LAUNCH(hc_weights_reduce_kernel, ceil_div(G, 128), 128, 0, stream)(dw, partial, chunks, n, d, G);
-    launchCheck();
-}
-
-// M[k][t, j] = sum_i A[t,i,k] X[i][t, j]: one thread per float of M, the streams in order.
-__global__ void hc_width_forward_kernel(float* M, const float* X, const float* Aw, int N, int n, int d) {
-    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, Nd = (size_t)N * d;
-    if (e >= (n + 1) * Nd) return;
-    int k = (int)(e / Nd), t = (int)(e % Nd / d), K = n + 1;
-    float s = 0;
-    for (int i = 0; i < n; i++) s += Aw[((size_t)t * n + i) * K + k] * X[i * Nd + e % Nd];
-    M[e] = s;
-}
-static void hc_width_forward_gpu(float* M, const float* X, const float* Aw, int N, int n, int d, cudaStream_t stream) {
-    LAUNCH(hc_width_forward_kernel, ceil_div((size_t)(n + 1) * N * d, 256), 256, 0, stream)(M, X, Aw, N, n, d);
-    launchCheck();
-}
-// dX[i][t, j] = sum_k A[t,i,k] dM[k][t, j]: one thread per float of dX, the mixtures in order.
-__global__ void hc_width_backward_dx_kernel(float* dX, const float* dM, const float* Aw, int N, int n, int d) {
-    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, Nd = (size_t)N * d;
-    if (e >= n * Nd) return;
-    int i = (int)(e / Nd), t = (int)(e % Nd / d), K = n + 1;
-    float s = 0;
-    for (int k = 0; k < K; k++) s += Aw[((size_t)t * n + i) * K + k] * dM[k * Nd + e % Nd];
-    dX[e] = s;
-}
-// dA[t,i,k] = dM[k][t] . X[i][t]: one warp per weight, lanes stride over d, then a warp sum.
-__global__ void hc_width_backward_da_kernel(float* dA, const float* dM, const float* X, int N, int n, int d) {
-    int lane = threadIdx.x % 32, w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, K = n + 1;
-    if (w >= N * n * K) return;
-    int t = w / (n * K), i = w / K % n, k = w % K;
-    const float* dm = dM + ((size_t)k * N + t) * d;
-    const float* x = X + ((size_t)i * N + t) * d;
-    float s = 0;
-    for (int j = lane; j < d; j += 32) s += dm[j] * x[j];
-    s = warp_sum(s);
-    if (lane == 0) dA[w] = s;
-}
-static void hc_width_backward_gpu(float* dX, float* dA, const float* dM, const float* X, const float* Aw, int N, int n,
-                                  int d, cudaStream_t stream) {
-    LAUNCH(hc_width_backward_dx_kernel, ceil_div((size_t)n * N * d, 256), 256, 0, stream)(dX, dM, Aw, N, n, d);
-    launchCheck();
-    const int warps = 4;
-    LAUNCH(hc_width_backward_da_kernel, ceil_div((size_t)N * n * (n + 1), warps), 32 * warps, 0, stream)
-        (dA, dM, X, N, n, d);
-    launchCheck();
-}
-
-// X'[i][t, j] = b[t,i] y[t, j] + M[1+i][t, j]: one thread per float of X'.
-__global__ void hc_depth_forward_kernel(float* Xout, const float* y, const float* M, const float* bw, int N, int n,
-                                        int d) {
-    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, Nd = (size_t)N * d;
-    if (e >= n * Nd) return;
-    int i = (int)(e / Nd), t = (int)(e % Nd / d);
-    Xout[e] = bw[(size_t)t * n + i] * y[e % Nd] + M[Nd + e];
-}
-static void hc_depth_forward_gpu(float* Xout, const float* y, const float* M, const float* bw, int N, int n, int d,
-                                 cudaStream_t stream) {
-    LAUNCH(hc_depth_forward_kernel, ceil_div((size_t)n * N * d, 256), 256, 0, stream)(Xout, y, M, bw, N, n, d);
-    launchCheck();
-}
-// dy[t, j] = sum_i b[t,i] dX'[i][t, j], dM[0] = 0, dM[1+i] = dX'[i]: one thread per float of (N, d).
-__global__ void hc_depth_backward_dy_kernel(float* dy, float* dM, const float* dXout, const float* bw, int N, int n,
-                                            int d) {
-    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x, Nd = (size_t)N * d;
-    if (e >= Nd) return;
-    int t = (int)(e / d);
-    float s = 0;
-    for (int i = 0; i < n; i++) {
-        float g = dXout[i * Nd + e];
-        s += bw[(size_t)t * n + i] * g;
-        dM[(1 + i) * Nd + e] = g;
-    }
-    dy[e] = s;
-    dM[e] = 0.0f;
-}
-// db[t,i] = dX'[i][t] . y[t]: one warp per (t, i), then a warp sum.
-__global__ void hc_depth_backward_db_kernel(float* db, const float* dXout, const float* y, int N, int n, int d) {
-    int lane = threadIdx.x % 32, ti = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (ti >= N * n) return;
-    int t = ti / n, i = ti % n;
-    const float* g = dXout + ((size_t)i * N + t) * d;
-    const float* yt = y + (size_t)t * d;
-    float s = 0;
-    for (int j = lane; j < d; j += 32) s += g[j] * yt[j];
-    s = warp_sum(s);
-    if (lane == 0) db[ti] = s;
-}
-static void hc_depth_backward_gpu(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw,
-                                  int N, int n, int d, cudaStream_t stream) {
-    LAUNCH(hc_depth_backward_dy_kernel, ceil_div((size_t)N * d, 256), 256, 0, stream)(dy, dM, dXout, bw, N, n, d);
-    launchCheck();
-    const int warps = 4;
-    LAUNCH(hc_depth_backward_db_kernel, ceil_div((size_t)N * n, warps), 32 * warps, 0, stream)(db, dXout, y, N, n, d);
-    launchCheck();
+    gemm_tn_gpu(dbuf.k, W.k, dout.k, cols, row, R, blas);
+    gemm_tn_gpu(dbuf.v, W.v, dout.v, cols, row, R, blas);
 }
 #endif
+// The GPU's scratch for the router: the kernels' partial sums, or cuBLAS's G.
+static size_t router_gpu_scratch_floats(const Config& c, size_t BT) {
+    size_t pairs = (size_t)c.R * c.L * c.R, slices = (BT * c.hd + ROUTER_SLICE - 1) / ROUTER_SLICE;
+    return c.arch == ARCH_LIME ? slices * 2 * pairs : 0;
+}
+#ifdef LIME_GPU
+// Whether the hand-written kernels take this model's router: the widest layer's weight gradient fits shared memory.
+static bool router_kernels_fit(const Config& c) { return router_tile_width(c.L * c.R, c.R) > 0; }
+#endif
 
-static void op_hc_sum(Model* model, float* x, const float* X, int N) {
-    int n = model->c.hc_rate;
-    size_t Nd = (size_t)N * model->c.d;
-    DISPATCH(model, hc_sum_gpu(x, X, n, Nd, stream_of(model)), hc_sum(x, X, n, Nd));
-}
-static void op_hc_expand(Model* model, float* X, const float* x, int N) {
-    int n = model->c.hc_rate;
-    size_t Nd = (size_t)N * model->c.d;
-    DISPATCH(model, hc_expand_gpu(X, x, n, Nd, stream_of(model)), hc_expand(X, x, n, Nd));
-}
-// The CPU runs the fast loops (support/model/cpu_fast.cpp) in ./lime, the plain ones above in ./lime-ref.
-// scratch: cpu_scratch_floats's.
-static void hc_weights_forward_cpu(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w,
-                                   int N, int n, int d, float eps, float* scratch) {
-    if (FAST_CPU) hc_weights_forward_fast(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps, scratch);
-    else hc_weights_forward(Aw, bw, rstd, ta, tb, X, w, N, n, d, eps);
-}
-static void hc_weights_backward_cpu(float* dX, HcParams dw, const float* dA, const float* db, const float* X,
-                                    const float* rstd, const float* ta, const float* tb, HcParams w, int N, int n, int d,
-                                    float* scratch) {
-    if (FAST_CPU) hc_weights_backward_fast(dX, dw, dA, db, X, rstd, ta, tb, w, N, n, d, scratch);
-    else hc_weights_backward(dX, dw, dA, db, X, rstd, ta, tb, w, N, n, d, scratch);
-}
-static void hc_width_forward_cpu(float* M, const float* X, const float* Aw, int N, int n, int d) {
-    if (FAST_CPU) hc_width_forward_fast(M, X, Aw, N, n, d);
-    else hc_width_forward(M, X, Aw, N, n, d);
-}
-static void hc_width_backward_cpu(float* dX, float* dA, const float* dM, const float* X, const float* Aw, int N, int n,
-                                  int d) {
-    if (FAST_CPU) hc_width_backward_fast(dX, dA, dM, X, Aw, N, n, d);
-    else hc_width_backward(dX, dA, dM, X, Aw, N, n, d);
-}
-static void hc_depth_backward_cpu(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw,
-                                  int N, int n, int d) {
-    if (FAST_CPU) hc_depth_backward_fast(dy, db, dM, dXout, y, bw, N, n, d);
-    else hc_depth_backward(dy, db, dM, dXout, y, bw, N, n, d);
-}
-
-static void op_hc_weights_forward(Model* model, float* Aw, float* bw, float* rstd, float* ta, float* tb,
-                                  const float* X, const HcParams& w, int N) {
-    const Config& c = model->c;
-    DISPATCH(model, hc_weights_forward_gpu(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps, stream_of(model)),
-             hc_weights_forward_cpu(Aw, bw, rstd, ta, tb, X, w, N, c.hc_rate, c.d, c.eps, model->acts->scratch));
-}
-static void op_hc_weights_backward(Model* model, float* dX, const HcParams& dw, const float* dA, const float* db,
-                                   const float* X, const float* rstd, const float* ta, const float* tb,
-                                   const HcParams& w, int N) {
-    const Config& c = model->c;
+// Keys and values: the model's layer l. The plain loops mix one buffer each.
+static void op_router_forward(Model* model, KvPair out, KvConst W, KvConst buf, int l, int N) {
+    int R = model->c.R, hd = model->c.hd;
     DISPATCH(model,
-             hc_weights_backward_gpu(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d, pass_acts(model)->scratch,
-                                     stream_of(model)),
-             hc_weights_backward_cpu(dX, dw, dA, db, X, rstd, ta, tb, w, N, c.hc_rate, c.d, model->acts->scratch));
+             model->gpu->router_blas ? router_forward_blas(out, W, buf, l, N, R, hd, blas_of(model))
+                                     : router_forward_gpu(out, W, buf, l, N, R, hd, stream_of(model)),
+             router_forward_fast(out, W, buf, l, N, R, hd),
+             (router_forward(out.k, W.k, buf.k, l, N, R, hd), router_forward(out.v, W.v, buf.v, l, N, R, hd)));
 }
-static void op_hc_width_forward(Model* model, float* M, const float* X, const float* Aw, int N) {
-    const Config& c = model->c;
-    DISPATCH(model, hc_width_forward_gpu(M, X, Aw, N, c.hc_rate, c.d, stream_of(model)),
-             hc_width_forward_cpu(M, X, Aw, N, c.hc_rate, c.d));
-}
-static void op_hc_width_backward(Model* model, float* dX, float* dA, const float* dM, const float* X, const float* Aw,
-                                 int N) {
-    const Config& c = model->c;
-    DISPATCH(model, hc_width_backward_gpu(dX, dA, dM, X, Aw, N, c.hc_rate, c.d, stream_of(model)),
-             hc_width_backward_cpu(dX, dA, dM, X, Aw, N, c.hc_rate, c.d));
-}
-static void op_hc_depth_forward(Model* model, float* Xout, const float* y, const float* M, const float* bw, int N) {
-    const Config& c = model->c;
-    DISPATCH(model, hc_depth_forward_gpu(Xout, y, M, bw, N, c.hc_rate, c.d, stream_of(model)),
-             hc_depth_forward(Xout, y, M, bw, N, c.hc_rate, c.d));
-}
-static void op_hc_depth_backward(Model* model, float* dy, float* db, float* dM, const float* dXout, const float* y,
-                                 const float* bw, int N) {
-    const Config& c = model->c;
-    DISPATCH(model, hc_depth_backward_gpu(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d, stream_of(model)),
-             hc_depth_backward_cpu(dy, db, dM, dXout, y, bw, N, c.hc_rate, c.d));
+static void op_router_backward(Model* model, KvPair dW, KvPair dbuf, KvConst dout, KvConst W, KvConst buf, int l,
+                               int N) {
+    int R = model->c.R, hd = model->c.hd;
+    RouterSpan learned = router_learned(model->c, l);  // the variant's trainable columns
+    float* scratch = pass_acts(model)->scratch;
+    DISPATCH(model,
+             model->gpu->router_blas
+                 ? router_backward_blas(dW, dbuf, dout, W, buf, l, learned, N, R, hd, scratch, blas_of(model))
+                 : router_backward_gpu(dW, dbuf, dout, W, buf, l, learned, N, R, hd, scratch, stream_of(model)),
+             router_backward_fast(dW, dbuf, dout, W, buf, l, learned, N, R, hd, scratch),
+             (router_backward(dW.k, dbuf.k, dout.k, W.k, buf.k, l, learned, N, R, hd),
+              router_backward(dW.v, dbuf.v, dout.v, W.v, buf.v, l, learned, N, R, hd)));
 }
 
 // ===========================================================================
@@ -1883,17 +1145,19 @@ static void attention_forward_gpu(float* out, float* att, const float* q, const 
     long long sq = (long long)H * T * hd, skv = (long long)T * hd, satt = (long long)H * T * T;  // strides over b
     split_heads_gpu(qp, q, B, T, H, hd, stream);
     // kv head r, entry b: q_g at qp + (b*H + r*n_rep)*T*hd, k_r at k + (r*B + b)*T*hd, att_g at att + (b*H + r*n_rep)*T*T
-    for (int r = 0; r < R; r++)  // att_g (M, T) = scale * q_g (M, hd) @ k_r^T: matmul_forward_gpu's product
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &scale, k + r * B * skv, hd,
-                                              skv, qp + r * n_rep * T * hd, hd, sq, &zero, att + r * n_rep * T * T, T,
-                                              satt, B));
+    for (int r = 0; r < R; r++) {  // att_g (M, T) = scale * q_g (M, hd) @ k_r^T: matmul_forward_gpu's product
+        long long g = (long long)r * n_rep * T, kv = (long long)r * B * skv;  // group r's first row; kv head r's rows
+        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &scale, k + kv, hd, skv,
+                                              qp + g * hd, hd, sq, &zero, att + g * T, T, satt, B));
+    }
     LAUNCH(causal_softmax_kernel, ceil_div((size_t)B * H * T, 4), 128, 0, stream)(att, B * H * T, T);
     launchCheck();
     // op_g (M, hd) = att_g (M, T) @ v_r (T, hd): column-major op_g^T (hd, M) = v_r^T (hd, T) @ att_g^T (T, M)
-    for (int r = 0; r < R; r++)
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &one, v + r * B * skv, hd, skv,
-                                              att + r * n_rep * T * T, T, satt, &zero, op + r * n_rep * T * hd, hd, sq,
-                                              B));
+    for (int r = 0; r < R; r++) {
+        long long g = (long long)r * n_rep * T, kv = (long long)r * B * skv;
+        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &one, v + kv, hd, skv,
+                                              att + g * T, T, satt, &zero, op + g * hd, hd, sq, B));
+    }
     merge_heads_gpu(out, op, B, T, H, hd, stream);
 }
 
@@ -1933,60 +1197,36 @@ static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt,
     merge_heads_gpu(dq, dqp, B, T, H, hd, stream);
 }
 
-// The flash-style kernels: the same outputs in O(T) memory (--attention flash).
-#include "support/model/flash_attention.cuh"
 #endif
 
-// On the GPU, A->flash picks the flash-style kernels (att then holds each
-// row's log-sum-exp), else the products around the stored softmax; on the CPU
-// the fast loops (support/model/cpu_fast.cpp) run in ./lime, the plain ones above in ./lime-ref.
-#ifdef LIME_GPU
-static void attention_forward_gpu_any(float* out, float* att, const float* q, const float* k, const float* v, int B,
-                                      int T, int H, int R, int hd, const Acts* A, cublasHandle_t blas,
-                                      cudaStream_t stream) {
-    if (A->flash) flash_attention_forward_gpu(out, att, q, k, v, B, T, H, R, hd, stream);
-    else attention_forward_gpu(out, att, q, k, v, B, T, H, R, hd, A->scratch, blas, stream);
-}
-// out: the forward's output (flash backward needs dout . out per row).
-static void attention_backward_gpu_any(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                                       const float* q, const float* k, const float* v, const float* att, int B, int T,
-                                       int H, int R, int hd, const Acts* A, cublasHandle_t blas, cudaStream_t stream) {
-    if (A->flash) flash_attention_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, H, R, hd, A->scratch, stream);
-    else attention_backward_gpu(dq, dk, dv, A->datt, dout, q, k, v, att, B, T, H, R, hd, A->scratch, blas, stream);
-}
-#endif
-// scratch: cpu_scratch_floats's, with row buffers for `threads` threads.
-static void attention_forward_cpu(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                                  int H, int R, int hd, float* scratch, int threads) {
-    if (FAST_CPU) attention_forward_fast(out, att, q, k, v, B, T, H, R, hd, scratch, threads);
-    else attention_forward(out, att, q, k, v, B, T, H, R, hd);
-}
-static void attention_backward_cpu(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                                   const float* v, const float* att, int B, int T, int H, int R, int hd, float* scratch,
-                                   int threads) {
-    if (FAST_CPU) attention_backward_fast(dq, dk, dv, dout, q, k, v, att, B, T, H, R, hd, scratch, threads);
-    else attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, H, R, hd);
-}
-
+// The dispatchers. On the GPU, A->flash picks the flash-style kernels (att then
+// holds each row's log-sum-exp), else the products around the stored softmax;
+// on the CPU the fast loops (support/model/cpu_fast.cpp) in ./lime, the plain
+// ones above in ./lime-ref. out: the forward's output (the flash backward's dout . out).
 static void op_attention_forward(Model* model, float* out, float* att, const float* q, const float* k, const float* v,
                                  int B, int T) {
     const Config& c = model->c;
+    const Acts* A = pass_acts(model);
     DISPATCH(model,
-             attention_forward_gpu_any(out, att, q, k, v, B, T, c.H, c.R, c.hd, pass_acts(model), blas_of(model),
-                                       stream_of(model)),
-             attention_forward_cpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, model->acts->scratch, model->acts->threads));
+             A->flash ? flash_attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(model))
+                      : attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, A->scratch, blas_of(model),
+                                              stream_of(model)),
+             attention_forward_fast(out, att, q, k, v, B, T, c.H, c.R, c.hd, A->scratch, A->threads),
+             attention_forward(out, att, q, k, v, B, T, c.H, c.R, c.hd));
 }
 static void op_attention_backward(Model* model, float* dq, float* dk, float* dv, const float* dout, const float* out,
                                   const float* q, const float* k, const float* v, const float* att, int B, int T) {
     const Config& c = model->c;
+    const Acts* A = pass_acts(model);
     (void)out;  // the GPU's flash kernels' alone
     DISPATCH(model,
-             attention_backward_gpu_any(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd, pass_acts(model),
-                                        blas_of(model), stream_of(model)),
-             attention_backward_cpu(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd, model->acts->scratch,
-                                    model->acts->threads));
+             A->flash ? flash_attention_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd,
+                                                     A->scratch, stream_of(model))
+                      : attention_backward_gpu(dq, dk, dv, A->datt, dout, q, k, v, att, B, T, c.H, c.R, c.hd,
+                                               A->scratch, blas_of(model), stream_of(model)),
+             attention_backward_fast(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch, A->threads),
+             attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd));
 }
-
 // ===========================================================================
 // SwiGLU: h = silu(gate) * up,  silu(z) = z / (1 + exp(-z))
 // ===========================================================================
@@ -2141,18 +1381,13 @@ static void crossentropy_backward_gpu(float* dlogits_probs, const int* targets, 
 }
 #endif
 
-// The loss lands in model->last_loss on the CPU, in device memory (Metrics) on the GPU.
-// The CPU's loss goes to *loss (model->last_loss); the GPU's stays in Metrics until the host asks.
-static void crossentropy_forward_cpu(float* loss, float* probs, float* nll, const float* logits, const int* targets,
-                                     const float* mask, int N, int V) {
-    *loss = crossentropy_forward(probs, nll, logits, targets, mask, N, V);
-}
+// The loss: model->last_loss on the CPU; on the GPU it stays in device memory (Metrics) until the host asks.
 static void op_crossentropy_forward(Model* model, float* probs, float* nll, const float* logits, const int* targets,
                                     const float* mask, int N) {
     int V = model->c.V;
     DISPATCH(model,
              crossentropy_forward_gpu(probs, nll, logits, targets, mask, N, V, model->gpu->metrics, stream_of(model)),
-             crossentropy_forward_cpu(&model->last_loss, probs, nll, logits, targets, mask, N, V));
+             model->last_loss = crossentropy_forward(probs, nll, logits, targets, mask, N, V));
 }
 static void op_crossentropy_backward(Model* model, float* dlogits_probs, const int* targets, const float* mask, int N) {
     int V = model->c.V;
@@ -2161,233 +1396,6 @@ static void op_crossentropy_backward(Model* model, float* dlogits_probs, const i
              crossentropy_backward(dlogits_probs, targets, mask, N, V));
 }
 
-// ===========================================================================
-// The value-entropy regulariser (the referee's causal test; docs/model.md).
-// Per layer l and sequence b, over the n_b valid positions t of b (valid = 1:
-// a token of the sequence, not padding), D = R*hd:
-//   mu[l, b]  = mean_t V[l][b, t]                          (D)    V: the value projection, before any router
-//   Z         = V[l][b, t] - mu[l, b] at the valid t        (n_b, D)
-//   G         = Z^T Z                                       (D, D)
-//   S2[l, b]  = -log(||G||_F^2 / tr(G)^2)   (0, without gradient, when n_b < 2 or tr(G) = 0)
-//   loss_total = loss - entropy_reg * sum_{l, b} S2[l, b] / (L * B)
-// S2 is the order-2 Renyi entropy of G's normalised spectrum: no
-// eigendecomposition. Its gradient into the values (backward):
-//   dS2/dZ = 4 Z / tr(G) - 4 Z G / ||G||_F^2, 0 at the padding; the centering's
-//   backward subtracts its mean over the valid t, which is 0 (Z's rows sum to 0).
-// The cost is n_b D^2 multiply-adds for G and again for Z G. The n_b x n_b
-// Gram K = Z Z^T has the same trace and Frobenius norm (tr K = sum_t |Z[t]|^2
-// = tr G; ||K||_F^2 = tr(Z Z^T Z Z^T) = tr(Z^T Z Z^T Z) = ||G||_F^2) and
-// K Z = Z G, at n_b^2 D each: the fast CPU path (ereg_forward_fast, support/
-// cpu_fast.cpp) takes K where n_b < D, G otherwise, as blocked products.
-// ===========================================================================
-
-// One layer, every sequence: stat (B, 4) = {S2, 4 / tr(G), 4 / ||G||_F^2, 0}
-// (all 0 for a sequence without an S2), mu (B, D), G (B, D, D), from V (B, T, D) and valid (B, T).
-static void ereg_forward(float* stat, float* mu, float* G, const float* V, const float* valid, int B, int T, int D) {
-#pragma omp parallel for schedule(static)
-    for (int b = 0; b < B; b++) {
-        const float* Vb = V + (size_t)b * T * D;  // (T, D)
-        const float* vb = valid + (size_t)b * T;  // (T)
-        float* m = mu + (size_t)b * D;            // (D)
-        float* g = G + (size_t)b * D * D;         // (D, D)
-        int n = 0;
-        for (int t = 0; t < T; t++) n += vb[t] != 0;
-        // mu = mean over the valid t of V[t]
-        for (int j = 0; j < D; j++) {
-            double s = 0;
-            for (int t = 0; t < T; t++) if (vb[t] != 0) s += Vb[(size_t)t * D + j];
-            m[j] = n ? (float)(s / n) : 0.0f;
-        }
-        // G = Z^T Z = sum over the valid t of (V[t] - mu)(V[t] - mu)^T
-        for (int i = 0; i < D * D; i++) g[i] = 0;
-        for (int t = 0; t < T; t++) {
-            if (vb[t] == 0) continue;
-            const float* v = Vb + (size_t)t * D;
-            for (int i = 0; i < D; i++) {
-                float zi = v[i] - m[i];
-                for (int j = 0; j < D; j++) g[(size_t)i * D + j] += zi * (v[j] - m[j]);
-            }
-        }
-        // S2 = -log(||G||_F^2 / tr(G)^2)
-        double tr = 0, f2 = 0;
-        for (int i = 0; i < D; i++) tr += g[(size_t)i * D + i];
-        for (size_t i = 0; i < (size_t)D * D; i++) f2 += (double)g[i] * g[i];
-        float* st = stat + 4 * b;
-        bool has_s2 = n >= 2 && tr > 0 && f2 > 0;
-        st[0] = has_s2 ? (float)-std::log(f2 / (tr * tr)) : 0.0f;
-        st[1] = has_s2 ? (float)(4.0 / tr) : 0.0f;
-        st[2] = has_s2 ? (float)(4.0 / f2) : 0.0f;
-        st[3] = 0.0f;
-    }
-}
-
-// forward: S2 = -log(||G||_F^2 / tr(G)^2), G = Z^T Z, Z[t] = V[t] - mu at the valid t
-// dV[t] += scale * dS2/dZ[t] = scale * (4 Z[t] / tr(G) - 4 (Z G)[t] / ||G||_F^2)   (valid t only)
-// scale = -entropy_reg / (L * B); a sequence without an S2 has stat 0: no gradient.
-static void ereg_backward(float* dV, const float* V, const float* valid, const float* mu, const float* G,
-                          const float* stat, float scale, int B, int T, int D) {
-#pragma omp parallel for schedule(static)
-    for (int bt = 0; bt < B * T; bt++) {
-        int b = bt / T;
-        const float* st = stat + 4 * b;
-        if (valid[bt] == 0 || st[1] == 0) continue;
-        const float* v = V + (size_t)bt * D;       // (D)
-        const float* m = mu + (size_t)b * D;       // (D)
-        const float* g = G + (size_t)b * D * D;    // (D, D)
-        float* dv = dV + (size_t)bt * D;           // (D)
-        for (int j = 0; j < D; j++) {
-            float zg = 0;  // (Z G)[t, j] = sum_i Z[t, i] G[i, j]
-            for (int i = 0; i < D; i++) zg += (v[i] - m[i]) * g[(size_t)i * D + j];
-            dv[j] += scale * (st[1] * (v[j] - m[j]) - st[2] * zg);
-        }
-    }
-}
-
-// The regularised loss from the cross-entropy and stat (n = L*B entries of 4),
-// summed in order: returns the mean S2; *loss = ce - entropy_reg * mean S2.
-static float ereg_loss(float* loss, float ce, const float* stat, int n, float entropy_reg) {
-    double s = 0;
-    for (int k = 0; k < n; k++) s += stat[4 * k];
-    float s2 = (float)(s / n);
-    *loss = ce - entropy_reg * s2;
-    return s2;
-}
-
-#ifdef LIME_GPU
-// One thread per (b, j): mu (B, D), the mean over b's valid positions (in
-// order, in double), then Z (B, T, D) = V - mu there, 0 at the padding.
-__global__ void ereg_center_kernel(float* Z, float* mu, const float* V, const float* valid, int B, int T, int D) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= B * D) return;
-    int b = idx / D, j = idx % D;
-    const float* vb = valid + (size_t)b * T;
-    int n = 0;
-    double s = 0;
-    for (int t = 0; t < T; t++)
-        if (vb[t] != 0) { n++; s += V[((size_t)b * T + t) * D + j]; }
-    float m = n ? (float)(s / n) : 0.0f;
-    mu[idx] = m;
-    for (int t = 0; t < T; t++) {
-        size_t at = ((size_t)b * T + t) * D + j;
-        Z[at] = vb[t] != 0 ? V[at] - m : 0.0f;
-    }
-}
-// One block per sequence: tr(G) and ||G||_F^2 as fixed trees in double, the
-// count of valid positions, then stat (B, 4) as the CPU's.
-__global__ void ereg_stat_kernel(float* stat, const float* G, const float* valid, int T, int D) {
-    __shared__ double part[256];
-    int b = blockIdx.x;
-    const float* g = G + (size_t)b * D * D;
-    double tr = 0, f2 = 0, n = 0;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) tr += g[(size_t)i * D + i];
-    for (size_t i = threadIdx.x; i < (size_t)D * D; i += blockDim.x) f2 += (double)g[i] * g[i];
-    for (int t = threadIdx.x; t < T; t += blockDim.x) n += valid[(size_t)b * T + t] != 0;
-    tr = block_sum(tr, part);
-    f2 = block_sum(f2, part);
-    n = block_sum(n, part);
-    if (threadIdx.x == 0) {
-        bool has_s2 = n >= 2 && tr > 0 && f2 > 0;
-        float* st = stat + 4 * b;
-        st[0] = has_s2 ? (float)-log(f2 / (tr * tr)) : 0.0f;
-        st[1] = has_s2 ? (float)(4.0 / tr) : 0.0f;
-        st[2] = has_s2 ? (float)(4.0 / f2) : 0.0f;
-        st[3] = 0.0f;
-    }
-}
-// Z (B, T, D) and ZG (B, T, D): scratch; G = Z^T Z per sequence, one batched product.
-static void ereg_forward_gpu(float* stat, float* mu, float* G, const float* V, const float* valid, float* Z, int B,
-                             int T, int D, cublasHandle_t blas, cudaStream_t stream) {
-    LAUNCH(ereg_center_kernel, ceil_div((size_t)B * D, 128), 128, 0, stream)(Z, mu, V, valid, B, T, D);
-    launchCheck();
-    const float one = 1.0f, zero = 0.0f;  // column-major: Z^T is (D, T), G = Z^T (Z^T)^T
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, D, D, T, &one, Z, D, (long long)T * D, Z, D,
-                                          (long long)T * D, &zero, G, D, (long long)D * D, B));
-    LAUNCH(ereg_stat_kernel, B, 256, 0, stream)(stat, G, valid, T, D);
-    launchCheck();
-}
-// One thread per value: dV += scale * (4 Z / tr(G) - 4 (Z G) / ||G||_F^2) at the valid positions.
-__global__ void ereg_backward_kernel(float* dV, const float* Z, const float* ZG, const float* valid, const float* stat,
-                                     float scale, int B, int T, int D) {
-    size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)B * T * D) return;
-    size_t bt = idx / D;
-    const float* st = stat + 4 * (bt / T);
-    if (valid[bt] == 0 || st[1] == 0) return;
-    dV[idx] += scale * (st[1] * Z[idx] - st[2] * ZG[idx]);
-}
-static void ereg_backward_gpu(float* dV, const float* V, const float* valid, float* mu, const float* G,
-                              const float* stat, float scale, float* Z, float* ZG, int B, int T, int D,
-                              cublasHandle_t blas, cudaStream_t stream) {
-    LAUNCH(ereg_center_kernel, ceil_div((size_t)B * D, 128), 128, 0, stream)(Z, mu, V, valid, B, T, D);  // Z again
-    launchCheck();
-    const float one = 1.0f, zero = 0.0f;  // column-major: (Z G)^T = G (Z^T), G symmetric
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, D, T, D, &one, G, D, (long long)D * D, Z, D,
-                                          (long long)T * D, &zero, ZG, D, (long long)T * D, B));
-    LAUNCH(ereg_backward_kernel, ceil_div((size_t)B * T * D, 256), 256, 0, stream)
-        (dV, Z, ZG, valid, stat, scale, B, T, D);
-    launchCheck();
-}
-// The mean S2 over stat's n entries (a fixed tree, double) into metrics->s2,
-// and metrics->loss = metrics->ce - entropy_reg * s2, in one block.
-__global__ void ereg_loss_kernel(Metrics* metrics, const float* stat, int n, float entropy_reg) {
-    __shared__ double part[256];
-    double s = 0;
-    for (int k = threadIdx.x; k < n; k += blockDim.x) s += stat[4 * k];
-    s = block_sum(s, part);
-    if (threadIdx.x == 0) {
-        float s2 = (float)(s / n);
-        metrics->s2 = s2;
-        metrics->loss = metrics->ce - entropy_reg * s2;
-    }
-}
-static void ereg_loss_gpu(Metrics* metrics, const float* stat, int n, float entropy_reg, cudaStream_t stream) {
-    LAUNCH(ereg_loss_kernel, 1, 256, 0, stream)(metrics, stat, n, entropy_reg);
-    launchCheck();
-}
-#endif
-
-// One layer's S2 per sequence (stat, mu, G of that layer) from its values V (B, T, R*hd).
-// The CPU runs the fast loops (support/model/cpu_fast.cpp) in ./lime, the plain ones above in ./lime-ref.
-static void ereg_forward_cpu(float* stat, float* mu, float* G, const float* V, const float* valid, int B, int T, int D,
-                             float* scratch) {
-    if (FAST_CPU) ereg_forward_fast(stat, mu, G, V, valid, B, T, D, scratch);
-    else ereg_forward(stat, mu, G, V, valid, B, T, D);
-}
-static void ereg_backward_cpu(float* dV, const float* V, const float* valid, const float* mu, const float* G,
-                              const float* stat, float scale, int B, int T, int D, float* scratch) {
-    if (FAST_CPU) ereg_backward_fast(dV, V, valid, mu, G, stat, scale, B, T, D, scratch);
-    else ereg_backward(dV, V, valid, mu, G, stat, scale, B, T, D);
-}
-// On the CPU, *loss (the cross-entropy) becomes the regularised loss: *ce keeps the cross-entropy, *s2 the mean S2.
-static void ereg_loss_cpu(float* loss, float* ce, float* s2, const float* stat, int n, float entropy_reg) {
-    *ce = *loss;
-    *s2 = ereg_loss(loss, *ce, stat, n, entropy_reg);
-}
-static void op_ereg_forward(Model* model, float* stat, float* mu, float* G, const float* V, const float* valid, int B,
-                            int T) {
-    int D = model->c.R * model->c.hd;
-    DISPATCH(model,
-             ereg_forward_gpu(stat, mu, G, V, valid, pass_acts(model)->scratch, B, T, D, blas_of(model),
-                              stream_of(model)),
-             ereg_forward_cpu(stat, mu, G, V, valid, B, T, D, model->acts->scratch));
-}
-static void op_ereg_backward(Model* model, float* dV, const float* V, const float* valid, float* mu, const float* G,
-                             const float* stat, int B, int T) {
-    int D = model->c.R * model->c.hd;
-    float scale = -model->c.entropy_reg / ((float)model->c.L * B);
-    [[maybe_unused]] float* Z = pass_acts(model)->scratch;  // GPU: (B, T, D) twice
-    DISPATCH(model,
-             ereg_backward_gpu(dV, V, valid, mu, G, stat, scale, Z, Z + (size_t)B * T * D, B, T, D, blas_of(model),
-                               stream_of(model)),
-             ereg_backward_cpu(dV, V, valid, mu, G, stat, scale, B, T, D, model->acts->scratch));
-}
-// After the cross-entropy: the regularised loss and the mean S2 over stat's n = L*B sequences
-// (model->last_loss, last_s2 on the CPU; Metrics on the GPU).
-static void op_ereg_loss(Model* model, const float* stat, int n) {
-    float lambda = model->c.entropy_reg;
-    DISPATCH(model, ereg_loss_gpu(model->gpu->metrics, stat, n, lambda, stream_of(model)),
-             ereg_loss_cpu(&model->last_loss, &model->last_ce, &model->last_s2, stat, n, lambda));
-}
 
 // ===========================================================================
 // AdamW (docs/training.md): global-norm clipping, then per run of tensors with
@@ -2442,8 +1450,8 @@ std::vector<AdamWRun> adamw_runs(const std::vector<TensorSpec>& specs) {
 // One run of tensors: p (n), its moments m, v and its gradient g, times
 // grad_scale (the clipping). A short run (a gain, a router) stays on one
 // thread (SHARED_FLOATS).
-LAB_SWAPPABLE void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd,
-                             float grad_scale, const AdamWNumbers& nums) {
+LAB_SWAPPABLE void adamw(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd,
+                         float grad_scale, const AdamWNumbers& nums) {
     // the numbers as locals: m, v and p could be nums as far as the compiler
     // knows, and it would reload them after every store instead of vectorising
     const float beta1 = nums.beta1, beta2 = nums.beta2, bc1 = nums.bc1, bc2 = nums.bc2, eps = nums.eps;
@@ -2463,12 +1471,12 @@ LAB_SWAPPABLE float clip_scale(float norm, float grad_clip) {
     return grad_clip > 0 ? std::min(1.0f, grad_clip / (norm + 1e-6f)) : 1.0f;
 }
 
-#ifdef LIME_GPU
-// Global norm in two fixed-order steps: `blocks` blocks (a number that depends
-// on n alone) each sum a strided share of g^2 in double, then one block adds
-// the partial sums and sets the clip scale.
+// Global norm on the GPU in two fixed-order steps: `blocks` blocks (a number
+// that depends on n alone) each sum a strided share of g^2 in double, then one
+// block adds the partial sums and sets the clip scale.
 #define NORM_THREADS 256
-static int grad_norm_blocks(size_t n) { return (int)std::min<size_t>(1024, ceil_div(n, NORM_THREADS * 16)); }
+static int grad_norm_blocks(size_t n) { return (int)std::min<size_t>(1024, (n + NORM_THREADS * 16 - 1) / (NORM_THREADS * 16)); }
+#ifdef LIME_GPU
 __global__ void grad_sumsq_kernel(double* partial, const float* g, size_t n) {
     __shared__ double part[NORM_THREADS];
     double s = 0;
@@ -2521,7 +1529,7 @@ static void adamw_gpu(float* p, float* m, float* v, const float* g, size_t n, Gr
 // Every run of one group (GpuState::runs) with one launch; mem holds params,
 // grads, adam_m, adam_v of n floats each. The numbers and the clip scale are
 // read on the device.
-static void adamw_gpu_runs(float* mem, const std::vector<AdamWRun>& runs, size_t n, const AdamWNumbers* nums,
+static void adamw_update_gpu(float* mem, const std::vector<AdamWRun>& runs, size_t n, const AdamWNumbers* nums,
                            const Metrics* metrics, cudaStream_t stream) {
     for (const AdamWRun& run : runs)
         adamw_gpu(mem + run.offset, mem + 2 * n + run.offset, mem + 3 * n + run.offset, mem + n + run.offset, run.numel,
@@ -2529,17 +1537,15 @@ static void adamw_gpu_runs(float* mem, const std::vector<AdamWRun>& runs, size_t
 }
 #endif
 
-// The CPU's global norm, into *norm (model->last_norm).
-static void grad_norm_cpu(float* norm, const float* g, size_t n) { *norm = (float)std::sqrt(grad_sumsq(g, n)); }
 // Every run of tensors (model->adamw_runs) with its group's lr and weight
 // decay; params holds params, grads, adam_m, adam_v of n floats each; the
 // gradients scaled by the clip scale of the global norm.
-static void adamw_cpu_runs(float* params, const std::vector<AdamWRun>& runs, size_t n, float norm,
-                           const AdamWNumbers& nums) {
+static void adamw_update(float* params, const std::vector<AdamWRun>& runs, size_t n, float norm,
+                         const AdamWNumbers& nums) {
     float clip = clip_scale(norm, nums.grad_clip);
     for (const AdamWRun& run : runs)
-        adamw_cpu(params + run.offset, params + 2 * n + run.offset, params + 3 * n + run.offset, params + n + run.offset,
-                  run.numel, nums.lr[run.group], nums.weight_decay[run.group], clip, nums);
+        adamw(params + run.offset, params + 2 * n + run.offset, params + 3 * n + run.offset, params + n + run.offset,
+              run.numel, nums.lr[run.group], nums.weight_decay[run.group], clip, nums);
 }
 
 // Global gradient norm: model->last_norm on the CPU, Metrics (with the clip scale) on the GPU.
@@ -2548,42 +1554,74 @@ static void op_grad_norm(Model* model) {
     DISPATCH(model,
              grad_norm_gpu(model->gpu->metrics, model->gpu->norm_partial, model->gpu->mem + n, n, model->gpu->numbers,
                            stream_of(model)),
-             grad_norm_cpu(&model->last_norm, model->grads, n));
+             model->last_norm = (float)std::sqrt(grad_sumsq(model->grads, n)));
 }
 // AdamW on every tensor with model->numbers; the GPU reads their device copy
 // (staged before the step), so that a captured graph stays valid.
 static void op_adamw(Model* model) {
     size_t n = model->n_params;
     DISPATCH(model,
-             adamw_gpu_runs(model->gpu->mem, model->adamw_runs, n, model->gpu->numbers, model->gpu->metrics,
-                            stream_of(model)),
-             adamw_cpu_runs(model->params, model->adamw_runs, n, model->last_norm, model->numbers));
+             adamw_update_gpu(model->gpu->mem, model->adamw_runs, n, model->gpu->numbers, model->gpu->metrics,
+                              stream_of(model)),
+             adamw_update(model->params, model->adamw_runs, n, model->last_norm, model->numbers));
 }
 
 // ===========================================================================
-// The model: one code path for both devices.
-//
-// forward_pass, backward_pass and update_pass are written once. Each of their
-// steps is an op_*() call that runs the CPU loops (plain, or fast) or launches
-// the GPU kernels (DISPATCH is the one `if`). The activations are the same struct, Acts,
-// carved by acts_carve over host memory for the CPU and over device memory
-// for the GPU; the parameters are the same Params views, over host or device
-// memory. On the GPU every op is queued on one stream and nothing inside a
-// pass waits for the device, so a whole training step can be captured as a
-// CUDA graph and replayed.
+// The residual stream around sublayer s (2l: attention, 2l+1: the MLP). In
+// LLaMa and LIMe the sublayer reads rmsnorm(x) and adds its output back to x.
+// A study model that changes the stream does it here, a hook line each:
+// Hyper-Connections keep n streams (support/study/hyper_connections.cuh).
 // ===========================================================================
 
-// The CPU ops' scratch (declared with Acts): rmsnorm_backward's gain slices,
-// the plain hc_weights_backward's slices and rows; in ./lime also the fast
-// products' panels, the attention's row buffers (one set per thread), the
-// fast HC weights' and the regulariser's (support/model/cpu_fast.h).
-static size_t cpu_scratch_floats(const Config& c, int B, int threads) {
-    size_t d = c.d, n = c.hc_rate, hc = c.arch == ARCH_HC ? 1 : 0, ereg = c.entropy_reg > 0 ? 1 : 0;
-    size_t most = std::max(CHUNKS * d, hc * CHUNKS * (hc_weight_floats(n, d) + d));
-    if (!FAST_CPU) return most;
-    return std::max({most, fast_scratch_floats(c), attention_fast_scratch_floats(c.T, c.hd, threads),
-                     hc * hc_fast_scratch_floats((int)n, (int)d), ereg * ereg_fast_scratch_floats(B, c.T, c.R * c.hd)});
+// What sublayer s's norm reads: the stream x (B, T, d) itself.
+static const float* sublayer_input(Model* model, int s, const float* x, int B, int T) {
+    Acts* A = pass_acts(model);
+    if (model->c.arch == ARCH_HC)  // mixture 0 of the n streams
+        return hc_sublayer_input(model, hc_sublayer(A->hc, model->c, s, B, T), x, pass_params(model).hc[s], B * T,
+                                 A->scratch);
+    return x;
 }
+// forward: a = rmsnorm(sublayer_input(x), g): dx += the norm's backward of da (A->dnorm).
+static void sublayer_input_backward(Model* model, int s, float* dx, float* dg, const float* x, const float* g,
+                                    const float* rstd, int B, int T) {
+    Acts* A = pass_acts(model);
+    int N = B * T;
+    if (model->c.arch == ARCH_HC) {  // the norm read mixture 0: into dM[0], then the mixing's backward into dx
+        HcSublayer h = hc_sublayer(A->hc, model->c, s, B, T);
+        op_rmsnorm_backward(model, A->hc.dM, dg, A->dnorm, h.M, g, rstd, N);
+        return hc_sublayer_input_backward(model, dx, A->hc, h, x, pass_params(model).hc[s], pass_grads(model).hc[s],
+                                          N, A->scratch);
+    }
+    op_rmsnorm_backward(model, dx, dg, A->dnorm, x, g, rstd, N);
+}
+// The sublayer's output joins the stream: xout = x + inp (B*T, C) @ W^T.
+static void residual_forward(Model* model, int s, float* xout, const float* x, const float* inp, const float* W, int C,
+                             int B, int T) {
+    int N = B * T, d = model->c.d;
+    if (model->c.arch == ARCH_HC) {  // y = inp @ W^T, then the depth connection writes the n streams
+        HcSublayer h = hc_sublayer(pass_acts(model)->hc, model->c, s, B, T);
+        op_matmul_forward(model, h.y, inp, W, N, C, d);
+        return hc_residual_forward(model, xout, h, N);
+    }
+    op_copy(model, xout, x, (size_t)N * d);
+    op_matmul_forward(model, xout, inp, W, N, C, d, true);
+}
+// forward: xout = x + y, y = inp @ W^T: returns dy from dxout (the same array:
+// the stream's gradient passes through the add unchanged, as dx).
+static const float* residual_backward(Model* model, int s, const float* dxout, int B, int T) {
+    Acts* A = pass_acts(model);
+    if (model->c.arch == ARCH_HC) return hc_residual_backward(model, A->hc, hc_sublayer(A->hc, model->c, s, B, T), dxout, B * T);
+    return dxout;
+}
+
+// ===========================================================================
+// The model: one code path for both devices. forward_pass, backward_pass and
+// update_pass are written once; each step is an op_X() call that runs the CPU
+// loops or launches the GPU kernels, over the same Acts and Params views (host
+// memory for the CPU, device memory for the GPU). On the GPU every op is
+// queued on one stream and nothing inside a pass waits for the device, so a
+// whole training step is captured as a CUDA graph and replayed.
+// ===========================================================================
 
 // Pointers of layer l's activations for a (B, T) batch: per-layer strides are B*T*width.
 struct LayerActs {
@@ -2613,77 +1651,30 @@ static LayerActs layer_acts(const Acts* A, const Config& c, int l, int B, int T)
     return la;
 }
 
-// Pointers of sublayer s's Hyper-Connection activations (s = 2l attention, 2l+1 MLP), for a (B, T) batch.
-struct HcActs {
-    float *M, *y, *A, *b, *rstd, *ta, *tb;
-};
-static HcActs hc_acts(const Acts* A, const Config& c, int s, int B, int T) {
-    size_t BT = (size_t)B * T, d = c.d, n = c.hc_rate, dyn = c.hc_dynamic ? 1 : 0;
-    return HcActs{A->hc_M + s * (n + 1) * BT * d, A->hc_y + s * BT * d,           A->hc_A + s * BT * n * (n + 1),
-                  A->hc_b + s * BT * n,           A->hc_rstd + dyn * s * BT * n,  A->hc_ta + dyn * s * BT * n * (n + 1),
-                  A->hc_tb + dyn * s * BT * n};
-}
-
-// HC's sublayer input: the mixing weights of the streams X (n, N, d), then the
-// width connection; returns mixture 0 (N, d), what the sublayer's norm reads.
-static const float* hc_sublayer_input(Model* model, const HcActs& h, const float* X, const HcParams& w, int N) {
-    op_hc_weights_forward(model, h.A, h.b, h.rstd, h.ta, h.tb, X, w, N);
-    op_hc_width_forward(model, h.M, X, h.A, N);
-    return h.M;
-}
-// HC's residual: y = inp (N, C) @ W^T, then the depth connection into Xout (n, N, d).
-static void hc_sublayer_output(Model* model, float* Xout, const HcActs& h, const float* inp, const float* W, int N,
-                               int C) {
-    op_matmul_forward(model, h.y, inp, W, N, C, model->c.d);
-    op_hc_depth_forward(model, Xout, h.y, h.M, h.b, N);
-}
-// Backward of hc_sublayer_output, from dXout (n, N, d): returns dy (N, d), the
-// gradient of the sublayer's output; fills dM[1..n] and zeroes dM[0].
-static const float* hc_output_backward(Model* model, const HcActs& h, const float* dXout, int N) {
-    Acts* A = pass_acts(model);
-    op_hc_depth_backward(model, A->hc_dy, A->hc_db, A->hc_dM, dXout, h.y, h.b, N);
-    return A->hc_dy;
-}
-// Backward of hc_sublayer_input once dM (n+1, N, d) is complete: writes dX (n, N, d), adds the HC tensors' gradients.
-static void hc_input_backward(Model* model, float* dX, const HcActs& h, const float* X, const HcParams& w,
-                              const HcParams& dw, int N) {
-    Acts* A = pass_acts(model);
-    op_hc_width_backward(model, dX, A->hc_dA, A->hc_dM, X, h.A, N);
-    op_hc_weights_backward(model, dX, dw, A->hc_dA, A->hc_db, X, h.rstd, h.ta, h.tb, w, N);
-}
-
 // The router that mixes the values: the one router of Eq. 2, or with
 // --router-kv separate a second one (the same for gradients: Params alike).
 static float* value_router(const LayerParams& w) { return w.router_v ? w.router_v : w.router; }
 
-// Forward over the batch already in A->tokens (and A->targets, A->mask with a loss).
+// Forward over the batch already in A->batch.tokens (and A->batch.targets, A->batch.mask with a loss).
 static void forward_pass(Model* model, int B, int T, bool with_loss) {
     const Config& c = model->c;
     Acts* A = pass_acts(model);
     const Params& P = pass_params(model);
     int N = B * T, d = c.d, qd = c.H * c.hd, kvd = c.R * c.hd;
-    bool hc = c.arch == ARCH_HC;  // Hyper-Connections: n residual streams
-    op_embedding_forward(model, hc ? A->hc_x : A->x, A->tokens, P.E, N);  // x[0] (B, T, d)
-    if (hc) op_hc_expand(model, A->x, A->hc_x, N);                          // into every stream (n, B, T, d)
+    op_embedding_forward(model, A->x, A->batch.tokens, P.E, N);              // x[0] (B, T, d)
+    if (c.arch == ARCH_HC) op_hc_expand(model, A->x, A->x, N);           // HC: into every stream (n, B, T, d)
     for (int l = 0; l < c.L; l++) {
         const LayerParams& w = P.layer[l];
         LayerActs la = layer_acts(A, c, l, B, T);
-        HcActs ha = hc ? hc_acts(A, c, 2 * l, B, T) : HcActs{}, hm = hc ? hc_acts(A, c, 2 * l + 1, B, T) : HcActs{};
-        // attention block
-        const float* a_in = hc ? hc_sublayer_input(model, ha, la.x, P.hc[2 * l], N) : la.x;
-        op_rmsnorm_forward(model, la.attn_in, la.rstd_a, a_in, w.g_attn, N);
+        // attention block: xa = x + attention(rmsnorm(x)) @ Wo^T
+        op_rmsnorm_forward(model, la.attn_in, la.rstd_a, sublayer_input(model, 2 * l, la.x, B, T), w.g_attn, N);
         op_matmul_forward(model, la.q, la.attn_in, w.Wq, N, d, qd);  // (B, T, H, hd)
         op_kv_projection_forward(model, la.K, la.attn_in, w.Wk, N);  // (R, B, T, hd) into the buffer
         op_kv_projection_forward(model, la.V, la.attn_in, w.Wv, N);
-        if (model->ereg_on) {  // the value-entropy regulariser: this layer's S2 per sequence, from V as (B, T, R*hd)
-            float* Vt = A->ereg_V + (size_t)l * N * kvd;  // token-major, kept for the backward
-            op_kv_transpose(model, Vt, la.V, N, true, false);
-            op_ereg_forward(model, A->ereg_stat + (size_t)l * B * 4, A->ereg_mu + (size_t)l * B * kvd,
-                            A->ereg_G + (size_t)l * B * kvd * kvd, Vt, A->valid, B, T);
-        }
+        if (model->ereg_on) ereg_layer_forward(model, A->ereg, l, la.V, A->batch.valid, B, T, A->scratch);  // S2 of V
         const float* vr = la.V;
         if (has_router(c, l)) {  // LIMe: mix the buffer of layers 0..l
-            op_router_forward(model, la.kr, la.vr, w.router, value_router(w), A->Kbuf, A->Vbuf, l, N);
+            op_router_forward(model, {la.kr, la.vr}, {w.router, value_router(w)}, {A->Kbuf, A->Vbuf}, l, N);
             vr = la.vr;
         } else {                 // LLaMa, and LIMe's layer 0: own keys and values
             op_copy(model, la.kr, la.K, (size_t)N * kvd);
@@ -2691,38 +1682,27 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         op_rope_forward(model, la.q, B, T, c.H);
         op_rope_forward(model, la.kr, c.R * B, T, 1);  // (R, B, T, hd): R*B sequences of one head
         op_attention_forward(model, la.o, la.att, la.q, la.kr, vr, B, T);
-        if (hc) {
-            hc_sublayer_output(model, la.xa, ha, la.o, w.Wo, N, qd);  // xa = b * (o @ Wo^T) + M[1..n]
-        } else {
-            op_copy(model, la.xa, la.x, (size_t)N * d);
-            op_matmul_forward(model, la.xa, la.o, w.Wo, N, qd, d, true);  // xa = x + o @ Wo^T
-        }
-        // MLP block
-        const float* m_in = hc ? hc_sublayer_input(model, hm, la.xa, P.hc[2 * l + 1], N) : la.xa;
-        op_rmsnorm_forward(model, la.mlp_in, la.rstd_m, m_in, w.g_mlp, N);
+        residual_forward(model, 2 * l, la.xa, la.x, la.o, w.Wo, qd, B, T);  // xa = x + o @ Wo^T
+        // MLP block: x[l+1] = xa + swiglu(rmsnorm(xa)) @ Wd^T
+        op_rmsnorm_forward(model, la.mlp_in, la.rstd_m, sublayer_input(model, 2 * l + 1, la.xa, B, T), w.g_mlp, N);
         op_matmul_forward(model, la.gate, la.mlp_in, w.Wg, N, d, c.F);
         op_matmul_forward(model, la.up, la.mlp_in, w.Wu, N, d, c.F);
         op_swiglu_forward(model, la.h, la.gate, la.up, (size_t)N * c.F);
-        if (hc) {
-            hc_sublayer_output(model, la.xnext, hm, la.h, w.Wd, N, c.F);  // x = b * (h @ Wd^T) + M[1..n]
-        } else {
-            op_copy(model, la.xnext, la.xa, (size_t)N * d);
-            op_matmul_forward(model, la.xnext, la.h, w.Wd, N, c.F, d, true);  // x = xa + h @ Wd^T
-        }
+        residual_forward(model, 2 * l + 1, la.xnext, la.xa, la.h, w.Wd, c.F, B, T);  // x[l+1] = xa + h @ Wd^T
     }
     float* xL = layer_acts(A, c, c.L, B, T).x;
-    if (hc) op_hc_sum(model, A->hc_x, xL, N), xL = A->hc_x;  // the streams' sum
+    if (c.arch == ARCH_HC) op_hc_sum(model, A->hc.x, xL, N), xL = A->hc.x;  // HC: the streams' sum
     op_rmsnorm_forward(model, A->hf, A->rstd_f, xL, P.g_final, N);
     op_matmul_forward(model, A->logits, A->hf, P.E, N, d, c.V);  // tied: logits = hf @ E^T
-    if (with_loss) op_crossentropy_forward(model, A->probs, A->nll, A->logits, A->targets, A->mask, N);
-    if (with_loss && model->ereg_on) op_ereg_loss(model, A->ereg_stat, c.L * B);  // loss = ce - lambda mean S2
+    if (with_loss) op_crossentropy_forward(model, A->probs, A->nll, A->logits, A->batch.targets, A->batch.mask, N);
+    if (with_loss && model->ereg_on) op_ereg_loss(model, A->ereg.stat, c.L * B);  // loss = ce - lambda mean S2
 }
 
 static void backward_pass(Model* model, int B, int T) {
     const Config& c = model->c;
     Acts* A = pass_acts(model);
     const Params& P = pass_params(model);
-    const Params& G = pass_grads(model);
+    const Params& grads = pass_grads(model);
     int N = B * T, d = c.d, qd = c.H * c.hd, kvd = c.R * c.hd;
     size_t kv_layer = (size_t)N * kvd;
     op_zero(model, pass_grads_base(model), model->n_params);
@@ -2730,32 +1710,27 @@ static void backward_pass(Model* model, int B, int T) {
     op_zero(model, A->dVbuf, c.L * kv_layer);
     // loss -> logits -> final norm
     float* dlogits = A->probs;
-    op_crossentropy_backward(model, dlogits, A->targets, A->mask, N);
-    op_matmul_backward(model, A->dnorm, G.E, dlogits, A->hf, P.E, N, d, c.V, false);
-    bool hc = c.arch == ARCH_HC;  // Hyper-Connections: n residual streams
-    float* dxL = hc ? A->hc_dy : A->dx;  // hc: the gradient of the streams' sum, then of every stream
-    op_zero(model, dxL, (size_t)N * d);
-    float* xL = hc ? A->hc_x : layer_acts(A, c, c.L, B, T).x;
-    op_rmsnorm_backward(model, dxL, G.g_final, A->dnorm, xL, P.g_final, A->rstd_f, N);
-    if (hc) op_hc_expand(model, A->dx, dxL, N);  // forward: x = sum_i X[i]
+    op_crossentropy_backward(model, dlogits, A->batch.targets, A->batch.mask, N);
+    op_matmul_backward(model, A->dnorm, grads.E, dlogits, A->hf, P.E, N, d, c.V, false);
+    op_zero(model, A->dx, (size_t)N * d);
+    float* xL = c.arch == ARCH_HC ? A->hc.x : layer_acts(A, c, c.L, B, T).x;  // HC: the streams' sum
+    op_rmsnorm_backward(model, A->dx, grads.g_final, A->dnorm, xL, P.g_final, A->rstd_f, N);
+    if (c.arch == ARCH_HC) op_hc_expand(model, A->dx, A->dx, N);  // forward: x = sum_i X[i]
     for (int l = c.L - 1; l >= 0; l--) {
         const LayerParams& w = P.layer[l];
-        const LayerParams& gw = G.layer[l];
+        const LayerParams& gw = grads.layer[l];
         LayerActs la = layer_acts(A, c, l, B, T);
-        HcActs ha = hc ? hc_acts(A, c, 2 * l, B, T) : HcActs{}, hm = hc ? hc_acts(A, c, 2 * l + 1, B, T) : HcActs{};
         float* dK = A->dKbuf + l * kv_layer;  // (R, B, T, hd): complete once layers > l are done
         float* dV = A->dVbuf + l * kv_layer;
-        // MLP block. forward: xnext = xa + h @ Wd^T, h = swiglu(mlp_in Wg^T, mlp_in Wu^T), mlp_in = rmsnorm(xa)
-        // (hc: forward xnext = b * (h @ Wd^T) + M[1..n], M = mixtures of xa, mlp_in = rmsnorm(M[0]))
-        const float* dy = hc ? hc_output_backward(model, hm, A->dx, N) : A->dx;  // gradient of h @ Wd^T
+        // MLP block. forward: x[l+1] = xa + h @ Wd^T, h = swiglu(mlp_in Wg^T, mlp_in Wu^T), mlp_in = rmsnorm(xa)
+        const float* dy = residual_backward(model, 2 * l + 1, A->dx, B, T);  // the gradient of h @ Wd^T
         op_matmul_backward(model, A->dh, gw.Wd, dy, la.h, w.Wd, N, c.F, d, false);
         op_swiglu_backward(model, A->dgate, A->dup, A->dh, la.gate, la.up, (size_t)N * c.F);
         op_matmul_backward(model, A->dnorm, gw.Wg, A->dgate, la.mlp_in, w.Wg, N, d, c.F, false);
         op_matmul_backward(model, A->dnorm, gw.Wu, A->dup, la.mlp_in, w.Wu, N, d, c.F, true);
-        op_rmsnorm_backward(model, hc ? A->hc_dM : A->dx, gw.g_mlp, A->dnorm, hc ? hm.M : la.xa, w.g_mlp, la.rstd_m, N);
-        if (hc) hc_input_backward(model, A->dx, hm, la.xa, P.hc[2 * l + 1], G.hc[2 * l + 1], N);  // dx is now d xa
-        // attention block. forward: xa = x + o @ Wo^T  (hc: xa = b * (o @ Wo^T) + M[1..n], M = mixtures of x)
-        dy = hc ? hc_output_backward(model, ha, A->dx, N) : A->dx;  // gradient of o @ Wo^T
+        sublayer_input_backward(model, 2 * l + 1, A->dx, gw.g_mlp, la.xa, w.g_mlp, la.rstd_m, B, T);  // dx: d xa
+        // attention block. forward: xa = x + o @ Wo^T, o = attention(q, rope(Kr), Vr)
+        dy = residual_backward(model, 2 * l, A->dx, B, T);  // the gradient of o @ Wo^T
         op_matmul_backward(model, A->dout, gw.Wo, dy, la.o, w.Wo, N, qd, d, false);
         bool routed = has_router(c, l);
         float* dvr = routed ? A->dvr : dV;  // without a router, attention's values are the buffer itself
@@ -2765,30 +1740,21 @@ static void backward_pass(Model* model, int B, int T) {
                               T);
         op_rope_backward(model, A->dq, B, T, c.H);
         op_rope_backward(model, A->dkr, c.R * B, T, 1);
-        if (routed) {
-            op_router_backward(model, gw.router, value_router(gw), A->dKbuf, A->dVbuf, A->dkr, A->dvr, w.router,
-                               value_router(w), A->Kbuf, A->Vbuf, l, N);
+        if (routed) {  // forward: Kr, Vr = W @ Kbuf, W @ Vbuf (Eq. 2): the gradient reaches layers 0..l's keys and values
+            op_router_backward(model, {gw.router, value_router(gw)}, {A->dKbuf, A->dVbuf}, {A->dkr, A->dvr},
+                               {w.router, value_router(w)}, {A->Kbuf, A->Vbuf}, l, N);
         } else {
             op_add(model, dK, A->dkr, kv_layer);
         }
-        // forward: loss -= entropy_reg * mean S2, S2 from V (the regulariser): its gradient, token-major
-        // in dvr (free now), joins dV
-        if (model->ereg_on) {
-            op_zero(model, A->dvr, kv_layer);
-            op_ereg_backward(model, A->dvr, A->ereg_V + l * kv_layer, A->valid, A->ereg_mu + (size_t)l * B * kvd,
-                             A->ereg_G + (size_t)l * B * kvd * kvd, A->ereg_stat + (size_t)l * B * 4, B, T);
-            op_kv_transpose(model, dV, A->dvr, N, false, true);
-        }
+        if (model->ereg_on) ereg_layer_backward(model, A->ereg, l, dV, A->dvr, A->batch.valid, B, T, A->scratch);  // -lambda S2
         // forward: q = a Wq^T, K and V = the heads of a Wk^T and a Wv^T (kv_projection_forward), a = rmsnorm(x)
         op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd, false);  // then K's and V's add
         op_kv_projection_backward(model, A->dnorm, gw.Wk, dK, la.attn_in, w.Wk, N);
         op_kv_projection_backward(model, A->dnorm, gw.Wv, dV, la.attn_in, w.Wv, N);
-        op_rmsnorm_backward(model, hc ? A->hc_dM : A->dx, gw.g_attn, A->dnorm, hc ? ha.M : la.x, w.g_attn, la.rstd_a,
-                            N);
-        if (hc) hc_input_backward(model, A->dx, ha, la.x, P.hc[2 * l], G.hc[2 * l], N);  // dx is now d x[l]
+        sublayer_input_backward(model, 2 * l, A->dx, gw.g_attn, la.x, w.g_attn, la.rstd_a, B, T);  // dx: d x[l]
     }
-    if (hc) op_hc_sum(model, A->hc_dy, A->dx, N);  // forward: X[i] = x[0] for every stream
-    op_embedding_backward(model, G.E, hc ? A->hc_dy : A->dx, A->tokens, N);
+    if (c.arch == ARCH_HC) op_hc_sum(model, A->dx, A->dx, N);  // forward: X[i] = x[0] for every stream
+    op_embedding_backward(model, grads.E, A->dx, A->batch.tokens, N);
 }
 
 // Global norm, clipping and AdamW with model->numbers (docs/training.md).
@@ -2801,9 +1767,30 @@ static void update_pass(Model* model) {
 // Making a model, and its public calls (support/model/lime.h)
 // ===========================================================================
 
-// memory_needed and memory_fix: what a model of a shape needs, and which of the
-// command's size flags would shrink it most.
-#include "support/model/memory_check.h"
+// The GPU's making, staging and captured step: support/model/gpu_runtime.cuh.
+#include "support/model/gpu_runtime.cuh"  // defines: gpu_create, gpu_stage, gpu_replay_step, gpu_read_metrics
+
+// The memory a model of shape c at batch B needs, in bytes: its parameters,
+// gradients and AdamW moments (4 floats each), then on the host the CPU's
+// activations and scratch or the GPU's host copy of the logits, on the device
+// its activations (acts_carve). In double: a batch can be too big for size_t
+// (acts_carve(B) <= B * acts_carve(1), so that is asked first).
+static double memory_needed(const Config& c, int B, Device dev, bool on_device, bool flash = false) {
+    Acts probe;
+    double state = 16.0 * param_count(c), acts;
+    if (dev == DEVICE_GPU && !on_device) acts = (double)B * c.T * c.V;
+    else if ((acts = (double)B * acts_carve(&probe, c, 1, nullptr, dev, flash)) < 1e18)
+        acts = (double)acts_carve(&probe, c, B, nullptr, dev, flash);
+    return state + 4 * acts;
+}
+static double device_need(const Config& c, int B, bool flash) { return memory_needed(c, B, DEVICE_GPU, true, flash); }
+
+// The passes of one training step (what the GPU captures as its graph).
+static void train_step_passes(Model* model, int B, int T) {
+    forward_pass(model, B, T, true);
+    backward_pass(model, B, T);
+    update_pass(model);
+}
 
 std::string model_create(Model* model, const Config& c, int B, Device dev, const ModelSettings& settings) {
     std::string err = config_check(c);
@@ -2836,8 +1823,7 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
     size_t n = model->n_params;
     model->params = (float*)calloc(n * 4, sizeof(float));
     if (!model->params)
-        return "out of memory allocating " + std::to_string(n * 16 / 1000000) +
-               " MB for parameters and optimiser state";
+        return "out of memory allocating " + std::to_string(n * 16 / 1000000) + " MB for parameters and optimiser state";
     model->grads = model->params + n;
     model->adam_m = model->params + 2 * n;
     model->adam_v = model->params + 3 * n;
@@ -2845,12 +1831,22 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
     model->g = params_carve(c, model->grads);
     model->acts = new Acts();
     model->step = 0;
+    std::vector<float> rope((size_t)c.T * c.hd);  // cos, then sin (T, hd/2)
+    rope_tables(rope.data(), rope.data() + rope.size() / 2, c.T, c.hd, c.rope_theta);
     if (dev == DEVICE_GPU) {
         // The device holds the activations; the host keeps only the logits, for model_logits.
         float* logits = (float*)calloc((size_t)B * c.T * c.V, sizeof(float));
         if (!logits) return "out of memory allocating the host copy of the logits";
         model->acts->mem = model->acts->logits = logits;
-        return gpu_create(model);  // (a build without the GPU: NO_GPU_BUILD)
+        Acts* A = new Acts();
+        err = gpu_create(model, A, acts_carve, device_need, grad_norm_blocks(n));
+        if (!err.empty()) return err;
+        gpu_upload(model, A->rope_cos, rope.data(), rope.size() / 2);
+        gpu_upload(model, A->rope_sin, rope.data() + rope.size() / 2, rope.size() / 2);
+#ifdef LIME_GPU
+        model->gpu->router_blas = !router_kernels_fit(c);  // the byte model's choice: the kernels where they fit
+#endif
+        return "";
     }
     size_t na = acts_carve(model->acts, c, B, nullptr);
     float* mem = (float*)calloc(na, sizeof(float));
@@ -2859,13 +1855,18 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
                memory_fix(c, B, settings.flags, host_need);
     acts_carve(model->acts, c, B, mem);
     model->acts->mem = mem;
-    rope_tables(model->acts->rope_cos, model->acts->rope_sin, c.T, c.hd, c.rope_theta);
+    memcpy(model->acts->rope_cos, rope.data(), rope.size() * sizeof(float) / 2);
+    memcpy(model->acts->rope_sin, rope.data() + rope.size() / 2, rope.size() * sizeof(float) / 2);
     return "";
 }
 
 void model_free(Model* model) {
+    if (model->gpu) delete pass_acts(model);  // the device activations' views
     if (model->gpu) gpu_free(model);
-    if (model->acts) { free(model->acts->mem); delete model->acts; }
+    if (model->acts) {
+        free(model->acts->mem);
+        delete model->acts;
+    }
     free(model->params);
     model->acts = nullptr;
     model->params = nullptr;
@@ -2903,28 +1904,11 @@ void model_init(Model* model, uint64_t seed) {
     for (int l = 0; l < c.L; l++)
         if (model->p.layer[l].router_v)
             memcpy(model->p.layer[l].router_v, model->p.layer[l].router, (size_t)c.R * (l + 1) * c.R * sizeof(float));
-    // Hyper-Connections (the authors' init): static_beta = 1; static_alpha's
-    // column 0 = e_{l mod n} (sublayers of layer l read stream l mod n), columns
-    // 1..n = I (every stream passes through); the dynamic correction starts at
-    // 0 (alpha_fn, beta_fn = 0) with scales 0.01.
-    for (size_t s = 0; s < model->p.hc.size(); s++) {
-        const HcParams& h = model->p.hc[s];
-        int n = c.hc_rate, K = n + 1, l = (int)s / 2;
-        for (int i = 0; i < n; i++) {
-            h.static_beta[i] = 1.0f;
-            for (int k = 0; k < K; k++) h.static_alpha[i * K + k] = (k == 0 ? i == l % n : k == 1 + i) ? 1.0f : 0.0f;
-        }
-        if (!h.alpha_fn) continue;
-        memset(h.alpha_fn, 0, (size_t)c.d * K * sizeof(float));
-        memset(h.beta_fn, 0, (size_t)c.d * sizeof(float));
-        h.alpha_scale[0] = h.beta_scale[0] = 0.01f;
-    }
+    hc_init(model->p, c);  // the study's models' own initialisation
     memset(model->adam_m, 0, 2 * model->n_params * sizeof(float));
     model->step = 0;
     model_to_device(model);  // initialised on the host, copied to the device
 }
-
-
 
 // Every token id and target of a batch inside the vocabulary, checked once,
 // here: the embedding and the cross-entropy after it (both devices' loops and
@@ -2948,16 +1932,13 @@ static void stage(Model* model, const int* tokens, const int* targets, const flo
                   bool numbers) {
     if (tokens) ids_check(tokens, N, model->c.V, "token id");
     if (targets) ids_check(targets, N, model->c.V, "target");
-    if (model->device == DEVICE_GPU) {
-        gpu_stage(model, tokens, targets, mask, valid, N, numbers ? &model->numbers : nullptr);
-        return;
-    }
-    Acts* A = model->acts;
-    if (tokens) memcpy(A->tokens, tokens, N * sizeof(int));
-    if (targets) memcpy(A->targets, targets, N * sizeof(int));
-    if (mask) memcpy(A->mask, mask, N * sizeof(float));
-    if (tokens && model->ereg_on && valid) memcpy(A->valid, valid, N * sizeof(float));  // with a batch only
-    if (tokens && model->ereg_on && !valid) std::fill(A->valid, A->valid + N, 1.0f);
+    const BatchArrays& to = pass_acts(model)->batch;
+    if (model->device == DEVICE_GPU) return gpu_stage(model, to, tokens, targets, mask, valid, N, numbers ? &model->numbers : nullptr);
+    if (tokens) memcpy(to.tokens, tokens, N * sizeof(int));
+    if (targets) memcpy(to.targets, targets, N * sizeof(int));
+    if (mask) memcpy(to.mask, mask, N * sizeof(float));
+    if (tokens && model->ereg_on && valid) memcpy(to.valid, valid, N * sizeof(float));  // with a batch only
+    if (tokens && model->ereg_on && !valid) std::fill(to.valid, to.valid + N, 1.0f);
 }
 
 float model_forward(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T,
@@ -2967,7 +1948,8 @@ float model_forward(Model* model, const int* tokens, const int* targets, const f
     model->ereg_on = model->c.entropy_reg > 0 && valid && targets;  // eval (no valid mask): the plain cross-entropy
     stage(model, tokens, targets, mask, valid, B * T, false);
     forward_pass(model, B, T, targets != nullptr);
-    if (model->device == DEVICE_GPU) gpu_read_forward(model, (size_t)B * T * model->c.V);  // waits for the device
+    size_t n = (size_t)B * T * model->c.V;
+    if (model->device == DEVICE_GPU) gpu_read_forward(model, model->acts->logits, pass_acts(model)->logits, n);  // waits
     if (!targets) model->last_loss = 0;
     if (!model->ereg_on) model->last_ce = model->last_loss, model->last_s2 = 0;
     return model->last_loss;
@@ -2975,10 +1957,8 @@ float model_forward(Model* model, const int* tokens, const int* targets, const f
 
 const float* model_logits(Model* model) { return model->acts->logits; }
 
-// The values layer l attended with in the last forward, (B, T, R, hd) in host
-// memory: routed for LIMe's layers >= 1, the layer's own otherwise (analysis).
 // One layer's slice of an activation of the last forward, packed for its
-// batch (cur_B, cur_T): on the GPU copied to model->host_copy first.
+// batch (cur_B, cur_T), in host memory: on the GPU copied to model->host_copy first.
 const float* model_probe(Model* model, Probe what, int l) {
     const Config& c = model->c;
     size_t BT = (size_t)model->cur_B * model->cur_T;
@@ -2989,17 +1969,13 @@ const float* model_probe(Model* model, Probe what, int l) {
     const float* src = (what == PROBE_HIDDEN ? A->x : routed ? A->vr : A->Vbuf) + at;
     // on the GPU into model->host_copy, with room for the values' transpose or the streams' sum
     if (model->device == DEVICE_GPU) src = gpu_probe_copy(model, src, streams * n, (streams + 1) * n);
-    if (what != PROBE_HIDDEN) {  // the buffer's (R, B, T, hd), as (B, T, R, hd)
-        model->host_copy.resize(2 * n);
-        kv_transpose(model->host_copy.data() + n, src, (int)BT, c.R, c.hd, true, false);
-        return model->host_copy.data() + n;
-    }
-    if (streams == 1) return src;
-    // hc: the sum of the n streams leaving layer l, what the final norm reads after the last layer
-    model->host_copy.resize(streams * n + n);
-    float* sum = model->host_copy.data() + streams * n;
-    hc_sum(sum, src, (int)streams, n);
-    return sum;
+    model->host_copy.resize((streams + 1) * n);
+    float* out = model->host_copy.data() + streams * n;
+    if (what == PROBE_HIDDEN && streams == 1) return src;
+    if (what == PROBE_HIDDEN) hc_sum(out, src, (int)streams, n);  // hc: the sum of the n streams leaving layer l
+    for (int r = 0; what != PROBE_HIDDEN && r < c.R; r++)       // the buffer's (R, B, T, hd) as (B, T, R, hd)
+        for (size_t t = 0; t < BT; t++) memcpy(out + (t * c.R + r) * c.hd, src + (r * BT + t) * c.hd, c.hd * 4);
+    return out;
 }
 
 void model_backward(Model* model) { backward_pass(model, model->cur_B, model->cur_T); }
@@ -3022,10 +1998,8 @@ void model_train_step(Model* model, const int* tokens, const int* targets, const
     model->ereg_on = model->c.entropy_reg > 0;  // every step of a regularised model (the graph holds its ops)
     stage(model, tokens, targets, mask, valid, B * T, true);
     // the GPU replays the step's graph once it is captured (gpu_graph); no waiting: model_metrics waits when asked
-    if (model->device == DEVICE_GPU && model->settings.graph && gpu_replay_step(model, B, T)) return;
-    forward_pass(model, B, T, true);
-    backward_pass(model, B, T);
-    update_pass(model);
+    if (model->device == DEVICE_GPU && model->settings.graph && gpu_replay_step(model, B, T, train_step_passes)) return;
+    train_step_passes(model, B, T);
 }
 
 void model_metrics(Model* model, float* loss, float* norm) {
@@ -3034,7 +2008,6 @@ void model_metrics(Model* model, float* loss, float* norm) {
     *loss = model->last_loss;
     *norm = model->last_norm;
 }
-
 
 void model_sync(Model* model) {
     if (model->device == DEVICE_GPU) gpu_sync(model);
@@ -3046,9 +2019,7 @@ void model_to_host(Model* model) {
     if (model->device == DEVICE_GPU) gpu_to_host(model);
 }
 
-// ===========================================================================
-// Training guards: where did a NaN or an Inf appear?
-// ===========================================================================
+// Training guards: where did a NaN or an Inf appear? (the first tensor that holds one)
 std::string model_first_nonfinite(Model* model, bool params) {
     model_to_host(model);
     const float* base = params ? model->params : model->grads;
@@ -3057,4 +2028,3 @@ std::string model_first_nonfinite(Model* model, bool params) {
             if (!std::isfinite(base[t.offset + i])) return t.name;
     return "";
 }
-

@@ -222,6 +222,12 @@ TEST(gpu_rope_matches_cpu) {
 
 // `learned`: the source layers whose columns get a gradient (router_learned: l' < below or l' >= from);
 // `separate`: a key router and a value router instead of one.
+// A LIMe config with just what the router's scratch size reads.
+static Config router_config(int L, int R, int hd) {
+    Config c;
+    c.arch = ARCH_LIME, c.L = L, c.R = R, c.hd = hd, c.T = 1;
+    return c;
+}
 // N positions of hd floats at layer l (l + 1 source layers); L = 3 layers buffered.
 static void check_router(int R, RouterSpan learned = RouterSpan{0, 0}, bool separate = false, int N = 26, int hd = 6,
                          int l = 2) {
@@ -230,25 +236,38 @@ static void check_router(int R, RouterSpan learned = RouterSpan{0, 0}, bool sepa
     auto Kbuf = randv(L * layer, 1), Vbuf = randv(L * layer, 2), Wk = randv((size_t)R * J, 3), Wv = separate ? randv((size_t)R * J, 9) : Wk;
     auto dKr = randv(layer, 4), dVr = randv(layer, 5), dW0 = randv((size_t)R * J, 6), dWv0 = randv((size_t)R * J, 10);
     auto dKbuf0 = randv(L * layer, 7), dVbuf0 = randv(L * layer, 8);
-    std::vector<float> Kr(layer), Vr(layer);
-    router_forward(Kr.data(), Vr.data(), Wk.data(), Wv.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
-    DevF gK(Kbuf), gV(Vbuf), gWk(Wk), gWv(Wv), gKr(layer), gVr(layer);
-    const float* gwv = separate ? gWv.p : gWk.p;  // shared: one pointer, as the model passes it
-    router_forward_gpu(gKr.p, gVr.p, gWk.p, gwv, gK.p, gV.p, l, N, R, hd, ctx().blas);
-    double e1 = err_of(gKr.get(), Kr), e2 = err_of(gVr.get(), Vr);
-    CHECK(e1 < TOL_FWD && e2 < TOL_FWD, "router forward R=%d: Kr %.2e, Vr %.2e", R, e1, e2);
-    std::vector<float> dW = dW0, dWv = dWv0, dKbuf = dKbuf0, dVbuf = dVbuf0;
-    router_backward(dW.data(), separate ? dWv.data() : dW.data(), dKbuf.data(), dVbuf.data(), dKr.data(), dVr.data(), Wk.data(), Wv.data(),
-                    Kbuf.data(), Vbuf.data(), l, learned, N, R, hd);
-    DevF gdW(dW0), gdWv(dWv0), gdK(dKbuf0), gdV(dVbuf0), gdKr(dKr), gdVr(dVr), scratch(2 * (size_t)R * J);
-    router_backward_gpu(gdW.p, separate ? gdWv.p : gdW.p, gdK.p, gdV.p, gdKr.p, gdVr.p, gWk.p, gwv, gK.p, gV.p, l, learned, N, R, hd, scratch.p,
-                        ctx().blas);
-    double e3 = err_of(gdW.get(), dW), e4 = err_of(gdK.get(), dKbuf), e5 = err_of(gdV.get(), dVbuf), e6 = err_of(gdWv.get(), dWv);
-    CHECK(e3 < TOL_BWD && e4 < TOL_BWD && e5 < TOL_BWD && e6 < TOL_BWD, "router backward R=%d learned <%d or >=%d%s: dW %.2e, dKbuf %.2e, dVbuf %.2e, dWv %.2e",
-          R, learned.below, learned.from, separate ? " separate" : "", e3, e4, e5, e6);
-    std::vector<float> got = gdW.get();
-    for (int i = 0; i < R * J; i++)  // fixed columns: the gradient is left exactly as it was
-        CHECK(learned.has(i % J / R) || got[i] == dW0[i], "router column %d of a fixed layer changed: %g -> %g", i % J, dW0[i], got[i]);
+    std::vector<float> Kr(layer), Vr(layer), dW = dW0, dWv = dWv0, dKbuf = dKbuf0, dVbuf = dVbuf0;
+    router_forward(Kr.data(), Wk.data(), Kbuf.data(), l, N, R, hd);  // the plain loops: keys, then values
+    router_forward(Vr.data(), Wv.data(), Vbuf.data(), l, N, R, hd);
+    router_backward(dW.data(), dKbuf.data(), dKr.data(), Wk.data(), Kbuf.data(), l, learned, N, R, hd);
+    router_backward(separate ? dWv.data() : dW.data(), dVbuf.data(), dVr.data(), Wv.data(), Vbuf.data(), l, learned, N, R, hd);
+    for (bool blas : {false, true}) {  // the hand-written kernels (where they fit), then the cuBLAS form
+        const char* form = blas ? "cuBLAS" : "kernels";
+        if (!blas && !router_kernels_fit(router_config(L, R, hd))) continue;
+        DevF gK(Kbuf), gV(Vbuf), gWk(Wk), gWv(Wv), gKr(layer), gVr(layer);
+        KvConst W{gWk.p, separate ? gWv.p : gWk.p}, buf{gK.p, gV.p};  // shared: one pointer, as the model passes it
+        if (blas) router_forward_blas({gKr.p, gVr.p}, W, buf, l, N, R, hd, ctx().blas);
+        else router_forward_gpu({gKr.p, gVr.p}, W, buf, l, N, R, hd, ctx().stream);
+        double e1 = err_of(gKr.get(), Kr), e2 = err_of(gVr.get(), Vr);
+        CHECK(e1 < TOL_FWD, "router forward (%s) R=%d: Kr rel err %.2e", form, R, e1);
+        CHECK(e2 < TOL_FWD, "router forward (%s) R=%d: Vr rel err %.2e", form, R, e2);
+        DevF gdW(dW0), gdWv(dWv0), gdK(dKbuf0), gdV(dVbuf0), gdKr(dKr), gdVr(dVr);
+        DevF scratch(router_gpu_scratch_floats(router_config(L, R, hd), N));
+        KvPair gdWs{gdW.p, separate ? gdWv.p : gdW.p}, gdbuf{gdK.p, gdV.p};
+        if (blas) router_backward_blas(gdWs, gdbuf, {gdKr.p, gdVr.p}, W, buf, l, learned, N, R, hd, scratch.p, ctx().blas);
+        else router_backward_gpu(gdWs, gdbuf, {gdKr.p, gdVr.p}, W, buf, l, learned, N, R, hd, scratch.p, ctx().stream);
+        const char* tag = separate ? " separate" : "";
+        double e3 = err_of(gdW.get(), dW), e4 = err_of(gdK.get(), dKbuf), e5 = err_of(gdV.get(), dVbuf), e6 = err_of(gdWv.get(), dWv);
+        CHECK(e3 < TOL_BWD, "router backward (%s) R=%d learned <%d or >=%d%s: dW rel err %.2e", form, R, learned.below,
+              learned.from, tag, e3);
+        CHECK(e4 < TOL_BWD, "router backward (%s) R=%d: dKbuf rel err %.2e", form, R, e4);
+        CHECK(e5 < TOL_BWD, "router backward (%s) R=%d: dVbuf rel err %.2e", form, R, e5);
+        CHECK(e6 < TOL_BWD, "router backward (%s) R=%d%s: dWv rel err %.2e", form, R, tag, e6);
+        std::vector<float> got = gdW.get();
+        for (int i = 0; i < R * J; i++)  // fixed columns: the gradient is left exactly as it was
+            CHECK(learned.has(i % J / R) || got[i] == dW0[i], "router (%s) column %d of a fixed layer changed: %g -> %g",
+                  form, i % J, dW0[i], got[i]);
+    }
 }
 TEST(gpu_router_matches_cpu_R2) { NEED_GPU(); check_router(2); }
 TEST(gpu_router_matches_cpu_R1) { NEED_GPU(); check_router(1); }
@@ -420,7 +439,7 @@ static void check_hc(int N, int n, int d, bool dynamic) {
     std::vector<float> dX = dX0;
     std::vector<float> part((size_t)CHUNKS * (hc_weight_floats(n, d) + d));
     hc_weights_backward(dX.data(), dw, dA.data(), db.data(), X.data(), rstd.data(), ta.data(), tb.data(), w, N, n, d, part.data());
-    DevF gdA(dA), gdb(db), gdX(dX0), crstd(rstd), cta(ta), ctb(tb), scratch(hc_scratch_floats([&] { Config c; c.hc_rate = n; c.d = d; return c; }(), N));
+    DevF gdA(dA), gdb(db), gdX(dX0), crstd(rstd), cta(ta), ctb(tb), scratch(hc_gpu_scratch_floats([&] { Config c; c.arch = ARCH_HC; c.hc_rate = n; c.d = d; return c; }(), N));
     DevF gsa_d(g0[0]), gsb_d(g0[1]), gafn_d(g0[2]), gas_d(g0[3]), gbfn_d(g0[4]), gbs_d(g0[5]);
     HcParams gdw = {gsb_d.p, gsa_d.p, nullptr, nullptr, nullptr, nullptr};
     if (dynamic) gdw.alpha_fn = gafn_d.p, gdw.alpha_scale = gas_d.p, gdw.beta_fn = gbfn_d.p, gdw.beta_scale = gbs_d.p;
@@ -835,14 +854,14 @@ static const char* step_order_name(const StepOrder& s) {
 static void poison_scratch(Model& m) {
 #ifdef LIME_EMU
     GpuState* G = m.gpu;
-    const Acts& A = G->acts;
-    if ((char*)A.targets <= (char*)A.x || (char*)A.rope_cos <= (char*)A.dx) {
+    const Acts& A = *G->acts;
+    if ((char*)A.batch.targets <= (char*)A.x || (char*)A.rope_cos <= (char*)A.dx) {
         fprintf(stderr, "poison_scratch: acts_carve's order changed; update the ranges here\n");
         abort();
     }
     emu::clear_replay_poison();
-    emu::poison_before_replay(A.x, (char*)A.targets - (char*)A.x);           // x ... nll: the forward's
-    emu::poison_before_replay(A.dx, (char*)A.rope_cos - (char*)A.dx);        // dx ... scratch: the backward's
+    emu::poison_before_replay(A.x, (char*)A.batch.targets - (char*)A.x);     // x ... nll: the forward's
+    emu::poison_before_replay(A.dx, (char*)A.rope_cos - (char*)A.dx);        // dx ... the study's: the backward's
     emu::poison_before_replay(G->mem + m.n_params, m.n_params * sizeof(float));  // the gradients
     emu::poison_before_replay(G->norm_partial, grad_norm_blocks(m.n_params) * sizeof(double));
 #else

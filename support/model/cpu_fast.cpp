@@ -645,6 +645,20 @@ size_t matmul_fast_forward_scratch_floats(int N, int C, int OC) {
     return few_long_dots(N, C, OC) ? (size_t)DOT_SLICES * N * OC : matmul_fast_scratch_floats(C, OC);
 }
 
+// The named products (lime.cu's gemm_nn, gemm_nt, gemm_tn), on all the threads.
+// = gemm_nn: C (M, N) (+)= A (M, K) @ B (K, N).
+void gemm_nn_fast(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate) {
+    gemm_cpu({C, (size_t)N}, {A, (size_t)K, 1}, {B, (size_t)N, 1}, M, N, K, accumulate, nullptr);
+}
+// = gemm_nt: C (M, N) (+)= A (M, K) @ B^T, B (N, K); scratch: as matmul_forward_fast's.
+void gemm_nt_fast(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate, float* scratch) {
+    matmul_forward_fast(C, A, B, M, K, N, accumulate, scratch);
+}
+// = gemm_tn: C (M, N) += A^T @ B, A (K, M), B (K, N).
+void gemm_tn_fast(float* C, const float* A, const float* B, int M, int N, int K) {
+    gemm_cpu({C, (size_t)N}, {A, 1, (size_t)M}, {B, (size_t)N, 1}, M, N, K, true, nullptr);
+}
+
 // ===========================================================================
 // The value-entropy regulariser (lime.cu: ereg_forward, ereg_backward)
 // ===========================================================================
@@ -1378,4 +1392,42 @@ static void hc_depth_backward_blocked(float* dy, float* db, float* dM, const flo
 void hc_depth_backward_fast(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw, int N,
                             int n, int d) {
     with_width_lanes(d, [&](auto l) { hc_depth_backward_blocked<decltype(l)::value>(dy, db, dM, dXout, y, bw, N, n, d); });
+}
+
+// ===========================================================================
+// The KV router (lime.cu: router_forward, router_backward), keys and values
+// together, as the named products: out = W @ buf is gemm_nn, dW += dout @ buf^T
+// gemm_nt, dbuf += W^T @ dout gemm_tn; buf (L*R, row), row = N*hd. A variant's
+// weight gradient (not every column learned) goes through scratch first, G
+// (2, R, cols), and only its learned columns are added; then the panels of
+// gemm_nt_fast.
+// ===========================================================================
+
+void router_forward_fast(KvPair out, KvConst W, KvConst buf, int l, int N, int R, int hd) {
+    int cols = (l + 1) * R, row = N * hd;
+    gemm_nn_fast(out.k, W.k, buf.k, R, row, cols, false);
+    gemm_nn_fast(out.v, W.v, buf.v, R, row, cols, false);
+}
+void router_backward_fast(KvPair dW, KvPair dbuf, KvConst dout, KvConst W, KvConst buf, int l, RouterSpan learned,
+                          int N, int R, int hd, float* scratch) {
+    int cols = (l + 1) * R, row = N * hd;
+    bool one = dW.k == dW.v, all = learned.all(l), any = learned.any(l);  // one W for keys and values
+    float *G = scratch, *panels = scratch + 2 * (size_t)R * cols;
+    float *gk = all ? dW.k : G, *gv = all ? dW.v : one ? G : G + (size_t)R * cols;
+    if (any && !all) memset(G, 0, 2 * (size_t)R * cols * sizeof(float));
+    if (any) gemm_nt_fast(gk, dout.k, buf.k, R, cols, row, true, panels);
+    if (any) gemm_nt_fast(gv, dout.v, buf.v, R, cols, row, true, panels);  // one W: gv == gk, both sums
+    for (int e = 0; any && !all && e < R * cols; e++) {
+        if (!learned.has(e % cols / R)) continue;
+        dW.k[e] += gk[e];
+        if (!one) dW.v[e] += gv[e];
+    }
+    gemm_tn_fast(dbuf.k, W.k, dout.k, cols, row, R);
+    gemm_tn_fast(dbuf.v, W.v, dout.v, cols, row, R);
+}
+size_t router_fast_scratch_floats(int L, int R, size_t row) {
+    size_t most = 0;
+    for (int l = 1; l < L; l++)
+        most = std::max(most, 2 * (size_t)R * (l + 1) * R + matmul_fast_forward_scratch_floats(R, (int)row, (l + 1) * R));
+    return most;
 }

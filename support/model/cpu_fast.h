@@ -44,6 +44,18 @@ void kv_projection_forward_fast(float* out, const float* inp, const float* W, in
                                 float* scratch);
 void kv_projection_backward_fast(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
                                  int C, int R, int hd);
+// = gemm_nn, gemm_nt, gemm_tn (lime.cu's named products): C (M, N) (+)= A @ B,
+// A @ B^T, A^T @ B (the last always added to). gemm_nt's scratch: as matmul_forward_fast's.
+void gemm_nn_fast(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate);
+void gemm_nt_fast(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate, float* scratch);
+void gemm_tn_fast(float* C, const float* A, const float* B, int M, int N, int K);
+// = router_forward, router_backward (lime.cu's KV router, Eq. 2), keys and values
+// together on the named products; row = N*hd. scratch: router_fast_scratch_floats
+// (L, R, row), for the widest of L layers: a variant's weight gradient, then the panels.
+void router_forward_fast(KvPair out, KvConst W, KvConst buf, int l, int N, int R, int hd);
+void router_backward_fast(KvPair dW, KvPair dbuf, KvConst dout, KvConst W, KvConst buf, int l, RouterSpan learned,
+                          int N, int R, int hd, float* scratch);
+size_t router_fast_scratch_floats(int L, int R, size_t row);
 // The micro-kernel the products use: "avx512", "avx2" or "plain" (the best this build has).
 const char* matmul_fast_kernel();
 #ifdef LIME_TESTING

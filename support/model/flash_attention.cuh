@@ -22,10 +22,12 @@
 // This is the simple form of the algorithm (scalar FMAs, no tensor cores):
 // it trades the batched products' speed for O(T) memory.
 //
-// lime.cu's GPU build includes this file in its attention section, after
-// LAUNCH, DYNAMIC_SHARED, ceil_div and launchCheck; read lime.cu's
-// matrix-product attention first.
-// (FLASH_MAX_HD, the widest head it handles, is in support/model/lime.h: gpu_create checks it first.)
+// lime.cu's attention dispatchers call it on the GPU; read lime.cu's
+// matrix-product attention first. (FLASH_MAX_HD, the widest head it handles,
+// is in support/model/lime.h: gpu_create checks it first.)
+#pragma once
+#include "support/model/device.cuh"
+#ifdef LIME_GPU
 template <int HD>
 struct Flash {
     static constexpr int TILE = HD >= 128 ? 32 : 64;     // rows per tile
@@ -239,3 +241,4 @@ static void flash_attention_backward_gpu(float* dq, float* dk, float* dv, const 
     });
     launchCheck();
 }
+#endif  // LIME_GPU

@@ -1,78 +1,22 @@
-// support/model/gpu_runtime.cuh — the GPU runtime: everything of the GPU
-// that is not an op's kernel. The state a model holds on the device
-// (GpuState: one cudaMalloc each for the parameters' group, the activations
-// and the small numbers, the stream, the cuBLAS handle), the numbers the
-// kernels leave for the host (Metrics), its making and freeing (gpu_create,
-// gpu_free), the copies of the parameters (gpu_to_device, gpu_to_host), the
-// staging of each step's batch and numbers through two pinned slots
-// (gpu_stage), the read-back of the loss and the norm (gpu_read_metrics,
-// gpu_read_forward) and of a probed activation (gpu_probe_copy), the captured
-// training step (gpu_graph, replayed by gpu_replay_step), and what the ops and
-// the passes ask of it (stream_of, blas_of, pass_acts, pass_params, pass_grads).
-//
-// lime.cu includes it once, in every build, at the banner "The GPU runtime"
-// before the first op: the ops' launchers and dispatchers use GpuState,
-// Metrics and stream_of. In a build without the GPU (no LIME_GPU) the pass_*
-// helpers (host memory), the answers "no GPU" and stand-ins for the gpu_*
-// calls of the public calls (never reached: no model is on a GPU) are left. It uses
-// lime.cu's checking macros (cudaCheck, cublasCheck) and Acts, acts_carve;
-// what it calls from later in lime.cu is declared just below.
+// support/model/gpu_runtime.cuh — making, feeding and reading the GPU state
+// of support/model/device.cuh: its memory (gpu_create, gpu_free), the copies
+// of the parameters (gpu_to_device, gpu_to_host), the staging of each step's
+// batch and numbers through two pinned slots (gpu_stage), the read-back of the
+// loss and the norm (gpu_read_metrics, gpu_read_forward) and of a probed
+// activation (gpu_probe_copy), and the captured training step (gpu_graph,
+// replayed by gpu_replay_step). None of it is an op: lime.cu includes it after
+// the passes and hands it what it needs of the model (its acts_carve, the
+// passes of one step, the memory a shape needs). In a build without the GPU
+// the public calls' answers ("no GPU") and stand-ins for the rest are left.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "support/model/device.cuh"
+#include "support/model/lime.h"
+#include "support/model/memory_check.h"
 
 #ifdef LIME_GPU
-// From later in lime.cu: the RoPE tables (gpu_create fills the device's), the
-// norm's partial sums (the small allocation holds them), the memory a model
-// needs (support/model/memory_check.h), and the passes (gpu_graph captures them).
-static void rope_tables(float* cos_t, float* sin_t, int T, int hd, float theta);
-static int grad_norm_blocks(size_t n);
-static double memory_needed(const Config& c, int B, Device dev, bool on_device, bool flash);
-template <class Need> static std::string memory_fix(const Config& c, int B, const SizeFlags& f, Need need);
-static void forward_pass(Model* model, int B, int T, bool with_loss);
-static void backward_pass(Model* model, int B, int T);
-static void update_pass(Model* model);
-
-// Numbers the device computes and the host reads when it asks (model_metrics).
-struct Metrics {
-    float loss;       // crossentropy_forward_gpu; with the regulariser ereg_loss_gpu's total
-    float ce, s2;     // the cross-entropy and, with the regulariser, the mean S2 (ereg_loss_gpu)
-    float inv_count;  // 1 / sum(mask), for the backward (0 when the mask is all 0)
-    float norm;       // global gradient norm, before clipping
-    float clip_scale; // min(1, grad_clip / (norm + 1e-6)), or 1 without clipping
-};
-
-// Everything the GPU holds for one model; made by gpu_create, nothing allocated per step.
-struct GpuState {
-    float* mem = nullptr;            // params, grads, adam_m, adam_v: one cudaMalloc, laid out as on the host
-    Params p, g;                     // views into mem, like the host's model->p, model->g
-    Acts acts;                       // device activations, one cudaMalloc (acts.mem)
-    void* small = nullptr;           // one cudaMalloc for the optimiser's numbers and cuBLAS's workspace:
-    double* norm_partial = nullptr;  //   grad_norm_blocks(n_params) partial sums
-    AdamWNumbers* numbers = nullptr; //   this update's numbers, staged from the host
-    Metrics* metrics = nullptr;      //   loss and norm, written by kernels
-    cudaStream_t stream = nullptr;
-    cublasHandle_t blas = nullptr;
-    bool tf32 = true;                // the math mode the handle is set to
-    // Pinned host staging: the batch and the update's numbers reach the device
-    // through here. Two slots, so the host fills one while the device may
-    // still copy out of the other; `copied` marks the end of a slot's copies.
-    struct Slot {
-        int* tokens;
-        int* targets;
-        float* mask;
-        AdamWNumbers* numbers;
-        float* valid;
-        cudaEvent_t copied;
-    } slot[2] = {};
-    int next_slot = 0;
-    void* pinned = nullptr;          // one cudaMallocHost: both slots and metrics_host
-    Metrics* metrics_host = nullptr;
-    // One captured training step per (B, T, tf32), replayed by model_train_step;
-    // nullptr after that shape's first step, which runs eagerly (gpu_graph).
-    std::map<std::tuple<int, int, bool>, cudaGraphExec_t> graphs;
-    size_t device_bytes = 0;         // what the three cudaMallocs hold
-};
-static cudaStream_t stream_of(const Model* model) { return model->gpu->stream; }
-static cublasHandle_t blas_of(const Model* model) { return model->gpu->blas; }
-
 bool gpu_available(std::string* why) {
     int n = 0;
     cudaError_t err = cudaGetDeviceCount(&n);
@@ -86,7 +30,7 @@ bool gpu_available(std::string* why) {
 }
 
 const char* model_attention_name(const Model* model) {
-    return !model->gpu ? "cpu" : model->gpu->acts.flash ? "flash" : "matmul";
+    return !model->gpu ? "cpu" : model->gpu->flash ? "flash" : "matmul";
 }
 
 // The handle's math mode: TF32 tensor cores, or plain float32 (ModelSettings::tf32, read before each step).
@@ -113,14 +57,16 @@ size_t model_device_bytes(const Model* model) { return model->gpu ? model->gpu->
 // cuBLAS's workspace, ours so that graph capture allocates nothing (32 MiB: NVIDIA's advice for Hopper).
 static const size_t CUBLAS_WORKSPACE_BYTES = 32u << 20;
 
+// What a model of shape h at batch hb needs on the device (lime.cu's memory_needed), with or without flash attention.
+typedef double (*DeviceNeed)(const Config& h, int hb, bool flash);
 // The line for a model the device cannot hold, with the flags that would shrink it (memory_fix).
-static std::string gpu_out_of_memory(const Model* model, bool flash, size_t need, size_t free_bytes) {
+static std::string gpu_out_of_memory(const Model* model, bool flash, size_t need, size_t free_bytes,
+                                     DeviceNeed device_need) {
     char buf[200];
     snprintf(buf, sizeof buf, "needs %.2f GB of GPU memory, the device has %.2f GB free; ", need / 1e9,
              free_bytes / 1e9);
-    return buf + memory_fix(model->c, model->B, model->settings.flags, [&](const Config& h, int hb) {
-               return memory_needed(h, hb, DEVICE_GPU, true, flash);
-           });
+    return buf + memory_fix(model->c, model->B, model->settings.flags,
+                            [&](const Config& h, int hb) { return device_need(h, hb, flash); });
 }
 
 // Where each piece of an allocation starts: pieces one after another, 256-byte aligned.
@@ -130,11 +76,11 @@ static size_t place(size_t* off, size_t bytes) {
     return at;
 }
 
-// The small allocation: the gradient norm's partial sums, the update's
-// numbers, the metrics and cuBLAS's workspace. With base == nullptr it only measures.
-static size_t gpu_carve_small(GpuState* gpu, char* base, size_t n_params) {
+// The small allocation: the gradient norm's norm_blocks partial sums, the
+// update's numbers, the metrics and cuBLAS's workspace. With base == nullptr it only measures.
+static size_t gpu_carve_small(GpuState* gpu, char* base, int norm_blocks) {
     size_t bytes = 0;
-    size_t at_partial = place(&bytes, grad_norm_blocks(n_params) * sizeof(double)),
+    size_t at_partial = place(&bytes, norm_blocks * sizeof(double)),
            at_numbers = place(&bytes, sizeof(AdamWNumbers));
     size_t at_metrics = place(&bytes, sizeof(Metrics)), at_workspace = place(&bytes, CUBLAS_WORKSPACE_BYTES);
     if (!base) return bytes;
@@ -194,54 +140,59 @@ static void gpu_to_host(Model* model) {
     cudaCheck(cudaStreamSynchronize(model->gpu->stream));
 }
 
+// lime.cu's acts_carve: measures (base == nullptr) or carves the activations.
+typedef size_t (*ActsCarve)(Acts* A, const Config& c, int B, float* base, Device dev, bool flash);
 // Device memory (three cudaMallocs), pinned staging (one cudaMallocHost), the
-// stream, the cuBLAS handle; then the host's parameters copied over. Sizes
-// first, so that too big a model is refused with a message, not an abort.
-static std::string gpu_create(Model* model) {
+// stream, the cuBLAS handle; the activations' views carved into acts (a new
+// Acts, the model's from now on); then the host's parameters copied over.
+// Sizes first, so that too big a model is refused with a message, not an
+// abort; with --attention auto, flash attention where the matrix products'
+// (B, H, T, T) probabilities would not fit. norm_blocks: the gradient norm's partial sums.
+static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceNeed device_need, int norm_blocks) {
     std::string why;
+    GpuState* gpu = model->gpu = new GpuState();
+    gpu->acts = acts;
     if (!gpu_available(&why)) return why;
     const Config& c = model->c;
     Attention attention = model->settings.attention;
-    GpuState* gpu = model->gpu = new GpuState();
     size_t n = model->n_params;
     if (attention == ATTENTION_FLASH && c.hd > FLASH_MAX_HD)
         return "--attention flash handles head dims up to " + std::to_string(FLASH_MAX_HD) + ", this model has " +
                std::to_string(c.hd) + "; use --attention matmul";
     bool flash = attention == ATTENTION_FLASH;
-    size_t acts_floats = acts_carve(&gpu->acts, c, model->B, nullptr, DEVICE_GPU, flash),
-           small_bytes = gpu_carve_small(gpu, nullptr, n);
+    size_t acts_floats = carve(acts, c, model->B, nullptr, DEVICE_GPU, flash),
+           small_bytes = gpu_carve_small(gpu, nullptr, norm_blocks);
     size_t fixed_bytes = 4 * n * sizeof(float) + small_bytes, need = fixed_bytes + acts_floats * sizeof(float);
     size_t free_bytes = 0, total_bytes = 0;
     cudaCheck(cudaSetDevice(0));
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
-    if (need > free_bytes && attention == ATTENTION_AUTO &&
-        c.hd <= FLASH_MAX_HD) {  // the (T, T) probabilities do not fit: flash
+    if (need > free_bytes && attention == ATTENTION_AUTO && c.hd <= FLASH_MAX_HD) {  // flash fits where this does not
         flash = true;
-        acts_floats = acts_carve(&gpu->acts, c, model->B, nullptr, DEVICE_GPU, flash);
+        acts_floats = carve(acts, c, model->B, nullptr, DEVICE_GPU, flash);
         need = fixed_bytes + acts_floats * sizeof(float);
     }
     if (need > free_bytes || !device_alloc((void**)&gpu->mem, 4 * n * sizeof(float)) ||
-        !device_alloc((void**)&gpu->acts.mem, acts_floats * sizeof(float)) || !device_alloc(&gpu->small, small_bytes))
-        return gpu_out_of_memory(model, flash, need, free_bytes);
+        !device_alloc((void**)&gpu->acts_mem, acts_floats * sizeof(float)) || !device_alloc(&gpu->small, small_bytes))
+        return gpu_out_of_memory(model, flash, need, free_bytes, device_need);
     gpu->device_bytes = need;
+    gpu->flash = flash;
     gpu->p = params_carve(c, gpu->mem);
     gpu->g = params_carve(c, gpu->mem + n);
-    acts_carve(&gpu->acts, c, model->B, gpu->acts.mem, DEVICE_GPU, flash);
-    gpu_carve_small(gpu, (char*)gpu->small, n);
+    carve(acts, c, model->B, gpu->acts_mem, DEVICE_GPU, flash);
+    gpu_carve_small(gpu, (char*)gpu->small, norm_blocks);
     gpu->tf32 = model->settings.tf32;
     cublasCheck(cublasSetMathMode(gpu->blas, gpu->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     gpu_make_staging(gpu, (size_t)model->B * c.T);
     // (every copy on the model's stream: it does not wait for the legacy stream; gpu_to_device below waits)
     cudaCheck(cudaMemsetAsync(gpu->metrics, 0, sizeof(Metrics), gpu->stream));
-    // the RoPE tables, computed on the host as the CPU path's
-    std::vector<float> cos_t((size_t)c.T * c.hd / 2), sin_t((size_t)c.T * c.hd / 2);
-    rope_tables(cos_t.data(), sin_t.data(), c.T, c.hd, c.rope_theta);
-    cudaCheck(cudaMemcpyAsync(gpu->acts.rope_cos, cos_t.data(), cos_t.size() * sizeof(float), cudaMemcpyHostToDevice,
-                              gpu->stream));
-    cudaCheck(cudaMemcpyAsync(gpu->acts.rope_sin, sin_t.data(), sin_t.size() * sizeof(float), cudaMemcpyHostToDevice,
-                              gpu->stream));
     gpu_to_device(model);
     return "";
+}
+
+// n floats of host memory to the device, on the model's stream (the RoPE tables).
+static void gpu_upload(Model* model, float* dst, const float* src, size_t n) {
+    cudaCheck(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, model->gpu->stream));
+    cudaCheck(cudaStreamSynchronize(model->gpu->stream));
 }
 
 static void gpu_free(Model* model) {
@@ -255,32 +206,32 @@ static void gpu_free(Model* model) {
     if (gpu->stream) cudaCheck(cudaStreamDestroy(gpu->stream));
     cudaCheck(cudaFreeHost(gpu->pinned));
     cudaCheck(cudaFree(gpu->small));
-    cudaCheck(cudaFree(gpu->acts.mem));
+    cudaCheck(cudaFree(gpu->acts_mem));
     cudaCheck(cudaFree(gpu->mem));
     delete gpu;
     model->gpu = nullptr;
 }
 
-// Host arrays -> pinned slot -> device, queued on the stream. The slot used
-// two calls ago is reused: waiting for its copies to finish is the only
-// waiting here, and it lets the host run up to two steps ahead of the device.
-static void gpu_stage(Model* model, const int* tokens, const int* targets, const float* mask, const float* valid,
-                      int N, const AdamWNumbers* numbers) {
+// Host arrays -> pinned slot -> device (dst: the device's batch arrays), queued
+// on the stream. The slot used two calls ago is reused: waiting for its copies
+// to finish is the only waiting here, and it lets the host run up to two steps
+// ahead of the device. With the regulariser on, the valid mask too (all 1 when null).
+static void gpu_stage(Model* model, const BatchArrays& dst, const int* tokens, const int* targets, const float* mask,
+                      const float* valid, int N, const AdamWNumbers* numbers) {
     GpuState* gpu = model->gpu;
     gpu_apply_math(gpu, model->settings.tf32);
     GpuState::Slot& s = gpu->slot[gpu->next_slot];
     gpu->next_slot ^= 1;
     cudaCheck(cudaEventSynchronize(s.copied));
-    Acts& A = gpu->acts;
-    auto up = [&](void* dst, void* pinned, const void* src, size_t bytes) {
+    auto up = [&](void* to, void* pinned, const void* src, size_t bytes) {
         if (pinned != src) memcpy(pinned, src, bytes);
-        cudaCheck(cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, gpu->stream));
+        cudaCheck(cudaMemcpyAsync(to, pinned, bytes, cudaMemcpyHostToDevice, gpu->stream));
     };
-    if (tokens) up(A.tokens, s.tokens, tokens, N * sizeof(int));
-    if (targets) up(A.targets, s.targets, targets, N * sizeof(int));
-    if (mask) up(A.mask, s.mask, mask, N * sizeof(float));
+    if (tokens) up(dst.tokens, s.tokens, tokens, N * sizeof(int));
+    if (targets) up(dst.targets, s.targets, targets, N * sizeof(int));
+    if (mask) up(dst.mask, s.mask, mask, N * sizeof(float));
     if (tokens && model->ereg_on && !valid) std::fill(s.valid, s.valid + N, 1.0f);  // the regulariser's: all valid
-    if (tokens && model->ereg_on) up(A.valid, s.valid, valid ? valid : s.valid, N * sizeof(float));
+    if (tokens && model->ereg_on) up(dst.valid, s.valid, valid ? valid : s.valid, N * sizeof(float));
     if (numbers) up(gpu->numbers, s.numbers, numbers, sizeof(AdamWNumbers));
     cudaCheck(cudaEventRecord(s.copied, gpu->stream));
 }
@@ -301,7 +252,9 @@ static void gpu_read_metrics(Model* model) {
 // read from device memory that stage() fills before every replay. The first
 // step of a key gets nullptr and runs eagerly, so that every kernel's first
 // launch (module loading, cuBLAS's first calls) happens outside a capture.
-static cudaGraphExec_t gpu_graph(Model* model, int B, int T) {
+// step: the passes of one training step (lime.cu's train_step_passes).
+typedef void (*StepPasses)(Model* model, int B, int T);
+static cudaGraphExec_t gpu_graph(Model* model, int B, int T, StepPasses step) {
     GpuState* gpu = model->gpu;
     auto key = std::make_tuple(B, T, gpu->tf32);
     auto it = gpu->graphs.find(key);
@@ -313,9 +266,7 @@ static cudaGraphExec_t gpu_graph(Model* model, int B, int T) {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     cudaCheck(cudaStreamBeginCapture(gpu->stream, cudaStreamCaptureModeThreadLocal));
-    forward_pass(model, B, T, true);
-    backward_pass(model, B, T);
-    update_pass(model);
+    step(model, B, T);
     cudaCheck(cudaStreamEndCapture(gpu->stream, &graph));
     cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
     cudaCheck(cudaGraphDestroy(graph));
@@ -323,16 +274,15 @@ static cudaGraphExec_t gpu_graph(Model* model, int B, int T) {
     return exec;
 }
 // The step's graph launched, once gpu_graph has captured it; false: run the step eagerly.
-static bool gpu_replay_step(Model* model, int B, int T) {
-    cudaGraphExec_t exec = gpu_graph(model, B, T);
+static bool gpu_replay_step(Model* model, int B, int T, StepPasses step) {
+    cudaGraphExec_t exec = gpu_graph(model, B, T, step);
     if (exec) cudaCheck(cudaGraphLaunch(exec, model->gpu->stream));
     return exec != nullptr;
 }
 
-// After a forward: its n logits to the host's copy (model_logits), then the loss; waits for the device.
-static void gpu_read_forward(Model* model, size_t n) {
-    cudaCheck(cudaMemcpyAsync(model->acts->logits, model->gpu->acts.logits, n * sizeof(float), cudaMemcpyDeviceToHost,
-                              model->gpu->stream));
+// After a forward: its n logits (device) to the host's copy (model_logits), then the loss; waits for the device.
+static void gpu_read_forward(Model* model, float* host_logits, const float* logits, size_t n) {
+    cudaCheck(cudaMemcpyAsync(host_logits, logits, n * sizeof(float), cudaMemcpyDeviceToHost, model->gpu->stream));
     gpu_read_metrics(model);
 }
 
@@ -353,6 +303,9 @@ static void gpu_sync(Model* model) { cudaCheck(cudaStreamSynchronize(model->gpu-
        // gpu_* calls they make, which run only where a model is on the GPU: never
        // here (gpu_create refuses every model)
 
+typedef size_t (*ActsCarve)(Acts* A, const Config& c, int B, float* base, Device dev, bool flash);
+typedef double (*DeviceNeed)(const Config& h, int hb, bool flash);
+typedef void (*StepPasses)(Model* model, int B, int T);
 static const char NO_GPU_BUILD[] =
     "this build has no GPU support (built without nvcc); use --device cpu, or install the CUDA Toolkit and run make";
 bool gpu_available(std::string* why) {
@@ -362,41 +315,16 @@ bool gpu_available(std::string* why) {
 const char* model_attention_name(const Model*) { return "cpu"; }
 bool gpu_info(GpuInfo*) { return false; }
 size_t model_device_bytes(const Model*) { return 0; }
-static std::string gpu_create(Model*) { return NO_GPU_BUILD; }
+static std::string gpu_create(Model*, Acts*, ActsCarve, DeviceNeed, int) { return NO_GPU_BUILD; }
+static void gpu_upload(Model*, float*, const float*, size_t) {}
 static void gpu_free(Model*) {}
 static void gpu_to_device(Model*) {}
 static void gpu_to_host(Model*) {}
-static void gpu_stage(Model*, const int*, const int*, const float*, const float*, int, const AdamWNumbers*) {}
+static void gpu_stage(Model*, const BatchArrays&, const int*, const int*, const float*, const float*, int,
+                      const AdamWNumbers*) {}
 static void gpu_read_metrics(Model*) {}
-static bool gpu_replay_step(Model*, int, int) { return false; }
-static void gpu_read_forward(Model*, size_t) {}
+static bool gpu_replay_step(Model*, int, int, StepPasses) { return false; }
+static void gpu_read_forward(Model*, float*, const float*, size_t) {}
 static const float* gpu_probe_copy(Model*, const float* src, size_t, size_t) { return src; }
 static void gpu_sync(Model*) {}
 #endif
-
-// What the passes work on: host memory for the CPU, device memory for the GPU.
-static Acts* pass_acts(Model* model) {
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) return &model->gpu->acts;
-#endif
-    return model->acts;
-}
-
-static const Params& pass_params(Model* model) {
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) return model->gpu->p;
-#endif
-    return model->p;
-}
-static const Params& pass_grads(Model* model) {
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) return model->gpu->g;
-#endif
-    return model->g;
-}
-static float* pass_grads_base(Model* model) {  // all gradients, one array of n_params
-#ifdef LIME_GPU
-    if (model->device == DEVICE_GPU) return model->gpu->mem + model->n_params;
-#endif
-    return model->grads;
-}

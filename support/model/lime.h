@@ -46,6 +46,8 @@ std::string router_name(const Config& c);
 struct RouterSpan {
     int below = 0, from = 0;
     bool has(int src) const { return src < below || src >= from; }
+    bool any(int l) const { return below > 0 || from <= l; }       // some source 0..l
+    bool all(int l) const { return below >= from || from <= 0 || below > l; }  // every source 0..l
 };
 // The layers layer l's router may give a non-zero weight (router_sources),
 // and those whose weights it learns (router_learned: none for average or frozen).
@@ -84,6 +86,16 @@ struct LayerParams {
     float* Wg;       // (F, d)
     float* Wu;       // (F, d)
     float* Wd;       // (d, F)
+};
+// A key/value pair of arrays: what the KV buffer, the router, and their
+// gradients hold twice (lime.cu's router: op_router_forward, router_forward_gpu).
+struct KvPair {
+    float* k;
+    float* v;
+};
+struct KvConst {
+    const float* k;
+    const float* v;
 };
 // One sublayer's Hyper-Connection weights (hc only; else all nullptr). n streams.
 struct HcParams {

@@ -1,27 +1,23 @@
-// support/model/memory_check.h — the memory a model needs, asked before anything is
-// allocated, and the fix for one that does not fit: the command's own size
-// flags that would shrink it most. lime.cu includes it before model_create (it
-// uses lime.cu's acts_carve and param_count).
+// support/model/memory_check.h — the fix for a model that does not fit in
+// memory (memory_fix: the command's own size flags that would shrink it most),
+// and the shapes the code cannot run (launch_check), both asked before
+// anything is allocated. What a shape needs (lime.cu's memory_needed) is the
+// caller's, handed in as a function.
+#pragma once
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
 
-// The memory a model of shape c at batch B needs, in bytes: its parameters,
-// gradients and AdamW moments (4 floats each), then on the host the CPU's
-// activations and products' scratch or the GPU's host copy of the logits, on
-// the device its activations (acts_carve). In double: a batch can be too big
-// for size_t (acts_carve(B) <= B * acts_carve(1), so that is asked first).
-static double memory_needed(const Config& c, int B, Device dev, bool on_device, bool flash = false) {
-    Acts probe;
-    double state = 16.0 * param_count(c), acts;
-    if (dev == DEVICE_GPU && !on_device) acts = (double)B * c.T * c.V;
-    else if ((acts = (double)B * acts_carve(&probe, c, 1, nullptr, dev, flash)) < 1e18)
-        acts = (double)acts_carve(&probe, c, B, nullptr, dev, flash);
-    return state + 4 * acts;
-}
+#include "support/model/lime.h"
 
 // The fix for a model that needs need(c, B) bytes, more than there is: the
 // command's size flags (SizeFlags) whose halving saves the most: those that
 // save at least half as much as the best of all sizes does; where none does, a
 // machine with more memory.
-template <class Need> static std::string memory_fix(const Config& c, int B, const SizeFlags& f, Need need) {
+template <class Need>
+static std::string memory_fix(const Config& c, int B, const SizeFlags& f, Need need) {
     const std::string* flags[] = {&f.layers, &f.dim, &f.ffn, &f.vocab, &f.batch, &f.seq_len};
     double all = need(c, B), best = 0;
     std::vector<std::pair<double, std::string>> named;  // (bytes halving it saves, flag)
@@ -48,14 +44,13 @@ template <class Need> static std::string memory_fix(const Config& c, int B, cons
 // Shapes the code cannot run, refused at create with the flag to lower, in
 // the words of the device asked for. On every device: the loops and kernels
 // index in 32-bit ints (a position n < B*T, an element of the GPU's
-// elementwise and router kernels), so no array (the logits, the key and value
-// buffers, a (B, T, d) activation, the embedding) may reach 2^31 floats. On
-// the GPU only (the CPU loops have no such limit, so a CPU run is not refused
-// for them; a checkpoint moved to the GPU is checked again there, at the batch
-// of the command that loads it): flash attention's grid has one row of blocks
-// per sequence, at most 65535; and the router's weight gradient stages
-// 2 (L + 1) R floats of an element in 48 KB of shared memory (router_backward_gpu).
-static std::string launch_check(const Config& c, int B, Device dev, const SizeFlags& f) {
+// elementwise kernels), so no array (the logits, the key and value buffers, a
+// (B, T, d) activation, the embedding) may reach 2^31 floats. On the GPU only
+// (the CPU loops have no such limit, so a CPU run is not refused for it; a
+// checkpoint moved to the GPU is checked again there, at the batch of the
+// command that loads it): flash attention's grid has one row of blocks per
+// sequence, at most 65535.
+static inline std::string launch_check(const Config& c, int B, Device dev, const SizeFlags& f) {
     const char* limit = dev == DEVICE_GPU ? "the 2^31 the GPU kernels' 32-bit indices reach"
                                           : "the 2^31 elements the CPU loops' 32-bit indices reach";
     // hc: the residual stream's arrays are n streams, the mixtures n+1 (B*T*(n+1)*d)
@@ -78,12 +73,6 @@ static std::string launch_check(const Config& c, int B, Device dev, const SizeFl
     if (B > 65535) {
         snprintf(buf, sizeof buf, "batch %d: the GPU's flash attention launches one row of blocks per sequence, "
                  "at most 65535; %s", B, lower.c_str());
-        return buf;
-    }
-    if (c.arch == ARCH_LIME && 2 * (c.L + 1) * c.R > 12288) {
-        snprintf(buf, sizeof buf, "--layers %d with %d kv heads: the GPU router's weight gradient needs "
-                 "(layers + 1) x kv heads <= 6144; lower --kv-heads or %s", c.L, c.R,
-                 f.layers.empty() ? "the layers" : f.layers.c_str());
         return buf;
     }
     return "";
