@@ -56,6 +56,44 @@ elif [ ${#broken[@]} -eq 0 ]; then pass readme_hop_chain_is_what_runs
 else fail readme_hop_chain_is_what_runs "README's hop chain names calls the code does not make (fix README or the chain): ${broken[*]}"; fi
 for doc in docs/*.md labs/README.md labs/*/README.md; do check_document "$doc"; done
 
+# Sections cited by title are there: README's "The method in five paragraphs" (in labs/ and
+# docs/) is a heading of README.md, and `docs/gpu.md`, "No GPU: ..." (in README.md, docs/ and
+# labs/) a heading or a bold paragraph's title in that document. A title matches a heading that
+# starts with it, backticks ignored. A citation may wrap across lines (comment markers dropped).
+citing_files=$(find docs labs -type f \( -name '*.md' -o -name '*.cpp' -o -name '*.h' -o -name '*.txt' \) | sort)
+flat() { sed -E 's#^[[:space:]]*(//|\#)[[:space:]]?##' "$1" | tr '\n' ' ' | tr -s ' '; }
+titles_of() {  # DOC: its headings and bold paragraph titles, one a line, without backticks
+    sed -nE 's/^#+ +(.*)/\1/p; s/^\*\*([^*]+)\*\*.*/\1/p' "$1" | tr -d '`'
+}
+has_title() {  # DOC TITLE [headings-only]
+    local title=${2//\`/} line
+    while IFS= read -r line; do
+        [[ $line == "$title" || $line == "$title"[[:space:]:.,\(]* ]] && return 0
+    done < <(if [ -n "$3" ]; then sed -nE 's/^#+ +(.*)/\1/p' "$1" | tr -d '`'; else titles_of "$1"; fi)
+    return 1
+}
+missing_sections=0
+for f in $citing_files; do
+    while IFS= read -r title; do
+        [ -n "$title" ] || continue
+        has_title README.md "$title" headings && continue
+        fail readme_sections_cited_exist "$f cites README's \"$title\", which is not a heading of README.md"
+        missing_sections=$((missing_sections + 1))
+    done < <(flat "$f" | grep -oE "(^|[^/[:alnum:]_.-])README(['’]s)?,? \(?\"[^\"]+\"" | sed -E 's/.*"([^"]+)"$/\1/')
+done
+[ $missing_sections -eq 0 ] && pass readme_sections_cited_exist
+missing_sections=0
+for f in README.md $citing_files; do
+    while IFS=$'\t' read -r doc title; do
+        [ -n "$title" ] || continue
+        { [ -f "$doc" ] && has_title "$doc" "$title"; } && continue
+        fail doc_sections_cited_exist "$f cites $doc \"$title\", which is not a heading or bold title there"
+        missing_sections=$((missing_sections + 1))
+    done < <(flat "$f" | grep -oE "docs/[a-z_]+\.md\`?,? \(?\"[^\"]+\"" |
+                 sed -E 's/^(docs\/[a-z_]+\.md)[^"]*"([^"]+)"$/\1\t\2/')
+done
+[ $missing_sections -eq 0 ] && pass doc_sections_cited_exist
+
 # The repository stands alone: no text file points at that folder or its contract files.
 # (The patterns are written so that this file does not match itself.)
 outside=$(git ls-files 2>/dev/null | grep -vE '\.(safetensors|png|json|txt|csv)$' | xargs grep -lE '[.][.]/shared|SPEC[.]md|TASKS[.]md' 2>/dev/null)
