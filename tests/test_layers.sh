@@ -3,10 +3,14 @@
 #   support/lib/       a library: includes nothing of the project but support/lib/ itself
 #   support/harness/   CUDA on the CPU: nothing of the project but itself
 #   support/model/     the model's own parts: support/lib/ and support/model/
+#   support/study/     the study's other models and instruments: lib, model, harness and study
 #   support/commands/  the commands beyond train/eval/sample/data: lib, model, data/ and commands
 #   data/              the tasks: support/lib/ and data/ only
-#   lime.cu            the model: lib, model and the harness
-# (train.cpp, tests/ and labs/ may include any of them.) Also: no type name is
+#   lime.cu            the model: lib, model, the harness and the study
+# (train.cpp, tests/ and labs/ may include any of them.) Every header of
+# support/ compiles on its own, in the CPU build and with the harness: it
+# includes what it uses (a name lime.cu defines later is not there), and no
+# header declares a function lime.cu defines. Also: no type name is
 # defined by two files (they would share one destructor at link time). A file that breaks its
 # layer's rule fails with one line naming the file, the include and the rule;
 # the checker also runs on a planted breach, so that it cannot pass by reading nothing.
@@ -19,10 +23,11 @@ layer() {
     case $1 in
         support/lib/*)      echo "support/lib/|the library layer includes nothing of the project (support/lib/ only)" ;;
         support/harness/*)  echo "support/harness/|the harness includes nothing of the project" ;;
-        support/model/*)    echo "support/lib/ support/model/|the model's parts include support/lib/ and support/model/ only" ;;
+        support/model/*)    echo "support/lib/ support/model/ support/harness/|the model's parts include support/lib/, support/model/ and support/harness/ only" ;;
+        support/study/*)    echo "support/lib/ support/model/ support/harness/ support/study/|the study's models include support/lib/, support/model/, support/harness/ and support/study/ only" ;;
         support/commands/*) echo "support/lib/ support/model/ support/commands/ data/|the commands include support/lib/, support/model/, data/ and support/commands/ only" ;;
         data/*)             echo "support/lib/ data/|data/ includes support/lib/ and data/ only" ;;
-        lime.cu)            echo "support/lib/ support/model/ support/harness/|lime.cu includes support/lib/, support/model/ and support/harness/ only" ;;
+        lime.cu)            echo "support/lib/ support/model/ support/harness/ support/study/|lime.cu includes support/lib/, support/model/, support/harness/ and support/study/ only" ;;
         *)                  echo "any|" ;;
     esac
 }
@@ -47,8 +52,8 @@ breaches() {
 # Every folder of support/ is one of the layers, with its README.
 for dir in support/*/; do
     dir=${dir%/}
-    case $dir in support/lib|support/harness|support/model|support/commands) ;;
-        *) fail "support_folders_are_layers" "$dir is not a layer this test knows (lib, harness, model, commands): add its rule to tests/test_layers.sh"; continue ;;
+    case $dir in support/lib|support/harness|support/model|support/study|support/commands) ;;
+        *) fail "support_folders_are_layers" "$dir is not a layer this test knows (lib, harness, model, study, commands): add its rule to tests/test_layers.sh"; continue ;;
     esac
     if [ -s "$dir/README.md" ]; then pass "${dir//\//_}_has_a_readme"; else fail "${dir//\//_}_has_a_readme" "$dir/README.md is missing or empty"; fi
 done
@@ -72,6 +77,56 @@ want='data/task.cpp includes "support/commands/commands.h": data/ includes suppo
 support/lib/bad.h includes "support/model/lime.h": the library layer includes nothing of the project (support/lib/ only)'
 if [ "$got" = "$want" ]; then pass checker_finds_a_planted_breach
 else fail checker_finds_a_planted_breach "on a planted breach it printed: ${got:-nothing}"; fi
+
+# Every header stands alone: compiled by itself (the CPU build, then with the
+# harness, -DLIME_EMU) it needs nothing its includes do not provide. Prints one
+# line per header that does not: the file and the first name or include it lacks.
+not_standalone() {
+    local root=$1 h defs err what
+    (cd "$root" && find support -type f \( -name '*.h' -o -name '*.cuh' \) | sort) | while read -r h; do
+        for defs in "" "-DLIME_EMU"; do
+            err=$(cd "$root" && LC_ALL=C ${CXX:-g++} -std=c++17 -fsyntax-only -fopenmp -I. $defs -x c++ "$h" 2>&1) && continue
+            what=$(grep -m1 -oE "'[A-Za-z_][A-Za-z_0-9:]*' (was not declared|has not been declared|does not name a type|is not a member)|[A-Za-z_./]+\.(h|cuh): No such file" <<<"$err")
+            echo "$h${defs:+ ($defs)} uses ${what:-what its includes do not provide: $(grep -m1 'error' <<<"$err")}"
+            break
+        done
+    done
+}
+found=$(not_standalone .)
+if [ -z "$found" ]; then pass headers_compile_on_their_own
+else fail headers_compile_on_their_own "$(echo "$found" | head -1)$( [ "$(echo "$found" | wc -l)" -gt 1 ] && echo " (and $(($(echo "$found" | wc -l) - 1)) more)")"
+    echo "$found" | tail -n +2 | sed 's/^/    /'
+fi
+# ... and the check on a planted header that uses what lime.cu defines, without a declaration.
+mkdir -p "$plant/support/model"
+printf '#pragma once\nstruct Model;\ninline void step(Model* m) { forward_pass(m, 1, 1, true); }\n' > "$plant/support/model/uses_later.h"
+got=$(not_standalone "$plant" | grep uses_later)
+if [[ $got == "support/model/uses_later.h uses 'forward_pass' was not declared"* ]]; then pass checker_finds_a_planted_header_that_needs_lime_cu
+else fail checker_finds_a_planted_header_that_needs_lime_cu "on a planted header it printed: ${got:-nothing}"; fi
+rm -f "$plant/support/model/uses_later.h"
+
+# No header declares lime.cu's own (static) functions: a declaration would let a
+# header call back up into the file that includes it. (support/model/lime.h
+# declares lime.cu's public calls: that is the interface, not a call back up.)
+# Prints "FILE declares NAME, which lime.cu defines" per breach.
+declares_lime_cu() {
+    local root=$1 names
+    names=$(grep -oE '^[A-Za-z][A-Za-z_0-9 :<>,*&]*[ *&]([a-z_][a-z0-9_]*)\(' "$root/lime.cu" | grep -oE '[a-z_][a-z0-9_]*\($' | tr -d '(' | sort -u)
+    [ -n "$names" ] || return 0
+    (cd "$root" && find support -type f \( -name '*.h' -o -name '*.cuh' \)) | sort | while read -r h; do
+        grep -oE "^(static|template).*[ *&]($(echo $names | tr ' ' '|'))\([^{]*\);" "$root/$h" | grep -oE '[a-z_][a-z0-9_]*\(' | head -1 |
+            while read -r n; do echo "$h declares ${n%(}, which lime.cu defines"; done
+    done
+}
+found=$(declares_lime_cu .)
+if [ -z "$found" ]; then pass no_header_declares_what_lime_cu_defines
+else fail no_header_declares_what_lime_cu_defines "$(echo "$found" | head -1)"; fi
+printf 'static void forward_pass(int B);\n' > "$plant/lime.cu"
+printf '#pragma once\nstatic void forward_pass(int B);\n' > "$plant/support/model/calls_up.h"
+got=$(declares_lime_cu "$plant")
+if [ "$got" = "support/model/calls_up.h declares forward_pass, which lime.cu defines" ]; then pass checker_finds_a_planted_declaration
+else fail checker_finds_a_planted_declaration "on a planted declaration it printed: ${got:-nothing}"; fi
+rm -f "$plant/lime.cu" "$plant/support/model/calls_up.h"
 
 # One type name, one definition. Two files that each define `struct Run` link
 # into one program with one of the two destructors (the linker keeps one weak

@@ -32,7 +32,7 @@
 #include "support/model/device.cuh"
 #include "support/model/lime.h"
 
-// --- the tensors (SPEC.md; the authors' names) -------------------------------
+// --- the tensors (the authors' names) ------------------------------------------
 // Layer l's HC tensors, after its LLaMa tensors: per sublayer hc_attn, hc_mlp,
 // static_beta and static_alpha (AdamW with the embedding and the gains), and
 // with hc_dynamic the four dynamic tensors (AdamW with the matrices).
