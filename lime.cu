@@ -33,6 +33,8 @@
 // activations, ops and init, and joins the passes through named hooks.
 #include "support/study/hyper_connections.cuh"  // defines: hc_specs, HcActs, op_hc_*, hc_sublayer_input (--arch hc)
 #include "support/study/entropy_reg.cuh"        // defines: EregActs, ereg_layer_forward, op_ereg_loss (--entropy-reg)
+#include "support/study/resformer.cuh"          // defines: has_value_residual, value_residual_forward (--arch resformer)
+#include "support/study/denseformer.cuh"        // defines: DenseActs, dense_average_forward (--arch denseformer)
 
 // ===========================================================================
 // Config and parameters
@@ -66,9 +68,13 @@ RouterSpan router_sources(const Config& c, int l) {
 }
 // frozen (the control for "routing helps only by adding gradient paths"):
 // no weight is learned, so every router stays as model_init set it.
+// same-head (the cross-head ablation): only the weights that mix kv head r
+// into head r are learned; the others are 0 from model_init and stay 0.
 RouterSpan router_learned(const Config& c, int l) {
     if (c.router == ROUTER_AVERAGE || c.router_frozen) return RouterSpan{0, l + 1};  // none
-    return router_sources(c, l);
+    RouterSpan s = router_sources(c, l);
+    s.same_head = c.router_same_head;
+    return s;
 }
 
 // Every tensor of the model, in memory order, with its checkpoint name and AdamW group.
@@ -101,7 +107,7 @@ std::vector<TensorSpec> param_specs(const Config& c) {
         add(p + "mlp.gate_proj.weight", {c.F, c.d}, GROUP_MATRIX);
         add(p + "mlp.up_proj.weight", {c.F, c.d}, GROUP_MATRIX);
         add(p + "mlp.down_proj.weight", {c.d, c.F}, GROUP_MATRIX);
-        hc_specs(c, p, add);  // the study's models' tensors (support/study/): none for LLaMa and LIMe
+        hc_specs(c, p, add), resformer_specs(c, l, p, add), denseformer_specs(c, l, p, add);  // the study's (none: LIMe)
     }
     add("model.norm.weight", {c.d}, GROUP_EMBED_GAIN);
     return specs;
@@ -133,7 +139,7 @@ Params params_carve(const Config& c, float* base) {
         w.Wg = next();
         w.Wu = next();
         w.Wd = next();
-        hc_carve(c, &p, next);  // the study's models' tensors, in param_specs' order
+        hc_carve(c, &p, next), resformer_carve(c, l, &w, next), denseformer_carve(c, &w, next);  // as param_specs
     }
     p.g_final = next();
     return p;
@@ -192,13 +198,16 @@ struct Acts {
     float* rope_sin; // (T, hd/2)
     HcActs hc;       // Hyper-Connections' (support/study/): sized 0 for other models
     EregActs ereg;   // the value-entropy regulariser's: sized 0 when it is off
+    DenseActs dense; // DenseFormer's: sized 0 for other models
 };
 
 // The scratch, in floats, of the op that needs the most (one op runs at a
 // time), on the CPU for `threads` threads and on the GPU.
 static size_t router_gpu_scratch_floats(const Config& c, size_t BT);
 static size_t cpu_scratch_floats(const Config& c, int B, int threads) {
-    size_t most = std::max(CHUNKS * (size_t)c.d, hc_cpu_scratch_floats(c));  // rmsnorm_backward's gain slices
+    size_t BT = (size_t)B * c.T, study = std::max({hc_cpu_scratch_floats(c), denseformer_scratch_floats(c, BT),
+                                                  c.arch == ARCH_RESFORMER ? mix_scratch_floats(2, 1) : 0});
+    size_t most = std::max(CHUNKS * (size_t)c.d, study);  // rmsnorm_backward's gain slices, the study's models' ops
     if (!FAST_CPU) return most;
     size_t d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd, F = c.F, V = c.V;
     const std::pair<size_t, size_t> products[] = {{d, qd}, {d, kvd}, {qd, d}, {d, F}, {F, d}, {d, V}};
@@ -207,7 +216,9 @@ static size_t cpu_scratch_floats(const Config& c, int B, int threads) {
     return std::max({most, attention_fast_scratch_floats(c.T, c.hd, threads), router, ereg_cpu_scratch_floats(c, B)});
 }
 static size_t gpu_scratch_floats(const Config& c, size_t BT) {
-    return std::max({3 * BT * c.H * c.hd, router_gpu_scratch_floats(c, BT), hc_gpu_scratch_floats(c, BT)});
+    size_t study = std::max({hc_gpu_scratch_floats(c, BT), denseformer_scratch_floats(c, BT),
+                             c.arch == ARCH_RESFORMER ? mix_scratch_floats(2, BT * c.R * c.hd) : 0});
+    return std::max({3 * BT * c.H * c.hd, router_gpu_scratch_floats(c, BT), study});
 }
 
 // Carves (or, with base == nullptr, only measures) the activations; only the scratch differs between devices.
@@ -261,6 +272,7 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->scratch, A->scratch_floats);
     hc_acts_carve(&A->hc, c, BT, take);  // the study's models' activations
     ereg_acts_carve(&A->ereg, c, B, take);
+    denseformer_acts_carve(&A->dense, c, BT, take);
     take(&A->rope_cos, (size_t)c.T * c.hd / 2);  // last: tests poison everything before it between steps
     take(&A->rope_sin, (size_t)c.T * c.hd / 2);
     return off;
@@ -798,7 +810,7 @@ LAB_SWAPPABLE void router_forward(float* out, const float* W, const float* buf, 
 }
 
 // forward: out[r][e] = sum_j W[r, j] * buf[j][e]
-// dW[r, j]  += sum_e dout[r][e] * buf[j][e]     (the learned columns only)
+// dW[r, j]  += sum_e dout[r][e] * buf[j][e]     (the learned weights only)
 // dbuf[j][e] += sum_r W[r, j] * dout[r][e]      (every layer 0..l: how the gradient reaches earlier layers)
 // Called for the keys, then the values: with one W for both (Eq. 2), dW gets both sums.
 LAB_SWAPPABLE void router_backward(float* dW, float* dbuf, const float* dout, const float* W, const float* buf, int l,
@@ -808,7 +820,7 @@ LAB_SWAPPABLE void router_backward(float* dW, float* dbuf, const float* dout, co
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < R; r++)
         for (int j = 0; j < cols; j++) {
-            if (!learned.has(j / R)) continue;
+            if (!learned.learns(r, j, R)) continue;
             float s = 0;
             for (size_t e = 0; e < row; e++) s += dout[r * row + e] * buf[j * row + e];
             dW[(size_t)r * cols + j] += s;
@@ -911,8 +923,9 @@ __global__ void router_weight_partial_kernel(float* partial, KvConst dout, KvCon
 }
 __global__ void router_weight_reduce_kernel(KvPair dW, const float* partial, int slices, int cols, int R,
                                             RouterSpan learned) {
-    int p = blockIdx.x * blockDim.x + threadIdx.x, pairs = R * cols, source = p % cols / R;
-    if (p >= pairs || (source >= learned.below && source < learned.from)) return;  // not learned.has(source)
+    int p = blockIdx.x * blockDim.x + threadIdx.x, pairs = R * cols, r = p / cols, j = p % cols, source = j / R;
+    if (p >= pairs || (source >= learned.below && source < learned.from) || (learned.same_head && j % R != r))
+        return;  // not learned.learns(r, j, R)
     float sk = 0, sv = 0;
     for (int s = 0; s < slices; s++) {
         sk += partial[((size_t)s * 2) * pairs + p];
@@ -1603,14 +1616,21 @@ static void residual_forward(Model* model, int s, float* xout, const float* x, c
         op_matmul_forward(model, h.y, inp, W, N, C, d);
         return hc_residual_forward(model, xout, h, N);
     }
-    op_copy(model, xout, x, (size_t)N * d);
-    op_matmul_forward(model, xout, inp, W, N, C, d, true);
+    Acts* A = pass_acts(model);
+    bool dense = model->c.arch == ARCH_DENSEFORMER && s % 2 == 1;  // DenseFormer: the block's output, then the average
+    float* out = dense ? dense_block_output(A->dense, model->c, s / 2, B, T) : xout;
+    op_copy(model, out, x, (size_t)N * d);
+    op_matmul_forward(model, out, inp, W, N, C, d, true);
+    if (dense) dense_average_forward(model, xout, A->dense, s / 2, A->x, pass_params(model).layer[s / 2].dwa, B, T);
 }
 // forward: xout = x + y, y = inp @ W^T: returns dy from dxout (the same array:
 // the stream's gradient passes through the add unchanged, as dx).
 static const float* residual_backward(Model* model, int s, const float* dxout, int B, int T) {
     Acts* A = pass_acts(model);
     if (model->c.arch == ARCH_HC) return hc_residual_backward(model, A->hc, hc_sublayer(A->hc, model->c, s, B, T), dxout, B * T);
+    if (model->c.arch == ARCH_DENSEFORMER && s % 2 == 1)  // through the average: dxout becomes the block output's
+        dense_average_backward(model, (float*)dxout, A->dense, s / 2, A->x, pass_params(model).layer[s / 2].dwa,
+                               pass_grads(model).layer[s / 2].dwa, B, T, A->scratch);
     return dxout;
 }
 
@@ -1679,6 +1699,7 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         } else {                 // LLaMa, and LIMe's layer 0: own keys and values
             op_copy(model, la.kr, la.K, (size_t)N * kvd);
         }
+        if (has_value_residual(c, l)) value_residual_forward(model, la.vr, la.V, A->Vbuf, w.value_residual, N), vr = la.vr;
         op_rope_forward(model, la.q, B, T, c.H);
         op_rope_forward(model, la.kr, c.R * B, T, 1);  // (R, B, T, hd): R*B sequences of one head
         op_attention_forward(model, la.o, la.att, la.q, la.kr, vr, B, T);
@@ -1732,11 +1753,11 @@ static void backward_pass(Model* model, int B, int T) {
         // attention block. forward: xa = x + o @ Wo^T, o = attention(q, rope(Kr), Vr)
         dy = residual_backward(model, 2 * l, A->dx, B, T);  // the gradient of o @ Wo^T
         op_matmul_backward(model, A->dout, gw.Wo, dy, la.o, w.Wo, N, qd, d, false);
-        bool routed = has_router(c, l);
-        float* dvr = routed ? A->dvr : dV;  // without a router, attention's values are the buffer itself
+        bool routed = has_router(c, l), mixed = routed || has_value_residual(c, l);  // the values: a mixture (vr)
+        float* dvr = mixed ? A->dvr : dV;  // else attention's values are the buffer itself
         op_zero(model, A->dkr, kv_layer);
-        if (routed) op_zero(model, A->dvr, kv_layer);
-        op_attention_backward(model, A->dq, A->dkr, dvr, A->dout, la.o, la.q, la.kr, routed ? la.vr : la.V, la.att, B,
+        if (mixed) op_zero(model, A->dvr, kv_layer);
+        op_attention_backward(model, A->dq, A->dkr, dvr, A->dout, la.o, la.q, la.kr, mixed ? la.vr : la.V, la.att, B,
                               T);
         op_rope_backward(model, A->dq, B, T, c.H);
         op_rope_backward(model, A->dkr, c.R * B, T, 1);
@@ -1746,6 +1767,9 @@ static void backward_pass(Model* model, int B, int T) {
         } else {
             op_add(model, dK, A->dkr, kv_layer);
         }
+        if (has_value_residual(c, l))  // ResFormer: forward vr = lam[0] V[l] + lam[1] V[0]
+            value_residual_backward(model, dV, A->dVbuf, gw.value_residual, A->dvr, la.V, A->Vbuf, w.value_residual, N,
+                                    A->scratch);
         if (model->ereg_on) ereg_layer_backward(model, A->ereg, l, dV, A->dvr, A->batch.valid, B, T, A->scratch);  // -lambda S2
         // forward: q = a Wq^T, K and V = the heads of a Wk^T and a Wv^T (kv_projection_forward), a = rmsnorm(x)
         op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd, false);  // then K's and V's add
@@ -1754,6 +1778,7 @@ static void backward_pass(Model* model, int B, int T) {
         sublayer_input_backward(model, 2 * l, A->dx, gw.g_attn, la.x, w.g_attn, la.rstd_a, B, T);  // dx: d x[l]
     }
     if (c.arch == ARCH_HC) op_hc_sum(model, A->dx, A->dx, N);  // forward: X[i] = x[0] for every stream
+    if (c.arch == ARCH_DENSEFORMER) op_add(model, A->dx, A->dense.dX, (size_t)N * d);  // x[0] in every average
     op_embedding_backward(model, grads.E, A->dx, A->batch.tokens, N);
 }
 
@@ -1877,7 +1902,7 @@ void model_init(Model* model, uint64_t seed) {
     for (const TensorSpec& t : model->specs) {
         float* p = model->params + t.offset;
         Rng rng(seed_for(seed, t.name));
-        if (t.group == GROUP_ROUTER) {
+        if (t.group == GROUP_ROUTER && t.shape.size() == 2) {  // LIMe's (the peers' mixing weights: their init)
             // uniform in [-b, b], b = sqrt(3 / ((l+1) R)), then the last R x R block = I
             int cols = t.shape[1], R = c.R, l = cols / R - 1;
             double b = std::sqrt(3.0 / cols);
@@ -1889,7 +1914,7 @@ void model_init(Model* model, uint64_t seed) {
             RouterSpan sources = router_sources(c, l);
             for (int r = 0; r < R; r++)
                 for (int j = 0; j < cols; j++) {
-                    if (!sources.has(j / R)) p[r * cols + j] = 0.0f;
+                    if (!sources.has(j / R) || (c.router_same_head && j % R != r)) p[r * cols + j] = 0.0f;
                     if (c.router == ROUTER_AVERAGE) p[r * cols + j] = j % R == r ? 1.0f / (l + 1) : 0.0f;
                 }
         } else if (t.shape.size() == 1) {
@@ -1904,7 +1929,7 @@ void model_init(Model* model, uint64_t seed) {
     for (int l = 0; l < c.L; l++)
         if (model->p.layer[l].router_v)
             memcpy(model->p.layer[l].router_v, model->p.layer[l].router, (size_t)c.R * (l + 1) * c.R * sizeof(float));
-    hc_init(model->p, c);  // the study's models' own initialisation
+    hc_init(model->p, c), resformer_init(model->p), denseformer_init(model->p);  // the study's own initialisation
     memset(model->adam_m, 0, 2 * model->n_params * sizeof(float));
     model->step = 0;
     model_to_device(model);  // initialised on the host, copied to the device
@@ -1963,7 +1988,7 @@ const float* model_probe(Model* model, Probe what, int l) {
     const Config& c = model->c;
     size_t BT = (size_t)model->cur_B * model->cur_T;
     size_t n = BT * (what == PROBE_HIDDEN ? c.d : c.R * c.hd), streams = what == PROBE_HIDDEN ? hc_streams(c) : 1;
-    bool routed = what == PROBE_VALUES && has_router(c, l);
+    bool routed = what == PROBE_VALUES && (has_router(c, l) || has_value_residual(c, l));
     size_t at = what == PROBE_HIDDEN ? (l + 1) * streams * n : l * n;  // x[l + 1]: the stream leaving layer l
     const Acts* A = pass_acts(model);
     const float* src = (what == PROBE_HIDDEN ? A->x : routed ? A->vr : A->Vbuf) + at;

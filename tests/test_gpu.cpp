@@ -679,7 +679,8 @@ static std::string golden_on_gpu(const std::string& path, bool tf32, std::string
 
 static const char* GOLDEN[] = {"tests/golden/llama_tiny.safetensors", "tests/golden/lime_tiny.safetensors", "tests/golden/lime_gqa.safetensors",
                                "tests/golden/hc_tiny.safetensors", "tests/golden/hc_static_gqa.safetensors",
-                               "tests/golden/llama_ereg.safetensors"};
+                               "tests/golden/llama_ereg.safetensors", "tests/golden/resformer_gqa.safetensors",
+                               "tests/golden/denseformer_tiny.safetensors"};
 
 TEST(gpu_matches_reference_vectors_float32) {
     NEED_GPU();
@@ -896,6 +897,52 @@ TEST(gpu_three_steps_bit_identical_across_schedules_matmul) { NEED_GPU(); check_
 TEST(gpu_three_steps_bit_identical_across_schedules_flash) { NEED_GPU(); check_steps_across_schedules(ATTENTION_FLASH, tiny_config(ARCH_LIME, 4, 2, 9)); }
 // HC's weight gradients (chunked partial sums) and warp sums: the same bits in every order too.
 TEST(gpu_hc_three_steps_bit_identical_across_schedules) { NEED_GPU(); check_steps_across_schedules(ATTENTION_MATMUL, hc_config(3, true, 4, 2)); }
+
+// The study's peers and the cross-head ablation: the same bits in every order too.
+static Config peer_config(const char* model) {
+    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    c.L = 3;  // last-2 then leaves a layer out
+    model_parse(model, &c);
+    return c;
+}
+TEST(gpu_resformer_three_steps_bit_identical_across_schedules) {
+    NEED_GPU();
+    check_steps_across_schedules(ATTENTION_MATMUL, peer_config("resformer"));
+}
+TEST(gpu_denseformer_three_steps_bit_identical_across_schedules) {
+    NEED_GPU();
+    check_steps_across_schedules(ATTENTION_MATMUL, peer_config("denseformer"));
+}
+TEST(gpu_same_head_three_steps_bit_identical_across_schedules) {
+    NEED_GPU();
+    check_steps_across_schedules(ATTENTION_MATMUL, peer_config("lime:last-2:same-head"));
+}
+// Every reference file under every block and thread order of the harness (float32 products).
+TEST(gpu_matches_reference_vectors_in_every_order) {
+    NEED_GPU();
+    for (const StepOrder& s : STEP_ORDERS) {
+        set_step_order(s);
+        for (const char* path : GOLDEN) {
+            std::string worst, err = golden_on_gpu(path, false, &worst);
+            CHECK(err.empty(), "%s (%s)", err.c_str(), step_order_name(s));
+        }
+    }
+    set_step_order(STEP_ORDERS[0]);
+}
+// The router's two GPU forms in a model: the kernels, and cuBLAS where they
+// would not fit, give one step within float32's rounding of each other.
+TEST(gpu_router_kernels_and_cublas_train_alike) {
+    NEED_GPU();
+    use_tf32(false);
+    auto blas = [](Model& m) { m.gpu->router_blas = true; };
+    TrainedRun kernels = train_steps(tiny_config(ARCH_LIME, 4, 2, 9), DEVICE_GPU, false, 2, 21);
+    TrainedRun cublas = train_steps(tiny_config(ARCH_LIME, 4, 2, 9), DEVICE_GPU, false, 2, 21, false, blas);
+    CHECK(kernels.losses.size() == 2 && cublas.losses.size() == 2, "training did not run");
+    for (int k = 0; k < 2; k++)
+        CHECK(std::fabs(kernels.losses[k] - cublas.losses[k]) < 1e-5f * std::fabs(cublas.losses[k]),
+              "step %d: loss %.9g with the router's kernels, %.9g with cuBLAS", k + 1, kernels.losses[k],
+              cublas.losses[k]);
+}
 
 TEST(gpu_forward_without_targets_gives_cpu_logits) {
     NEED_GPU();

@@ -444,7 +444,7 @@ struct TinyBatch {
 static std::vector<char> learned_entries(const Config& c, int l) {
     int J = (l + 1) * c.R;
     std::vector<char> on((size_t)c.R * J);
-    for (int i = 0; i < c.R * J; i++) on[i] = router_learned(c, l).has(i % J / c.R);
+    for (int i = 0; i < c.R * J; i++) on[i] = router_learned(c, l).learns(i / J, i % J, c.R);
     return on;
 }
 static int layer_of(const std::string& name) { return atoi(name.c_str() + strlen("model.layers.")); }
@@ -539,6 +539,90 @@ TEST(router_variant_gradients_equal_static_on_learned_weights) {
         model_free(&v);
         model_free(&st);
     }
+}
+
+TEST(resformer_model_gradients_match_finite_differences) { check_model_gradients(tiny_config(ARCH_RESFORMER, 4, 2), 0.2f); }
+TEST(denseformer_model_gradients_match_finite_differences) { check_model_gradients(tiny_config(ARCH_DENSEFORMER, 4, 2), 0.2f); }
+TEST(lime_same_head_model_gradients_match_finite_differences) { check_model_gradients(variant_config("lime:same-head", 4, 2), 0.2f); }
+TEST(lime_last2_same_head_model_gradients_match_finite_differences) {
+    check_model_gradients(variant_config("lime:last-2:same-head", 4, 2), 0.2f);
+}
+
+// The mixture of whole arrays (support/study/mixing.cuh) against finite differences:
+// y = sum_j a[j] X_j, X_0 = first, X_1.. = rest's arrays.
+TEST(mix_backward_matches_finite_differences) {
+    int K = 3;
+    size_t n = 300;  // several of the CPU's CHUNKS slices
+    std::vector<float> a = randv(K, 71), first = randv(n, 72), rest = randv((K - 1) * n, 73), w = randv(n, 74), y(n);
+    auto loss = [&]() { mix_forward(y.data(), a.data(), first.data(), rest.data(), K, n); return dot(y, w); };
+    std::vector<float> da(K, 0.0f), dfirst(n, 0.0f), drest((K - 1) * n, 0.0f), part((size_t)CHUNKS * K);
+    mix_backward(dfirst.data(), drest.data(), da.data(), w.data(), a.data(), first.data(), rest.data(), K, n, part.data());
+    double ea = fd_error(a, da, loss), e0 = fd_error(first, dfirst, loss), e1 = fd_error(rest, drest, loss);
+    CHECK(ea < FD_TOL, "mix da: rel err %.2e", ea);
+    CHECK(e0 < FD_TOL, "mix d first: rel err %.2e", e0);
+    CHECK(e1 < FD_TOL, "mix d rest: rel err %.2e", e1);
+}
+
+// Two models of one seed: the study model (with its mixing weights set by
+// `set`) and LLaMa compute the same logits, loss and gradients of every tensor
+// LLaMa has, bit for bit.
+static void check_equals_llama(Arch arch, const std::function<void(Model&)>& set) {
+    Config cl = tiny_config(ARCH_LLAMA, 4, 2), cs = tiny_config(arch, 4, 2);
+    Model llama, peer;
+    CHECK(model_create(&llama, cl, 2, DEVICE_CPU).empty(), "model_create llama failed");
+    CHECK(model_create(&peer, cs, 2, DEVICE_CPU).empty(), "model_create %s failed", arch_name(arch));
+    model_init(&llama, 3);
+    model_init(&peer, 3);  // same seed: every shared tensor gets the same values
+    set(peer);
+    TinyBatch b(cl.V);
+    float l1 = model_forward(&llama, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    float l2 = model_forward(&peer, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    size_t n = (size_t)b.B * b.T * cl.V;
+    CHECK(memcmp(model_logits(&llama), model_logits(&peer), n * sizeof(float)) == 0, "%s logits differ from llama's",
+          arch_name(arch));
+    CHECK(l1 == l2, "%s loss %.9g, llama's %.9g", arch_name(arch), l2, l1);
+    model_backward(&llama);
+    model_backward(&peer);
+    for (const TensorSpec& t : llama.specs)
+        for (const TensorSpec& u : peer.specs)
+            if (u.name == t.name)
+                CHECK(memcmp(llama.grads + t.offset, peer.grads + u.offset, t.numel * sizeof(float)) == 0,
+                      "%s gradient of %s differs from llama's", arch_name(arch), t.name.c_str());
+    model_free(&llama);
+    model_free(&peer);
+}
+TEST(resformer_with_value_residual_1_0_equals_llama) {
+    check_equals_llama(ARCH_RESFORMER, [](Model& m) {
+        for (const LayerParams& w : m.p.layer)
+            if (w.value_residual) w.value_residual[0] = 1, w.value_residual[1] = 0;
+    });
+}
+TEST(denseformer_at_initialisation_equals_llama) { check_equals_llama(ARCH_DENSEFORMER, [](Model&) {}); }
+
+// The cross-head ablation: the weights that mix kv head r' into head r != r'
+// are 0 from model_init and, trained, stay exactly 0; the learned ones move.
+TEST(same_head_router_keeps_cross_head_weights_at_zero) {
+    Config c = variant_config("lime:same-head", 4, 2);
+    Model m;
+    CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create failed");
+    model_init(&m, 4);
+    std::vector<float> init(m.params, m.params + m.n_params);
+    TinyBatch b(c.V);
+    AdamWConfig opt;
+    for (int s = 0; s < 5; s++) model_train_step(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T, opt, 1.0f);
+    int moved = 0;
+    for (int l = 1; l < c.L; l++) {
+        int J = (l + 1) * c.R;
+        const float* W = m.p.layer[l].router;
+        for (int i = 0; i < c.R * J; i++) {
+            bool same = i % J % c.R == i / J;
+            CHECK(same || W[i] == 0.0f, "layer %d router weight [%d, %d] mixes head %d into %d: %g, want exactly 0", l,
+                  i / J, i % J, i % J % c.R, i / J, W[i]);
+            moved += same && W[i] != init[W - m.params + i];
+        }
+    }
+    CHECK(moved > 0, "no same-head router weight moved in 5 steps");
+    model_free(&m);
 }
 
 TEST(lime_with_identity_routers_equals_llama) {

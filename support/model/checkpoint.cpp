@@ -16,14 +16,16 @@
 
 // A lime config also names its router variant ("router": "last-2"), whether
 // keys and values share it ("router_kv": "shared" or "separate") and, only for
-// the control, "router_frozen": true; a config without them (llama, HF files,
-// older checkpoints) reads as static, shared and learned. "entropy_reg": lambda
+// the control, "router_frozen": true, and for the cross-head ablation
+// "router_heads": "same"; a config without them (llama, HF files, older
+// checkpoints) reads as static, shared, learned and mixing all heads. "entropy_reg": lambda
 // is there only when the value-entropy regulariser is on.
 std::string config_to_json(const Config& c) {
     std::string router = c.arch != ARCH_LIME ? ""
                                              : ", \"router\": \"" + router_name(c) + "\", \"router_kv\": \"" +
                                                    (c.router_kv_separate ? "separate" : "shared") + "\"" +
-                                                   (c.router_frozen ? ", \"router_frozen\": true" : "");
+                                                   (c.router_frozen ? ", \"router_frozen\": true" : "") +
+                                                   (c.router_same_head ? ", \"router_heads\": \"same\"" : "");
     // an hc config also has "hc_dynamic" and "hc_rate" (Hyper-Connections: the streams n)
     std::string hc = c.arch != ARCH_HC ? ""
                                        : std::string(", \"hc_dynamic\": ") + (c.hc_dynamic ? "true" : "false") +
@@ -76,7 +78,7 @@ std::string config_from_json(const std::string& text, Config* c) {
     const Json* arch = j.get("architecture");
     c->arch = ARCH_LLAMA;  // an HF LLaMa config has no "architecture": it is llama
     if (arch && (arch->kind != Json::STR || !arch_parse(arch->str, &c->arch)))
-        return "config \"architecture\" must be \"llama\", \"lime\" or \"hc\"";
+        return "config \"architecture\" must be \"llama\", \"lime\", \"hc\", \"resformer\" or \"denseformer\"";
     const Json* router = j.get("router");
     c->router = ROUTER_STATIC;
     c->router_j = 0;
@@ -89,6 +91,10 @@ std::string config_from_json(const std::string& text, Config* c) {
     const Json* frozen = j.get("router_frozen");
     if (frozen && frozen->kind != Json::BOOL) return "config \"router_frozen\" must be true or false";
     c->router_frozen = frozen && frozen->b;
+    const Json* heads = j.get("router_heads");
+    if (heads && (heads->kind != Json::STR || (heads->str != "all" && heads->str != "same")))
+        return "config \"router_heads\" must be \"all\" or \"same\"";
+    c->router_same_head = heads && heads->str == "same";
     // Hyper-Connections: "hc_rate" (default 4) and "hc_dynamic" (default true), only in an hc config
     const Json *rate = j.get("hc_rate"), *dynamic = j.get("hc_dynamic");
     if ((rate || dynamic) && c->arch != ARCH_HC)

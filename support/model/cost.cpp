@@ -15,6 +15,8 @@ double flops_per_token(const Config& c, int T) {
         if (has_router(c, l)) fwd += 2 * 2 * (double)c.R * (l + 1) * c.R * c.hd;  // keys and values
         double n = c.hc_rate;  // hc, per sublayer: the mixtures (width and depth), the dynamic weights
         if (c.arch == ARCH_HC) fwd += 2 * (2 * (n + 1) * n * d + (c.hc_dynamic ? 2 * (n + 2) * n * d : 0));
+        if (c.arch == ARCH_RESFORMER && l >= 1) fwd += 2 * 2 * kvd;  // values: lam[0] V[l] + lam[1] V[0]
+        if (c.arch == ARCH_DENSEFORMER) fwd += 2 * (l + 2) * d;       // the average of l+2 hidden states
     }
     fwd += 2 * d * c.V;  // output layer
     return 3 * fwd;
@@ -37,6 +39,14 @@ double flops_per_token(const Config& c, int T) {
 //   backward  depth (n + K + 2) d + 3 n;  width (K + 2 n) d + 2 a;
 //             weights 3 n d + 2 a + 4 n (static a + n)
 //   and the embedding's copy into the streams and their sum: 4 (n + 1) d.
+// ResFormer, a layer l >= 1: forward the mixture, reads 2 kv, writes kv (vr:
+// 2 kv more than the keys' copy's 0 for values); backward zero dvr kv, read
+// dvr, V[l], V[0] 3 kv, add into dV[l], dV[0] 4 kv: 3 kv + 8 kv.
+// DenseFormer, after block l (K = l+2 arrays): forward the block's output
+// written to its own array (LLaMa's residual add, no more bytes) and the
+// average, K d read + d written; backward K d (X) + d (dY) read, K d
+// read-modify-write (dX) plus the copy 2 d, and the zero-fill once (L+1) d;
+// the embedding's gradient add 3 d.
 // docs/model.md ("What HC costs") has the numbers at the bench configs.
 double bytes_per_token(const Config& c, int T) {
     double d = c.d, q = (double)c.H * c.hd, kv = (double)c.R * c.hd, F = c.F, S = (double)c.H * T, f = 0;
@@ -44,6 +54,9 @@ double bytes_per_token(const Config& c, int T) {
         double J = l + 1;  // a router's sources
         f += 17 * d + 6 * q + 6 * kv + 6 * F + S + (has_router(c, l) ? 2 * J * kv + 2 * kv : 2 * kv);
         f += 29 * d + 11 * q + 13 * kv + 13 * F + S + (has_router(c, l) ? 6 * J * kv + 5 * kv : 3 * kv);
+        if (c.arch == ARCH_RESFORMER && l >= 1) f += 3 * kv + 8 * kv;
+        double terms = l + 2;  // DenseFormer's average after block l
+        if (c.arch == ARCH_DENSEFORMER) f += 2 * (terms + 1) * d + 2 * terms * d + 2 * d;
         if (c.arch != ARCH_HC) continue;
         double n = c.hc_rate, K = n + 1, a = n * K, dyn = c.hc_dynamic;
         double weights_f = dyn ? n * d + 2 * a + 3 * n : a + n, weights_b = dyn ? 3 * n * d + 2 * a + 4 * n : a + n;
@@ -52,6 +65,7 @@ double bytes_per_token(const Config& c, int T) {
         f += 2 * (fwd + bwd);  // attention and MLP
     }
     if (c.arch == ARCH_HC) f += 4 * (c.hc_rate + 1) * d;
+    if (c.arch == ARCH_DENSEFORMER) f += (c.L + 1) * d + 3 * d;
     f += 15 * d + 7 * c.V;
     return 4 * f;
 }

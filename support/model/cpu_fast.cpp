@@ -1418,7 +1418,7 @@ void router_backward_fast(KvPair dW, KvPair dbuf, KvConst dout, KvConst W, KvCon
     if (any) gemm_nt_fast(gk, dout.k, buf.k, R, cols, row, true, panels);
     if (any) gemm_nt_fast(gv, dout.v, buf.v, R, cols, row, true, panels);  // one W: gv == gk, both sums
     for (int e = 0; any && !all && e < R * cols; e++) {
-        if (!learned.has(e % cols / R)) continue;
+        if (!learned.learns(e / cols, e % cols, R)) continue;
         dW.k[e] += gk[e];
         if (!one) dW.v[e] += gv[e];
     }

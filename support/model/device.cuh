@@ -32,6 +32,13 @@
 #define DYNAMIC_SHARED(type, name) extern __shared__ type name[]
 #endif
 
+// A helper that both the CPU loops and the kernels call (in nvcc's build, compiled for both).
+#ifdef __CUDACC__
+#define HOST_DEVICE __host__ __device__
+#else
+#define HOST_DEVICE
+#endif
+
 // The CPU runs the fast versions of support/model/cpu_fast.cpp (X_fast),
 // except in the reference build (make lime-ref) and the labs' build, which
 // run only the plain loops (X).

@@ -9,9 +9,13 @@
 #include <string>
 #include <vector>
 
-// ARCH_HC: Hyper-Connections (Zhu et al., arXiv 2409.19606), the paper's
-// other baseline: n residual streams mixed by small learned weights.
-enum Arch { ARCH_LLAMA = 0, ARCH_LIME = 1, ARCH_HC = 2 };
+// The study's other models (support/study/): ARCH_HC, Hyper-Connections (Zhu
+// et al., arXiv 2409.19606), the paper's other baseline: n residual streams
+// mixed by small learned weights; ARCH_RESFORMER, value residual learning (Zhou
+// et al., arXiv 2410.17897): the first layer's values mixed into every later
+// layer's; ARCH_DENSEFORMER, depth-weighted averaging (Pagliardini et al.,
+// arXiv 2402.02622): each block reads a learned average of all earlier outputs.
+enum Arch { ARCH_LLAMA = 0, ARCH_LIME = 1, ARCH_HC = 2, ARCH_RESFORMER = 3, ARCH_DENSEFORMER = 4 };
 // Router variants (paper Appendix D, Table 7; lime.cu's router_sources says
 // exactly which weights each one learns): static is Eq. 2 itself.
 enum RouterKind { ROUTER_STATIC = 0, ROUTER_AVERAGE = 1, ROUTER_LAST = 2, ROUTER_FIRST = 3 };
@@ -26,6 +30,7 @@ struct Config {
     int router_j = 0;                 // the J of last-J and first-J (layers), else 0
     bool router_kv_separate = false;  // one router for keys, another for values
     bool router_frozen = false;       // the control: routers keep their initial values (lime:frozen)
+    bool router_same_head = false;    // the cross-head ablation: kv head r mixes only head r of each layer (same-head)
     int hc_rate = 4;                  // hc: the number n of residual streams (1 .. 16)
     bool hc_dynamic = true;           // hc: the per-token correction of the mixing weights
     float entropy_reg = 0.0f;         // lambda of the value-entropy regulariser (lime.cu; 0: off)
@@ -43,11 +48,15 @@ std::string router_name(const Config& c);
 // The source layers of layer l's router: l' (0 <= l' <= l) with l' < below
 // or l' >= from. Every variant's set is such a pair (router_sources), so any
 // depth fits in two numbers.
+// same_head (router_learned, the cross-head ablation): of those, only the
+// weights that mix a kv head into the same head, W[r, l'*R + r].
 struct RouterSpan {
     int below = 0, from = 0;
+    bool same_head = false;
     bool has(int src) const { return src < below || src >= from; }
-    bool any(int l) const { return below > 0 || from <= l; }       // some source 0..l
-    bool all(int l) const { return below >= from || from <= 0 || below > l; }  // every source 0..l
+    bool learns(int r, int j, int R) const { return has(j / R) && (!same_head || j % R == r); }  // W[r, j]
+    bool any(int l) const { return below > 0 || from <= l; }  // some source 0..l
+    bool all(int l) const { return !same_head && (below >= from || from <= 0 || below > l); }  // every weight
 };
 // The layers layer l's router may give a non-zero weight (router_sources),
 // and those whose weights it learns (router_learned: none for average or frozen).
@@ -86,6 +95,8 @@ struct LayerParams {
     float* Wg;       // (F, d)
     float* Wu;       // (F, d)
     float* Wd;       // (d, F)
+    float* value_residual; // (2)   resformer and l >= 1: the own and the first layer's values' weights; else nullptr
+    float* dwa;      // (l+2)  denseformer: the weights of the average after block l; else nullptr
 };
 // A key/value pair of arrays: what the KV buffer, the router, and their
 // gradients hold twice (lime.cu's router: op_router_forward, router_forward_gpu).

@@ -12,7 +12,8 @@
 
 #include "support/model/names.h"
 
-const char* arch_name(Arch a) { return a == ARCH_LIME ? "lime" : a == ARCH_HC ? "hc" : "llama"; }
+static const char* const ARCH_NAMES[] = {"llama", "lime", "hc", "resformer", "denseformer"};  // by Arch
+const char* arch_name(Arch a) { return ARCH_NAMES[a]; }
 
 std::string router_name(const Config& c) {
     switch (c.router) {
@@ -48,8 +49,11 @@ std::string config_check(const Config& c) {
     if (c.F < 1) return fail("--ffn %d must be at least 1", c.F);
     if (c.T < 1) return fail("--seq-len %d must be at least 1", c.T);
     if (!(c.rope_theta > 0) || !(c.eps > 0)) return fail("rope_theta and rms_norm_eps must be positive");
-    if (c.arch != ARCH_LIME && (c.router != ROUTER_STATIC || c.router_kv_separate || c.router_frozen))
-        return fail("--router and --router-kv are for --arch lime: %s has no router", arch_name(c.arch));
+    if (c.arch != ARCH_LIME && (c.router != ROUTER_STATIC || c.router_kv_separate || c.router_frozen || c.router_same_head))
+        return fail("--router, --router-kv, --router-weights and --router-heads are for --arch lime: %s has no router",
+                    arch_name(c.arch));
+    if (c.router_same_head && c.router == ROUTER_AVERAGE)
+        return fail("--router-heads same is for a router that learns: --router average's weights are fixed");
     if (c.arch == ARCH_HC && (c.hc_rate < 1 || c.hc_rate > 16))
         return fail("--hc-rate %d must be 1 .. 16 (the number of residual streams; the paper's is 4)", c.hc_rate);
     if (!(c.entropy_reg >= 0) || !std::isfinite(c.entropy_reg))
@@ -69,7 +73,8 @@ bool attention_parse(const std::string& s, Attention* out) {
 bool arch_parse(const std::string& s, Arch* out) {
     if (s == "lime") { *out = ARCH_LIME; return true; }
     if (s == "llama") { *out = ARCH_LLAMA; return true; }
-    if (s == "hc") { *out = ARCH_HC; return true; }
+    for (int a = ARCH_HC; a <= ARCH_DENSEFORMER; a++)
+        if (s == ARCH_NAMES[a]) { *out = (Arch)a; return true; }
     return false;
 }
 
@@ -95,6 +100,7 @@ std::string model_name(const Config& c) {
     if (c.arch == ARCH_LIME && c.router != ROUTER_STATIC) s += ":" + router_name(c);
     if (c.arch == ARCH_LIME && c.router_kv_separate) s += ":separate";
     if (c.arch == ARCH_LIME && c.router_frozen) s += ":frozen";
+    if (c.arch == ARCH_LIME && c.router_same_head) s += ":same-head";
     if (c.arch == ARCH_HC && c.hc_rate != 4) s += ":n" + std::to_string(c.hc_rate);
     if (c.arch == ARCH_HC && !c.hc_dynamic) s += ":static";
     if (c.entropy_reg != 0) s += ":ereg=" + fmt("%g", c.entropy_reg);  // the value-entropy regulariser
@@ -120,10 +126,11 @@ bool model_parse(const std::string& name, Config* c) {
     c->router_j = 0;
     c->router_kv_separate = false;
     c->router_frozen = false;
+    c->router_same_head = false;
     c->hc_rate = 4;  // hc's defaults: 4 streams, dynamic
     c->hc_dynamic = true;
     if (colon == std::string::npos) return true;
-    if (c->arch == ARCH_LLAMA) return false;  // llama has no variant to name
+    if (c->arch != ARCH_LIME && c->arch != ARCH_HC) return false;  // llama and the peers have no variant to name
     std::string rest = s.substr(colon + 1);
     if (c->arch == ARCH_HC) {  // hc:static, hc:n2, hc:n2:static (config_check checks the rate)
         bool rate = false, kind = false;  // each part at most once: "hc:n2:n3" names no one model
@@ -143,10 +150,13 @@ bool model_parse(const std::string& name, Config* c) {
     for (size_t at = 0; at <= rest.size();) {
         size_t end = std::min(rest.find(':', at), rest.size());
         std::string part = rest.substr(at, end - at);
-        bool* seen = part == "separate" || part == "shared" ? &kv : part == "frozen" ? &c->router_frozen : &variant;
+        bool* seen = part == "separate" || part == "shared" ? &kv
+                     : part == "frozen"                     ? &c->router_frozen
+                     : part == "same-head"                  ? &c->router_same_head
+                                                            : &variant;
         if (*seen) return false;
         if (part == "separate" || part == "shared") c->router_kv_separate = part == "separate";
-        else if (part != "frozen" && !router_parse(part, c)) return false;
+        else if (part != "frozen" && part != "same-head" && !router_parse(part, c)) return false;
         *seen = true;
         at = end + 1;
     }
@@ -154,7 +164,8 @@ bool model_parse(const std::string& name, Config* c) {
 }
 
 const std::vector<FlagSpec> SHAPE_FLAGS = {
-    {"arch", "lime", "llama, lime or hc (Hyper-Connections, the paper's other baseline)"},
+    {"arch", "lime", "llama, lime, or a study model: hc (Hyper-Connections, the paper's other baseline), resformer "
+                     "(value residual), denseformer (depth-weighted average)"},
     {"layers", "4", "L, transformer layers"},
     {"dim", "32", "d, model width"},
     {"heads", "4", "H, query heads"},
@@ -163,6 +174,8 @@ const std::vector<FlagSpec> SHAPE_FLAGS = {
     {"router", "static", "lime's router: static (Eq. 2), average, last-J or first-J (paper Table 7)"},
     {"router-kv", "shared", "lime: one router for keys and values (shared) or one each (separate)"},
     {"router-weights", "learned", "lime: learned, or frozen (the control: routers keep their initial values)"},
+    {"router-heads", "all", "lime: all (Eq. 2: a kv head mixes every head of each layer) or same (the cross-head "
+                            "ablation: only its own head)"},
     {"hc-rate", "4", "hc: n, the number of residual streams (1 .. 16)"},
     {"hc-dynamic", "1", "hc: 1 adds the per-token correction of the mixing weights, 0 keeps them static"},
     {"entropy-reg", "0", "lambda of the value-entropy regulariser: loss - lambda * mean S2 of each layer's values (0: off)"},
@@ -173,7 +186,7 @@ const std::vector<FlagSpec> SHAPE_FLAGS = {
 // its --hc-rate and --hc-dynamic go to its hc beside a lime.
 Config shape_from_args(Args& a, bool one_model) {
     Config c;
-    std::string arch = a.choice("arch", {"llama", "lime", "hc"});
+    std::string arch = a.choice("arch", {"llama", "lime", "hc", "resformer", "denseformer"});
     arch_parse(arch, &c.arch);
     c.L = (int)a.integer("layers", 1, 256);
     c.d = (int)a.integer("dim", 2, 65536);
@@ -186,11 +199,13 @@ Config shape_from_args(Args& a, bool one_model) {
                "' is not one of static|average|last-J|first-J (J: layers, e.g. last-2)");
     c.router_kv_separate = a.choice("router-kv", {"shared", "separate"}) == "separate";
     c.router_frozen = a.choice("router-weights", {"learned", "frozen"}) == "frozen";
+    c.router_same_head = a.choice("router-heads", {"all", "same"}) == "same";
     c.entropy_reg = (float)a.number("entropy-reg", 0, 1e6);
-    if (c.arch == ARCH_LLAMA && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
-        a.fail("--router, --router-kv and --router-weights are for --arch lime: llama has no router");
-    if (c.arch == ARCH_HC && (a.has("router") || a.has("router-kv") || a.has("router-weights")))
-        a.fail("--router, --router-kv and --router-weights are for --arch lime: hc has no router");
+    for (const char* flag : {"router", "router-kv", "router-weights", "router-heads"})
+        if (c.arch != ARCH_LIME && a.has(flag))
+            a.fail("--" + std::string(flag) + " is for --arch lime: " + arch + " has no router");
+    if (c.router_same_head && c.router == ROUTER_AVERAGE)
+        a.fail("--router-heads same is for a router that learns: --router average's weights are fixed");
     if (one_model && c.arch != ARCH_HC && (a.has("hc-rate") || a.has("hc-dynamic")))
         a.fail("--hc-rate and --hc-dynamic are for --arch hc: " + arch + " has one residual stream");
     c.hc_rate = (int)a.integer("hc-rate", 1, 16);

@@ -11,7 +11,7 @@
 #include "support/model/lime.h"
 
 // Names on the command line and in checkpoints, parsed (support/model/names.cpp).
-bool arch_parse(const std::string& s, Arch* out);                // "lime", "llama" or "hc"
+bool arch_parse(const std::string& s, Arch* out);  // "llama", "lime", "hc", "resformer" or "denseformer"
 bool router_parse(const std::string& s, Config* c);              // "static", "average", "last-J", "first-J"
 bool attention_parse(const std::string& s, Attention* out);      // "auto", "matmul", "flash"
 // A model as compare names it: "llama", "lime", "lime:last-2", "lime:average:separate"
