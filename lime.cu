@@ -28,6 +28,7 @@
 #include "support/model/cpu_fast.h"      // defines: the fast CPU versions X_fast, exp_fast
 #include "support/model/device.cuh"      // defines: DISPATCH, cudaCheck, warp_sum, block_sum, GpuState, op_copy
 #include "support/model/memory_check.h"  // defines: memory_fix, launch_check (what a shape needs, refused early)
+#include "support/model/attention_gpu.cuh"    // defines: attention_forward_gpu, attention_backward_gpu (cuBLAS)
 #include "support/model/flash_attention.cuh"  // defines: flash_attention_forward_gpu, ..._backward_gpu (O(T) memory)
 // The study's other models and instruments: each adds its tensors,
 // activations, ops and init, and joins the passes through named hooks.
@@ -51,12 +52,7 @@
 //            l' < J or l' >= l-1; learned. The other columns are 0 and stay 0.
 //   average  every layer 0..l with FIXED weights W[r, l'*R + r'] = 1/(l+1) if
 //            r' == r, else 0: each kv head is the mean of that same head over
-//            layers 0..l. Nothing is learned. Why this reading of "uniform over
-//            all buffered entries": the paper's router is a per-head weight over
-//            layers (the authors' code: heads x (l+1) weights), and there the
-//            uniform choice is 1/(l+1) per layer; spreading 1/((l+1)R) over every
-//            column instead would give all R kv heads the same key and value,
-//            collapsing GQA to one kv head, a different change than the ablation's.
+//            layers 0..l. Nothing is learned (docs/model.md: why this reading).
 // The weights a variant holds fixed get no gradient (router_backward adds only the
 // columns router_learned keeps) and routers have no weight decay, so
 // AdamW never moves them: they stay exactly as model_init set them.
@@ -482,7 +478,7 @@ static void embedding_backward(float* dE, const float* dout, const int* tokens, 
 
 #ifdef LIME_GPU
 __global__ void embedding_forward_kernel(float* out, const int* tokens, const float* E, int N, int d) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // one thread per output float (32-bit: see model_create)
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // one thread per output float (32-bit: see launch_check)
     if (idx >= N * d) return;
     out[idx] = E[tokens[idx / d] * d + idx % d];
 }
@@ -742,7 +738,7 @@ static void rope_backward(float* dx, const float* cos_t, const float* sin_t, int
 // One thread per rotated pair (b, t, h, i < hd/2); cos_t, sin_t live on the device.
 __global__ void rope_rotate_kernel(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
                                    float sign) {
-    int half = hd / 2, idx = blockIdx.x * blockDim.x + threadIdx.x;  // 32-bit: see model_create
+    int half = hd / 2, idx = blockIdx.x * blockDim.x + threadIdx.x;  // 32-bit: see launch_check
     if (idx >= B * T * nh * half) return;
     int i = idx % half, row = idx / half;  // row = (b * T + t) * nh + h
     int t = row / nh % T;
@@ -1085,132 +1081,10 @@ static void attention_backward(float* dq, float* dk, float* dv, const float* dou
                 }
 }
 
-#ifdef LIME_GPU
-// On the GPU attention is batched matrix products around a softmax, as in
-// llm.c. The products want each head's positions contiguous: the keys and
-// values are (rows of the KV buffer), the queries are copied head-major,
-// (B, T, H, hd) -> (B, H, T, hd). Then the n_rep query heads sharing kv head
-// r are one (n_rep*T, hd) matrix, and for each kv head r one batched product
-// over b computes, per batch entry b:
-//   scores (n_rep*T, T) = q_g @ k_r^T * scale     -> att, then the causal softmax in place
-//   out_g  (n_rep*T, hd) = att_g @ v_r
-// The scores above the diagonal (u > t) are computed and then set to 0.
-__global__ void split_heads_kernel(float* dst, const float* src, int B, int T, int nh, int hd) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, nh, T, hd); 32-bit: see model_create
-    if (idx >= B * nh * T * hd) return;
-    int i = idx % hd, t = idx / hd % T, h = idx / hd / T % nh, b = idx / hd / T / nh;
-    dst[idx] = src[((b * T + t) * nh + h) * hd + i];
-}
-__global__ void merge_heads_kernel(float* dst, const float* src, int B, int T, int nh, int hd) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, T, nh, hd)
-    if (idx >= B * T * nh * hd) return;
-    int i = idx % hd, h = idx / hd % nh, t = idx / hd / nh % T, b = idx / hd / nh / T;
-    dst[idx] = src[((b * nh + h) * T + t) * hd + i];
-}
-static void split_heads_gpu(float* dst, const float* src, int B, int T, int nh, int hd, cudaStream_t stream) {
-    LAUNCH(split_heads_kernel, ceil_div((size_t)B * T * nh * hd, 256), 256, 0, stream)(dst, src, B, T, nh, hd);
-    launchCheck();
-}
-static void merge_heads_gpu(float* dst, const float* src, int B, int T, int nh, int hd, cudaStream_t stream) {
-    LAUNCH(merge_heads_kernel, ceil_div((size_t)B * T * nh * hd, 256), 256, 0, stream)(dst, src, B, T, nh, hd);
-    launchCheck();
-}
-
-// Rows of att (b, h, t), each T long: p[u] = softmax over u <= t, and 0 for u > t. One warp per row.
-// One read of the causal half gives the row's max and sum together (online: a lane's running sum is
-// rescaled when its max grows, then the warp joins its lanes' pairs), and one write gives the row:
-// the probabilities for u <= t, zeros above (the scores' product wrote the whole row).
-__global__ void causal_softmax_kernel(float* att, int rows, int T) {
-    int lane = threadIdx.x % 32, row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= rows) return;
-    int t = row % T;
-    float* p = att + (size_t)row * T;
-    float mx = -INFINITY, sum = 0;  // this lane's max, and its sum of e^(p[u] - mx)
-    for (int u = lane; u <= t; u += 32) {
-        float x = p[u];
-        if (x > mx) sum = sum * expf(mx - x) + 1.0f, mx = x;
-        else sum += expf(x - mx);
-    }
-    float row_mx = warp_max(mx);
-    sum = warp_sum(mx == -INFINITY ? 0.0f : sum * expf(mx - row_mx));  // a lane past t holds nothing
-    for (int u = lane; u < T; u += 32) p[u] = u <= t ? expf(p[u] - row_mx) / sum : 0.0f;
-}
-// In place over dp: ds[u] = p[u] (dp[u] - sum_u' p[u'] dp[u']) for u <= t, 0 beyond.
-__global__ void causal_softmax_backward_kernel(float* datt, const float* att, int rows, int T) {
-    int lane = threadIdx.x % 32, row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (row >= rows) return;
-    int t = row % T;
-    const float* p = att + (size_t)row * T;
-    float* ds = datt + (size_t)row * T;
-    float pdp = 0;
-    for (int u = lane; u <= t; u += 32) pdp += p[u] * ds[u];
-    pdp = warp_sum(pdp);
-    for (int u = lane; u < T; u += 32) ds[u] = u <= t ? p[u] * (ds[u] - pdp) : 0.0f;
-}
-
-// k, v (R, B, T, hd); scratch: 2 * B*T*H*hd floats for head-major q and out.
-static void attention_forward_gpu(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                                  int H, int R, int hd, float* scratch, cublasHandle_t blas, cudaStream_t stream) {
-    int n_rep = H / R, M = n_rep * T;  // rows of one (b, kv head) group
-    size_t qsize = (size_t)B * T * H * hd;
-    float *qp = scratch, *op = scratch + qsize;
-    const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f;
-    long long sq = (long long)H * T * hd, skv = (long long)T * hd, satt = (long long)H * T * T;  // strides over b
-    split_heads_gpu(qp, q, B, T, H, hd, stream);
-    // kv head r, entry b: q_g at qp + (b*H + r*n_rep)*T*hd, k_r at k + (r*B + b)*T*hd, att_g at att + (b*H + r*n_rep)*T*T
-    for (int r = 0; r < R; r++) {  // att_g (M, T) = scale * q_g (M, hd) @ k_r^T: matmul_forward_gpu's product
-        long long g = (long long)r * n_rep * T, kv = (long long)r * B * skv;  // group r's first row; kv head r's rows
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &scale, k + kv, hd, skv,
-                                              qp + g * hd, hd, sq, &zero, att + g * T, T, satt, B));
-    }
-    LAUNCH(causal_softmax_kernel, ceil_div((size_t)B * H * T, 4), 128, 0, stream)(att, B * H * T, T);
-    launchCheck();
-    // op_g (M, hd) = att_g (M, T) @ v_r (T, hd): column-major op_g^T (hd, M) = v_r^T (hd, T) @ att_g^T (T, M)
-    for (int r = 0; r < R; r++) {
-        long long g = (long long)r * n_rep * T, kv = (long long)r * B * skv;
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &one, v + kv, hd, skv,
-                                              att + g * T, T, satt, &zero, op + g * hd, hd, sq, B));
-    }
-    merge_heads_gpu(out, op, B, T, H, hd, stream);
-}
-
-// The same products backwards, batch entry b of kv head r:
-//   datt_g = dout_g @ v_r^T;   dv_r += att_g^T @ dout_g   (sums over the group's heads and positions)
-//   ds = softmax backward (in place over datt)
-//   dq_g = scale * ds_g @ k_r;  dk_r += scale * ds_g^T @ q_g
-// dq is written; dk and dv (R, B, T, hd) are added to, as on the CPU.
-// scratch: 3 * B*T*H*hd floats (head-major q, dout, dq).
-static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt, const float* dout, const float* q,
-                                   const float* k, const float* v, const float* att, int B, int T, int H, int R, int hd,
-                                   float* scratch, cublasHandle_t blas, cudaStream_t stream) {
-    int n_rep = H / R, M = n_rep * T;
-    size_t qsize = (size_t)B * T * H * hd;
-    float *qp = scratch, *dop = scratch + qsize, *dqp = scratch + 2 * qsize;
-    const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f;
-    long long sq = (long long)H * T * hd, skv = (long long)T * hd, satt = (long long)H * T * T;
-    split_heads_gpu(qp, q, B, T, H, hd, stream);
-    split_heads_gpu(dop, dout, B, T, H, hd, stream);
-    for (int r = 0; r < R; r++) {
-        long long g = (long long)r * n_rep * T, kv = (long long)r * B * skv;  // group r's first row; kv head r's rows
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &one, v + kv, hd, skv,
-                                              dop + g * hd, hd, sq, &zero, datt + g * T, T, satt, B));
-        // dv_r^T (hd, T) += dop_g^T (hd, M) @ att_g (M, T)
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &one, dop + g * hd, hd, sq,
-                                              att + g * T, T, satt, &one, dv + kv, hd, skv, B));
-    }
-    LAUNCH(causal_softmax_backward_kernel, ceil_div((size_t)B * H * T, 4), 128, 0, stream)(datt, att, B * H * T, T);
-    launchCheck();
-    for (int r = 0; r < R; r++) {
-        long long g = (long long)r * n_rep * T, kv = (long long)r * B * skv;
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &scale, k + kv, hd, skv,
-                                              datt + g * T, T, satt, &zero, dqp + g * hd, hd, sq, B));
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &scale, qp + g * hd, hd, sq,
-                                              datt + g * T, T, satt, &one, dk + kv, hd, skv, B));
-    }
-    merge_heads_gpu(dq, dqp, B, T, H, hd, stream);
-}
-
-#endif
+// On the GPU: batched matrix products around a causal softmax kernel, as in
+// llm.c (support/model/attention_gpu.cuh: attention_forward_gpu,
+// attention_backward_gpu), or the flash-style kernels in O(T) memory
+// (support/model/flash_attention.cuh).
 
 // The dispatchers. On the GPU, A->flash picks the flash-style kernels (att then
 // holds each row's log-sum-exp), else the products around the stored softmax;
@@ -1378,7 +1252,7 @@ static void crossentropy_forward_gpu(float* probs, float* nll, const float* logi
 // mask and 1 / sum(mask) (from the forward) fused in. One thread per logit.
 __global__ void crossentropy_backward_kernel(float* dlogits_probs, const int* targets, const float* mask, int N, int V,
                                              const Metrics* metrics) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // 32-bit: see model_create
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // 32-bit: see launch_check
     if (idx >= N * V) return;
     int n = idx / V;
     float s = mask[n] * metrics->inv_count;
@@ -1825,16 +1699,8 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
     // promise more than there is (pages are given when touched), and the run would
     // then be killed part way through its first step.
     auto host_need = [&](const Config& h, int hb) { return memory_needed(h, hb, dev, false); };
-    double need = host_need(c, B), state = 16.0 * param_count(c);
-    if (settings.host_bytes && need > settings.host_bytes) {
-        char buf[300];
-        snprintf(buf, sizeof buf,
-                 "out of memory: needs %.1f GB of host memory (%.1f GB for the parameters, gradients and AdamW "
-                 "state, %.1f GB for the %s), %.1f GB is available; ",
-                 need / 1e9, state / 1e9, (need - state) / 1e9,
-                 dev == DEVICE_GPU ? "host copy of the logits" : "activations and scratch", settings.host_bytes / 1e9);
-        return buf + memory_fix(c, B, settings.flags, host_need);
-    }
+    err = host_memory_check(c, B, dev, settings, 16.0 * param_count(c), host_need);
+    if (!err.empty()) return err;
     err = launch_check(c, B, dev, settings.flags);  // shapes the code cannot run on this device
     if (!err.empty()) return err;
     model->c = c;
@@ -2034,15 +1900,9 @@ void model_metrics(Model* model, float* loss, float* norm) {
     *norm = model->last_norm;
 }
 
-void model_sync(Model* model) {
-    if (model->device == DEVICE_GPU) gpu_sync(model);
-}
-void model_to_device(Model* model) {
-    if (model->device == DEVICE_GPU) gpu_to_device(model);
-}
-void model_to_host(Model* model) {
-    if (model->device == DEVICE_GPU) gpu_to_host(model);
-}
+void model_sync(Model* model) { if (model->device == DEVICE_GPU) gpu_sync(model); }
+void model_to_device(Model* model) { if (model->device == DEVICE_GPU) gpu_to_device(model); }
+void model_to_host(Model* model) { if (model->device == DEVICE_GPU) gpu_to_host(model); }
 
 // Training guards: where did a NaN or an Inf appear? (the first tensor that holds one)
 std::string model_first_nonfinite(Model* model, bool params) {

@@ -41,6 +41,24 @@ static std::string memory_fix(const Config& c, int B, const SizeFlags& f, Need n
     return s;
 }
 
+// The line for a model whose host memory need(c, B), `state` bytes of it the
+// parameters, gradients and AdamW state, is more than the settings.host_bytes
+// there are, with the flags that shrink it; "" when it fits, or when the
+// host's memory is unknown (0).
+template <class Need>
+static std::string host_memory_check(const Config& c, int B, Device dev, const ModelSettings& settings, double state,
+                                     Need need) {
+    double bytes = need(c, B);
+    if (!settings.host_bytes || bytes <= settings.host_bytes) return "";
+    char buf[300];
+    snprintf(buf, sizeof buf,
+             "out of memory: needs %.1f GB of host memory (%.1f GB for the parameters, gradients and AdamW state, "
+             "%.1f GB for the %s), %.1f GB is available; ",
+             bytes / 1e9, state / 1e9, (bytes - state) / 1e9,
+             dev == DEVICE_GPU ? "host copy of the logits" : "activations and scratch", settings.host_bytes / 1e9);
+    return buf + memory_fix(c, B, settings.flags, need);
+}
+
 // Shapes the code cannot run, refused at create with the flag to lower, in
 // the words of the device asked for. On every device: the loops and kernels
 // index in 32-bit ints (a position n < B*T, an element of the GPU's
