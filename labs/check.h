@@ -177,8 +177,11 @@ inline std::string diagnose(const std::vector<Out>& got, const std::vector<std::
 }
 
 // ---------------------------------------------------------------------------
-// The router (Eq. 2), with the mistakes the labs' hints name.
-enum RouterSlip { SLIP_NONE, SLIP_TRANSPOSED, SLIP_NO_OWN_LAYER, SLIP_KEYS_WITH_WV, SLIP_VALUES_WITH_WK, SLIP_NO_KV_SUM };
+// The router (Eq. 2), with the mistakes the labs' hints name. router_forward
+// (lab 1) mixes one buffer with one router; lime.cu calls it for the keys,
+// then the values. Lab 3's kernel does both in one launch, so it alone can
+// also mix one buffer with the other's router.
+enum RouterSlip { SLIP_NONE, SLIP_TRANSPOSED, SLIP_NO_OWN_LAYER, SLIP_NO_KV_SUM, SLIP_ADDED };
 inline const char* router_slip_hint(RouterSlip s) {
     switch (s) {
     case SLIP_TRANSPOSED:
@@ -187,66 +190,85 @@ inline const char* router_slip_hint(RouterSlip s) {
     case SLIP_NO_OWN_LAYER:
         return "it matches a sum that leaves the layer's own block out (source layers 0..l-1): the sum runs "
                "over l' = 0..l, the layer's own keys and values included";
-    case SLIP_KEYS_WITH_WV:
-        return "it matches keys routed with the value router: with separate routers (Wk != Wv) the keys "
-               "take Wk";
-    case SLIP_VALUES_WITH_WK:
-        return "it matches values routed with the key router: with separate routers (Wk != Wv) the values "
-               "take Wv";
     case SLIP_NO_KV_SUM:
         return "it matches the sum over kv heads dropped (r' = r only): output head r mixes every kv head r' "
                "of every source layer, column j = l'*R + r'";
+    case SLIP_ADDED:
+        return "it matches out added to (+=) what it held before the call: the forward sets out (=), it "
+               "holds the last step's numbers until then; only a backward adds";
     default: return "";
     }
 }
-// Kr, Vr (R, N, hd) as router_forward computes them, with the slip s; Kbuf,
-// Vbuf (L, R, N, hd): row j = l'*R + r' (layer l', kv head r') of N*hd floats.
-inline void router_with_slip(RouterSlip s, float* Kr, float* Vr, const float* Wk, const float* Wv,
-                             const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd) {
-    int J = (l + 1) * R;
-    size_t layer = (size_t)N * R * hd;
-    for (int n = 0; n < N; n++)
-        for (int r = 0; r < R; r++)
-            for (int i = 0; i < hd; i++) {
-                double k = 0, v = 0;
-                for (int j = 0; j < J; j++) {
-                    if (s == SLIP_NO_OWN_LAYER && j / R == l) continue;
-                    if (s == SLIP_NO_KV_SUM && j % R != r) continue;
-                    int w = s == SLIP_TRANSPOSED ? j * R + r : r * J + j;  // W read as if it were ((l+1)R, R)
-                    size_t src = (j / R) * layer + ((size_t)(j % R) * N + n) * hd + i;
-                    k += (s == SLIP_KEYS_WITH_WV ? Wv : Wk)[w] * Kbuf[src];
-                    v += (s == SLIP_VALUES_WITH_WK ? Wk : Wv)[w] * Vbuf[src];
-                }
-                Kr[((size_t)r * N + n) * hd + i] = (float)k;
-                Vr[((size_t)r * N + n) * hd + i] = (float)v;
+// out (R, N, hd) as router_forward computes it with the slip s, summed in
+// double; `before` is what out held (SLIP_ADDED adds to it). buf (L, R, N, hd):
+// row j = l'*R + r' (layer l', kv head r') of N*hd floats.
+inline void router_with_slip(RouterSlip s, float* out, const float* before, const float* W, const float* buf, int l,
+                             int N, int R, int hd) {
+    int cols = (l + 1) * R;
+    size_t row = (size_t)N * hd;
+    for (int r = 0; r < R; r++)
+        for (size_t e = 0; e < row; e++) {
+            double sum = s == SLIP_ADDED ? before[r * row + e] : 0;
+            for (int j = 0; j < cols; j++) {
+                if (s == SLIP_NO_OWN_LAYER && j / R == l) continue;
+                if (s == SLIP_NO_KV_SUM && j % R != r) continue;
+                int w = s == SLIP_TRANSPOSED ? j * R + r : r * cols + j;  // W read as if it were ((l+1)R, R)
+                sum += (double)W[w] * buf[j * row + e];
             }
+            out[r * row + e] = (float)sum;
+        }
 }
 inline std::function<std::string(size_t)> at_rni(int N, int hd) {
     return [=](size_t x) { return strf("[r=%zu, n=%d, i=%d]", x / ((size_t)N * hd), (int)(x / hd % N), (int)(x % hd)); };
 }
+// The router as the model runs it: keys and values, out = {Kr, Vr}, W = {Wk, Wv}, buf = {Kbuf, Vbuf}.
+using RouterRun = std::function<void(KvPair out, KvConst W, KvConst buf, int l, int N, int R, int hd)>;
 // Kr, Vr from `run` (the student's router on the CPU or the harness) against
 // Eq. 2 summed in double (router_with_slip without a slip), on one shape; ""
-// or the diagnosis. hd even, as the model's (RoPE) needs.
-inline std::string check_router_forward(
-    const std::function<void(float*, float*, const float*, const float*, const float*, const float*, int, int,
-                             int, int)>& run,
-    Rng& rng, int l, int N, int R, int hd, bool separate) {
-    int J = (l + 1) * R;
-    size_t layer = (size_t)N * R * hd;
-    std::vector<float> Wk = randn(rng, (size_t)R * J), Wv = separate ? randn(rng, (size_t)R * J) : Wk;
-    std::vector<float> Kbuf = randn(rng, (l + 1) * layer), Vbuf = randn(rng, (l + 1) * layer);
-    std::vector<float> Kr(layer, NAN), Vr(layer, NAN), wk(layer), wv(layer);
-    run(Kr.data(), Vr.data(), Wk.data(), separate ? Wv.data() : Wk.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
-    router_with_slip(SLIP_NONE, wk.data(), wv.data(), Wk.data(), Wv.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
+// or the diagnosis. Kr and Vr start with other numbers, as the model's hold
+// the last step's. hd even, as the model's (RoPE) needs.
+inline std::string check_router_forward(const RouterRun& run, Rng& rng, int l, int N, int R, int hd, bool separate) {
+    size_t n_out = (size_t)R * N * hd, n_w = (size_t)R * (l + 1) * R;
+    std::vector<float> Wk = randn(rng, n_w), Wv = separate ? randn(rng, n_w) : Wk;
+    std::vector<float> Kbuf = randn(rng, (l + 1) * n_out), Vbuf = randn(rng, (l + 1) * n_out);
+    std::vector<float> k0 = randn(rng, n_out), v0 = randn(rng, n_out), Kr = k0, Vr = v0;
+    run({Kr.data(), Vr.data()}, {Wk.data(), separate ? Wv.data() : Wk.data()}, {Kbuf.data(), Vbuf.data()}, l, N, R,
+        hd);
+    auto mix = [&](RouterSlip s, const std::vector<float>& before, const std::vector<float>& W,
+                   const std::vector<float>& buf) {
+        std::vector<float> out(n_out);
+        router_with_slip(s, out.data(), before.data(), W.data(), buf.data(), l, N, R, hd);
+        return out;
+    };
+    std::vector<float> wk = mix(SLIP_NONE, k0, Wk, Kbuf), wv = mix(SLIP_NONE, v0, Wv, Vbuf);
+    std::vector<Mistake> all;
+    for (RouterSlip s : {SLIP_TRANSPOSED, SLIP_NO_OWN_LAYER, SLIP_NO_KV_SUM, SLIP_ADDED})
+        all.push_back({router_slip_hint(s), {mix(s, k0, Wk, Kbuf), mix(s, v0, Wv, Vbuf)}});
+    all.push_back({"it matches the keys routed with the value router: with separate routers (Wk != Wv) the "
+                   "keys take Wk", {mix(SLIP_NONE, k0, Wv, Kbuf), wv}});
+    all.push_back({"it matches the values routed with the key router: with separate routers (Wk != Wv) the "
+                   "values take Wv", {wk, mix(SLIP_NONE, v0, Wk, Vbuf)}});
     std::vector<Mistake> mistakes;
-    for (RouterSlip s : {SLIP_TRANSPOSED, SLIP_NO_OWN_LAYER, SLIP_KEYS_WITH_WV, SLIP_VALUES_WITH_WK, SLIP_NO_KV_SUM}) {
-        std::vector<float> k(layer), v(layer);
-        router_with_slip(s, k.data(), v.data(), Wk.data(), Wv.data(), Kbuf.data(), Vbuf.data(), l, N, R, hd);
-        if (first_wrong(k, wk, 1e-4) >= 0 || first_wrong(v, wv, 1e-4) >= 0)  // a slip this shape can show
-            mistakes.push_back({router_slip_hint(s), {k, v}});
-    }
+    for (const Mistake& m : all)
+        if (first_wrong(m.outs[0], wk, 1e-4) >= 0 || first_wrong(m.outs[1], wv, 1e-4) >= 0)  // one this shape can show
+            mistakes.push_back(m);
     std::string shape = strf("l=%d, N=%d, R=%d, hd=%d, %s router", l, N, R, hd, separate ? "separate key and value" : "one");
-    return diagnose({{"Kr", Kr, at_rni(N, hd)}, {"Vr", Vr, at_rni(N, hd)}}, {wk, wv}, mistakes, shape);
+    std::vector<Out> got = {{"Kr", Kr, at_rni(N, hd)}, {"Vr", Vr, at_rni(N, hd)}};
+    // Out starts with numbers, not NaN: an element that still holds its own was
+    // never written (every mistake above writes it), and a NaN was read from
+    // memory nobody wrote.
+    const std::vector<float>* before[2] = {&k0, &v0};
+    const std::vector<float>* want[2] = {&wk, &wv};
+    for (int t = 0; t < 2; t++) {
+        long i = first_wrong(got[t].v, *want[t], 1e-4);
+        if (i < 0) continue;
+        std::string where = got[t].name + got[t].at(i) + " is wrong (" + shape + ")";
+        if (got[t].v[i] == (*before[t])[i])
+            return where + ": it holds what it held before the call; hint: that element is never written";
+        if (std::isnan(got[t].v[i])) return where + ": it is NaN; hint: a number read from memory nobody wrote";
+        break;
+    }
+    return diagnose(got, {wk, wv}, mistakes, shape);
 }
 
 // ---------------------------------------------------------------------------

@@ -26,7 +26,7 @@ case $n in
     1) needs="router_forward(" ;;
     2) needs="router_backward(" ;;
     3) needs="router_forward_gpu( lab_router_kernel(" ;;
-    4) needs="adamw_numbers( adamw_cpu( clip_scale(" ;;
+    4) needs="adamw_numbers( adamw( clip_scale(" ;;
     *) needs="" ;;
 esac
 starter=$(ls labs/lab$n/starter.* 2>/dev/null | head -1)

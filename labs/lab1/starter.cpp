@@ -3,16 +3,17 @@
 // the project's and checks it. Eq. 2, for layer l, output head r, position n:
 //   Kr[r, n, :] = sum over source layers l' = 0..l and kv heads r' = 0..R-1 of
 //                 Wk[r, l'*R + r'] * (layer l' keys)[r', n, :]        (Vr alike with Wv)
+// Your function computes one of the two: lime.cu calls it with (Kr, Wk, Kbuf),
+// then with (Vr, Wv, Vbuf).
 #include "labs/lab.h"
 
-// Kr, Vr (R, N, hd)         what layer l attends with (outputs), head-major
-// Wk, Wv (R, (l+1)R)        the key and the value router, row-major; with one
-//                           router (Eq. 2 itself) Wk == Wv, the same pointer
-// Kbuf, Vbuf (L, R, N, hd)  every layer's own keys and values, head-major:
-//                           layer l' starts at Kbuf + l' * R * N * hd, its kv
-//                           head r' at Kbuf + (l' * R + r') * N * hd
+// out (R, N, hd)       what layer l attends with (the output), head-major: element
+//                      e = n*hd + i of head r at out[r * N * hd + e]
+// W (R, (l+1)R)        the router, row-major: row r holds output head r's weights,
+//                      column j = l'*R + r' (source layer l', kv head r')
+// buf (L, R, N, hd)    every layer's own keys (or values), head-major: row j = l'*R + r'
+//                      holds that head at all N positions, N*hd floats, at buf + j * N * hd
 // l the layer (0 .. L-1), N positions, R kv heads, hd head size.
-void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                    const float* Vbuf, int l, int N, int R, int hd) {
-    // Your code here: every Kr[(r * N + n) * hd + i] and Vr[(r * N + n) * hd + i].
+void router_forward(float* out, const float* W, const float* buf, int l, int N, int R, int hd) {
+    // Your code here: every out[r * N * hd + e].
 }

@@ -1,23 +1,26 @@
 // Lab 2: the router's backward pass on the CPU (labs/lab2/README.md).
 // Write router_backward below; `make lab2` links it into lime.cu in place of
-// the project's and checks it. It differentiates Eq. 2 (lab 1):
-//   Kr[r, n, :] = sum_j Wk[r, j] * Kbuf_j[n, :]     j = l'*R + r': layer l', kv head r'
-//   Vr[r, n, :] = sum_j Wv[r, j] * Vbuf_j[n, :]
+// the project's and checks it. It differentiates lab 1's forward for one
+// buffer (the keys or the values):
+//   out[r][e] = sum_j W[r, j] * buf[j][e]      j = l'*R + r': layer l', kv head r'
 // and it is the step that makes LIMe different: the gradient of layer l's
 // loss reaches the keys and values of every earlier layer through it.
+// lime.cu calls it for the keys, then the values; with one router (Eq. 2)
+// both calls get the same dW, which so collects both sums.
 #include "labs/lab.h"
 
-// In:  dKr, dVr (R, N, hd)   the gradients of the router's outputs, head-major
-//      Wk, Wv (R, (l+1)R)     the routers (Wk == Wv, one pointer, with one router)
-//      Kbuf, Vbuf (L, R, N, hd) every layer's keys and values, head-major: row j = l'*R + r'
-//                             (Kbuf_j above) at Kbuf + j * N * hd
-//      learned                learned.has(l'): the columns of source layer l' are trained; a
-//                             router variant holds the others fixed, and they get no gradient
+// In:  dout (R, N, hd)       the gradient of the router's output, head-major: out[r][e]
+//                            is out[r * N * hd + e], e = n*hd + i
+//      W (R, (l+1)R)         the router, row-major
+//      buf (L, R, N, hd)     every layer's keys (or values), head-major: row j = l'*R + r'
+//                            (buf[j] above) at buf + j * N * hd
+//      learned               learned.learns(r, j, R): the weight W[r, j] is trained; a router
+//                            variant holds the others fixed (a few source layers, or every
+//                            weight that mixes one kv head into another), and they get no gradient
 // Out, added to (+=) what they hold:
-//      dWk, dWv (R, (l+1)R)   (dWk == dWv, one pointer, with one router)
-//      dKbuf, dVbuf (L, R, N, hd)  layers 0..l
-void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
-                     const float* dVr, const float* Wk, const float* Wv, const float* Kbuf,
-                     const float* Vbuf, int l, RouterSpan learned, int N, int R, int hd) {
+//      dW (R, (l+1)R)        W's gradient
+//      dbuf (L, R, N, hd)    the gradient of buf, layers 0..l
+void router_backward(float* dW, float* dbuf, const float* dout, const float* W, const float* buf, int l,
+                     RouterSpan learned, int N, int R, int hd) {
     // Your code here.
 }

@@ -7,27 +7,29 @@
 // it, or writes it while others still read, does not.
 #include "labs/check.h"
 
-// The student's launch on device copies of the inputs; "" or the harness's error.
+// The student's launch on device copies of the inputs, on a stream of its own
+// as the model's; "" or the harness's error.
 static std::string launch_error;
-static void on_device(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
-                      int l, int N, int R, int hd) {
-    size_t out = (size_t)N * R * hd, w = (size_t)R * (l + 1) * R, buf = (l + 1) * out;
+static void on_device(KvPair out, KvConst W, KvConst buf, int l, int N, int R, int hd) {
+    size_t n_out = (size_t)N * R * hd, n_w = (size_t)R * (l + 1) * R, n_buf = (l + 1) * n_out;
+    bool one = W.k == W.v;  // one router: the launch gets one pointer twice, as the model's does
     float *dKr, *dVr, *dWk, *dWv, *dKbuf, *dVbuf;
-    for (auto [p, n] : {std::pair{&dKr, out}, {&dVr, out}, {&dWk, w}, {&dWv, w}, {&dKbuf, buf}, {&dVbuf, buf}})
+    for (auto [p, n] :
+         {std::pair{&dKr, n_out}, {&dVr, n_out}, {&dWk, n_w}, {&dWv, n_w}, {&dKbuf, n_buf}, {&dVbuf, n_buf}})
         cudaMalloc((void**)p, n * sizeof(float));
-    cudaMemcpy(dWk, Wk, w * sizeof(float), cudaMemcpyHostToDevice);
-    cudaMemcpy(dWv, Wv, w * sizeof(float), cudaMemcpyHostToDevice);
-    cudaMemcpy(dKbuf, Kbuf, buf * sizeof(float), cudaMemcpyHostToDevice);
-    cudaMemcpy(dVbuf, Vbuf, buf * sizeof(float), cudaMemcpyHostToDevice);
-    cublasHandle_t blas;  // the launch reads its stream from a cuBLAS handle, as the model's does
-    cublasCreate(&blas);
-    router_forward_gpu(dKr, dVr, dWk, Wk == Wv ? dWk : dWv, dKbuf, dVbuf, l, N, R, hd, blas);
-    cublasDestroy(blas);
-    cudaError_t e = cudaDeviceSynchronize();
+    for (auto [to, from, n] : {std::tuple{dKr, (const float*)out.k, n_out}, {dVr, out.v, n_out}, {dWk, W.k, n_w},
+                               {dWv, W.v, n_w}, {dKbuf, buf.k, n_buf}, {dVbuf, buf.v, n_buf}})
+        cudaMemcpy(to, from, n * sizeof(float), cudaMemcpyHostToDevice);  // out too: the last step's numbers
+    cudaStream_t stream;
+    cudaStreamCreate(&stream);
+    router_forward_gpu({dKr, dVr}, {dWk, one ? dWk : dWv}, {dKbuf, dVbuf}, l, N, R, hd, stream);
+    cudaError_t e = cudaStreamSynchronize(stream);
     if (e == cudaSuccess) e = cudaGetLastError();
-    if (e != cudaSuccess && launch_error.empty()) launch_error = cudaGetErrorString(e);
-    cudaMemcpy(Kr, dKr, out * sizeof(float), cudaMemcpyDeviceToHost);
-    cudaMemcpy(Vr, dVr, out * sizeof(float), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess && launch_error.empty())  // the harness's words: the kernel, the block, who waits where
+        launch_error = *emu::last_error_message() ? emu::last_error_message() : cudaGetErrorString(e);
+    cudaStreamDestroy(stream);
+    cudaMemcpy(out.k, dKr, n_out * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaMemcpy(out.v, dVr, n_out * sizeof(float), cudaMemcpyDeviceToHost);
     for (float* p : {dKr, dVr, dWk, dWv, dKbuf, dVbuf}) cudaFree(p);
 }
 
@@ -45,7 +47,7 @@ static std::string check_order(uint64_t seed) {
         return "the kernel failed on the harness: " + launch_error +
                "; hint: a __syncthreads() that some threads of the block never reach is a deadlock";
     if (err.find("NaN") != std::string::npos)
-        err += " (or the routers read from shared memory before every thread's copy was in: a missing "
+        err += " (the router read from shared memory before every thread's copy was in: a missing "
                "__syncthreads()?)";
     return err;
 }

@@ -3,29 +3,31 @@
 // `make lab3` runs it under every thread and block order the harness has.
 #include "labs/lab.h"
 
-// The same sum as lab 1 (Eq. 2), for layer l:
-//   Kr[r, n, i] = sum_{j < J} Wk[r, j] * Kbuf[j][n, i],  J = (l+1)R   (Vr alike with Wv)
-// Kr, Vr (R, N, hd); Wk, Wv (R, J) (Wk == Wv with one router); Kbuf, Vbuf
-// (L, R, N, hd), head-major: row j = l'*R + r' (layer l', kv head r') of N*hd
-// floats, so Kbuf[j][n, i] is Kbuf[((size_t)j * N + n) * hd + i].
+// The same sum as lab 1 (Eq. 2), for the keys and the values in one launch:
+//   out.k[r][e] = sum_{j < cols} W.k[r, j] * buf.k[j][e]     (out.v alike with W.v, buf.v)
+// cols = (l+1)R; out (R, N, hd), W (R, cols), buf (L, R, N, hd), all head-major,
+// so a row (out's head r, buf's j = l'*R + r') is row = N*hd floats:
+// out.k[r][e] is out.k[r * row + e], buf.k[j][e] is buf.k[j * row + e].
+// With one router W.k == W.v.
 //
-// The plan (given): one block per position n, LAB3_THREADS threads. The block
-// first copies both routers into shared memory, w = [Wk (R*J floats), Wv (R*J)],
-// each thread a strided share; once every thread's copy is in, thread t
-// computes the outputs (r, i) with r * hd + i = t, t + blockDim.x, ...,
-// reading the routers from w.
+// The plan (given), lime.cu's router_forward_kernel with the router in shared
+// memory: a grid of (row / LAB3_THREADS rounded up) x 2 blocks of LAB3_THREADS
+// threads. blockIdx.y picks the keys (0) or the values (1): the block's W,
+// buf and out. The block first copies its W (R * cols floats) into shared
+// memory, w, each thread a strided share; once every thread's copy is in,
+// thread t computes element e = blockIdx.x * blockDim.x + t of every output
+// row r (the last block's threads past the row's end have no element),
+// reading the weights from w.
 #define LAB3_THREADS 32
-__global__ void lab_router_kernel(float* Kr, float* Vr, const float* Wk, const float* Wv,
-                                  const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd) {
-    DYNAMIC_SHARED(float, w);  // 2 * R * J floats: Wk, then Wv
-    // Your code here (position n = blockIdx.x).
+__global__ void lab_router_kernel(KvPair out, KvConst W, KvConst buf, int cols, int R, size_t row) {
+    DYNAMIC_SHARED(float, w);  // R * cols floats: the block's router
+    // Your code here.
 }
 
-// Given: the launch lime.cu's router calls (router_forward_gpu) and the lab's checks use.
-void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                        const float* Vbuf, int l, int N, int R, int hd, cublasHandle_t blas) {
-    cudaStream_t stream;  // the model's stream: its cuBLAS handle's
-    cublasGetStream(blas, &stream);
-    size_t shared = 2 * (size_t)R * (l + 1) * R * sizeof(float);
-    LAUNCH(lab_router_kernel, N, LAB3_THREADS, shared, stream)(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd);
+// Given: the launcher lime.cu's router calls (router_forward_gpu) and the lab's checks use.
+void router_forward_gpu(KvPair out, KvConst W, KvConst buf, int l, int N, int R, int hd, cudaStream_t stream) {
+    int cols = (l + 1) * R;
+    size_t row = (size_t)N * hd, shared = (size_t)R * cols * sizeof(float);
+    dim3 grid((unsigned)((row + LAB3_THREADS - 1) / LAB3_THREADS), 2);
+    LAUNCH(lab_router_kernel, grid, LAB3_THREADS, shared, stream)(out, W, buf, cols, R, row);
 }

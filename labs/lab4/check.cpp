@@ -1,5 +1,5 @@
 // labs/lab4/check.cpp — lab 4's checks: your adamw_numbers (the three groups'
-// learning rates and weight decay, the bias corrections), adamw_cpu (one
+// learning rates and weight decay, the bias corrections), adamw (one
 // tensor's update) and clip_scale (global-norm clipping), each against the
 // formulas of docs/training.md computed here in double, then one whole
 // model_update. labs/run.sh adds the reference vectors (three AdamW steps).
@@ -70,7 +70,7 @@ static std::string check_update(Rng& rng, size_t n, float wd, float scale) {
     std::vector<float> p = randn(rng, n), m = randn(rng, n, 0.1f), v = randn(rng, n, 0.1f), g = randn(rng, n);
     for (float& x : v) x = std::fabs(x);
     std::vector<float> gp = p, gm = m, gv = v;
-    adamw_cpu(gp.data(), gm.data(), gv.data(), g.data(), n, lr, wd, scale, nums);
+    adamw(gp.data(), gm.data(), gv.data(), g.data(), n, lr, wd, scale, nums);
     std::vector<float> want[3], outs[3];
     std::vector<Mistake> mistakes;
     for (Slip s : {NONE, NOTHING, NO_BIAS_CORRECTION, DECAY_WITHOUT_LR, DECAY_IN_GRADIENT, NO_CLIP, EPS_INSIDE_SQRT}) {

@@ -20,8 +20,8 @@ AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step) {
 //   g' = g * grad_scale                         (the clipping)
 //   m = beta1 m + (1 - beta1) g';   v = beta2 v + (1 - beta2) g'^2
 //   p -= lr * wd * p + lr * (m / bc1) / (sqrt(v / bc2) + eps)
-void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd,
-               float grad_scale, const AdamWNumbers& nums) {
+void adamw(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd, float grad_scale,
+           const AdamWNumbers& nums) {
     // Your code here.
 }
 

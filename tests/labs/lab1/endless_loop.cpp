@@ -4,6 +4,6 @@
 // expect: did not finish within 2 s
 #include "labs/lab.h"
 
-void router_forward(float* Kr, float*, const float*, const float*, const float*, const float*, int, int, int, int) {
-    for (volatile float x = 0;; x = x + Kr[0]) {}
+void router_forward(float* out, const float*, const float*, int, int, int, int) {
+    for (volatile float x = 0;; x = x + out[0]) {}
 }

@@ -3,7 +3,7 @@
 // expect: killed by signal 11
 #include "labs/lab.h"
 
-void router_forward(float* Kr, float*, const float*, const float*, const float*, const float*, int, int, int, int) {
+void router_forward(float* out, const float*, const float*, int, int, int, int) {
     volatile float* nowhere = nullptr;
-    *nowhere = Kr[0];
+    *nowhere = out[0];
 }

@@ -2,37 +2,22 @@
 // expect: PASS
 #include "labs/lab.h"
 
-void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr,
-                     const float* dVr, const float* Wk, const float* Wv, const float* Kbuf,
-                     const float* Vbuf, int l, RouterSpan learned, int N, int R, int hd) {
-    int J = (l + 1) * R;
-    size_t layer = (size_t)N * R * hd;
+void router_backward(float* dW, float* dbuf, const float* dout, const float* W, const float* buf, int l,
+                     RouterSpan learned, int N, int R, int hd) {
+    int cols = (l + 1) * R;
+    size_t row = (size_t)N * hd;
     for (int r = 0; r < R; r++)
-        for (int j = 0; j < J; j++) {
-            if (!learned.has(j / R)) continue;
-            float k = 0, v = 0;
-            for (int n = 0; n < N; n++)
-                for (int i = 0; i < hd; i++) {
-                    size_t at = ((size_t)r * N + n) * hd + i;
-                    size_t src = (j / R) * layer + ((size_t)(j % R) * N + n) * hd + i;
-                    k += dKr[at] * Kbuf[src];
-                    v += dVr[at] * Vbuf[src];
-                }
-            dWk[r * J + j] += k;  // with one router dWk == dWv: both sums land in it
-            dWv[r * J + j] += v;
+        for (int j = 0; j < cols; j++) {
+            if (!learned.learns(r, j, R)) continue;
+            float s = 0;
+            for (size_t e = 0; e < row; e++) s += dout[r * row + e] * buf[j * row + e];
+            dW[r * cols + j] += s;  // with one router the keys' call and the values' call both add here
         }
-    for (int n = 0; n < N; n++)
-        for (int j = 0; j < J; j++) {
-
-            for (int i = 0; i < hd; i++) {
-                float k = 0, v = 0;
-                for (int r = 0; r < R; r++) {
-                    k += Wk[r * J + j] * dKr[((size_t)r * N + n) * hd + i];
-                    v += Wv[r * J + j] * dVr[((size_t)r * N + n) * hd + i];
-                }
-                size_t src = (j / R) * layer + ((size_t)(j % R) * N + n) * hd + i;
-                dKbuf[src] += k;
-                dVbuf[src] += v;
-            }
+    for (int j = 0; j < cols; j++) {
+        for (size_t e = 0; e < row; e++) {
+            float s = 0;
+            for (int r = 0; r < R; r++) s += W[r * cols + j] * dout[r * row + e];
+            dbuf[j * row + e] += s;
         }
+    }
 }

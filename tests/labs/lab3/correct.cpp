@@ -3,33 +3,25 @@
 #include "labs/lab.h"
 
 #define LAB3_THREADS 32
-__global__ void lab_router_kernel(float* Kr, float* Vr, const float* Wk, const float* Wv,
-                                  const float* Kbuf, const float* Vbuf, int l, int N, int R, int hd) {
-    DYNAMIC_SHARED(float, w);  // 2 * R * J floats: Wk, then Wv
-    int n = blockIdx.x, J = (l + 1) * R;
-    for (int e = threadIdx.x; e < R * J; e += blockDim.x) {
-        w[e] = Wk[e];
-        w[R * J + e] = Wv[e];
-    }
+__global__ void lab_router_kernel(KvPair out, KvConst W, KvConst buf, int cols, int R, size_t row) {
+    DYNAMIC_SHARED(float, w);  // R * cols floats: the block's router
+    const float* Wt = blockIdx.y ? W.v : W.k;  // the keys (blockIdx.y = 0) or the values (1)
+    const float* b = blockIdx.y ? buf.v : buf.k;
+    float* o = blockIdx.y ? out.v : out.k;
+    for (int x = threadIdx.x; x < R * cols; x += blockDim.x) w[x] = Wt[x];
     __syncthreads();  // every thread's share of w is in
-    size_t layer = (size_t)N * R * hd;
-    for (int t = threadIdx.x; t < R * hd; t += blockDim.x) {
-        int r = t / hd, i = t % hd;
-        float k = 0, v = 0;
-        for (int j = 0; j < J; j++) {
-            size_t src = (j / R) * layer + ((size_t)(j % R) * N + n) * hd + i;
-            k += w[r * J + j] * Kbuf[src];
-            v += w[R * J + r * J + j] * Vbuf[src];
-        }
-        Kr[((size_t)r * N + n) * hd + i] = k;
-        Vr[((size_t)r * N + n) * hd + i] = v;
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= row) return;  // past the row's end: no element (after the barrier, which every thread must reach)
+    for (int r = 0; r < R; r++) {
+        float s = 0;
+        for (int j = 0; j < cols; j++) s += w[r * cols + j] * b[j * row + e];
+        o[r * row + e] = s;
     }
 }
 
-void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf,
-                        const float* Vbuf, int l, int N, int R, int hd, cublasHandle_t blas) {
-    cudaStream_t stream;  // the model's stream: its cuBLAS handle's
-    cublasGetStream(blas, &stream);
-    size_t shared = 2 * (size_t)R * (l + 1) * R * sizeof(float);
-    LAUNCH(lab_router_kernel, N, LAB3_THREADS, shared, stream)(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd);
+void router_forward_gpu(KvPair out, KvConst W, KvConst buf, int l, int N, int R, int hd, cudaStream_t stream) {
+    int cols = (l + 1) * R;
+    size_t row = (size_t)N * hd, shared = (size_t)R * cols * sizeof(float);
+    dim3 grid((unsigned)((row + LAB3_THREADS - 1) / LAB3_THREADS), 2);
+    LAUNCH(lab_router_kernel, grid, LAB3_THREADS, shared, stream)(out, W, buf, cols, R, row);
 }

@@ -16,8 +16,8 @@ AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step) {
     return nums;
 }
 
-void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd,
-               float grad_scale, const AdamWNumbers& nums) {
+void adamw(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd, float grad_scale,
+           const AdamWNumbers& nums) {
     for (size_t i = 0; i < n; i++) {
         float gi = g[i] * grad_scale;
         m[i] = nums.beta1 * m[i] + (1 - nums.beta1) * gi;

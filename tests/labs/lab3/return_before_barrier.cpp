@@ -1,0 +1,28 @@
+// A planted mistake (tests/test_labs.sh): lime.cu's early return for the threads past the row's
+// end, kept above the barrier: those threads never reach it.
+// expect: deadlock
+#include "labs/lab.h"
+
+#define LAB3_THREADS 32
+__global__ void lab_router_kernel(KvPair out, KvConst W, KvConst buf, int cols, int R, size_t row) {
+    DYNAMIC_SHARED(float, w);  // R * cols floats: the block's router
+    size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= row) return;  // the mistake: above the barrier
+    const float* Wt = blockIdx.y ? W.v : W.k;  // the keys (blockIdx.y = 0) or the values (1)
+    const float* b = blockIdx.y ? buf.v : buf.k;
+    float* o = blockIdx.y ? out.v : out.k;
+    for (int x = threadIdx.x; x < R * cols; x += blockDim.x) w[x] = Wt[x];
+    __syncthreads();
+    for (int r = 0; r < R; r++) {
+        float s = 0;
+        for (int j = 0; j < cols; j++) s += w[r * cols + j] * b[j * row + e];
+        o[r * row + e] = s;
+    }
+}
+
+void router_forward_gpu(KvPair out, KvConst W, KvConst buf, int l, int N, int R, int hd, cudaStream_t stream) {
+    int cols = (l + 1) * R;
+    size_t row = (size_t)N * hd, shared = (size_t)R * cols * sizeof(float);
+    dim3 grid((unsigned)((row + LAB3_THREADS - 1) / LAB3_THREADS), 2);
+    LAUNCH(lab_router_kernel, grid, LAB3_THREADS, shared, stream)(out, W, buf, cols, R, row);
+}
