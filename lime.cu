@@ -34,7 +34,7 @@
 // activations, ops and init, and joins the passes through named hooks.
 #include "support/study/hyper_connections.cuh"  // defines: hc_specs, HcActs, op_hc_*, hc_sublayer_input (--arch hc)
 #include "support/study/entropy_reg.cuh"        // defines: EregActs, ereg_layer_forward, op_ereg_loss (--entropy-reg)
-#include "support/study/resformer.cuh"          // defines: has_value_residual, value_residual_forward (--arch resformer)
+#include "support/study/resformer.cuh"          // defines: value_residual_forward (--arch resformer)
 #include "support/study/denseformer.cuh"        // defines: DenseActs, dense_average_forward (--arch denseformer)
 
 // ===========================================================================
@@ -103,7 +103,7 @@ std::vector<TensorSpec> param_specs(const Config& c) {
         add(p + "mlp.gate_proj.weight", {c.F, c.d}, GROUP_MATRIX);
         add(p + "mlp.up_proj.weight", {c.F, c.d}, GROUP_MATRIX);
         add(p + "mlp.down_proj.weight", {c.d, c.F}, GROUP_MATRIX);
-        hc_specs(c, p, add), resformer_specs(c, l, p, add), denseformer_specs(c, l, p, add);  // the study's (none: LIMe)
+        hc_specs(c, p, add), resformer_specs(c, l, p, add), denseformer_specs(c, l, p, add);  // the study's
     }
     add("model.norm.weight", {c.d}, GROUP_EMBED_GAIN);
     return specs;
@@ -156,7 +156,7 @@ struct Acts {
     float* attn_in;  // (L, B, T, d)   rmsnorm(x) entering attention
     float* rstd_a;   // (L, B, T)
     float* q;        // (L, B, T, H, hd) queries after RoPE
-    float* Kbuf;     // (L, R, B, T, hd) the KV buffer, head-major (a row of B*T*hd per layer, kv head): keys before RoPE
+    float* Kbuf;     // (L, R, B, T, hd) the KV buffer, head-major (a row of B*T*hd per layer, kv head): keys
     float* Vbuf;     // (L, R, B, T, hd) ... and values
     float* kr;       // (L, R, B, T, hd) keys attention reads (routed, after RoPE)
     float* vr;       // (L, R, B, T, hd) values attention reads (routed; unused without a router)
@@ -231,36 +231,26 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->attn_in, L * BT * d);
     take(&A->rstd_a, L * BT);
     take(&A->q, L * BT * qd);
-    take(&A->Kbuf, L * BT * kvd);
-    take(&A->Vbuf, L * BT * kvd);
-    take(&A->kr, L * BT * kvd);
-    take(&A->vr, L * BT * kvd);
+    take(&A->Kbuf, L * BT * kvd), take(&A->Vbuf, L * BT * kvd);
+    take(&A->kr, L * BT * kvd), take(&A->vr, L * BT * kvd);
     take(&A->att, L * BT * c.H * (flash ? 1 : c.T));
     take(&A->o, L * BT * qd);
     take(&A->mlp_in, L * BT * d);
     take(&A->rstd_m, L * BT);
-    take(&A->gate, L * BT * c.F);
-    take(&A->up, L * BT * c.F);
+    take(&A->gate, L * BT * c.F), take(&A->up, L * BT * c.F);  // a fixed distance apart (gate_up_forward_gpu)
     take(&A->h, L * BT * c.F);
     take(&A->hf, BT * d);
     take(&A->rstd_f, BT);
-    take(&A->logits, BT * c.V);
-    take(&A->probs, BT * c.V);
+    take(&A->logits, BT * c.V), take(&A->probs, BT * c.V);
     take(&A->nll, BT);
-    take(&A->batch.targets, BT);
-    take(&A->batch.mask, BT);
-    take(&A->batch.tokens, BT);
-    take(&A->batch.valid, BT);
+    take(&A->batch.targets, BT), take(&A->batch.mask, BT), take(&A->batch.tokens, BT), take(&A->batch.valid, BT);
     take(&A->dx, streams * BT * d);
     take(&A->dnorm, BT * d);
     take(&A->dq, BT * qd);
-    take(&A->dkr, BT * kvd);
-    take(&A->dvr, BT * kvd);
-    take(&A->dKbuf, L * BT * kvd);
-    take(&A->dVbuf, L * BT * kvd);
+    take(&A->dkr, BT * kvd), take(&A->dvr, BT * kvd);
+    take(&A->dKbuf, L * BT * kvd), take(&A->dVbuf, L * BT * kvd);
     take(&A->dout, BT * qd);
-    take(&A->dgate, BT * c.F);
-    take(&A->dup, BT * c.F);
+    take(&A->dgate, BT * c.F), take(&A->dup, BT * c.F);
     take(&A->dh, BT * c.F);
     take(&A->datt, dev == DEVICE_GPU && !flash ? BT * c.H * c.T : 0);  // the GPU's matrix-product attention
     A->threads = cpu_threads();
@@ -269,8 +259,7 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     hc_acts_carve(&A->hc, c, BT, take);  // the study's models' activations
     ereg_acts_carve(&A->ereg, c, B, take);
     denseformer_acts_carve(&A->dense, c, BT, take);
-    take(&A->rope_cos, (size_t)c.T * c.hd / 2);  // last: tests poison everything before it between steps
-    take(&A->rope_sin, (size_t)c.T * c.hd / 2);
+    take(&A->rope_cos, (size_t)c.T * c.hd / 2), take(&A->rope_sin, (size_t)c.T * c.hd / 2);  // last (tests)
     return off;
 }
 
@@ -279,10 +268,8 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
 // loop X, in ./lime often a fast version X_fast (support/model/cpu_fast.cpp),
 // in a GPU build a kernel and its launcher X_gpu; its dispatcher op_X(model,
 // ...) runs the one that fits the model's device (DISPATCH is that one `if`).
-// Sums never depend on the number of threads or blocks: a resumed run is
-// bit-exact (device.cuh says how).
+// Sums never depend on the number of threads or blocks (device.cuh says how).
 // ===========================================================================
-
 // ===========================================================================
 // Matrix products, named by their math. Row-major; C (M, N) (+)= ... :
 //   gemm_nn   C = A @ B      A (M, K), B (K, N)
@@ -381,6 +368,48 @@ static void op_matmul_backward(Model* model, float* dinp, float* dW, const float
              matmul_backward(dinp, dW, dout, inp, W, N, C, OC, add_dinp));
 }
 
+// The SwiGLU's two inputs from m (N, d): gate = m @ Wg^T, up = m @ Wu^T (N, F), Wg and
+// Wu one after another in the parameters (param_specs). On the GPU each pair of
+// products is one strided-batched call: the gate's and the up's arrays (and
+// their gradients') lie a fixed distance apart, as Wg and Wu do.
+#ifdef LIME_GPU
+static void gate_up_forward_gpu(float* gate, float* up, const float* m, const float* Wg, int N, int d, int F,
+                                cublasHandle_t blas) {
+    const float one = 1.0f, zero = 0.0f;  // as gemm_nt_gpu, batched over (Wg, gate), (Wu, up)
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, F, N, d, &one, Wg, d, (long long)F * d, m, d,
+                                          0, &zero, gate, F, up - gate, 2));
+}
+// dm (N, d) = dgate @ Wg + dup @ Wu;  dWg, dWu += dgate^T @ m, dup^T @ m (one batched call: dW's gemm_tn_gpu)
+static void gate_up_backward_gpu(float* dm, float* dWg, const float* dgate, const float* dup, const float* m,
+                                 const float* Wg, int N, int d, int F, cublasHandle_t blas) {
+    const float one = 1.0f;
+    gemm_nn_gpu(dm, dgate, Wg, N, d, F, false, blas);
+    gemm_nn_gpu(dm, dup, Wg + (size_t)F * d, N, d, F, true, blas);
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, d, F, N, &one, m, d, 0, dgate, F,
+                                          dup - dgate, &one, dWg, d, (long long)F * d, 2));
+}
+#endif
+static void op_gate_up_forward(Model* model, float* gate, float* up, const float* m, const float* Wg, int N) {
+    int d = model->c.d, F = model->c.F;
+    float *Wu = (float*)Wg + (size_t)F * d, *scratch = pass_acts(model)->scratch;
+    DISPATCH(model, gate_up_forward_gpu(gate, up, m, Wg, N, d, F, blas_of(model)),
+             (matmul_forward_fast(gate, m, Wg, N, d, F, false, scratch),
+              matmul_forward_fast(up, m, Wu, N, d, F, false, scratch)),
+             (matmul_forward(gate, m, Wg, N, d, F, false), matmul_forward(up, m, Wu, N, d, F, false)));
+}
+// forward: gate = m Wg^T, up = m Wu^T
+static void op_gate_up_backward(Model* model, float* dm, float* dWg, const float* dgate, const float* dup,
+                                const float* m, const float* Wg, int N) {
+    int d = model->c.d, F = model->c.F;
+    const float* Wu = Wg + (size_t)F * d;
+    float* dWu = dWg + (size_t)F * d;
+    DISPATCH(model, gate_up_backward_gpu(dm, dWg, dgate, dup, m, Wg, N, d, F, blas_of(model)),
+             (matmul_backward_fast(dm, dWg, dgate, m, Wg, N, d, F, false),
+              matmul_backward_fast(dm, dWu, dup, m, Wu, N, d, F, true)),
+             (matmul_backward(dm, dWg, dgate, m, Wg, N, d, F, false),
+              matmul_backward(dm, dWu, dup, m, Wu, N, d, F, true)));
+}
+
 // ---------------------------------------------------------------------------
 // The K and V projections: the same product, out = inp @ W^T, written straight
 // into the head-major KV buffer, each kv head r's hd columns as its own rows:
@@ -418,45 +447,6 @@ static void kv_projection_backward(float* dinp, float* dW, const float* dout, co
             for (int i = 0; i < C; i++) dW[(size_t)o * C + i] += g(n, o) * inp[(size_t)n * C + i];
 }
 
-#ifdef LIME_GPU
-// One product per kv head, batched: head r's out_r (N, hd) = inp @ W_r^T,
-// W_r = W's rows r*hd.. (hd, C); column-major out_r^T (hd, N) = W_r^T (hd, C) @ inp^T.
-static void kv_projection_forward_gpu(float* out, const float* inp, const float* W, int N, int C, int R, int hd,
-                                      cublasHandle_t blas) {
-    const float one = 1.0f, zero = 0.0f;
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, hd, N, C, &one, W, C, (long long)hd * C, inp,
-                                          C, 0, &zero, out, hd, (long long)N * hd, R));
-}
-
-// dW_r^T (C, hd) += inp^T (C, N) @ dout_r (N, hd), batched over the heads;
-// dinp^T (C, N) += W_r^T (C, hd) @ dout_r^T (hd, N), one head after another
-// (a batch would write dinp from R products at once).
-static void kv_projection_backward_gpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W,
-                                       int N, int C, int R, int hd, cublasHandle_t blas) {
-    const float one = 1.0f;
-    size_t head = (size_t)N * hd;  // floats from one kv head's rows to the next's
-    for (int r = 0; r < R; r++)
-        cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, hd, &one, W + (size_t)r * hd * C, C,
-                                dout + r * head, hd, &one, dinp, C));
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, hd, N, &one, inp, C, 0, dout, hd,
-                                          (long long)head, &one, dW, C, (long long)hd * C, R));
-}
-#endif
-
-static void op_kv_projection_forward(Model* model, float* out, const float* inp, const float* W, int N) {
-    int C = model->c.d, R = model->c.R, hd = model->c.hd;
-    DISPATCH(model, kv_projection_forward_gpu(out, inp, W, N, C, R, hd, blas_of(model)),
-             kv_projection_forward_fast(out, inp, W, N, C, R, hd, pass_acts(model)->scratch),
-             kv_projection_forward(out, inp, W, N, C, R, hd));
-}
-static void op_kv_projection_backward(Model* model, float* dinp, float* dW, const float* dout, const float* inp,
-                                      const float* W, int N) {
-    int C = model->c.d, R = model->c.R, hd = model->c.hd;
-    DISPATCH(model, kv_projection_backward_gpu(dinp, dW, dout, inp, W, N, C, R, hd, blas_of(model)),
-             kv_projection_backward_fast(dinp, dW, dout, inp, W, N, C, R, hd),
-             kv_projection_backward(dinp, dW, dout, inp, W, N, C, R, hd));
-}
-
 // ===========================================================================
 // Token embedding: x[t] = E[token[t]]
 // ===========================================================================
@@ -487,13 +477,11 @@ static void embedding_forward_gpu(float* out, const int* tokens, const float* E,
     launchCheck();
 }
 
-// Deterministic without atomics: block (group of EMBED_TOKENS ids, column
-// slice, chunk of positions) holds its ids' rows of the slice in shared memory,
-// each thread one column, and walks its chunk's positions in order, adding the
-// rows whose token is in the group (the token ids pass through shared memory a
-// tile at a time). With one chunk it adds to dE in the CPU's order; with more,
-// chunk c writes partial (chunks, V, d)[c] and one thread per float then adds
-// the chunks in order.
+// Deterministic without atomics: block (group of EMBED_TOKENS ids, column slice, chunk of
+// positions) holds its ids' rows of the slice in shared memory, a thread a column, and walks
+// its chunk's positions in order, adding the rows whose token is in the group. With one chunk
+// it adds to dE in the CPU's order; with more, chunk c writes partial (chunks, V, d)[c] and
+// one thread per float then adds the chunks in order.
 #define EMBED_TILE 1024
 #define EMBED_TOKENS 128
 #define EMBED_CHUNK 256
@@ -550,7 +538,8 @@ static void op_embedding_backward(Model* model, float* dE, const float* dout, co
     int d = model->c.d;
     [[maybe_unused]] const Acts* A = pass_acts(model);  // the GPU's scratch: the chunks' partial sums
     DISPATCH(model,
-             embedding_backward_gpu(dE, dout, tokens, N, d, model->c.V, A->scratch, A->scratch_floats, stream_of(model)),
+             embedding_backward_gpu(dE, dout, tokens, N, d, model->c.V, A->scratch, A->scratch_floats,
+                                    stream_of(model)),
              embedding_backward(dE, dout, tokens, N, d));
 }
 
@@ -623,33 +612,31 @@ static void rmsnorm_forward_gpu(float* out, float* rstd, const float* inp, const
     launchCheck();
 }
 
-// dx: one warp per row, as the forward.
-__global__ void rmsnorm_backward_kernel(float* dinp, const float* dout, const float* inp, const float* g,
-                                        const float* rstd, int N, int d) {
-    int lane = threadIdx.x % 32, n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (n >= N) return;
-    const float* x = inp + (size_t)n * d;
-    const float* dy = dout + (size_t)n * d;
-    float* dx = dinp + (size_t)n * d;
-    float r = rstd[n], dot = 0;
-    for (int i = lane; i < d; i += 32) dot += g[i] * dy[i] * x[i];
-    float c = r * r * r * warp_sum(dot) / d;
-    for (int i = lane; i < d; i += 32) dx[i] += r * g[i] * dy[i] - x[i] * c;
-}
-// dg in two fixed-order steps: block (chunk, column slice) sums its GAIN_ROWS
-// rows into partial[chunk]; then block (32 columns) adds the chunks: warp y of
-// GAIN_WARPS sums chunks y, y + GAIN_WARPS, ... in order, and a fixed tree over
-// the warps adds their sums.
+// dx and dg's partial sums in one kernel, block = GAIN_ROWS rows (a chunk):
+// its warps take the rows' dx, one warp per row as the forward; then its
+// threads take d's columns, each summing dy * x * rstd over the chunk's rows in
+// order into partial[chunk]. Then dg in a second, fixed-order step: block (32
+// columns) adds the chunks, warp y of GAIN_WARPS summing chunks y, y +
+// GAIN_WARPS, ... in order, and a fixed tree over the warps adds their sums.
 #define GAIN_ROWS 32
 #define GAIN_WARPS 8
-__global__ void rmsnorm_gain_partial_kernel(float* partial, const float* dout, const float* inp, const float* rstd,
-                                            int N, int d) {
-    int i = blockIdx.y * blockDim.x + threadIdx.x, chunk = blockIdx.x;
-    if (i >= d) return;
-    float s = 0;
-    for (int n = chunk * GAIN_ROWS; n < min(N, (chunk + 1) * GAIN_ROWS); n++)
-        s += dout[n * d + i] * inp[n * d + i] * rstd[n];
-    partial[chunk * d + i] = s;
+__global__ void rmsnorm_backward_kernel(float* dinp, float* partial, const float* dout, const float* inp,
+                                        const float* g, const float* rstd, int N, int d) {
+    int lane = threadIdx.x % 32, warps = blockDim.x / 32, from = blockIdx.x * GAIN_ROWS, to = min(N, from + GAIN_ROWS);
+    for (int n = from + threadIdx.x / 32; n < to; n += warps) {
+        const float* x = inp + (size_t)n * d;
+        const float* dy = dout + (size_t)n * d;
+        float* dx = dinp + (size_t)n * d;
+        float r = rstd[n], dot = 0;
+        for (int i = lane; i < d; i += 32) dot += g[i] * dy[i] * x[i];
+        float c = r * r * r * warp_sum(dot) / d;
+        for (int i = lane; i < d; i += 32) dx[i] += r * g[i] * dy[i] - x[i] * c;
+    }
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float s = 0;
+        for (int n = from; n < to; n++) s += dout[(size_t)n * d + i] * inp[(size_t)n * d + i] * rstd[n];
+        partial[(size_t)blockIdx.x * d + i] = s;
+    }
 }
 __global__ void rmsnorm_gain_reduce_kernel(float* dg, const float* partial, int chunks, int d) {
     __shared__ float sums[GAIN_WARPS][32];
@@ -666,12 +653,8 @@ __global__ void rmsnorm_gain_reduce_kernel(float* dg, const float* partial, int 
 // scratch: ceil(N / GAIN_ROWS) * d floats for the partial sums.
 static void rmsnorm_backward_gpu(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
                                  const float* rstd, int N, int d, float* scratch, cudaStream_t stream) {
-    const int warps = 4;
-    LAUNCH(rmsnorm_backward_kernel, ceil_div(N, warps), 32 * warps, 0, stream)(dinp, dout, inp, g, rstd, N, d);
-    launchCheck();
-    int chunks = (int)ceil_div(N, GAIN_ROWS), threads = std::min(128, (d + 31) / 32 * 32);
-    LAUNCH(rmsnorm_gain_partial_kernel, dim3(chunks, ceil_div(d, threads)), threads, 0, stream)
-        (scratch, dout, inp, rstd, N, d);
+    int chunks = (int)ceil_div(N, GAIN_ROWS);
+    LAUNCH(rmsnorm_backward_kernel, chunks, 256, 0, stream)(dinp, scratch, dout, inp, g, rstd, N, d);
     launchCheck();
     LAUNCH(rmsnorm_gain_reduce_kernel, ceil_div(d, 32), 32 * GAIN_WARPS, 0, stream)(dg, scratch, chunks, d);
     launchCheck();
@@ -706,9 +689,10 @@ static void rope_tables(float* cos_t, float* sin_t, int T, int hd, float theta) 
         }
 }
 
-// x (B, T, nh, hd) rotated in place; sign = +1 forward, -1 backward.
+// out (B, T, nh, hd) = x rotated (out may be x); sign = +1 forward, -1 backward.
 // The rotation is orthogonal, so its backward is the rotation by -angle.
-static void rope_rotate(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, float sign) {
+static void rope_rotate(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T, int nh,
+                        int hd, float sign) {
     int half = hd / 2;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
@@ -716,67 +700,169 @@ static void rope_rotate(float* x, const float* cos_t, const float* sin_t, int B,
             const float* cs = cos_t + t * half;
             const float* sn = sin_t + t * half;
             for (int h = 0; h < nh; h++) {
-                float* v = x + (((size_t)b * T + t) * nh + h) * hd;
+                size_t row = (((size_t)b * T + t) * nh + h) * hd;
                 for (int i = 0; i < half; i++) {
-                    float x0 = v[i], x1 = v[i + half], s = sign * sn[i];
-                    v[i] = x0 * cs[i] - x1 * s;
-                    v[i + half] = x1 * cs[i] + x0 * s;
+                    float x0 = x[row + i], x1 = x[row + i + half], s = sign * sn[i];
+                    out[row + i] = x0 * cs[i] - x1 * s;
+                    out[row + i + half] = x1 * cs[i] + x0 * s;
                 }
             }
         }
 }
 
-static void rope_forward(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd) {
-    rope_rotate(x, cos_t, sin_t, B, T, nh, hd, 1.0f);
+static void rope_forward(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T, int nh,
+                         int hd) {
+    rope_rotate(out, x, cos_t, sin_t, B, T, nh, hd, 1.0f);
 }
 // forward: y = Rot(t) x;  dx = Rot(t)^T dy = Rot(-t) dy, in place
 static void rope_backward(float* dx, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd) {
-    rope_rotate(dx, cos_t, sin_t, B, T, nh, hd, -1.0f);
+    rope_rotate(dx, dx, cos_t, sin_t, B, T, nh, hd, -1.0f);
 }
 
 #ifdef LIME_GPU
 // One thread per rotated pair (b, t, h, i < hd/2); cos_t, sin_t live on the device.
-__global__ void rope_rotate_kernel(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
-                                   float sign) {
+__global__ void rope_rotate_kernel(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T,
+                                   int nh, int hd, float sign) {
     int half = hd / 2, idx = blockIdx.x * blockDim.x + threadIdx.x;  // 32-bit: see launch_check
     if (idx >= B * T * nh * half) return;
     int i = idx % half, row = idx / half;  // row = (b * T + t) * nh + h
     int t = row / nh % T;
-    float* v = x + row * hd;
     float c = cos_t[t * half + i], s = sign * sin_t[t * half + i];
-    float x0 = v[i], x1 = v[i + half];
-    v[i] = x0 * c - x1 * s;
-    v[i + half] = x1 * c + x0 * s;
+    float x0 = x[row * hd + i], x1 = x[row * hd + i + half];
+    out[row * hd + i] = x0 * c - x1 * s;
+    out[row * hd + i + half] = x1 * c + x0 * s;
 }
-static void rope_forward_gpu(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
-                             cudaStream_t stream) {
+static void rope_forward_gpu(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T, int nh,
+                             int hd, cudaStream_t stream) {
     LAUNCH(rope_rotate_kernel, ceil_div((size_t)B * T * nh * (hd / 2), 256), 256, 0, stream)
-        (x, cos_t, sin_t, B, T, nh, hd, 1.0f);
+        (out, x, cos_t, sin_t, B, T, nh, hd, 1.0f);
     launchCheck();
 }
 static void rope_backward_gpu(float* dx, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
                               cudaStream_t stream) {
     LAUNCH(rope_rotate_kernel, ceil_div((size_t)B * T * nh * (hd / 2), 256), 256, 0, stream)
-        (dx, cos_t, sin_t, B, T, nh, hd, -1.0f);
+        (dx, dx, cos_t, sin_t, B, T, nh, hd, -1.0f);
     launchCheck();
 }
 #endif
 
-// x (B, T, nh, hd) in place, with the tables in the model's activations. The
-// fast version is rope_rotate_fast (support/model/cpu_fast.cpp): the same loop, vectorised.
-static void op_rope_forward(Model* model, float* x, int B, int T, int nh) {
+// out = rope(x) (out may be x), dx in place, (B, T, nh, hd), with the tables in the model's
+// activations. The fast version is rope_rotate_fast (support/model/cpu_fast.cpp): the same loop, vectorised.
+static void op_rope_forward(Model* model, float* out, const float* x, int B, int T, int nh) {
     const Acts* A = pass_acts(model);
     int hd = model->c.hd;
-    DISPATCH(model, rope_forward_gpu(x, A->rope_cos, A->rope_sin, B, T, nh, hd, stream_of(model)),
-             rope_rotate_fast(x, A->rope_cos, A->rope_sin, B, T, nh, hd, 1.0f),
-             rope_forward(x, A->rope_cos, A->rope_sin, B, T, nh, hd));
+    DISPATCH(model, rope_forward_gpu(out, x, A->rope_cos, A->rope_sin, B, T, nh, hd, stream_of(model)),
+             rope_rotate_fast(out, x, A->rope_cos, A->rope_sin, B, T, nh, hd, 1.0f),
+             rope_forward(out, x, A->rope_cos, A->rope_sin, B, T, nh, hd));
 }
 static void op_rope_backward(Model* model, float* dx, int B, int T, int nh) {
     const Acts* A = pass_acts(model);
     int hd = model->c.hd;
     DISPATCH(model, rope_backward_gpu(dx, A->rope_cos, A->rope_sin, B, T, nh, hd, stream_of(model)),
-             rope_rotate_fast(dx, A->rope_cos, A->rope_sin, B, T, nh, hd, -1.0f),
+             rope_rotate_fast(dx, dx, A->rope_cos, A->rope_sin, B, T, nh, hd, -1.0f),
              rope_backward(dx, A->rope_cos, A->rope_sin, B, T, nh, hd));
+}
+
+// ---------------------------------------------------------------------------
+// The attention's inputs, from a = rmsnorm(x) (N, C), C = d:
+//   q    (B, T, H, hd) = rope(a @ Wq^T)
+//   K, V (R, B, T, hd) = the heads of a @ Wk^T and a @ Wv^T, into the KV buffer
+// Wq, Wk, Wv lie one after another in the parameters (param_specs): W = [Wq; Wk; Wv]
+// ((H + 2R) hd, C). On the CPU they are the ops above, one by one; on the GPU one
+// product into token-major scratch qkv (N, (H + 2R) hd) and one kernel that
+// rotates q and scatters K and V (backward: one kernel that gathers, then one
+// product for dinp and one for dW), so that a layer's projections are a few
+// launches, not one per kv head.
+// ---------------------------------------------------------------------------
+#ifdef LIME_GPU
+// qkv (N, W) -> q (rotated), K, V (head-major): one thread per q pair (n, h, i < hd/2) or K/V element.
+// backward (gather): the inverse, dq rotated back; W = (H + 2R) hd.
+__global__ void qkv_scatter_kernel(float* q, float* K, float* V, float* qkv, const float* cos_t, const float* sin_t,
+                                   int N, int T, int H, int R, int hd, int gather) {
+    int half = hd / 2, qpairs = N * H * half, idx = blockIdx.x * blockDim.x + threadIdx.x, W = (H + 2 * R) * hd;
+    if (idx >= qpairs + 2 * N * R * hd) return;  // 32-bit: see launch_check
+    if (idx < qpairs) {  // q: rotated by position t = n % T (gather: by -t)
+        int i = idx % half, h = idx / half % H, n = idx / half / H, t = n % T;
+        float c = cos_t[t * half + i], s = (gather ? -1.0f : 1.0f) * sin_t[t * half + i];
+        float* x = gather ? q + ((size_t)n * H + h) * hd : qkv + (size_t)n * W + h * hd;
+        float* y = gather ? qkv + (size_t)n * W + h * hd : q + ((size_t)n * H + h) * hd;
+        float x0 = x[i], x1 = x[i + half];
+        y[i] = x0 * c - x1 * s;
+        y[i + half] = x1 * c + x0 * s;
+        return;
+    }
+    int e = idx - qpairs, kv = e / (N * R * hd), r = e / hd % R, n = e / hd / R % N, i = e % hd;
+    float* buf = (kv ? V : K) + ((size_t)r * N + n) * hd + i;
+    float* tok = qkv + (size_t)n * W + (H + kv * R + r) * hd + i;
+    if (gather) *tok = *buf;
+    else *buf = *tok;
+}
+static void qkv_scatter_gpu(float* q, float* K, float* V, float* qkv, const float* cos_t, const float* sin_t, int N,
+                            int T, int H, int R, int hd, bool gather, cudaStream_t stream) {
+    size_t threads = (size_t)N * H * (hd / 2) + 2 * (size_t)N * R * hd;
+    LAUNCH(qkv_scatter_kernel, ceil_div(threads, 256), 256, 0, stream)(q, K, V, qkv, cos_t, sin_t, N, T, H, R, hd,
+                                                                       gather);
+    launchCheck();
+}
+#endif
+static void qkv_projection_forward(float* q, float* K, float* V, const float* a, const float* W, const float* cos_t,
+                                   const float* sin_t, int B, int T, int C, int H, int R, int hd) {
+    int N = B * T, qd = H * hd, kvd = R * hd;
+    matmul_forward(q, a, W, N, C, qd, false);
+    kv_projection_forward(K, a, W + (size_t)qd * C, N, C, R, hd);
+    kv_projection_forward(V, a, W + (size_t)(qd + kvd) * C, N, C, R, hd);
+    rope_forward(q, q, cos_t, sin_t, B, T, H, hd);
+}
+// forward: q = rope(a Wq^T), K and V the heads of a Wk^T and a Wv^T
+// dq = rope's backward of dq (in place); da (N, C) = dq @ Wq + dK @ Wk + dV @ Wv (written);
+// dW ([Wq; Wk; Wv]'s gradient) += [dq | dK | dV]^T @ a
+static void qkv_projection_backward(float* da, float* dW, float* dq, const float* dK, const float* dV, const float* a,
+                                    const float* W, const float* cos_t, const float* sin_t, int B, int T, int C, int H,
+                                    int R, int hd) {
+    int N = B * T, qd = H * hd, kvd = R * hd;
+    rope_backward(dq, cos_t, sin_t, B, T, H, hd);
+    matmul_backward(da, dW, dq, a, W, N, C, qd, false);  // then K's and V's add
+    kv_projection_backward(da, dW + (size_t)qd * C, dK, a, W + (size_t)qd * C, N, C, R, hd);
+    kv_projection_backward(da, dW + (size_t)(qd + kvd) * C, dV, a, W + (size_t)(qd + kvd) * C, N, C, R, hd);
+}
+#ifdef LIME_GPU
+static void qkv_projection_forward_gpu(float* q, float* K, float* V, const float* a, const float* W,
+                                       const float* cos_t, const float* sin_t, int B, int T, int C, int H, int R,
+                                       int hd, float* qkv, cublasHandle_t blas, cudaStream_t stream) {
+    gemm_nt_gpu(qkv, a, W, B * T, (H + 2 * R) * hd, C, false, blas);
+    qkv_scatter_gpu(q, K, V, qkv, cos_t, sin_t, B * T, T, H, R, hd, false, stream);
+}
+static void qkv_projection_backward_gpu(float* da, float* dW, float* dq, const float* dK, const float* dV,
+                                        const float* a, const float* W, const float* cos_t, const float* sin_t, int B,
+                                        int T, int C, int H, int R, int hd, float* qkv, cublasHandle_t blas,
+                                        cudaStream_t stream) {
+    qkv_scatter_gpu(dq, (float*)dK, (float*)dV, qkv, cos_t, sin_t, B * T, T, H, R, hd, true, stream);
+    gemm_nn_gpu(da, qkv, W, B * T, C, (H + 2 * R) * hd, false, blas);
+    gemm_tn_gpu(dW, qkv, a, (H + 2 * R) * hd, C, B * T, blas);
+}
+#endif
+// The fast versions (qkv_projection_forward_fast, ..._backward_fast) are the same steps blocked.
+static void op_qkv_projection_forward(Model* model, float* q, float* K, float* V, const float* a, const float* W,
+                                      int B, int T) {
+    const Config& c = model->c;
+    const Acts* A = pass_acts(model);
+    DISPATCH(model,
+             qkv_projection_forward_gpu(q, K, V, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd, A->scratch,
+                                        blas_of(model), stream_of(model)),
+             qkv_projection_forward_fast(q, K, V, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
+                                         A->scratch),
+             qkv_projection_forward(q, K, V, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd));
+}
+static void op_qkv_projection_backward(Model* model, float* da, float* dW, float* dq, const float* dK, const float* dV,
+                                       const float* a, const float* W, int B, int T) {
+    const Config& c = model->c;
+    const Acts* A = pass_acts(model);
+    DISPATCH(model,
+             qkv_projection_backward_gpu(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
+                                         A->scratch, blas_of(model), stream_of(model)),
+             qkv_projection_backward_fast(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R,
+                                          c.hd),
+             qkv_projection_backward(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd));
 }
 
 // ===========================================================================
@@ -965,7 +1051,8 @@ static void router_backward_blas(KvPair dW, KvPair dbuf, KvConst dout, KvConst W
     if (learned.any(l)) {  // G (2, R, cols): the keys' sums, the values'; then the learned columns added
         gemm_nt_gpu(G, dout.k, buf.k, R, cols, row, false, blas);
         gemm_nt_gpu(G + (size_t)R * cols, dout.v, buf.v, R, cols, row, false, blas);
-        LAUNCH(router_weight_reduce_kernel, ceil_div((size_t)R * cols, 256), 256, 0, stream)(dW, G, 1, cols, R, learned);
+        LAUNCH(router_weight_reduce_kernel, ceil_div((size_t)R * cols, 256), 256, 0, stream)
+            (dW, G, 1, cols, R, learned);
         launchCheck();
     }
     gemm_tn_gpu(dbuf.k, W.k, dout.k, cols, row, R, blas);
@@ -1283,7 +1370,6 @@ static void op_crossentropy_backward(Model* model, float* dlogits_probs, const i
              crossentropy_backward(dlogits_probs, targets, mask, N, V));
 }
 
-
 // ===========================================================================
 // AdamW (docs/training.md): global-norm clipping, then per run of tensors with
 // their group's lr and weight decay (AdamWNumbers: per Group):
@@ -1362,7 +1448,9 @@ LAB_SWAPPABLE float clip_scale(float norm, float grad_clip) {
 // that depends on n alone) each sum a strided share of g^2 in double, then one
 // block adds the partial sums and sets the clip scale.
 #define NORM_THREADS 256
-static int grad_norm_blocks(size_t n) { return (int)std::min<size_t>(1024, (n + NORM_THREADS * 16 - 1) / (NORM_THREADS * 16)); }
+static int grad_norm_blocks(size_t n) {
+    return (int)std::min<size_t>(1024, (n + NORM_THREADS * 16 - 1) / (NORM_THREADS * 16));
+}
 #ifdef LIME_GPU
 __global__ void grad_sumsq_kernel(double* partial, const float* g, size_t n) {
     __shared__ double part[NORM_THREADS];
@@ -1393,34 +1481,33 @@ static void grad_norm_gpu(Metrics* metrics, double* partial, const float* g, siz
     launchCheck();
 }
 
-// One run of tensors of one group (n floats): one thread per parameter.
-// The numbers come from device memory, written before each step.
-__global__ void adamw_kernel(float* p, float* m, float* v, const float* g, size_t n, int group, const AdamWNumbers* nums,
+// Every parameter with one launch, one thread each: its run of tensors (the
+// table `runs`, a binary search over their offsets) gives its group's lr and
+// weight decay. mem holds params, grads, adam_m, adam_v of n floats each; the
+// numbers and the clip scale are read on the device, written before each step.
+__global__ void adamw_kernel(float* mem, size_t n, const AdamWRun* runs, int n_runs, const AdamWNumbers* nums,
                              const Metrics* metrics) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float lr = nums->lr[group], wd = nums->weight_decay[group];
-    float gi = g[i] * metrics->clip_scale;
-    float mi = nums->beta1 * m[i] + (1.0f - nums->beta1) * gi;
-    float vi = nums->beta2 * v[i] + (1.0f - nums->beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
+    int lo = 0, hi = n_runs - 1;  // the last run starting at or before i
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (runs[mid].offset <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    float *p = mem + i, *m = mem + 2 * n + i, *v = mem + 3 * n + i, g = mem[n + i] * metrics->clip_scale;
+    float lr = nums->lr[runs[lo].group], wd = nums->weight_decay[runs[lo].group];
+    float mi = nums->beta1 * *m + (1.0f - nums->beta1) * g;
+    float vi = nums->beta2 * *v + (1.0f - nums->beta2) * g * g;
+    *m = mi;
+    *v = vi;
     float mhat = mi / nums->bc1, vhat = vi / nums->bc2;
-    p[i] -= lr * wd * p[i] + lr * mhat / (sqrtf(vhat) + nums->eps);
+    *p -= lr * wd * *p + lr * mhat / (sqrtf(vhat) + nums->eps);
 }
-static void adamw_gpu(float* p, float* m, float* v, const float* g, size_t n, Group group, const AdamWNumbers* nums,
-                      const Metrics* metrics, cudaStream_t stream) {
-    LAUNCH(adamw_kernel, ceil_div(n, 256), 256, 0, stream)(p, m, v, g, n, (int)group, nums, metrics);
+static void adamw_update_gpu(float* mem, size_t n, const AdamWRun* runs, int n_runs, const AdamWNumbers* nums,
+                             const Metrics* metrics, cudaStream_t stream) {
+    LAUNCH(adamw_kernel, ceil_div(n, 256), 256, 0, stream)(mem, n, runs, n_runs, nums, metrics);
     launchCheck();
-}
-// Every run of one group (GpuState::runs) with one launch; mem holds params,
-// grads, adam_m, adam_v of n floats each. The numbers and the clip scale are
-// read on the device.
-static void adamw_update_gpu(float* mem, const std::vector<AdamWRun>& runs, size_t n, const AdamWNumbers* nums,
-                           const Metrics* metrics, cudaStream_t stream) {
-    for (const AdamWRun& run : runs)
-        adamw_gpu(mem + run.offset, mem + 2 * n + run.offset, mem + 3 * n + run.offset, mem + n + run.offset, run.numel,
-                  run.group, nums, metrics, stream);
 }
 #endif
 
@@ -1448,8 +1535,8 @@ static void op_grad_norm(Model* model) {
 static void op_adamw(Model* model) {
     size_t n = model->n_params;
     DISPATCH(model,
-             adamw_update_gpu(model->gpu->mem, model->adamw_runs, n, model->gpu->numbers, model->gpu->metrics,
-                              stream_of(model)),
+             adamw_update_gpu(model->gpu->mem, n, model->gpu->runs, (int)model->adamw_runs.size(), model->gpu->numbers,
+                              model->gpu->metrics, stream_of(model)),
              adamw_update(model->params, model->adamw_runs, n, model->last_norm, model->numbers));
 }
 
@@ -1501,7 +1588,8 @@ static void residual_forward(Model* model, int s, float* xout, const float* x, c
 // the stream's gradient passes through the add unchanged, as dx).
 static const float* residual_backward(Model* model, int s, const float* dxout, int B, int T) {
     Acts* A = pass_acts(model);
-    if (model->c.arch == ARCH_HC) return hc_residual_backward(model, A->hc, hc_sublayer(A->hc, model->c, s, B, T), dxout, B * T);
+    if (model->c.arch == ARCH_HC)
+        return hc_residual_backward(model, A->hc, hc_sublayer(A->hc, model->c, s, B, T), dxout, B * T);
     if (model->c.arch == ARCH_DENSEFORMER && s % 2 == 1)  // through the average: dxout becomes the block output's
         dense_average_backward(model, (float*)dxout, A->dense, s / 2, A->x, pass_params(model).layer[s / 2].dwa,
                                pass_grads(model).layer[s / 2].dwa, B, T, A->scratch);
@@ -1554,7 +1642,7 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
     const Config& c = model->c;
     Acts* A = pass_acts(model);
     const Params& P = pass_params(model);
-    int N = B * T, d = c.d, qd = c.H * c.hd, kvd = c.R * c.hd;
+    int N = B * T, d = c.d, qd = c.H * c.hd;
     op_embedding_forward(model, A->x, A->batch.tokens, P.E, N);              // x[0] (B, T, d)
     if (c.arch == ARCH_HC) op_hc_expand(model, A->x, A->x, N);           // HC: into every stream (n, B, T, d)
     for (int l = 0; l < c.L; l++) {
@@ -1562,26 +1650,21 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         LayerActs la = layer_acts(A, c, l, B, T);
         // attention block: xa = x + attention(rmsnorm(x)) @ Wo^T
         op_rmsnorm_forward(model, la.attn_in, la.rstd_a, sublayer_input(model, 2 * l, la.x, B, T), w.g_attn, N);
-        op_matmul_forward(model, la.q, la.attn_in, w.Wq, N, d, qd);  // (B, T, H, hd)
-        op_kv_projection_forward(model, la.K, la.attn_in, w.Wk, N);  // (R, B, T, hd) into the buffer
-        op_kv_projection_forward(model, la.V, la.attn_in, w.Wv, N);
+        op_qkv_projection_forward(model, la.q, la.K, la.V, la.attn_in, w.Wq, B, T);  // q (roped); K, V into the buffer
         if (model->ereg_on) ereg_layer_forward(model, A->ereg, l, la.V, A->batch.valid, B, T, A->scratch);  // S2 of V
-        const float* vr = la.V;
+        const float *kr = la.K, *vr = la.V;  // LLaMa, and LIMe's layer 0: own keys and values
         if (has_router(c, l)) {  // LIMe: mix the buffer of layers 0..l
             op_router_forward(model, {la.kr, la.vr}, {w.router, value_router(w)}, {A->Kbuf, A->Vbuf}, l, N);
-            vr = la.vr;
-        } else {                 // LLaMa, and LIMe's layer 0: own keys and values
-            op_copy(model, la.kr, la.K, (size_t)N * kvd);
+            kr = la.kr, vr = la.vr;
         }
-        if (has_value_residual(c, l)) value_residual_forward(model, la.vr, la.V, A->Vbuf, w.value_residual, N), vr = la.vr;
-        op_rope_forward(model, la.q, B, T, c.H);
-        op_rope_forward(model, la.kr, c.R * B, T, 1);  // (R, B, T, hd): R*B sequences of one head
+        if (has_value_residual(c, l))  // ResFormer: vr = lam[0] V[l] + lam[1] V[0]
+            value_residual_forward(model, la.vr, la.V, A->Vbuf, w.value_residual, N), vr = la.vr;
+        op_rope_forward(model, la.kr, kr, c.R * B, T, 1);  // (R, B, T, hd): R*B sequences of one head
         op_attention_forward(model, la.o, la.att, la.q, la.kr, vr, B, T);
         residual_forward(model, 2 * l, la.xa, la.x, la.o, w.Wo, qd, B, T);  // xa = x + o @ Wo^T
         // MLP block: x[l+1] = xa + swiglu(rmsnorm(xa)) @ Wd^T
         op_rmsnorm_forward(model, la.mlp_in, la.rstd_m, sublayer_input(model, 2 * l + 1, la.xa, B, T), w.g_mlp, N);
-        op_matmul_forward(model, la.gate, la.mlp_in, w.Wg, N, d, c.F);
-        op_matmul_forward(model, la.up, la.mlp_in, w.Wu, N, d, c.F);
+        op_gate_up_forward(model, la.gate, la.up, la.mlp_in, w.Wg, N);  // mlp_in @ Wg^T, mlp_in @ Wu^T
         op_swiglu_forward(model, la.h, la.gate, la.up, (size_t)N * c.F);
         residual_forward(model, 2 * l + 1, la.xnext, la.xa, la.h, w.Wd, c.F, B, T);  // x[l+1] = xa + h @ Wd^T
     }
@@ -1621,8 +1704,7 @@ static void backward_pass(Model* model, int B, int T) {
         const float* dy = residual_backward(model, 2 * l + 1, A->dx, B, T);  // the gradient of h @ Wd^T
         op_matmul_backward(model, A->dh, gw.Wd, dy, la.h, w.Wd, N, c.F, d, false);
         op_swiglu_backward(model, A->dgate, A->dup, A->dh, la.gate, la.up, (size_t)N * c.F);
-        op_matmul_backward(model, A->dnorm, gw.Wg, A->dgate, la.mlp_in, w.Wg, N, d, c.F, false);
-        op_matmul_backward(model, A->dnorm, gw.Wu, A->dup, la.mlp_in, w.Wu, N, d, c.F, true);
+        op_gate_up_backward(model, A->dnorm, gw.Wg, A->dgate, A->dup, la.mlp_in, w.Wg, N);
         sublayer_input_backward(model, 2 * l + 1, A->dx, gw.g_mlp, la.xa, w.g_mlp, la.rstd_m, B, T);  // dx: d xa
         // attention block. forward: xa = x + o @ Wo^T, o = attention(q, rope(Kr), Vr)
         dy = residual_backward(model, 2 * l, A->dx, B, T);  // the gradient of o @ Wo^T
@@ -1633,9 +1715,8 @@ static void backward_pass(Model* model, int B, int T) {
         if (mixed) op_zero(model, A->dvr, kv_layer);
         op_attention_backward(model, A->dq, A->dkr, dvr, A->dout, la.o, la.q, la.kr, mixed ? la.vr : la.V, la.att, B,
                               T);
-        op_rope_backward(model, A->dq, B, T, c.H);
         op_rope_backward(model, A->dkr, c.R * B, T, 1);
-        if (routed) {  // forward: Kr, Vr = W @ Kbuf, W @ Vbuf (Eq. 2): the gradient reaches layers 0..l's keys and values
+        if (routed) {  // forward: Kr, Vr = W @ Kbuf, W @ Vbuf (Eq. 2): into layers 0..l's keys and values
             op_router_backward(model, {gw.router, value_router(gw)}, {A->dKbuf, A->dVbuf}, {A->dkr, A->dvr},
                                {w.router, value_router(w)}, {A->Kbuf, A->Vbuf}, l, N);
         } else {
@@ -1644,11 +1725,9 @@ static void backward_pass(Model* model, int B, int T) {
         if (has_value_residual(c, l))  // ResFormer: forward vr = lam[0] V[l] + lam[1] V[0]
             value_residual_backward(model, dV, A->dVbuf, gw.value_residual, A->dvr, la.V, A->Vbuf, w.value_residual, N,
                                     A->scratch);
-        if (model->ereg_on) ereg_layer_backward(model, A->ereg, l, dV, A->dvr, A->batch.valid, B, T, A->scratch);  // -lambda S2
-        // forward: q = a Wq^T, K and V = the heads of a Wk^T and a Wv^T (kv_projection_forward), a = rmsnorm(x)
-        op_matmul_backward(model, A->dnorm, gw.Wq, A->dq, la.attn_in, w.Wq, N, d, qd, false);  // then K's and V's add
-        op_kv_projection_backward(model, A->dnorm, gw.Wk, dK, la.attn_in, w.Wk, N);
-        op_kv_projection_backward(model, A->dnorm, gw.Wv, dV, la.attn_in, w.Wv, N);
+        if (model->ereg_on) ereg_layer_backward(model, A->ereg, l, dV, A->dvr, A->batch.valid, B, T, A->scratch);
+        // forward: q = rope(a Wq^T), K and V = the heads of a Wk^T and a Wv^T, a = rmsnorm(x)
+        op_qkv_projection_backward(model, A->dnorm, gw.Wq, A->dq, dK, dV, la.attn_in, w.Wq, B, T);
         sublayer_input_backward(model, 2 * l, A->dx, gw.g_attn, la.x, w.g_attn, la.rstd_a, B, T);  // dx: d x[l]
     }
     if (c.arch == ARCH_HC) op_hc_sum(model, A->dx, A->dx, N);  // forward: X[i] = x[0] for every stream
@@ -1714,7 +1793,7 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
     size_t n = model->n_params;
     model->params = (float*)calloc(n * 4, sizeof(float));
     if (!model->params)
-        return "out of memory allocating " + std::to_string(n * 16 / 1000000) + " MB for parameters and optimiser state";
+        return "out of memory allocating " + std::to_string(n * 16 / 1000000) + " MB for parameters, AdamW state";
     model->grads = model->params + n;
     model->adam_m = model->params + 2 * n;
     model->adam_v = model->params + 3 * n;
@@ -1801,11 +1880,9 @@ void model_init(Model* model, uint64_t seed) {
     model_to_device(model);  // initialised on the host, copied to the device
 }
 
-// Every token id and target of a batch inside the vocabulary, checked once,
-// here: the embedding and the cross-entropy after it (both devices' loops and
-// kernels) index E and the logits with them unchecked. An id outside
-// 0 .. V-1 is the caller's mistake, not the user's (the commands check their
-// files first): one line and a non-zero exit, as a failed CUDA call.
+// Every token id and target of a batch inside the vocabulary, checked once, here: the ops
+// index E and the logits with them unchecked. One outside 0 .. V-1 is the caller's mistake
+// (the commands check their files first): one line and a non-zero exit, as a failed CUDA call.
 static void ids_check(const int* ids, int N, int V, const char* what) {
     for (int n = 0; n < N; n++)
         if (ids[n] < 0 || ids[n] >= V) {
@@ -1824,7 +1901,8 @@ static void stage(Model* model, const int* tokens, const int* targets, const flo
     if (tokens) ids_check(tokens, N, model->c.V, "token id");
     if (targets) ids_check(targets, N, model->c.V, "target");
     const BatchArrays& to = pass_acts(model)->batch;
-    if (model->device == DEVICE_GPU) return gpu_stage(model, to, tokens, targets, mask, valid, N, numbers ? &model->numbers : nullptr);
+    const AdamWNumbers* nums = numbers ? &model->numbers : nullptr;
+    if (model->device == DEVICE_GPU) return gpu_stage(model, to, tokens, targets, mask, valid, N, nums);
     if (tokens) memcpy(to.tokens, tokens, N * sizeof(int));
     if (targets) memcpy(to.targets, targets, N * sizeof(int));
     if (mask) memcpy(to.mask, mask, N * sizeof(float));
@@ -1840,7 +1918,7 @@ float model_forward(Model* model, const int* tokens, const int* targets, const f
     stage(model, tokens, targets, mask, valid, B * T, false);
     forward_pass(model, B, T, targets != nullptr);
     size_t n = (size_t)B * T * model->c.V;
-    if (model->device == DEVICE_GPU) gpu_read_forward(model, model->acts->logits, pass_acts(model)->logits, n);  // waits
+    if (model->device == DEVICE_GPU) gpu_read_forward(model, model->acts->logits, pass_acts(model)->logits, n);
     if (!targets) model->last_loss = 0;
     if (!model->ereg_on) model->last_ce = model->last_loss, model->last_s2 = 0;
     return model->last_loss;
@@ -1864,8 +1942,7 @@ const float* model_probe(Model* model, Probe what, int l) {
     float* out = model->host_copy.data() + streams * n;
     if (what == PROBE_HIDDEN && streams == 1) return src;
     if (what == PROBE_HIDDEN) hc_sum(out, src, (int)streams, n);  // hc: the sum of the n streams leaving layer l
-    for (int r = 0; what != PROBE_HIDDEN && r < c.R; r++)       // the buffer's (R, B, T, hd) as (B, T, R, hd)
-        for (size_t t = 0; t < BT; t++) memcpy(out + (t * c.R + r) * c.hd, src + (r * BT + t) * c.hd, c.hd * 4);
+    else kv_transpose(out, src, (int)BT, c.R, c.hd, true, false);  // the buffer's (R, B, T, hd) as (B, T, R, hd)
     return out;
 }
 

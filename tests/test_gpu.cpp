@@ -126,20 +126,30 @@ TEST(gpu_matmul_forward_backward_match_cpu) {
     }
 }
 
-TEST(gpu_kv_projection_forward_backward_match_cpu) {
+// The attention's inputs: one product and a scatter (with q's rotation) against
+// the CPU's three products and RoPE; backward, a gather and two products.
+TEST(gpu_qkv_projection_forward_backward_match_cpu) {
     NEED_GPU();
-    int N = 26, C = 24, R = 3, hd = 8, OC = R * hd;
-    auto inp = randv((size_t)N * C, 1), W = randv((size_t)OC * C, 2), dout = randv((size_t)N * OC, 4);
-    auto dinp0 = randv((size_t)N * C, 5), dW0 = randv((size_t)OC * C, 6);
-    std::vector<float> out((size_t)N * OC), dinp = dinp0, dW = dW0;
-    kv_projection_forward(out.data(), inp.data(), W.data(), N, C, R, hd);
-    kv_projection_backward(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, R, hd);
-    DevF gout(randv((size_t)N * OC, 3)), ginp(inp), gW(W), gdout(dout), gdinp(dinp0), gdW(dW0);
-    kv_projection_forward_gpu(gout.p, ginp.p, gW.p, N, C, R, hd, ctx().blas);
-    kv_projection_backward_gpu(gdinp.p, gdW.p, gdout.p, ginp.p, gW.p, N, C, R, hd, ctx().blas);
-    double e0 = err_of(gout.get(), out), e1 = err_of(gdinp.get(), dinp), e2 = err_of(gdW.get(), dW);
-    CHECK(e0 < TOL_FWD, "kv_projection forward (R, N, hd): rel err %.2e", e0);
-    CHECK(e1 < TOL_BWD && e2 < TOL_BWD, "kv_projection backward: dinp %.2e, dW %.2e", e1, e2);
+    int B = 2, T = 13, C = 24, H = 4, R = 2, hd = 6, N = B * T, Wn = (H + 2 * R) * hd;
+    std::vector<float> cs(T * hd / 2), sn(T * hd / 2);
+    rope_tables(cs.data(), sn.data(), T, hd, 10000.0f);
+    auto a = randv((size_t)N * C, 1), W = randv((size_t)Wn * C, 2), dq0 = randv((size_t)N * H * hd, 3);
+    auto dK = randv((size_t)N * R * hd, 4), dV = randv((size_t)N * R * hd, 5), dW0 = randv((size_t)Wn * C, 6);
+    std::vector<float> q((size_t)N * H * hd), K((size_t)N * R * hd), V(K.size()), da((size_t)N * C), dW = dW0, dq = dq0;
+    qkv_projection_forward(q.data(), K.data(), V.data(), a.data(), W.data(), cs.data(), sn.data(), B, T, C, H, R, hd);
+    qkv_projection_backward(da.data(), dW.data(), dq.data(), dK.data(), dV.data(), a.data(), W.data(), cs.data(),
+                            sn.data(), B, T, C, H, R, hd);
+    DevF ga(a), gW(W), gq(q.size()), gK(K.size()), gV(V.size()), gcs(cs), gsn(sn), tmp((size_t)N * Wn);
+    qkv_projection_forward_gpu(gq.p, gK.p, gV.p, ga.p, gW.p, gcs.p, gsn.p, B, T, C, H, R, hd, tmp.p, ctx().blas,
+                               ctx().stream);
+    CHECK(err_of(gq.get(), q) < TOL_FWD, "qkv forward: q (roped) rel err %.2e", err_of(gq.get(), q));
+    CHECK(err_of(gK.get(), K) < TOL_FWD, "qkv forward: K (R, N, hd) rel err %.2e", err_of(gK.get(), K));
+    CHECK(err_of(gV.get(), V) < TOL_FWD, "qkv forward: V (R, N, hd) rel err %.2e", err_of(gV.get(), V));
+    DevF gda((size_t)N * C), gdW(dW0), gdq(dq0), gdK(dK), gdV(dV);
+    qkv_projection_backward_gpu(gda.p, gdW.p, gdq.p, gdK.p, gdV.p, ga.p, gW.p, gcs.p, gsn.p, B, T, C, H, R, hd, tmp.p,
+                                ctx().blas, ctx().stream);
+    CHECK(err_of(gda.get(), da) < TOL_BWD, "qkv backward: da rel err %.2e", err_of(gda.get(), da));
+    CHECK(err_of(gdW.get(), dW) < TOL_BWD, "qkv backward: dW ([Wq; Wk; Wv]) rel err %.2e", err_of(gdW.get(), dW));
 }
 
 // scratch_floats: room for the chunks' (V, d) partial sums; with none, one chunk
@@ -207,10 +217,11 @@ TEST(gpu_rope_matches_cpu) {
     DevF gcs(cs), gsn(sn);
     for (int dir = 0; dir < 2; dir++) {
         std::vector<float> y = x;
-        DevF gy(x);
-        if (dir == 0) {
-            rope_forward(y.data(), cs.data(), sn.data(), B, T, nh, hd);
-            rope_forward_gpu(gy.p, gcs.p, gsn.p, B, T, nh, hd, ctx().stream);
+        DevF gy(x), gx(x);
+        if (dir == 0) {  // out of place: y = rope(x), x kept
+            rope_forward(y.data(), x.data(), cs.data(), sn.data(), B, T, nh, hd);
+            rope_forward_gpu(gy.p, gx.p, gcs.p, gsn.p, B, T, nh, hd, ctx().stream);
+            CHECK(err_of(gx.get(), x) == 0, "rope forward out of place changed its input");
         } else {
             rope_backward(y.data(), cs.data(), sn.data(), B, T, nh, hd);
             rope_backward_gpu(gy.p, gcs.p, gsn.p, B, T, nh, hd, ctx().stream);
@@ -291,16 +302,24 @@ static void check_attention(int B, int T, int H, int R, int hd) {
     attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
     DevF gq(q), gk(k), gv(v), gout(qn), gatt(an), gdatt(an), scratch(3 * qn);
     attention_forward_gpu(gout.p, gatt.p, gq.p, gk.p, gv.p, B, T, H, R, hd, scratch.p, ctx().blas, ctx().stream);
-    double e1 = err_of(gout.get(), out), e2 = err_of(gatt.get(), att);
-    CHECK(e1 < TOL_FWD && e2 < TOL_FWD, "attention forward B=%d T=%d H=%d R=%d: out %.2e, att %.2e", B, T, H, R, e1, e2);
+    std::vector<float> ga = gatt.get(), grouped(an);  // the GPU's att is group-major: (R, B, n_rep, T, T)
+    int n_rep = H / R;
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < H; h++)
+            for (size_t tu = 0; tu < (size_t)T * T; tu++)
+                grouped[((size_t)b * H + h) * T * T + tu] = ga[(((size_t)(h / n_rep) * B + b) * n_rep + h % n_rep) * T * T + tu];
+    double e1 = err_of(gout.get(), out), e2 = err_of(grouped, att);
+    CHECK(e1 < TOL_FWD, "attention forward B=%d T=%d H=%d R=%d: out rel err %.2e", B, T, H, R, e1);
+    CHECK(e2 < TOL_FWD, "attention forward B=%d T=%d H=%d R=%d: att rel err %.2e", B, T, H, R, e2);
     std::vector<float> dq(qn), dk = dk0, dv = dv0;
     attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
     DevF gdq(qn), gdk(dk0), gdv(dv0), gdout(dout);
     attention_backward_gpu(gdq.p, gdk.p, gdv.p, gdatt.p, gdout.p, gq.p, gk.p, gv.p, gatt.p, B, T, H, R, hd,
                            scratch.p, ctx().blas, ctx().stream);
     double e3 = err_of(gdq.get(), dq), e4 = err_of(gdk.get(), dk), e5 = err_of(gdv.get(), dv);
-    CHECK(e3 < TOL_BWD && e4 < TOL_BWD && e5 < TOL_BWD, "attention backward B=%d T=%d H=%d R=%d: dq %.2e, dk %.2e, dv %.2e", B, T, H, R, e3,
-          e4, e5);
+    CHECK(e3 < TOL_BWD, "attention backward B=%d T=%d H=%d R=%d: dq rel err %.2e", B, T, H, R, e3);
+    CHECK(e4 < TOL_BWD, "attention backward B=%d T=%d H=%d R=%d: dk rel err %.2e", B, T, H, R, e4);
+    CHECK(e5 < TOL_BWD, "attention backward B=%d T=%d H=%d R=%d: dv rel err %.2e", B, T, H, R, e5);
 }
 TEST(gpu_attention_matches_cpu_gqa_T13) { NEED_GPU(); check_attention(2, 13, 4, 2, 6); }
 TEST(gpu_attention_matches_cpu_full_T13) { NEED_GPU(); check_attention(2, 13, 2, 2, 4); }
@@ -942,6 +961,41 @@ TEST(gpu_router_kernels_and_cublas_train_alike) {
         CHECK(std::fabs(kernels.losses[k] - cublas.losses[k]) < 1e-5f * std::fabs(cublas.losses[k]),
               "step %d: loss %.9g with the router's kernels, %.9g with cuBLAS", k + 1, kernels.losses[k],
               cublas.losses[k]);
+}
+
+// The nodes one captured training step issues, at the paper's small config (L4
+// d32 H4, R = 4; B, T and d do not change the count) and at L12 with R = 12.
+// Each is held at what this code issues (the counts were 344, 362, 436 and
+// 1,760 with a product per kv head and an AdamW launch per run of tensors;
+// docs/gpu.md has the aims, 150, 170, 240 and 400, and what stands between).
+static size_t step_nodes(const char* model, int L, int d, int H, int R) {
+    Config c = tiny_config(ARCH_LIME, H, R, 9);
+    model_parse(model, &c);
+    c.L = L, c.d = d, c.hd = d / H, c.F = 3 * d;
+    Model m;
+    ModelSettings settings = gpu_settings;
+    if (!model_create(&m, c, 2, DEVICE_GPU, settings).empty()) return 0;
+    model_init(&m, 1);
+    std::vector<int> tokens(2 * c.T, 1), targets(2 * c.T, 2);
+    std::vector<float> mask(2 * c.T, 1.0f);
+    AdamWConfig opt;
+    for (int s = 0; s < 2; s++) model_train_step(&m, tokens.data(), targets.data(), mask.data(), 2, c.T, opt, 1.0f);
+    size_t n = model_graph_nodes(&m);
+    model_free(&m);
+    return n;
+}
+TEST(gpu_step_nodes_within_their_targets) {
+    NEED_GPU();
+    struct { const char* model; int L, d, H, R; size_t most; } targets[] = {
+        {"llama", 4, 32, 4, 4, 186}, {"lime", 4, 32, 4, 4, 198}, {"hc", 4, 32, 4, 4, 262}, {"llama", 12, 96, 12, 12, 522}};
+    size_t got[4];
+    for (int i = 0; i < 4; i++) got[i] = step_nodes(targets[i].model, targets[i].L, targets[i].d, targets[i].H, targets[i].R);
+    for (int i = 0; i < 4; i++) {
+        auto t = targets[i];
+        CHECK(got[i] > 0, "%s L%d R%d: no step was captured", t.model, t.L, t.R);
+        CHECK(got[i] <= t.most, "%s L%d R%d: %zu nodes a step, over its ceiling %zu (llama %zu, lime %zu, hc %zu, L12 %zu)",
+              t.model, t.L, t.R, got[i], t.most, got[0], got[1], got[2], got[3]);
+    }
 }
 
 TEST(gpu_forward_without_targets_gives_cpu_logits) {

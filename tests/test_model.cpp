@@ -137,7 +137,7 @@ TEST(rope_backward_matches_finite_differences) {
     std::vector<float> cs(T * hd / 2), sn(T * hd / 2);
     rope_tables(cs.data(), sn.data(), T, hd, 10000.0f);
     std::vector<float> x = randv(B * T * nh * hd, 9), w = randv(x.size(), 10), y;
-    auto loss = [&]() { y = x; rope_forward(y.data(), cs.data(), sn.data(), B, T, nh, hd); return dot(y, w); };
+    auto loss = [&]() { y = x; rope_forward(y.data(), y.data(), cs.data(), sn.data(), B, T, nh, hd); return dot(y, w); };
     std::vector<float> dx = w;
     rope_backward(dx.data(), cs.data(), sn.data(), B, T, nh, hd);
     double e = fd_error(x, dx, loss);
@@ -149,7 +149,7 @@ TEST(rope_position_zero_is_identity_and_rotation_keeps_norm) {
     std::vector<float> cs(T * hd / 2), sn(T * hd / 2);
     rope_tables(cs.data(), sn.data(), T, hd, 10000.0f);
     std::vector<float> x = randv(T * hd, 11), y = x;
-    rope_forward(y.data(), cs.data(), sn.data(), 1, T, 1, hd);
+    rope_forward(y.data(), y.data(), cs.data(), sn.data(), 1, T, 1, hd);
     for (int i = 0; i < hd; i++) CHECK(y[i] == x[i], "rope at t=0 changed entry %d: %g -> %g", i, x[i], y[i]);
     for (int t = 1; t < T; t++) {
         double nx = 0, ny = 0;
@@ -1423,9 +1423,9 @@ TEST(fast_rope_equals_plain_bits) {
         rope_tables(cs.data(), sn.data(), T, hd, 10000.0f);
         for (float sign : {1.0f, -1.0f}) {
             std::vector<float> plain = randv(B * T * nh * hd, 12), fast = plain;
-            if (sign > 0) rope_forward(plain.data(), cs.data(), sn.data(), B, T, nh, hd);
+            if (sign > 0) rope_forward(plain.data(), plain.data(), cs.data(), sn.data(), B, T, nh, hd);
             else rope_backward(plain.data(), cs.data(), sn.data(), B, T, nh, hd);
-            rope_rotate_fast(fast.data(), cs.data(), sn.data(), B, T, nh, hd, sign);
+            rope_rotate_fast(fast.data(), fast.data(), cs.data(), sn.data(), B, T, nh, hd, sign);
             size_t bad = 0;
             while (bad < plain.size() && plain[bad] == fast[bad]) bad++;
             CHECK(bad == plain.size(), "rope %s hd %d: x[%zu] fast %.9g, plain %.9g", sign > 0 ? "forward" : "backward",

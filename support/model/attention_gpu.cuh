@@ -9,33 +9,36 @@
 #include "support/model/device.cuh"
 
 #ifdef LIME_GPU
-// On the GPU attention is batched matrix products around a softmax, as in
-// llm.c. The products want each head's positions contiguous: the keys and
-// values are (rows of the KV buffer), the queries are copied head-major,
-// (B, T, H, hd) -> (B, H, T, hd). Then the n_rep query heads sharing kv head
-// r are one (n_rep*T, hd) matrix, and for each kv head r one batched product
-// over b computes, per batch entry b:
-//   scores (n_rep*T, T) = q_g @ k_r^T * scale     -> att, then the causal softmax in place
-//   out_g  (n_rep*T, hd) = att_g @ v_r
+// The products want each (kv head, sequence) group's positions contiguous.
+// The keys and values are (rows of the KV buffer, (R, B, T, hd)); the queries
+// are copied group-major, (B, T, H, hd) -> (R, B, n_rep, T, hd): the n_rep
+// query heads of kv head r, sequence b, are one (M, hd) matrix, M = n_rep*T,
+// group g = r*B + b, at g*M*hd, as that group's keys are at g*T*hd. So each
+// product is ONE strided-batched call over all R*B groups:
+//   scores_g (M, T) = q_g @ k_g^T * scale    -> att_g, then the causal softmax in place
+//   out_g    (M, hd) = att_g @ v_g
+// att (R, B, n_rep, T, T) keeps the probabilities group-major too (the GPU's
+// own layout: the CPU's is (B, H, T, T)); a row is (g, j, t), t = row % T.
 // The scores above the diagonal (u > t) are computed and then set to 0.
-__global__ void split_heads_kernel(float* dst, const float* src, int B, int T, int nh, int hd) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, nh, T, hd); 32-bit: see launch_check
-    if (idx >= B * nh * T * hd) return;
-    int i = idx % hd, t = idx / hd % T, h = idx / hd / T % nh, b = idx / hd / T / nh;
-    dst[idx] = src[((b * T + t) * nh + h) * hd + i];
+__global__ void group_heads_kernel(float* dst, const float* src, int B, int T, int H, int R, int hd) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over dst (R, B, n_rep, T, hd); 32-bit: see launch_check
+    if (idx >= B * T * H * hd) return;
+    int n_rep = H / R, i = idx % hd, t = idx / hd % T, j = idx / hd / T % n_rep, b = idx / hd / T / n_rep % B;
+    int h = idx / hd / T / n_rep / B * n_rep + j;
+    dst[idx] = src[((b * T + t) * H + h) * hd + i];
 }
-__global__ void merge_heads_kernel(float* dst, const float* src, int B, int T, int nh, int hd) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, T, nh, hd)
-    if (idx >= B * T * nh * hd) return;
-    int i = idx % hd, h = idx / hd % nh, t = idx / hd / nh % T, b = idx / hd / nh / T;
-    dst[idx] = src[((b * nh + h) * T + t) * hd + i];
+__global__ void ungroup_heads_kernel(float* dst, const float* src, int B, int T, int H, int R, int hd) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, T, H, hd)
+    if (idx >= B * T * H * hd) return;
+    int n_rep = H / R, i = idx % hd, h = idx / hd % H, t = idx / hd / H % T, b = idx / hd / H / T;
+    dst[idx] = src[((((size_t)(h / n_rep) * B + b) * n_rep + h % n_rep) * T + t) * hd + i];
 }
-static void split_heads_gpu(float* dst, const float* src, int B, int T, int nh, int hd, cudaStream_t stream) {
-    LAUNCH(split_heads_kernel, ceil_div((size_t)B * T * nh * hd, 256), 256, 0, stream)(dst, src, B, T, nh, hd);
+static void group_heads_gpu(float* dst, const float* src, int B, int T, int H, int R, int hd, cudaStream_t stream) {
+    LAUNCH(group_heads_kernel, ceil_div((size_t)B * T * H * hd, 256), 256, 0, stream)(dst, src, B, T, H, R, hd);
     launchCheck();
 }
-static void merge_heads_gpu(float* dst, const float* src, int B, int T, int nh, int hd, cudaStream_t stream) {
-    LAUNCH(merge_heads_kernel, ceil_div((size_t)B * T * nh * hd, 256), 256, 0, stream)(dst, src, B, T, nh, hd);
+static void ungroup_heads_gpu(float* dst, const float* src, int B, int T, int H, int R, int hd, cudaStream_t stream) {
+    LAUNCH(ungroup_heads_kernel, ceil_div((size_t)B * T * H * hd, 256), 256, 0, stream)(dst, src, B, T, H, R, hd);
     launchCheck();
 }
 
@@ -71,66 +74,53 @@ __global__ void causal_softmax_backward_kernel(float* datt, const float* att, in
     for (int u = lane; u < T; u += 32) ds[u] = u <= t ? p[u] * (ds[u] - pdp) : 0.0f;
 }
 
-// k, v (R, B, T, hd); scratch: 2 * B*T*H*hd floats for head-major q and out.
+// k, v (R, B, T, hd); scratch: 2 * B*T*H*hd floats for group-major q and out.
 static void attention_forward_gpu(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
                                   int H, int R, int hd, float* scratch, cublasHandle_t blas, cudaStream_t stream) {
-    int n_rep = H / R, M = n_rep * T;  // rows of one (b, kv head) group
-    size_t qsize = (size_t)B * T * H * hd;
-    float *qp = scratch, *op = scratch + qsize;
+    int M = H / R * T, groups = R * B;  // rows of one (kv head, sequence) group
+    float *qg = scratch, *og = scratch + (size_t)B * T * H * hd;
     const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f;
-    long long sq = (long long)H * T * hd, skv = (long long)T * hd, satt = (long long)H * T * T;  // strides over b
-    split_heads_gpu(qp, q, B, T, H, hd, stream);
-    // kv head r, entry b: q_g at qp + (b*H + r*n_rep)*T*hd, k_r at k + (r*B + b)*T*hd, att_g at att + (b*H + r*n_rep)*T*T
-    for (int r = 0; r < R; r++) {  // att_g (M, T) = scale * q_g (M, hd) @ k_r^T: matmul_forward_gpu's product
-        long long g = (long long)r * n_rep * T, kv = (long long)r * B * skv;  // group r's first row; kv head r's rows
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &scale, k + kv, hd, skv,
-                                              qp + g * hd, hd, sq, &zero, att + g * T, T, satt, B));
-    }
+    long long sq = (long long)M * hd, skv = (long long)T * hd, satt = (long long)M * T;  // strides over the groups
+    group_heads_gpu(qg, q, B, T, H, R, hd, stream);
+    // att_g (M, T) = scale * q_g (M, hd) @ k_g^T: column-major att_g^T (T, M) = k_g (T, hd)^T.. as matmul_forward_gpu's
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &scale, k, hd, skv, qg, hd, sq,
+                                          &zero, att, T, satt, groups));
     LAUNCH(causal_softmax_kernel, ceil_div((size_t)B * H * T, 4), 128, 0, stream)(att, B * H * T, T);
     launchCheck();
-    // op_g (M, hd) = att_g (M, T) @ v_r (T, hd): column-major op_g^T (hd, M) = v_r^T (hd, T) @ att_g^T (T, M)
-    for (int r = 0; r < R; r++) {
-        long long g = (long long)r * n_rep * T, kv = (long long)r * B * skv;
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &one, v + kv, hd, skv,
-                                              att + g * T, T, satt, &zero, op + g * hd, hd, sq, B));
-    }
-    merge_heads_gpu(out, op, B, T, H, hd, stream);
+    // og_g (M, hd) = att_g (M, T) @ v_g (T, hd): column-major og_g^T (hd, M) = v_g^T (hd, T) @ att_g^T (T, M)
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &one, v, hd, skv, att, T, satt,
+                                          &zero, og, hd, sq, groups));
+    ungroup_heads_gpu(out, og, B, T, H, R, hd, stream);
 }
 
-// The same products backwards, batch entry b of kv head r:
-//   datt_g = dout_g @ v_r^T;   dv_r += att_g^T @ dout_g   (sums over the group's heads and positions)
+// The same products backwards, group g = (kv head r, sequence b):
+//   datt_g = dout_g @ v_g^T;   dv_g += att_g^T @ dout_g   (sums over the group's heads and positions)
 //   ds = softmax backward (in place over datt)
-//   dq_g = scale * ds_g @ k_r;  dk_r += scale * ds_g^T @ q_g
+//   dq_g = scale * ds_g @ k_g;  dk_g += scale * ds_g^T @ q_g
 // dq is written; dk and dv (R, B, T, hd) are added to, as on the CPU.
-// scratch: 3 * B*T*H*hd floats (head-major q, dout, dq).
+// scratch: 3 * B*T*H*hd floats (group-major q, dout, dq).
 static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt, const float* dout, const float* q,
                                    const float* k, const float* v, const float* att, int B, int T, int H, int R, int hd,
                                    float* scratch, cublasHandle_t blas, cudaStream_t stream) {
-    int n_rep = H / R, M = n_rep * T;
+    int M = H / R * T, groups = R * B;
     size_t qsize = (size_t)B * T * H * hd;
-    float *qp = scratch, *dop = scratch + qsize, *dqp = scratch + 2 * qsize;
+    float *qg = scratch, *dog = scratch + qsize, *dqg = scratch + 2 * qsize;
     const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f;
-    long long sq = (long long)H * T * hd, skv = (long long)T * hd, satt = (long long)H * T * T;
-    split_heads_gpu(qp, q, B, T, H, hd, stream);
-    split_heads_gpu(dop, dout, B, T, H, hd, stream);
-    for (int r = 0; r < R; r++) {
-        long long g = (long long)r * n_rep * T, kv = (long long)r * B * skv;  // group r's first row; kv head r's rows
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &one, v + kv, hd, skv,
-                                              dop + g * hd, hd, sq, &zero, datt + g * T, T, satt, B));
-        // dv_r^T (hd, T) += dop_g^T (hd, M) @ att_g (M, T)
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &one, dop + g * hd, hd, sq,
-                                              att + g * T, T, satt, &one, dv + kv, hd, skv, B));
-    }
+    long long sq = (long long)M * hd, skv = (long long)T * hd, satt = (long long)M * T;
+    group_heads_gpu(qg, q, B, T, H, R, hd, stream);
+    group_heads_gpu(dog, dout, B, T, H, R, hd, stream);
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &one, v, hd, skv, dog, hd, sq,
+                                          &zero, datt, T, satt, groups));
+    // dv_g^T (hd, T) += dog_g^T (hd, M) @ att_g (M, T)
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &one, dog, hd, sq, att, T, satt,
+                                          &one, dv, hd, skv, groups));
     LAUNCH(causal_softmax_backward_kernel, ceil_div((size_t)B * H * T, 4), 128, 0, stream)(datt, att, B * H * T, T);
     launchCheck();
-    for (int r = 0; r < R; r++) {
-        long long g = (long long)r * n_rep * T, kv = (long long)r * B * skv;
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &scale, k + kv, hd, skv,
-                                              datt + g * T, T, satt, &zero, dqp + g * hd, hd, sq, B));
-        cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &scale, qp + g * hd, hd, sq,
-                                              datt + g * T, T, satt, &one, dk + kv, hd, skv, B));
-    }
-    merge_heads_gpu(dq, dqp, B, T, H, hd, stream);
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &scale, k, hd, skv, datt, T, satt,
+                                          &zero, dqg, hd, sq, groups));
+    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &scale, qg, hd, sq, datt, T, satt,
+                                          &one, dk, hd, skv, groups));
+    ungroup_heads_gpu(dq, dqg, B, T, H, R, hd, stream);
 }
 
 #endif

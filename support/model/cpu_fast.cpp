@@ -786,8 +786,8 @@ void ereg_backward_fast(float* dV, const float* V, const float* valid, const flo
 // ===========================================================================
 
 template <int LANES>
-static void rope_rotate_blocked(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
-                                float sign) {
+static void rope_rotate_blocked(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T,
+                                int nh, int hd, float sign) {
     int half = hd / 2;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
@@ -795,20 +795,25 @@ static void rope_rotate_blocked(float* x, const float* cos_t, const float* sin_t
             const float* cs = cos_t + t * half;
             const float* sn = sin_t + t * half;
             for (int h = 0; h < nh; h++) {
-                float* v = x + (((size_t)b * T + t) * nh + h) * hd;
+                size_t row = (((size_t)b * T + t) * nh + h) * hd;
+                const float* v = x + row;
+                float* y = out + row;
                 for (int i0 = 0; i0 < half; i0 += LANES)
 #pragma omp simd
                     for (int i = i0; i < i0 + LANES; i++) {
                         float x0 = v[i], x1 = v[i + half], s = sign * sn[i];
-                        v[i] = x0 * cs[i] - x1 * s;
-                        v[i + half] = x1 * cs[i] + x0 * s;
+                        y[i] = x0 * cs[i] - x1 * s;
+                        y[i + half] = x1 * cs[i] + x0 * s;
                     }
             }
         }
 }
-void rope_rotate_fast(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, float sign) {
+void rope_rotate_fast(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
+                      float sign) {
     // with_lanes' w divides hd, so w / 2 (16, 4 or 1) divides hd / 2
-    with_lanes(hd, [&](auto w) { rope_rotate_blocked<decltype(w)::value / 2>(x, cos_t, sin_t, B, T, nh, hd, sign); });
+    with_lanes(hd, [&](auto w) {
+        rope_rotate_blocked<decltype(w)::value / 2>(out, x, cos_t, sin_t, B, T, nh, hd, sign);
+    });
 }
 
 // ===========================================================================
@@ -1430,4 +1435,25 @@ size_t router_fast_scratch_floats(int L, int R, size_t row) {
     for (int l = 1; l < L; l++)
         most = std::max(most, 2 * (size_t)R * (l + 1) * R + matmul_fast_forward_scratch_floats(R, (int)row, (l + 1) * R));
     return most;
+}
+
+// = qkv_projection_forward, qkv_projection_backward (lime.cu: the attention's
+// inputs, q roped, K and V into the head-major buffer), the same steps on the
+// fast products and rotation. W = [Wq; Wk; Wv]; scratch: the forward's panels.
+void qkv_projection_forward_fast(float* q, float* K, float* V, const float* a, const float* W, const float* cos_t,
+                                 const float* sin_t, int B, int T, int C, int H, int R, int hd, float* scratch) {
+    int N = B * T, qd = H * hd, kvd = R * hd;
+    matmul_forward_fast(q, a, W, N, C, qd, false, scratch);
+    kv_projection_forward_fast(K, a, W + (size_t)qd * C, N, C, R, hd, scratch);
+    kv_projection_forward_fast(V, a, W + (size_t)(qd + kvd) * C, N, C, R, hd, scratch);
+    rope_rotate_fast(q, q, cos_t, sin_t, B, T, H, hd, 1.0f);
+}
+void qkv_projection_backward_fast(float* da, float* dW, float* dq, const float* dK, const float* dV, const float* a,
+                                  const float* W, const float* cos_t, const float* sin_t, int B, int T, int C, int H,
+                                  int R, int hd) {
+    int N = B * T, qd = H * hd, kvd = R * hd;
+    rope_rotate_fast(dq, dq, cos_t, sin_t, B, T, H, hd, -1.0f);
+    matmul_backward_fast(da, dW, dq, a, W, N, C, qd, false);  // then K's and V's add
+    kv_projection_backward_fast(da, dW + (size_t)qd * C, dK, a, W + (size_t)qd * C, N, C, R, hd);
+    kv_projection_backward_fast(da, dW + (size_t)(qd + kvd) * C, dV, a, W + (size_t)(qd + kvd) * C, N, C, R, hd);
 }

@@ -56,6 +56,13 @@ void router_forward_fast(KvPair out, KvConst W, KvConst buf, int l, int N, int R
 void router_backward_fast(KvPair dW, KvPair dbuf, KvConst dout, KvConst W, KvConst buf, int l, RouterSpan learned,
                           int N, int R, int hd, float* scratch);
 size_t router_fast_scratch_floats(int L, int R, size_t row);
+// = qkv_projection_forward, qkv_projection_backward (lime.cu: q roped, K and V into the
+// head-major buffer, from a = rmsnorm(x); W = [Wq; Wk; Wv]); scratch: the forward's panels.
+void qkv_projection_forward_fast(float* q, float* K, float* V, const float* a, const float* W, const float* cos_t,
+                                 const float* sin_t, int B, int T, int C, int H, int R, int hd, float* scratch);
+void qkv_projection_backward_fast(float* da, float* dW, float* dq, const float* dK, const float* dV, const float* a,
+                                  const float* W, const float* cos_t, const float* sin_t, int B, int T, int C, int H,
+                                  int R, int hd);
 // The micro-kernel the products use: "avx512", "avx2" or "plain" (the best this build has).
 const char* matmul_fast_kernel();
 #ifdef LIME_TESTING
@@ -71,8 +78,9 @@ void ereg_forward_fast(float* stat, float* mu, float* G, const float* V, const f
                        float* scratch);
 void ereg_backward_fast(float* dV, const float* V, const float* valid, const float* mu, const float* G,
                         const float* stat, float scale, int B, int T, int D, float* scratch);
-// = rope_forward (sign 1), rope_backward (sign -1): x (B, T, nh, hd) in place.
-void rope_rotate_fast(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, float sign);
+// = rope_rotate: out (B, T, nh, hd) = x rotated, forward (sign 1) or backward (-1); out may be x.
+void rope_rotate_fast(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
+                      float sign);
 // = attention_forward, attention_backward. scratch: attention_fast_scratch_floats(T,
 // hd, threads), a set of row buffers for each of at most `threads` threads.
 size_t attention_fast_scratch_floats(int T, int hd, int threads);

@@ -173,6 +173,7 @@ struct GpuState {
     double* norm_partial = nullptr;  //   the gradient norm's partial sums
     AdamWNumbers* numbers = nullptr; //   this update's numbers, staged from the host
     Metrics* metrics = nullptr;      //   loss and norm, written by kernels
+    AdamWRun* runs = nullptr;        //   model->adamw_runs, for the one AdamW launch
     cudaStream_t stream = nullptr;
     cublasHandle_t blas = nullptr;
     bool tf32 = true;                // the math mode the handle is set to
@@ -196,6 +197,7 @@ struct GpuState {
     // nullptr after that shape's first step, which runs eagerly (gpu_graph).
     std::map<std::tuple<int, int, bool>, cudaGraphExec_t> graphs;
     size_t device_bytes = 0;         // what the three cudaMallocs hold
+    size_t graph_nodes = 0;          // the nodes of the last captured step (bench, tests)
 };
 static inline cudaStream_t stream_of(const Model* model) { return model->gpu->stream; }
 static inline cublasHandle_t blas_of(const Model* model) { return model->gpu->blas; }
@@ -271,4 +273,41 @@ static inline void op_zero(Model* model, float* p, size_t n) {
 }
 static inline void op_add(Model* model, float* dst, const float* src, size_t n) {
     DISPATCH(model, add_floats_gpu(dst, src, n, stream_of(model)), add_floats(dst, src, n));
+}
+
+// One layer of the KV buffer, head-major (R, N, hd), and the same numbers
+// token-major, (N, R, hd): the regulariser reads the values so, and the K/V
+// projections' GPU backward gathers its gradient so, for one product each.
+// to_tokens, dst (N, R, hd) (+)= src (R, N, hd) transposed; else dst (R, N, hd) (+)= src (N, R, hd).
+static inline void kv_transpose(float* dst, const float* src, int N, int R, int hd, bool to_tokens, bool accumulate) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++)
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < hd; i++) {
+                size_t h = ((size_t)r * N + n) * hd + i, t = ((size_t)n * R + r) * hd + i;
+                float* y = dst + (to_tokens ? t : h);
+                float x = src[to_tokens ? h : t];
+                *y = accumulate ? *y + x : x;
+            }
+}
+#ifdef LIME_GPU
+__global__ void kv_transpose_kernel(float* dst, const float* src, int N, int R, int hd, int to_tokens, int accumulate) {
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over (N, R, hd); 32-bit: see launch_check
+    if (idx >= N * R * hd) return;
+    int i = idx % hd, r = idx / hd % R, n = idx / hd / R, h = (r * N + n) * hd + i;
+    float* y = dst + (to_tokens ? idx : h);
+    float x = src[to_tokens ? h : idx];
+    *y = accumulate ? *y + x : x;
+}
+static inline void kv_transpose_gpu(float* dst, const float* src, int N, int R, int hd, bool to_tokens, bool accumulate,
+                             cudaStream_t stream) {
+    LAUNCH(kv_transpose_kernel, ceil_div((size_t)N * R * hd, 256), 256, 0, stream)
+        (dst, src, N, R, hd, to_tokens, accumulate);
+    launchCheck();
+}
+#endif
+static inline void op_kv_transpose(Model* model, float* dst, const float* src, int N, bool to_tokens, bool accumulate) {
+    int R = model->c.R, hd = model->c.hd;
+    DISPATCH(model, kv_transpose_gpu(dst, src, N, R, hd, to_tokens, accumulate, stream_of(model)),
+             kv_transpose(dst, src, N, R, hd, to_tokens, accumulate));
 }

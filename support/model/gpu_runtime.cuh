@@ -53,6 +53,7 @@ bool gpu_info(GpuInfo* info) {
 }
 
 size_t model_device_bytes(const Model* model) { return model->gpu ? model->gpu->device_bytes : 0; }
+size_t model_graph_nodes(const Model* model) { return model->gpu ? model->gpu->graph_nodes : 0; }
 
 // cuBLAS's workspace, ours so that graph capture allocates nothing (32 MiB: NVIDIA's advice for Hopper).
 static const size_t CUBLAS_WORKSPACE_BYTES = 32u << 20;
@@ -77,15 +78,17 @@ static size_t place(size_t* off, size_t bytes) {
 }
 
 // The small allocation: the gradient norm's norm_blocks partial sums, the
-// update's numbers, the metrics and cuBLAS's workspace. With base == nullptr it only measures.
-static size_t gpu_carve_small(GpuState* gpu, char* base, int norm_blocks) {
+// update's numbers, the metrics, the table of the AdamW runs and cuBLAS's
+// workspace. With base == nullptr it only measures.
+static size_t gpu_carve_small(GpuState* gpu, char* base, int norm_blocks, size_t n_runs) {
     size_t bytes = 0;
     size_t at_partial = place(&bytes, norm_blocks * sizeof(double)),
-           at_numbers = place(&bytes, sizeof(AdamWNumbers));
+           at_numbers = place(&bytes, sizeof(AdamWNumbers)), at_runs = place(&bytes, n_runs * sizeof(AdamWRun));
     size_t at_metrics = place(&bytes, sizeof(Metrics)), at_workspace = place(&bytes, CUBLAS_WORKSPACE_BYTES);
     if (!base) return bytes;
     gpu->norm_partial = (double*)(base + at_partial);
     gpu->numbers = (AdamWNumbers*)(base + at_numbers);
+    gpu->runs = (AdamWRun*)(base + at_runs);
     gpu->metrics = (Metrics*)(base + at_metrics);
     cudaCheck(cudaStreamCreateWithFlags(&gpu->stream, cudaStreamNonBlocking));
     cublasCheck(cublasCreate(&gpu->blas));
@@ -161,7 +164,7 @@ static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceN
                std::to_string(c.hd) + "; use --attention matmul";
     bool flash = attention == ATTENTION_FLASH;
     size_t acts_floats = carve(acts, c, model->B, nullptr, DEVICE_GPU, flash),
-           small_bytes = gpu_carve_small(gpu, nullptr, norm_blocks);
+           small_bytes = gpu_carve_small(gpu, nullptr, norm_blocks, model->adamw_runs.size());
     size_t fixed_bytes = 4 * n * sizeof(float) + small_bytes, need = fixed_bytes + acts_floats * sizeof(float);
     size_t free_bytes = 0, total_bytes = 0;
     cudaCheck(cudaSetDevice(0));
@@ -179,12 +182,14 @@ static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceN
     gpu->p = params_carve(c, gpu->mem);
     gpu->g = params_carve(c, gpu->mem + n);
     carve(acts, c, model->B, gpu->acts_mem, DEVICE_GPU, flash);
-    gpu_carve_small(gpu, (char*)gpu->small, norm_blocks);
+    gpu_carve_small(gpu, (char*)gpu->small, norm_blocks, model->adamw_runs.size());
     gpu->tf32 = model->settings.tf32;
     cublasCheck(cublasSetMathMode(gpu->blas, gpu->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     gpu_make_staging(gpu, (size_t)model->B * c.T);
     // (every copy on the model's stream: it does not wait for the legacy stream; gpu_to_device below waits)
     cudaCheck(cudaMemsetAsync(gpu->metrics, 0, sizeof(Metrics), gpu->stream));
+    cudaCheck(cudaMemcpyAsync(gpu->runs, model->adamw_runs.data(), model->adamw_runs.size() * sizeof(AdamWRun),
+                              cudaMemcpyHostToDevice, gpu->stream));  // (gpu_to_device waits for it)
     gpu_to_device(model);
     return "";
 }
@@ -268,6 +273,7 @@ static cudaGraphExec_t gpu_graph(Model* model, int B, int T, StepPasses step) {
     cudaCheck(cudaStreamBeginCapture(gpu->stream, cudaStreamCaptureModeThreadLocal));
     step(model, B, T);
     cudaCheck(cudaStreamEndCapture(gpu->stream, &graph));
+    cudaCheck(cudaGraphGetNodes(graph, nullptr, &gpu->graph_nodes));
     cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
     cudaCheck(cudaGraphDestroy(graph));
     gpu->graphs[key] = exec;
@@ -315,6 +321,7 @@ bool gpu_available(std::string* why) {
 const char* model_attention_name(const Model*) { return "cpu"; }
 bool gpu_info(GpuInfo*) { return false; }
 size_t model_device_bytes(const Model*) { return 0; }
+size_t model_graph_nodes(const Model*) { return 0; }
 static std::string gpu_create(Model*, Acts*, ActsCarve, DeviceNeed, int) { return NO_GPU_BUILD; }
 static void gpu_upload(Model*, float*, const float*, size_t) {}
 static void gpu_free(Model*) {}

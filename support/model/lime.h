@@ -311,3 +311,6 @@ struct GpuInfo {
 bool gpu_info(GpuInfo* info);               // false without a device
 // GPU memory the model allocated (parameters, gradients, AdamW state, activations); 0 on the CPU.
 size_t model_device_bytes(const Model* model);
+// The nodes of the training step the GPU captured last (0 before the second step, and on the CPU):
+// how many kernels and copies one step issues.
+size_t model_graph_nodes(const Model* model);

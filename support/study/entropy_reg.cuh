@@ -58,41 +58,6 @@ static size_t ereg_cpu_scratch_floats(const Config& c, int B) {
 }
 
 // --- the ops -----------------------------------------------------------------
-// The values of one layer, head-major in the KV buffer (R, N, hd), and the
-// same numbers token-major, (N, R, hd) = (N, D), as the regulariser reads them:
-// to_tokens, dst (N, R, hd) (+)= src (R, N, hd) transposed; else dst (R, N, hd) (+)= src (N, R, hd).
-static void kv_transpose(float* dst, const float* src, int N, int R, int hd, bool to_tokens, bool accumulate) {
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++)
-        for (int r = 0; r < R; r++)
-            for (int i = 0; i < hd; i++) {
-                size_t h = ((size_t)r * N + n) * hd + i, t = ((size_t)n * R + r) * hd + i;
-                float* y = dst + (to_tokens ? t : h);
-                float x = src[to_tokens ? h : t];
-                *y = accumulate ? *y + x : x;
-            }
-}
-#ifdef LIME_GPU
-__global__ void kv_transpose_kernel(float* dst, const float* src, int N, int R, int hd, int to_tokens, int accumulate) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over (N, R, hd); 32-bit: see launch_check
-    if (idx >= N * R * hd) return;
-    int i = idx % hd, r = idx / hd % R, n = idx / hd / R, h = (r * N + n) * hd + i;
-    float* y = dst + (to_tokens ? idx : h);
-    float x = src[to_tokens ? h : idx];
-    *y = accumulate ? *y + x : x;
-}
-static void kv_transpose_gpu(float* dst, const float* src, int N, int R, int hd, bool to_tokens, bool accumulate,
-                             cudaStream_t stream) {
-    LAUNCH(kv_transpose_kernel, ceil_div((size_t)N * R * hd, 256), 256, 0, stream)
-        (dst, src, N, R, hd, to_tokens, accumulate);
-    launchCheck();
-}
-#endif
-static void op_kv_transpose(Model* model, float* dst, const float* src, int N, bool to_tokens, bool accumulate) {
-    int R = model->c.R, hd = model->c.hd;
-    DISPATCH(model, kv_transpose_gpu(dst, src, N, R, hd, to_tokens, accumulate, stream_of(model)),
-             kv_transpose(dst, src, N, R, hd, to_tokens, accumulate));
-}
 
 // One layer, every sequence: stat (B, 4) = {S2, 4 / tr(G), 4 / ||G||_F^2, 0}
 // (all 0 for a sequence without an S2), mu (B, D), G (B, D, D), from V (B, T, D) and valid (B, T).
