@@ -46,7 +46,7 @@ NVFLAGS  ?= -std=c++17 -O3 $(GENCODE) -I. -Xcompiler "-fopenmp $(ARCH_FLAGS) $(M
 
 HOST_SRC = support/model/cpu_fast.cpp support/model/cost.cpp support/model/checkpoint.cpp support/model/names.cpp support/commands/export.cpp support/lib/cli.cpp support/lib/safetensors.cpp support/lib/plot.cpp support/commands/compare.cpp support/commands/analyze.cpp support/commands/verify.cpp support/commands/bench.cpp support/commands/load.cpp \
            data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp
-HEADERS  = support/model/lime.h support/model/names.h support/commands/export.h support/model/cpu_fast.h support/model/flash_attention.cuh support/model/gpu_runtime.cuh support/model/memory_check.h support/lib/gpu_peaks.h support/lib/cpu_peak.h support/lib/safetensors.h data/tasks.h support/lib/rng.h data/prosqa.h support/lib/cli.h support/lib/plot.h support/lib/stats.h support/commands/commands.h
+HEADERS  = support/model/lime.h support/model/names.h support/commands/export.h support/model/cpu_fast.h support/model/flash_attention.cuh support/model/flash_attention_tc.cuh support/model/tensor_cores.cuh support/model/gpu_runtime.cuh support/model/memory_check.h support/lib/gpu_peaks.h support/lib/cpu_peak.h support/lib/safetensors.h data/tasks.h support/lib/rng.h data/prosqa.h support/lib/cli.h support/lib/plot.h support/lib/stats.h support/commands/commands.h
 B = build
 
 .DEFAULT_GOAL := all

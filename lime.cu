@@ -1935,6 +1935,8 @@ static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt,
 
 // The flash-style kernels: the same outputs in O(T) memory (--attention flash).
 #include "support/model/flash_attention.cuh"
+// The same on the tensor cores, in TF32 (flash_attention_tc_forward_gpu, flash_attention_tc_backward_gpu).
+#include "support/model/flash_attention_tc.cuh"
 #endif
 
 // On the GPU, A->flash picks the flash-style kernels (att then holds each

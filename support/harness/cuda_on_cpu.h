@@ -323,6 +323,7 @@ struct Machine {
     const char* kernel = "";
     long phase = 0;                     // scheduling phases run in this block
     bool failed = false;
+    uint64_t copy_rng = 0;              // random order: which cp.async copies land early (seeded per block)
     std::vector<unsigned char> dyn;     // dynamic shared memory
     ~Machine() { release_stacks(); }
     void release_stacks() {
@@ -589,6 +590,7 @@ inline bool run_block(int n, uint64_t block_id) {
     if (!m.dyn.empty()) memset(m.dyn.data(), 0xFF, m.dyn.size());
     for (int i = 0; i < n; i++) start_fiber(i);
     uint64_t rng = settings().seed * 0x2545F4914F6CDD1Dull + block_id;  // same seed, same schedule
+    m.copy_rng = rng ^ 0x5851F42D4C957F2Dull;
     for (;;) {
         // One phase: run every ready thread, in the chosen order, until it waits or ends.
         m.phase++;
@@ -846,9 +848,13 @@ inline void mma_sync_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32
 // bytes from global to shared memory, the last zfill of them zeros (read
 // nothing for those); __pipeline_commit closes the thread's current group,
 // __pipeline_wait_prior(n) waits until at most n of its committed groups are
-// still in flight. Here a copy lands at that wait and not before (a barrier
-// does not wait for copies, on a GPU either), so a kernel that reads a tile
-// before its wait, or before the barrier after every thread's wait, reads NaN.
+// still in flight. On a GPU a copy lands at some moment between its issue and
+// that wait (a barrier does not wait for copies). Here the moment follows the
+// thread order: forward, at the wait, the latest (a tile read before its
+// wait, or before the barrier after every thread's wait, is NaN); reverse, at
+// the issue, the earliest (a copy into a buffer other threads still read, with
+// no barrier between, overwrites what they read); random, either, per copy,
+// by the seeded generator. So a kernel right only for one timing fails under some order.
 inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, size_t size_and_align, size_t zfill = 0,
                                     LIME_EMU_WHERE) {
     using namespace emu::detail;
@@ -862,6 +868,12 @@ inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, si
     if (!in_shared(dst_shared, n)) misuse(f, "__pipeline_memcpy_async: destination %p is not shared memory", dst_shared);
     if (from && !on_device(src_global, from))
         misuse(f, "__pipeline_memcpy_async: source %p is not device memory", src_global);
+    emu::Order o = settings().order;
+    if (o == emu::REVERSE || (o == emu::RANDOM && splitmix(machine.copy_rng) % 2)) {  // lands now
+        if (from) memcpy(dst_shared, src_global, from);
+        memset((char*)dst_shared + from, 0, n - from);
+        return;
+    }
     f.copies.push_back({dst_shared, src_global, (int)n, (int)from, f.groups});
 }
 inline void __pipeline_commit() { emu::detail::current("__pipeline_commit").groups++; }
@@ -1670,11 +1682,14 @@ inline cublasStatus_t gemm_ex(const char* fn, cublasHandle_t h, cublasOperation_
                               cudaDataType ct, int ldc, long long sC, int batch, cublasComputeType_t compute,
                               cublasGemmAlgo_t algo) {
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-    bool types = at == bt && (at == CUDA_R_32F || at == CUDA_R_16BF) && (ct == CUDA_R_32F || (ct == CUDA_R_16BF && at == CUDA_R_16BF));
-    bool computes = compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC || compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    bool types = at == bt && (at == CUDA_R_32F || at == CUDA_R_16BF) &&
+                 (ct == CUDA_R_32F || (ct == CUDA_R_16BF && at == CUDA_R_16BF));
+    bool computes = compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC ||
+                    compute == CUBLAS_COMPUTE_32F_FAST_TF32;
     if (!types || !computes) {
         report("%s: CUBLAS_STATUS_NOT_SUPPORTED (A type %d, B type %d, C type %d, compute type %d: the harness emulates "
-               "bf16 or float operands with CUBLAS_COMPUTE_32F[_PEDANTIC|_FAST_TF32])", fn, (int)at, (int)bt, (int)ct, (int)compute);
+               "bf16 or float operands with CUBLAS_COMPUTE_32F[_PEDANTIC|_FAST_TF32])",
+               fn, (int)at, (int)bt, (int)ct, (int)compute);
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     if (!((algo >= -1 && algo <= 23) || (algo >= 99 && algo <= 115))) {
@@ -1683,12 +1698,14 @@ inline cublasStatus_t gemm_ex(const char* fn, cublasHandle_t h, cublasOperation_
     }
     const float *al = (const float*)alpha, *be = (const float*)beta;
     int tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? 1 : compute == CUBLAS_COMPUTE_32F_PEDANTIC ? 0 : -1;
-    if (at == CUDA_R_32F)
-        return gemm(fn, h, ta, tb, m, n, k, al, (const float*)A, lda, sA, (const float*)B, ldb, sB, be, (float*)C, ldc, sC, batch, tf32);
     using bf = __nv_bfloat16;
+    const bf *Ab = (const bf*)A, *Bb = (const bf*)B;
+    if (at == CUDA_R_32F)
+        return gemm(fn, h, ta, tb, m, n, k, al, (const float*)A, lda, sA, (const float*)B, ldb, sB, be, (float*)C, ldc,
+                    sC, batch, tf32);
     if (ct == CUDA_R_32F)
-        return gemm(fn, h, ta, tb, m, n, k, al, (const bf*)A, lda, sA, (const bf*)B, ldb, sB, be, (float*)C, ldc, sC, batch, tf32);
-    return gemm(fn, h, ta, tb, m, n, k, al, (const bf*)A, lda, sA, (const bf*)B, ldb, sB, be, (bf*)C, ldc, sC, batch, tf32);
+        return gemm(fn, h, ta, tb, m, n, k, al, Ab, lda, sA, Bb, ldb, sB, be, (float*)C, ldc, sC, batch, tf32);
+    return gemm(fn, h, ta, tb, m, n, k, al, Ab, lda, sA, Bb, ldb, sB, be, (bf*)C, ldc, sC, batch, tf32);
 }
 }}  // namespace emu::detail
 inline cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
