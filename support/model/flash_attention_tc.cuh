@@ -46,10 +46,10 @@
 // fragment; the sums are float's. Errors are TF32's (about 1e-3 relative), as
 // cuBLAS's products under --tf32.
 //
-// Head dims: multiples of 4 from 4 to 128 (16-byte cp.async copies need rows
-// of whole 16-byte chunks), padded with zeros to HD = 8, 16, 32, 64 or 128;
-// flash_tc_refusal says why a shape is not taken. q, k, v, out and dout must
-// be 16-byte aligned (the model's buffers are 64-byte aligned).
+// Head dims: 1 to 128, padded with zeros to HD = 8, 16, 32, 64 or 128; rows
+// copy in 16-byte pieces when hd is a multiple of 4 (then q, k, v, out and dout
+// must be 16-byte aligned; the model's buffers are 64-byte aligned), else a
+// float at a time. flash_tc_refusal says why a shape or a GPU is not taken.
 //
 // lime.cu includes this file in its attention section, after LAUNCH,
 // DYNAMIC_SHARED, ceil_div, cudaCheck and launchCheck.
@@ -75,15 +75,24 @@ static const float FLASH_TC_LOG2E = 1.4426950408889634f, FLASH_TC_LN2 = 0.693147
 // Tiles and fragments. A warp's rows are 16 rows of a tile (x, row stride PAD);
 // g = lane / 4 and t = lane % 4 as in support/model/tensor_cores.cuh.
 
-// tile (rows, PAD) = rows r0 .. r0 + rows - 1 of x (row i at x + i * stride), 16-byte cp.async
-// copies shared by the block's threads; zeros past row T and past column hd.
+// tile (rows, PAD) = rows r0 .. r0 + rows - 1 of x (row i at x + i * stride), cp.async copies
+// shared by the block's threads; zeros past row T and past column hd.
 template <int HD>
 __device__ void flash_tc_copy_rows(float* tile, const float* x, size_t stride, int r0, int rows, int T, int hd) {
-    constexpr int CHUNKS = HD / 4;  // 16-byte chunks a row
-    for (int c = threadIdx.x; c < rows * CHUNKS; c += blockDim.x) {
-        int i = c / CHUNKS, col = c % CHUNKS * 4;
-        bool inside = r0 + i < T && col < hd;
-        copy_async_16(tile + i * FlashTC<HD>::PAD + col, inside ? x + (size_t)(r0 + i) * stride + col : x, inside);
+    constexpr int PAD = FlashTC<HD>::PAD;
+    if (hd % 4 == 0) {  // 16 bytes (4 floats) a copy: a row of hd floats is whole pieces
+        for (int c = threadIdx.x; c < rows * (HD / 4); c += blockDim.x) {
+            int i = c / (HD / 4), col = c % (HD / 4) * 4;
+            bool inside = r0 + i < T && col < hd;
+            copy_async_16(tile + i * PAD + col, inside ? x + (size_t)(r0 + i) * stride + col : x, inside);
+        }
+    } else {  // a float a copy
+        for (int c = threadIdx.x; c < rows * HD; c += blockDim.x) {
+            int i = c / HD, col = c % HD;
+            bool inside = r0 + i < T && col < hd;
+            __pipeline_memcpy_async(tile + i * PAD + col, inside ? x + (size_t)(r0 + i) * stride + col : x, 4,
+                                    inside ? 0 : 4);
+        }
     }
 }
 // vals (rows) = x[r0 .. r0 + rows - 1], 4-byte cp.async copies; zeros past T.
@@ -435,9 +444,8 @@ static size_t flash_tc_shared_bytes(int hd) {
 // have smem_optin bytes of shared memory (cudaDevAttrMaxSharedMemoryPerBlockOptin);
 // empty when they do. For --attention auto's fallback, and --attention flash's refusal.
 inline std::string flash_tc_refusal(int hd, size_t smem_optin) {
-    if (hd < 4 || hd > 128 || hd % 4 != 0)
-        return "the tensor-core flash attention takes head dims 4 to 128 in steps of 4, this model has " +
-               std::to_string(hd);
+    if (hd < 1 || hd > 128)
+        return "the tensor-core flash attention takes head dims up to 128, this model has " + std::to_string(hd);
     size_t need = flash_tc_shared_bytes(hd);
     if (need > smem_optin)
         return "the tensor-core flash attention needs " + std::to_string(need) +
@@ -445,13 +453,12 @@ inline std::string flash_tc_refusal(int hd, size_t smem_optin) {
                std::to_string(smem_optin);
     return "";
 }
-// The launches' own checks: a shape flash_tc_refusal refuses, or a buffer cp.async cannot copy from.
+// The launches' own checks: a head dim flash_tc_refusal refuses, or a buffer cp.async cannot copy from.
 static void flash_tc_check(int hd, std::initializer_list<const float*> buffers) {
     bool aligned = true;
-    for (const float* p : buffers) aligned = aligned && (uintptr_t)p % 16 == 0;
-    if (hd >= 4 && hd <= 128 && hd % 4 == 0 && aligned) return;
-    fprintf(stderr, "lime: flash_attention_tc: head dim %d (takes 4 to 128 in steps of 4), or a buffer not 16-byte "
-                    "aligned\n", hd);
+    for (const float* p : buffers) aligned = aligned && (hd % 4 != 0 || (uintptr_t)p % 16 == 0);
+    if (hd >= 1 && hd <= 128 && aligned) return;
+    fprintf(stderr, "lime: flash_attention_tc: head dim %d (takes 1 to 128), or a buffer not 16-byte aligned\n", hd);
     exit(EXIT_FAILURE);
 }
 // The kernel may have `bytes` of dynamic shared memory (over 48 KiB must be asked for).
