@@ -468,7 +468,7 @@ static void flash_tc_allow_shared(Kernel* kernel, int floats) {
 }
 
 // out (B, T, H, hd) and lse (B, H, T): what backward needs of the probabilities.
-static void flash_attention_tc_forward_gpu(float* out, float* lse, const float* q, const float* k, const float* v,
+inline void flash_attention_tc_forward_gpu(float* out, float* lse, const float* q, const float* k, const float* v,
                                            int B, int T, int H, int R, int hd, cudaStream_t stream) {
     flash_tc_check(hd, {out, q, k, v});
     float scale = 1.0f / sqrtf((float)hd);
@@ -485,7 +485,7 @@ static void flash_attention_tc_forward_gpu(float* out, float* lse, const float* 
 
 // dq is written; dk and dv are added to, as on the CPU. scratch: B*H*T floats (D).
 // The dQ kernel runs first: it writes D, which the dK/dV kernel reads.
-static void flash_attention_tc_backward_gpu(float* dq, float* dk, float* dv, const float* dout, const float* out,
+inline void flash_attention_tc_backward_gpu(float* dq, float* dk, float* dv, const float* dout, const float* out,
                                             const float* q, const float* k, const float* v, const float* lse, int B,
                                             int T, int H, int R, int hd, float* scratch, cudaStream_t stream) {
     flash_tc_check(hd, {dq, dk, dv, dout, out, q, k, v});
