@@ -76,22 +76,21 @@ static const float FLASH_TC_LOG2E = 1.4426950408889634f, FLASH_TC_LN2 = 0.693147
 // g = lane / 4 and t = lane % 4 as in support/model/tensor_cores.cuh.
 
 // tile (rows, PAD) = rows r0 .. r0 + rows - 1 of x (row i at x + i * stride), cp.async copies
-// shared by the block's threads; zeros past row T and past column hd.
+// shared by the block's threads, 4 floats a turn; zeros past row T and past column hd.
 template <int HD>
 __device__ void flash_tc_copy_rows(float* tile, const float* x, size_t stride, int r0, int rows, int T, int hd) {
-    constexpr int PAD = FlashTC<HD>::PAD;
-    if (hd % 4 == 0) {  // 16 bytes (4 floats) a copy: a row of hd floats is whole pieces
-        for (int c = threadIdx.x; c < rows * (HD / 4); c += blockDim.x) {
-            int i = c / (HD / 4), col = c % (HD / 4) * 4;
+    for (int c = threadIdx.x; c < rows * (HD / 4); c += blockDim.x) {
+        int i = c / (HD / 4), col = c % (HD / 4) * 4;
+        size_t at = (size_t)(r0 + i) * stride + col;
+        float* dst = tile + i * FlashTC<HD>::PAD + col;
+        if (hd % 4 == 0) {  // one 16-byte copy: a row of hd floats is whole pieces
             bool inside = r0 + i < T && col < hd;
-            copy_async_16(tile + i * PAD + col, inside ? x + (size_t)(r0 + i) * stride + col : x, inside);
-        }
-    } else {  // a float a copy
-        for (int c = threadIdx.x; c < rows * HD; c += blockDim.x) {
-            int i = c / HD, col = c % HD;
-            bool inside = r0 + i < T && col < hd;
-            __pipeline_memcpy_async(tile + i * PAD + col, inside ? x + (size_t)(r0 + i) * stride + col : x, 4,
-                                    inside ? 0 : 4);
+            copy_async_16(dst, inside ? x + at : x, inside);
+        } else {            // four 4-byte copies
+            for (int e = 0; e < 4; e++) {
+                bool inside = r0 + i < T && col + e < hd;
+                copy_async_4(dst + e, inside ? x + at + e : x, inside);
+            }
         }
     }
 }
@@ -99,7 +98,7 @@ __device__ void flash_tc_copy_rows(float* tile, const float* x, size_t stride, i
 __device__ inline void flash_tc_copy_floats(float* vals, const float* x, int r0, int rows, int T) {
     for (int i = threadIdx.x; i < rows; i += blockDim.x) {
         bool inside = r0 + i < T;
-        __pipeline_memcpy_async(vals + i, inside ? x + r0 + i : x, 4, inside ? 0 : 4);
+        copy_async_4(vals + i, inside ? x + r0 + i : x, inside);
     }
 }
 

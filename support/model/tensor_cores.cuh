@@ -6,7 +6,8 @@
 //   mma_m16n8k8_tf32(d, a, b, c)    d (16 x 8) = a (16 x 8) b (8 x 8) + c, TF32 operands, float sums
 //   mma_m16n8k16_bf16(d, a, b, c)   d (16 x 8) = a (16 x 16) b (16 x 8) + c, bf16 operands, float sums
 //   copy_async_16(dst, src, inside) 16 bytes from global to shared memory by cp.async (not through
-//                                   registers; lands at __pipeline_wait_prior), or 16 zeros when !inside
+//                                   registers; lands by __pipeline_wait_prior), or 16 zeros when !inside;
+//   copy_async_4(dst, src, inside)  the same, 4 bytes
 //
 // An mma is one instruction for the whole warp: each of its 32 lanes gives its
 // fragment of a, b and c and gets its fragment of d. Which elements a lane
@@ -72,9 +73,14 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float d[4], const unsigned a[4
 #endif
 }
 
-// dst in shared memory and src in global memory, both 16-byte aligned. When
+// dst in shared memory and src in global memory, both aligned to the size. When
 // !inside, src is not read (any aligned device address will do) and dst gets zeros.
+// (Each branch passes constants: __pipeline_memcpy_async's switch on them folds away.)
 __device__ __forceinline__ void copy_async_16(float* dst, const float* src, bool inside) {
     if (inside) __pipeline_memcpy_async(dst, src, 16);
     else __pipeline_memcpy_async(dst, src, 16, 16);
+}
+__device__ __forceinline__ void copy_async_4(float* dst, const float* src, bool inside) {
+    if (inside) __pipeline_memcpy_async(dst, src, 4);
+    else __pipeline_memcpy_async(dst, src, 4, 4);
 }
