@@ -1213,7 +1213,7 @@ __global__ void copy_async_misuse_kernel(float* dst_global, const float* src, ui
     if (which == 2) __pipeline_memcpy_async(tile + 1, src, 16);             // misaligned
 }
 
-TEST(emu_cp_async_lands_at_the_wait) {
+TEST(emu_cp_async_lands_between_its_issue_and_its_wait) {
     ForwardOnExit restore;
     const int n = 40;
     std::vector<float> src = ramp(8 * n, 2.0f);
