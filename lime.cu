@@ -30,6 +30,7 @@
 #include "support/model/memory_check.h"  // defines: memory_fix, launch_check (what a shape needs, refused early)
 #include "support/model/attention_gpu.cuh"    // defines: attention_forward_gpu, attention_backward_gpu (cuBLAS)
 #include "support/model/flash_attention.cuh"  // defines: flash_attention_forward_gpu, ..._backward_gpu (O(T) memory)
+#include "support/model/flash_attention_tc.cuh"  // defines: flash_attention_tc_forward_gpu (the same, tensor cores)
 // The study's other models and instruments: each adds its tensors,
 // activations, ops and init, and joins the passes through named hooks.
 #include "support/study/hyper_connections.cuh"  // defines: hc_specs, HcActs, op_hc_*, hc_sublayer_input (--arch hc)

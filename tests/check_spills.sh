@@ -9,6 +9,7 @@
 report=${1:?usage: tests/check_spills.sh build/ptxas.txt}
 SPILL_FREE=(
     flash_attention_forward_kernel flash_attention_backward_kv_kernel flash_attention_backward_q_kernel
+    flash_tc_forward_kernel flash_tc_backward_q_kernel flash_tc_backward_kv_kernel
     kv_transpose_kernel
     embedding_backward_kernel rmsnorm_gain_partial_kernel rmsnorm_gain_reduce_kernel
     hc_weights_forward_kernel hc_weights_dx_kernel hc_weights_partial_kernel hc_weights_reduce_kernel

@@ -995,3 +995,315 @@ TEST(emu_cublas_respects_graph_capture) {
     cudaStreamDestroy(s);
     cublasDestroy(h);
 }
+
+// ---------------------------------------------------------------------------
+// Number formats, tensor cores and asynchronous copies.
+
+namespace {
+// A double that is exactly 2^e (e within double's normal range).
+double pow2(int e) {
+    uint64_t bits = (uint64_t)(1023 + e) << 52;
+    double x;
+    memcpy(&x, &bits, 8);
+    return x;
+}
+// References for the two roundings, by the FPU's own rounding (not by bit
+// arithmetic, as the harness does): scale x so that the format's spacing there
+// is 1 (below, scale = 2^-q, q = x's exponent less the format's mantissa bits;
+// subnormals are spaced as the smallest exponent), round to an integer, scale
+// back (exact; past the format's largest value the float is infinite).
+// bfloat16 (7 mantissa bits): nearbyint, to nearest with ties to even.
+inline uint16_t bf16_rounded(float x, double scale, double spacing) {
+    float y = (float)(std::nearbyint((double)x * scale) * spacing);
+    uint32_t v;
+    memcpy(&v, &y, 4);
+    return (uint16_t)(v >> 16);
+}
+// TF32 as cvt.rna (10 mantissa bits): floor(|x| / spacing + 1/2), ties away from zero.
+inline uint32_t tf32_rounded(float x, double scale, double spacing) {
+    float y = (float)std::copysign(std::floor(std::fabs((double)x) * scale + 0.5) * spacing, (double)x);
+    uint32_t v;
+    memcpy(&v, &y, 4);
+    return v;
+}
+int spacing_exponent(uint32_t u, int mantissa_bits) { return std::max((int)(u >> 23 & 0xff), 1) - 127 - mantissa_bits; }
+// The references for any float bits u: infinity and NaN as CUDA gives them
+// (__float2bfloat16: 0x7fff for every NaN; cvt.rna.tf32: unchanged).
+uint16_t bf16_reference(uint32_t u) {
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;
+    if ((u & 0x7fffffffu) == 0x7f800000u) return (uint16_t)(u >> 16);
+    int q = spacing_exponent(u, 7);
+    return bf16_rounded(__uint_as_float(u), pow2(-q), pow2(q));
+}
+uint32_t tf32_reference(uint32_t u) {
+    if ((u & 0x7f800000u) == 0x7f800000u) return u;
+    int q = spacing_exponent(u, 10);
+    return tf32_rounded(__uint_as_float(u), pow2(-q), pow2(q));
+}
+}  // namespace
+
+// Every one of the 2^32 float bit patterns: __float2bfloat16 and cvt.rna.tf32
+// against the references above; every bf16 back to float exactly. The floats
+// go in blocks of 2^16 that share their top 16 bits, so one exponent, so one
+// spacing: the inner loop is straight arithmetic (vectorised: ~3 s of CPU).
+TEST(emu_bf16_and_tf32_conversions_match_references_for_every_float) {
+    long long bad_bf16 = 0, bad_tf32 = 0;
+#pragma omp parallel for schedule(dynamic, 64) reduction(+ : bad_bf16, bad_tf32)
+    for (uint32_t hi = 0; hi < 65536; hi++) {
+        uint32_t u0 = hi << 16;
+        long long bb = 0, bt = 0;
+        if ((u0 & 0x7f800000u) == 0x7f800000u) {  // infinities and NaNs
+            for (uint32_t lo = 0; lo < 65536; lo++) {
+                bb += __bfloat16_as_ushort(__float2bfloat16(__uint_as_float(u0 | lo))) != bf16_reference(u0 | lo);
+                bt += emu::cvt_rna_tf32_f32(__uint_as_float(u0 | lo)) != tf32_reference(u0 | lo);
+            }
+        } else {
+            int qb = spacing_exponent(u0, 7), qt = spacing_exponent(u0, 10);
+            double sb = pow2(-qb), ib = pow2(qb), st = pow2(-qt), it = pow2(qt);
+#pragma omp simd reduction(+ : bb, bt)
+            for (uint32_t lo = 0; lo < 65536; lo++) {
+                float x = __uint_as_float(u0 | lo);
+                bb += __bfloat16_as_ushort(__float2bfloat16(x)) != bf16_rounded(x, sb, ib);
+                bt += emu::cvt_rna_tf32_f32(x) != tf32_rounded(x, st, it);
+            }
+        }
+        bad_bf16 += bb;
+        bad_tf32 += bt;
+    }
+    uint32_t first = 0;  // on a failure, the first float that differs
+    if (bad_bf16)
+        while (__bfloat16_as_ushort(__float2bfloat16(__uint_as_float(first))) == bf16_reference(first)) first++;
+    CHECK(bad_bf16 == 0, "__float2bfloat16 differs from the reference for %lld floats, first 0x%08x: 0x%04x, want 0x%04x",
+          bad_bf16, first, __bfloat16_as_ushort(__float2bfloat16(__uint_as_float(first))), bf16_reference(first));
+    if (bad_tf32)
+        while (emu::cvt_rna_tf32_f32(__uint_as_float(first)) == tf32_reference(first)) first++;
+    CHECK(bad_tf32 == 0, "cvt.rna.tf32.f32 differs from the reference for %lld floats, first 0x%08x: 0x%08x, want 0x%08x",
+          bad_tf32, first, emu::cvt_rna_tf32_f32(__uint_as_float(first)), tf32_reference(first));
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = __bfloat162float(__ushort_as_bfloat16((unsigned short)h));
+        CHECK(__float_as_uint(f) == h << 16, "bf16 0x%04x to float: 0x%08x, want 0x%08x", h, __float_as_uint(f), h << 16);
+    }
+    // Named cases: ties go to the even bf16 and away from zero in TF32; NaN, infinity, overflow, zeros.
+    struct Case { uint32_t in; unsigned short bf16; uint32_t tf32; const char* what; };
+    const Case cases[] = {
+        {0x3f808000u, 0x3f80, 0x3f808000u, "1 + 2^-8: bf16 tie to even (down)"},
+        {0x3f818000u, 0x3f82, 0x3f818000u, "1 + 3 * 2^-8: bf16 tie to even (up)"},
+        {0x3f801000u, 0x3f80, 0x3f802000u, "1 + 2^-11: TF32 tie away from zero"},
+        {0xbf801000u, 0xbf80, 0xbf802000u, "-(1 + 2^-11): TF32 tie away from zero"},
+        {0x7f7fffffu, 0x7f80, 0x7f800000u, "the largest float rounds to infinity"},
+        {0x7fc00001u, 0x7fff, 0x7fc00001u, "a NaN: bf16 0x7fff, TF32 unchanged"},
+        {0x00000001u, 0x0000, 0x00000000u, "the smallest subnormal"},
+        {0x80000000u, 0x8000, 0x80000000u, "-0"},
+    };
+    for (const Case& c : cases) {
+        float x = __uint_as_float(c.in);
+        CHECK(__bfloat16_as_ushort(__float2bfloat16(x)) == c.bf16 && emu::cvt_rna_tf32_f32(x) == c.tf32,
+              "%s (0x%08x): bf16 0x%04x (want 0x%04x), tf32 0x%08x (want 0x%08x)", c.what, c.in,
+              __bfloat16_as_ushort(__float2bfloat16(x)), c.bf16, emu::cvt_rna_tf32_f32(x), c.tf32);
+    }
+}
+
+// One tensor-core product per warp, the operands loaded by the PTX manual's
+// fragment tables (written out again here, lane by lane: g = lane / 4, t = lane % 4),
+// D stored back the same way. Matrices are row-major: A (16 x K), B (K x 8), C, D (16 x 8).
+__global__ void mma_tf32_kernel(float* D, const float* A, const float* B, const float* C) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    A += warp * 16 * 8, B += warp * 8 * 8, C += warp * 16 * 8, D += warp * 16 * 8;
+    auto tf = emu::cvt_rna_tf32_f32;
+    uint32_t a[4] = {tf(A[g * 8 + t]), tf(A[(g + 8) * 8 + t]), tf(A[g * 8 + t + 4]), tf(A[(g + 8) * 8 + t + 4])};
+    uint32_t b[2] = {tf(B[t * 8 + g]), tf(B[(t + 4) * 8 + g])};
+    float c[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t], C[(g + 8) * 8 + 2 * t + 1]};
+    emu::mma_sync_m16n8k8_tf32(c, a, b, c);  // D into C's registers, as a kernel accumulates
+    D[g * 8 + 2 * t] = c[0], D[g * 8 + 2 * t + 1] = c[1], D[(g + 8) * 8 + 2 * t] = c[2], D[(g + 8) * 8 + 2 * t + 1] = c[3];
+}
+// bf16 pairs in a register: the element of the lower column (or row) in the low half.
+static uint32_t bf16_pair(float lo, float hi) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16(lo)) | (uint32_t)__bfloat16_as_ushort(__float2bfloat16(hi)) << 16;
+}
+__global__ void mma_bf16_kernel(float* D, const float* A, const float* B, const float* C) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    A += warp * 16 * 16, B += warp * 16 * 8, C += warp * 16 * 8, D += warp * 16 * 8;
+    const float *r0 = A + g * 16, *r8 = A + (g + 8) * 16;  // rows g and g + 8
+    uint32_t a[4] = {bf16_pair(r0[2 * t], r0[2 * t + 1]), bf16_pair(r8[2 * t], r8[2 * t + 1]),
+                     bf16_pair(r0[2 * t + 8], r0[2 * t + 9]), bf16_pair(r8[2 * t + 8], r8[2 * t + 9])};
+    uint32_t b[2] = {bf16_pair(B[2 * t * 8 + g], B[(2 * t + 1) * 8 + g]), bf16_pair(B[(2 * t + 8) * 8 + g], B[(2 * t + 9) * 8 + g])};
+    float c[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t], C[(g + 8) * 8 + 2 * t + 1]};
+    float d[4];
+    emu::mma_sync_m16n8k16_bf16(d, a, b, c);
+    D[g * 8 + 2 * t] = d[0], D[g * 8 + 2 * t + 1] = d[1], D[(g + 8) * 8 + 2 * t] = d[2], D[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+
+// D = C + round(A) round(B) in double, warp by warp: the plain product the tensor cores must give.
+static std::vector<float> mma_reference(const std::vector<float>& A, const std::vector<float>& B, const std::vector<float>& C,
+                                        int warps, int K, float (*round)(float)) {
+    std::vector<float> D(C.size());
+    for (int w = 0; w < warps; w++)
+        for (int i = 0; i < 16; i++)
+            for (int j = 0; j < 8; j++) {
+                double s = C[w * 128 + i * 8 + j];
+                for (int k = 0; k < K; k++) s += (double)round(A[w * 16 * K + i * K + k]) * round(B[w * K * 8 + k * 8 + j]);
+                D[w * 128 + i * 8 + j] = (float)s;
+            }
+    return D;
+}
+static float round_tf32(float x) { return __uint_as_float(emu::cvt_rna_tf32_f32(x)); }
+static float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
+static float no_rounding(float x) { return x; }
+
+TEST(emu_mma_tf32_and_bf16_match_plain_products) {
+    ForwardOnExit restore;
+    const int warps = 2;
+    for (int K : {8, 16}) {
+        std::vector<float> A = ramp(warps * 16 * K, 4.0f), B = ramp(warps * K * 8, 3.0f), C = ramp(warps * 16 * 8, 1.0f);
+        for (float& x : B) x = 0.3f - x;  // not A's values
+        float *dA = to_device(A), *dB = to_device(B), *dC = to_device(C), *dD = nullptr;
+        cudaMalloc(&dD, C.size() * sizeof(float));
+        std::vector<float> want = mma_reference(A, B, C, warps, K, K == 8 ? round_tf32 : round_bf16);
+        std::vector<float> unrounded = mma_reference(A, B, C, warps, K, no_rounding);
+        for (emu::Order o : kOrders) {
+            emu::set_order(o, 9);
+            if (K == 8) LAUNCH(mma_tf32_kernel, 1, 32 * warps, 0, 0)(dD, dA, dB, dC);
+            else LAUNCH(mma_bf16_kernel, 1, 32 * warps, 0, 0)(dD, dA, dB, dC);
+            CHECK(cudaGetLastError() == cudaSuccess, "%s", emu::last_error_message());
+            std::vector<float> got = to_host(dD, C.size());
+            double e = rel_err(got.data(), want.data(), got.size()), e0 = rel_err(got.data(), unrounded.data(), got.size());
+            CHECK(e < 1e-7, "mma m16n8k%d (%s order): D rel err %.2e against the product of rounded operands", K,
+                  order_name(o), e);
+            CHECK(e0 > 1e-5, "mma m16n8k%d: D rel err %.2e against unrounded operands: were they rounded?", K, e0);
+        }
+        // .aligned: the whole warp, all 32 lanes. A block of 48 threads has a warp of 16.
+        emu::set_quiet(true);
+        LAUNCH(mma_tf32_kernel, 1, 48, 0, 0)(dD, dA, dB, dC);
+        emu::set_quiet(false);
+        const char* msg = emu::last_error_message();
+        CHECK(cudaGetLastError() == cudaErrorLaunchFailure && contains(msg, "mma.sync.m16n8k8.tf32 needs a whole warp of 32 threads; this warp has 16"),
+              "mma in a partial warp: %s", msg);
+        cudaFree(dA); cudaFree(dB); cudaFree(dC); cudaFree(dD);
+    }
+}
+
+// cp.async: each thread copies two 16-byte chunks into shared memory, in two
+// groups (the last thread's second chunk zero-filled), and records one float
+// of each before any wait, after waiting for the first group, after waiting
+// for both, and a neighbour's chunk after the barrier. Copies land at the
+// wait (forward order), at the issue (reverse), or either (random).
+__global__ void copy_async_kernel(float* out, const float* src) {
+    DYNAMIC_SHARED(float, tile);  // (2 * blockDim.x, 4)
+    int i = threadIdx.x, n = blockDim.x;
+    float *first = tile + 4 * i, *second = tile + 4 * (n + i);
+    __pipeline_memcpy_async(first, src + 4 * i, 16);
+    __pipeline_commit();
+    __pipeline_memcpy_async(second, src + 4 * (n + i), 16, i == n - 1 ? 16 : 0);
+    __pipeline_commit();
+    out[6 * i + 0] = first[0];   // NaN: nothing landed yet
+    __pipeline_wait_prior(1);
+    out[6 * i + 1] = first[0];   // the first group landed
+    out[6 * i + 2] = second[0];  // the second not yet
+    __pipeline_wait_prior(0);
+    out[6 * i + 3] = second[3];
+    __syncthreads();
+    out[6 * i + 4] = tile[4 * ((i + 1) % n) + 2];        // a neighbour's chunk
+    out[6 * i + 5] = tile[4 * (n + (i + 1) % n) + 1];
+}
+// host: a host address, as an integer (LAUNCH refuses host pointers among the arguments).
+__global__ void copy_async_misuse_kernel(float* dst_global, const float* src, uintptr_t host, int which) {
+    DYNAMIC_SHARED(float, tile);
+    if (which == 0) __pipeline_memcpy_async(dst_global, src, 16);           // the destination is not shared memory
+    if (which == 1) __pipeline_memcpy_async(tile, (const float*)host, 16);  // the source is not device memory
+    if (which == 2) __pipeline_memcpy_async(tile + 1, src, 16);             // misaligned
+}
+
+TEST(emu_cp_async_lands_between_its_issue_and_its_wait) {
+    ForwardOnExit restore;
+    const int n = 40;
+    std::vector<float> src = ramp(8 * n, 2.0f);
+    float *dsrc = to_device(src), *dout = nullptr;
+    cudaMalloc(&dout, 6 * n * sizeof(float));
+    for (emu::Order o : kOrders) {
+        emu::set_order(o, 3);
+        LAUNCH(copy_async_kernel, 1, n, 8 * n * sizeof(float), 0)(dout, dsrc);
+        CHECK(cudaGetLastError() == cudaSuccess, "%s", emu::last_error_message());
+        std::vector<float> got = to_host(dout, 6 * n);
+        int early = 0;  // reads before a wait that saw the copy already
+        for (int i = 0; i < n; i++) {
+            int j = (i + 1) % n;
+            float landed[6] = {src[4 * i], src[4 * i], i == n - 1 ? 0.0f : src[4 * (n + i)],
+                               i == n - 1 ? 0.0f : src[4 * (n + i) + 3], src[4 * j + 2],
+                               j == n - 1 ? 0.0f : src[4 * (n + j) + 1]};
+            for (int c = 0; c < 6; c++) {
+                bool before_wait = c == 0 || c == 2, is_nan = std::isnan(got[6 * i + c]);
+                early += before_wait && !is_nan;
+                CHECK(got[6 * i + c] == landed[c] || (before_wait && is_nan && o != emu::REVERSE),
+                      "%s order: thread %d read %d: %g, want %g%s", order_name(o), i, c, got[6 * i + c], landed[c],
+                      before_wait ? " or NaN (not landed)" : "");
+            }
+        }
+        CHECK(o == emu::FORWARD ? early == 0 : o == emu::REVERSE ? early == 2 * n : early > 0 && early < 2 * n,
+              "%s order: %d of %d reads before a wait saw their copy", order_name(o), early, 2 * n);
+    }
+    std::vector<float> host(8);
+    const char* want[] = {"is not shared memory", "is not device memory", "is not aligned to its 16 bytes"};
+    emu::set_quiet(true);
+    for (int which = 0; which < 3; which++) {
+        LAUNCH(copy_async_misuse_kernel, 1, 1, 64, 0)(dout, dsrc, (uintptr_t)host.data(), which);
+        const char* msg = emu::last_error_message();
+        CHECK(cudaGetLastError() == cudaErrorLaunchFailure && contains(msg, want[which]), "cp.async misuse %d: %s", which, msg);
+    }
+    emu::set_quiet(false);
+    cudaFree(dsrc); cudaFree(dout);
+}
+
+TEST(emu_cublas_gemm_ex_bf16_operands_float_sums) {
+    cublasHandle_t h = nullptr;
+    cublasCreate(&h);
+    const int m = 24, n = 10, k = 70;
+    const float alpha = 1.5f, beta = 0.5f;
+    std::vector<float> A = ramp(k * m, 2.0f), B = ramp(k * n, 3.0f), C0 = ramp(m * n, 1.0f);
+    for (float& x : B) x = 0.2f - x;
+    std::vector<__nv_bfloat16> Ab(A.begin(), A.end()), Bb(B.begin(), B.end()), Cb(C0.begin(), C0.end());
+    std::vector<float> Ar(A.size()), Br(B.size()), Cr(C0.size());  // the bf16 values, as floats
+    for (size_t i = 0; i < A.size(); i++) Ar[i] = Ab[i];
+    for (size_t i = 0; i < B.size(); i++) Br[i] = Bb[i];
+    for (size_t i = 0; i < C0.size(); i++) Cr[i] = Cb[i];
+    __nv_bfloat16 *dA = to_device(Ab), *dB = to_device(Bb), *dCb = to_device(Cb);
+    float* dC = to_device(C0);
+    // C (m x n) = alpha A^T B + beta C: A stored (k x m), B (k x n), column-major.
+    std::vector<float> want = C0;
+    gemm_reference(true, false, m, n, k, alpha, Ar.data(), k, Br.data(), k, beta, want.data(), m);
+    CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, k, dB, CUDA_R_16BF, k, &beta, dC,
+                       CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS, "bf16 -> float");
+    double e = rel_err(to_host(dC, m * n).data(), want.data(), m * n);
+    CHECK(e < 1e-6, "cublasGemmEx bf16 operands, float C: rel err %.2e", e);
+    // bf16 C: read as bf16, written rounded to nearest even.
+    want = Cr;
+    gemm_reference(true, false, m, n, k, alpha, Ar.data(), k, Br.data(), k, beta, want.data(), m);
+    CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, k, 0, dB, CUDA_R_16BF,
+                                     k, 0, &beta, dCb, CUDA_R_16BF, m, 0, 1, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT_TENSOR_OP) == CUBLAS_STATUS_SUCCESS, "bf16 -> bf16");
+    std::vector<__nv_bfloat16> gb = to_host(dCb, m * n);
+    for (int i = 0; i < m * n; i++)
+        CHECK(std::fabs((float)gb[i] - want[i]) <= std::fabs(want[i]) * (1.0f / 256), "bf16 C[%d] = %g, want %g (to 2^-8)",
+              i, (float)gb[i], want[i]);
+    // float operands: _FAST_TF32 rounds them, _PEDANTIC never does (whatever the math mode).
+    float *dAf = to_device(A), *dBf = to_device(B);
+    want = C0;
+    gemm_reference(true, false, m, n, k, alpha, A.data(), k, B.data(), k, beta, want.data(), m);
+    cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH);
+    for (cublasComputeType_t ct : {CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F_PEDANTIC}) {
+        cudaMemcpy(dC, C0.data(), C0.size() * sizeof(float), cudaMemcpyHostToDevice);
+        CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dAf, CUDA_R_32F, k, dBf, CUDA_R_32F, k, &beta, dC,
+                           CUDA_R_32F, m, ct, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS, "float compute %d", (int)ct);
+        e = rel_err(to_host(dC, m * n).data(), want.data(), m * n);
+        CHECK(ct == CUBLAS_COMPUTE_32F_FAST_TF32 ? e > 1e-5 && e < 2e-3 : e < 1e-6, "compute type %d: rel err %.2e", (int)ct, e);
+    }
+    // What the harness does not emulate is refused, with a line saying so; C untouched.
+    emu::set_quiet(true);
+    CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dAf, CUDA_R_32F, k, dB, CUDA_R_16BF, k, &beta, dC,
+                       CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED, "mixed A, B types");
+    CHECK(contains(emu::last_error_message(), "CUBLAS_STATUS_NOT_SUPPORTED"), "%s", emu::last_error_message());
+    CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, CUDA_R_16BF, k, dB, CUDA_R_16BF, k, &beta, dC,
+                       CUDA_R_32F, m, CUBLAS_COMPUTE_16F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_NOT_SUPPORTED, "16F compute");
+    emu::set_quiet(false);
+    cudaFree(dA); cudaFree(dB); cudaFree(dCb); cudaFree(dC); cudaFree(dAf); cudaFree(dBf);
+    cublasDestroy(h);
+}

@@ -1155,3 +1155,207 @@ TEST(gpu_absent_device_is_reported_clearly) {
     CHECK(err == why, "model_create answered '%s'", err.c_str());
 }
 #endif
+
+// ===========================================================================
+// Flash attention on the tensor cores (support/model/flash_attention_tc.cuh):
+// against the plain CPU attention at TF32's tolerance, in shapes that cross
+// the tiles (64 rows a block; key tiles of 64 forward, 32 backward, 32 and 16
+// at head dim 128), GQA, MQA and full attention, head dims 4 to 128; the
+// same bits under every order of blocks and threads; the shapes it refuses.
+// ===========================================================================
+
+// TF32's tolerances: the operands of every product rounded to 10 mantissa bits.
+static const double TOL_TC_FWD = 1e-3, TOL_TC_BWD = 2e-3;
+
+struct TcOut { std::vector<float> out, lse, dq, dk, dv; };
+struct TcCase {
+    int B, T, H, R, hd;
+    size_t qn() const { return (size_t)B * T * H * hd; }
+    size_t kn() const { return (size_t)R * B * T * hd; }
+    size_t rows() const { return (size_t)B * H * T; }
+};
+// Random inputs of a case. dk and dv start non-zero (the kernels add to them), but small,
+// so that their errors are the gradients' own.
+struct TcInputs { std::vector<float> q, k, v, dout, dk0, dv0; };
+static TcInputs tc_inputs(const TcCase& c) {
+    return {randv(c.qn(), 11), randv(c.kn(), 12), randv(c.kn(), 13), randv(c.qn(), 14), randv(c.kn(), 15, 0.01f),
+            randv(c.kn(), 16, 0.01f)};
+}
+static TcOut run_flash_tc(const TcCase& c, const TcInputs& in) {
+    DevF gq(in.q), gk(in.k), gv(in.v), gdout(in.dout), gdk(in.dk0), gdv(in.dv0), gout(c.qn()), glse(c.rows()), gdq(c.qn()),
+        scratch(c.rows());
+    flash_attention_tc_forward_gpu(gout.p, glse.p, gq.p, gk.p, gv.p, c.B, c.T, c.H, c.R, c.hd, ctx().stream);
+    flash_attention_tc_backward_gpu(gdq.p, gdk.p, gdv.p, gdout.p, gout.p, gq.p, gk.p, gv.p, glse.p, c.B, c.T, c.H, c.R,
+                                    c.hd, scratch.p, ctx().stream);
+    return {gout.get(), glse.get(), gdq.get(), gdk.get(), gdv.get()};
+}
+// lse (B, H, T) of the CPU's scores, in double: log sum_{u <= t} e^(q_t . k_u / sqrt(hd)).
+static std::vector<float> lse_reference(const TcCase& c, const TcInputs& in) {
+    std::vector<float> lse(c.rows());
+    for (int b = 0; b < c.B; b++)
+        for (int h = 0; h < c.H; h++)
+            for (int t = 0; t < c.T; t++) {
+                int r = h / (c.H / c.R);
+                std::vector<double> s(t + 1);
+                double mx = -1e300, sum = 0;
+                for (int u = 0; u <= t; u++) {
+                    s[u] = 0;
+                    for (int i = 0; i < c.hd; i++)
+                        s[u] += (double)in.q[(((size_t)b * c.T + t) * c.H + h) * c.hd + i] *
+                                in.k[(((size_t)r * c.B + b) * c.T + u) * c.hd + i];
+                    s[u] /= std::sqrt((double)c.hd);
+                    mx = std::max(mx, s[u]);
+                }
+                for (int u = 0; u <= t; u++) sum += std::exp(s[u] - mx);
+                lse[((size_t)b * c.H + h) * c.T + t] = (float)(mx + std::log(sum));
+            }
+    return lse;
+}
+// The worst relative error of a row (hd floats) at the tiles' edges: position
+// t with t % 16 = 15 or 0 (a warp's 16 rows; the tiles are 16, 32 or 64), or
+// t = T - 1. heads: rows a position has, consecutive (q, dq: H; k, dk, dv: 1,
+// their rows being (R, B, T)). *at gets the worst row's position.
+static double worst_edge_row(const std::vector<float>& got, const std::vector<float>& want, int T, int heads, int hd,
+                             int* at) {
+    double worst = 0;
+    *at = -1;
+    for (size_t row = 0; row < want.size() / hd; row++) {
+        int t = (int)(row / heads % T);
+        if (t % 16 != 15 && t % 16 != 0 && t != T - 1) continue;
+        double e = rel_err(got.data() + row * hd, want.data() + row * hd, hd);
+        if (e >= worst) worst = e, *at = t;
+    }
+    return worst;
+}
+
+static void check_flash_tc(const TcCase& c) {
+    TcInputs in = tc_inputs(c);
+    std::vector<float> out(c.qn()), att((size_t)c.rows() * c.T), dq(c.qn()), dk = in.dk0, dv = in.dv0;
+    attention_forward(out.data(), att.data(), in.q.data(), in.k.data(), in.v.data(), c.B, c.T, c.H, c.R, c.hd);
+    attention_backward(dq.data(), dk.data(), dv.data(), in.dout.data(), in.q.data(), in.k.data(), in.v.data(), att.data(),
+                       c.B, c.T, c.H, c.R, c.hd);
+    std::vector<float> lse = lse_reference(c, in);
+    TcOut got = run_flash_tc(c, in);
+    char shape[80];
+    snprintf(shape, sizeof shape, "B=%d T=%d H=%d R=%d hd=%d", c.B, c.T, c.H, c.R, c.hd);
+    double e_out = err_of(got.out, out), e_lse = err_of(got.lse, lse);
+    CHECK(e_out < TOL_TC_FWD && e_lse < TOL_TC_FWD, "tensor-core flash forward %s: out rel err %.2e, lse %.2e (tolerance %.0e)",
+          shape, e_out, e_lse, TOL_TC_FWD);
+    double e_dq = err_of(got.dq, dq), e_dk = err_of(got.dk, dk), e_dv = err_of(got.dv, dv);
+    CHECK(e_dq < TOL_TC_BWD && e_dk < TOL_TC_BWD && e_dv < TOL_TC_BWD,
+          "tensor-core flash backward %s: dq rel err %.2e, dk %.2e, dv %.2e (tolerance %.0e)", shape, e_dq, e_dk, e_dv,
+          TOL_TC_BWD);
+    // Row by row where the tiles meet, the causal mask's edges: no row worse than TF32 allows.
+    struct Edge { const char* name; const std::vector<float>& got; const std::vector<float>& want; int heads; double tol; };
+    const Edge edges[] = {{"out", got.out, out, c.H, TOL_TC_FWD}, {"dq", got.dq, dq, c.H, TOL_TC_BWD},
+                          {"dk", got.dk, dk, 1, TOL_TC_BWD}, {"dv", got.dv, dv, 1, TOL_TC_BWD}};
+    for (const Edge& e : edges) {
+        int at;
+        double worst = worst_edge_row(e.got, e.want, c.T, e.heads, c.hd, &at);
+        CHECK(worst < 4 * e.tol, "tensor-core flash %s: %s row at position %d (a tile's edge): rel err %.2e", shape, e.name,
+              at, worst);
+    }
+}
+TEST(gpu_flash_tc_matches_cpu_gqa_hd64_three_key_tiles) { NEED_GPU(); check_flash_tc({1, 130, 4, 2, 64}); }
+TEST(gpu_flash_tc_matches_cpu_mqa_hd8) { NEED_GPU(); check_flash_tc({2, 70, 3, 1, 8}); }
+TEST(gpu_flash_tc_matches_cpu_full_attention_hd16) { NEED_GPU(); check_flash_tc({1, 33, 2, 2, 16}); }
+TEST(gpu_flash_tc_matches_cpu_hd20_padded_to_32) { NEED_GPU(); check_flash_tc({1, 40, 4, 2, 20}); }
+TEST(gpu_flash_tc_matches_cpu_hd4_the_tiny_models) { NEED_GPU(); check_flash_tc({2, 9, 4, 2, 4}); }
+// hd = 6, as two reference files have: rows copied a float at a time.
+TEST(gpu_flash_tc_matches_cpu_hd6_float_copies) { NEED_GPU(); check_flash_tc({2, 21, 4, 2, 6}); }
+TEST(gpu_flash_tc_matches_cpu_hd128_tiles_32_and_16) { NEED_GPU(); check_flash_tc({1, 45, 2, 1, 128}); }
+// T = 129: the forward's 64-key tiles, the backward's 32-key and 32-query tiles and the blocks' 64 rows
+// all end at 63/64 and 127/128, and the last position is alone in its tiles.
+TEST(gpu_flash_tc_matches_cpu_rows_at_tile_edges_T129) { NEED_GPU(); check_flash_tc({1, 129, 2, 1, 32}); }
+
+// The same bits whatever order the blocks and the threads of a block run in
+// (no atomics; every sum in one order). Natively, two runs give the same bits.
+TEST(gpu_flash_tc_bit_identical_across_schedules) {
+    NEED_GPU();
+    TcCase c = {2, 100, 4, 2, 32};
+    TcInputs in = tc_inputs(c);
+    struct Schedule { emu_order blocks, threads; uint64_t seed; };
+    const Schedule schedules[] = {{FWD, FWD, 1}, {REV, REV, 1}, {RND, RND, 3}, {RND, FWD, 4}, {FWD, RND, 5}};
+    const char* order[] = {"forward", "reverse", "random"};
+    TcOut want;
+    for (const Schedule& s : schedules) {
+        set_step_order({s.blocks, s.threads, s.seed, false});
+        TcOut got = run_flash_tc(c, in);
+        set_step_order(STEP_ORDERS[0]);
+        if (&s == schedules) { want = got; continue; }
+        const std::vector<float>* pairs[][2] = {{&got.out, &want.out}, {&got.lse, &want.lse}, {&got.dq, &want.dq},
+                                                {&got.dk, &want.dk}, {&got.dv, &want.dv}};
+        const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+        for (int i = 0; i < 5; i++)
+            CHECK(same_bits(pairs[i][0]->data(), pairs[i][1]->data(), pairs[i][1]->size()),
+                  "tensor-core flash: %s differs with blocks %s, threads %s (seed %d) from blocks and threads forward",
+                  names[i], order[s.blocks], order[s.threads], (int)s.seed);
+    }
+}
+
+// What --attention auto and --attention flash are told when the kernels do not take a shape.
+TEST(gpu_flash_tc_says_which_head_dims_and_devices_it_refuses) {
+    const size_t hopper = 227 << 10, small = 99 << 10;
+    for (int hd : {1, 4, 6, 8, 20, 64, 96, 128})
+        CHECK(flash_tc_refusal(hd, hopper).empty(), "head dim %d refused: %s", hd, flash_tc_refusal(hd, hopper).c_str());
+    for (int hd : {0, 130, 136}) {
+        std::string why = flash_tc_refusal(hd, hopper),
+                    want = "the tensor-core flash attention takes head dims up to 128, this model has " + std::to_string(hd);
+        CHECK(why == want, "head dim %d: '%s'", hd, why.c_str());
+    }
+    std::string why = flash_tc_refusal(128, small);
+    CHECK(why == "the tensor-core flash attention needs " + std::to_string(flash_tc_shared_bytes(128)) +
+                     " bytes of shared memory a block at head dim 128, this GPU allows " + std::to_string(small),
+          "head dim 128 on a GPU with 99 KiB a block: '%s'", why.c_str());
+    CHECK(flash_tc_refusal(64, small).empty(), "head dim 64 needs more than 99 KiB: %zu bytes", flash_tc_shared_bytes(64));
+}
+
+// The kernels' mma wrappers (support/model/tensor_cores.cuh) against plain
+// products of the rounded operands, one warp: natively this checks the
+// fragment tables the kernels and the harness share against the hardware.
+// A: 16 x 16 row-major (the TF32 product uses its first 8 columns), B: 16 x 8, C: 16 x 8.
+__global__ void mma_wrappers_kernel(float* d_tf32, float* d_bf16, const float* A, const float* B, const float* C) {
+    int g = threadIdx.x / 4, t = threadIdx.x % 4;
+    float c[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t], C[(g + 8) * 8 + 2 * t + 1]}, d[4];
+    unsigned a[4] = {to_tf32(A[g * 16 + t]), to_tf32(A[(g + 8) * 16 + t]), to_tf32(A[g * 16 + t + 4]),
+                     to_tf32(A[(g + 8) * 16 + t + 4])};
+    unsigned b[2] = {to_tf32(B[t * 8 + g]), to_tf32(B[(t + 4) * 8 + g])};
+    mma_m16n8k8_tf32(d, a, b, c);
+    for (int i = 0; i < 4; i++) d_tf32[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = d[i];
+    for (int i = 0; i < 4; i++) {  // register i: rows g, g + 8, g, g + 8; columns 2t, 2t, 2t + 8, 2t + 8 (and + 1)
+        const float* x = A + (g + 8 * (i % 2)) * 16 + 2 * t + 8 * (i / 2);
+        a[i] = pack_bf16(x[0], x[1]);
+    }
+    b[0] = pack_bf16(B[2 * t * 8 + g], B[(2 * t + 1) * 8 + g]);
+    b[1] = pack_bf16(B[(2 * t + 8) * 8 + g], B[(2 * t + 9) * 8 + g]);
+    mma_m16n8k16_bf16(d, a, b, c);
+    for (int i = 0; i < 4; i++) d_bf16[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = d[i];
+}
+static float tf32_on_host(float x) {  // cvt.rna: to nearest at 10 mantissa bits, ties away from zero
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u = (u + 0x1000u) & 0xffffe000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+static float bf16_on_host(float x) { return __bfloat162float(__float2bfloat16(x)); }
+TEST(gpu_mma_wrappers_match_plain_products) {
+    NEED_GPU();
+    std::vector<float> A = randv(16 * 16, 21, 2.0f), B = randv(16 * 8, 22, 2.0f), C = randv(16 * 8, 23);
+    DevF gA(A), gB(B), gC(C), gd32(16 * 8), gd16(16 * 8);
+    LAUNCH(mma_wrappers_kernel, 1, 32, 0, ctx().stream)(gd32.p, gd16.p, gA.p, gB.p, gC.p);
+    launchCheck();
+    std::vector<float> want32(16 * 8), want16(16 * 8);
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++) {
+            double s32 = C[i * 8 + j], s16 = C[i * 8 + j];
+            for (int k = 0; k < 16; k++) {
+                if (k < 8) s32 += (double)tf32_on_host(A[i * 16 + k]) * tf32_on_host(B[k * 8 + j]);
+                s16 += (double)bf16_on_host(A[i * 16 + k]) * bf16_on_host(B[k * 8 + j]);
+            }
+            want32[i * 8 + j] = (float)s32, want16[i * 8 + j] = (float)s16;
+        }
+    double e32 = err_of(gd32.get(), want32), e16 = err_of(gd16.get(), want16);
+    CHECK(e32 < 1e-5, "mma_m16n8k8_tf32: D rel err %.2e against the product of TF32-rounded operands", e32);
+    CHECK(e16 < 1e-5, "mma_m16n8k16_bf16: D rel err %.2e against the product of bf16-rounded operands", e16);
+}

@@ -28,10 +28,18 @@
 // buffer before its copy ran, gives a wrong or NaN value.
 // Build with -fsanitize=address to catch out-of-bounds kernel accesses.
 //
+// The tensor cores (section 4): the warp-collective mma.sync shapes the kernels
+// use (m16n8k8 .tf32 and m16n8k16 .bf16, float accumulators) run when all 32
+// lanes have arrived, with the fragment layouts of the PTX manual; TF32 rounding
+// is cvt.rna's; cp.async copies (__pipeline_memcpy_async) land only when their
+// thread waits for their group, so a tile read before its wait, or by another
+// thread before a barrier, is NaN. __nv_bfloat16 converts as CUDA's does
+// (round to nearest even), and cublasGemmEx takes bf16 or float operands.
+//
 // Not modelled: blocks or streams running at the same time (one thing runs at
 // a time, in an order CUDA allows), the memory model (there is no cache to be
-// stale), half/bf16 types, cooperative groups, dynamic parallelism, textures,
-// cuBLASLt, timing.
+// stale), half types and bf16 arithmetic (bf16 converts; arithmetic is the
+// float's), cooperative groups, dynamic parallelism, textures, cuBLASLt, timing.
 #pragma once
 #include <math.h>
 #include <sys/mman.h>
@@ -120,6 +128,39 @@ inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { return {x, y, z}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline double2 make_double2(double x, double y) { return {x, y}; }
+
+// bfloat16 (cuda_bf16.h): float's sign and 8 exponent bits, 7 mantissa bits.
+// From float: round to nearest, ties to even, overflow to infinity, subnormals
+// kept, every NaN to 0x7fff (what __float2bfloat16 gives, on sm_80's cvt.rn.bf16.f32
+// and on the host); to float: exact (the 16 bits, then 16 zeros). Conversions
+// only: a kernel computes in float and rounds back, as the kernels here do.
+struct __nv_bfloat16_raw { unsigned short x; };
+inline unsigned short lime_emu_float_to_bf16_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fff;  // NaN
+    u += 0x7fffu + ((u >> 16) & 1u);                       // half an ulp, and the tie to the even side
+    return (unsigned short)(u >> 16);
+}
+struct __nv_bfloat16 {
+    unsigned short __x;
+    __nv_bfloat16() = default;
+    __nv_bfloat16(float f) : __x(lime_emu_float_to_bf16_bits(f)) {}
+    __nv_bfloat16(__nv_bfloat16_raw r) : __x(r.x) {}
+    operator float() const { uint32_t u = (uint32_t)__x << 16; float f; memcpy(&f, &u, 4); return f; }
+    operator __nv_bfloat16_raw() const { return {__x}; }
+};
+struct __align__(4) __nv_bfloat162 { __nv_bfloat16 x, y; };
+inline __nv_bfloat16 __float2bfloat16(float f) { return __nv_bfloat16(f); }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16(f); }
+inline float __bfloat162float(__nv_bfloat16 h) { return (float)h; }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.__x; }
+inline __nv_bfloat16 __ushort_as_bfloat16(unsigned short u) { return __nv_bfloat16(__nv_bfloat16_raw{u}); }
+inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) { return {__nv_bfloat16(lo), __nv_bfloat16(hi)}; }
+inline __nv_bfloat162 __float22bfloat162_rn(float2 f) { return {__nv_bfloat16(f.x), __nv_bfloat16(f.y)}; }
+inline float2 __bfloat1622float2(__nv_bfloat162 h) { return {(float)h.x, (float)h.y}; }
+inline float __low2float(__nv_bfloat162 h) { return (float)h.x; }
+inline float __high2float(__nv_bfloat162 h) { return (float)h.y; }
 
 // The built-ins are ordinary globals: the scheduler sets threadIdx before it
 // resumes a thread, blockIdx before each block. A kernel cannot keep a stale
@@ -241,7 +282,11 @@ inline void report(const char* fmt, ...) { va_list ap; va_start(ap, fmt); vrepor
 inline bool no_device() { const char* v = getenv("LIME_EMU_NO_DEVICE"); return v && atoi(v) != 0; }
 
 enum class State { READY, BARRIER, WARP, DONE };
-enum WarpKind { W_SYNC, W_SHFL, W_UP, W_DOWN, W_XOR, W_BALLOT, W_ANY, W_ALL };
+enum WarpKind { W_SYNC, W_SHFL, W_UP, W_DOWN, W_XOR, W_BALLOT, W_ANY, W_ALL, W_MMA_TF32, W_MMA_BF16 };
+
+// One cp.async copy still in flight: `bytes` land at dst when its thread waits
+// for group `group`, the first src_bytes from src and zeros after them.
+struct AsyncCopy { void* dst; const void* src; int bytes, src_bytes; long group; };
 
 struct Fiber {                  // one CUDA thread
     ucontext_t ctx;
@@ -257,6 +302,12 @@ struct Fiber {                  // one CUDA thread
     unsigned mask = 0;
     uint64_t value = 0, result = 0;
     int arg = 0, width = 32;
+    const uint32_t* mma_a = nullptr;  // an mma's fragments: this lane's registers of A, B, C and D
+    const uint32_t* mma_b = nullptr;
+    const float* mma_c = nullptr;
+    float* mma_d = nullptr;
+    std::vector<AsyncCopy> copies;    // its cp.async copies not yet waited for
+    long groups = 0;                  // the cp.async groups it has committed
 };
 
 struct Machine {
@@ -272,6 +323,7 @@ struct Machine {
     const char* kernel = "";
     long phase = 0;                     // scheduling phases run in this block
     bool failed = false;
+    uint64_t copy_rng = 0;              // random order: which cp.async copies land early (seeded per block)
     std::vector<unsigned char> dyn;     // dynamic shared memory
     ~Machine() { release_stacks(); }
     void release_stacks() {
@@ -382,6 +434,63 @@ inline bool same_barrier(const Fiber& a, const Fiber& b) {
 }
 inline unsigned lanes_present(int warp0, int n) { return n - warp0 >= 32 ? ~0u : (1u << (n - warp0)) - 1; }
 
+// The tensor cores' mma.sync, once all 32 lanes of the warp have arrived:
+//   D (16 x 8) = A (16 x K) B (K x 8) + C (16 x 8),  K = 8 (.tf32) or 16 (.bf16),
+// each lane holding the elements the PTX manual's fragment tables give it
+// (groupID g = lane / 4, threadID_in_group t = lane % 4):
+//   .m16n8k8 .tf32:  A a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4);   B b0 (t, g)  b1 (t+4, g)
+//   .m16n8k16 .bf16: A, 2 per register (low half first): a0 a1 (g, 2t + 0|1)  a2 a3 (g+8, 2t + 0|1)
+//                    a4 a5 (g, 2t+8 + 0|1)  a6 a7 (g+8, 2t+8 + 0|1);   B b0 b1 (2t + 0|1, g)  b2 b3 (2t+8 + 0|1, g)
+//   C, D (both):     c0 (g, 2t)  c1 (g, 2t+1)  c2 (g+8, 2t)  c3 (g+8, 2t+1)
+// A .tf32 operand is read as its top 19 bits (sign, exponent, 10 mantissa
+// bits): a kernel rounds each one first with cvt.rna.tf32.f32 (what a tensor
+// core does with bits left below those is not specified, and no kernel relies
+// on it). The products are exact (11 x 11 or 8 x 8 significant bits fit a
+// float's 24); their sum over k, in k order, and C are added in double and
+// rounded once to float. A tensor core's adder rounds differently (not
+// specified): results agree to a float's rounding, not bit for bit, so tests
+// compare products at float tolerance; the order is fixed, so the same inputs
+// always give the same bits here.
+inline float tf32_operand(uint32_t bits) { bits &= 0xffffe000u; float x; memcpy(&x, &bits, 4); return x; }
+inline float bf16_operand(uint32_t reg, int high) {
+    uint32_t bits = (high ? reg >> 16 : reg & 0xffffu) << 16;
+    float x;
+    memcpy(&x, &bits, 4);
+    return x;
+}
+inline void mma_complete(Fiber* lanes, WarpKind kind) {
+    const int K = kind == W_MMA_TF32 ? 8 : 16;
+    float A[16][16], B[16][8], C[16][8];
+    for (int lane = 0; lane < 32; lane++) {
+        const Fiber& f = lanes[lane];
+        int g = lane / 4, t = lane % 4;
+        if (kind == W_MMA_TF32) {
+            A[g][t] = tf32_operand(f.mma_a[0]);
+            A[g + 8][t] = tf32_operand(f.mma_a[1]);
+            A[g][t + 4] = tf32_operand(f.mma_a[2]);
+            A[g + 8][t + 4] = tf32_operand(f.mma_a[3]);
+            B[t][g] = tf32_operand(f.mma_b[0]);
+            B[t + 4][g] = tf32_operand(f.mma_b[1]);
+        } else {
+            for (int i = 0; i < 8; i++) {  // a_i is half i % 2 of register i / 2
+                int row = g + ((i / 2) % 2) * 8, col = 2 * t + i % 2 + (i >= 4 ? 8 : 0);
+                A[row][col] = bf16_operand(f.mma_a[i / 2], i % 2);
+            }
+            for (int i = 0; i < 4; i++) B[2 * t + i % 2 + (i >= 2 ? 8 : 0)][g] = bf16_operand(f.mma_b[i / 2], i % 2);
+        }
+        for (int i = 0; i < 4; i++) C[g + (i / 2) * 8][2 * t + i % 2] = f.mma_c[i];
+    }
+    for (int lane = 0; lane < 32; lane++) {  // every lane's C was read above: D may be C's registers
+        int g = lane / 4, t = lane % 4;
+        for (int i = 0; i < 4; i++) {
+            int row = g + (i / 2) * 8, col = 2 * t + i % 2;
+            double sum = 0;
+            for (int k = 0; k < K; k++) sum += (double)A[row][k] * B[k][col];
+            lanes[lane].mma_d[i] = (float)(sum + C[row][col]);
+        }
+    }
+}
+
 // Complete every warp operation whose mask's lanes have all arrived at it.
 // Returns how many threads were released.
 inline int complete_warp_ops(int n) {
@@ -400,6 +509,7 @@ inline int complete_warp_ops(int n) {
                     all = g.state == State::WARP && g.kind == f.kind && (g.mask & present) == mask;
                 }
             if (!all) continue;
+            if (f.kind == W_MMA_TF32 || f.kind == W_MMA_BF16) mma_complete(&F[w0], f.kind);
             uint64_t vote = 0, count = 0;
             for (int j = 0; j < 32; j++)
                 if (mask >> j & 1 && F[w0 + j].value) { vote |= 1ull << j; count++; }
@@ -459,6 +569,8 @@ __attribute__((noinline)) inline void start_fiber(int i) {
     f.state = State::READY;
     f.done_phase = -1;
     f.fake_stack = nullptr;
+    f.copies.clear();  // a thread's copies die with its block's shared memory
+    f.groups = 0;
 #ifdef LIME_EMU_ASAN
     // An abandoned (deadlocked) thread leaves its frames' redzones behind.
     __asan_unpoison_memory_region(m.stacks[i], m.stack_bytes);
@@ -478,6 +590,7 @@ inline bool run_block(int n, uint64_t block_id) {
     if (!m.dyn.empty()) memset(m.dyn.data(), 0xFF, m.dyn.size());
     for (int i = 0; i < n; i++) start_fiber(i);
     uint64_t rng = settings().seed * 0x2545F4914F6CDD1Dull + block_id;  // same seed, same schedule
+    m.copy_rng = rng ^ 0x5851F42D4C957F2Dull;
     for (;;) {
         // One phase: run every ready thread, in the chosen order, until it waits or ends.
         m.phase++;
@@ -569,6 +682,27 @@ inline uint64_t warp_op(WarpKind kind, const char* op, unsigned mask, uint64_t v
     f.state = State::WARP; f.kind = kind; f.op = op; f.mask = mask; f.value = value; f.arg = arg; f.width = width;
     yield(f);
     return f.result;
+}
+// mma.sync: the warp's 32 lanes together (.aligned: all of them, at the same
+// instruction), each giving its fragments; the results land in d when the last arrives.
+inline void mma_op(WarpKind kind, const char* op, float* d, const uint32_t* a, const uint32_t* b, const float* c,
+                   const char* file, int line) {
+    Fiber& f = current(op);
+    f.file = file; f.line = line;
+    int w0 = f.lin & ~31, n = (int)(blockDim.x * blockDim.y * blockDim.z);
+    if (n - w0 < 32) misuse(f, "%s needs a whole warp of 32 threads; this warp has %d", op, n - w0);
+    f.state = State::WARP; f.kind = kind; f.op = op; f.mask = ~0u; f.value = 0; f.arg = 0; f.width = 32;
+    f.mma_a = a; f.mma_b = b; f.mma_c = c; f.mma_d = d;
+    yield(f);
+}
+inline bool on_device(const void* p, size_t n);  // section 5: is [p, p + n) inside one device allocation?
+// Is [p, p + n) inside the block's shared memory (the static section or the launch's dynamic buffer)?
+inline bool in_shared(const void* p, size_t n) {
+    auto inside_range = [&](const void* lo, size_t size) {
+        return lo && (const char*)p >= (const char*)lo && (const char*)p + n <= (const char*)lo + size;
+    };
+    return inside_range(machine.dyn.data(), machine.dyn.size()) ||
+           (__start_lime_emu_shared && inside_range(__start_lime_emu_shared, __stop_lime_emu_shared - __start_lime_emu_shared));
 }
 template <class T> uint64_t to_bits(const T& v) {
     static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8, "warp shuffles move values of up to 8 bytes");
@@ -681,6 +815,77 @@ inline int atomicCAS(int* a, int cmp, int v) { int old = *a; if (old == cmp) *a 
 inline unsigned atomicCAS(unsigned* a, unsigned cmp, unsigned v) { unsigned old = *a; if (old == cmp) *a = v; return old; }
 inline unsigned long long atomicCAS(unsigned long long* a, unsigned long long cmp, unsigned long long v) {
     unsigned long long old = *a; if (old == cmp) *a = v; return old;
+}
+
+// --- the tensor cores and asynchronous copies -----------------------------
+// PTX instructions a kernel reaches through inline assembly under nvcc have
+// their emulation here, named after the instruction (the kernel's wrapper
+// calls it under LIME_EMU); cp.async is CUDA's own API (cuda_pipeline_primitives.h).
+namespace emu {
+// cvt.rna.tf32.f32: x rounded to TF32 (10 mantissa bits; round to nearest,
+// ties away from zero: half of the dropped 13 bits' range is added to the
+// magnitude, then they are cleared), as the .b32 bits an mma .tf32 operand
+// takes. Infinity and NaN pass unchanged; a value past TF32's largest rounds to infinity.
+inline uint32_t cvt_rna_tf32_f32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+    return u;
+}
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {d}, {a}, {b}, {c}: see detail::mma_complete.
+inline void mma_sync_m16n8k8_tf32(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4],
+                                  LIME_EMU_WHERE) {
+    detail::mma_op(detail::W_MMA_TF32, "mma.sync.m16n8k8.tf32", d, a, b, c, file_, line_);
+}
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32: a, b hold two bf16 per register.
+inline void mma_sync_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4],
+                                   LIME_EMU_WHERE) {
+    detail::mma_op(detail::W_MMA_BF16, "mma.sync.m16n8k16.bf16", d, a, b, c, file_, line_);
+}
+}  // namespace emu
+
+// cp.async (cuda_pipeline_primitives.h): copy size_and_align (4, 8 or 16)
+// bytes from global to shared memory, the last zfill of them zeros (read
+// nothing for those); __pipeline_commit closes the thread's current group,
+// __pipeline_wait_prior(n) waits until at most n of its committed groups are
+// still in flight. On a GPU a copy lands at some moment between its issue and
+// that wait (a barrier does not wait for copies). Here the moment follows the
+// thread order: forward, at the wait, the latest (a tile read before its
+// wait, or before the barrier after every thread's wait, is NaN); reverse, at
+// the issue, the earliest (a copy into a buffer other threads still read, with
+// no barrier between, overwrites what they read); random, either, per copy,
+// by the seeded generator. So a kernel right only for one timing fails under some order.
+inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, size_t size_and_align, size_t zfill = 0,
+                                    LIME_EMU_WHERE) {
+    using namespace emu::detail;
+    Fiber& f = current("__pipeline_memcpy_async");
+    f.file = file_; f.line = line_;
+    size_t n = size_and_align, from = n - zfill;
+    if ((n != 4 && n != 8 && n != 16) || zfill > n)
+        misuse(f, "__pipeline_memcpy_async: size %zu (4, 8 or 16) with zfill %zu", n, zfill);
+    if (((uintptr_t)dst_shared | (from ? (uintptr_t)src_global : 0)) & (n - 1))
+        misuse(f, "__pipeline_memcpy_async: %p or %p is not aligned to its %zu bytes", dst_shared, src_global, n);
+    if (!in_shared(dst_shared, n)) misuse(f, "__pipeline_memcpy_async: destination %p is not shared memory", dst_shared);
+    if (from && !on_device(src_global, from))
+        misuse(f, "__pipeline_memcpy_async: source %p is not device memory", src_global);
+    emu::Order o = settings().order;
+    if (o == emu::REVERSE || (o == emu::RANDOM && splitmix(machine.copy_rng) % 2)) {  // lands now
+        if (from) memcpy(dst_shared, src_global, from);
+        memset((char*)dst_shared + from, 0, n - from);
+        return;
+    }
+    f.copies.push_back({dst_shared, src_global, (int)n, (int)from, f.groups});
+}
+inline void __pipeline_commit() { emu::detail::current("__pipeline_commit").groups++; }
+inline void __pipeline_wait_prior(size_t prior) {
+    emu::detail::Fiber& f = emu::detail::current("__pipeline_wait_prior");
+    std::vector<emu::detail::AsyncCopy> later;
+    for (const emu::detail::AsyncCopy& c : f.copies) {
+        if (c.group >= f.groups - (long)prior) { later.push_back(c); continue; }  // in flight, or not committed
+        if (c.src_bytes) memcpy(c.dst, c.src, c.src_bytes);
+        memset((char*)c.dst + c.src_bytes, 0, c.bytes - c.src_bytes);
+    }
+    f.copies.swap(later);
 }
 
 // Math. glibc declares (without defining) __expf, __sinf ... so those are mapped
@@ -1349,22 +1554,27 @@ inline cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void* workspace, size
 
 namespace emu { namespace detail {
 // TF32 keeps 10 of float's 23 mantissa bits; tensor cores round each input so
-// (to nearest, ties away). Emulating it makes TF32 error budgets testable here.
+// (to nearest, ties away: cvt.rna). Emulating it makes TF32 error budgets testable here.
 inline float tf32(float x) {
-    uint32_t u; memcpy(&u, &x, 4);
-    if ((u & 0x7f800000u) != 0x7f800000u) { u += 0x1000u; u &= 0xffffe000u; }
+    uint32_t u = cvt_rna_tf32_f32(x);
     memcpy(&x, &u, 4);
     return x;
 }
+// An element of a product's operand as the float it holds (bf16: exactly), and a result stored as T.
+inline float as_float(float x) { return x; }
+inline float as_float(__nv_bfloat16 x) { return (float)x; }
+inline void store(float* p, float v) { *p = v; }
+inline void store(__nv_bfloat16* p, float v) { *p = __nv_bfloat16(v); }
 // One GEMM per batch entry, parallel over the (batch, column) pairs. Per column j
 // of C: gather column j of op(B) into b (contiguous, whatever its stride), then
 // op(A) = A walks A's columns (axpy, unit stride) and op(A) = A^T takes dot
 // products with A's columns (also unit stride). beta == 0: C is only written.
-template <bool TF32>
-void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, int lda, long long sA,
-           const float* B, int ldb, long long sB, float beta, float* C, int ldc, long long sC, int batch) {
+// TA: the operands' type (float or bf16), TC: C's; the sums are float's whichever.
+template <bool TF32, class TA = float, class TC = float>
+void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const TA* A, int lda, long long sA,
+           const TA* B, int ldb, long long sB, float beta, TC* C, int ldc, long long sC, int batch) {
     long long cols = (long long)batch * n;
-    auto rnd = [](float x) { return TF32 ? tf32(x) : x; };
+    auto rnd = [](TA x) { return TF32 ? tf32(as_float(x)) : as_float(x); };
 #if defined(_OPENMP)
 #pragma omp parallel if ((double)cols * m * k > 1e6)
 #endif
@@ -1376,20 +1586,20 @@ void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, i
         for (long long c = 0; c < cols; c++) {
             long long bi = c / n;
             int j = (int)(c % n);
-            const float* Ab = A + bi * sA;
-            const float* Bb = B + bi * sB;
-            float* Cj = C + bi * sC + (size_t)j * ldc;
+            const TA* Ab = A + bi * sA;
+            const TA* Bb = B + bi * sB;
+            TC* Cj = C + bi * sC + (size_t)j * ldc;
             for (int l = 0; l < k; l++) b[l] = rnd(tb ? Bb[j + (size_t)l * ldb] : Bb[l + (size_t)j * ldb]);
             if (!ta) {
                 std::fill(acc.begin(), acc.end(), 0.0f);
                 for (int l = 0; l < k; l++) {
-                    const float* Al = Ab + (size_t)l * lda;
+                    const TA* Al = Ab + (size_t)l * lda;
                     float bl = b[l];
                     for (int i = 0; i < m; i++) acc[i] += rnd(Al[i]) * bl;
                 }
             } else {
                 for (int i = 0; i < m; i++) {
-                    const float* Ai = Ab + (size_t)i * lda;
+                    const TA* Ai = Ab + (size_t)i * lda;
                     float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // 8 partial sums, so the loop vectorises
                     int l = 0;
                     for (; l + 8 <= k; l += 8)
@@ -1398,15 +1608,18 @@ void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* A, i
                     acc[i] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
                 }
             }
-            if (beta == 0.0f) for (int i = 0; i < m; i++) Cj[i] = alpha * acc[i];
-            else for (int i = 0; i < m; i++) Cj[i] = alpha * acc[i] + beta * Cj[i];
+            if (beta == 0.0f) for (int i = 0; i < m; i++) store(&Cj[i], alpha * acc[i]);
+            else for (int i = 0; i < m; i++) store(&Cj[i], alpha * acc[i] + beta * as_float(Cj[i]));
         }
     }
 }
 // Check the arguments as cuBLAS does, then issue the product on the handle's stream.
+// TA, TC: the operands' and C's element types; tf32: round the operands to TF32
+// (-1: as the handle's math mode says, for cublasSgemm).
+template <class TA = float, class TC = float>
 inline cublasStatus_t gemm(const char* fn, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                           int k, const float* alpha, const float* A, int lda, long long sA, const float* B, int ldb,
-                           long long sB, const float* beta, float* C, int ldc, long long sC, int batch) {
+                           int k, const float* alpha, const TA* A, int lda, long long sA, const TA* B, int ldb,
+                           long long sB, const float* beta, TC* C, int ldc, long long sC, int batch, int tf32 = -1) {
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     bool okop = (unsigned)ta <= CUBLAS_OP_C && (unsigned)tb <= CUBLAS_OP_C;
     int rowsA = ta == CUBLAS_OP_N ? m : k, rowsB = tb == CUBLAS_OP_N ? k : n;
@@ -1424,11 +1637,12 @@ inline cublasStatus_t gemm(const char* fn, cublasHandle_t h, cublasOperation_t t
             return CUBLAS_STATUS_EXECUTION_FAILED;
         }
     float a = *alpha, b = *beta;  // host pointer mode: the scalars are read at the call
-    bool tA = ta != CUBLAS_OP_N, tB = tb != CUBLAS_OP_N, t32 = (h->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH;
+    bool tA = ta != CUBLAS_OP_N, tB = tb != CUBLAS_OP_N;
+    bool t32 = tf32 < 0 ? (h->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH : tf32 != 0;
     if (a == 0.0f) k = 0;  // C = beta * C: as in BLAS, A and B are not read
     auto op = [=] {
-        if (t32) sgemm<true>(tA, tB, m, n, k, a, A, lda, sA, B, ldb, sB, b, C, ldc, sC, batch);
-        else sgemm<false>(tA, tB, m, n, k, a, A, lda, sA, B, ldb, sB, b, C, ldc, sC, batch);
+        if (t32) sgemm<true, TA, TC>(tA, tB, m, n, k, a, A, lda, sA, B, ldb, sB, b, C, ldc, sC, batch);
+        else sgemm<false, TA, TC>(tA, tB, m, n, k, a, A, lda, sA, B, ldb, sB, b, C, ldc, sC, batch);
     };
     return issue(h->stream, op, fn) == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
@@ -1445,4 +1659,68 @@ inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperatio
                                                 const float* beta, float* C, int ldc, long long strideC, int batch) {
     return emu::detail::gemm("cublasSgemmStridedBatched", h, ta, tb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
                              beta, C, ldc, strideC, batch);
+}
+
+// cublasGemmEx: the product with typed operands. Emulated: compute type
+// CUBLAS_COMPUTE_32F (float sums; TF32 operands when the handle's math mode is
+// CUBLAS_TF32_TENSOR_OP_MATH and they are float), _32F_PEDANTIC (never TF32) or
+// _32F_FAST_TF32 (TF32 operands), with A and B both CUDA_R_32F or both
+// CUDA_R_16BF, and C CUDA_R_32F, or CUDA_R_16BF after bf16 operands (the
+// result rounded to nearest even as it is stored). alpha, beta: floats on the
+// host. Anything else is CUBLAS_STATUS_NOT_SUPPORTED here, with a line saying so.
+typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType;
+typedef enum {
+    CUBLAS_COMPUTE_16F = 64, CUBLAS_COMPUTE_16F_PEDANTIC = 65, CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_PEDANTIC = 69,
+    CUBLAS_COMPUTE_32F_FAST_16F = 74, CUBLAS_COMPUTE_32F_FAST_16BF = 75, CUBLAS_COMPUTE_32F_FAST_TF32 = 77,
+    CUBLAS_COMPUTE_64F = 70, CUBLAS_COMPUTE_32I = 72,
+} cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1, CUBLAS_GEMM_DEFAULT_TENSOR_OP = 99 } cublasGemmAlgo_t;
+namespace emu { namespace detail {
+inline cublasStatus_t gemm_ex(const char* fn, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                              int n, int k, const void* alpha, const void* A, cudaDataType at, int lda, long long sA,
+                              const void* B, cudaDataType bt, int ldb, long long sB, const void* beta, void* C,
+                              cudaDataType ct, int ldc, long long sC, int batch, cublasComputeType_t compute,
+                              cublasGemmAlgo_t algo) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    bool types = at == bt && (at == CUDA_R_32F || at == CUDA_R_16BF) &&
+                 (ct == CUDA_R_32F || (ct == CUDA_R_16BF && at == CUDA_R_16BF));
+    bool computes = compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC ||
+                    compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+    if (!types || !computes) {
+        report("%s: CUBLAS_STATUS_NOT_SUPPORTED (A type %d, B type %d, C type %d, compute type %d: the harness emulates "
+               "bf16 or float operands with CUBLAS_COMPUTE_32F[_PEDANTIC|_FAST_TF32])",
+               fn, (int)at, (int)bt, (int)ct, (int)compute);
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    if (!((algo >= -1 && algo <= 23) || (algo >= 99 && algo <= 115))) {
+        report("%s: CUBLAS_STATUS_INVALID_VALUE (algo %d)", fn, (int)algo);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    const float *al = (const float*)alpha, *be = (const float*)beta;
+    int tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? 1 : compute == CUBLAS_COMPUTE_32F_PEDANTIC ? 0 : -1;
+    using bf = __nv_bfloat16;
+    const bf *Ab = (const bf*)A, *Bb = (const bf*)B;
+    if (at == CUDA_R_32F)
+        return gemm(fn, h, ta, tb, m, n, k, al, (const float*)A, lda, sA, (const float*)B, ldb, sB, be, (float*)C, ldc,
+                    sC, batch, tf32);
+    if (ct == CUDA_R_32F)
+        return gemm(fn, h, ta, tb, m, n, k, al, Ab, lda, sA, Bb, ldb, sB, be, (float*)C, ldc, sC, batch, tf32);
+    return gemm(fn, h, ta, tb, m, n, k, al, Ab, lda, sA, Bb, ldb, sB, be, (bf*)C, ldc, sC, batch, tf32);
+}
+}}  // namespace emu::detail
+inline cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                                   const void* alpha, const void* A, cudaDataType at, int lda, const void* B,
+                                   cudaDataType bt, int ldb, const void* beta, void* C, cudaDataType ct, int ldc,
+                                   cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+    return emu::detail::gemm_ex("cublasGemmEx", h, ta, tb, m, n, k, alpha, A, at, lda, 0, B, bt, ldb, 0, beta, C, ct,
+                                ldc, 0, 1, compute, algo);
+}
+inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+                                                 int n, int k, const void* alpha, const void* A, cudaDataType at,
+                                                 int lda, long long strideA, const void* B, cudaDataType bt, int ldb,
+                                                 long long strideB, const void* beta, void* C, cudaDataType ct,
+                                                 int ldc, long long strideC, int batch, cublasComputeType_t compute,
+                                                 cublasGemmAlgo_t algo) {
+    return emu::detail::gemm_ex("cublasGemmStridedBatchedEx", h, ta, tb, m, n, k, alpha, A, at, lda, strideA, B, bt,
+                                ldb, strideB, beta, C, ct, ldc, strideC, batch, compute, algo);
 }

@@ -1,0 +1,509 @@
+// support/model/flash_attention_tc.cuh — flash attention on the tensor cores:
+// the same outputs as support/model/flash_attention.cuh (same arguments, same
+// layouts, `att` holding each row's log-sum-exp), with the products done by
+// warp-wide mma.sync in TF32 (support/model/tensor_cores.cuh) instead of
+// scalar FMAs. Per batch entry b and query head h, kv head r = h / (H / R),
+// scale = 1 / sqrt(hd), causal (key u <= query t):
+//   forward    S = scale Q K^T,  P = softmax_u(S),  O = P V,  lse[t] = log sum_u e^S[t][u]
+//   backward   P = e^(S - lse) again,  D[t] = dO[t] . O[t],  dP = dO V^T,  dS = P (dP - D),
+//              dV = P^T dO,  dK = scale dS^T Q,  dQ = scale dS K
+//
+// Tiles. A block is 4 warps and owns 64 rows, 16 a warp: queries in the
+// forward and the dQ kernel, keys in the dK/dV kernel. The other side streams
+// through shared memory in tiles of TILE rows (keys; queries for dK/dV),
+// copied by cp.async: tile j + 1 lands while tile j is used (two stages). A
+// warp's slice of S is (16, TILE): TILE / 8 mma tiles of 16 x 8, HD / 8 steps
+// of k = 8 each; a slice of the output (16, HD) is HD / 8 mma tiles.
+//   HD (head dim padded)   8-64     128
+//   TILE, forward          64       32
+//   TILE, dQ and dK/dV     32       16
+// Everything a lane accumulates stays in its registers: its fragments of S
+// (TILE / 2 floats), of O or dQ or dK and dV (HD / 2 each). Tiles in shared
+// memory have rows of PAD = HD + 4 floats, which makes the fragment loads
+// free of bank conflicts (the 8 groups of a warp read 8 rows at once).
+//
+// The online softmax (forward), per query row, in base-2 units (x = S log2 e):
+// the running max mx and sum l of 2^(x - mx); each tile raises mx to the
+// tile's max, rescales l and O by 2^(old mx - new mx), adds the tile's
+// 2^(x - mx) to l and P V to O. At the end O / l, and lse = (mx + log2 l) ln 2.
+// A row's 4 lanes each keep their part of l and of the max; shuffles join them.
+//
+// One product's result feeds the next without leaving the registers: the
+// accumulator of P (16 rows, 8 keys a tile) is used as the A operand of P V by
+// reading its columns in the order 0 2 4 6 1 3 5 7 (a lane holds columns 2t
+// and 2t + 1, which A wants at t and t + 4), and V's rows in that same order
+// (load_b_paired): the sum over the 8 keys is the same, in another order.
+//
+// The causal mask is applied only where a tile reaches past the diagonal of a
+// warp's rows; tiles wholly after a warp's rows are skipped by that warp.
+// Positions past T are zeros in the tiles (copied as zeros), which add
+// nothing; the rows past T a block owns are computed and not stored.
+//
+// No atomics: every output float is one lane's sum in a fixed order, and the
+// dK/dV kernel visits its group's query heads, then their query tiles, in
+// order: the same bits for any schedule of blocks and threads.
+// TF32: every operand is rounded with cvt.rna (to_tf32) as it is loaded into a
+// fragment; the sums are float's. Errors are TF32's (about 1e-3 relative), as
+// cuBLAS's products under --tf32.
+//
+// Head dims: 1 to 128, padded with zeros to HD = 8, 16, 32, 64 or 128; rows
+// copy in 16-byte pieces when hd is a multiple of 4 (then q, k, v, out and dout
+// must be 16-byte aligned; the model's buffers are 64-byte aligned), else a
+// float at a time. flash_tc_refusal says why a shape or a GPU is not taken.
+//
+// lime.cu's attention dispatchers may call it on the GPU.
+#pragma once
+#include "support/model/device.cuh"
+#include "support/model/tensor_cores.cuh"
+#ifdef LIME_GPU
+
+template <int HD>
+struct FlashTC {
+    static constexpr int WARPS = 4, THREADS = 32 * WARPS;
+    static constexpr int ROWS = 16 * WARPS;                // a block's own rows (queries, or keys for dK/dV)
+    static constexpr int FWD_TILE = HD >= 128 ? 32 : 64;   // keys a streamed tile holds, forward
+    static constexpr int BWD_TILE = HD >= 128 ? 16 : 32;   // keys (dQ) or queries (dK/dV) a streamed tile holds
+    static constexpr int PAD = HD + 4;                     // floats a row of a tile takes in shared memory
+    // Shared memory, in floats. Forward: K, V (2 stages of FWD_TILE rows). dQ: Q, dO (ROWS rows),
+    // K, V (2 stages of BWD_TILE), D (ROWS). dK/dV: K, V (ROWS), Q, dO (2 stages of BWD_TILE), lse, D (2 stages).
+    static constexpr int FWD_FLOATS = 2 * 2 * FWD_TILE * PAD;
+    static constexpr int DQ_FLOATS = 2 * ROWS * PAD + 2 * 2 * BWD_TILE * PAD + ROWS;
+    static constexpr int DKV_FLOATS = 2 * ROWS * PAD + 2 * 2 * BWD_TILE * PAD + 2 * 2 * BWD_TILE;
+};
+
+static const float FLASH_TC_LOG2E = 1.4426950408889634f, FLASH_TC_LN2 = 0.6931471805599453f;
+
+// ---------------------------------------------------------------------------
+// Tiles and fragments. A warp's rows are 16 rows of a tile (x, row stride PAD);
+// g = lane / 4 and t = lane % 4 as in support/model/tensor_cores.cuh.
+
+// tile (rows, PAD) = rows r0 .. r0 + rows - 1 of x (row i at x + i * stride), cp.async copies
+// shared by the block's threads, 4 floats a turn; zeros past row T and past column hd.
+template <int HD>
+__device__ void flash_tc_copy_rows(float* tile, const float* x, size_t stride, int r0, int rows, int T, int hd) {
+    for (int c = threadIdx.x; c < rows * (HD / 4); c += blockDim.x) {
+        int i = c / (HD / 4), col = c % (HD / 4) * 4;
+        size_t at = (size_t)(r0 + i) * stride + col;
+        float* dst = tile + i * FlashTC<HD>::PAD + col;
+        if (hd % 4 == 0) {  // one 16-byte copy: a row of hd floats is whole pieces
+            bool inside = r0 + i < T && col < hd;
+            copy_async_16(dst, inside ? x + at : x, inside);
+        } else {            // four 4-byte copies
+            for (int e = 0; e < 4; e++) {
+                bool inside = r0 + i < T && col + e < hd;
+                copy_async_4(dst + e, inside ? x + at + e : x, inside);
+            }
+        }
+    }
+}
+// vals (rows) = x[r0 .. r0 + rows - 1], 4-byte cp.async copies; zeros past T.
+__device__ inline void flash_tc_copy_floats(float* vals, const float* x, int r0, int rows, int T) {
+    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
+        bool inside = r0 + i < T;
+        copy_async_4(vals + i, inside ? x + r0 + i : x, inside);
+    }
+}
+
+// a = the A fragment of columns k0 .. k0 + 7 of the 16 rows at x (row stride ld).
+__device__ __forceinline__ void load_a(unsigned a[4], const float* x, int ld, int k0) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    a[0] = to_tf32(x[g * ld + k0 + t]);
+    a[1] = to_tf32(x[(g + 8) * ld + k0 + t]);
+    a[2] = to_tf32(x[g * ld + k0 + t + 4]);
+    a[3] = to_tf32(x[(g + 8) * ld + k0 + t + 4]);
+}
+// b = the B fragment of B = Y^T, Y's 8 rows at y as B's columns, columns k0 .. k0 + 7 of them as B's k.
+__device__ __forceinline__ void load_b_rows(unsigned b[2], const float* y, int ld, int k0) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    b[0] = to_tf32(y[g * ld + k0 + t]);
+    b[1] = to_tf32(y[g * ld + k0 + t + 4]);
+}
+// b = the B fragment of B = Y, Y's 8 rows at y as B's k (in the order of as_a below), columns n0 .. n0 + 7.
+__device__ __forceinline__ void load_b_paired(unsigned b[2], const float* y, int ld, int n0) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    b[0] = to_tf32(y[2 * t * ld + n0 + g]);
+    b[1] = to_tf32(y[(2 * t + 1) * ld + n0 + g]);
+}
+// a = an accumulator's 16 x 8 tile as an A fragment: A's column t is the tile's column 2t, column t + 4 its 2t + 1.
+__device__ __forceinline__ void as_a(unsigned a[4], const float c[4]) {
+    a[0] = to_tf32(c[0]);
+    a[1] = to_tf32(c[2]);
+    a[2] = to_tf32(c[1]);
+    a[3] = to_tf32(c[3]);
+}
+
+// s (16, TILE) = x y^T: the warp's 16 rows x (HD columns) against TILE rows y, both in shared memory.
+template <int HD, int TILE>
+__device__ __forceinline__ void mma_rows_rows(float s[TILE / 8][4], const float* x, const float* y) {
+    constexpr int PAD = FlashTC<HD>::PAD;
+    for (int n = 0; n < TILE / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int kk = 0; kk < HD / 8; kk++) {
+        unsigned a[4], b[2];
+        load_a(a, x, PAD, 8 * kk);
+        for (int n = 0; n < TILE / 8; n++) {
+            load_b_rows(b, y + 8 * n * PAD, PAD, 8 * kk);
+            mma_m16n8k8_tf32(s[n], a, b, s[n]);
+        }
+    }
+}
+// acc (16, HD) += p y: p the warp's (16, TILE) accumulator, y TILE rows (HD columns) in shared memory.
+template <int HD, int TILE>
+__device__ __forceinline__ void mma_acc_rows(float acc[HD / 8][4], const float p[TILE / 8][4], const float* y) {
+    constexpr int PAD = FlashTC<HD>::PAD;
+    for (int kk = 0; kk < TILE / 8; kk++) {
+        unsigned a[4], b[2];
+        as_a(a, p[kk]);
+        for (int n = 0; n < HD / 8; n++) {
+            load_b_paired(b, y + 8 * kk * PAD, PAD, 8 * n);
+            mma_m16n8k8_tf32(acc[n], a, b, acc[n]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Forward. grid (ceil(T / 64), H, B), 128 threads: the block's queries
+// q0 .. q0 + 63 of head h, warp w's q0 + 16w .. + 15; key tiles of TILE = FWD_TILE.
+// q, out (B, T, H, hd); k, v (R, B, T, hd), head-major; lse (B, H, T). The
+// warp's queries are A fragments in registers for the whole kernel.
+template <int HD>
+__global__ void __launch_bounds__(FlashTC<HD>::THREADS)
+flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v, int T, int H, int R,
+                        int hd, float scale) {
+    using F = FlashTC<HD>;
+    constexpr int TILE = F::FWD_TILE, PAD = F::PAD;
+    DYNAMIC_SHARED(float, smem);
+    float *ks = smem, *vs = smem + 2 * TILE * PAD;  // (2, TILE, PAD) each: keys, values; stage j % 2 holds tile j
+    int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * F::ROWS;  // the last queries, which see the most keys, start first
+    int h = blockIdx.y, b = blockIdx.z, r = h / (H / R), qw = q0 + 16 * warp;
+    const float* kb = k + ((size_t)r * gridDim.z + b) * T * hd;  // kv head r's rows of batch entry b
+    const float* vb = v + ((size_t)r * gridDim.z + b) * T * hd;
+    const float* qb = q + ((size_t)b * T * H + h) * hd;          // query t at qb + t * H * hd
+    int tiles = (min(T, q0 + F::ROWS) + TILE - 1) / TILE;        // the block's last query sees keys < q0 + 64
+
+    flash_tc_copy_rows<HD>(ks, kb, hd, 0, TILE, T, hd);
+    flash_tc_copy_rows<HD>(vs, vb, hd, 0, TILE, T, hd);
+    __pipeline_commit();
+    unsigned qa[HD / 8][4];  // the warp's queries, head dims 8kk .. 8kk + 7: A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
+    for (int kk = 0; kk < HD / 8; kk++)
+        for (int i = 0; i < 4; i++) {
+            int row = qw + g + 8 * (i % 2), col = 8 * kk + t + 4 * (i / 2);
+            qa[kk][i] = to_tf32(row < T && col < hd ? qb[(size_t)row * H * hd + col] : 0.0f);
+        }
+    float o[HD / 8][4] = {};                                   // the warp's rows of O, unnormalised
+    float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8: max, and this lane's part of l
+    float scale2 = scale * FLASH_TC_LOG2E;
+
+    for (int j = 0; j < tiles; j++) {
+        float *kt = ks + j % 2 * TILE * PAD, *vt = vs + j % 2 * TILE * PAD;
+        if (j + 1 < tiles) {  // the next tile, into the other stage (free since the barrier ending tile j - 1)
+            flash_tc_copy_rows<HD>(ks + (j + 1) % 2 * TILE * PAD, kb, hd, (j + 1) * TILE, TILE, T, hd);
+            flash_tc_copy_rows<HD>(vs + (j + 1) % 2 * TILE * PAD, vb, hd, (j + 1) * TILE, TILE, T, hd);
+        }
+        __pipeline_commit();
+        __pipeline_wait_prior(1);  // this thread's copies of tile j have landed (tile j + 1's may not have)
+        __syncthreads();           // ... and every thread's
+        int u0 = j * TILE;
+        if (u0 <= qw + 15) {  // else all of the tile's keys come after the warp's queries
+            // s (16, TILE) = Q K^T, in base-2 units, masked where a key is after its query
+            float s[TILE / 8][4];
+            for (int n = 0; n < TILE / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+            for (int kk = 0; kk < HD / 8; kk++)
+                for (int n = 0; n < TILE / 8; n++) {
+                    unsigned bk[2];
+                    load_b_rows(bk, kt + 8 * n * PAD, PAD, 8 * kk);
+                    mma_m16n8k8_tf32(s[n], qa[kk], bk, s[n]);
+                }
+            bool diagonal = u0 + TILE - 1 > qw;  // some key of the tile after some query of the warp
+            float tile_mx[2] = {-INFINITY, -INFINITY};
+            for (int n = 0; n < TILE / 8; n++)
+                for (int i = 0; i < 4; i++) {  // element i: row g + 8 (i / 2), key 8n + 2t + i % 2
+                    int row = qw + g + 8 * (i / 2), key = u0 + 8 * n + 2 * t + i % 2;
+                    s[n][i] = diagonal && key > row ? -INFINITY : s[n][i] * scale2;
+                    tile_mx[i / 2] = fmaxf(tile_mx[i / 2], s[n][i]);
+                }
+            float rescale[2];
+            for (int i = 0; i < 2; i++) {  // the row's 4 lanes share their maxima; key 0 makes the first finite
+                tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 1));
+                tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 2));
+                float new_mx = fmaxf(mx[i], tile_mx[i]);
+                rescale[i] = exp2f(mx[i] - new_mx);
+                mx[i] = new_mx;
+                l[i] *= rescale[i];
+            }
+            for (int n = 0; n < TILE / 8; n++)
+                for (int i = 0; i < 4; i++) {
+                    s[n][i] = exp2f(s[n][i] - mx[i / 2]);  // P, unnormalised
+                    l[i / 2] += s[n][i];
+                }
+            for (int n = 0; n < HD / 8; n++)
+                for (int i = 0; i < 4; i++) o[n][i] *= rescale[i / 2];
+            mma_acc_rows<HD, TILE>(o, s, vt);  // O += P V
+        }
+        __syncthreads();  // everyone is done with this stage before tile j + 2 is copied into it
+    }
+
+    for (int i = 0; i < 2; i++) {  // the row's sum over its 4 lanes (the butterfly leaves it in each)
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+    }
+    float* ob = out + ((size_t)b * T * H + h) * hd;
+    for (int n = 0; n < HD / 8; n++)
+        for (int i = 0; i < 4; i++) {
+            int row = qw + g + 8 * (i / 2), col = 8 * n + 2 * t + i % 2;
+            if (row < T && col < hd) ob[(size_t)row * H * hd + col] = o[n][i] / l[i / 2];
+        }
+    for (int i = 0; i < 2; i++) {
+        int row = qw + g + 8 * i;
+        if (t == 0 && row < T) lse[((size_t)b * H + h) * T + row] = (mx[i] + log2f(l[i])) * FLASH_TC_LN2;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Backward, dQ (and D). grid (ceil(T / 64), H, B), 128 threads: the block's
+// queries q0 .. q0 + 63 of head h; key tiles of TILE = BWD_TILE. Per tile, for
+// the warp's 16 queries: S = Q K^T, dP = dO V^T, P = 2^(S log2 e - lse log2 e),
+// dS = P (dP - D), dQ += dS K. Writes dq (B, T, H, hd) and D (B, H, T), which
+// the dK/dV kernel reads: D[t] = dO[t] . O[t], one thread a row, in order.
+template <int HD>
+__global__ void __launch_bounds__(FlashTC<HD>::THREADS)
+flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* out, const float* q, const float* k,
+                           const float* v, const float* lse, int T, int H, int R, int hd, float scale) {
+    using F = FlashTC<HD>;
+    constexpr int TILE = F::BWD_TILE, PAD = F::PAD, ROWS = F::ROWS;
+    DYNAMIC_SHARED(float, smem);
+    float *qs = smem, *dos = qs + ROWS * PAD;         // (ROWS, PAD) each: the block's queries and their dO
+    float *ks = dos + ROWS * PAD, *vs = ks + 2 * TILE * PAD;  // (2, TILE, PAD) each: key and value tiles
+    float* Ds = vs + 2 * TILE * PAD;                  // (ROWS): D of the block's queries
+    int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
+    int h = blockIdx.y, b = blockIdx.z, r = h / (H / R), qw = q0 + 16 * warp;
+    const float* kb = k + ((size_t)r * gridDim.z + b) * T * hd;
+    const float* vb = v + ((size_t)r * gridDim.z + b) * T * hd;
+    size_t first = ((size_t)b * T * H + h) * hd, stride = (size_t)H * hd;  // query t of q, dout, out, dq
+    int tiles = (min(T, q0 + ROWS) + TILE - 1) / TILE;
+
+    flash_tc_copy_rows<HD>(qs, q + first, stride, q0, ROWS, T, hd);
+    flash_tc_copy_rows<HD>(dos, dout + first, stride, q0, ROWS, T, hd);
+    flash_tc_copy_rows<HD>(ks, kb, hd, 0, TILE, T, hd);
+    flash_tc_copy_rows<HD>(vs, vb, hd, 0, TILE, T, hd);
+    __pipeline_commit();
+    size_t row0 = ((size_t)b * H + h) * T;  // lse and D of (b, h)
+    if (threadIdx.x < ROWS) {
+        int row = q0 + threadIdx.x;
+        float d = 0.0f;
+        if (row < T) {
+            const float *dor = dout + first + (size_t)row * stride, *orow = out + first + (size_t)row * stride;
+            for (int i = 0; i < hd; i++) d += dor[i] * orow[i];
+            D[row0 + row] = d;
+        }
+        Ds[threadIdx.x] = d;
+    }
+    float lse2[2];  // rows g and g + 8: lse in base-2 units
+    for (int i = 0; i < 2; i++) {
+        int row = qw + g + 8 * i;
+        lse2[i] = row < T ? lse[row0 + row] * FLASH_TC_LOG2E : 0.0f;
+    }
+    float dqa[HD / 8][4] = {};  // the warp's rows of dQ / scale
+    float scale2 = scale * FLASH_TC_LOG2E;
+
+    for (int j = 0; j < tiles; j++) {
+        float *kt = ks + j % 2 * TILE * PAD, *vt = vs + j % 2 * TILE * PAD;
+        if (j + 1 < tiles) {
+            flash_tc_copy_rows<HD>(ks + (j + 1) % 2 * TILE * PAD, kb, hd, (j + 1) * TILE, TILE, T, hd);
+            flash_tc_copy_rows<HD>(vs + (j + 1) % 2 * TILE * PAD, vb, hd, (j + 1) * TILE, TILE, T, hd);
+        }
+        __pipeline_commit();
+        __pipeline_wait_prior(1);
+        __syncthreads();  // (the first time, also: Ds is written)
+        int u0 = j * TILE;
+        if (u0 <= qw + 15) {
+            float s[TILE / 8][4], dp[TILE / 8][4];
+            mma_rows_rows<HD, TILE>(s, qs + 16 * warp * PAD, kt);    // S = Q K^T
+            mma_rows_rows<HD, TILE>(dp, dos + 16 * warp * PAD, vt);  // dP = dO V^T
+            bool diagonal = u0 + TILE - 1 > qw;
+            for (int n = 0; n < TILE / 8; n++)
+                for (int i = 0; i < 4; i++) {
+                    int row = qw + g + 8 * (i / 2), key = u0 + 8 * n + 2 * t + i % 2;
+                    float p = diagonal && key > row ? 0.0f : exp2f(s[n][i] * scale2 - lse2[i / 2]);
+                    s[n][i] = p * (dp[n][i] - Ds[16 * warp + g + 8 * (i / 2)]);  // dS
+                }
+            mma_acc_rows<HD, TILE>(dqa, s, kt);  // dQ += dS K
+        }
+        __syncthreads();
+    }
+
+    for (int n = 0; n < HD / 8; n++)
+        for (int i = 0; i < 4; i++) {
+            int row = qw + g + 8 * (i / 2), col = 8 * n + 2 * t + i % 2;
+            if (row < T && col < hd) dq[first + (size_t)row * stride + col] = scale * dqa[n][i];
+        }
+}
+
+// ---------------------------------------------------------------------------
+// Backward, dK and dV. grid (ceil(T / 64), R, B), 128 threads: the block's keys
+// u0 .. u0 + 63 of kv head r, warp w's u0 + 16w .. + 15, with their K and V in
+// shared memory for the whole kernel; query tiles of TILE = BWD_TILE stream
+// through, head by head of the group (h = r * H/R, ...), each from the first
+// tile holding a query >= u0 to the last. Per tile, for the warp's 16 keys:
+// S^T = K Q^T, dP^T = V dO^T, P^T = 2^(S^T log2 e - lse log2 e), dV += P^T dO,
+// dS^T = P^T (dP^T - D), dK += dS^T Q. Adds scale dK to dk and dV to dv (R, B, T, hd).
+template <int HD>
+__global__ void __launch_bounds__(FlashTC<HD>::THREADS)
+flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
+                            const float* lse, const float* D, int T, int H, int R, int hd, float scale) {
+    using F = FlashTC<HD>;
+    constexpr int TILE = F::BWD_TILE, PAD = F::PAD, ROWS = F::ROWS;
+    DYNAMIC_SHARED(float, smem);
+    float *ks = smem, *vs = ks + ROWS * PAD;             // (ROWS, PAD) each: the block's keys and values
+    float *qs = vs + ROWS * PAD, *dos = qs + 2 * TILE * PAD;  // (2, TILE, PAD) each: query and dO tiles
+    float *lses = dos + 2 * TILE * PAD, *Ds = lses + 2 * TILE;  // (2, TILE) each
+    int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    int u0 = blockIdx.x * ROWS, r = blockIdx.y, b = blockIdx.z;  // the first keys see the most queries: first
+    int uw = u0 + 16 * warp, n_rep = H / R;
+    int skipped = u0 / TILE;  // query tiles before the block's first key see none of its keys
+    int per_head = (T + TILE - 1) / TILE - skipped, items = n_rep * per_head;
+    size_t kv0 = ((size_t)r * gridDim.z + b) * T * hd, stride = (size_t)H * hd;
+    // item j: head h = r * n_rep + j / per_head, queries t0 = (skipped + j % per_head) * TILE ..
+    auto copy_item = [&](int j, int stage) {
+        int h = r * n_rep + j / per_head, t0 = (skipped + j % per_head) * TILE;
+        size_t first = ((size_t)b * T * H + h) * hd, row0 = ((size_t)b * H + h) * T;
+        flash_tc_copy_rows<HD>(qs + stage * TILE * PAD, q + first, stride, t0, TILE, T, hd);
+        flash_tc_copy_rows<HD>(dos + stage * TILE * PAD, dout + first, stride, t0, TILE, T, hd);
+        flash_tc_copy_floats(lses + stage * TILE, lse + row0, t0, TILE, T);
+        flash_tc_copy_floats(Ds + stage * TILE, D + row0, t0, TILE, T);
+    };
+
+    flash_tc_copy_rows<HD>(ks, k + kv0, hd, u0, ROWS, T, hd);
+    flash_tc_copy_rows<HD>(vs, v + kv0, hd, u0, ROWS, T, hd);
+    copy_item(0, 0);
+    __pipeline_commit();
+    float dka[HD / 8][4] = {}, dva[HD / 8][4] = {};  // the warp's rows of dK / scale and dV
+    float scale2 = scale * FLASH_TC_LOG2E;
+
+    for (int j = 0; j < items; j++) {
+        int stage = j % 2, t0 = (skipped + j % per_head) * TILE;
+        float *qt = qs + stage * TILE * PAD, *dot = dos + stage * TILE * PAD;
+        const float *lset = lses + stage * TILE, *Dt = Ds + stage * TILE;
+        if (j + 1 < items) copy_item(j + 1, 1 - stage);
+        __pipeline_commit();
+        __pipeline_wait_prior(1);
+        __syncthreads();
+        if (t0 + TILE - 1 >= uw) {  // else all of the tile's queries come before the warp's keys
+            float st[TILE / 8][4], dpt[TILE / 8][4];
+            mma_rows_rows<HD, TILE>(st, ks + 16 * warp * PAD, qt);    // S^T = K Q^T
+            mma_rows_rows<HD, TILE>(dpt, vs + 16 * warp * PAD, dot);  // dP^T = V dO^T
+            bool diagonal = t0 < uw + 15;  // some query of the tile before some key of the warp
+            for (int n = 0; n < TILE / 8; n++)
+                for (int i = 0; i < 4; i++) {  // element i: key g + 8 (i / 2), query 8n + 2t + i % 2
+                    int key = uw + g + 8 * (i / 2), query = 8 * n + 2 * t + i % 2;
+                    float p = diagonal && t0 + query < key ? 0.0f
+                                                            : exp2f(st[n][i] * scale2 - lset[query] * FLASH_TC_LOG2E);
+                    st[n][i] = p;                             // P^T
+                    dpt[n][i] = p * (dpt[n][i] - Dt[query]);  // dS^T
+                }
+            mma_acc_rows<HD, TILE>(dva, st, dot);  // dV += P^T dO
+            mma_acc_rows<HD, TILE>(dka, dpt, qt);  // dK += dS^T Q
+        }
+        __syncthreads();
+    }
+
+    for (int n = 0; n < HD / 8; n++)
+        for (int i = 0; i < 4; i++) {
+            int row = uw + g + 8 * (i / 2), col = 8 * n + 2 * t + i % 2;
+            if (row < T && col < hd) {
+                size_t e = kv0 + (size_t)row * hd + col;
+                dk[e] += scale * dka[n][i];
+                dv[e] += dva[n][i];
+            }
+        }
+}
+
+// ---------------------------------------------------------------------------
+// Launchers, with the arguments and layouts of flash_attention_forward_gpu and
+// flash_attention_backward_gpu (support/model/flash_attention.cuh).
+
+// Calls f(w) with w the compile-time padded head dim HD for hd <= 128.
+template <class Fn>
+static void with_flash_tc_width(int hd, Fn f) {
+    if (hd <= 8) f(std::integral_constant<int, 8>());
+    else if (hd <= 16) f(std::integral_constant<int, 16>());
+    else if (hd <= 32) f(std::integral_constant<int, 32>());
+    else if (hd <= 64) f(std::integral_constant<int, 64>());
+    else f(std::integral_constant<int, 128>());
+}
+// The shared memory the widest of the three kernels needs a block at head dim hd.
+static size_t flash_tc_shared_bytes(int hd) {
+    size_t floats = 0;
+    with_flash_tc_width(hd, [&](auto w) {
+        using F = FlashTC<decltype(w)::value>;
+        floats = std::max({F::FWD_FLOATS, F::DQ_FLOATS, F::DKV_FLOATS});
+    });
+    return floats * sizeof(float);
+}
+// Why the tensor-core kernels do not take head dim hd on a GPU whose blocks may
+// have smem_optin bytes of shared memory (cudaDevAttrMaxSharedMemoryPerBlockOptin);
+// empty when they do. For --attention auto's fallback, and --attention flash's refusal.
+inline std::string flash_tc_refusal(int hd, size_t smem_optin) {
+    if (hd < 1 || hd > 128)
+        return "the tensor-core flash attention takes head dims up to 128, this model has " + std::to_string(hd);
+    size_t need = flash_tc_shared_bytes(hd);
+    if (need > smem_optin)
+        return "the tensor-core flash attention needs " + std::to_string(need) +
+               " bytes of shared memory a block at head dim " + std::to_string(hd) + ", this GPU allows " +
+               std::to_string(smem_optin);
+    return "";
+}
+// The launches' own checks: a head dim flash_tc_refusal refuses, or a buffer cp.async cannot copy from.
+static void flash_tc_check(int hd, std::initializer_list<const float*> buffers) {
+    bool aligned = true;
+    for (const float* p : buffers) aligned = aligned && (hd % 4 != 0 || (uintptr_t)p % 16 == 0);
+    if (hd >= 1 && hd <= 128 && aligned) return;
+    fprintf(stderr, "lime: flash_attention_tc: head dim %d (takes 1 to 128), or a buffer not 16-byte aligned\n", hd);
+    exit(EXIT_FAILURE);
+}
+// The kernel may have `bytes` of dynamic shared memory (over 48 KiB must be asked for).
+template <class Kernel>
+static void flash_tc_allow_shared(Kernel* kernel, int floats) {
+    cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, floats * (int)sizeof(float)));
+}
+
+// out (B, T, H, hd) and lse (B, H, T): what backward needs of the probabilities.
+inline void flash_attention_tc_forward_gpu(float* out, float* lse, const float* q, const float* k, const float* v,
+                                           int B, int T, int H, int R, int hd, cudaStream_t stream) {
+    flash_tc_check(hd, {out, q, k, v});
+    float scale = 1.0f / sqrtf((float)hd);
+    with_flash_tc_width(hd, [&](auto w) {
+        constexpr int HD = decltype(w)::value;
+        using F = FlashTC<HD>;
+        flash_tc_allow_shared(flash_tc_forward_kernel<HD>, F::FWD_FLOATS);
+        LAUNCH(flash_tc_forward_kernel<HD>, dim3(ceil_div(T, F::ROWS), H, B), F::THREADS,
+               F::FWD_FLOATS * sizeof(float), stream)
+        (out, lse, q, k, v, T, H, R, hd, scale);
+    });
+    launchCheck();
+}
+
+// dq is written; dk and dv are added to, as on the CPU. scratch: B*H*T floats (D).
+// The dQ kernel runs first: it writes D, which the dK/dV kernel reads.
+inline void flash_attention_tc_backward_gpu(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                                            const float* q, const float* k, const float* v, const float* lse, int B,
+                                            int T, int H, int R, int hd, float* scratch, cudaStream_t stream) {
+    flash_tc_check(hd, {dq, dk, dv, dout, out, q, k, v});
+    float scale = 1.0f / sqrtf((float)hd), *D = scratch;
+    with_flash_tc_width(hd, [&](auto w) {
+        constexpr int HD = decltype(w)::value;
+        using F = FlashTC<HD>;
+        flash_tc_allow_shared(flash_tc_backward_q_kernel<HD>, F::DQ_FLOATS);
+        flash_tc_allow_shared(flash_tc_backward_kv_kernel<HD>, F::DKV_FLOATS);
+        LAUNCH(flash_tc_backward_q_kernel<HD>, dim3(ceil_div(T, F::ROWS), H, B), F::THREADS,
+               F::DQ_FLOATS * sizeof(float), stream)
+        (dq, D, dout, out, q, k, v, lse, T, H, R, hd, scale);
+        launchCheck();
+        LAUNCH(flash_tc_backward_kv_kernel<HD>, dim3(ceil_div(T, F::ROWS), R, B), F::THREADS,
+               F::DKV_FLOATS * sizeof(float), stream)
+        (dk, dv, dout, q, k, v, lse, D, T, H, R, hd, scale);
+    });
+    launchCheck();
+}
+#endif  // LIME_GPU
