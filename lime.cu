@@ -1174,6 +1174,10 @@ static void attention_backward(float* dq, float* dk, float* dv, const float* dou
 // attention_backward_gpu), or the flash-style kernels in O(T) memory
 // (support/model/flash_attention.cuh).
 
+#ifdef LIME_GPU
+// The flash kernels on the tensor cores: under TF32 (the step's math mode), where they take the shape.
+static bool tensor_cores(const Model* model) { return model->gpu->flash_tc && model->gpu->tf32; }
+#endif
 // The dispatchers. On the GPU, A->flash picks the flash-style kernels (att then
 // holds each row's log-sum-exp), else the products around the stored softmax;
 // on the CPU the fast loops (support/model/cpu_fast.cpp) in ./lime, the plain
@@ -1183,9 +1187,10 @@ static void op_attention_forward(Model* model, float* out, float* att, const flo
     const Config& c = model->c;
     const Acts* A = pass_acts(model);
     DISPATCH(model,
-             A->flash ? flash_attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(model))
-                      : attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, A->scratch, blas_of(model),
-                                              stream_of(model)),
+             !A->flash ? attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, A->scratch, blas_of(model),
+                                               stream_of(model))
+             : tensor_cores(model) ? flash_attention_tc_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(model))
+                                   : flash_attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(model)),
              attention_forward_fast(out, att, q, k, v, B, T, c.H, c.R, c.hd, A->scratch, A->threads),
              attention_forward(out, att, q, k, v, B, T, c.H, c.R, c.hd));
 }
@@ -1195,10 +1200,13 @@ static void op_attention_backward(Model* model, float* dq, float* dk, float* dv,
     const Acts* A = pass_acts(model);
     (void)out;  // the GPU's flash kernels' alone
     DISPATCH(model,
-             A->flash ? flash_attention_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd,
-                                                     A->scratch, stream_of(model))
-                      : attention_backward_gpu(dq, dk, dv, A->datt, dout, q, k, v, att, B, T, c.H, c.R, c.hd,
-                                               A->scratch, blas_of(model), stream_of(model)),
+             !A->flash ? attention_backward_gpu(dq, dk, dv, A->datt, dout, q, k, v, att, B, T, c.H, c.R, c.hd,
+                                                A->scratch, blas_of(model), stream_of(model))
+             : tensor_cores(model)
+                 ? flash_attention_tc_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd,
+                                                   A->scratch, stream_of(model))
+                 : flash_attention_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch,
+                                                stream_of(model)),
              attention_backward_fast(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch, A->threads),
              attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd));
 }

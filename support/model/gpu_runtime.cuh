@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "support/model/device.cuh"
+#include "support/model/flash_attention_tc.cuh"
 #include "support/model/lime.h"
 #include "support/model/memory_check.h"
 
@@ -30,7 +31,9 @@ bool gpu_available(std::string* why) {
 }
 
 const char* model_attention_name(const Model* model) {
-    return !model->gpu ? "cpu" : model->gpu->flash ? "flash" : "matmul";
+    if (!model->gpu) return "cpu";
+    if (!model->gpu->flash) return "matmul";
+    return model->gpu->flash_tc && model->gpu->tf32 ? "flash (tensor cores)" : "flash";
 }
 
 // The handle's math mode: TF32 tensor cores, or plain float32 (ModelSettings::tf32, read before each step).
@@ -162,7 +165,18 @@ static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceN
     if (attention == ATTENTION_FLASH && c.hd > FLASH_MAX_HD)
         return "--attention flash handles head dims up to " + std::to_string(FLASH_MAX_HD) + ", this model has " +
                std::to_string(c.hd) + "; use --attention matmul";
-    bool flash = attention == ATTENTION_FLASH;
+    // Flash attention runs on the tensor cores under TF32 where they take the
+    // shape (flash_tc_refusal), and auto takes it at T >= 1024, where the cost
+    // model (docs/model.md) has it ahead of the matrix products; else the scalar
+    // kernels (float32 products, or a head dim or GPU they do not take).
+    cudaDeviceProp prop;
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    std::string tc_refusal = flash_tc_refusal(c.hd, prop.sharedMemPerBlockOptin);
+    if (attention == ATTENTION_FLASH && model->settings.tf32 && !tc_refusal.empty())
+        return "--attention flash on the tensor cores: " + tc_refusal + "; use --tf32 0 for the scalar kernels";
+    bool tc = model->settings.tf32 && tc_refusal.empty();
+    bool flash = attention == ATTENTION_FLASH || (attention == ATTENTION_AUTO && c.T >= 1024 && tc);
+    gpu->flash_tc = tc_refusal.empty();
     size_t acts_floats = carve(acts, c, model->B, nullptr, DEVICE_GPU, flash),
            small_bytes = gpu_carve_small(gpu, nullptr, norm_blocks, model->adamw_runs.size());
     size_t fixed_bytes = 4 * n * sizeof(float) + small_bytes, need = fixed_bytes + acts_floats * sizeof(float);
