@@ -10,6 +10,14 @@
 #include "support/lib/cli.h"
 #include "support/model/lime.h"
 
+// config_check (support/model/lime.h) names a bad field by its flag ("--layers 0
+// must be at least 1"); config_check_file by its key in a checkpoint's config
+// ("config \"num_hidden_layers\" 0 must be at least 1"), for config_from_json.
+std::string config_check_file(const Config& c);
+// "" when lambda is a value-entropy regulariser's lambda: 0 (off), or a normal
+// float32 number up to 1e6; else why not, to follow the flag or key's name.
+std::string entropy_reg_check(double lambda);
+
 // Names on the command line and in checkpoints, parsed (support/model/names.cpp).
 bool arch_parse(const std::string& s, Arch* out);                // "lime", "llama" or "hc"
 bool router_parse(const std::string& s, Config* c);              // "static", "average", "last-J", "first-J"
@@ -29,6 +37,10 @@ extern const std::vector<FlagSpec> SHAPE_FLAGS;
 // one_model: the flags shape one model (train); bench shapes three from them, so
 // its --hc-rate and --hc-dynamic go to its hc beside a lime.
 Config shape_from_args(Args& a, bool one_model = true);
+// The value shape flag --FLAG has in a model of config c ("none" for one it
+// has no part for: --router of a llama), "" for a flag that is not a shape
+// flag: train --resume checks the shape flags typed against the checkpoint.
+std::string shape_flag_value(const Config& c, const std::string& flag);
 
 inline Device pick_device(Args& a) {
     std::string d = a.choice("device", {"auto", "cpu", "gpu"});
@@ -59,3 +71,11 @@ inline ModelSettings model_settings(Args& a) {
     if (!shaped && a.cmd != "eval") s.flags.batch = a.cmd == "analyze" ? "--n" : "";  // analyze's batch: its --n sequences
     return s;
 }
+
+// Train's flags (support/model/names.cpp): the shape, the task (TASK_FLAGS) and
+// the run, with their defaults; compare checks its --train-args against them.
+extern const std::vector<FlagSpec> TASK_FLAGS;
+std::vector<FlagSpec> train_flags();
+// nullptr when --flag may be given with --task task (not a task's flag, or this
+// task's), else the task it belongs to: "--ops is for --task arith".
+const char* task_owning_flag(const std::string& flag, const std::string& task);
