@@ -5,6 +5,7 @@
 // model's names and settings from flags are in support/model/names.h.
 #pragma once
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -300,6 +301,32 @@ inline std::string write_file_atomic(const std::string& path, const std::string&
 }
 
 inline std::string json_num(double v) { return fmt("%.9g", v); }
+
+// PATH as a lock, flock'ed for the life of the process (the kernel lets go
+// when it ends, however it ends; close-on-exec: a child never holds it), with
+// this process's pid inside for the next one's message (train locks its run
+// directory, compare its --out). The descriptor; -1 when another process holds
+// it (*holder: its pid, 0 while not yet written); -2 when PATH cannot be a lock
+// (*why: not a regular file, or it cannot be opened).
+inline int lock_file(const std::string& path, long* holder, std::string* why) {
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        *why = fd < 0 ? strerror(errno) : "not a regular file";
+        if (fd >= 0) close(fd);
+        return -2;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char buf[24] = {0};
+        ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+        *holder = n > 0 ? atol(buf) : 0;
+        close(fd);
+        return -1;
+    }
+    std::string pid = std::to_string(getpid()) + "\n";
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) != (ssize_t)pid.size()) {}  // for messages only
+    return fd;
+}
 
 // This program's own path, "" if it cannot be found (compare re-runs it).
 inline std::string exe_path() {
