@@ -231,10 +231,13 @@ int cmd_verify(int argc, char** argv) {
     if (a.positional.empty()) die("verify", "needs reference files, e.g. ./lime verify tests/golden/*.safetensors");
     Verifier v;
     v.quiet = a.has("quiet");
+    int unchecked = 0;  // files that could not be read or run: counted apart from the checks that failed
     for (const std::string& path : a.positional) {
         std::string err = verify_file(path, dev, settings, &v);
-        if (!err.empty()) { printf("  FAIL %s\n", one_line(err).c_str()); v.failed++; }
+        if (!err.empty()) { printf("  FAIL %s\n", one_line(err).c_str()); unchecked++; }
     }
-    printf("verify: %d checks, %d failed\n", v.checked, v.failed);
-    return v.failed ? 1 : 0;
+    printf("verify: %d checks, %d failed", v.checked, v.failed);
+    if (unchecked) printf("; %d file%s could not be checked", unchecked, unchecked == 1 ? "" : "s");
+    printf("\n");
+    return v.failed || unchecked ? 1 : 0;
 }
