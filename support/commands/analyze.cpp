@@ -177,7 +177,7 @@ static std::string analyze_routers(const Model& model, const std::string& out) {
         printf("   own %2.0f%%, most from layer %d (%2.0f%%)\n", 100 * own, best_src, 100 * best);
     }
     std::string err = plot_heatmap(out + "/router_heatmap.png", "Router weight by source layer (rows sum to 1)",
-                                   "source layer", "layer", heat, rows, cols);
+                                   "source layer", "layer", heat, rows, cols, heatmap_size(rows.size(), cols.size()));
     if (!err.empty()) return err;
     printf("wrote %s/router_heatmap.png\n", one_line(out).c_str());
     return "";
@@ -216,7 +216,7 @@ static std::string analyze_hc(const Model& model, const std::string& out) {
         heat.push_back(row);
     }
     std::string err = plot_heatmap(out + "/hc_heatmap.png", "HC static mixing weights (alpha by mixture, then beta)",
-                                   "weight", "sublayer", heat, rows, cols);
+                                   "weight", "sublayer", heat, rows, cols, heatmap_size(rows.size(), cols.size()));
     if (!err.empty()) return err;
     printf("wrote %s/hc_heatmap.png\n", one_line(out).c_str());
     return "";
