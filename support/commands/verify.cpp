@@ -23,7 +23,8 @@
 
 struct Verifier {
     int failed = 0, checked = 0;
-    bool quiet = false;
+    bool quiet = false, silent = false;  // quiet: only failures printed; silent: nothing (the labs' checker)
+    std::string first_failed;            // the first check that failed, and its error
     void check(const std::string& what, const float* got, const float* want, size_t n, double tol) {
         double num = 0, den = 0;
         for (size_t i = 0; i < n; i++) {
@@ -34,8 +35,8 @@ struct Verifier {
         double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
         bool ok = err < tol;  // a NaN fails too
         checked++;
-        if (!ok) failed++;
-        if (!quiet || !ok) printf("  %-4s %-62s rel err %.2e  tol %.0e\n", ok ? "ok" : "FAIL", one_line(what).c_str(), err, tol);
+        if (!ok && failed++ == 0) first_failed = what + fmt(" (rel err %.2e", err) + fmt(", tol %.0e)", tol);
+        if (!silent && (!quiet || !ok)) printf("  %-4s %-62s rel err %.2e  tol %.0e\n", ok ? "ok" : "FAIL", one_line(what).c_str(), err, tol);
     }
 };
 
@@ -199,12 +200,24 @@ static std::string verify_file(const std::string& path, Device dev, const ModelS
     if (err.empty()) {
         std::string where =
             dev == DEVICE_GPU ? std::string("gpu, ") + model_attention_name(&model) + " attention" : "cpu";
-        printf("%s: %s, B=%d T=%d, %s%s\n", one_line(path).c_str(), arch_name(c.arch), rb.B, rb.T, where.c_str(),
-               settings.tf32 ? " (tf32)" : "");
+        if (!v->silent)
+            printf("%s: %s, B=%d T=%d, %s%s\n", one_line(path).c_str(), arch_name(c.arch), rb.B, rb.T, where.c_str(),
+                   settings.tf32 ? " (tf32)" : "");
         err = verify_model(&model, st, rb, opt, settings.tf32, v);
     }
     model_free(&model);
     return err;
+}
+
+std::string verify_reference_files(const std::vector<std::string>& paths, Device dev, const ModelSettings& settings) {
+    Verifier v;
+    v.silent = true;
+    for (const std::string& path : paths) {
+        std::string err = verify_file(path, dev, settings, &v);
+        if (!err.empty()) return err;
+    }
+    if (v.failed) return std::to_string(v.failed) + " of " + std::to_string(v.checked) + " checks failed, the first: " + v.first_failed;
+    return v.checked ? "" : "no check ran";
 }
 
 int cmd_verify(int argc, char** argv) {
