@@ -2878,8 +2878,8 @@ std::string models_fit_together(const std::vector<Config>& cs, int B, Device dev
     };
     if (cs.empty() || !settings.host_bytes || need(cs[0], B) <= settings.host_bytes) return "";
     char buf[200];
-    snprintf(buf, sizeof buf, "out of memory: the %zu models held at once need %.1f GB of host memory together, "
-             "%.1f GB is available; ", cs.size(), need(cs[0], B) / 1e9, settings.host_bytes / 1e9);
+    snprintf(buf, sizeof buf, "out of memory: the %zu models held at once need %.3g GB of host memory together, "
+             "%.3g GB is available; ", cs.size(), need(cs[0], B) / 1e9, settings.host_bytes / 1e9);
     return buf + memory_fix(cs[0], B, settings.flags, need);
 }
 

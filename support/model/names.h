@@ -54,6 +54,16 @@ inline Device pick_device(Args& a) {
 // --attention: how the GPU runs attention (ModelSettings in support/model/lime.h).
 #define ATTENTION_FLAG \
     {"attention", "auto", "gpu: matmul (products around a stored T x T softmax, fast), flash (memory O(T), slower) or auto (matmul when it fits)"}
+// Where the memory the host can give is read. In testing builds
+// (LIME_TESTING: ./lime-emu) LIME_TEST_MEMINFO=FILE reads FILE instead, a
+// machine with that much MemAvailable (tests/test_hostile.sh, bench); never in ./lime.
+inline const char* meminfo_path() {
+#ifdef LIME_TESTING
+    if (const char* f = getenv("LIME_TEST_MEMINFO")) return f;
+#endif
+    return "/proc/meminfo";
+}
+
 // The settings a model is created with, from the flags this command has
 // (--attention, --tf32, --graph; the others keep their defaults), and the
 // memory the host can give, so that model_create refuses what would not fit.
@@ -62,7 +72,7 @@ inline ModelSettings model_settings(Args& a) {
     if (a.values.count("tf32")) s.tf32 = a.integer("tf32", 0, 1) == 1;
     if (a.values.count("attention")) attention_parse(a.choice("attention", {"auto", "matmul", "flash"}), &s.attention);
     if (a.values.count("graph")) s.graph = a.integer("graph", 0, 1) == 1;
-    s.host_bytes = memory_available("/proc/meminfo");
+    s.host_bytes = memory_available(meminfo_path());
     // the flags that size the model in this command, for an out-of-memory line (SizeFlags)
     bool shaped = a.cmd == "train" || a.cmd == "bench";  // the others load a checkpoint's shape
     if (!shaped) s.flags.layers = s.flags.dim = s.flags.ffn = "";
