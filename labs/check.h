@@ -144,9 +144,13 @@ inline ChildEnd run_child(const std::function<void(int answer)>& child, int time
         end.error = strf("the checker could not make a pipe: %s", strerror(errno));
         return end;  // (a descriptor short: the checker ends soon anyway)
     }
-    pid_t pid = fork();
+    pid_t parent = getpid(), pid = fork();
     if (pid == 0) {
         setsid();  // a session of its own: whatever it starts is killed with it
+#ifdef __linux__
+        prctl(PR_SET_PDEATHSIG, SIGKILL);  // and it dies with the checker, even one killed
+#endif
+        if (getppid() != parent) _exit(127);
         int null = open("/dev/null", O_RDONLY);
         dup2(null, 0), dup2(out[1], 1), dup2(out[1], 2);  // dup2 clears close-on-exec on 0, 1, 2
         child(ans[1]);

@@ -82,6 +82,13 @@ else
     for f in $needs; do
         nm -C "$dir/student.o" | grep -q " T ${f}" || { fail defines "$file does not define ${f%(}(), the lab's function"; summary; }
     done
+    # Another lab's function would replace the project's in the worker alone: the judge would compute otherwise.
+    for f in router_forward\( router_backward\( router_forward_gpu\( adamw_numbers\( adamw_cpu\( clip_scale\(; do
+        [[ " $needs " == *" $f "* ]] && continue
+        nm -C "$dir/student.o" | grep -q " T ${f}" || continue
+        fail defines "$file also defines ${f%(}(), another lab's function; lab $n checks $(sed 's/(/()/g' <<<"$needs"): remove it"
+        summary
+    done
     # The lab's functions, as lime.cu makes them weak (LAB_SWAPPABLE), renamed lab_student_NAME:
     # labs/transcript.cpp calls them. One of the lab's name but another signature is another function.
     renames=()
