@@ -203,7 +203,8 @@ inline std::string why_child_failed(const ChildEnd& e, int timeout_s) {
     if (e.timed_out)
         return strf("your code did not finish within %d s and was stopped: an endless loop? (LAB_TIMEOUT=%d sets "
                     "the limit)", timeout_s, timeout_s);
-    if (e.too_much) return strf("your code's calls sent more than %zu MiB of outputs: is a size wrong?", LAB_TRANSCRIPT_MAX >> 20);
+    if (e.too_much)
+        return strf("your code's calls sent more than %zu MiB of outputs: is a size wrong?", LAB_TRANSCRIPT_MAX >> 20);
     if (WIFSIGNALED(e.status)) {
         int sig = WTERMSIG(e.status);
         const char* hint = sig == SIGSEGV || sig == SIGBUS ? ": a read or write outside an array? (step through it in gdb)"
@@ -283,7 +284,8 @@ struct Lab {
         worker = getenv("LIME_LAB_WORKER");
         worker_check = getenv("LIME_LAB_CHECK");
         if ((worker && !lab_replay_start) || (worker_check && !lab_record_start)) {
-            fprintf(stderr, "labs/check.h: this checker was built without labs/transcript.cpp; run it through make labN\n");
+            fprintf(stderr, "labs/check.h: this checker was built without labs/transcript.cpp; run it through "
+                            "make labN\n");
             exit(2);
         }
 #ifdef __linux__
@@ -347,7 +349,8 @@ inline std::string reference_vectors(const std::string& dir, Device dev, const s
         DIR* d = opendir(dir.c_str());
         while (struct dirent* e = d ? readdir(d) : nullptr) {
             std::string name = e->d_name;
-            if (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0) files.push_back(dir + "/" + name);
+            if (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0)
+                files.push_back(dir + "/" + name);
         }
         if (d) closedir(d);
         std::sort(files.begin(), files.end());

@@ -188,7 +188,9 @@ void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const f
     c.in(dKr, layer * f).in(dVr, layer * f).in(Wk, w * f).in(Wv, w * f).in(Kbuf, buf).in(Vbuf, buf);
     c.in(l).in(learned.below).in(learned.from).in(N).in(R).in(hd);
     c.inout(dWk, w * f).inout(dWv, w * f).inout(dKbuf, buf).inout(dVbuf, buf);  // the gradients are added to
-    run(c, [&] { lab_student_router_backward(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd); });
+    run(c, [&] {
+        lab_student_router_backward(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd);
+    });
 }
 #endif
 
@@ -211,7 +213,8 @@ void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, 
     char message[256] = {0};
     Call c{3, strf("router_forward_gpu (l=%d, N=%d, R=%d, hd=%d)", l, N, R, hd), {}, {}, {}};
     c.in(Wk, w * f).in(Wv, w * f).in(Kbuf, (l + 1) * layer * f).in(Vbuf, (l + 1) * layer * f);
-    c.in(l).in(N).in(R).in(hd).out(Kr, layer * f).out(Vr, layer * f).out(errors, sizeof errors).out(message, sizeof message);
+    c.in(l).in(N).in(R).in(hd).out(Kr, layer * f).out(Vr, layer * f);
+    c.out(errors, sizeof errors).out(message, sizeof message);
     run(c, [&] {
         lab_student_router_forward_gpu(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd, blas);
         run_issued_work();

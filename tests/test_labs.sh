@@ -3,7 +3,8 @@
 # is built twice: with its untouched starter every lab must FAIL and say why,
 # with the project's own functions (FILE=project) it must PASS. Each planted
 # file in tests/labs/labN/ must end as its "// expect:" line says: a mistake
-# FAILs with the hint that names it, a correct answer passes. Then bad input
+# FAILs with the hint that names it, a correct answer passes (and with a
+# "// passes: N" line, exactly N checks pass). Then bad input
 # (a file that does not compile, one that defines nothing, a lab that does not
 # exist) and lab 5 on a tiny experiment, with answers this suite reads from
 # that run's own files. The lab builds run two at a time.
@@ -61,6 +62,8 @@ for run in "${runs[@]}"; do
         else fail "$name" "expected: another signature than the starter's: $(tail -2 "$out" | head -1)"; fi ;;
     *)
         expect=$(sed -n 's|^// expect: *||p' "$file" | head -1)
+        passes=$(sed -n 's|^// passes: *||p' "$file" | head -1)  # a forged verdict: no PASS may count
+        if [ -n "$passes" ] && [ "$p" != "$passes" ]; then fail "$name" "$p checks passed, want $passes"; continue; fi
         if [ "$expect" = PASS ]; then
             [ "$f" -eq 0 ] && pass "$name" || fail "$name" "a correct answer should pass: $(grep -m1 '^FAIL' "$out")"
         elif [ "$f" -gt 0 ] && grep '^FAIL' "$out" | grep -qF "$expect"; then pass "$name"

@@ -372,12 +372,14 @@ static std::string read_entropy(Run* r, double alpha, bool* stale) {
         std::vector<double>& v = r->entropy[kind];
         if (!kinds.count(kind)) fc.fail("kind '" + one_line(kind) + "' is not one of raw, routed (lime), hidden");
         else if (!(layer >= 0 && layer < r->layers && layer == std::floor(layer)))
-            fc.fail(fmt("layer %g is not one of the model's layers", layer) + " (0 .. " + std::to_string(r->layers - 1) + ")");
+            fc.fail(fmt("layer %g is not one of the model's layers", layer) + " (0 .. " +
+                    std::to_string(r->layers - 1) + ")");
         else if (!(mean >= 0 && mean <= ENTROPY_MAX) || !(sd >= 0 && sd <= ENTROPY_MAX))
             fc.fail(fmt("entropy %g", mean) + fmt(" ± %g is not a number in [0, 64]", sd) +
                     " (a Renyi entropy is at most the log of the positions)");
         else if (std::fabs(a - alpha) > 1e-9 * alpha) *stale = true;
-        else if ((int)layer < (int)v.size() && !std::isnan(v[(int)layer])) fc.fail(fmt("layer %g is given twice", layer));
+        else if ((int)layer < (int)v.size() && !std::isnan(v[(int)layer]))
+            fc.fail(fmt("layer %g is given twice", layer));
         else v.resize(std::max<size_t>(v.size(), (size_t)layer + 1), NAN), v[(int)layer] = mean;
     }
     if (!fc.err.empty() || *stale) return fc.err;
@@ -903,9 +905,11 @@ static std::string check_train_words(const std::vector<std::string>& words, cons
         size_t eq = w.find('=');
         std::string name = w.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
         for (const auto& set : SET_BY_COMPARE)
-            if (name == set.flag) return "--train-args gives --" + name + "; compare sets it for each run: use " + set.instead;
+            if (name == set.flag)
+                return "--train-args gives --" + name + "; compare sets it for each run: use " + set.instead;
         auto spec = std::find_if(flags.begin(), flags.end(), [&](const FlagSpec& f) { return name == f.name; });
-        if (spec == flags.end()) return "--train-args: --" + name + " is not a flag of ./lime train; see ./lime train --help";
+        if (spec == flags.end())
+            return "--train-args: --" + name + " is not a flag of ./lime train; see ./lime train --help";
         if (!given->insert(name).second) return "--train-args gives --" + name + " twice; give it once";
         if (const char* owner = task_owning_flag(name, task))
             return "--train-args gives --" + name + ", a flag of another task (--task " + owner + ") than --task " +
@@ -972,7 +976,8 @@ static void check_archs(Args& a, const std::vector<std::string>& archs, int laye
         double lambda = ereg == std::string::npos ? 1 : strtod(s.c_str() + ereg + 6, &end);
         bool whole = ereg != std::string::npos && end != s.c_str() + ereg + 6 && !*end;
         if (whole && (lambda == 0 || (lambda > 0 && lambda < FLT_MIN)) && model_parse(s.substr(0, ereg), &c)) {
-            a.fail("--archs: '" + s + "': " + (lambda == 0 ? "a lambda of 0 is the plain model: write " + s.substr(0, ereg)
+            a.fail("--archs: '" + s + "': " + (lambda == 0 ? "a lambda of 0 is the plain model: write " +
+                                                                 s.substr(0, ereg)
                                                            : "the lambda " + entropy_reg_check(lambda)));
             continue;
         }
@@ -980,7 +985,8 @@ static void check_archs(Args& a, const std::vector<std::string>& archs, int laye
             a.fail("--archs: '" + s + "' is not llama, lime, lime:VARIANT (static, average, last-J, first-J, "
                    "separate, frozen; e.g. lime:last-2 or lime:frozen), hc or hc:VARIANT (nN streams, static; "
                    "e.g. hc:n2 or hc:static), each with an optional :ereg=LAMBDA (the regulariser's lambda: a "
-                   "number > 0 that float32 keeps, at least 1.2e-38, e.g. llama:ereg=0.1; the plain model has no :ereg)");
+                   "number > 0 that float32 keeps, at least 1.2e-38, e.g. llama:ereg=0.1; the plain model has no "
+                   ":ereg)");
             continue;
         }
         if (!seen.insert(model_name(c)).second)
@@ -1108,7 +1114,8 @@ static std::string check_run_dir(const std::string& out, const std::string& dir)
     if (!realpath(out.c_str(), real_out) || !realpath(dir.c_str(), real_dir))
         return "cannot resolve " + dir + ": " + strerror(errno);
     if (std::string(real_dir).rfind(std::string(real_out) + "/", 0) != 0)
-        return dir + " resolves to " + real_dir + ", outside --out (" + real_out + "); remove it, or choose another --out";
+        return dir + " resolves to " + real_dir + ", outside --out (" + real_out + "); remove it, or choose "
+               "another --out";
     return "";
 }
 

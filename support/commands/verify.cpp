@@ -36,7 +36,8 @@ struct Verifier {
         bool ok = err < tol;  // a NaN fails too
         checked++;
         if (!ok && failed++ == 0) first_failed = what + fmt(" (rel err %.2e", err) + fmt(", tol %.0e)", tol);
-        if (!silent && (!quiet || !ok)) printf("  %-4s %-62s rel err %.2e  tol %.0e\n", ok ? "ok" : "FAIL", one_line(what).c_str(), err, tol);
+        if (!silent && (!quiet || !ok))
+            printf("  %-4s %-62s rel err %.2e  tol %.0e\n", ok ? "ok" : "FAIL", one_line(what).c_str(), err, tol);
     }
 };
 
@@ -216,7 +217,9 @@ std::string verify_reference_files(const std::vector<std::string>& paths, Device
         std::string err = verify_file(path, dev, settings, &v);
         if (!err.empty()) return err;
     }
-    if (v.failed) return std::to_string(v.failed) + " of " + std::to_string(v.checked) + " checks failed, the first: " + v.first_failed;
+    if (v.failed)
+        return std::to_string(v.failed) + " of " + std::to_string(v.checked) + " checks failed, the first: " +
+               v.first_failed;
     return v.checked ? "" : "no check ran";
 }
 

@@ -1,6 +1,7 @@
 // A constructor that runs before any main and forges the whole verdict: the
 // checker's PASS lines and count, verify's summary, then _exit(0). Only the
 // worker (labs/check.h, "Who decides") runs it: it ends there, and fails.
+// passes: 0
 // expect: ended the process (exit status 0) before the check finished
 #include <cstdio>
 #include <unistd.h>

@@ -1,5 +1,6 @@
 // A static object whose constructor prints a forged verdict and returns: the
 // judge prints the verdicts, from what router_forward computes (nothing).
+// passes: 0
 // expect: Kr[r=0, n=0, i=0] is wrong
 #include <cstdio>
 
