@@ -267,6 +267,7 @@ inline std::string run_worker(const char* worker, const std::string& name, int t
         dup2(answer, 3);  // the transcript's descriptor (dup2 clears close-on-exec)
         close_from(4);    // nothing else of the checker's (or of make's) reaches the student's code
         setenv("LIME_LAB_CHECK", name.c_str(), 1);
+        unsetenv("LIME_LAB_WORKER");  // the worker is no judge
         execl(worker, worker, (char*)nullptr);
         fprintf(stderr, "cannot run the worker %s: %s\n", worker, strerror(errno));
         _exit(126);
@@ -283,9 +284,16 @@ struct Lab {
     Lab() {
         worker = getenv("LIME_LAB_WORKER");
         worker_check = getenv("LIME_LAB_CHECK");
-        if ((worker && !lab_replay_start) || (worker_check && !lab_record_start)) {
-            fprintf(stderr, "labs/check.h: this checker was built without labs/transcript.cpp; run it through "
-                            "make labN\n");
+        if (worker && access(worker, X_OK) != 0) {
+            fprintf(stderr, "labs/check.h: cannot run the worker '%s' (LIME_LAB_WORKER): %s; run make labN\n",
+                    one_line(worker).c_str(), strerror(errno));
+            exit(2);
+        }
+        // which program this is: the judge has the replaying half of labs/transcript.cpp, the worker the
+        // recording half, the project's checker neither
+        if ((worker && !lab_replay_start) || (worker_check && !lab_record_start) || (lab_replay_start && !worker)) {
+            fprintf(stderr, "labs/check.h: a lab's judge runs with its worker, a worker with its judge: run make "
+                            "labN\n");
             exit(2);
         }
 #ifdef __linux__
