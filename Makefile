@@ -248,28 +248,42 @@ fuzz: $(FUZZ_BINS)
 # Classroom labs (labs/README.md). lime.cu is compiled once for all of them
 # with -DLIME_LAB (the functions marked LAB_SWAPPABLE are weak symbols) and
 # its CUDA code on the CPU harness; `make lab2` compiles the student's file
-# (FILE=..., else labs/lab2/mine.cpp), links it in their place and runs the
-# lab's checks (labs/run.sh). A lab that does not exist lists the labs.
+# (FILE=..., else labs/lab2/mine.cpp) and runs the lab's checks (labs/run.sh).
+# Built once per lab (labs/check.h, "Who decides"): the judge (the checker
+# with labs/transcript.cpp replaying, no student code), the recording half
+# the student's worker is linked with, and the project's checker (FILE=project).
+# A lab that does not exist lists the labs.
 LAB_FLAGS = -std=c++17 -O1 -g -fopenmp -Wall -Wextra -Wno-unused-parameter -I. -Itests -DLIME_TESTING -DLIME_LAB -DLIME_EMU
 $(B)/lab/lime.o: lime.cu $(HEADERS) support/harness/cuda_on_cpu.h | $(B)
 	@mkdir -p $(dir $@)
 	$(CXX) $(LAB_FLAGS) -x c++ -c lime.cu -o $@
 LAB_OBJ  = $(B)/lab/lime.o $(TEST_OBJ)
-LAB_MAIN = $(B)/test/train.o
-# Each lab's checker, built once; only lab 3's (a kernel) needs the harness's header.
-LAB_CHECKS = $(patsubst labs/%/check.cpp,$(B)/lab/%/check.o,$(wildcard labs/lab*/check.cpp))
-$(B)/lab/%/check.o: labs/%/check.cpp labs/check.h labs/lab.h support/harness/cuda_on_cpu.h $(HEADERS)
+# Each code lab's checker; only lab 3's (a kernel) needs the harness's header.
+CODE_LABS = $(filter-out lab5,$(patsubst labs/%/check.cpp,%,$(wildcard labs/lab*/check.cpp)))
+LAB_DEPS  = labs/check.h labs/lab.h support/harness/cuda_on_cpu.h $(HEADERS)
+lab_emu   = $(if $(filter lab3,$(1)),,-ULIME_EMU)
+$(B)/lab/%/check.o: labs/%/check.cpp $(LAB_DEPS)
 	@mkdir -p $(dir $@)
-	$(CXX) $(LAB_FLAGS) $(if $(filter lab3,$*),,-ULIME_EMU) -c $< -o $@
+	$(CXX) $(LAB_FLAGS) $(call lab_emu,$*) -c $< -o $@
+$(B)/lab/%/record.o: labs/transcript.cpp $(LAB_DEPS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(LAB_FLAGS) $(call lab_emu,$*) -DLAB_RECORD -DLAB_NUMBER=$(*:lab%=%) -c $< -o $@
+$(B)/lab/%/replay.o: labs/transcript.cpp $(LAB_DEPS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(LAB_FLAGS) $(call lab_emu,$*) -DLAB_REPLAY -DLAB_NUMBER=$(*:lab%=%) -c $< -o $@
+$(B)/lab/%/checker-judge: $(B)/lab/%/check.o $(B)/lab/%/replay.o $(LAB_OBJ)
+	$(CXX) $(LAB_FLAGS) $^ -o $@
+$(B)/lab/%/checker-project: $(B)/lab/%/check.o $(LAB_OBJ)
+	$(CXX) $(LAB_FLAGS) $^ -o $@
+LAB_BUILT = $(foreach l,$(CODE_LABS),$(addprefix $(B)/lab/$(l)/,check.o record.o replay.o checker-judge checker-project))
 # Lab 5's checker reads the report and the answers as data (labs/lab5/report.h): a program of its own.
-LAB_CHECKS := $(filter-out $(B)/lab/lab5/check.o,$(LAB_CHECKS))
 $(B)/lab/lab5/check: labs/lab5/check.cpp labs/lab5/report.h
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++17 -O1 -g -Wall -Wextra -I. labs/lab5/check.cpp -o $@
-export LAB_FLAGS LAB_OBJ LAB_MAIN  # for labs/run.sh, and tests/test_labs.sh under make test
+export LAB_FLAGS LAB_OBJ  # for labs/run.sh, and tests/test_labs.sh under make test
 LABS = $(patsubst labs/%/README.md,%,$(wildcard labs/lab*/README.md))
 .PHONY: lab-deps $(LABS)
-lab-deps: $(LAB_OBJ) $(LAB_MAIN) $(LAB_CHECKS) $(B)/lab/lab5/check
+lab-deps: $(LAB_OBJ) $(LAB_BUILT) $(B)/lab/lab5/check
 $(filter-out lab5,$(LABS)): lab-deps
 lab5: lime $(B)/lab/lab5/check  # the experiment runs ./lime itself
 # FILE and RUN reach labs/run.sh through the environment (make exports the

@@ -1839,6 +1839,26 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
     return "";
 }
 
+// Several models held at once (bench makes three to five of one shape): their
+// host memory summed against settings.host_bytes, as model_create asks of one,
+// and when it does not fit, its out-of-memory line for the sum, naming the
+// flags that shrink every model (memory_fix, each size halved in all of them).
+std::string models_fit_together(const std::vector<Config>& cs, int B, Device dev, const ModelSettings& settings) {
+    auto need = [&](const Config& sizes, int hb) {
+        double sum = 0;
+        for (Config c : cs) {
+            c.L = sizes.L, c.d = sizes.d, c.hd = sizes.hd, c.F = sizes.F, c.V = sizes.V, c.T = sizes.T;
+            sum += memory_needed(c, hb, dev, false);
+        }
+        return sum;
+    };
+    if (cs.empty() || !settings.host_bytes || need(cs[0], B) <= settings.host_bytes) return "";
+    char buf[200];
+    snprintf(buf, sizeof buf, "out of memory: the %zu models held at once need %.3g GB of host memory together, "
+             "%.3g GB is available; ", cs.size(), need(cs[0], B) / 1e9, settings.host_bytes / 1e9);
+    return buf + memory_fix(cs[0], B, settings.flags, need);
+}
+
 void model_free(Model* model) {
     if (model->gpu) delete pass_acts(model);  // the device activations' views
     if (model->gpu) gpu_free(model);

@@ -38,28 +38,11 @@
 // Tasks: built from flags, or rebuilt from a checkpoint's metadata
 // ===========================================================================
 
-static const std::vector<FlagSpec> TASK_FLAGS = {
-    {"task", "arith", "arith (docs/tasks.md 1), prosqa (2) or text (3)"},
-    {"ops", "3", "arith: operators per question, the tier k"},
-    {"modulus", "11", "arith: the prime p"},
-    {"format", "chain", "arith: chain (chain of thought) or direct"},
-    {"train-size", "20000", "arith, prosqa: training examples (arith: at most the distinct questions of --ops and --modulus; prosqa: at most 1000000)"},
-    {"test-size", "500", "arith, prosqa: test examples"},
-    {"data-seed", "1", "arith, prosqa: seed of the generated data"},
-    {"prosqa-test", "data/prosqa/prosqa_test.json", "prosqa: the real Coconut file scored on (a relative path missing here is looked up beside ./lime)"},
-    {"text-file", "", "text: a UTF-8 file to model byte by byte"},
-    {"val-frac", "0.1", "text: held-out tail for validation"},
-};
-
 // A flag of another task would be silently ignored: refuse it instead.
 static void refuse_flags_of_other_task(Args& a, const std::string& task) {
-    static const std::map<std::string, std::vector<std::string>> owners = {
-        {"ops", {"arith"}}, {"modulus", {"arith"}}, {"format", {"arith"}}, {"train-size", {"arith", "prosqa"}},
-        {"test-size", {"arith", "prosqa"}}, {"data-seed", {"arith", "prosqa"}}, {"prosqa-test", {"prosqa"}},
-        {"text-file", {"text"}}, {"val-frac", {"text"}}, {"seq-len", {"text"}}};
-    for (auto& [flag, tasks] : owners) {
-        if (!a.has(flag) || std::find(tasks.begin(), tasks.end(), task) != tasks.end()) continue;
-        a.fail("--" + flag + " is for --task " + tasks[0] + "; drop it or add --task " + tasks[0]);
+    for (const std::string& flag : a.given) {
+        const char* owner = task_owning_flag(flag, task);
+        if (owner) a.fail("--" + flag + " is for --task " + owner + "; drop it or add --task " + owner);
     }
 }
 
@@ -223,38 +206,6 @@ static const char* TRAIN_HELP =
     "Trains one model (LLaMa or LIMe) on a task; writes DIR/model.safetensors at the end,\n"
     "DIR/checkpoint.safetensors on the way (for --resume) and DIR/log.jsonl (every number printed).";
 
-static std::vector<FlagSpec> train_flags() {
-    return concat({SHAPE_FLAGS, TASK_FLAGS, {
-        {"seq-len", "128", "text: T, positions per window (arith: from the data)"},
-        {"batch", "64", "B, sequences per step"},
-        {"steps", "", "optimiser steps (default: from --epochs)"},
-        {"epochs", "15", "passes over the training set (when --steps is not given)"},
-        {"lr", "1e-3", "learning rate of matrices, embedding and gains"},
-        {"router-lr", "1e-2", "learning rate of the LIMe routers"},
-        {"weight-decay", "0.1", "AdamW weight decay of the matrices"},
-        {"grad-clip", "1.0", "global gradient-norm clip (0: off)"},
-        {"warmup", "", "linear warmup steps (default: 2% of steps)"},
-        {"schedule", "linear", "decay after warmup: linear, cosine or constant"},
-        {"min-lr-ratio", "1e-6", "floor of the schedule factor"},
-        {"seed", "1", "initialisation and data order"},
-        {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
-        {"device", "auto", "auto, cpu or gpu"},
-        {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
-        ATTENTION_FLAG,
-        {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
-        {"out", "runs/model", "output directory (created if missing)"},
-        {"resume", "", "continue from a checkpoint written by train"},
-        {"force", nullptr, "start afresh even where --out holds another run's checkpoint or model (replaced)"},
-        {"log-every", "", "steps between progress lines (default: ~50 lines per run)"},
-        {"eval-every", "", "steps between evaluations (default: ~5 per run)"},
-        {"eval-size", "200", "test examples scored at each periodic evaluation"},
-        {"save-every", "", "steps between checkpoints (default: at each evaluation)"},
-        {"stop-after", "0", "stop after this many steps of this run, saving a checkpoint (0: run to the end)"},
-        {"skip-bad-steps", nullptr, "skip a step whose loss or gradient is NaN or Inf (default: stop training there)"},
-        {"quiet", nullptr, "print only the final result"},
-    }});
-}
-
 struct TrainSettings {
     AdamWConfig opt;
     int B = 0, steps = 0, warmup = 0, log_every = 0, eval_every = 0, save_every = 0, eval_size = 0, stop_after = 0;
@@ -407,6 +358,24 @@ struct Resumed {
     }
 };
 
+// A resumed run keeps its model: a shape flag typed now (--arch, --layers,
+// --router, --hc-rate, ...) must give the checkpoint's own value, checked
+// before the checkpoint's saved flags are merged in, so that the line names
+// the flag the user typed, never one the file brought.
+static void refuse_model_change(const Args& a, const Resumed& r) {
+    for (const FlagSpec& f : SHAPE_FLAGS) {
+        if (!a.has(f.name)) continue;
+        std::string typed = a.str(f.name), saved = shape_flag_value(r.c, f.name);
+        char* end = nullptr;
+        double t = strtod(typed.c_str(), &end);
+        bool same = typed == saved || (!typed.empty() && !*end && t == strtod(saved.c_str(), nullptr));
+        if (!same)
+            die("train", "--resume " + r.path + " holds a different model (" + model_name(r.c) + ", its --" + f.name +
+                             " " + saved + ") than --" + f.name + " " + typed + " describes; drop --" + f.name +
+                             " (a resumed run keeps its model), or start a new run");
+    }
+}
+
 // The directory a file is in: "." for a bare name.
 static std::string dir_of(const std::string& path) {
     size_t slash = path.find_last_of('/');
@@ -430,6 +399,7 @@ static Resumed resume_flags(Args& a, const std::vector<FlagSpec>& flags) {
         die("train", r.path + " was not written by ./lime train (no training arguments in it); "
                      "it can be loaded by eval, not resumed");
     refuse_task_change(a, saved);
+    refuse_model_change(a, r);
     if (a.has("seed") && saved.count("seed") && a.str("seed") != saved["seed"])
         die("train", "--seed " + a.str("seed") + " differs from the run being resumed (seed " + saved["seed"] +
                          "): a resumed run keeps the seed of its initialisation and data order; drop --seed, or "
@@ -639,22 +609,16 @@ static void train_check_saves(const TrainRun& r) {
 // when it ends, however it ends), with its pid inside: a second ./lime train
 // into the same directory, fresh or --resume, is refused naming the holder.
 static int lock_run_dir(const std::string& out) {
-    std::string path = out + "/train.lock";
-    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
-    struct stat sb;
-    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))
-        die("train", "cannot use " + path + " (" + (fd < 0 ? strerror(errno) : "not a regular file") +
-                         "), the lock a run holds on its directory; remove it if it is not a file, or choose another --out");
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        char buf[24] = {0};
-        ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-        long pid = n > 0 ? atol(buf) : 0;
+    std::string path = out + "/train.lock", why;
+    long pid = 0;
+    int fd = lock_file(path, &pid, &why);
+    if (fd == -2)
+        die("train", "cannot use " + path + " (" + why + "), the lock a run holds on its directory; remove it if it "
+                     "is not a file, or choose another --out");
+    if (fd == -1)
         die("train", "--out " + out + " is in use by another ./lime train (" +
                          (pid > 0 ? "pid " + std::to_string(pid) : std::string("its pid not written yet")) +
                          ", holding " + path + "); wait for it to end or stop it, or choose another --out");
-    }
-    std::string pid = std::to_string(getpid()) + "\n";
-    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) != (ssize_t)pid.size()) {}  // the pid is for messages only
     return fd;
 }
 
@@ -913,8 +877,9 @@ static void save_checkpoint(TrainRun* r, int step) {
 static int train_interrupted(TrainRun* r, int step, int sig) {
     const char* what = sig == SIGINT ? "interrupted (SIGINT)" : sig == SIGTERM ? "terminated (SIGTERM)"
                        : sig == SIGHUP ? "hung up (SIGHUP)" : "output closed (SIGPIPE)";
-    std::string line = std::string(what) + " at step " + std::to_string(step) + ": saved " + r->s.out +
-                       "/checkpoint.safetensors; continue with ./lime train --resume " + r->s.out +
+    std::string out = one_line(r->s.out);
+    std::string line = std::string(what) + " at step " + std::to_string(step) + ": saved " + out +
+                       "/checkpoint.safetensors; continue with ./lime train --resume " + out +
                        "/checkpoint.safetensors\n";
     // stderr after SIGPIPE, or when stdout cannot take the line (a pipe nobody reads: on_stop_signal)
     if (sig == SIGPIPE || fputs(line.c_str(), stdout) < 0 || fflush(stdout) != 0) fputs(line.c_str(), stderr);
@@ -926,7 +891,7 @@ static int train_interrupted(TrainRun* r, int step, int sig) {
 static int train_stopped(TrainRun* r, int step) {
     printf("stopped after %d steps of this run at step %d; continue with ./lime train --resume "
            "%s/checkpoint.safetensors\n",
-           r->run_steps, step, r->s.out.c_str());
+           r->run_steps, step, one_line(r->s.out).c_str());
     return 0;
 }
 
@@ -1056,6 +1021,20 @@ static void print_eval(const Json& json, const std::vector<std::string>& rows, b
     }
 }
 
+// One file given twice, by any path (./m and m, a symlink, a hard link: the
+// same device and inode), is refused: each checkpoint is scored once.
+static void refuse_same_file_twice(const std::vector<std::string>& paths) {
+    std::map<std::pair<dev_t, ino_t>, std::string> seen;  // each file, by the first path that names it
+    for (const std::string& path : paths) {
+        struct stat sb;
+        if (stat(path.c_str(), &sb) != 0) continue;  // load_checkpoint says why it cannot be read
+        auto [at, fresh] = seen.insert({{sb.st_dev, sb.st_ino}, path});
+        if (!fresh)
+            die("eval", "--load " + path + " is given twice (--load " + at->second + " is the same file); give "
+                        "each checkpoint once");
+    }
+}
+
 static int cmd_eval(int argc, char** argv) {
     std::vector<FlagSpec> flags = {
         {"load", "", "a checkpoint (repeat --load to compare models side by side)", true},
@@ -1077,9 +1056,7 @@ static int cmd_eval(int argc, char** argv) {
     if (!a.err.empty()) die("eval", a.err);
     if (!a.has("load")) die("eval", "needs --load FILE (a model.safetensors written by ./lime train)");
     const std::vector<std::string>& paths = a.values["load"];
-    for (size_t i = 0; i < paths.size(); i++)  // the --json object is keyed by file: each once
-        if (std::find(paths.begin(), paths.begin() + i, paths[i]) != paths.begin() + i)
-            die("eval", "--load " + paths[i] + " is given twice; give each checkpoint once");
+    refuse_same_file_twice(paths);
     Json json;
     std::vector<std::string> rows;
     for (const std::string& path : paths) {
@@ -1139,7 +1116,7 @@ static int cmd_sample(int argc, char** argv) {
     if (!gen.empty() && gen.back() == vocab.eos) gen.pop_back();
     std::string text = prosqa ? prosqa_detokenize(vocab, gen.data(), (int)gen.size())
                               : vocab.decode(gen.data(), (int)gen.size());
-    printf("%s\n", text.c_str());
+    printf("%s\n", one_line(text).c_str());  // the last line, control bytes escaped as in data
     model_free(&ld.model);
     return 0;
 }
@@ -1163,8 +1140,9 @@ static int cmd_data(int argc, char** argv) {
     const std::vector<Sequence>& seqs = split == "train" ? *t.train : *t.test;
     for (int i = 0; i < n && i < (int)seqs.size(); i++) {
         const std::vector<int>& tok = seqs[i].tokens;
-        printf("%s\n", t.kind == "prosqa" ? prosqa_detokenize(t.vocab, tok.data(), (int)tok.size()).c_str()
-                                          : t.vocab.decode(tok.data(), (int)tok.size()).c_str());
+        // a text example holds any bytes: a NUL, a newline or an escape sequence is written escaped (one_line)
+        printf("%s\n", one_line(t.kind == "prosqa" ? prosqa_detokenize(t.vocab, tok.data(), (int)tok.size())
+                                                  : t.vocab.decode(tok.data(), (int)tok.size())).c_str());
     }
     return 0;
 }

@@ -4,10 +4,15 @@
 // one the student's output matches, naming the tensor and the first wrong
 // index, never the right value.
 #pragma once
+#include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -22,16 +27,28 @@
 #include "support/lib/rng.h"
 #include "labs/lab.h"
 #include "support/lib/cli.h"
+#include "support/commands/commands.h"  // verify_reference_files
 #include "support/model/cpu_fast.h"
 
 // ---------------------------------------------------------------------------
-// Running the student's code. Each check runs in a child process (fork), never
-// in the checker's own: the child sends the check's answer back through a pipe
-// and only the parent prints PASS or FAIL and decides the exit status. So a
-// crash, an endless loop or an exit() in the student's code ends only that
-// check, with the reason (the signal, the time limit, the exit status), and
-// nothing the student's code prints can pass for a verdict: the child's
-// stdout is sent to stderr, which labs/run.sh shows apart from the verdicts.
+// Who decides. The student's code never runs in the process that prints the
+// verdicts, not even a constructor or a static object of the student's file
+// (which would run before any main):
+//   the worker (labs/run.sh links it: this checker, the student's object, and
+//     labs/transcript.cpp recording every call of the lab's functions) runs
+//     one check, started by the judge as a program of its own, and sends back
+//     the transcript of those calls: their outputs;
+//   the judge (built once: this checker and labs/transcript.cpp replaying, no
+//     student code) runs the same check in a child of its own with the
+//     transcript's outputs in place of the student's calls, and alone prints
+//     PASS or FAIL and decides the exit status.
+// So what the student's code prints goes nowhere near the verdicts (it is
+// kept apart, a few MB of it, on stderr), and only a transcript holding the
+// right outputs passes. A crash, an endless loop, an exit() or an endless
+// print in the student's code ends only that check, with the reason; a
+// process it leaves behind is killed, even one that left the process group.
+// FILE=project (lime.cu's own functions, trusted) runs each check in a child
+// of the checker itself, with the same limits.
 
 // The seconds a check may take: LAB_TIMEOUT, else 60 (the slowest check takes
 // a few seconds; an endless loop takes forever).
@@ -41,67 +58,249 @@ inline int lab_timeout_s() {
     return s >= 1 && s <= 3600 ? s : 60;
 }
 
-// "" or the check's diagnosis, from run() in a child; or why the child gave none.
-inline std::string run_in_child(const std::function<std::string()>& run, int timeout_s) {
+// labs/transcript.cpp's calls, weak: the project's checker links none of it.
+void lab_record_start(int fd) __attribute__((weak));
+void lab_record_finish() __attribute__((weak));
+void lab_replay_start(const std::string& transcript) __attribute__((weak));
+std::string lab_replay_finish() __attribute__((weak));
+
+// What a check's child prints is kept up to this (on the checker's stderr,
+// which labs/run.sh shows a few lines of), the rest counted and dropped: an
+// endless print costs neither disk nor memory. A worker's transcript past
+// LAB_TRANSCRIPT_MAX is refused (the largest check's is a few MB).
+constexpr size_t LAB_PRINT_KEEP = (size_t)4 << 20, LAB_TRANSCRIPT_MAX = (size_t)256 << 20;
+
+// The processes whose parent is `parent` (from /proc/PID/stat).
+inline std::vector<pid_t> children_of(pid_t parent) {
+    std::vector<pid_t> kids;
+    DIR* d = opendir("/proc");
+    while (d) {
+        struct dirent* e = readdir(d);
+        if (!e) break;
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE* f = fopen(path, "r");
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f) fclose(f);
+        buf[n] = 0;
+        const char* after = strrchr(buf, ')');  // the name, in parentheses, may hold anything
+        char state;
+        int ppid;
+        if (after && sscanf(after + 1, " %c %d", &state, &ppid) == 2 && ppid == parent) kids.push_back(atoi(e->d_name));
+    }
+    if (d) closedir(d);
+    return kids;
+}
+
+// What a check's child left running is killed: its session (the child made
+// one), then every process re-parented to the checker, which is a child
+// subreaper (Lab's constructor): a helper that left the session with setsid()
+// would otherwise live on, and hold the lab past its limit.
+inline void end_leftovers(pid_t child) {
+    kill(-child, SIGKILL);
+    for (int round = 0; round < 1000; round++) {
+        std::vector<pid_t> kids = children_of(getpid());
+        if (kids.empty()) return;
+        for (pid_t k : kids) kill(k, SIGKILL);
+        usleep(1000);
+        while (waitpid(-1, nullptr, WNOHANG) > 0) {}
+    }
+}
+
+// How a child ended and what it sent.
+struct ChildEnd {
+    std::string sent;     // what it wrote on its answer pipe
+    std::string error;    // the checker could not start it: why
+    int status = 0;       // waitpid's
+    bool timed_out = false, too_much = false;
+    size_t printed = 0;   // the bytes it printed, kept or not
+};
+
+// Reads what is there on fd (non-blocking), into *to up to `keep` bytes (or,
+// with to == nullptr, onto stderr); returns the bytes read, -1 at its end.
+inline long drain(int fd, std::string* to, size_t keep, size_t done) {
+    char buf[65536];
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n == 0) return -1;
+    if (n < 0) return errno == EAGAIN || errno == EINTR ? 0 : -1;
+    size_t room = done < keep ? std::min((size_t)n, keep - done) : 0;
+    if (to) to->append(buf, room);
+    else if (room && write(2, buf, room) < 0) {}
+    return n;
+}
+
+// Runs `child` (given its answer pipe's descriptor; it must end with _exit or
+// exec) in a process of its own session, its stdin /dev/null, its stdout and
+// stderr one pipe kept up to LAB_PRINT_KEEP. Waits until it ends or the time
+// is up (then kills it), and never for a pipe a leftover process still holds:
+// the reading ends with the child. Its leftovers are then killed.
+inline ChildEnd run_child(const std::function<void(int answer)>& child, int timeout_s) {
     fflush(stdout);
     fflush(stderr);
-    int fds[2];
-    if (pipe(fds) != 0) return strf("the checker could not make a pipe: %s", strerror(errno));
-    pid_t pid = fork();
-    if (pid < 0) return strf("the checker could not start the check: %s", strerror(errno));
-    if (pid == 0) {  // the child: the student's code runs here
-        setpgid(0, 0);  // its own group, so that whatever it starts is stopped with it
-        close(fds[0]);
-        dup2(2, 1);     // its prints go to stderr, never among the verdicts
-        std::string answer = "R" + run();
-        fflush(stdout);
-        for (size_t done = 0; done < answer.size();) {
-            ssize_t n = write(fds[1], answer.data() + done, answer.size() - done);
-            if (n <= 0) _exit(3);
-            done += (size_t)n;
-        }
-        _exit(0);
+    ChildEnd end;
+    int ans[2], out[2];
+    if (pipe2(ans, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+        end.error = strf("the checker could not make a pipe: %s", strerror(errno));
+        return end;  // (a descriptor short: the checker ends soon anyway)
     }
-    close(fds[1]);
-    std::string got;
-    bool timed_out = false;
+    pid_t parent = getpid(), pid = fork();
+    if (pid == 0) {
+        setsid();  // a session of its own: whatever it starts is killed with it
+#ifdef __linux__
+        prctl(PR_SET_PDEATHSIG, SIGKILL);  // and it dies with the checker, even one killed
+#endif
+        if (getppid() != parent) _exit(127);
+        int null = open("/dev/null", O_RDONLY);
+        dup2(null, 0), dup2(out[1], 1), dup2(out[1], 2);  // dup2 clears close-on-exec on 0, 1, 2
+        child(ans[1]);
+        _exit(127);
+    }
+    int fork_errno = errno;
+    close(ans[1]), close(out[1]);
+    if (pid < 0) {
+        close(ans[0]), close(out[0]);
+        end.error = strf("the checker could not start the check: %s", strerror(fork_errno));
+        return end;
+    }
+    fcntl(ans[0], F_SETFL, O_NONBLOCK), fcntl(out[0], F_SETFL, O_NONBLOCK);
     double deadline = now_ms() + 1000.0 * timeout_s;
-    for (;;) {
-        struct pollfd p = {fds[0], POLLIN, 0};
-        int wait = (int)std::max(0.0, deadline - now_ms());
-        int r = poll(&p, 1, wait);
-        if (r < 0 && errno == EINTR) continue;
-        if (r == 0) { timed_out = true; break; }
-        char buf[4096];
-        ssize_t n = read(fds[0], buf, sizeof buf);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;  // end of the answer: the child closed the pipe (or ended)
-        got.append(buf, (size_t)n);
+    bool exited = false, ans_open = true, out_open = true;
+    while (!exited) {
+        struct pollfd p[2] = {{ans_open ? ans[0] : -1, POLLIN, 0}, {out_open ? out[0] : -1, POLLIN, 0}};
+        poll(p, 2, 20);  // short slices: the child's end is seen at once, whoever holds the pipes
+        long n;
+        while (ans_open && (n = drain(ans[0], &end.sent, LAB_TRANSCRIPT_MAX + 1, end.sent.size())) != 0) {
+            if (n < 0) ans_open = false;
+            if (end.sent.size() > LAB_TRANSCRIPT_MAX) { end.too_much = true; break; }
+        }
+        while (out_open && (n = drain(out[0], nullptr, LAB_PRINT_KEEP, end.printed)) != 0)
+            if (n < 0) out_open = false; else end.printed += (size_t)n;
+        exited = waitpid(pid, &end.status, WNOHANG) == pid;
+        if (!exited && (end.too_much || now_ms() > deadline)) {
+            end.timed_out = !end.too_much;
+            kill(-pid, SIGKILL), kill(pid, SIGKILL);
+            while (waitpid(pid, &end.status, 0) < 0 && errno == EINTR) {}
+            exited = true;
+        }
     }
-    close(fds[0]);
-    if (timed_out) kill(-pid, SIGKILL), kill(pid, SIGKILL);
-    int status = 0;
-    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-    kill(-pid, SIGKILL);  // anything the student's code left running
-    if (timed_out)
+    // what it wrote just before it ended; a bounded read: a leftover process may write on
+    for (int i = 0; i < 64 && ans_open && drain(ans[0], &end.sent, LAB_TRANSCRIPT_MAX, end.sent.size()) > 0; i++) {}
+    for (long i = 0, n; i < 64 && out_open && (n = drain(out[0], nullptr, LAB_PRINT_KEEP, end.printed)) > 0; i++)
+        end.printed += (size_t)n;
+    close(ans[0]), close(out[0]);
+    end_leftovers(pid);
+    if (end.printed > LAB_PRINT_KEEP)
+        fprintf(stderr, "(your code printed %zu bytes in all; the first %zu are above, the rest were dropped)\n",
+                end.printed, LAB_PRINT_KEEP);
+    return end;
+}
+
+// "" when the child ended as a check's child does (exit status 0, in time),
+// else why not, in the words a student needs.
+inline std::string why_child_failed(const ChildEnd& e, int timeout_s) {
+    if (!e.error.empty()) return e.error;
+    if (e.timed_out)
         return strf("your code did not finish within %d s and was stopped: an endless loop? (LAB_TIMEOUT=%d sets "
                     "the limit)", timeout_s, timeout_s);
-    if (WIFSIGNALED(status)) {
-        int sig = WTERMSIG(status);
+    if (e.too_much)
+        return strf("your code's calls sent more than %zu MiB of outputs: is a size wrong?", LAB_TRANSCRIPT_MAX >> 20);
+    if (WIFSIGNALED(e.status)) {
+        int sig = WTERMSIG(e.status);
         const char* hint = sig == SIGSEGV || sig == SIGBUS ? ": a read or write outside an array? (step through it in gdb)"
                            : sig == SIGFPE             ? ": a division by zero?"
                            : sig == SIGABRT            ? ": an assert or abort() failed, or the heap was damaged"
                                                        : "";
         return strf("your code crashed: killed by signal %d (%s)%s", sig, strsignal(sig), hint);
     }
-    if (!got.empty() && got[0] == 'R' && WIFEXITED(status) && WEXITSTATUS(status) == 0) return got.substr(1);
-    return strf("your code ended the process (exit status %d) before the check finished: an exit() or _exit() "
-                "call? return from the function instead", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+    if (!WIFEXITED(e.status) || WEXITSTATUS(e.status) != 0)
+        return strf("your code ended the process (exit status %d) before the check finished: an exit() or _exit() "
+                    "call? return from the function instead", WIFEXITED(e.status) ? WEXITSTATUS(e.status) : -1);
+    return "";
+}
+
+// Writes all of text to fd, or ends the process (a check's child: its answer is lost).
+inline void send_all(int fd, const std::string& text) {
+    for (size_t done = 0; done < text.size();) {
+        ssize_t n = write(fd, text.data() + done, text.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) _exit(3);
+        done += (size_t)n;
+    }
+}
+
+// "" or the check's diagnosis, from run() in a child of this process
+// (trusted code: the project's, or the judge's replay); or why the child gave none.
+inline std::string run_in_child(const std::function<std::string()>& run, int timeout_s) {
+    ChildEnd e = run_child([&](int answer) {
+        std::string diagnosis = "R" + run();
+        fflush(stdout), fflush(stderr);
+        send_all(answer, diagnosis);
+        _exit(0);
+    }, timeout_s);
+    std::string why = why_child_failed(e, timeout_s);
+    if (!why.empty()) return why;
+    if (e.sent.empty() || e.sent[0] != 'R') return "the check ended without its answer";
+    return e.sent.substr(1);
+}
+
+// Closes every descriptor from `first` on (those /proc/self/fd lists).
+inline void close_from(int first) {
+    std::vector<int> fds;
+    if (DIR* d = opendir("/proc/self/fd")) {
+        while (struct dirent* e = readdir(d)) if (atoi(e->d_name) >= first) fds.push_back(atoi(e->d_name));
+        closedir(d);
+    }
+    for (int fd : fds) close(fd);
+}
+
+// Whether a transcript ends as the worker ends one, after its check
+// (labs/transcript.cpp's end marker; the replay then checks the rest).
+inline bool transcript_ended(const std::string& t) {
+    return t.size() >= 4 && t.compare(t.size() - 4, 4, "\xff\xff\xff\xff") == 0;
+}
+
+// The worker runs check `name`, recording (labs/transcript.cpp); its
+// transcript into *transcript. "" or why it gave none.
+inline std::string run_worker(const char* worker, const std::string& name, int timeout_s, std::string* transcript) {
+    ChildEnd e = run_child([&](int answer) {
+        dup2(answer, 3);  // the transcript's descriptor (dup2 clears close-on-exec)
+        close_from(4);    // nothing else of the checker's (or of make's) reaches the student's code
+        setenv("LIME_LAB_CHECK", name.c_str(), 1);
+        unsetenv("LIME_LAB_WORKER");  // the worker is no judge
+        execl(worker, worker, (char*)nullptr);
+        fprintf(stderr, "cannot run the worker %s: %s\n", worker, strerror(errno));
+        _exit(126);
+    }, timeout_s);
+    *transcript = e.sent;
+    return why_child_failed(e, timeout_s);
 }
 
 struct Lab {
     int passed = 0, failed = 0;
-    std::string stuck;  // the first check that ran out of time: the rest are not run (each would wait as long)
+    std::string stuck;       // the first check that ran out of time: the rest are not run (each would wait as long)
+    const char* worker = nullptr;       // the judge: the worker program each check runs in (LIME_LAB_WORKER)
+    const char* worker_check = nullptr; // the worker: the one check to run and record (LIME_LAB_CHECK)
+    Lab() {
+        worker = getenv("LIME_LAB_WORKER");
+        worker_check = getenv("LIME_LAB_CHECK");
+        if (worker && access(worker, X_OK) != 0) {
+            fprintf(stderr, "labs/check.h: cannot run the worker '%s' (LIME_LAB_WORKER): %s; run make labN\n",
+                    one_line(worker).c_str(), strerror(errno));
+            exit(2);
+        }
+        // which program this is: the judge has the replaying half of labs/transcript.cpp, the worker the
+        // recording half, the project's checker neither
+        if ((worker && !lab_replay_start) || (worker_check && !lab_record_start) || (lab_replay_start && !worker)) {
+            fprintf(stderr, "labs/check.h: a lab's judge runs with its worker, a worker with its judge: run make "
+                            "labN\n");
+            exit(2);
+        }
+#ifdef __linux__
+        prctl(PR_SET_CHILD_SUBREAPER, 1);  // a check's orphans become ours: end_leftovers finds them
+        prctl(PR_SET_DUMPABLE, 0);         // and no other process of the user may open our descriptors in /proc
+#endif
+    }
     void pass(const std::string& check) {
         printf("PASS %s\n", check.c_str());
         passed++;
@@ -110,14 +309,38 @@ struct Lab {
         printf("FAIL %s: %s\n", check.c_str(), one_line(why).c_str());
         failed++;
     }
-    // One check: run() (the student's code and the comparison) in a child; "" from it passes.
+    // One check: run() (the student's code and the comparison) as "Who decides" says; "" from it passes.
     void check(const std::string& check, const std::function<std::string()>& run) {
+        if (worker_check) return record(check, run);
         if (!stuck.empty()) return fail(check, "not run: " + stuck + " did not finish in time");
-        std::string why = run_in_child(run, lab_timeout_s());
+        std::string why, transcript;
+        if (worker) {
+            why = run_worker(worker, check, lab_timeout_s(), &transcript);
+            if (why.empty() && !transcript_ended(transcript))
+                why = "your code ended the process (exit status 0) before the check finished: an exit() or _exit() "
+                      "call, in a function or a constructor? return from the function instead";
+            if (why.empty())
+                why = run_in_child([&] {
+                    lab_replay_start(transcript);
+                    std::string diagnosis = run(), broken = lab_replay_finish();
+                    return broken.empty() ? diagnosis : "your code's outputs could not be checked: " + broken;
+                }, lab_timeout_s());
+        } else {
+            why = run_in_child(run, lab_timeout_s());
+        }
         if (why.find("did not finish within") != std::string::npos) stuck = check;
         why.empty() ? pass(check) : fail(check, why);
     }
-    // The verdict is the parent's alone: its own counts, in its exit status and last line.
+    // The worker's part: this one check, its calls recorded on descriptor 3, then the end.
+    void record(const std::string& check, const std::function<std::string()>& run) {
+        if (check != worker_check) return;
+        lab_record_start(3);
+        run();  // its diagnosis is the judge's to make
+        fflush(stdout), fflush(stderr);
+        lab_record_finish();
+        _exit(0);
+    }
+    // The verdict is the judge's alone: its own counts, in its exit status and last line.
     int exit_status() const {
         printf("checks: %d passed, %d failed\n", passed, failed);
         fflush(stdout);
@@ -125,6 +348,27 @@ struct Lab {
     }
 };
 
+// The reference vectors (docs/checkpoint.md): the whole model, the student's
+// function in it, through ./lime verify's checks (verify_reference_files),
+// one check. dir's *.safetensors in name order; lab 3's on the GPU harness.
+inline std::string reference_vectors(const std::string& dir, Device dev, const std::vector<std::string>& only = {}) {
+    std::vector<std::string> files = only;
+    if (files.empty()) {
+        DIR* d = opendir(dir.c_str());
+        while (struct dirent* e = d ? readdir(d) : nullptr) {
+            std::string name = e->d_name;
+            if (name.size() > 12 && name.compare(name.size() - 12, 12, ".safetensors") == 0)
+                files.push_back(dir + "/" + name);
+        }
+        if (d) closedir(d);
+        std::sort(files.begin(), files.end());
+    }
+    if (files.empty()) return "no reference files in " + dir;
+    ModelSettings settings;
+    settings.tf32 = false;  // float32 throughout, at docs/checkpoint.md's tight tolerances
+    std::string err = verify_reference_files(files, dev, settings);
+    return err.empty() ? "" : "./lime verify with your function: " + err;
+}
 
 inline std::vector<float> randn(Rng& rng, size_t n, float scale = 1.0f) {
     std::vector<float> v(n);

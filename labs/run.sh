@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # labs/run.sh N [FILE] — lab N's checks (`make labN [FILE=...]` runs it).
-# Builds the lab: compiles FILE, the student's (default labs/labN/mine.cpp,
-# copied from the starter the first time), and links it with lime.cu compiled
-# once in lab mode (Makefile: LAB_FLAGS), where it replaces the project's
-# function; FILE=project links none, so lime.cu's own functions are checked
-# (what tests/test_labs.sh does). Then runs the lab's checks: one PASS or FAIL
-# line each, a FAIL with a hint; the last line is "labN: P passed, F failed".
+# Builds the lab's worker: compiles FILE, the student's (default
+# labs/labN/mine.cpp, copied from the starter the first time), renames its
+# lab functions lab_student_NAME and links it with the lab's checker,
+# labs/transcript.cpp recording their calls, and lime.cu compiled once in lab
+# mode (Makefile: LAB_FLAGS, LAB_OBJ). Then the judge, built once without any
+# student code, runs each check: the worker computes it, the judge replays
+# the worker's transcript and alone prints PASS or FAIL (labs/check.h, "Who
+# decides"). FILE=project checks lime.cu's own functions (what
+# tests/test_labs.sh does) with the project's checker. One PASS or FAIL line
+# per check, a FAIL with a hint; the last line is "labN: P passed, F failed".
 # Lab 5 (an experiment) has no code: FILE is the answers file.
 cd "$(dirname "$0")/.." || exit 2
 n=$1 file=$2
 : "${CXX:=g++}"
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # the checks' shapes are tiny: threads would only wait
+export OMP_NUM_THREADS=1  # the checks' shapes are tiny; and the judge must compute as the worker did
 passed=0 failed=0
 pass() { echo "PASS $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
@@ -37,27 +41,40 @@ if [ -z "$file" ]; then
     fi
 fi
 [ "$file" = project ] && echo "lab$n: checking the project's own functions" || echo "lab$n: checking $file"
-if [ "$file" != project ] && [ ! -r "$file" ]; then
+# A FIFO or a device would hang the compiler (or the reader) waiting for data: a regular file only.
+if [ "$file" != project ] && { [ ! -e "$file" ] || [ ! -r "$file" ]; }; then
     fail file_exists "$file cannot be read; fix: make lab$n FILE=path/to/your/file"
+    summary
+elif [ "$file" != project ] && [ ! -f "$file" ]; then
+    fail file_exists "$file is not a regular file (a FIFO, a device or a directory); fix: make lab$n FILE=path/to/your/file"
     summary
 fi
 
 if [ "$n" = 5 ]; then  # the experiment: the answers against the student's own run
-    out=$(bash labs/lab5/check.sh "$file" "${RUN:-runs/lab5}" 2>&1)
+    out=$(bash labs/lab5/check.sh "$file" "${RUN:-runs/lab5}" 2>&1 | head -c 1000000)
     echo "$out"
     passed=$(grep -c '^PASS ' <<<"$out") failed=$(grep -c '^FAIL ' <<<"$out")
     summary
 fi
 
 : "${LAB_FLAGS:?labs/run.sh: run it through make: make lab$n}"
-# Only lab 3 (a kernel) needs the harness's header (as in the Makefile's LAB_CHECKS).
+limit=${LAB_TIMEOUT:-60}
+built=build/lab/lab$n
+# Only lab 3 (a kernel) needs the harness's header (as the Makefile's lab_emu says).
 flags=$LAB_FLAGS
 [ "$n" = 3 ] || flags="$LAB_FLAGS -ULIME_EMU"
 dir=build/lab/lab$n/$(tr -c 'A-Za-z0-9\n' _ <<<"$file")
 mkdir -p "$dir"
-objs=()
-if [ "$file" != project ]; then
-    if ! $CXX $flags -x c++ -c "$file" -o "$dir/student.o" 2>"$dir/errors"; then
+if [ "$file" = project ]; then
+    judge=$built/checker-project worker=""  # (its names hold a "-": no FILE's directory, made of [A-Za-z0-9_], is one)
+else
+    # compiled with a time limit and no input: a file that #includes a FIFO or /dev/stdin ends too
+    timeout -k 5 "$limit" $CXX $flags -x c++ -c "$file" -o "$dir/student.o" </dev/null 2>"$dir/errors"
+    status=$?
+    if [ $status -eq 124 ] || [ $status -eq 137 ]; then
+        fail compiles "fix $file: it did not compile within $limit s (does it #include a device or a FIFO?)"
+        summary
+    elif [ $status -ne 0 ]; then
         grep -m1 -A2 'error' "$dir/errors"
         fail compiles "fix $file: it does not compile (the compiler's first error is above)"
         summary
@@ -65,71 +82,63 @@ if [ "$file" != project ]; then
     for f in $needs; do
         nm -C "$dir/student.o" | grep -q " T ${f}" || { fail defines "$file does not define ${f%(}(), the lab's function"; summary; }
     done
-    objs=("$dir/student.o")
-fi
-for prog in check lime; do
-    main=build/lab/lab$n/check.o
-    [ $prog = lime ] && main=$LAB_MAIN
-    if ! $CXX $LAB_FLAGS "$main" "${objs[@]}" $LAB_OBJ -o "$dir/$prog" 2>"$dir/errors"; then
+    # Another lab's function would replace the project's in the worker alone: the judge would compute otherwise.
+    for f in router_forward\( router_backward\( router_forward_gpu\( adamw_numbers\( adamw_cpu\( clip_scale\(; do
+        [[ " $needs " == *" $f "* ]] && continue
+        nm -C "$dir/student.o" | grep -q " T ${f}" || continue
+        fail defines "$file also defines ${f%(}(), another lab's function; lab $n checks $(sed 's/(/()/g' <<<"$needs"): remove it"
+        summary
+    done
+    # The lab's functions, as lime.cu makes them weak (LAB_SWAPPABLE), renamed lab_student_NAME:
+    # labs/transcript.cpp calls them. One of the lab's name but another signature is another function.
+    renames=()
+    for sym in $(nm build/lab/lime.o | awk '$2 == "W" { print $3 }'); do
+        name=$(c++filt "$sym")
+        for f in $needs; do
+            [[ $name == "$f"* ]] || continue
+            if ! nm "$dir/student.o" | grep -q " T $sym\$"; then
+                fail signature "${f%(}() in $file has another signature than the starter's (labs/lab.h): copy its first lines"
+                summary
+            fi
+            renames+=(--redefine-sym "$sym=lab_student_${f%(}")
+        done
+    done
+    if ! objcopy "${renames[@]}" "$dir/student.o" "$dir/student_lab.o" 2>"$dir/errors" ||
+        ! $CXX $LAB_FLAGS "$built/check.o" "$built/record.o" "$dir/student_lab.o" $LAB_OBJ -o "$dir/worker" 2>"$dir/errors"; then
         grep -m1 'error\|multiple definition\|undefined' "$dir/errors"
         fail links "fix $file: it does not link with lime.cu (the linker's first error is above)"
         summary
     fi
-done
-
-# A function of the lab's name but another signature is an overload: lime.cu's own (weak) one
-# would still be the one linked in.
-if [ "$file" != project ]; then
-    for f in $needs; do
-        nm -C "$dir/check" | grep -q " [Ww] ${f}" || continue
-        fail signature "${f%(}() in $file has another signature than the starter's (labs/lab.h): copy its first lines"
-        summary
-    done
+    judge=$built/checker-judge worker=$dir/worker
 fi
 
-# Why a process ended, from its exit status: a signal by name, the time limit, or the status.
+# Why a process ended, from its exit status: a signal by name, or the status.
 ended() {
-    if [ "$1" -eq 124 ]; then echo "it did not finish within ${LAB_TIMEOUT:-60} s and was stopped (an endless loop?)"
-    elif [ "$1" -gt 128 ]; then echo "it was killed by signal $(( $1 - 128 )) (SIG$(kill -l $(( $1 - 128 )) 2>/dev/null))"
+    if [ "$1" -gt 128 ]; then echo "it was killed by signal $(( $1 - 128 )) (SIG$(kill -l $(( $1 - 128 )) 2>/dev/null))"
     else echo "exit status $1"; fi
 }
-# The checker runs each check's code in a child and alone prints the verdicts
-# (labs/check.h): only its stdout is read for them, and its exit status must
-# agree. What your code printed (sent to stderr) is shown apart, a few lines.
-checks() {
-    local out status printed=$dir/printed
-    out=$("$@" 2>"$printed")
-    status=$?
-    if [ -s "$printed" ]; then
-        echo "lab$n: your code printed (first lines):"
-        head -5 "$printed" | cut -c1-200 | sed 's/^/  | /'
-    fi
-    grep -E '^(PASS|FAIL) ' <<<"$out"
-    passed=$((passed + $(grep -c '^PASS ' <<<"$out"))) failed=$((failed + $(grep -c '^FAIL ' <<<"$out")))
-    if [ "$status" -ne 0 ] && ! grep -q '^FAIL ' <<<"$out"; then
-        fail checker "the checker itself ended badly: $(ended "$status")"
-    fi
-}
-# The whole model, your function in it, against the reference vectors (docs/checkpoint.md):
-# passed only when ./lime verify exits 0 and its own last line says no check failed.
-verify() {
-    local out status
-    out=$(timeout -k 5 "$((${LAB_TIMEOUT:-60} * 4))" "$dir/lime" verify --quiet "$@" 2>&1)
-    status=$?
-    if [ "$status" -eq 0 ] && tail -1 <<<"$out" | grep -qE '^verify: [1-9][0-9]* checks, 0 failed$'; then
-        pass reference_vectors
-    elif [ "$status" -ne 0 ] && [ "$status" -ne 1 ]; then
-        fail reference_vectors "./lime verify with your function: $(ended "$status")"
-    else
-        local why; why=$(grep -m1 -i 'fail\|error' <<<"$out")
-        fail reference_vectors "./lime verify with your function: ${why:-it ended without its summary line (an exit() in your code?)}"
-    fi
-}
-if [ "$n" = 3 ]; then
-    checks env LIME_EMU_QUIET=1 "$dir/check"  # every thread and block order of the harness
-    verify --device gpu --tf32 0 tests/golden/lime_gqa.safetensors
-else
-    checks "$dir/check"
-    verify tests/golden/*.safetensors
+# The judge's verdicts go to a file, read once it has ended: bash waits for
+# the judge alone, never for a pipe some process the student's code left
+# might hold. What that code printed (the judge's stderr) is shown apart.
+verdicts=$dir/verdicts printed=$dir/printed
+settings=()
+[ -n "$worker" ] && settings+=("LIME_LAB_WORKER=$worker")
+[ "$n" = 3 ] && settings+=(LIME_EMU_QUIET=1)  # every thread and block order of the harness, quietly
+env "${settings[@]}" "$judge" >"$verdicts" 2>"$printed" </dev/null
+status=$?
+if [ -s "$printed" ]; then
+    echo "lab$n: your code printed (first lines):"
+    head -c 100000 "$printed" | head -5 | cut -c1-200 | sed 's/^/  | /'
+    grep -a -m1 '^(your code printed' "$printed"
+fi
+out=$(head -c 1000000 "$verdicts")
+grep -a -E '^(PASS|FAIL) ' <<<"$out"
+passed=$(grep -a -c '^PASS ' <<<"$out") failed=$(grep -a -c '^FAIL ' <<<"$out")
+# The judge's own count, its last line, must be what its lines say.
+read -r p f <<<"$(tail -1 <<<"$out" | sed -n 's/^checks: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p')"
+if [ "$p" != "$passed" ] || [ "$f" != "$failed" ]; then
+    fail checker "the verdict lines ($passed PASS, $failed FAIL) are not the judge's count (${p:-none}, ${f:-none}), $(ended "$status")"
+elif [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+    fail checker "the checker itself ended badly: $(ended "$status")"
 fi
 summary

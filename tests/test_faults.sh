@@ -128,6 +128,33 @@ else
     fail compare_reruns_into_its_out "$(tail -2 "$tmp/cmp2.out")"
 fi
 
+# --- a second compare into the same --out is refused at once, naming the
+# first's pid, and writes nothing into the first's runs (their train.out
+# files hold one run's text each); compare SIGKILLed takes its runs with it
+# (none left running, orphaned); a run that was killed is named with how it
+# ended and where its last words are.
+dir=$tmp/cmp_lock
+$LIME compare --preset tiny --seeds 1 --jobs 2 --train-args "$LONG --save-every 1000000" --out "$dir" >"$tmp/lock1.out" 2>&1 &
+pid=$!
+wait_for "$dir/tier2/llama-seed1/log.jsonl"; wait_for "$dir/tier2/lime-seed1/log.jsonl"; sleep 0.3
+before=$(cat "$dir"/tier2/*/train.out | md5sum)
+out=$(timeout 20 $LIME compare --preset tiny --seeds 1 --jobs 2 --out "$dir" 2>&1); status=$?
+if [ $status -ne 2 ]; then fail compare_out_locked "the second compare: exit $status (want 2): $(tail -1 <<<"$out")"
+elif ! grep -q "is in use by another ./lime compare (pid $pid)" <<<"$out"; then fail compare_out_locked "$out"
+elif [ "$(cat "$dir"/tier2/*/train.out | md5sum)" != "$before" ]; then fail compare_out_locked "the first's train.out files changed"
+else pass compare_out_locked; fi
+kill -KILL $(pgrep -f -- "--out $dir/tier2/lime-seed1" | head -1) 2>/dev/null
+for _ in $(seq 100); do grep -q "FAILED" "$tmp/lock1.out" && break; sleep 0.1; done
+line=$(grep "tier 2 lime  seed 1: FAILED" "$tmp/lock1.out")
+if [ -z "$line" ]; then fail compare_failed_run_says_how "no FAILED line: $(tail -2 "$tmp/lock1.out")"
+elif ! grep -q "killed by signal 9 (SIGKILL: out of memory?)" <<<"$line"; then fail compare_failed_run_says_how "no signal named: $line"
+elif ! grep -q "lime-seed1/train.out is empty" <<<"$line"; then fail compare_failed_run_says_how "train.out's state not said: $line"
+else pass compare_failed_run_says_how; fi
+kill -KILL $pid; wait $pid 2>/dev/null
+for _ in $(seq 100); do [ "$(pgrep -f -- "--out $dir/tier2" | wc -l)" -eq 0 ] && break; sleep 0.1; done
+left=$(pgrep -f -- "--out $dir/tier2")
+if [ -z "$left" ]; then pass compare_sigkill_leaves_no_run; else fail compare_sigkill_leaves_no_run "runs left: $left"; kill -KILL $left; fi
+
 # --- a fresh run into a directory that holds a run is refused, the run left
 # as it was; --force starts afresh there.
 dir=$tmp/reuse

@@ -77,6 +77,9 @@ bad train_hc_dynamic_on_lime  "for --arch hc"      train $A --arch lime --hc-dyn
 bad train_hc_dynamic_bogus    "0|1"                train $A --arch hc --hc-dynamic yes
 bad train_router_on_hc        "hc has no router"   train $A --arch hc --router average
 bad train_resume_other_hc_rate "different model"   train --resume "$tmp/hc/checkpoint.safetensors" --arch hc --hc-rate 3 --out "$tmp/cwd/x"
+# a resumed run's typed shape flag is named, never one the checkpoint brought (hc's --hc-rate)
+bad train_resume_hc_as_lime   "than --arch lime describes; drop --arch" train --resume "$tmp/hc/checkpoint.safetensors" --arch lime --out "$tmp/cwd/x"
+bad train_resume_lime_as_hc   "its --arch lime) than --arch hc" train --resume "$C" --arch hc --out "$tmp/cwd/x"
 # --- train: flags that do not go together
 bad train_warmup_past_steps   "warmup"             train $A --steps 10 --warmup 100
 bad train_steps_and_epochs    "one of them"        train $A --steps 10 --epochs 2
@@ -191,6 +194,22 @@ bad compare_train_args_layers "--train-args: --layers" compare --preset tiny --t
 bad compare_train_args_stop_after "--train-args gives --stop-after" compare --preset tiny --train-args "--stop-after 3"
 bad compare_train_args_resume "--train-args gives --resume" compare --preset tiny --train-args "--resume $C"
 bad compare_train_args_seed   "compare sets it"    compare --preset tiny --train-args "--seed 3"
+# the flags compare sets per model, refused with the --archs spelling that gives them (no run started)
+bad compare_train_args_entropy_reg "archs llama:ereg=0.5" compare --preset tiny --train-args "--steps 30 --entropy-reg 0.5"
+bad compare_train_args_hc_rate "archs llama,hc:n2"  compare --preset tiny --train-args "--hc-rate 2"
+bad compare_train_args_hc_dynamic "archs hc:static" compare --preset tiny --train-args "--hc-dynamic=0"
+# --train-args: each word a flag of ./lime train with its value, split as the shell would
+bad compare_train_args_unknown "not a flag of ./lime train" compare --preset tiny --train-args "--frobnicate 3"
+bad compare_train_args_no_value "--lr needs a value" compare --preset tiny --train-args "--steps 3 --lr"
+bad compare_train_args_twice  "--lr twice"         compare --preset tiny --train-args "--lr 1e-3 --lr 2e-3"
+bad compare_train_args_loose_word "'notes.txt' is not a flag" compare --preset tiny --train-args "--lr 1e-3 notes.txt"
+bad compare_train_args_open_quote "is never closed" compare --preset tiny --task text --train-args "--text-file 'my notes.txt"
+bad compare_train_args_switch_value "takes no value" compare --preset tiny --train-args "--skip-bad-steps=1"
+# a lambda that is 0, or that float32 loses, names no regularised model
+bad compare_ereg_zero         "is the plain model: write llama" compare --preset tiny --archs llama:ereg=0,lime
+bad compare_ereg_float32_zero "0 in float32"       compare --preset tiny --archs llama:ereg=1e-46,lime
+bad train_entropy_reg_float32_zero "0 in float32"  train $A --entropy-reg 1e-46
+bad bench_entropy_reg_float32_zero "0 in float32"  bench --entropy-reg 1e-46 --steps 1
 # --- analyze
 bad analyze_alpha_zero        "must be positive"   analyze --load "$M" --alpha 0 --out out
 bad analyze_values            "raw|routed|both"    analyze --load "$M" --values all --out out

@@ -108,4 +108,150 @@ $LIME train --task text --text-file "$txt" --seq-len 16 --layers 1 --dim 8 --hea
 echo "changed" >>"$txt"
 expect_line changed_data_warning_escaped 0 't\\x1b.txt' $LIME eval --load "$tmp/text/model.safetensors" --n 2
 
+
+# --- round four (issue 47): compare touches only its own runs and reports only numbers it computed
+CMP="--preset tiny --seeds 1 --jobs 2"
+# a run directory that is a symlink (here to another run) is refused, the run it points to untouched
+$LIME train $TINY --ops 2 --steps 3 --seed 9 --out "$tmp/victim" >/dev/null 2>&1
+before=$(md5sum <"$tmp/victim/model.safetensors")
+mkdir -p "$tmp/c1/tier2" && ln -s "$tmp/victim" "$tmp/c1/tier2/lime-seed1"
+expect_line compare_symlinked_run_dir_refused 2 "lime-seed1 is a symbolic link" $LIME compare $CMP --out "$tmp/c1"
+if [ "$(md5sum <"$tmp/victim/model.safetensors")" != "$before" ]; then fail compare_symlink_target_untouched "the model it points to was replaced"
+elif ! grep -q '"seed": "9"' "$tmp/victim/log.jsonl"; then fail compare_symlink_target_untouched "its log was rewritten"
+elif [ -e "$tmp/c1/tier2/llama-seed1" ]; then fail compare_symlink_target_untouched "a run started before the refusal"
+else pass compare_symlink_target_untouched; fi
+# and a directory above the run (--out/tier2) that is a symlink: the runs would land outside --out
+mkdir -p "$tmp/c1b" "$tmp/elsewhere" && ln -s "$tmp/elsewhere" "$tmp/c1b/tier2"
+expect_line compare_symlinked_tier_dir_refused 2 "tier2 is a symbolic link" $LIME compare $CMP --out "$tmp/c1b"
+
+# --reuse reads a run only when every train flag is the new call's, both ways, defaults explicit
+$LIME compare $CMP --train-args "--steps 30 --lr 0.05" --out "$tmp/c2" >/dev/null 2>&1
+models=$(cat "$tmp"/c2/tier2/*/model.safetensors | md5sum)
+expect_line compare_reuse_other_flags_refused 2 "trained with --lr 0.05, this call gives --lr 1e-3 (train's default)" \
+    $LIME compare $CMP --reuse --out "$tmp/c2"
+expect_line compare_reuse_same_flags_other_spelling 0 "2 of 2 runs already done" \
+    $LIME compare $CMP --reuse --train-args "--lr 5e-2 --steps 30" --out "$tmp/c2"
+$LIME compare $CMP --train-args "--steps 30 --lr 1e-3" --out "$tmp/c2d" >/dev/null 2>&1
+expect_line compare_reuse_default_given_or_not 0 "2 of 2 runs already done" $LIME compare $CMP --reuse --out "$tmp/c2d"
+expect_line compare_reuse_other_length_refused 2 "trained with --steps 30, this call gives --epochs 1" \
+    $LIME compare $CMP --reuse --train-args "--epochs 1 --lr 0.05" --out "$tmp/c2"
+# another --alpha: the runs' training is read, their analysis made again
+out=$($LIME compare $CMP --reuse --train-args "--steps 30 --lr 0.05" --alpha 1 --out "$tmp/c2" 2>&1); status=$?
+if [ $status -ne 0 ]; then fail compare_reuse_other_alpha_analyses_again "exit $status: $(tail -2 <<<"$out")"
+elif ! grep -q "2 of 2 runs already done in .*; 2 analysed again (for --alpha 1)" <<<"$out"; then
+    fail compare_reuse_other_alpha_analyses_again "no line saying so: $(head -2 <<<"$out")"
+elif [ "$(cut -f5 "$tmp/c2/tier2/lime-seed1/entropy.tsv" | sort -u | head -1)" != 1 ]; then
+    fail compare_reuse_other_alpha_analyses_again "entropy.tsv holds alpha $(cut -f5 "$tmp/c2/tier2/lime-seed1/entropy.tsv" | sort -u | tr '\n' ' ')"
+elif [ "$(cat "$tmp"/c2/tier2/*/model.safetensors | md5sum)" != "$models" ]; then
+    fail compare_reuse_other_alpha_analyses_again "a run was trained again"
+else pass compare_reuse_other_alpha_analyses_again; fi
+
+# every number read back is checked: the file and the value named, nothing reported
+$LIME compare $CMP --out "$tmp/c3" >/dev/null 2>&1
+log=$tmp/c3/tier2/llama-seed1/log.jsonl tsv=$tmp/c3/tier2/llama-seed1/entropy.tsv
+cp "$log" "$tmp/log.keep" && cp "$tsv" "$tmp/tsv.keep"
+tamper() {  # name, word, file, sed script: the tampered file refused by --reuse, then restored
+    sed -i "$4" "$3"
+    expect_line "$1" 2 "$2" $LIME compare $CMP --reuse --out "$tmp/c3"
+    cp "$tmp/log.keep" "$log" && cp "$tmp/tsv.keep" "$tsv"
+}
+tamper compare_reuse_accuracy_750_refused 'log.jsonl line [0-9]*: "accuracy" 7.5 is not a number in \[0, 1\]' "$log" \
+    's/\("type": "done".*"accuracy": \)[0-9.e-]*/\17.5/'
+if grep -q "| tier 2 | llama |" "$tmp/c3/report.md" && ! grep -q "| tier 2 | llama | 750" "$tmp/c3/report.md"
+then pass compare_report_kept_its_own_numbers; else fail compare_report_kept_its_own_numbers "$(grep "| tier 2 | llama |" "$tmp/c3/report.md")"; fi
+tamper compare_reuse_negative_loss_refused '"val_loss" -3 is not' "$log" 's/\("type": "done".*"val_loss": \)[0-9.e-]*/\1-3/'
+tamper compare_reuse_negative_entropy_refused 'entropy.tsv line 2: entropy -1' "$tsv" '2s/^raw\t0\t[0-9.]*/raw\t0\t-1/'
+tamper compare_reuse_huge_entropy_refused 'entropy 1e+300' "$tsv" '2s/^raw\t0\t[0-9.]*/raw\t0\t1e300/'
+tamper compare_reuse_layer_past_model_refused 'layer 7 is not one of the model' "$tsv" '2s/^raw\t0\t/raw\t7\t/'
+
+# a path with a space in --train-args, quoted as in the shell; the report says the command shell-quoted
+head -c 3000 README.md >"$tmp/my notes.txt"
+out=$($LIME compare $CMP --task text --train-args "--text-file '$tmp/my notes.txt' --seq-len 16" --out "$tmp/c16" 2>&1)
+status=$?
+if [ $status -ne 0 ]; then fail compare_train_args_quoted_path "exit $status: $(tail -2 <<<"$out")"
+elif ! grep -qF -- "--text-file '$tmp/my notes.txt' --seq-len 16" "$tmp/c16/report.md"; then
+    fail compare_train_args_quoted_path "the report's command lacks the quoted path: $(grep -o 'with `./lime train [^`]*`' "$tmp/c16/report.md")"
+else pass compare_train_args_quoted_path; fi
+
+# a train.out compare cannot write (a symlink planted there): that run fails saying so, before it starts
+mkdir -p "$tmp/c13/tier2/lime-seed1" && ln -s /dev/null "$tmp/c13/tier2/lime-seed1/train.out"
+out=$($LIME compare $CMP --out "$tmp/c13" 2>&1); status=$?
+if [ $status -ne 2 ]; then fail compare_train_out_unwritable_said "exit $status: $(tail -1 <<<"$out")"
+elif ! grep -q "tier 2 lime  seed 1: FAILED in .*: cannot write .*lime-seed1/train.out" <<<"$out"; then
+    fail compare_train_out_unwritable_said "no progress line naming train.out: $(grep FAILED <<<"$out")"
+elif ! tail -1 <<<"$out" | grep -q "1 of 2 runs failed; the first, tier 2 lime  seed 1: cannot write"; then
+    fail compare_train_out_unwritable_said "last line: $(tail -1 <<<"$out")"
+else pass compare_train_out_unwritable_said; fi
+
+# bench holds llama, lime and hc at once: their sum is asked of the memory there is (each
+# fits alone in 90% of it; LIME_TEST_MEMINFO: a machine with that much MemAvailable)
+BENCH="bench --layers 1 --dim 64 --heads 2 --ffn 64 --vocab 512 --seq-len 64 --batch 64 --steps 1 --threads 1"
+echo "MemAvailable:       1 kB" >"$tmp/meminfo"
+need=$(LIME_TEST_MEMINFO=$tmp/meminfo $LIME $BENCH 2>&1 | sed -n 's/.*models held at once need \([0-9.e+-]*\) GB.*/\1/p')
+if [ -z "$need" ]; then fail bench_models_held_together_checked "no sum named: $(LIME_TEST_MEMINFO=$tmp/meminfo $LIME $BENCH 2>&1 | tail -1)"
+else
+    echo "MemAvailable: $(awk -v n="$need" 'BEGIN { printf "%d", n * 0.9 * 1e9 / 1024 }') kB" >"$tmp/meminfo"
+    expect_line bench_models_held_together_checked 2 "the 3 models held at once need .*; lower --" \
+        env LIME_TEST_MEMINFO="$tmp/meminfo" $LIME $BENCH
+fi
+
+# --- round four: the small ones
+# paths with control characters, escaped on every line that prints them
+expect_line compare_done_line_escapes_path 0 'c\\x1b\\x1b/report.md' $LIME compare $CMP --out "$tmp/c${ESC}${ESC}"
+expect_line compare_reuse_line_escapes_path 0 'runs already done in .*c\\x1b\\x1b' $LIME compare $CMP --reuse --out "$tmp/c${ESC}${ESC}"
+expect_line stop_after_line_escapes_path 0 'e20\\x1b\[31m/checkpoint' $LIME train $TINY --ops 2 --steps 2 --stop-after 1 --out "$tmp/e20${ESC}[31m"
+$LIME train $TINY --ops 2 --arch hc --hc-rate 2 --steps 2 --out "$tmp/hc" >/dev/null 2>&1
+expect_line analyze_hc_wrote_line_escaped 0 'hc\\x1b/hc_heatmap.png' $LIME analyze --load "$tmp/hc/model.safetensors" --n 2 --out "$tmp/hc${ESC}"
+# data and sample: a text's NUL and control bytes printed escaped, one line per example
+printf 'ab\0cd\033[31m\r\nxx%.0s' $(seq 300) >"$tmp/nul.txt"
+out=$($LIME data --task text --text-file "$tmp/nul.txt" --seq-len 16 --n 2 2>&1)
+if [ "$(wc -l <<<"$out")" -ne 2 ]; then fail data_prints_nul_escaped "$(wc -l <<<"$out") lines for 2 examples: $(od -c <<<"$out" | head -3)"
+elif ! grep -q 'ab\\x00cd\\x1b\[31m\\r\\n' <<<"$out"; then fail data_prints_nul_escaped "not escaped: $(head -1 <<<"$out" | od -c | head -2)"
+else pass data_prints_nul_escaped; fi
+head -c 3000 /dev/zero | tr '\0' '\033' >"$tmp/esc.txt"  # a text of ESC bytes: the model learns to continue with ESC
+$LIME train --task text --text-file "$tmp/esc.txt" --seq-len 16 --layers 1 --dim 16 --heads 2 --ffn 16 --batch 8 \
+    --threads 1 --steps 60 --lr 1e-2 --quiet --out "$tmp/esctext" >/dev/null 2>&1
+expect_line sample_prints_bytes_escaped 0 '^\\x1b\\x1b' $LIME sample --load "$tmp/esctext/model.safetensors" --prompt "$ESC$ESC" --max-new 4
+# verify: a file it cannot check is counted apart from the checks
+expect_line verify_counts_files_apart 1 "verify: [1-9][0-9]* checks, 0 failed; 1 file could not be checked" \
+    $LIME verify --quiet README.md tests/golden/llama_tiny.safetensors
+# export: the directory's mode follows the umask, as mkdir's
+$LIME train $TINY --ops 2 --arch llama --steps 2 --out "$tmp/l23" >/dev/null 2>&1
+for mask in 022 077; do
+    rm -rf "$tmp/l23-hf"
+    (umask $mask && $LIME export --load "$tmp/l23/model.safetensors" --out "$tmp/l23-hf" >/dev/null 2>&1)
+    want=$([ $mask = 022 ] && echo drwxr-xr-x || echo drwx------)
+    got=$(stat -c %A "$tmp/l23-hf" 2>&1)
+    if [ "$got" = "$want" ]; then pass "export_dir_mode_umask_$mask"; else fail "export_dir_mode_umask_$mask" "$got, want $want"; fi
+done
+# a checkpoint's config error names the config key, not a flag
+spoiled "$tmp/c24" "LIME_TEST_SAVE_META=config=${cfg/\"num_hidden_layers\": 2/\"num_hidden_layers\": 0}"
+expect_line config_error_names_the_key 2 'config "num_hidden_layers" 0 must be at least 1' $LIME eval --load "$tmp/c24/model.safetensors"
+# eval: one file given twice by other paths (./ and a symlink) is refused
+ln -s "$M" "$tmp/link.safetensors"
+expect_line eval_same_file_by_dot_path_refused 2 "given twice" $LIME eval --load "$M" --load "$(dirname "$M")/./$(basename "$M")"
+expect_line eval_same_file_by_symlink_refused 2 "given twice" $LIME eval --load "$M" --load "$tmp/link.safetensors"
+
+# the export's tokenizer splits words as the trainer does, non-ASCII letters
+# included: checked with the tokenizers package where it is installed
+# (LIME_TOKENIZERS_PYTHON names a Python that has it, else python3)
+py=${LIME_TOKENIZERS_PYTHON:-python3}
+if ! "$py" -c "import tokenizers" 2>/dev/null; then
+    echo "SKIP export_tokenizer_keeps_non_ascii_words: no Python with the tokenizers package ($py; set LIME_TOKENIZERS_PYTHON)"
+else
+    # tests/data/prosqa_nonascii.json: one item whose people are Tém and Zoë
+    $LIME train --task prosqa --prosqa-test tests/data/prosqa_nonascii.json --train-size 8 --arch llama --layers 1 \
+        --dim 16 --heads 2 --ffn 32 --batch 8 --steps 2 --threads 1 --quiet --out "$tmp/pqn" >/dev/null 2>&1 &&
+        $LIME export --load "$tmp/pqn/model.safetensors" --out "$tmp/pqn-hf" >/dev/null 2>&1
+    text="Tém is a bempus. Zoë is a zhoolpus."
+    want=$("$py" - "$tmp/pqn-hf/tokenizer.json" "$text" 2>&1 <<'PY'
+import sys
+from tokenizers import Tokenizer
+print(" ".join(Tokenizer.from_file(sys.argv[1]).encode(sys.argv[2]).tokens))
+PY
+    )
+    if [ "$want" = "Tém is a bempus . Zoë is a zhoolpus ." ]; then pass export_tokenizer_keeps_non_ascii_words
+    else fail export_tokenizer_keeps_non_ascii_words "tokenizers split '$text' as '$want'"; fi
+fi
+
 summary

@@ -3,19 +3,23 @@
 # is built twice: with its untouched starter every lab must FAIL and say why,
 # with the project's own functions (FILE=project) it must PASS. Each planted
 # file in tests/labs/labN/ must end as its "// expect:" line says: a mistake
-# FAILs with the hint that names it, a correct answer passes. Then bad input
+# FAILs with the hint that names it, a correct answer passes (and with a
+# "// passes: N" line, exactly N checks pass). Then bad input
 # (a file that does not compile, one that defines nothing, a lab that does not
 # exist) and lab 5 on a tiny experiment, with answers this suite reads from
 # that run's own files. The lab builds run two at a time.
 cd "$(dirname "$0")/.." || exit 2
 source tests/lib.sh
 
-# name lab file: `make labN FILE=file` into $tmp/name.out, in the background.
+# name lab file: `make labN FILE=file` into $tmp/name.out, in the background;
+# its exit status into $tmp/name.status (124: the lab did not end within 300 s).
 runs=()
+export LAB_TEST_PIDFILE=$tmp/helpers.pids  # tests/labs/lab1/escaped_helper.cpp's helpers write their pids here
 start() {
     while [ "$(jobs -r | wc -l)" -ge 2 ]; do wait -n; done
     local limit; limit=$(sed -n 's|^// timeout: *||p' "$3" 2>/dev/null | head -1)  # a planted endless loop's limit
-    LAB_TIMEOUT=${limit:-60} make -s --no-print-directory "lab$2" FILE="$3" >"$tmp/$1.out" 2>&1 &
+    (LAB_TIMEOUT=${limit:-60} timeout -k 5 300 make -s --no-print-directory "lab$2" FILE="$3" >"$tmp/$1.out" 2>&1
+     echo $? >"$tmp/$1.status") &
     runs+=("$1 $2 $3")
 }
 make -s --no-print-directory lab-deps >"$tmp/deps.out" 2>&1 || { cat "$tmp/deps.out"; fail lab_deps "the lab build failed"; summary; exit; }
@@ -38,6 +42,7 @@ for run in "${runs[@]}"; do
     read -r name n file <<<"$run"
     read -r p f <<<"$(counts "$name")"
     out=$tmp/$name.out
+    if [ "$(cat "$tmp/$name.status")" = 124 ]; then fail "$name" "the lab did not end within 300 s"; continue; fi
     if [ -z "$p" ]; then fail "$name" "no summary line: $(tail -2 "$out" | tr '\n' ' ')"; continue; fi
     case $name in
     *_starter)
@@ -57,12 +62,37 @@ for run in "${runs[@]}"; do
         else fail "$name" "expected: another signature than the starter's: $(tail -2 "$out" | head -1)"; fi ;;
     *)
         expect=$(sed -n 's|^// expect: *||p' "$file" | head -1)
+        passes=$(sed -n 's|^// passes: *||p' "$file" | head -1)  # a forged verdict: no PASS may count
+        if [ -n "$passes" ] && [ "$p" != "$passes" ]; then fail "$name" "$p checks passed, want $passes"; continue; fi
         if [ "$expect" = PASS ]; then
             [ "$f" -eq 0 ] && pass "$name" || fail "$name" "a correct answer should pass: $(grep -m1 '^FAIL' "$out")"
         elif [ "$f" -gt 0 ] && grep '^FAIL' "$out" | grep -qF "$expect"; then pass "$name"
         else fail "$name" "expected a FAIL whose hint says \"$expect\": $(grep -m1 '^FAIL' "$out")"; fi ;;
     esac
 done
+
+# What the student's code prints is kept up to 4 MiB (an endless print stays
+# bounded) and the summary line still comes; a helper it leaves is ended.
+printed=build/lab/lab1/$(tr -c 'A-Za-z0-9\n' _ <<<tests/labs/lab1/endless_print.cpp)/printed
+size=$(stat -c %s "$printed" 2>/dev/null || echo missing)
+if [ "$size" = missing ]; then fail lab_print_is_capped "no $printed"
+elif [ "$size" -gt $((4 * 1024 * 1024 + 1000)) ]; then fail lab_print_is_capped "$printed holds $size bytes, over 4 MiB"
+elif ! grep -q '^(your code printed [0-9]* bytes in all' "$tmp/lab1_endless_print.out"; then
+    fail lab_print_is_capped "no line saying how much was printed and dropped: $(tail -3 "$tmp/lab1_endless_print.out" | cut -c1-100)"
+else pass lab_print_is_capped; fi
+alive=""
+for pid in $(cat "$LAB_TEST_PIDFILE" 2>/dev/null); do kill -0 "$pid" 2>/dev/null && alive+=" $pid"; done
+if [ ! -s "$LAB_TEST_PIDFILE" ]; then fail lab_leftover_helper_is_ended "escaped_helper.cpp's helpers wrote no pid to $LAB_TEST_PIDFILE"
+elif [ -n "$alive" ]; then fail lab_leftover_helper_is_ended "helpers still running after the lab ended:$alive"; kill -9 $alive
+else pass lab_leftover_helper_is_ended; fi
+
+# A FILE that is not a regular file (a FIFO would hold the compiler for ever): one line, at once.
+mkfifo "$tmp/fifo.cpp"
+out=$(timeout 20 make -s --no-print-directory lab1 FILE="$tmp/fifo.cpp" 2>&1); status=$?
+if [ $status -eq 124 ]; then fail lab_file_fifo_refused "make lab1 FILE=a FIFO hung"
+elif ! grep -q "^FAIL file_exists: $tmp/fifo.cpp is not a regular file" <<<"$out"; then fail lab_file_fifo_refused "$(head -3 <<<"$out")"
+elif ! grep -q '^lab1: 0 passed, 1 failed$' <<<"$out"; then fail lab_file_fifo_refused "no summary line: $(tail -2 <<<"$out")"
+else pass lab_file_fifo_refused; fi
 
 if out=$(make -s --no-print-directory lab9 2>&1); then fail no_such_lab "make lab9 succeeded"
 elif grep -q 'no such lab' <<<"$out" && grep -q 'make lab5' <<<"$out"; then pass no_such_lab
@@ -115,5 +145,20 @@ else
     out=$(lab5 "$tmp/wrong.txt")
     grep -q '^FAIL lower_test_loss: your answer' <<<"$out" && tail -1 <<<"$out" | grep -q '1 failed$' &&
         pass lab5_wrong_answer || fail lab5_wrong_answer "a wrong answer should fail: $(tail -1 <<<"$out")"
+    # a UTF-8 byte order mark (a Windows editor's) before the first answer is not part of it
+    { printf '\xef\xbb\xbf'; cat "$tmp/answers.txt"; } >"$tmp/bom.txt"
+    out=$(lab5 "$tmp/bom.txt")
+    tail -1 <<<"$out" | grep -q '^lab5: 7 passed, 0 failed$' && pass lab5_answers_with_bom ||
+        fail lab5_answers_with_bom "the answers after a BOM should pass: $(grep -m1 '^FAIL' <<<"$out")"
+    # a report that is not a regular file, or over 16 MiB, is named as such (a FIFO hung the lab)
+    mkdir -p "$tmp/fiforun" && cp -r "$run5"/tier* "$tmp/fiforun/" && mkfifo "$tmp/fiforun/report.md"
+    out=$(RUN=$tmp/fiforun LIME=$LIME timeout 60 bash labs/run.sh 5 "$tmp/answers.txt" 2>&1); status=$?
+    if [ $status -eq 124 ]; then fail lab5_report_fifo_refused "a FIFO report.md hung the lab"
+    elif grep -q "^FAIL run_found: the report $tmp/fiforun/report.md is not a regular file" <<<"$out"; then pass lab5_report_fifo_refused
+    else fail lab5_report_fifo_refused "$(grep -m1 '^FAIL' <<<"$out")"; fi
+    cp -r "$run5" "$tmp/bigrun" && head -c 17000000 /dev/zero | tr '\0' ' ' >>"$tmp/bigrun/report.md"
+    out=$(RUN=$tmp/bigrun LIME=$LIME bash labs/run.sh 5 "$tmp/answers.txt" 2>&1)
+    if grep -q "^FAIL run_found: the report $tmp/bigrun/report.md is over 16 MiB" <<<"$out"; then pass lab5_report_over_16_mib
+    else fail lab5_report_over_16_mib "$(grep -m1 '^FAIL' <<<"$out")"; fi
 fi
 summary

@@ -1142,6 +1142,33 @@ TEST(cpu_activations_beyond_available_memory_are_refused) {
           "B=%d: '%s'", B, err.c_str());
 }
 
+// bench holds llama, lime and hc at once: each fits alone in memory that the
+// three together do not; models_fit_together refuses their sum (model_create
+// asks of one model only), naming the flags that shrink them all.
+TEST(models_held_together_are_checked_as_a_sum) {
+    Config llama = tiny_config(ARCH_LLAMA, 4, 2), lime = tiny_config(ARCH_LIME, 4, 2), hc = tiny_config(ARCH_HC, 4, 2);
+    std::vector<Config> three = {llama, lime, hc};
+    int B = 64;
+    double biggest = 0, sum = 0;
+    for (const Config& c : three) {
+        biggest = std::max(biggest, memory_needed(c, B, DEVICE_CPU, false));
+        sum += memory_needed(c, B, DEVICE_CPU, false);
+    }
+    ModelSettings s;
+    s.host_bytes = (size_t)(1.01 * biggest);
+    for (const Config& c : three) {
+        Model m;
+        std::string err = model_create(&m, c, B, DEVICE_CPU, s);
+        model_free(&m);
+        CHECK(err.empty(), "%s alone should fit in %zu bytes: '%s'", arch_name(c.arch), s.host_bytes, err.c_str());
+    }
+    std::string err = models_fit_together(three, B, DEVICE_CPU, s);
+    CHECK(err.find("out of memory: the 3 models held at once need") == 0, "their sum was not refused: '%s'", err.c_str());
+    CHECK(err.find("; lower --") != std::string::npos, "no flag to lower named: '%s'", err.c_str());
+    s.host_bytes = (size_t)(1.01 * sum);
+    CHECK((err = models_fit_together(three, B, DEVICE_CPU, s)).empty(), "their sum fits, yet: '%s'", err.c_str());
+}
+
 // One estimate (parameters, gradients, AdamW state, activations, scratch) is
 // asked before anything is allocated, and the fix names only the flags the
 // command has that would help: a shape for parameters that do not fit, the

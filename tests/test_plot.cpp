@@ -1,6 +1,10 @@
 // tests/test_plot.cpp — every plot kind writes a valid PNG of the asked size
 // that is not blank; bad input and bad paths give errors. The figures are
 // left in /tmp/lime_plot_*.png to look at.
+#include <signal.h>
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -125,6 +129,72 @@ TEST(plot_heatmap_png) {
     CHECK(ink > 40000, "only %d non-white pixels: blank?", ink);
     std::vector<std::vector<double>> ragged = {{1, 2}, {3}};
     CHECK(!plot_heatmap(path, "", "", "", ragged, {}, {}).empty(), "a ragged matrix was accepted");
+}
+
+// The colour runs along the middle row of a one-row heatmap whose cells
+// alternate 0 and 1: each pixel counts as the nearer of viridis' two ends
+// (purple 0, yellow 1), white and grey as neither; one run per cell drawn.
+static int colour_runs(const std::string& path) {
+    int w, h, n;
+    unsigned char* px = stbi_load(path.c_str(), &w, &h, &n, 3);
+    if (!px) return -1;
+    int runs = 0, last = -1;
+    for (int x = 0; x < w; x++) {
+        const unsigned char* p = px + 3 * ((size_t)(h / 2) * w + x);
+        int spread = std::max({p[0], p[1], p[2]}) - std::min({p[0], p[1], p[2]});
+        int kind = spread < 60 ? -1 : p[1] > 128 ? 1 : 0;  // white and grey are not a colour of the map
+        if (kind >= 0 && kind != last) runs++;
+        if (kind >= 0 || spread < 60) last = kind;
+    }
+    stbi_image_free(px);
+    return runs;
+}
+
+// 288 columns (Hyper-Connections with 16 streams) in the default 800 units:
+// cells of 2 units each, every one drawn (they were inset by a unit each
+// side, and so left blank); and heatmap_size gives them 4 units each.
+TEST(plot_heatmap_draws_every_narrow_cell) {
+    std::vector<std::vector<double>> m(1, std::vector<double>(288));
+    for (size_t c = 0; c < m[0].size(); c++) m[0][c] = c % 2;
+    std::string path = "/tmp/lime_plot_heatmap_narrow.png";
+    std::string err = plot_heatmap(path, "", "", "", m, {}, {});
+    CHECK(err.empty(), "%s", err.c_str());
+    int runs = colour_runs(path);
+    CHECK(runs >= 288, "%d colour runs along the middle row of 288 alternating cells: cells left blank", runs);
+    PlotSize fits = heatmap_size(1, 288);
+    CHECK(fits.width >= 400 + 4 * 288 && fits.height == 500, "heatmap_size(1, 288) is %dx%d", fits.width, fits.height);
+    CHECK((err = plot_heatmap(path, "", "", "", m, {}, {}, fits)).empty(), "%s", err.c_str());
+    CHECK((runs = colour_runs(path)) >= 288, "%d colour runs at heatmap_size: cells left blank", runs);
+}
+
+// More columns than pixels: refused, and no file written (an empty-looking figure is never made).
+TEST(plot_heatmap_refuses_cells_under_a_pixel) {
+    std::vector<std::vector<double>> m(1, std::vector<double>(2000, 0.5));
+    std::string path = "/tmp/lime_plot_heatmap_too_narrow.png";
+    remove(path.c_str());
+    std::string err = plot_heatmap(path, "", "", "", m, {}, {});
+    CHECK(err.find("under a pixel") != std::string::npos, "2000 columns in 800 units were not refused: '%s'", err.c_str());
+    FILE* f = fopen(path.c_str(), "rb");
+    if (f) fclose(f);
+    CHECK(!f, "the refused heatmap was written to %s", path.c_str());
+}
+
+// A write that fails for another reason than a missing folder says that
+// reason's hint: here the file size limit (ulimit -f), as ENOSPC says "is the disk full?".
+TEST(plot_write_error_names_its_cause) {
+    struct rlimit keep;
+    getrlimit(RLIMIT_FSIZE, &keep);
+    struct rlimit small = keep;
+    small.rlim_cur = 1000;  // bytes: a PNG is tens of kilobytes
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);  // the write fails with EFBIG, no signal
+    setrlimit(RLIMIT_FSIZE, &small);
+    std::string err = plot_lines("/tmp/lime_plot_fsize.png", "t", "x", "y", loss_curves());
+    setrlimit(RLIMIT_FSIZE, &keep);
+    signal(SIGXFSZ, old_handler);
+    CHECK(err.find("ulimit -f") != std::string::npos, "EFBIG not named: '%s'", err.c_str());
+    CHECK(err.find("does the folder exist") == std::string::npos, "a missing folder blamed: '%s'", err.c_str());
+    err = plot_lines("/nonexistent_dir/x.png", "t", "x", "y", loss_curves());
+    CHECK(err.find("does the directory exist?") != std::string::npos, "ENOENT's hint missing: '%s'", err.c_str());
 }
 
 TEST(plot_bad_input) {

@@ -1,7 +1,7 @@
 // labs/lab1/check.cpp — lab 1's checks: your router_forward against Eq. 2
 // summed in double (labs/check.h) on chosen and random shapes, then the
 // whole model's gradients against finite differences of its loss, the model
-// running your forward. labs/run.sh adds the reference vectors.
+// running your forward, and the reference vectors.
 #include "labs/check.h"
 
 // The keys, then the values, as lime.cu's op_router_forward calls your function.
@@ -28,5 +28,7 @@ int main() {
     });
     lab.check("model_finite_differences", [] { return model_finite_differences(false); });
     lab.check("model_finite_differences_separate", [] { return model_finite_differences(true); });
+    // the whole model, your function in it, against the reference vectors (docs/checkpoint.md)
+    lab.check("reference_vectors", [] { return reference_vectors("tests/golden", DEVICE_CPU); });
     return lab.exit_status();
 }

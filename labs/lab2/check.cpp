@@ -3,8 +3,8 @@
 // in double (backward_with_slip without a slip) on chosen and random shapes,
 // gradients that arrive already holding numbers (a backward adds to them), a
 // variant's held-fixed weights, then the whole model's gradients against
-// finite differences of its loss, the model running your backward.
-// labs/run.sh adds the reference vectors.
+// finite differences of its loss, the model running your backward, and the
+// reference vectors.
 #include "labs/check.h"
 
 // The slips lab 2's hints name, each a way to compute the backward wrongly.
@@ -139,5 +139,7 @@ int main() {
     });
     lab.check("model_finite_differences", [] { return model_finite_differences(false); });
     lab.check("model_finite_differences_separate", [] { return model_finite_differences(true); });
+    // the whole model, your function in it, against the reference vectors (docs/checkpoint.md)
+    lab.check("reference_vectors", [] { return reference_vectors("tests/golden", DEVICE_CPU); });
     return lab.exit_status();
 }

@@ -71,5 +71,9 @@ int main() {
                 return err;
             });
         }
+    // the whole model on the harness, your kernel in it, against the GQA reference vectors in float32
+    lab.check("reference_vectors", [] {
+        return reference_vectors("tests/golden", DEVICE_GPU, {"tests/golden/lime_gqa.safetensors"});
+    });
     return lab.exit_status();
 }

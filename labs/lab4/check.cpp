@@ -2,7 +2,7 @@
 // learning rates and weight decay, the bias corrections), adamw (one
 // tensor's update) and clip_scale (global-norm clipping), each against the
 // formulas of docs/training.md computed here in double, then one whole
-// model_update. labs/run.sh adds the reference vectors (three AdamW steps).
+// model_update, then the reference vectors (three AdamW steps).
 #include "labs/check.h"
 
 static bool near(double got, double want) { return std::fabs(got - want) <= 1e-5 * (1 + std::fabs(want)); }
@@ -143,5 +143,7 @@ int main() {
     lab.check("adamw_clipped_no_decay", [&] { return check_update(rng, 50, 0.0f, 0.25f); });
     lab.check("adamw_clipped_with_decay", [&] { return check_update(rng, 50, 0.2f, 0.5f); });
     lab.check("model_update_one_step", [] { return check_model_update(); });
+    // the whole model, your function in it, against the reference vectors (docs/checkpoint.md)
+    lab.check("reference_vectors", [] { return reference_vectors("tests/golden", DEVICE_CPU); });
     return lab.exit_status();
 }

@@ -3,22 +3,36 @@
 // grades the answers file against the run's report.md and the output of
 // ./lime analyze on MODEL (ANALYZE_STATUS: its exit status), with
 // labs/lab5/report.h. One PASS or FAIL line per answer; exit status 0 when
-// every answer passed. Files are read as data, at most 16 MiB each.
+// every answer passed. Files are read as data: regular files of at most 16 MiB each.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "labs/lab5/report.h"
 
-// The whole file, or false when it cannot be read or is over 16 MiB.
-static bool read_text(const char* path, std::string* out) {
-    FILE* f = fopen(path, "rb");
-    if (!f) return false;
+// The whole file into *out: "" or why not, in a few words: it cannot be
+// opened, it is not a regular file (a FIFO would block the read forever), or
+// it is over 16 MiB (no answers file or report is).
+static std::string read_text(const char* path, std::string* out) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // O_NONBLOCK: opening a FIFO does not wait for a writer
+    if (fd < 0) return std::string("cannot be read (") + strerror(errno) + ")";
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return "is not a regular file (a FIFO, a device or a directory)";
+    }
+    const size_t max = 16u << 20;
     char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0 && out->size() <= (16u << 20)) out->append(buf, n);
-    bool ok = !ferror(f) && out->size() <= (16u << 20);
-    fclose(f);
-    return ok;
+    ssize_t n = 0;
+    while (out->size() <= max && (n = read(fd, buf, sizeof buf)) > 0) out->append(buf, (size_t)n);
+    close(fd);
+    if (n < 0) return std::string("cannot be read (") + strerror(errno) + ")";
+    return out->size() > max ? "is over 16 MiB" : "";
 }
 
 // One line for a terminal: control characters as \xNN.
@@ -38,15 +52,21 @@ int main(int argc, char** argv) {
         fprintf(stderr, "usage: check ANSWERS REPORT ANALYZE_OUTPUT ANALYZE_STATUS MODEL (labs/lab5/check.sh runs it)\n");
         return 2;
     }
-    std::string answers, report, analyze;
-    if (!read_text(argv[1], &answers)) {
-        printf("FAIL answers_read: %s cannot be read (or is over 16 MiB); fix: make lab5 FILE=your/answers.txt\n",
-               printable(argv[1]).c_str());
+    std::string answers, report, analyze, why;
+    if (!(why = read_text(argv[1], &answers)).empty()) {
+        printf("FAIL answers_read: %s %s; fix: make lab5 FILE=your/answers.txt\n", printable(argv[1]).c_str(),
+               why.c_str());
         return 1;
     }
-    if (!read_text(argv[2], &report)) {
+    if (!(why = read_text(argv[2], &report)).empty() && why.rfind("cannot be read (No such file", 0) == 0) {
         printf("FAIL run_found: no report at %s: run the experiment first (labs/lab5/README.md), or name its "
                "directory: make lab5 RUN=dir\n", printable(argv[2]).c_str());
+        return 1;
+    }
+    if (!why.empty()) {
+        printf("FAIL run_found: the report %s %s, not one ./lime compare writes: run the experiment again "
+               "(labs/lab5/README.md), or name its directory: make lab5 RUN=dir\n", printable(argv[2]).c_str(),
+               why.c_str());
         return 1;
     }
     read_text(argv[3], &analyze);

@@ -17,10 +17,11 @@ struct Lab5Check {
     std::string name, why;  // why "" : passed
 };
 
-// The lines of text (a "\r" before a newline dropped).
+// The lines of text (a "\r" before a newline dropped, and a UTF-8 byte order
+// mark at the start, which Windows editors write, so the first line reads as typed).
 inline std::vector<std::string> lab5_lines(const std::string& text) {
     std::vector<std::string> lines;
-    size_t at = 0;
+    size_t at = text.compare(0, 3, "\xef\xbb\xbf") == 0 ? 3 : 0;
     while (at < text.size()) {
         size_t end = text.find('\n', at);
         if (end == std::string::npos) end = text.size();

@@ -177,7 +177,7 @@ static std::string analyze_routers(const Model& model, const std::string& out) {
         printf("   own %2.0f%%, most from layer %d (%2.0f%%)\n", 100 * own, best_src, 100 * best);
     }
     std::string err = plot_heatmap(out + "/router_heatmap.png", "Router weight by source layer (rows sum to 1)",
-                                   "source layer", "layer", heat, rows, cols);
+                                   "source layer", "layer", heat, rows, cols, heatmap_size(rows.size(), cols.size()));
     if (!err.empty()) return err;
     printf("wrote %s/router_heatmap.png\n", one_line(out).c_str());
     return "";
@@ -216,9 +216,9 @@ static std::string analyze_hc(const Model& model, const std::string& out) {
         heat.push_back(row);
     }
     std::string err = plot_heatmap(out + "/hc_heatmap.png", "HC static mixing weights (alpha by mixture, then beta)",
-                                   "weight", "sublayer", heat, rows, cols);
+                                   "weight", "sublayer", heat, rows, cols, heatmap_size(rows.size(), cols.size()));
     if (!err.empty()) return err;
-    printf("wrote %s/hc_heatmap.png\n", out.c_str());
+    printf("wrote %s/hc_heatmap.png\n", one_line(out).c_str());
     return "";
 }
 
@@ -226,7 +226,7 @@ static std::string analyze_hc(const Model& model, const std::string& out) {
 // first n test sequences: the raw values (W_V's output), for LIMe the routed
 // values attention reads, and the hidden states (residual stream after each
 // layer). Printed, drawn to OUT/value_entropy.png and written to
-// OUT/entropy.tsv (kind, layer, mean, std over sequences) for compare.
+// OUT/entropy.tsv (kind, layer, mean, std over sequences, the order alpha) for compare.
 struct EntropyKind { const char* name; Probe probe; };
 static std::string analyze_entropy(Model* model, const Task& task, int n, double alpha, const std::string& values,
                                    const std::string& out) {
@@ -243,7 +243,7 @@ static std::string analyze_entropy(Model* model, const Task& task, int n, double
     if (values != "raw" && c.arch == ARCH_LIME) kinds.push_back({"routed", PROBE_VALUES});
     kinds.push_back({"hidden", PROBE_HIDDEN});
     std::vector<Series> series;
-    std::string tsv = "kind\tlayer\tmean\tstd\n";
+    std::string tsv = "kind\tlayer\tmean\tstd\talpha\n";  // alpha in every row: compare --reuse checks it
     printf("entropy (Renyi, alpha = %g; features z-scored over all %d sequences), mean ± std over sequences:\n",
            alpha, B);
     printf("  layer");
@@ -260,7 +260,7 @@ static std::string analyze_entropy(Model* model, const Task& task, int n, double
             series[i].x.push_back(l);
             series[i].y.push_back(e.mean);
             char row[128];
-            snprintf(row, sizeof row, "%s\t%d\t%.6f\t%.6f\n", kinds[i].name, l, e.mean, e.std);
+            snprintf(row, sizeof row, "%s\t%d\t%.6f\t%.6f\t%.17g\n", kinds[i].name, l, e.mean, e.std, alpha);
             tsv += row;
         }
         printf("\n");

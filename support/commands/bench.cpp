@@ -319,6 +319,11 @@ int cmd_bench(int argc, char** argv) {
         ms[3].c = ms[0].c, ms[4].c = ms[1].c;
         ms[3].c.entropy_reg = ms[4].c.entropy_reg = reg;
     }
+    // each model_create asks for its own model; bench holds them all at once, so their sum is asked first
+    std::vector<Config> all;
+    for (const BenchModel& m : ms) all.push_back(m.c);
+    std::string err = models_fit_together(all, b.B, b.dev, b.settings);
+    if (!err.empty()) die("bench", err);
     std::vector<double> cpu_peaks;  // a CPU run's FMA peak after each round, GFLOP/s
     bench_models(plain, &ms, &cpu_peaks);
     double cpu_peak = median(cpu_peaks);

@@ -14,6 +14,10 @@ int cmd_compare(int argc, char** argv);  // ./lime compare (compare.cpp)
 int cmd_analyze(int argc, char** argv);  // ./lime analyze (analyze.cpp)
 int cmd_verify(int argc, char** argv);   // ./lime verify (verify.cpp)
 int cmd_bench(int argc, char** argv);    // ./lime bench (bench.cpp)
+// ./lime verify's checks of reference-vector files, printing nothing (the labs'
+// checker runs them as one check): "" when every check of every file passed,
+// else how many failed and the first, or why a file could not be checked.
+std::string verify_reference_files(const std::vector<std::string>& paths, Device dev, const ModelSettings& settings);
 
 // Router weight by source layer, rows (layers 1..L-1) normalised to sum 1; NaN where no source.
 std::vector<std::vector<double>> router_heatmap(const Model& model);

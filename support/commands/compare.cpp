@@ -13,9 +13,14 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>  // PR_SET_PDEATHSIG: a run ends with compare
+#endif
 
 #include <algorithm>
 #include <cerrno>
+#include <cfloat>
+#include <climits>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -73,17 +78,30 @@ static const char* preset_archs(const Preset& p) {
     return std::string(p.name) == "cpu-study" ? "llama,lime,lime:frozen" : "llama,lime";
 }
 
-// Train's task flags and the tasks they belong to (a flag of another task is refused).
-static const struct { const char* flag; const char* tasks; } TASK_OWNED[] = {
-    {"ops", "arith"},           {"modulus", "arith"},        {"format", "arith"},
-    {"train-size", "arith,prosqa"}, {"test-size", "arith,prosqa"}, {"data-seed", "arith,prosqa"},
-    {"prosqa-test", "prosqa"},  {"text-file", "text"},       {"val-frac", "text"},  {"seq-len", "text"},
+// Train's flags that compare sets itself, for each run or from its own
+// flags, and how to give them to compare instead: each is refused in
+// --train-args before any run starts. (A new kind of model is a new spelling
+// of --archs, in model_parse; a train flag it needs is one more line here.)
+static const struct { const char* flag; const char* instead; } SET_BY_COMPARE[] = {
+    {"task", "compare's --task"},
+    {"ops", "compare's --tiers, e.g. --tiers 4,5,6"},
+    {"seed", "compare's --seeds"},
+    {"out", "compare's --out"},
+    {"threads", "compare's --jobs (each run gets the cores / --jobs threads)"},
+    {"device", "compare's --device"},
+    {"quiet", "nothing: each run's output goes to its train.out"},
+    {"force", "nothing: compare replaces only the runs of its own --out"},
+    {"arch", "--archs, e.g. --archs llama,lime,hc"},
+    {"router", "--archs lime:VARIANT, e.g. --archs llama,lime:last-2"},
+    {"router-kv", "--archs lime:separate"},
+    {"router-weights", "--archs lime:frozen"},
+    {"hc-rate", "--archs hc:nN, e.g. --archs llama,hc:n2"},
+    {"hc-dynamic", "--archs hc:static"},
+    {"entropy-reg", "--archs MODEL:ereg=LAMBDA, e.g. --archs llama:ereg=0.5"},
+    {"stop-after", "Ctrl-C (each run saves a checkpoint, then compare --reuse keeps the finished runs); compare "
+                   "starts each run afresh and runs it to its end"},
+    {"resume", "compare --reuse (it keeps the finished runs); compare starts each run afresh and runs it to its end"},
 };
-static bool flag_is_for(const std::string& flag, const std::string& task) {
-    for (const auto& o : TASK_OWNED)
-        if (flag == o.flag) return ("," + std::string(o.tasks) + ",").find("," + task + ",") != std::string::npos;
-    return true;  // not a task flag: any task
-}
 
 static const Preset* find_preset(const std::string& name) {
     for (const Preset& p : PRESETS) if (name == p.name) return &p;
@@ -98,6 +116,54 @@ static std::vector<std::string> split(const std::string& s, char sep) {
     return out;
 }
 
+// --train-args as the shell would split it: words between blanks, 'single'
+// and "double" quotes (in which \" \\ \$ and \` are escapes), a backslash
+// quoting the next character outside them; so a path with a space can be
+// given ("--text-file 'my notes.txt'"). "" or the problem.
+static std::string shell_words(const std::string& s, std::vector<std::string>* out) {
+    out->clear();
+    std::string word;
+    bool in_word = false;
+    for (size_t i = 0; i < s.size(); i++) {
+        char c = s[i];
+        if (c == ' ' || c == '\t' || c == '\n') {
+            if (in_word) out->push_back(word), word.clear(), in_word = false;
+            continue;
+        }
+        in_word = true;
+        if (c == '\\') {
+            if (++i == s.size()) return "it ends in a backslash, which quotes nothing";
+            word += s[i];
+        } else if (c == '\'') {
+            size_t end = s.find('\'', i + 1);
+            if (end == std::string::npos) return "a ' is never closed";
+            word += s.substr(i + 1, end - i - 1);
+            i = end;
+        } else if (c == '"') {
+            for (i++; i < s.size() && s[i] != '"'; i++) {
+                if (s[i] == '\\' && i + 1 < s.size() && std::string("\"\\$`").find(s[i + 1]) != std::string::npos) i++;
+                word += s[i];
+            }
+            if (i == s.size()) return "a \" is never closed";
+        } else {
+            word += c;
+        }
+    }
+    if (in_word) out->push_back(word);
+    return "";
+}
+
+// A word as the shell would read it back: quoted when it holds anything but
+// letters, digits and -_./=:,+ (the report's `./lime train ...` line).
+static std::string shell_quote(const std::string& w) {
+    if (!w.empty() && w.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+") ==
+                          std::string::npos)
+        return w;
+    std::string q = "'";
+    for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+}
+
 // ---------------------------------------------------------------------------
 // One run: a child process, its log, its results.
 
@@ -107,87 +173,223 @@ struct Run {
     pid_t pid = 0;
     int status = -1;
     double max_rss_mb = 0, seconds = 0;
-    // read from DIR/log.jsonl
+    // read from DIR/log.jsonl (read_log), every number checked
+    int layers = 0;
+    std::map<std::string, std::string> args;  // the config line's "args": the train flags it ran with
     double accuracy = NAN, val_loss = NAN, ms_per_step = NAN, params = NAN, flops_per_token_ = NAN, tokens_per_step = 0;
     std::vector<double> steps, losses;            // training loss curve
     std::vector<double> eval_steps, eval_losses;  // validation loss curve
     std::map<std::string, std::vector<double>> entropy;  // from DIR/entropy.tsv: kind -> mean per layer
     enum Stage { WAITING, TRAINING, TRAINED, ANALYSING, DONE } stage = WAITING;
-    std::string error;
+    std::string failure;  // a failed training or analysis: how it ended and where its last words are
 };
 
-// Starts ./lime CMD ARGS (train, then analyze) as a child writing to DIR/CMD.out.
-static pid_t start_run(const std::string& self, Run* r, const char* cmd, const std::vector<std::string>& args) {
+// Starts ./lime CMD ARGS (train, then analyze) as a child whose output goes to
+// DIR/CMD.out, opened here: truncated (never an earlier run's words), a
+// symlink there refused, and when it cannot be written the run is not started
+// (0, *why says so). The child dies with compare: PR_SET_PDEATHSIG sends it
+// SIGTERM when compare ends, even by SIGKILL (train then saves a checkpoint and
+// stops), so no run is left behind.
+static pid_t start_run(const std::string& self, const Run& r, const char* cmd, const std::vector<std::string>& args,
+                       std::string* why) {
+    std::string out = r.dir + "/" + cmd + ".out";
+    int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        *why = "cannot write " + out + ": " + strerror(errno);
+        return 0;
+    }
     std::vector<std::string> all = {self, cmd};
     all.insert(all.end(), args.begin(), args.end());
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
         // a process group of its own: a Ctrl-C at the terminal reaches compare
         // alone, which forwards it once (twice would end the run unsaved)
         setpgid(0, 0);
+#ifdef __linux__
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+#endif
+        if (getppid() != parent) _exit(128 + SIGTERM);  // compare ended before the line above took effect
         signal(SIGPIPE, SIG_DFL);  // compare ignores it (its stdout may close); a run starts as any program does
-        std::string out = r->dir + "/" + cmd + ".out";
-        FILE* f = freopen(out.c_str(), "w", stdout);
-        if (f) dup2(fileno(stdout), 2);
+        dup2(fd, 1);
+        dup2(fd, 2);
         std::vector<char*> argv;
         for (std::string& a : all) argv.push_back(&a[0]);
         argv.push_back(nullptr);
         execv(self.c_str(), argv.data());
+        dprintf(2, "lime compare: cannot run %s: %s\n", one_line(self).c_str(), strerror(errno));
         _exit(127);
     }
-    return pid;
+    int e = errno;
+    close(fd);
+    if (pid < 0) *why = std::string("cannot start a process: ") + strerror(e);
+    return pid < 0 ? 0 : pid;
 }
 
-static double json_number(const Json& j, const char* key) {
-    const Json* v = j.get(key);
-    return v && v->kind == Json::NUM ? v->num : NAN;
+// How a child ended, from its wait status: "exit status 2", or the signal by
+// name (SIGKILL, the out-of-memory killer's, with that hint).
+static std::string how_it_ended(int status) {
+    if (WIFEXITED(status)) return "exit status " + std::to_string(WEXITSTATUS(status));
+    if (!WIFSIGNALED(status)) return "ended with wait status " + std::to_string(status);
+    int sig = WTERMSIG(status);
+    std::string name = sig == SIGKILL ? "SIGKILL" : sig == SIGTERM ? "SIGTERM" : sig == SIGSEGV ? "SIGSEGV"
+                       : sig == SIGABRT ? "SIGABRT" : sig == SIGINT ? "SIGINT" : sig == SIGBUS ? "SIGBUS"
+                                                                                  : strsignal(sig);
+    return "killed by signal " + std::to_string(sig) + " (" + name + (sig == SIGKILL ? ": out of memory?" : "") + ")";
 }
 
-static void read_log(Run* r) {
-    std::ifstream in(r->dir + "/log.jsonl");
-    std::string line;
+// Where a failed child's last words are: the last line of DIR/CMD.out, or that it is empty.
+static std::string last_words(const std::string& path) {
+    int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return one_line(path) + " cannot be read (" + strerror(errno) + ")";
+    off_t size = lseek(fd, 0, SEEK_END);
+    std::string tail(size > 0 ? (size_t)std::min<off_t>(size, 4096) : 0, '\0');
+    ssize_t n = size > 0 ? pread(fd, &tail[0], tail.size(), size - (off_t)tail.size()) : 0;
+    close(fd);
+    tail.resize(n > 0 ? (size_t)n : 0);
+    while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r')) tail.pop_back();
+    if (tail.empty())
+        return one_line(path) + " is empty (the run wrote nothing, or it could not be written: is the disk full?)";
+    std::string last = one_line(tail.substr(tail.find_last_of('\n') + 1));
+    if (last.size() > 300) last = last.substr(0, 300) + "...";
+    return "its last line: \"" + last + "\" (" + one_line(path) + ")";
+}
+
+// ---------------------------------------------------------------------------
+// A run's files read back. Every number is checked before it reaches the
+// report: a file altered or damaged (an accuracy of 7.5, a negative or
+// infinite loss, a layer past the model's) is named with the value, never
+// averaged in.
+
+// One file being read: where the reader is, and the first problem found.
+struct FileCheck {
+    std::string path;
+    int line = 0;
+    std::string err;
+    void fail(const std::string& what) {
+        if (err.empty()) err = one_line(path) + " line " + std::to_string(line) + ": " + what;
+    }
+    // j[key], a number in [lo, hi]; NaN when it is missing (a problem when required) or out of range
+    double number(const Json& j, const char* key, double lo, double hi, bool required = true) {
+        const Json* v = j.get(key);
+        if (!v) {
+            if (required) fail(std::string("no \"") + key + "\"");
+            return NAN;
+        }
+        if (v->kind == Json::NUM && v->num >= lo && v->num <= hi) return v->num;
+        std::string range = std::isinf(hi) ? (std::isinf(lo) ? "a finite number" : fmt("a finite number >= %g", lo))
+                                           : fmt("a number in [%g, ", lo) + fmt("%g]", hi);
+        fail(std::string("\"") + key + "\" " + json_dump(*v) + " is not " + range);
+        return NAN;
+    }
+};
+const double ENTROPY_MAX = 64;  // a Renyi entropy is at most log(positions): under 22 nats for 2^31
+const double LOG_MAX_BYTES = 256.0 * (1 << 20);  // a run's log is kilobytes; a file past this is not one
+
+// DIR/log.jsonl, written by ./lime train: the config line (parameters, FLOPs
+// per token, tokens per step), the training and validation loss curves, and
+// the done line's accuracy and validation loss. *done: the run finished (a
+// done line). "" or the first problem, naming the file, the line and the value.
+static std::string read_log(Run* r, const std::string& task, bool* done) {
+    FileCheck fc;
+    fc.path = r->dir + "/log.jsonl";
+    *done = false;
+    struct stat sb;
+    if (stat(fc.path.c_str(), &sb) == 0 && sb.st_size > LOG_MAX_BYTES)
+        return one_line(fc.path) + " is over 256 MiB: not a log of ./lime train";
+    std::ifstream in(fc.path);
+    Config model;
+    model_parse(r->arch, &model);
+    double lowest_loss = model.entropy_reg > 0 ? -INFINITY : 0;  // the regularised loss may be negative
     double ms_sum = 0;
     int ms_n = 0;
-    while (std::getline(in, line)) {
+    std::string line;
+    while (fc.err.empty() && std::getline(in, line)) {
+        fc.line++;
         Json j;
-        if (!json_parse(line, &j).empty()) continue;
+        if (!json_parse(line, &j).empty() || j.kind != Json::OBJ) { fc.fail("not a JSON object"); break; }
         const Json* type = j.get("type");
-        if (!type || type->kind != Json::STR) continue;
-        if (type->str == "config") {
-            r->params = json_number(j, "params");
+        std::string kind = type && type->kind == Json::STR ? type->str : "";
+        if (kind == "config") {
+            r->params = fc.number(j, "params", 1, 1e15);
             const Json* cfg = j.get("config");
             Config c;
-            if (cfg && config_from_json(json_dump(*cfg), &c).empty()) r->flops_per_token_ = flops_per_token(c, c.T);
+            std::string why = cfg ? config_from_json(json_dump(*cfg), &c) : "no \"config\"";
+            if (!why.empty()) { fc.fail(why); break; }
+            r->layers = c.L;
+            r->flops_per_token_ = flops_per_token(c, c.T);
             const Json* args = j.get("args");
+            for (const auto& [k, v] : args ? args->obj : std::vector<std::pair<std::string, Json>>())
+                if (v.kind == Json::STR) r->args[k] = v.str;
             const Json* batch = args ? args->get("batch") : nullptr;
-            if (batch && batch->kind == Json::STR) r->tokens_per_step = atof(batch->str.c_str()) * c.T;
-        } else if (type->str == "train") {
-            r->steps.push_back(json_number(j, "step"));
-            r->losses.push_back(json_number(j, "loss"));
-            // the first line's speed includes the start-up
-            if (r->steps.size() > 1) { ms_sum += json_number(j, "ms_per_step"); ms_n++; }
-        } else if (type->str == "eval") {
-            r->eval_steps.push_back(json_number(j, "step"));
-            r->eval_losses.push_back(json_number(j, "val_loss"));
-        } else if (type->str == "done") {
-            r->accuracy = json_number(j, "accuracy");
-            r->val_loss = json_number(j, "val_loss");
+            double B = batch && batch->kind == Json::STR ? atof(batch->str.c_str()) : 0;
+            if (!(B >= 1 && B <= (1 << 20))) fc.fail("\"args\" has no \"batch\" of 1 .. 1048576");
+            r->tokens_per_step = B * c.T;
+        } else if (kind == "train") {
+            double step = fc.number(j, "step", 1, (double)MAX_STEPS);
+            if (!r->steps.empty() && !(step > r->steps.back())) fc.fail("\"step\" does not come after the line before");
+            r->steps.push_back(step);
+            r->losses.push_back(fc.number(j, "loss", lowest_loss, INFINITY));
+            double ms = fc.number(j, "ms_per_step", 0, INFINITY);
+            if (r->steps.size() > 1) ms_sum += ms, ms_n++;  // the first line's speed includes the start-up
+        } else if (kind == "eval") {
+            r->eval_steps.push_back(fc.number(j, "step", 1, (double)MAX_STEPS));
+            r->eval_losses.push_back(fc.number(j, "val_loss", 0, INFINITY));
+            fc.number(j, "accuracy", 0, 1, false);
+        } else if (kind == "done") {
+            r->val_loss = fc.number(j, "val_loss", 0, INFINITY);
+            r->accuracy = fc.number(j, "accuracy", 0, 1, task != "text");
+            *done = true;
         }
     }
+    if (fc.err.empty() && fc.line > 0 && r->layers == 0) fc.fail("no config line: not a log of ./lime train");
     r->ms_per_step = ms_n ? ms_sum / ms_n : NAN;
+    return fc.err;
 }
 
-// DIR/entropy.tsv, written by ./lime analyze: kind, layer, mean, std.
-static void read_entropy(Run* r) {
-    std::ifstream in(r->dir + "/entropy.tsv");
-    std::string kind;
-    int layer;
-    double mean, sd;
-    std::getline(in, kind);  // the header
-    while (in >> kind >> layer >> mean >> sd) {
+// DIR/entropy.tsv, written by ./lime analyze: kind, layer, mean, std and the
+// Renyi order alpha of each row. "" when read, with every kind's every layer
+// once (routed for lime only). *stale when it is missing or holds another
+// analysis than this compare's (another --alpha, an older ./lime's four
+// columns): compare then analyses the run again.
+static std::string read_entropy(Run* r, double alpha, bool* stale) {
+    FileCheck fc;
+    fc.path = r->dir + "/entropy.tsv";
+    std::ifstream in(fc.path);
+    std::string line;
+    *stale = !std::getline(in, line) || line != "kind\tlayer\tmean\tstd\talpha";
+    if (*stale) return "";
+    r->entropy.clear();
+    Config model;
+    model_parse(r->arch, &model);
+    std::set<std::string> kinds = {"raw", "hidden"};
+    if (model.arch == ARCH_LIME) kinds.insert("routed");
+    for (fc.line = 2; fc.err.empty() && std::getline(in, line); fc.line++) {
+        std::istringstream row(line);
+        std::string kind, extra;
+        double layer = NAN, mean = NAN, sd = NAN, a = NAN;
+        if (!(row >> kind >> layer >> mean >> sd >> a) || (row >> extra)) { fc.fail("not 5 columns"); break; }
         std::vector<double>& v = r->entropy[kind];
-        if (layer >= 0 && layer < 100000) v.resize(std::max<size_t>(v.size(), layer + 1), NAN), v[layer] = mean;
+        if (!kinds.count(kind)) fc.fail("kind '" + one_line(kind) + "' is not one of raw, routed (lime), hidden");
+        else if (!(layer >= 0 && layer < r->layers && layer == std::floor(layer)))
+            fc.fail(fmt("layer %g is not one of the model's layers", layer) + " (0 .. " +
+                    std::to_string(r->layers - 1) + ")");
+        else if (!(mean >= 0 && mean <= ENTROPY_MAX) || !(sd >= 0 && sd <= ENTROPY_MAX))
+            fc.fail(fmt("entropy %g", mean) + fmt(" ± %g is not a number in [0, 64]", sd) +
+                    " (a Renyi entropy is at most the log of the positions)");
+        else if (std::fabs(a - alpha) > 1e-9 * alpha) *stale = true;
+        else if ((int)layer < (int)v.size() && !std::isnan(v[(int)layer]))
+            fc.fail(fmt("layer %g is given twice", layer));
+        else v.resize(std::max<size_t>(v.size(), (size_t)layer + 1), NAN), v[(int)layer] = mean;
     }
+    if (!fc.err.empty() || *stale) return fc.err;
+    for (const std::string& kind : kinds) {
+        const std::vector<double>& v = r->entropy[kind];
+        if (v.size() != (size_t)r->layers || std::any_of(v.begin(), v.end(), [](double x) { return std::isnan(x); }))
+            return one_line(fc.path) + ": the " + kind + " entropy of some of the " + std::to_string(r->layers) +
+                   " layers is missing";
+    }
+    return "";
 }
 
 // ---------------------------------------------------------------------------
@@ -681,7 +883,6 @@ struct CompareSettings {
     double alpha = 0.5;                     // --alpha, for every run's ./lime analyze
     int seeds = 1;
     std::vector<std::string> tiers, archs;
-    std::string train_args;                 // --train-args
     std::vector<std::string> run_args;      // every run's train flags: the preset's, those --train-args gives replaced
     int jobs = 1, threads = 1;
     bool gpu = false;
@@ -690,30 +891,48 @@ struct CompareSettings {
     std::string self;        // this program, run as ./lime train
 };
 
+// Each word of --train-args: a flag of ./lime train (--NAME VALUE, --NAME=VALUE
+// or a switch), not one compare sets (SET_BY_COMPARE), not another task's,
+// given once; *given collects their names. "" or the problem.
+static std::string check_train_words(const std::vector<std::string>& words, const std::string& task,
+                                     std::set<std::string>* given) {
+    static const std::vector<FlagSpec> flags = train_flags();
+    for (size_t i = 0; i < words.size(); i++) {
+        const std::string& w = words[i];
+        if (w.rfind("--", 0) != 0)
+            return "--train-args: '" + w + "' is not a flag of ./lime train (a value with spaces is quoted as in " +
+                   "the shell: \"--text-file 'my notes.txt'\")";
+        size_t eq = w.find('=');
+        std::string name = w.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+        for (const auto& set : SET_BY_COMPARE)
+            if (name == set.flag)
+                return "--train-args gives --" + name + "; compare sets it for each run: use " + set.instead;
+        auto spec = std::find_if(flags.begin(), flags.end(), [&](const FlagSpec& f) { return name == f.name; });
+        if (spec == flags.end())
+            return "--train-args: --" + name + " is not a flag of ./lime train; see ./lime train --help";
+        if (!given->insert(name).second) return "--train-args gives --" + name + " twice; give it once";
+        if (const char* owner = task_owning_flag(name, task))
+            return "--train-args gives --" + name + ", a flag of another task (--task " + owner + ") than --task " +
+                   task + "; drop it or change --task";
+        if (!spec->def && eq != std::string::npos) return "--train-args: --" + name + " takes no value";
+        if (spec->def && eq == std::string::npos && ++i == words.size())
+            return "--train-args: --" + name + " needs a value";
+    }
+    return "";
+}
+
 // The train flags of every run: the preset's ("--flag value" pairs), less
 // those --train-args gives (--steps and --epochs count as one: each sets the
-// length of the run), then --train-args. "" or the problem with --train-args.
+// length of the run), then --train-args, split as the shell would
+// (shell_words). "" or the problem with --train-args, found before any run starts.
 static std::string merge_train_args(const Preset& preset, const std::string& extra, const std::string& task,
                                     std::vector<std::string>* out) {
-    std::vector<std::string> own = split(extra, ' '), pairs = split(preset.train_args, ' ');
+    std::vector<std::string> own, pairs = split(preset.train_args, ' ');
+    std::string err = shell_words(extra, &own);
+    if (!err.empty()) return "--train-args: " + err + "; quote as the shell does, e.g. \"--text-file 'my notes.txt'\"";
     std::set<std::string> given;
-    for (const std::string& t : own)
-        if (t.rfind("--", 0) == 0) given.insert(t.substr(2, t.find('=') == std::string::npos ? t.npos : t.find('=') - 2));
-    for (const std::string& f : given) {
-        if (f == "task" || f == "ops")
-            return "--train-args gives --" + f + "; compare sets it (use compare's --task and --tiers)";
-        if (f == "stop-after" || f == "resume")
-            return "--train-args gives --" + f + "; compare starts each run afresh and runs it to its end (stop "
-                   "compare with Ctrl-C: each run saves a checkpoint; compare --reuse then keeps the finished runs)";
-        for (const char* own : {"seed", "out", "arch", "router", "router-kv", "router-weights", "threads", "device",
-                                "quiet", "force"})
-            if (f == own)
-                return "--train-args gives --" + f + "; compare sets it for each run (use compare's --seeds, " +
-                       "--archs, --out, --jobs or --device)";
-        if (!flag_is_for(f, task))
-            return "--train-args gives --" + f + ", a flag of another task than --task " + task +
-                   "; drop it or change --task";
-    }
+    err = check_train_words(own, task, &given);
+    if (!err.empty()) return err;
     if (task == "text" && !given.count("text-file"))
         return "--task text needs a file: add --train-args \"--text-file FILE\"";
     if (given.count("steps") && given.count("epochs"))
@@ -721,7 +940,7 @@ static std::string merge_train_args(const Preset& preset, const std::string& ext
     if (given.count("steps") || given.count("epochs")) given.insert({"steps", "epochs"});
     out->clear();
     for (size_t i = 0; i + 1 < pairs.size(); i += 2)  // the preset's, less those of other tasks and --ops (compare's)
-        if (!given.count(pairs[i].substr(2)) && flag_is_for(pairs[i].substr(2), task) && pairs[i] != "--ops")
+        if (!given.count(pairs[i].substr(2)) && !task_owning_flag(pairs[i].substr(2), task) && pairs[i] != "--ops")
             out->insert(out->end(), {pairs[i], pairs[i + 1]});
     out->insert(out->end(), own.begin(), own.end());
     return "";
@@ -745,8 +964,45 @@ static int run_flag(const std::vector<std::string>& args, const std::string& nam
 // The layers the runs will have: the last --layers of their flags, else train's default.
 static int run_layers(const std::vector<std::string>& args) { return run_flag(args, "layers", 4); }
 
+// --archs: each model named once, each one compare can train with the runs'
+// layers (a last-J or first-J needs J <= layers). One line per problem, the first kept.
+static void check_archs(Args& a, const std::vector<std::string>& archs, int layers) {
+    std::set<std::string> seen;
+    for (const std::string& s : archs) {
+        Config c;
+        // a lambda of 0, or one float32 loses, names no regularised model: said apart
+        size_t ereg = s.rfind(":ereg=");
+        char* end = nullptr;
+        double lambda = ereg == std::string::npos ? 1 : strtod(s.c_str() + ereg + 6, &end);
+        bool whole = ereg != std::string::npos && end != s.c_str() + ereg + 6 && !*end;
+        if (whole && (lambda == 0 || (lambda > 0 && lambda < FLT_MIN)) && model_parse(s.substr(0, ereg), &c)) {
+            a.fail("--archs: '" + s + "': " + (lambda == 0 ? "a lambda of 0 is the plain model: write " +
+                                                                 s.substr(0, ereg)
+                                                           : "the lambda " + entropy_reg_check(lambda)));
+            continue;
+        }
+        if (!model_parse(s, &c)) {
+            a.fail("--archs: '" + s + "' is not llama, lime, lime:VARIANT (static, average, last-J, first-J, "
+                   "separate, frozen; e.g. lime:last-2 or lime:frozen), hc or hc:VARIANT (nN streams, static; "
+                   "e.g. hc:n2 or hc:static), each with an optional :ereg=LAMBDA (the regulariser's lambda: a "
+                   "number > 0 that float32 keeps, at least 1.2e-38, e.g. llama:ereg=0.1; the plain model has no "
+                   ":ereg)");
+            continue;
+        }
+        if (!seen.insert(model_name(c)).second)
+            a.fail("--archs '" + a.str("archs") + "' names " + model_name(c) + " twice; give each model once");
+        c.L = layers;
+        if (c.L < 1) continue;  // --train-args' --layers is not a number: said already
+        c.V = c.T = c.H = c.R = c.F = 1;
+        c.d = c.hd = 2;
+        std::string why = config_check(c);
+        if (!why.empty() && c.arch == ARCH_HC) a.fail("--archs: '" + s + "': " + why + "; e.g. hc:n2");
+        else if (!why.empty()) a.fail("--archs: '" + s + "' with the runs' " + std::to_string(c.L) + " layers: " + why);
+    }
+}
+
 // Reads and checks the flags (one line and exit status 2 at the first
-// problem), picks the device, and makes the output directory.
+// problem) and picks the device. Nothing is written yet.
 static CompareSettings compare_settings(Args& a) {
     CompareSettings cs;
     cs.preset = find_preset(a.str("preset"));
@@ -769,39 +1025,18 @@ static CompareSettings compare_settings(Args& a) {
         else if (!tiers_seen.insert(atoi(t.c_str())).second)
             a.fail("--tiers '" + a.str("tiers") + "' names tier " + std::to_string(atoi(t.c_str())) +
                    " twice; give each tier once");
-    cs.train_args = a.str("train-args");
-    std::string err = preset ? merge_train_args(*preset, cs.train_args, cs.task, &cs.run_args) : "";
+    std::string err = preset ? merge_train_args(*preset, a.str("train-args"), cs.task, &cs.run_args) : "";
     if (err.empty()) run_flag(cs.run_args, "layers", 4, &err);  // --archs is checked with these layers below
     if (err.empty()) run_flag(cs.run_args, "modulus", 11, &err);
     if (!err.empty()) a.fail(err);
-    // models: llama, lime, or lime with a router variant and/or separate K/V routers,
-    // e.g. lime:last-2, lime:average, lime:separate (model_parse); each checked with
-    // the runs' layers (a last-J or first-J needs J <= layers)
     cs.archs = split(a.has("archs") || !preset ? a.str("archs") : preset_archs(*preset), ',');
     if (cs.archs.empty()) a.fail("--archs is empty; give one or more models, e.g. --archs llama,lime");
-    std::set<std::string> archs_seen;
-    for (const std::string& s : cs.archs) {
-        Config c;
-        if (!model_parse(s, &c)) {
-            a.fail("--archs: '" + s + "' is not llama, lime, lime:VARIANT (static, average, last-J, first-J, "
-                   "separate, frozen; e.g. lime:last-2 or lime:frozen), hc or hc:VARIANT (nN streams, static; "
-                   "e.g. hc:n2 or hc:static), each with an optional :ereg=LAMBDA (a number >= 0, e.g. llama:ereg=0.1)");
-            continue;
-        }
-        if (!archs_seen.insert(model_name(c)).second)
-            a.fail("--archs '" + a.str("archs") + "' names " + model_name(c) + " twice; give each model once");
-        c.L = run_layers(cs.run_args);
-        if (c.L < 1) continue;  // --train-args' --layers is not a number: said above
-        c.V = c.T = c.H = c.R = c.F = 1;
-        c.d = c.hd = 2;
-        std::string why = config_check(c);
-        if (!why.empty() && c.arch == ARCH_HC) a.fail("--archs: '" + s + "': " + why + "; e.g. hc:n2");
-        else if (!why.empty()) a.fail("--archs: '" + s + "' with the runs' " + std::to_string(c.L) + " layers: " + why);
-    }
+    check_archs(a, cs.archs, run_layers(cs.run_args));
     cs.reuse = a.has("reuse");
     int jobs = (int)a.integer("jobs", 0, 256);
     std::string device = a.choice("device", {"auto", "cpu", "gpu"});
     cs.dir = a.str("out");
+    if (cs.dir.empty()) a.fail("--out needs a directory");
     if (!a.err.empty()) die("compare", a.err);
     std::string why;
     cs.gpu = device == "gpu" || (device == "auto" && gpu_available(&why));
@@ -809,7 +1044,6 @@ static CompareSettings compare_settings(Args& a) {
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     cs.jobs = jobs == 0 ? (cs.gpu ? 1 : std::max(1, cores)) : jobs;
     cs.threads = std::max(1, cores / cs.jobs);
-    if (!make_dir(cs.dir, &err)) die("compare", err + " (choose another --out)");
     cs.self = exe_path();
     if (cs.self.empty()) die("compare", "cannot find this program's path (/proc/self/exe)");
     return cs;
@@ -839,12 +1073,58 @@ static std::vector<Run> plan_runs(const CompareSettings& cs) {
     return runs;
 }
 
+// --out, made, and DIR/compare.lock taken for the life of compare (lock_file):
+// a second compare into the same --out is refused at once, naming the
+// holder, before it writes anything (its runs would reopen the first's
+// train.out files and replace its models). Returns the lock's descriptor.
+static int lock_out(const std::string& dir) {
+    std::string err, why;
+    if (!make_dir(dir, &err)) die("compare", err + " (choose another --out)");
+    long pid = 0;
+    int fd = lock_file(dir + "/compare.lock", &pid, &why);
+    if (fd == -2) die("compare", "cannot use " + dir + "/compare.lock (" + why + "), the lock compare holds on its " +
+                                 "--out; remove it if it is not a file, or choose another --out");
+    if (fd == -1)
+        die("compare", "--out " + dir + " is in use by another ./lime compare (" +
+                           (pid > 0 ? "pid " + std::to_string(pid) : std::string("its pid not written yet")) +
+                           "); wait for it to end or stop it, or choose another --out");
+    return fd;
+}
+
+// A run's directories below --out (DIR/tierT, then DIR/tierT/MODEL-seedS) are
+// compare's own: each a real directory, or not there yet. compare passes
+// --force to its runs, which would replace whatever a symbolic link there
+// points to: a link, a file, or a directory whose real path lies outside
+// --out's is refused, before any run starts. "" or the problem.
+static std::string check_run_dir(const std::string& out, const std::string& dir) {
+    std::string path = out;
+    for (const std::string& part : split(dir.substr(out.size()), '/')) {
+        path += "/" + part;
+        struct stat sb;
+        if (lstat(path.c_str(), &sb) != 0) {
+            if (errno == ENOENT) return "";  // compare makes it
+            return "cannot use " + path + ": " + strerror(errno);
+        }
+        if (S_ISLNK(sb.st_mode) || !S_ISDIR(sb.st_mode))
+            return path + " is " + (S_ISLNK(sb.st_mode) ? "a symbolic link" : "not a directory") +
+                   ", where compare makes a run's directory (it replaces what a run directory holds); remove it, or "
+                   "choose another --out";
+    }
+    char real_out[PATH_MAX], real_dir[PATH_MAX];
+    if (!realpath(out.c_str(), real_out) || !realpath(dir.c_str(), real_dir))
+        return "cannot resolve " + dir + ": " + strerror(errno);
+    if (std::string(real_dir).rfind(std::string(real_out) + "/", 0) != 0)
+        return dir + " resolves to " + real_dir + ", outside --out (" + real_out + "); remove it, or choose "
+               "another --out";
+    return "";
+}
+
 // The flags of one run's ./lime train: the preset's with --train-args (run_args), then the run's own.
 static std::vector<std::string> train_args_of(const CompareSettings& cs, const Run& r) {
     std::vector<std::string> args = cs.run_args;
     Config model;
     model_parse(r.arch, &model);
-    // --force: the run directories are compare's own, made afresh by each compare into its --out
+    // --force: the run directories are compare's own (check_run_dir), made afresh by each compare into its --out
     std::vector<std::string> own = {"--arch", arch_name(model.arch), "--seed", std::to_string(r.seed),
                                     "--out", r.dir, "--threads", std::to_string(cs.threads),
                                     "--device", cs.gpu ? "gpu" : "cpu", "--quiet", "--force"};
@@ -867,36 +1147,95 @@ static std::vector<std::string> analyze_args_of(const CompareSettings& cs, const
             "--threads", std::to_string(cs.threads), "--device", cs.gpu ? "gpu" : "cpu"};
 }
 
-// --reuse: a run whose directory already holds a finished training (a "done"
-// line in log.jsonl, whose "args" agree with every flag this run would get but
-// --out, --threads and --device) and its analysis (entropy.tsv) is read, not
-// run again, so a compare stopped part way (Ctrl-C, a lost session, too little
-// time) can finish, or report on fewer seeds, with the runs it has.
-static bool reusable(const CompareSettings& cs, const Run& r) {
-    std::ifstream in(r.dir + "/log.jsonl");
-    std::string line;
-    bool done = false;
-    Json args;
-    while (std::getline(in, line)) {
-        Json j;
-        const Json* type = json_parse(line, &j).empty() ? j.get("type") : nullptr;
-        if (type && type->kind == Json::STR && type->str == "config" && j.get("args")) args = *j.get("args");
-        if (type && type->kind == Json::STR && type->str == "done") done = true;
+// --reuse: the valued flags of a train command line (--NAME VALUE or
+// --NAME=VALUE; switches carry none), as train records them in its log's "args".
+static std::map<std::string, std::string> flag_values(const std::vector<std::string>& args) {
+    static const std::vector<FlagSpec> flags = train_flags();
+    std::map<std::string, std::string> out;
+    for (size_t i = 0; i < args.size(); i++) {
+        size_t eq = args[i].find('=');
+        std::string name = args[i].substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+        auto spec = std::find_if(flags.begin(), flags.end(), [&](const FlagSpec& f) { return name == f.name; });
+        if (spec == flags.end() || !spec->def) continue;
+        out[name] = eq != std::string::npos ? args[i].substr(eq + 1) : i + 1 < args.size() ? args[++i] : "";
     }
-    if (!done || args.kind != Json::OBJ || access((r.dir + "/entropy.tsv").c_str(), R_OK) != 0) return false;
-    std::vector<std::string> want = train_args_of(cs, r);
-    for (size_t i = 0; i < want.size(); i++) {
-        if (want[i].rfind("--", 0) != 0) continue;
-        std::string flag = want[i].substr(2), value;
-        size_t eq = flag.find('=');
-        if (eq != std::string::npos) value = flag.substr(eq + 1), flag = flag.substr(0, eq);
-        else if (i + 1 < want.size() && want[i + 1].rfind("--", 0) != 0) value = want[++i];
-        else continue;  // a switch (--quiet, --force)
-        if (flag == "out" || flag == "threads" || flag == "device") continue;
-        const Json* v = args.get(flag);
-        if (!v || v->kind != Json::STR || v->str != value) return false;
+    return out;
+}
+
+// "" when a run whose log recorded the train flags `old` is the run `now`
+// would make, else the first flag whose value differs, named. Both ways: a
+// flag given on one side only counts at train's default on the other. Not
+// compared: where a run writes and how fast (--out, --threads, --device).
+// The length is the one of --steps and --epochs given (compare always gives
+// one; train records "steps" always, "epochs" only when given).
+static std::string flags_differ(const std::map<std::string, std::string>& old,
+                                const std::map<std::string, std::string>& now) {
+    static const std::vector<FlagSpec> flags = train_flags();
+    auto value = [&](const std::map<std::string, std::string>& m, const std::string& k, bool* def) {
+        auto it = m.find(k);
+        *def = it == m.end();
+        if (!*def) return it->second;
+        for (const FlagSpec& f : flags) if (k == f.name && f.def) return std::string(f.def);
+        return std::string("(none)");
+    };
+    auto same = [](const std::string& a, const std::string& b) {  // 1e-3 and 0.001 are one value
+        char *ea, *eb;
+        double x = strtod(a.c_str(), &ea), y = strtod(b.c_str(), &eb);
+        return a == b || (!a.empty() && !b.empty() && !*ea && !*eb && x == y);
+    };
+    // the length first: compare always gives one of --steps and --epochs, and
+    // train records "steps" always, "epochs" only when given
+    std::string old_length = old.count("epochs") ? "epochs" : "steps", length = now.count("steps") ? "steps" : "epochs";
+    bool old_def, now_def;
+    if (old_length != length)
+        return "--" + old_length + " " + value(old, old_length, &old_def) + ", this call gives --" + length + " " +
+               value(now, length, &now_def);
+    std::set<std::string> keys;
+    for (const auto& kv : old) keys.insert(kv.first);
+    for (const auto& kv : now) keys.insert(kv.first);
+    for (const std::string& k : keys) {
+        if (k == "out" || k == "threads" || k == "device" || ((k == "steps" || k == "epochs") && k != length)) continue;
+        std::string a = value(old, k, &old_def), b = value(now, k, &now_def);
+        if (!same(a, b))
+            return "--" + k + " " + a + (old_def ? " (train's default)" : "") + ", this call gives --" + k + " " + b +
+                   (now_def ? " (train's default)" : "");
     }
-    return true;
+    return "";
+}
+
+// --reuse: each run whose directory holds a finished training (a done line
+// in log.jsonl) is read, not run again, when its recorded train flags are
+// this call's (flags_differ), and so is its analysis when made with this
+// --alpha (else it is analysed again). A finished run of other flags, or
+// whose files fail their checks (read_log, read_entropy), is refused, naming
+// the flag or the value: it is not this call's run, and running it again
+// would replace it. So a compare stopped part way (Ctrl-C, a lost session,
+// too little time) can finish, or report on fewer seeds, with the runs it has.
+// Returns the runs reused; *analysed_again those whose analysis is redone.
+static int reuse_runs(const CompareSettings& cs, std::vector<Run>* runs, int* analysed_again) {
+    int reused = 0;
+    *analysed_again = 0;
+    for (Run& planned : *runs) {
+        Run r = planned;
+        bool done = false, stale = false;
+        std::string err = read_log(&r, cs.task, &done);
+        if (!done) continue;  // not finished: it runs again
+        std::string fix = "; remove " + r.dir + " to run it again, drop --reuse to run every run again, or choose "
+                          "another --out";
+        if (!err.empty()) die("compare", "--reuse: " + err + ": the file was altered or damaged" + fix);
+        std::string differ = flags_differ(r.args, flag_values(train_args_of(cs, r)));
+        if (!differ.empty())
+            die("compare", "--reuse: " + r.dir + " was trained with " + differ + "; give the same flags to reuse "
+                           "it" + fix);
+        err = read_entropy(&r, cs.alpha, &stale);
+        if (!err.empty()) die("compare", "--reuse: " + err + ": the file was altered or damaged" + fix);
+        r.status = 0;  // as a child that exited 0
+        r.stage = stale ? Run::TRAINED : Run::DONE;
+        *analysed_again += stale;
+        reused++;
+        planned = r;
+    }
+    return reused;
 }
 
 // SIGINT, SIGTERM and SIGHUP to compare only set this flag: run_all
@@ -919,29 +1258,45 @@ static void say(const std::string& line) {
         if (errno == EPIPE && !g_compare_signal) g_compare_signal = SIGPIPE;
 }
 
-// A run's training has ended: its status, memory and time, its log read, one line printed.
-static void finish_run(Run* r, int status, const struct rusage& ru, double started, size_t done, size_t total) {
+// "tier 2 lime  seed 1": a run as the progress lines name it.
+static std::string run_name(const Run& r) {
+    bool tier = r.tier.find_first_not_of("0123456789") == std::string::npos;  // arith's tiers are numbers
+    return (tier ? "tier " : "") + r.tier + " " + strf("%-5s", r.arch.c_str()) + " seed " + std::to_string(r.seed);
+}
+
+// A run's training has ended (or could not start: status -1, r->failure says
+// why): its status, memory and time, its log read, one line printed; a
+// failed run's line says how it ended and where its last words are.
+static void finish_run(const CompareSettings& cs, Run* r, int status, const struct rusage& ru, double started,
+                       size_t done, size_t total) {
     r->status = status;
     r->max_rss_mb = ru.ru_maxrss / 1024.0;
     r->seconds = (now_ms() - started) / 1000;
-    read_log(r);
-    bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    bool ok = status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0, finished = false;
+    if (ok) {
+        std::string err = read_log(r, cs.task, &finished);
+        if (err.empty() && !finished) err = one_line(r->dir) + "/log.jsonl has no done line, though train exited 0";
+        if (!err.empty()) r->failure = err, ok = false;
+    } else if (status >= 0) {
+        r->failure = how_it_ended(status) + "; " + last_words(r->dir + "/train.out");
+    }
     r->stage = ok ? Run::TRAINED : Run::DONE;
     std::string result = !ok ? "FAILED" : std::isfinite(r->accuracy) ? "accuracy " + pct(r->accuracy)
                                                                       : "val loss " + fmt("%.4f", r->val_loss);
-    bool tier = r->tier.find_first_not_of("0123456789") == std::string::npos;  // arith's tiers are numbers
-    say("[" + std::to_string(done) + "/" + std::to_string(total) + "] " + (tier ? "tier " : "") + r->tier + " " +
-        strf("%-5s", r->arch.c_str()) + " seed " + std::to_string(r->seed) + ": " + result + " in " +
-        duration_str(r->seconds) + (ok ? "" : " (see " + r->dir + "/train.out)") + "\n");
+    say("[" + std::to_string(done) + "/" + std::to_string(total) + "] " + run_name(*r) + ": " + result + " in " +
+        duration_str(r->seconds) + (ok ? "" : ": " + one_line(r->failure)) + "\n");
 }
 
 // A run's analysis has ended: its entropy read (a failed analysis fails compare).
-static void finish_analysis(Run* r, int status) {
+static void finish_analysis(const CompareSettings& cs, Run* r, int status) {
     r->stage = Run::DONE;
-    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) r->error = "analyze";
-    else read_entropy(r);
+    bool stale = false;
+    if (status >= 0 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+        r->failure = "its analysis: " + how_it_ended(status) + "; " + last_words(r->dir + "/analyze.out");
+    else if (status >= 0 && (r->failure = read_entropy(r, cs.alpha, &stale)).empty() && stale)
+        r->failure = one_line(r->dir) + "/entropy.tsv is not the analysis compare asked for (--alpha " +
+                     fmt("%g", cs.alpha) + ")";
 }
-
 
 // The next run to end (its pid), 0 when a signal came first, -1 when none is left.
 static pid_t wait_run(int* status, struct rusage* ru) {
@@ -994,29 +1349,43 @@ static Run* next_to_start(std::vector<Run>* runs) {
     return nullptr;
 }
 
+// Starts r's training (in its directory, made and checked again here) or,
+// once trained, its analysis. false, with r->failure, when it could not start.
+static bool start_next(const CompareSettings& cs, Run* r) {
+    bool analyse = r->stage == Run::TRAINED;
+    std::string why;
+    if (!analyse && make_dir(r->dir, &why)) why = check_run_dir(cs.dir, r->dir);
+    if (why.empty())
+        r->pid = analyse ? start_run(cs.self, *r, "analyze", analyze_args_of(cs, *r), &why)
+                         : start_run(cs.self, *r, "train", train_args_of(cs, *r), &why);
+    r->failure = why;
+    r->stage = analyse ? Run::ANALYSING : Run::TRAINING;
+    return why.empty();
+}
+
 // Runs every run, --jobs at a time, each as a child process (./lime train,
 // then ./lime analyze of its model); returns when all have ended.
 static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
-    size_t trained = 0;
+    size_t trained = 0, to_train = 0;
+    for (const Run& r : *runs) to_train += r.stage == Run::WAITING;
     int running = 0;
     std::vector<double> started(runs->size());
-    std::string err;
     struct stat sb;
     g_compare_stdout_flags = fstat(1, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode)) ? fcntl(1, F_GETFL) : -1;
     struct sigaction sa = {};
     sa.sa_handler = on_compare_signal;
     sa.sa_flags = SA_RESTART;
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+    struct rusage none = {};
     for (;;) {
         Run* r;
         while (!g_compare_signal && running < cs.jobs && (r = next_to_start(runs))) {
-            bool analyse = r->stage == Run::TRAINED;
-            if (!analyse && !make_dir(r->dir, &err)) die("compare", err);
-            r->pid = analyse ? start_run(cs.self, r, "analyze", analyze_args_of(cs, *r))
-                             : start_run(cs.self, r, "train", train_args_of(cs, *r));
-            r->stage = analyse ? Run::ANALYSING : Run::TRAINING;
-            started[r - runs->data()] = now_ms();
-            running++;
+            size_t i = r - runs->data();
+            started[i] = now_ms();
+            bool training = r->stage == Run::WAITING;
+            if (start_next(cs, r)) { running++; continue; }
+            if (training) finish_run(cs, r, -1, none, started[i], ++trained, to_train);
+            else finish_analysis(cs, r, -1);
         }
         if (running == 0) break;
         int status;
@@ -1028,8 +1397,8 @@ static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
             if (x.pid != pid || (x.stage != Run::TRAINING && x.stage != Run::ANALYSING)) continue;
             running--;
             size_t i = &x - runs->data();
-            if (x.stage == Run::TRAINING) finish_run(&x, status, ru, started[i], ++trained, runs->size());
-            else finish_analysis(&x, status);
+            if (x.stage == Run::TRAINING) finish_run(cs, &x, status, ru, started[i], ++trained, to_train);
+            else finish_analysis(cs, &x, status);
         }
     }
 }
@@ -1048,11 +1417,13 @@ int cmd_compare(int argc, char** argv) {
                                 "or hc:VARIANT (hc:n2, hc:static, hc:n2:static); any of "
                                 "them with :ereg=LAMBDA (the value-entropy regulariser, e.g. llama:ereg=0.1)"},
         {"alpha", "0.5", "order of the Renyi entropy each run's analysis reports (1: Shannon)"},
-        {"train-args", "", "extra flags for every ./lime train, replacing the preset's, e.g. \"--epochs 30\""},
+        {"train-args", "", "extra flags for every ./lime train, replacing the preset's, quoted as in the shell, "
+                           "e.g. \"--epochs 30\" or \"--text-file 'my notes.txt'\""},
         {"jobs", "0", "runs at a time (0: one per core on the CPU, 1 on the GPU)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"out", "runs/compare", "output directory: one subdirectory per run, report.md, figures"},
-        {"reuse", nullptr, "read the runs --out already holds, finished and analysed with the same flags, not rerun"},
+        {"reuse", nullptr, "read the runs --out already holds, finished with the same train flags, not rerun "
+                           "(a finished run of other flags is refused, naming the flag)"},
     };
     std::string summary_help =
         "Trains LLaMa and LIMe for several seeds, evaluates and analyses them, and writes DIR/report.md:\n"
@@ -1063,39 +1434,39 @@ int cmd_compare(int argc, char** argv) {
     signal(SIGPIPE, SIG_IGN);  // a closed stdout is EPIPE in say: the runs are stopped, one line on stderr
     CompareSettings cs = compare_settings(a);
     std::vector<Run> runs = plan_runs(cs);
-    int reused = 0;
-    for (Run& r : runs)
-        if (cs.reuse && reusable(cs, r)) {
-            read_log(&r);
-            read_entropy(&r);
-            r.status = 0;  // as a child that exited 0
-            r.stage = Run::DONE;
-            reused++;
-        }
+    int lock = lock_out(cs.dir);  // held until compare exits
+    for (const Run& r : runs) {
+        std::string err = check_run_dir(cs.dir, r.dir);
+        if (!err.empty()) die("compare", err);
+    }
+    int analysed_again = 0, reused = cs.reuse ? reuse_runs(cs, &runs, &analysed_again) : 0;
     if (cs.reuse)
         say("compare: --reuse: " + std::to_string(reused) + " of " + std::to_string(runs.size()) +
-            " runs already done in " + cs.dir + "\n");
+            " runs already done in " + one_line(cs.dir) +
+            (analysed_again ? "; " + std::to_string(analysed_again) + " analysed again (for --alpha " +
+                                  fmt("%g", cs.alpha) + ")" : std::string()) + "\n");
     say(strf("compare %s: %zu runs (%zu tiers x %d seeds x %zu models), %d at a time, %d thread%s each, on the %s\n",
              cs.preset->name, runs.size(), cs.tiers.size(), cs.seeds, cs.archs.size(), cs.jobs, cs.threads,
              cs.threads > 1 ? "s" : "", cs.gpu ? "gpu" : "cpu"));
     double t0 = now_ms();
     run_all(cs, &runs);
     if (g_compare_signal) compare_stopped(g_compare_signal, 0);  // after the last run ended, before the report
-    for (const Run& r : runs) {
-        if (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0))
-            die("compare", "a run failed: see " + r.dir + "/train.out");
-        if (!r.error.empty()) die("compare", "a run's analysis failed: see " + r.dir + "/analyze.out");
-    }
-    std::string summary;
-    std::string run_args;
-    for (const std::string& arg : cs.run_args) run_args += (run_args.empty() ? "" : " ") + arg;
+    int failed = 0;
+    for (const Run& r : runs) failed += !r.failure.empty();
+    for (const Run& r : runs)
+        if (!r.failure.empty())
+            die("compare", std::to_string(failed) + " of " + std::to_string(runs.size()) + " runs failed; the first, " +
+                               run_name(r) + ": " + r.failure);
+    std::string summary, run_args;
+    for (const std::string& arg : cs.run_args) run_args += (run_args.empty() ? "" : " ") + shell_quote(arg);
     Report rep(cs.task, cs.tiers, cs.archs, runs, chance_of(cs));
     std::string err = write_report(cs.dir, cs.preset, run_args, rep, run_layers(cs.run_args), &summary);
     if (!err.empty()) die("compare", err);
     say(summary);
-    say("done in " + duration_str((now_ms() - t0) / 1000) + "; wrote " + cs.dir + "/report.md and figures\n");
+    say("done in " + duration_str((now_ms() - t0) / 1000) + "; wrote " + one_line(cs.dir) + "/report.md and figures\n");
     if (g_compare_signal == SIGPIPE)
         fprintf(stderr, "lime compare: its output was closed (EPIPE) before the summary; the report is written: "
                 "%s/report.md\n", one_line(cs.dir).c_str());
+    close(lock);
     return 0;
 }

@@ -78,6 +78,11 @@ struct Tokenizer {
     Json pre_tokenizer, decoder, model;
 };
 
+// One character of a ProsQA word as the trainer's is_word_char takes it: an
+// ASCII letter or digit, or any character past ASCII (in the regex syntax of
+// the tokenizers library, Oniguruma: \x{80}-\x{10FFFF}).
+const std::string PROSQA_WORD = "[A-Za-z0-9\\x{80}-\\x{10FFFF}]";
+
 Json split(const std::string& regex, const char* behavior) {
     return jobj({{"type", jstr("Split")}, {"pattern", jobj({{"Regex", jstr(regex)}})},
                  {"behavior", jstr(behavior)}, {"invert", jbool(false)}});
@@ -102,10 +107,12 @@ std::string word_tokenizer(const std::string& task, const std::vector<std::strin
     tk->pad = 0, tk->eos = 1;
     if (task == "arith")  // Vocab::encode: words between spaces and newlines
         tk->pre_tokenizer = split("[ \\n]+", "Removed");
-    else                  // prosqa_tokenize's split_words
+    else                  // prosqa_tokenize's split_words: a word is letters, digits and any non-ASCII
+                          // character (is_word_char: "Tém", "Zoë" whole), then runs of '#', then one other character
         tk->pre_tokenizer = jobj({{"type", jstr("Sequence")},
                                   {"pretokenizers", jarr({split("[ \\t\\r]+", "Removed"),
-                                                          split("[A-Za-z0-9]+|#+|[^A-Za-z0-9#]", "Isolated")})}});
+                                                          split(PROSQA_WORD + "+|#+|[^A-Za-z0-9#\\x{80}-\\x{10FFFF}]",
+                                                                "Isolated")})}});
     tk->decoder = jnull();  // tokens joined by spaces, as Vocab::decode does
     // "<unk>" is not in the vocabulary: an unknown word is an error, as in the trainer
     tk->model = jobj({{"type", jstr("WordLevel")}, {"vocab", ids}, {"unk_token", jstr("<unk>")}});
@@ -256,6 +263,9 @@ std::string write_export(Model* model, const std::map<std::string, std::string>&
     std::string tmpl = out + ".tmp-XXXXXX";
     if (!mkdtemp(&tmpl[0])) return "cannot create a directory beside " + out + ": " + strerror(errno);
     const std::string tmp = tmpl;
+    mode_t mask = umask(0);  // mkdtemp's 0700 would keep the export from others: the mode mkdir gives, 0777 & ~umask
+    umask(mask);
+    if (chmod(tmp.c_str(), 0777 & ~mask) != 0) err = "cannot set the mode of " + tmp + ": " + strerror(errno);
     for (const auto& [name, text] : files)
         if (err.empty()) err = write_text(tmp + "/" + name, text);
     if (err.empty()) err = write_weights(model, tmp + "/model.safetensors");

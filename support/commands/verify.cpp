@@ -23,7 +23,8 @@
 
 struct Verifier {
     int failed = 0, checked = 0;
-    bool quiet = false;
+    bool quiet = false, silent = false;  // quiet: only failures printed; silent: nothing (the labs' checker)
+    std::string first_failed;            // the first check that failed, and its error
     void check(const std::string& what, const float* got, const float* want, size_t n, double tol) {
         double num = 0, den = 0;
         for (size_t i = 0; i < n; i++) {
@@ -34,8 +35,9 @@ struct Verifier {
         double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
         bool ok = err < tol;  // a NaN fails too
         checked++;
-        if (!ok) failed++;
-        if (!quiet || !ok) printf("  %-4s %-62s rel err %.2e  tol %.0e\n", ok ? "ok" : "FAIL", one_line(what).c_str(), err, tol);
+        if (!ok && failed++ == 0) first_failed = what + fmt(" (rel err %.2e", err) + fmt(", tol %.0e)", tol);
+        if (!silent && (!quiet || !ok))
+            printf("  %-4s %-62s rel err %.2e  tol %.0e\n", ok ? "ok" : "FAIL", one_line(what).c_str(), err, tol);
     }
 };
 
@@ -199,12 +201,26 @@ static std::string verify_file(const std::string& path, Device dev, const ModelS
     if (err.empty()) {
         std::string where =
             dev == DEVICE_GPU ? std::string("gpu, ") + model_attention_name(&model) + " attention" : "cpu";
-        printf("%s: %s, B=%d T=%d, %s%s\n", one_line(path).c_str(), arch_name(c.arch), rb.B, rb.T, where.c_str(),
-               settings.tf32 ? " (tf32)" : "");
+        if (!v->silent)
+            printf("%s: %s, B=%d T=%d, %s%s\n", one_line(path).c_str(), arch_name(c.arch), rb.B, rb.T, where.c_str(),
+                   settings.tf32 ? " (tf32)" : "");
         err = verify_model(&model, st, rb, opt, settings.tf32, v);
     }
     model_free(&model);
     return err;
+}
+
+std::string verify_reference_files(const std::vector<std::string>& paths, Device dev, const ModelSettings& settings) {
+    Verifier v;
+    v.silent = true;
+    for (const std::string& path : paths) {
+        std::string err = verify_file(path, dev, settings, &v);
+        if (!err.empty()) return err;
+    }
+    if (v.failed)
+        return std::to_string(v.failed) + " of " + std::to_string(v.checked) + " checks failed, the first: " +
+               v.first_failed;
+    return v.checked ? "" : "no check ran";
 }
 
 int cmd_verify(int argc, char** argv) {
@@ -231,10 +247,13 @@ int cmd_verify(int argc, char** argv) {
     if (a.positional.empty()) die("verify", "needs reference files, e.g. ./lime verify tests/golden/*.safetensors");
     Verifier v;
     v.quiet = a.has("quiet");
+    int unchecked = 0;  // files that could not be read or run: counted apart from the checks that failed
     for (const std::string& path : a.positional) {
         std::string err = verify_file(path, dev, settings, &v);
-        if (!err.empty()) { printf("  FAIL %s\n", one_line(err).c_str()); v.failed++; }
+        if (!err.empty()) { printf("  FAIL %s\n", one_line(err).c_str()); unchecked++; }
     }
-    printf("verify: %d checks, %d failed\n", v.checked, v.failed);
-    return v.failed ? 1 : 0;
+    printf("verify: %d checks, %d failed", v.checked, v.failed);
+    if (unchecked) printf("; %d file%s could not be checked", unchecked, unchecked == 1 ? "" : "s");
+    printf("\n");
+    return v.failed || unchecked ? 1 : 0;
 }

@@ -5,6 +5,7 @@
 // model's names and settings from flags are in support/model/names.h.
 #pragma once
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -277,13 +278,27 @@ inline int open_temp_beside(const std::string& path, std::string* tmp) {
     return fd;
 }
 
+// What to look at when a file cannot be written, by its errno: the line
+// after "cannot write PATH: <strerror>" (a full disk is not a missing folder).
+inline std::string errno_hint(int e) {
+    switch (e) {
+        case ENOENT: return "does the directory exist?";
+        case ENOSPC: return "is the disk full?";
+        case EACCES: case EPERM: case EROFS: return "is the directory writable?";
+        case EISDIR: return "is a directory in the way?";
+        case EMFILE: case ENFILE: return "too many open files: raise the limit, e.g. ulimit -n 1024";
+        case EFBIG: return "the file size limit (ulimit -f) or the disk is full";
+        default: return "check the path and the disk";
+    }
+}
+
 // PATH.tmp-XXXXXX written (open_temp_beside), then renamed over PATH: a
 // reader sees the old file or the whole new one, and a symlink at PATH is
 // replaced, never followed.
 inline std::string write_file_atomic(const std::string& path, const std::string& text) {
     std::string tmp;
     int fd = open_temp_beside(path, &tmp);
-    if (fd < 0) return "cannot write " + path + ".tmp-XXXXXX: " + strerror(errno);
+    if (fd < 0) return "cannot write " + path + ".tmp-XXXXXX: " + strerror(errno) + " (" + errno_hint(errno) + ")";
     bool ok = true;
     for (size_t done = 0; ok && done < text.size();) {
         ssize_t n = write(fd, text.data() + done, text.size() - done);
@@ -291,15 +306,41 @@ inline std::string write_file_atomic(const std::string& path, const std::string&
         if (n <= 0) { if (n == 0) errno = ENOSPC; ok = false; break; }
         done += (size_t)n;
     }
-    int e = errno;
+    int e = errno;  // the write's error, before close and unlink set their own
     if (close(fd) != 0 && ok) { ok = false; e = errno; }
     if (ok && rename(tmp.c_str(), path.c_str()) == 0) return "";
     if (ok) e = errno;
     unlink(tmp.c_str());
-    return "cannot write " + path + ": " + strerror(e);
+    return "cannot write " + path + ": " + strerror(e) + " (" + errno_hint(e) + ")";
 }
 
 inline std::string json_num(double v) { return fmt("%.9g", v); }
+
+// PATH as a lock, flock'ed for the life of the process (the kernel lets go
+// when it ends, however it ends; close-on-exec: a child never holds it), with
+// this process's pid inside for the next one's message (train locks its run
+// directory, compare its --out). The descriptor; -1 when another process holds
+// it (*holder: its pid, 0 while not yet written); -2 when PATH cannot be a lock
+// (*why: not a regular file, or it cannot be opened).
+inline int lock_file(const std::string& path, long* holder, std::string* why) {
+    int fd = open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    struct stat sb;
+    if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        *why = fd < 0 ? strerror(errno) : "not a regular file";
+        if (fd >= 0) close(fd);
+        return -2;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char buf[24] = {0};
+        ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+        *holder = n > 0 ? atol(buf) : 0;
+        close(fd);
+        return -1;
+    }
+    std::string pid = std::to_string(getpid()) + "\n";
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) != (ssize_t)pid.size()) {}  // for messages only
+    return fd;
+}
 
 // This program's own path, "" if it cannot be found (compare re-runs it).
 inline std::string exe_path() {

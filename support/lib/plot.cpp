@@ -462,8 +462,7 @@ std::string save_png(const Canvas& cv, const std::string& path) {
     std::string png;
     if (!stbi_write_png_to_func(append_bytes, &png, cv.w, cv.h, 3, rgb.data(), cv.w * 3))
         return "cannot encode '" + path + "' as PNG";
-    std::string err = write_file_atomic(path, png);
-    return err.empty() ? "" : err + " (does the folder exist?)";
+    return write_file_atomic(path, png);  // its error ends in the errno's own hint (errno_hint)
 }
 
 // ---------------------------------------------------------------------------
@@ -608,6 +607,13 @@ std::string plot_bars(const std::string& path, const std::string& title, const s
     return save_png(cv, path);
 }
 
+PlotSize heatmap_size(size_t rows, size_t cols) {
+    PlotSize s;
+    s.width = (int)std::min<size_t>(8000, std::max<size_t>(s.width, 400 + 4 * cols));
+    s.height = (int)std::min<size_t>(8000, std::max<size_t>(s.height, 300 + 4 * rows));
+    return s;
+}
+
 std::string plot_heatmap(const std::string& path, const std::string& title, const std::string& xlabel,
                          const std::string& ylabel, const std::vector<std::vector<double>>& matrix,
                          const std::vector<std::string>& row_labels, const std::vector<std::string>& col_labels,
@@ -638,6 +644,13 @@ std::string plot_heatmap(const std::string& path, const std::string& title, cons
     Frame f = frame_for(size, !title.empty(), !xlabel.empty(), !ylabel.empty(), widest(row_labels, FONT), right);
     const Box& a = f.area;
     double cw = (a.x1 - a.x0) / (double)cols, ch = (a.y1 - a.y0) / (double)rows;
+    // every cell at least a pixel each way, else some would not be drawn at all:
+    // refused, never a figure that looks empty (heatmap_size gives a size that fits)
+    if (cw * size.scale < 1 || ch * size.scale < 1)
+        return strf("plot_heatmap: %zu columns and %zu rows do not fit %dx%d: a cell would be under a pixel; "
+                    "use a larger PlotSize (heatmap_size)", cols, rows, size.width, size.height);
+    // a cell is inset by 1 unit each side (a white grid between cells) only where that leaves it 2 units
+    double inset_x = cw >= 4 ? 1 : 0, inset_y = ch >= 4 ? 1 : 0;
 
     Canvas cv(size.width, size.height, size.scale);
     double maxabs = std::max(std::fabs(vmin), std::fabs(vmax));
@@ -645,7 +658,8 @@ std::string plot_heatmap(const std::string& path, const std::string& title, cons
     int decimals = maxabs <= 1 ? 2 : std::min(3, std::max(0, 1 - (int)std::floor(std::log10(maxabs))));
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < cols; c++) {
-            Box cell = {a.x0 + cw * (double)c + 1, a.y0 + ch * (double)r + 1, a.x0 + cw * (double)(c + 1) - 1, a.y0 + ch * (double)(r + 1) - 1};
+            Box cell = {a.x0 + cw * (double)c + inset_x, a.y0 + ch * (double)r + inset_y,
+                        a.x0 + cw * (double)(c + 1) - inset_x, a.y0 + ch * (double)(r + 1) - inset_y};
             double v = matrix[r][c];
             if (!std::isfinite(v)) { fill_rect(cv, cell, BLANK); continue; }
             Rgb colour = viridis((v - vmin) / (vmax - vmin));

@@ -43,8 +43,13 @@ std::string plot_bars(const std::string& path, const std::string& title, const s
                       const std::vector<std::string>& categories, const std::vector<BarGroup>& groups,
                       const PlotSize& size = PlotSize());
 
+// The size of a heatmap of rows x cols cells: the default 800 x 500 where the
+// cells fit in it 4 units wide, else as much larger as gives them 4 (at most
+// 8000 x 8000). plot_heatmap refuses a size whose cells would be under a pixel.
+PlotSize heatmap_size(size_t rows, size_t cols);
 // matrix[r][c] drawn with row 0 at the top; a NaN cell is left blank. Values
 // are printed in the cells when they fit; the colour bar spans [min, max].
+// A size whose cells would be under a pixel is refused (heatmap_size fits them).
 std::string plot_heatmap(const std::string& path, const std::string& title, const std::string& xlabel,
                          const std::string& ylabel, const std::vector<std::vector<double>>& matrix,
                          const std::vector<std::string>& row_labels, const std::vector<std::string>& col_labels,

@@ -775,18 +775,6 @@ static std::string make_header(const StWriter& w) {
     return h;
 }
 
-static std::string errno_hint(int e) {
-    switch (e) {
-        case ENOENT: return "does the directory exist?";
-        case ENOSPC: return "is the disk full?";
-        case EACCES: case EPERM: case EROFS: return "is the directory writable?";
-        case EISDIR: return "is a directory in the way?";
-        case EMFILE: case ENFILE: return "too many open files: raise the limit, e.g. ulimit -n 1024";
-        case EFBIG: return "the file size limit (ulimit -f) or the disk is full";
-        default: return "check the path and the disk";
-    }
-}
-
 // Fault injection for tests/test_faults.sh, compiled only into testing builds
 // (LIME_TESTING: ./lime-emu, build/lime-asan; never ./lime):
 // LIME_TEST_SLOW_SAVE=US flushes and sleeps US microseconds after each tensor,

@@ -107,9 +107,9 @@ std::string config_from_json(const std::string& text, Config* c) {
     c->hc_dynamic = !dynamic || dynamic->b;
     double reg = 0;
     if (j.get("entropy_reg")) { err = num("entropy_reg", &reg); if (!err.empty()) return err; }
-    if (!(reg >= 0) || reg > 1e6) return "config \"entropy_reg\" must be a number in 0 .. 1e6";
+    if (!entropy_reg_check(reg).empty()) return "config \"entropy_reg\" " + entropy_reg_check(reg);
     c->entropy_reg = (float)reg;
-    return config_check(*c);
+    return config_check_file(*c);
 }
 
 std::string config_diff(const Config& a, const Config& b) {

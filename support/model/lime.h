@@ -204,6 +204,10 @@ struct Model {
 std::string model_create(Model* model, const Config& c, int B, Device dev,
                          const ModelSettings& settings = ModelSettings());
 void model_free(Model* model);
+// "" when models of configs cs, each for batches of B, fit in the host's memory
+// together (a command holding several at once: bench), else the out-of-memory
+// line for their sum, naming the flags that would shrink them.
+std::string models_fit_together(const std::vector<Config>& cs, int B, Device dev, const ModelSettings& settings);
 // The initialisation of docs/model.md. Each tensor draws from its own stream, seeded by
 // (seed, name): llama and lime built with one seed share every common tensor.
 void model_init(Model* model, uint64_t seed);

@@ -6,6 +6,7 @@
 // share (SHAPE_FLAGS, shape_from_args).
 #include <algorithm>
 #include <cctype>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,42 +25,69 @@ std::string router_name(const Config& c) {
     }
 }
 
-std::string config_check(const Config& c) {
-    char buf[256];
-    auto fail = [&](const char* fmt, auto... args) {
-        snprintf(buf, sizeof buf, fmt, args...);
-        return std::string(buf);
-    };
-    if (c.V < 1) return fail("vocabulary size %d must be at least 1", c.V);
-    if (c.L < 1) return fail("--layers %d must be at least 1", c.L);
+// How config_check names a field: by the flag that sets it (a command line)
+// or by its key (a checkpoint's config, whose errors the file's path prefixes).
+struct FieldNames {
+    const char *vocab, *layers, *dim, *heads, *kv_heads, *ffn, *positions, *router, *router_heads, *hc_rate,
+        *entropy_reg;
+    const char* routers;  // the router fields together, and where they belong
+};
+static const FieldNames FLAG_NAMES = {"vocabulary size", "--layers", "--dim", "--heads", "--kv-heads", "--ffn",
+                                      "--seq-len", "--router", "--router-heads", "--hc-rate", "--entropy-reg",
+                                      "--router, --router-kv, --router-weights and --router-heads are for --arch lime"};
+static const FieldNames KEY_NAMES = {
+    "config \"vocab_size\"", "config \"num_hidden_layers\"", "config \"hidden_size\"",
+    "config \"num_attention_heads\"", "config \"num_key_value_heads\"", "config \"intermediate_size\"",
+    "config \"max_position_embeddings\"", "config \"router\"", "config \"router_heads\"", "config \"hc_rate\"",
+    "config \"entropy_reg\"",
+    "config \"router\", \"router_kv\", \"router_frozen\" and \"router_heads\" are for \"architecture\": \"lime\""};
+
+static std::string check_config_named(const Config& c, const FieldNames& n) {
+    if (c.V < 1) return strf("%s %d must be at least 1", n.vocab, c.V);
+    if (c.L < 1) return strf("%s %d must be at least 1", n.layers, c.L);
     // the flags' limits, asked of every config (a checkpoint's too) before anything is sized by it
     if (c.L > 256 || c.d > 65536 || c.H > 1024 || c.R > 1024 || c.F > (1 << 20) || c.V > (1 << 24) || c.T > (1 << 20))
-        return fail("layers %d, dim %d, heads %d, kv-heads %d, ffn %d, vocab %d or positions %d is past this program's "
-                    "limits (256, 65536, 1024, 1024, 1048576, 16777216, 1048576)", c.L, c.d, c.H, c.R, c.F, c.V, c.T);
+        return strf("layers %d, dim %d, heads %d, kv-heads %d, ffn %d, vocab %d or positions %d is past this "
+                    "program's limits (256, 65536, 1024, 1024, 1048576, 16777216, 1048576)",
+                    c.L, c.d, c.H, c.R, c.F, c.V, c.T);
     if (c.d < 2 || c.H < 1 || c.R < 1)
-        return fail("--dim %d, --heads %d and --kv-heads %d must be positive", c.d, c.H, c.R);
+        return strf("%s %d, %s %d and %s %d must be positive", n.dim, c.d, n.heads, c.H, n.kv_heads, c.R);
     if (c.d % c.H)
-        return fail("--dim %d is not divisible by --heads %d; pick a width that is a multiple of the heads", c.d, c.H);
+        return strf("%s %d is not divisible by %s %d; pick a width that is a multiple of the heads", n.dim, c.d,
+                    n.heads, c.H);
     if (c.H % c.R)
-        return fail(
-            "--heads %d is not divisible by --kv-heads %d; each kv head must serve a whole group of query heads", c.H,
-            c.R);
-    if (c.hd != c.d / c.H) return fail("head size %d differs from dim / heads = %d", c.hd, c.d / c.H);
-    if (c.hd % 2) return fail("head size dim / heads = %d is odd; RoPE rotates pairs, choose an even head size", c.hd);
-    if (c.F < 1) return fail("--ffn %d must be at least 1", c.F);
-    if (c.T < 1) return fail("--seq-len %d must be at least 1", c.T);
-    if (!(c.rope_theta > 0) || !(c.eps > 0)) return fail("rope_theta and rms_norm_eps must be positive");
+        return strf("%s %d is not divisible by %s %d; each kv head must serve a whole group of query heads",
+                    n.heads, c.H, n.kv_heads, c.R);
+    if (c.hd != c.d / c.H) return strf("head size %d differs from dim / heads = %d", c.hd, c.d / c.H);
+    if (c.hd % 2) return strf("head size dim / heads = %d is odd; RoPE rotates pairs, choose an even head size", c.hd);
+    if (c.F < 1) return strf("%s %d must be at least 1", n.ffn, c.F);
+    if (c.T < 1) return strf("%s %d must be at least 1", n.positions, c.T);
+    if (!(c.rope_theta > 0) || !(c.eps > 0)) return "rope_theta and rms_norm_eps must be positive";
     if (c.arch != ARCH_LIME && (c.router != ROUTER_STATIC || c.router_kv_separate || c.router_frozen || c.router_same_head))
-        return fail("--router, --router-kv, --router-weights and --router-heads are for --arch lime: %s has no router",
-                    arch_name(c.arch));
+        return strf("%s: %s has no router", n.routers, arch_name(c.arch));
     if (c.router_same_head && c.router == ROUTER_AVERAGE)
-        return fail("--router-heads same is for a router that learns: --router average's weights are fixed");
+        return strf("%s same is for a router that learns: %s average's weights are fixed", n.router_heads, n.router);
     if (c.arch == ARCH_HC && (c.hc_rate < 1 || c.hc_rate > 16))
-        return fail("--hc-rate %d must be 1 .. 16 (the number of residual streams; the paper's is 4)", c.hc_rate);
-    if (!(c.entropy_reg >= 0) || !std::isfinite(c.entropy_reg))
-        return fail("--entropy-reg %g must be a finite number >= 0 (0: no regulariser)", (double)c.entropy_reg);
+        return strf("%s %d must be 1 .. 16 (the number of residual streams; the paper's is 4)", n.hc_rate, c.hc_rate);
+    std::string why = entropy_reg_check(c.entropy_reg);
+    if (!why.empty()) return n.entropy_reg + (" " + why);
     if ((c.router == ROUTER_LAST || c.router == ROUTER_FIRST) && (c.router_j < 1 || c.router_j > c.L))
-        return fail("--router %s: J must be 1 .. %d (the number of layers)", router_name(c).c_str(), c.L);
+        return strf("%s %s: J must be 1 .. %d (the number of layers)", n.router, router_name(c).c_str(), c.L);
+    return "";
+}
+
+std::string config_check(const Config& c) { return check_config_named(c, FLAG_NAMES); }
+std::string config_check_file(const Config& c) { return check_config_named(c, KEY_NAMES); }
+
+// A lambda is 0 (off) or a float32 normal number: one that float32 rounds to 0
+// (1e-46), or to a subnormal a GPU may flush to 0, would train the plain model
+// under the regulariser's name.
+std::string entropy_reg_check(double lambda) {
+    if (!(lambda >= 0) || !std::isfinite(lambda) || lambda > 1e6)
+        return strf("%g must be a number in 0 .. 1e6 (0: no regulariser)", lambda);
+    if (lambda > 0 && lambda < FLT_MIN)
+        return strf("%g is 0 in float32, or a subnormal a GPU may flush to 0: give 0 for no regulariser, or a "
+                    "lambda of at least 1.2e-38 (float32's smallest normal number)", lambda);
     return "";
 }
 
@@ -116,7 +144,8 @@ bool model_parse(const std::string& name, Config* c) {
         std::string num = s.substr(ereg + 6);
         char* end = nullptr;
         double v = strtod(num.c_str(), &end);
-        if (num.empty() || *end || !std::isfinite(v) || v < 0 || v > 1e6) return false;
+        // ":ereg=0" is the plain model under another name; a lambda float32 loses is no regulariser
+        if (num.empty() || *end || !(v > 0) || !entropy_reg_check(v).empty()) return false;
         c->entropy_reg = (float)v;
         s = s.substr(0, ereg);
     }
@@ -200,7 +229,9 @@ Config shape_from_args(Args& a, bool one_model) {
     c.router_kv_separate = a.choice("router-kv", {"shared", "separate"}) == "separate";
     c.router_frozen = a.choice("router-weights", {"learned", "frozen"}) == "frozen";
     c.router_same_head = a.choice("router-heads", {"all", "same"}) == "same";
-    c.entropy_reg = (float)a.number("entropy-reg", 0, 1e6);
+    double lambda = a.number("entropy-reg", 0, 1e6);
+    if (!entropy_reg_check(lambda).empty()) a.fail("--entropy-reg " + entropy_reg_check(lambda));
+    c.entropy_reg = (float)lambda;
     for (const char* flag : {"router", "router-kv", "router-weights", "router-heads"})
         if (c.arch != ARCH_LIME && a.has(flag))
             a.fail("--" + std::string(flag) + " is for --arch lime: " + arch + " has no router");
@@ -211,4 +242,87 @@ Config shape_from_args(Args& a, bool one_model) {
     c.hc_rate = (int)a.integer("hc-rate", 1, 16);
     c.hc_dynamic = a.choice("hc-dynamic", {"0", "1"}) == "1";
     return c;
+}
+
+// ---------------------------------------------------------------------------
+// Train's flags. compare reads them too: a flag in its --train-args that train
+// does not know is refused before any run starts, and --reuse compares runs by
+// every flag's value, the defaults made explicit.
+
+const std::vector<FlagSpec> TASK_FLAGS = {
+    {"task", "arith", "arith (docs/tasks.md 1), prosqa (2) or text (3)"},
+    {"ops", "3", "arith: operators per question, the tier k"},
+    {"modulus", "11", "arith: the prime p"},
+    {"format", "chain", "arith: chain (chain of thought) or direct"},
+    {"train-size", "20000", "arith, prosqa: training examples (arith: at most the distinct questions of --ops and --modulus; prosqa: at most 1000000)"},
+    {"test-size", "500", "arith, prosqa: test examples"},
+    {"data-seed", "1", "arith, prosqa: seed of the generated data"},
+    {"prosqa-test", "data/prosqa/prosqa_test.json", "prosqa: the real Coconut file scored on (a relative path missing here is looked up beside ./lime)"},
+    {"text-file", "", "text: a UTF-8 file to model byte by byte"},
+    {"val-frac", "0.1", "text: held-out tail for validation"},
+};
+
+// The tasks each task flag belongs to: a flag of another task is refused, never ignored.
+static const struct { const char* flag; const char* tasks[2]; } TASK_OWNERS[] = {
+    {"ops", {"arith"}},          {"modulus", {"arith"}},      {"format", {"arith"}},
+    {"train-size", {"arith", "prosqa"}}, {"test-size", {"arith", "prosqa"}}, {"data-seed", {"arith", "prosqa"}},
+    {"prosqa-test", {"prosqa"}}, {"text-file", {"text"}},     {"val-frac", {"text"}}, {"seq-len", {"text"}},
+};
+
+const char* task_owning_flag(const std::string& flag, const std::string& task) {
+    for (const auto& o : TASK_OWNERS) {
+        if (flag != o.flag) continue;
+        for (const char* t : o.tasks) if (t && task == t) return nullptr;
+        return o.tasks[0];
+    }
+    return nullptr;  // not a task's flag: any task
+}
+
+std::vector<FlagSpec> train_flags() {
+    return concat({SHAPE_FLAGS, TASK_FLAGS, {
+        {"seq-len", "128", "text: T, positions per window (arith: from the data)"},
+        {"batch", "64", "B, sequences per step"},
+        {"steps", "", "optimiser steps (default: from --epochs)"},
+        {"epochs", "15", "passes over the training set (when --steps is not given)"},
+        {"lr", "1e-3", "learning rate of matrices, embedding and gains"},
+        {"router-lr", "1e-2", "learning rate of the LIMe routers"},
+        {"weight-decay", "0.1", "AdamW weight decay of the matrices"},
+        {"grad-clip", "1.0", "global gradient-norm clip (0: off)"},
+        {"warmup", "", "linear warmup steps (default: 2% of steps)"},
+        {"schedule", "linear", "decay after warmup: linear, cosine or constant"},
+        {"min-lr-ratio", "1e-6", "floor of the schedule factor"},
+        {"seed", "1", "initialisation and data order"},
+        {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
+        {"device", "auto", "auto, cpu or gpu"},
+        {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
+        ATTENTION_FLAG,
+        {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
+        {"out", "runs/model", "output directory (created if missing)"},
+        {"resume", "", "continue from a checkpoint written by train"},
+        {"force", nullptr, "start afresh even where --out holds another run's checkpoint or model (replaced)"},
+        {"log-every", "", "steps between progress lines (default: ~50 lines per run)"},
+        {"eval-every", "", "steps between evaluations (default: ~5 per run)"},
+        {"eval-size", "200", "test examples scored at each periodic evaluation"},
+        {"save-every", "", "steps between checkpoints (default: at each evaluation)"},
+        {"stop-after", "0", "stop after this many steps of this run, saving a checkpoint (0: run to the end)"},
+        {"skip-bad-steps", nullptr, "skip a step whose loss or gradient is NaN or Inf (default: stop training there)"},
+        {"quiet", nullptr, "print only the final result"},
+    }});
+}
+
+std::string shape_flag_value(const Config& c, const std::string& flag) {
+    bool lime = c.arch == ARCH_LIME, hc = c.arch == ARCH_HC;
+    if (flag == "arch") return arch_name(c.arch);
+    if (flag == "layers") return std::to_string(c.L);
+    if (flag == "dim") return std::to_string(c.d);
+    if (flag == "heads") return std::to_string(c.H);
+    if (flag == "kv-heads") return std::to_string(c.R);
+    if (flag == "ffn") return std::to_string(c.F);
+    if (flag == "router") return lime ? router_name(c) : "none";
+    if (flag == "router-kv") return lime ? (c.router_kv_separate ? "separate" : "shared") : "none";
+    if (flag == "router-weights") return lime ? (c.router_frozen ? "frozen" : "learned") : "none";
+    if (flag == "hc-rate") return hc ? std::to_string(c.hc_rate) : "none";
+    if (flag == "hc-dynamic") return hc ? (c.hc_dynamic ? "1" : "0") : "none";
+    if (flag == "entropy-reg") return fmt("%.9g", c.entropy_reg);
+    return "";
 }

@@ -10,6 +10,14 @@
 #include "support/lib/cli.h"
 #include "support/model/lime.h"
 
+// config_check (support/model/lime.h) names a bad field by its flag ("--layers 0
+// must be at least 1"); config_check_file by its key in a checkpoint's config
+// ("config \"num_hidden_layers\" 0 must be at least 1"), for config_from_json.
+std::string config_check_file(const Config& c);
+// "" when lambda is a value-entropy regulariser's lambda: 0 (off), or a normal
+// float32 number up to 1e6; else why not, to follow the flag or key's name.
+std::string entropy_reg_check(double lambda);
+
 // Names on the command line and in checkpoints, parsed (support/model/names.cpp).
 bool arch_parse(const std::string& s, Arch* out);  // "llama", "lime", "hc", "resformer" or "denseformer"
 bool router_parse(const std::string& s, Config* c);              // "static", "average", "last-J", "first-J"
@@ -29,6 +37,10 @@ extern const std::vector<FlagSpec> SHAPE_FLAGS;
 // one_model: the flags shape one model (train); bench shapes three from them, so
 // its --hc-rate and --hc-dynamic go to its hc beside a lime.
 Config shape_from_args(Args& a, bool one_model = true);
+// The value shape flag --FLAG has in a model of config c ("none" for one it
+// has no part for: --router of a llama), "" for a flag that is not a shape
+// flag: train --resume checks the shape flags typed against the checkpoint.
+std::string shape_flag_value(const Config& c, const std::string& flag);
 
 inline Device pick_device(Args& a) {
     std::string d = a.choice("device", {"auto", "cpu", "gpu"});
@@ -42,6 +54,16 @@ inline Device pick_device(Args& a) {
 // --attention: how the GPU runs attention (ModelSettings in support/model/lime.h).
 #define ATTENTION_FLAG \
     {"attention", "auto", "gpu: matmul (products around a stored T x T softmax, fast), flash (memory O(T), slower) or auto (matmul when it fits)"}
+// Where the memory the host can give is read. In testing builds
+// (LIME_TESTING: ./lime-emu) LIME_TEST_MEMINFO=FILE reads FILE instead, a
+// machine with that much MemAvailable (tests/test_hostile.sh, bench); never in ./lime.
+inline const char* meminfo_path() {
+#ifdef LIME_TESTING
+    if (const char* f = getenv("LIME_TEST_MEMINFO")) return f;
+#endif
+    return "/proc/meminfo";
+}
+
 // The settings a model is created with, from the flags this command has
 // (--attention, --tf32, --graph; the others keep their defaults), and the
 // memory the host can give, so that model_create refuses what would not fit.
@@ -50,7 +72,7 @@ inline ModelSettings model_settings(Args& a) {
     if (a.values.count("tf32")) s.tf32 = a.integer("tf32", 0, 1) == 1;
     if (a.values.count("attention")) attention_parse(a.choice("attention", {"auto", "matmul", "flash"}), &s.attention);
     if (a.values.count("graph")) s.graph = a.integer("graph", 0, 1) == 1;
-    s.host_bytes = memory_available("/proc/meminfo");
+    s.host_bytes = memory_available(meminfo_path());
     // the flags that size the model in this command, for an out-of-memory line (SizeFlags)
     bool shaped = a.cmd == "train" || a.cmd == "bench";  // the others load a checkpoint's shape
     if (!shaped) s.flags.layers = s.flags.dim = s.flags.ffn = "";
@@ -59,3 +81,11 @@ inline ModelSettings model_settings(Args& a) {
     if (!shaped && a.cmd != "eval") s.flags.batch = a.cmd == "analyze" ? "--n" : "";  // analyze's batch: its --n sequences
     return s;
 }
+
+// Train's flags (support/model/names.cpp): the shape, the task (TASK_FLAGS) and
+// the run, with their defaults; compare checks its --train-args against them.
+extern const std::vector<FlagSpec> TASK_FLAGS;
+std::vector<FlagSpec> train_flags();
+// nullptr when --flag may be given with --task task (not a task's flag, or this
+// task's), else the task it belongs to: "--ops is for --task arith".
+const char* task_owning_flag(const std::string& flag, const std::string& task);

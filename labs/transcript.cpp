@@ -1,0 +1,256 @@
+// labs/transcript.cpp — how a lab's verdict comes from a process without the
+// student's code (labs/check.h, "Who decides"). The lab's functions (lab.h)
+// are defined here twice over, compiled once per lab (the Makefile's
+// LAB_NUMBER) in one of two ways:
+//   LAB_RECORD, in the worker, linked with the student's object (whose lab
+//     functions labs/run.sh renamed lab_student_NAME): each call runs the
+//     student's function and appends a record of it to the transcript,
+//     the file descriptor lab_record_start was given.
+//   LAB_REPLAY, in the judge, which holds no student code: each call takes
+//     the next record instead, so the outputs are the student's and
+//     everything around them (the inputs, the model, the comparisons) is
+//     the project's and the checker's own.
+// A record: the function, a hash of its inputs (the judge's call must pass
+// the same ones, in the same order), whether the call changed its const
+// inputs (then it fails: it wrote where it may not), then its outputs.
+// To pass, the transcript must hold the right outputs: nothing the student's
+// code prints or forges anywhere else counts.
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "labs/lab.h"
+#include "support/lib/cli.h"
+
+#if defined(LAB_RECORD) == defined(LAB_REPLAY)
+#error "compile labs/transcript.cpp with -DLAB_RECORD or -DLAB_REPLAY (and LAB_NUMBER=N)"
+#endif
+
+// What labs/check.h calls (declared there as weak: the project's own build has none of this).
+#ifdef LAB_RECORD
+void lab_record_start(int fd);
+void lab_record_finish();
+#else
+void lab_replay_start(const std::string& transcript);
+std::string lab_replay_finish();
+#endif
+
+namespace {
+
+const uint32_t END_OF_TRANSCRIPT = 0xffffffffu;
+
+// FNV-1a 64 over every input's bytes, in order.
+struct Hash {
+    uint64_t h = 1469598103934665603ull;
+    void add(const void* p, size_t n) {
+        for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char*)p)[i]) * 1099511628211ull;
+    }
+};
+
+// One call of a lab function: its inputs (hashed) and its outputs (recorded
+// or replayed), each a pointer and a byte count.
+struct Call {
+    uint32_t fn;
+    std::string what;  // "router_forward (l=2, N=3, R=2, hd=4)", for the judge's message
+    std::vector<std::pair<const void*, size_t>> ins, prior;  // const inputs; what in-out outputs held before
+    std::vector<std::pair<void*, size_t>> outs;
+    Call& in(const void* p, size_t bytes) { ins.push_back({p, bytes}); return *this; }
+    template <class T> Call& in(const T& scalar) { return in(&scalar, sizeof scalar); }
+    Call& out(void* p, size_t bytes) { outs.push_back({p, bytes}); return *this; }
+    // an output the function adds to (a gradient, an optimiser moment): what it held is an input too
+    Call& inout(void* p, size_t bytes) { prior.push_back({p, bytes}); return out(p, bytes); }
+    uint64_t hash(bool with_prior) const {
+        Hash h;
+        h.add(&fn, sizeof fn);
+        for (auto [p, n] : ins) h.add(p, n);
+        if (with_prior) for (auto [p, n] : prior) h.add(p, n);
+        return h.h;
+    }
+};
+
+#ifdef LAB_RECORD
+int g_fd = -1;
+
+void put(const void* p, size_t n) {
+    for (size_t done = 0; done < n;) {
+        ssize_t w = write(g_fd, (const char*)p + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) _exit(3);  // the judge is gone: nothing to record for
+        done += (size_t)w;
+    }
+}
+
+// Runs the student's function and appends the record.
+void run(Call& c, const std::function<void()>& student) {
+    if (g_fd < 0) { student(); return; }  // a call before the check began (none in the labs): not judged
+    uint64_t before = c.hash(true), inputs = c.hash(false);
+    student();
+    uint32_t changed = c.hash(false) != inputs, n = (uint32_t)c.outs.size();
+    put(&c.fn, sizeof c.fn), put(&before, sizeof before), put(&changed, sizeof changed), put(&n, sizeof n);
+    for (auto [p, bytes] : c.outs) {
+        uint64_t b = bytes;
+        put(&b, sizeof b), put(p, bytes);
+    }
+}
+#else
+struct Replay {
+    std::string data;
+    size_t pos = 0;
+    int calls = 0;
+    std::string broken;  // the first call that could not be replayed, and why
+} g_replay;
+
+bool take(void* p, size_t n) {
+    if (g_replay.data.size() - g_replay.pos < n) return false;
+    memcpy(p, g_replay.data.data() + g_replay.pos, n);
+    g_replay.pos += n;
+    return true;
+}
+
+// The outputs of the next record, where it is this call's; else NaN
+// (every output byte 0xff) and the replay stops there, saying why.
+void run(Call& c, const std::function<void()>&) {
+    g_replay.calls++;
+    auto nan_out = [&](const std::string& why) {
+        if (g_replay.broken.empty())
+            g_replay.broken = "call " + std::to_string(g_replay.calls) + " of your " + c.what + ": " + why;
+        for (auto [p, bytes] : c.outs) memset(p, 0xff, bytes);
+    };
+    if (!g_replay.broken.empty()) return nan_out("");  // the first problem is the one to say
+    uint32_t fn = 0, changed = 0, n = 0;
+    uint64_t before = 0;
+    if (!take(&fn, sizeof fn) || fn == END_OF_TRANSCRIPT || !take(&before, sizeof before) ||
+        !take(&changed, sizeof changed) || !take(&n, sizeof n))
+        return nan_out("your code made fewer calls than the check does (its transcript ends)");
+    if (fn != c.fn || n != c.outs.size()) return nan_out("your code's calls came in another order than the check's");
+    if (before != c.hash(true))
+        return nan_out("its inputs differ from what your code was given: an earlier call wrote outside its outputs");
+    if (changed) return nan_out("it wrote into its inputs (they are const): write only its outputs");
+    for (auto [p, bytes] : c.outs) {
+        uint64_t b = 0;
+        if (!take(&b, sizeof b) || b != bytes || !take(p, bytes)) return nan_out("its record is cut short or resized");
+    }
+}
+#endif
+
+}  // namespace
+
+// Each build defines its half only: labs/check.h tells the worker, the judge
+// and the project's checker apart by which of them it finds.
+#ifdef LAB_RECORD
+void lab_record_start(int fd) { g_fd = fd; }
+void lab_record_finish() {
+    put(&END_OF_TRANSCRIPT, sizeof END_OF_TRANSCRIPT);
+    g_fd = -1;
+}
+#else
+void lab_replay_start(const std::string& transcript) { g_replay = Replay{transcript, 0, 0, ""}; }
+// "" when every call was replayed and the transcript ends there; else why not.
+std::string lab_replay_finish() {
+    if (!g_replay.broken.empty()) return g_replay.broken;
+    uint32_t fn = 0;
+    if (!take(&fn, sizeof fn) || fn != END_OF_TRANSCRIPT || g_replay.pos != g_replay.data.size())
+        return "your code's transcript holds more calls than the check made, or was cut short";
+    return "";
+}
+#endif
+
+// ---------------------------------------------------------------------------
+// The lab functions: each names its inputs and outputs (lab.h gives their
+// shapes) and runs through run(). lab_student_NAME is the student's function.
+
+#define STUDENT extern "C" __attribute__((weak))
+
+#if LAB_NUMBER == 1
+STUDENT void lab_student_router_forward(float*, float*, const float*, const float*, const float*, const float*, int,
+                                        int, int, int);
+void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
+                    int l, int N, int R, int hd) {
+    size_t layer = (size_t)N * R * hd, w = (size_t)R * (l + 1) * R, f = sizeof(float);
+    Call c{1, strf("router_forward (l=%d, N=%d, R=%d, hd=%d)", l, N, R, hd), {}, {}, {}};
+    c.in(Wk, w * f).in(Wv, w * f).in(Kbuf, (l + 1) * layer * f).in(Vbuf, (l + 1) * layer * f);
+    c.in(l).in(N).in(R).in(hd).out(Kr, layer * f).out(Vr, layer * f);
+    run(c, [&] { lab_student_router_forward(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd); });
+}
+#endif
+
+#if LAB_NUMBER == 2
+STUDENT void lab_student_router_backward(float*, float*, float*, float*, const float*, const float*, const float*,
+                                         const float*, const float*, const float*, int, RouterSpan, int, int, int);
+void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
+                     const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l,
+                     RouterSpan learned, int N, int R, int hd) {
+    size_t layer = (size_t)N * R * hd, w = (size_t)R * (l + 1) * R, f = sizeof(float), buf = (l + 1) * layer * f;
+    Call c{2, strf("router_backward (l=%d, N=%d, R=%d, hd=%d)", l, N, R, hd), {}, {}, {}};
+    c.in(dKr, layer * f).in(dVr, layer * f).in(Wk, w * f).in(Wv, w * f).in(Kbuf, buf).in(Vbuf, buf);
+    c.in(l).in(learned.below).in(learned.from).in(N).in(R).in(hd);
+    c.inout(dWk, w * f).inout(dWv, w * f).inout(dKbuf, buf).inout(dVbuf, buf);  // the gradients are added to
+    run(c, [&] {
+        lab_student_router_backward(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd);
+    });
+}
+#endif
+
+#if LAB_NUMBER == 3
+// The kernel runs on the harness's streams, which defer work: everything
+// issued before is run first (its inputs ready), and the student's kernel
+// after it, before the outputs are read; a failed kernel's error is part of
+// the record, set again in the judge for the check to find.
+static void run_issued_work() {
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) emu::detail::pending_error = e;  // kept for the check's own synchronisation
+}
+STUDENT void lab_student_router_forward_gpu(float*, float*, const float*, const float*, const float*, const float*,
+                                            int, int, int, int, cublasHandle_t);
+void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
+                        int l, int N, int R, int hd, cublasHandle_t blas) {
+    size_t layer = (size_t)N * R * hd, w = (size_t)R * (l + 1) * R, f = sizeof(float);
+    run_issued_work();
+    int errors[2] = {0, 0};  // the harness's last and pending errors after the kernel
+    char message[256] = {0};
+    Call c{3, strf("router_forward_gpu (l=%d, N=%d, R=%d, hd=%d)", l, N, R, hd), {}, {}, {}};
+    c.in(Wk, w * f).in(Wv, w * f).in(Kbuf, (l + 1) * layer * f).in(Vbuf, (l + 1) * layer * f);
+    c.in(l).in(N).in(R).in(hd).out(Kr, layer * f).out(Vr, layer * f);
+    c.out(errors, sizeof errors).out(message, sizeof message);
+    run(c, [&] {
+        lab_student_router_forward_gpu(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd, blas);
+        run_issued_work();
+        errors[0] = emu::detail::last_error, errors[1] = emu::detail::pending_error;
+        snprintf(message, sizeof message, "%s", emu::detail::message.c_str());
+    });
+    emu::detail::last_error = (cudaError_t)errors[0], emu::detail::pending_error = (cudaError_t)errors[1];
+    if (errors[0] || errors[1]) emu::detail::message = std::string(message, strnlen(message, sizeof message));
+}
+#endif
+
+#if LAB_NUMBER == 4
+STUDENT AdamWNumbers lab_student_adamw_numbers(const AdamWConfig&, float, int);
+STUDENT void lab_student_adamw_cpu(float*, float*, float*, const float*, size_t, float, float, float,
+                                   const AdamWNumbers&);
+STUDENT float lab_student_clip_scale(float, float);
+AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step) {
+    AdamWNumbers nums = {};
+    Call c{41, strf("adamw_numbers (factor=%g, step=%d)", factor, step), {}, {}, {}};
+    c.in(o).in(factor).in(step).out(&nums, sizeof nums);
+    run(c, [&] { nums = lab_student_adamw_numbers(o, factor, step); });
+    return nums;
+}
+void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd, float grad_scale,
+               const AdamWNumbers& nums) {
+    size_t f = sizeof(float);
+    Call c{42, strf("adamw_cpu (n=%zu)", n), {}, {}, {}};
+    c.in(g, n * f).in(n).in(lr).in(wd).in(grad_scale).in(nums).inout(p, n * f).inout(m, n * f).inout(v, n * f);
+    run(c, [&] { lab_student_adamw_cpu(p, m, v, g, n, lr, wd, grad_scale, nums); });
+}
+float clip_scale(float norm, float grad_clip) {
+    float scale = 0;
+    Call c{43, strf("clip_scale (norm=%g, grad_clip=%g)", norm, grad_clip), {}, {}, {}};
+    c.in(norm).in(grad_clip).out(&scale, sizeof scale);
+    run(c, [&] { scale = lab_student_clip_scale(norm, grad_clip); });
+    return scale;
+}
+#endif
