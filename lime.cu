@@ -191,8 +191,8 @@ struct Acts {
                      // head-major q, out/dout and dq (3, B, T, H*hd), partial sums, flash attention's D (B, H, T)
     size_t scratch_floats;  // its size, in floats
     int threads;            // CPU: the threads the fast attention's scratch has buffers for
-    float* rope_cos; // (T, hd/2)
-    float* rope_sin; // (T, hd/2)
+    float* rope_cos; // (T, hd/2) the RoPE tables, one array: cos, then
+    float* rope_sin; // (T, hd/2)     sin
     HcActs hc;       // Hyper-Connections' (support/study/): sized 0 for other models
     EregActs ereg;   // the value-entropy regulariser's: sized 0 when it is off
     DenseActs dense; // DenseFormer's: sized 0 for other models
@@ -260,7 +260,8 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     hc_acts_carve(&A->hc, c, BT, take);  // the study's models' activations
     ereg_acts_carve(&A->ereg, c, B, take);
     denseformer_acts_carve(&A->dense, c, BT, take);
-    take(&A->rope_cos, (size_t)c.T * c.hd / 2), take(&A->rope_sin, (size_t)c.T * c.hd / 2);  // last (tests)
+    take(&A->rope_cos, (size_t)c.T * c.hd);  // last (tests poison all before it); sin: its second half
+    if (base) A->rope_sin = A->rope_cos + (size_t)c.T * c.hd / 2;
     return off;
 }
 
@@ -270,7 +271,6 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
 // in a GPU build a kernel and its launcher X_gpu; its dispatcher op_X(model,
 // ...) runs the one that fits the model's device (DISPATCH is that one `if`).
 // Sums never depend on the number of threads or blocks (device.cuh says how).
-// ===========================================================================
 // ===========================================================================
 // Matrix products, named by their math. Row-major; C (M, N) (+)= ... :
 //   gemm_nn   C = A @ B      A (M, K), B (K, N)
@@ -1642,9 +1642,6 @@ static LayerActs layer_acts(const Acts* A, const Config& c, int l, int B, int T)
     return la;
 }
 
-// The router that mixes the values: the one router of Eq. 2, or with
-// --router-kv separate a second one (the same for gradients: Params alike).
-static float* value_router(const LayerParams& w) { return w.router_v ? w.router_v : w.router; }
 
 // Forward over the batch already in A->batch.tokens (and A->batch.targets, A->batch.mask with a loss).
 static void forward_pass(Model* model, int B, int T, bool with_loss) {
@@ -1663,7 +1660,7 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         if (model->ereg_on) ereg_layer_forward(model, A->ereg, l, la.V, A->batch.valid, B, T, A->scratch);  // S2 of V
         const float *kr = la.K, *vr = la.V;  // LLaMa, and LIMe's layer 0: own keys and values
         if (has_router(c, l)) {  // LIMe: mix the buffer of layers 0..l
-            op_router_forward(model, {la.kr, la.vr}, {w.router, value_router(w)}, {A->Kbuf, A->Vbuf}, l, N);
+            op_router_forward(model, {la.kr, la.vr}, {w.router, w.values_router()}, {A->Kbuf, A->Vbuf}, l, N);
             kr = la.kr, vr = la.vr;
         }
         if (has_value_residual(c, l))  // ResFormer: vr = lam[0] V[l] + lam[1] V[0]
@@ -1726,8 +1723,8 @@ static void backward_pass(Model* model, int B, int T) {
                               T);
         op_rope_backward(model, A->dkr, c.R * B, T, 1);
         if (routed) {  // forward: Kr, Vr = W @ Kbuf, W @ Vbuf (Eq. 2): into layers 0..l's keys and values
-            op_router_backward(model, {gw.router, value_router(gw)}, {A->dKbuf, A->dVbuf}, {A->dkr, A->dvr},
-                               {w.router, value_router(w)}, {A->Kbuf, A->Vbuf}, l, N);
+            op_router_backward(model, {gw.router, gw.values_router()}, {A->dKbuf, A->dVbuf}, {A->dkr, A->dvr},
+                               {w.router, w.values_router()}, {A->Kbuf, A->Vbuf}, l, N);
         } else {
             op_add(model, dK, A->dkr, kv_layer);
         }
@@ -1820,8 +1817,7 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
         Acts* A = new Acts();
         err = gpu_create(model, A, acts_carve, device_need, grad_norm_blocks(n));
         if (!err.empty()) return err;
-        gpu_upload(model, A->rope_cos, rope.data(), rope.size() / 2);
-        gpu_upload(model, A->rope_sin, rope.data() + rope.size() / 2, rope.size() / 2);
+        gpu_upload(model, A->rope_cos, rope.data(), rope.size());
 #ifdef LIME_GPU
         model->gpu->router_blas = !router_kernels_fit(c);  // the byte model's choice: the kernels where they fit
 #endif
@@ -1834,38 +1830,19 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
                memory_fix(c, B, settings.flags, host_need);
     acts_carve(model->acts, c, B, mem);
     model->acts->mem = mem;
-    memcpy(model->acts->rope_cos, rope.data(), rope.size() * sizeof(float) / 2);
-    memcpy(model->acts->rope_sin, rope.data() + rope.size() / 2, rope.size() * sizeof(float) / 2);
+    memcpy(model->acts->rope_cos, rope.data(), rope.size() * sizeof(float));
     return "";
 }
 
-// Several models held at once (bench makes three to five of one shape): their
-// host memory summed against settings.host_bytes, as model_create asks of one,
-// and when it does not fit, its out-of-memory line for the sum, naming the
-// flags that shrink every model (memory_fix, each size halved in all of them).
+// Several models held at once (bench): their host memory summed (memory_check.h's models_fit_check).
 std::string models_fit_together(const std::vector<Config>& cs, int B, Device dev, const ModelSettings& settings) {
-    auto need = [&](const Config& sizes, int hb) {
-        double sum = 0;
-        for (Config c : cs) {
-            c.L = sizes.L, c.d = sizes.d, c.hd = sizes.hd, c.F = sizes.F, c.V = sizes.V, c.T = sizes.T;
-            sum += memory_needed(c, hb, dev, false);
-        }
-        return sum;
-    };
-    if (cs.empty() || !settings.host_bytes || need(cs[0], B) <= settings.host_bytes) return "";
-    char buf[200];
-    snprintf(buf, sizeof buf, "out of memory: the %zu models held at once need %.3g GB of host memory together, "
-             "%.3g GB is available; ", cs.size(), need(cs[0], B) / 1e9, settings.host_bytes / 1e9);
-    return buf + memory_fix(cs[0], B, settings.flags, need);
+    auto need = [&](const Config& c, int hb) { return memory_needed(c, hb, dev, false); };
+    return models_fit_check(cs, B, settings, need);
 }
 
 void model_free(Model* model) {
-    if (model->gpu) delete pass_acts(model);  // the device activations' views
-    if (model->gpu) gpu_free(model);
-    if (model->acts) {
-        free(model->acts->mem);
-        delete model->acts;
-    }
+    if (model->gpu) delete pass_acts(model), gpu_free(model);  // the device activations' views, then the device
+    if (model->acts) free(model->acts->mem), delete model->acts;
     free(model->params);
     model->acts = nullptr;
     model->params = nullptr;

@@ -97,6 +97,8 @@ struct LayerParams {
     float* Wd;       // (d, F)
     float* value_residual; // (2)   resformer and l >= 1: the own and the first layer's values' weights; else nullptr
     float* dwa;      // (l+2)  denseformer: the weights of the average after block l; else nullptr
+    // The router that mixes the values: the one router of Eq. 2, or with --router-kv separate a second one.
+    float* values_router() const { return router_v ? router_v : router; }
 };
 // A key/value pair of arrays: what the KV buffer, the router, and their
 // gradients hold twice (lime.cu's router: op_router_forward, router_forward_gpu).

@@ -59,6 +59,26 @@ static std::string host_memory_check(const Config& c, int B, Device dev, const M
     return buf + memory_fix(c, B, settings.flags, need);
 }
 
+// The line for models held at once (bench: one of each kind) whose host memory,
+// need(c, B) each, is together more than the host has, with the flags that
+// shrink them all (each model's shape flags halved alike); "" when they fit.
+template <class Need>
+static std::string models_fit_check(const std::vector<Config>& cs, int B, const ModelSettings& settings, Need need) {
+    auto sum = [&](const Config& sizes, int hb) {
+        double bytes = 0;
+        for (Config c : cs) {
+            c.L = sizes.L, c.d = sizes.d, c.hd = sizes.hd, c.F = sizes.F, c.V = sizes.V, c.T = sizes.T;
+            bytes += need(c, hb);
+        }
+        return bytes;
+    };
+    if (cs.empty() || !settings.host_bytes || sum(cs[0], B) <= settings.host_bytes) return "";
+    char buf[200];
+    snprintf(buf, sizeof buf, "out of memory: the %zu models held at once need %.3g GB of host memory together, "
+             "%.3g GB is available; ", cs.size(), sum(cs[0], B) / 1e9, settings.host_bytes / 1e9);
+    return buf + memory_fix(cs[0], B, settings.flags, sum);
+}
+
 // Shapes the code cannot run, refused at create with the flag to lower, in
 // the words of the device asked for. On every device: the loops and kernels
 // index in 32-bit ints (a position n < B*T, an element of the GPU's
