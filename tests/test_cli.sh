@@ -69,7 +69,7 @@ fi
 # --- compare and analyze: a tiny study end to end, its report and figures
 # (with the frozen-router control: its own paired line, its config says so; every run analysed)
 if $LIME compare --preset tiny --archs llama,lime,lime:frozen --out "$tmp/study" >"$tmp/study.out" 2>&1 &&
-    grep -q "## Paired differences" "$tmp/study/report.md" && grep -q "^| lime − lime:frozen | 2 |" "$tmp/study/report.md" &&
+    grep -q "## Paired differences" "$tmp/study/report.md" && grep -q "^| lime:frozen − lime | 2 |" "$tmp/study/report.md" &&
     grep -q "^| attended | 1 |" "$tmp/study/report.md" && [ -s "$tmp/study/entropy_hidden_tier2.png" ] &&
     grep -q '"router_frozen": true' "$tmp/study/tier2/lime-frozen-seed1/log.jsonl" &&
     [ "$(grep -c -E '^(raw|routed|hidden)	[01]	' "$tmp/study/tier2/lime-seed2/entropy.tsv")" -eq 6 ] &&

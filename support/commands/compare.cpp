@@ -43,12 +43,31 @@
 // ---------------------------------------------------------------------------
 // Presets: the train flags of each run, the tiers and the number of seeds.
 
+// A tier of a preset that has its own seeds, models and train flags (the
+// reviewers' study: tier 4 runs longer, with fewer models and seeds).
+struct TierPlan {
+    const char* tier;
+    int seeds;
+    const char* archs;       // the tier's models
+    const char* train_args;  // added after the preset's: a flag given twice takes the later value
+};
 struct Preset {
     const char* name;
     const char* train_args;  // passed to every ./lime train
     const char* tiers;       // operators per question, comma-separated
     int seeds;
     const char* about;
+    const TierPlan* plans = nullptr;  // a tier's own seeds, models and flags, where it has them
+    int n_plans = 0;
+};
+
+// The reviewers' study (ICLR 2026: LIMe against the peers they named, more
+// seeds, corrected tests): cpu-study's setting at tier 3, 12 seeds of eight
+// models; and tier 4, where a single LLaMa run of 6 epochs (seed 1) leaves
+// chance, 6 seeds of six models.
+static const TierPlan REVIEWERS_PLANS[] = {
+    {"3", 12, "llama,lime,lime:frozen,lime:same-head,hc,resformer,denseformer,llama:ereg=0.1", ""},
+    {"4", 6, "llama,lime,hc,resformer,denseformer,llama:ereg=0.1", "--epochs 6"},
 };
 
 static const Preset PRESETS[] = {
@@ -68,12 +87,25 @@ static const Preset PRESETS[] = {
     {"referee",
      "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 12 --lr 3e-3",
      "3", 6, "two-core CPU, about an hour: cpu-study's setting, llama and lime and llama at three entropy-regulariser lambdas"},
+    {"reviewers",
+     "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 12 --lr 3e-3",
+     "3,4", 12, "two-core CPU, under 3 hours: the reviewers' study, LIMe against ResFormer, DenseFormer, HC, the "
+     "same-head router, frozen routers and the regulariser, tier 3 with 12 seeds and tier 4 with 6",
+     REVIEWERS_PLANS, 2},
     {"tiny", "--layers 2 --dim 16 --heads 2 --ffn 32 --train-size 300 --test-size 20 --batch 16 --steps 30", "2", 2,
      "seconds: for tests"},
 };
 
+// A preset's own plan for a tier, or nullptr.
+static const TierPlan* plan_of(const Preset* p, const std::string& tier) {
+    for (int i = 0; p && i < p->n_plans; i++)
+        if (tier == p->plans[i].tier) return &p->plans[i];
+    return nullptr;
+}
+
 // The models a preset compares when --archs is not given.
 static const char* preset_archs(const Preset& p) {
+    if (p.n_plans) return p.plans[0].archs;  // the first tier's: every planned tier's models are among them
     if (std::string(p.name) == "referee") return "llama,lime,llama:ereg=0.002,llama:ereg=0.01,llama:ereg=0.1";
     return std::string(p.name) == "cpu-study" ? "llama,lime,lime:frozen" : "llama,lime";
 }
@@ -95,6 +127,7 @@ static const struct { const char* flag; const char* instead; } SET_BY_COMPARE[] 
     {"router", "--archs lime:VARIANT, e.g. --archs llama,lime:last-2"},
     {"router-kv", "--archs lime:separate"},
     {"router-weights", "--archs lime:frozen"},
+    {"router-heads", "--archs lime:same-head"},
     {"hc-rate", "--archs hc:nN, e.g. --archs llama,hc:n2"},
     {"hc-dynamic", "--archs hc:static"},
     {"entropy-reg", "--archs MODEL:ereg=LAMBDA, e.g. --archs llama:ereg=0.5"},
@@ -114,6 +147,19 @@ static std::vector<std::string> split(const std::string& s, char sep) {
     std::istringstream in(s);
     while (std::getline(in, cur, sep)) if (!cur.empty()) out.push_back(cur);
     return out;
+}
+
+// The preset's train flags with a planned tier's replacing those of the same name
+// (both "--flag value" pairs, space-separated).
+static std::string tier_train_args(const Preset& p, const TierPlan& plan) {
+    std::vector<std::string> base = split(p.train_args, ' '), over = split(plan.train_args, ' ');
+    std::string out;
+    for (size_t i = 0; i + 1 < base.size(); i += 2) {
+        bool replaced = false;
+        for (size_t j = 0; j + 1 < over.size(); j += 2) replaced |= over[j] == base[i];
+        if (!replaced) out += (out.empty() ? "" : " ") + base[i] + " " + base[i + 1];
+    }
+    return out + (plan.train_args[0] ? " " : "") + plan.train_args;
 }
 
 // --train-args as the shell would split it: words between blanks, 'single'
@@ -469,23 +515,27 @@ struct Report {
     }
     std::string label(const std::string& tier) const { return task == "arith" ? "tier " + tier : task; }
     bool has(const std::string& arch) const { return std::find(archs.begin(), archs.end(), arch) != archs.end(); }
+    // Whether a tier has runs of a model (a preset's tiers may run different models).
+    bool ran(const std::string& tier, const std::string& arch) const {
+        for (const RunGroup& g : groups)
+            if (g.tier == tier && g.arch == arch) return !g.runs.empty();
+        return false;
+    }
     // (a, b) pairs the paired report compares, a - b: each model against llama,
-    // each X:frozen's X against it (does learning the routers add anything?),
-    // and lime against each hc model (the paper's two baselines: lime - hc)
-    // and each regularised model X:ereg=L against lime (does raising the entropy close the gap?)
+    // each other model against lime (the reviewers' question: does LIMe beat its
+    // peers and its own controls?), and each X:frozen against its X where X is a
+    // lime variant (does learning its routers add anything?).
     std::vector<std::pair<std::string, std::string>> pairs() const {
         std::vector<std::pair<std::string, std::string>> out;
         for (const std::string& arch : archs)
             if (arch != "llama" && has("llama")) out.push_back({arch, "llama"});
         for (const std::string& arch : archs)
-            if (arch.find(":ereg=") != std::string::npos && has("lime")) out.push_back({arch, "lime"});
+            if (arch != "llama" && arch != "lime" && has("lime")) out.push_back({arch, "lime"});
         for (const std::string& arch : archs) {
             size_t at = arch.rfind(":frozen");
-            if (at != std::string::npos && at + 7 == arch.size() && has(arch.substr(0, at)))
-                out.push_back({arch.substr(0, at), arch});
+            std::string learned = at == std::string::npos ? "" : arch.substr(0, at);
+            if (at + 7 == arch.size() && learned != "lime" && has(learned)) out.push_back({arch, learned});
         }
-        for (const std::string& arch : archs)
-            if ((arch == "hc" || arch.rfind("hc:", 0) == 0) && has("lime")) out.push_back({"lime", arch});
         return out;
     }
     // A run stalls when its accuracy is less than halfway from chance to the
@@ -533,6 +583,21 @@ static void report_intro(std::ostringstream& md, const Preset* preset, const std
     if (std::any_of(rep.archs.begin(), rep.archs.end(), [](const std::string& a) { return a.find(":ereg=") != std::string::npos; }))
         md << "Model `X:ereg=L` is model X trained with `--entropy-reg L`, the value-entropy regulariser "
               "(docs/training.md).\n\n";
+    auto has = [&](const char* s) {
+        return std::any_of(rep.archs.begin(), rep.archs.end(), [&](const std::string& a) { return a.find(s) == 0; });
+    };
+    if (has("lime:same-head") || std::any_of(rep.archs.begin(), rep.archs.end(), [](const std::string& a) {
+            return a.find(":same-head") != std::string::npos;
+        }))
+        md << "Model `lime:same-head` is LIMe with the cross-head ablation (`--router-heads same`): each kv head mixes "
+              "only the same head of the earlier layers; the weights that mix across heads are 0 and stay 0.\n\n";
+    if (has("resformer"))
+        md << "Model `resformer` is ResFormer (value residual learning, `--arch resformer`): layer l >= 1 attends "
+              "with its own keys and a learned mixture of its own values and the first layer's (two weights a "
+              "layer).\n\n";
+    if (has("denseformer"))
+        md << "Model `denseformer` is DenseFormer (depth-weighted averaging, `--arch denseformer`): each block reads "
+              "a learned average of the embedding and every earlier block's output.\n\n";
     if (std::any_of(rep.archs.begin(), rep.archs.end(), [](const std::string& a) { return a.rfind("hc", 0) == 0; }))
         md << "Model `hc` is Hyper-Connections (`--arch hc`, 4 residual streams, dynamic mixing weights), the "
               "paper's other baseline; `hc:nN` trains it with `--hc-rate N`, `hc:static` with `--hc-dynamic 0`: "
@@ -555,7 +620,12 @@ static void report_accuracy(std::ostringstream& md, const Report& rep) {
     }
     md << "## Accuracy\n\n| tier | model | accuracy (mean ± std) | per seed | stalled | test loss |\n"
           "| --- | --- | --- | --- | --- | --- |\n";
+    std::string tier_done;  // the tier whose chance row is written
     for (const RunGroup& g : rep.groups) {
+        if (g.runs.empty()) continue;  // a model this tier does not run
+        if (g.tier != tier_done)  // the tier's first row: chance (arith: 1 / the modulus; prosqa: 1/2)
+            md << "| " << rep.label(g.tier) << " | chance | " << pct(rep.chance) << " | | | |\n";
+        tier_done = g.tier;
         std::vector<double> acc = g.values(&Run::accuracy);
         double cut = rep.stall_threshold(g.tier);
         int stalled = (int)std::count_if(acc.begin(), acc.end(), [&](double x) { return x < cut; });
@@ -571,27 +641,38 @@ static void report_accuracy(std::ostringstream& md, const Report& rep) {
 }
 
 // One paired line: a - b over matched seeds, the verdict from the exact
-// Wilcoxon signed-rank test (robust to a stalled run), the paired-t interval beside it.
-static std::string paired_line(const PairedResult& p, double scale, const char* unit, const std::string& a,
-                               const std::string& b, bool higher_better, std::string* verdict) {
+// Wilcoxon signed-rank test (robust to a stalled run) after Holm's correction
+// over every pair the report tests, the paired-t interval beside it, and the
+// same difference among the seeds where neither run stalled.
+struct PairedRow {
+    std::string tier, a, b;
+    PairedResult p, kept;  // every paired seed; those where neither run stalled
+};
+static std::string paired_line(const PairedRow& r, double holm, double scale, const char* unit, bool higher_better,
+                               std::string* verdict) {
+    const PairedResult& p = r.p;
     if (p.n < 2) {
-        *verdict = "too few paired seeds for a test (use --seeds 2 or more)";
+        *verdict = r.a + " vs " + r.b + ": too few paired seeds for a test (use --seeds 2 or more)";
         return "n/a";
     }
     std::string ci =
         std::isfinite(p.lo) ? fmt("(%+.2f", scale * p.lo) + fmt(" to %+.2f)", scale * p.hi) : "(no spread)";
-    std::string row = strf("| %s − %s | %d | %+.2f%s %s | %+.2f%s | %d / %d / %d | %.3g | %s |", a.c_str(),
-             b.c_str(), p.n, scale * p.mean, unit, ci.c_str(), scale * p.median, unit, p.wins, p.ties, p.losses,
-             p.p_wilcoxon, std::isfinite(p.p_t) ? fmt("%.3g", p.p_t).c_str() : "n/a");
+    std::string kept = r.kept.n ? fmt("%+.2f", scale * r.kept.mean) + unit + " (" + std::to_string(r.kept.n) + ")"
+                                : std::string("none");
+    std::string row = strf("| %s − %s | %d | %+.2f%s %s | %+.2f%s | %d / %d / %d | %.3g | %.3g | %s | %s |",
+                           r.a.c_str(), r.b.c_str(), p.n, scale * p.mean, unit, ci.c_str(), scale * p.median, unit,
+                           p.wins, p.ties, p.losses, p.p_wilcoxon, holm,
+                           std::isfinite(p.p_t) ? fmt("%.3g", p.p_t).c_str() : "n/a", kept.c_str());
     bool a_better = higher_better ? p.median > 0 : p.median < 0;
-    if (p.p_wilcoxon < 0.05)
-        *verdict = (a_better ? a + " beats " + b : b + " beats " + a) +
-                   fmt(": the signed-rank test over paired seeds gives p = %.3g", p.p_wilcoxon);
+    if (holm < 0.05)
+        *verdict = (a_better ? r.a + " beats " + r.b : r.b + " beats " + r.a) +
+                   fmt(": signed-rank p = %.3g over paired seeds, ", p.p_wilcoxon) + fmt("%.3g after Holm", holm);
     else
-        *verdict = a + " vs " + b + fmt(": no clear difference (signed-rank p = %.3g", p.p_wilcoxon) + ", " +
-                   std::to_string(p.wins) + " wins of " + std::to_string(p.n) + " for " + a + ")";
+        *verdict = r.a + " vs " + r.b + fmt(": no clear difference (signed-rank p = %.3g", p.p_wilcoxon) +
+                   fmt(", %.3g after Holm", holm) + ", " + std::to_string(p.wins) + " wins of " +
+                   std::to_string(p.n) + " for " + r.a + ")";
     int nonzero = p.wins + p.losses;  // the smallest two-sided signed-rank p with n non-zero pairs is 2 / 2^n
-    if (p.p_wilcoxon >= 0.05 && nonzero == 0)
+    if (holm >= 0.05 && nonzero == 0)
         *verdict += "; every pair is a tie, which the signed-rank test cannot rank: more seeds";
     else if (p.p_wilcoxon >= 0.05 && nonzero < 6)  // 2 / 2^n, a p of at most 1
         *verdict += fmt("; with %.0f non-zero pairs the signed-rank p cannot go below", nonzero) +
@@ -609,29 +690,49 @@ static void report_paired(std::ostringstream& md, const Report& rep, std::string
        << (text ? "Validation loss, a − b per seed (negative: a is better). "
                 : "Accuracy, a − b per seed, in points. ")
        << "Mean with its paired-t 95% interval, median, wins / ties / losses of a, exact Wilcoxon signed-rank p "
-          "(zeros dropped, tied differences share their average rank), paired-t p.\n\n";
+          "(zeros dropped, tied differences share their average rank), that p after Holm's correction over every "
+          "pair of this report (the verdicts use it), paired-t p, and the mean difference among the seeds where "
+          "neither run stalled (their count).\n\n";
     auto pairs = rep.pairs();
-    if (pairs.empty()) { md << "No pair to compare (add llama to --archs).\n"; return; }
-    std::vector<std::string> verdicts, welch;
+    if (pairs.empty()) { md << "No pair to compare (add llama or lime to --archs).\n"; return; }
     auto metric = [&](const Run& r) { return metric_of(r, rep.task); };
-    for (const std::string& tier : rep.tiers) {
-        md << "| " << rep.label(tier) << ": a − b | seeds | mean (95% CI) | median | W / T / L | signed-rank p | "
-              "paired-t p |\n| --- | --- | --- | --- | --- | --- | --- |\n";
+    std::vector<PairedRow> rows;
+    for (const std::string& tier : rep.tiers)
         for (const auto& [a, b] : pairs) {
-            std::vector<double> va, vb;
+            if (!rep.ran(tier, a) || !rep.ran(tier, b)) continue;
+            std::vector<double> va, vb, ka, kb;
             paired_values(rep, tier, a, b, metric, &va, &vb);
-            std::string verdict;
-            std::string line = paired_line(stats_paired(va, vb), scale, unit, a, b, !text, &verdict);
+            double cut = rep.stall_threshold(tier);
+            for (size_t i = 0; i < va.size(); i++)
+                if (text || (va[i] >= cut && vb[i] >= cut)) ka.push_back(va[i]), kb.push_back(vb[i]);
+            rows.push_back({tier, a, b, stats_paired(va, vb), stats_paired(ka, kb)});
+        }
+    std::vector<double> ps;
+    for (const PairedRow& r : rows) ps.push_back(r.p.n >= 2 ? r.p.p_wilcoxon : 1.0);
+    std::vector<double> holm = stats_holm(ps);
+    std::vector<std::string> verdicts, welch;
+    for (const std::string& tier : rep.tiers) {
+        bool header = false;
+        for (size_t i = 0; i < rows.size(); i++) {
+            if (rows[i].tier != tier) continue;
+            if (!header)
+                md << "| " << rep.label(tier) << ": a − b | seeds | mean (95% CI) | median | W / T / L | signed-rank p | "
+                      "Holm p | paired-t p | not stalled |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+            header = true;
+            std::string verdict, line = paired_line(rows[i], holm[i], scale, unit, !text, &verdict);
             if (line != "n/a") md << line << "\n";
             verdicts.push_back(rep.label(tier) + ": " + verdict);
+            std::vector<double> va, vb;
+            paired_values(rep, tier, rows[i].a, rows[i].b, metric, &va, &vb);
             WelchResult w = stats_welch(va, vb);
-            welch.push_back(rep.label(tier) + ", " + a + " − " + b + ": " +
+            welch.push_back(rep.label(tier) + ", " + rows[i].a + " − " + rows[i].b + ": " +
                             (std::isfinite(w.p) ? fmt("%+.2f", scale * w.diff) + fmt(" (95%% CI %+.2f", scale * w.lo) +
                                                       fmt(" to %+.2f)", scale * w.hi) + fmt(", p = %.3g", w.p)
                                                 : std::string("n/a")));
         }
-        md << "\n";
+        if (header) md << "\n";
     }
+    md << "Holm's correction is over the " << rows.size() << " pairs above together.\n\n";
     for (const std::string& v : verdicts) { md << "- " << v << ".\n"; *summary += v + "\n"; }
     md << "\nUnpaired view (Welch's t-test, secondary: it ignores the pairing):\n\n";
     for (const std::string& w : welch) md << "- " << w << "\n";
@@ -720,7 +821,7 @@ static double lambda_of(const std::string& arch) {
 }
 static std::string paired_short(const Report& rep, const std::string& tier, const std::string& a,
                                 const std::string& b) {
-    if (a == b || !rep.has(b)) return "n/a";
+    if (a == b || !rep.ran(tier, b)) return "n/a";
     std::vector<double> va, vb;
     paired_values(rep, tier, a, b, [](const Run& r) { return r.accuracy; }, &va, &vb);
     PairedResult p = stats_paired(va, vb);
@@ -728,16 +829,22 @@ static std::string paired_short(const Report& rep, const std::string& tier, cons
     return fmt("%+.1f pts", 100 * p.mean) + " (" + std::to_string(p.wins) + " of " + std::to_string(p.n) +
            fmt(" higher, p = %.3g)", p.p_wilcoxon);
 }
-static std::string report_referee(std::ostringstream& md, const std::string& dir, const Report& rep, int layers) {
+// Every model's last-layer value entropy beside its accuracy, a table and a
+// scatter (one point per run) per tier; with regularised models (X:ereg=L),
+// the referee's causal test: does raising LLaMa's entropy raise its accuracy?
+static std::string report_entropy_accuracy(std::ostringstream& md, const std::string& dir, const Report& rep,
+                                           int layers) {
     bool any = std::any_of(rep.archs.begin(), rep.archs.end(),
                            [](const std::string& a) { return a.find(":ereg=") != std::string::npos; });
-    if (!any || rep.task == "text") return "";
+    if (rep.task == "text") return "";
     int last = layers - 1;
-    md << "\n## Value entropy against accuracy (the regulariser)\n\n"
-          "`X:ereg=L` is X trained with `--entropy-reg L`: the loss minus L times the mean order-2 Rényi entropy "
-          "of each layer's values (docs/training.md). If entropy were what makes LIMe better, raising LLaMa's to "
-          "LIMe's level should raise its accuracy toward LIMe's. Entropy: the last layer's (" << last
-       << ") raw values (W_V's output), as `./lime analyze` measures it (the authors' order, --alpha).\n\n";
+    md << "\n## Value entropy against accuracy\n\nEntropy: the last layer's (" << last
+       << ") raw values (W_V's output), as `./lime analyze` measures it (the authors' order, --alpha).";
+    if (any)
+        md << " `X:ereg=L` is X trained with `--entropy-reg L`: the loss minus L times the mean order-2 Rényi "
+              "entropy of each layer's values (docs/training.md). If entropy were what makes LIMe better, raising "
+              "LLaMa's to LIMe's level should raise its accuracy toward LIMe's.";
+    md << "\n\n";
     std::string err;
     for (const std::string& tier : rep.tiers) {
         md << "| " << rep.label(tier) << ": model | lambda | seeds | raw entropy, layer " << last
@@ -746,6 +853,7 @@ static std::string report_referee(std::ostringstream& md, const std::string& dir
         std::vector<Series> series;
         double acc_lo = INFINITY, acc_hi = -INFINITY;
         for (const std::string& arch : rep.archs) {
+            if (!rep.ran(tier, arch)) continue;  // a model this tier does not run
             const RunGroup& g = rep.group(tier, arch);
             Series s{arch, {}, {}, {}, {}};
             std::vector<double> ent, acc = g.values(&Run::accuracy);
@@ -860,7 +968,7 @@ static std::string write_report(const std::string& dir, const Preset* preset, co
     report_paired(md, rep, summary);
     std::string err = report_entropy(md, dir, rep, layers);
     if (!err.empty()) return err;
-    if (!(err = report_referee(md, dir, rep, layers)).empty()) return err;
+    if (!(err = report_entropy_accuracy(md, dir, rep, layers)).empty()) return err;
     report_cost(md, rep);
     md << "\n## Figures\n\n";
     for (const std::string& tier : rep.tiers) {
@@ -882,7 +990,9 @@ struct CompareSettings {
     std::string task = "arith";             // --task
     double alpha = 0.5;                     // --alpha, for every run's ./lime analyze
     int seeds = 1;
-    std::vector<std::string> tiers, archs;
+    std::vector<std::string> tiers, archs;  // archs: every tier's models together (the report's columns)
+    std::map<std::string, int> tier_seeds;  // a tier's own seeds, models and train flags, where its preset plans them
+    std::map<std::string, std::vector<std::string>> tier_archs, tier_run_args;
     std::vector<std::string> run_args;      // every run's train flags: the preset's, those --train-args gives replaced
     int jobs = 1, threads = 1;
     bool gpu = false;
@@ -925,9 +1035,9 @@ static std::string check_train_words(const std::vector<std::string>& words, cons
 // those --train-args gives (--steps and --epochs count as one: each sets the
 // length of the run), then --train-args, split as the shell would
 // (shell_words). "" or the problem with --train-args, found before any run starts.
-static std::string merge_train_args(const Preset& preset, const std::string& extra, const std::string& task,
+static std::string merge_train_args(const std::string& preset_args, const std::string& extra, const std::string& task,
                                     std::vector<std::string>* out) {
-    std::vector<std::string> own, pairs = split(preset.train_args, ' ');
+    std::vector<std::string> own, pairs = split(preset_args, ' ');
     std::string err = shell_words(extra, &own);
     if (!err.empty()) return "--train-args: " + err + "; quote as the shell does, e.g. \"--text-file 'my notes.txt'\"";
     std::set<std::string> given;
@@ -1007,7 +1117,7 @@ static CompareSettings compare_settings(Args& a) {
     CompareSettings cs;
     cs.preset = find_preset(a.str("preset"));
     const Preset* preset = cs.preset;
-    if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|cpu-study|paper-aet|referee|tiny");
+    if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|cpu-study|paper-aet|referee|reviewers|tiny");
     cs.task = a.choice("task", {"arith", "prosqa", "text"});
     cs.alpha = a.number("alpha", 0, 100);
     if (a.err.empty() && !(cs.alpha > 0))
@@ -1025,13 +1135,22 @@ static CompareSettings compare_settings(Args& a) {
         else if (!tiers_seen.insert(atoi(t.c_str())).second)
             a.fail("--tiers '" + a.str("tiers") + "' names tier " + std::to_string(atoi(t.c_str())) +
                    " twice; give each tier once");
-    std::string err = preset ? merge_train_args(*preset, a.str("train-args"), cs.task, &cs.run_args) : "";
+    std::string err = preset ? merge_train_args(preset->train_args, a.str("train-args"), cs.task, &cs.run_args) : "";
+    for (int i = 0; preset && err.empty() && i < preset->n_plans; i++)  // a planned tier's flags replace the preset's
+        err = merge_train_args(tier_train_args(*preset, preset->plans[i]), a.str("train-args"), cs.task,
+                               &cs.tier_run_args[preset->plans[i].tier]);
     if (err.empty()) run_flag(cs.run_args, "layers", 4, &err);  // --archs is checked with these layers below
     if (err.empty()) run_flag(cs.run_args, "modulus", 11, &err);
     if (!err.empty()) a.fail(err);
     cs.archs = split(a.has("archs") || !preset ? a.str("archs") : preset_archs(*preset), ',');
     if (cs.archs.empty()) a.fail("--archs is empty; give one or more models, e.g. --archs llama,lime");
     check_archs(a, cs.archs, run_layers(cs.run_args));
+    // a tier the preset plans keeps its own seeds and models, unless --seeds or --archs says otherwise
+    for (const std::string& tier : cs.task == "arith" ? cs.tiers : std::vector<std::string>()) {
+        const TierPlan* plan = plan_of(preset, tier);
+        if (plan && !a.has("seeds")) cs.tier_seeds[tier] = plan->seeds;
+        if (plan && !a.has("archs")) cs.tier_archs[tier] = split(plan->archs, ',');
+    }
     cs.reuse = a.has("reuse");
     int jobs = (int)a.integer("jobs", 0, 256);
     std::string device = a.choice("device", {"auto", "cpu", "gpu"});
@@ -1060,8 +1179,8 @@ static double chance_of(const CompareSettings& cs) {
 static std::vector<Run> plan_runs(const CompareSettings& cs) {
     std::vector<Run> runs;
     for (const std::string& tier : cs.tiers)
-        for (int s = 1; s <= cs.seeds; s++)
-            for (const std::string& arch : cs.archs) {
+        for (int s = 1; s <= (cs.tier_seeds.count(tier) ? cs.tier_seeds.at(tier) : cs.seeds); s++)
+            for (const std::string& arch : cs.tier_archs.count(tier) ? cs.tier_archs.at(tier) : cs.archs) {
                 Run r;
                 r.arch = arch; r.tier = tier; r.seed = s;
                 std::string name = arch;
@@ -1121,7 +1240,8 @@ static std::string check_run_dir(const std::string& out, const std::string& dir)
 
 // The flags of one run's ./lime train: the preset's with --train-args (run_args), then the run's own.
 static std::vector<std::string> train_args_of(const CompareSettings& cs, const Run& r) {
-    std::vector<std::string> args = cs.run_args;
+    std::vector<std::string> args = cs.tier_run_args.count(r.tier) && cs.task == "arith" ? cs.tier_run_args.at(r.tier)
+                                                                                          : cs.run_args;
     Config model;
     model_parse(r.arch, &model);
     // --force: the run directories are compare's own (check_run_dir), made afresh by each compare into its --out
@@ -1134,6 +1254,7 @@ static std::vector<std::string> train_args_of(const CompareSettings& cs, const R
         own.insert(own.end(), {"--router", router_name(model)});
     if (model.router_kv_separate) own.insert(own.end(), {"--router-kv", "separate"});
     if (model.router_frozen) own.insert(own.end(), {"--router-weights", "frozen"});
+    if (model.router_same_head) own.insert(own.end(), {"--router-heads", "same"});
     if (model.arch == ARCH_HC)
         own.insert(own.end(), {"--hc-rate", std::to_string(model.hc_rate), "--hc-dynamic", model.hc_dynamic ? "1" : "0"});
     if (model.entropy_reg > 0) own.insert(own.end(), {"--entropy-reg", fmt("%.9g", model.entropy_reg)});
@@ -1408,7 +1529,9 @@ int cmd_compare(int argc, char** argv) {
         {"preset", "classroom",
          "classroom (2 CPU cores, ~10 min), cpu-study (2 CPU cores, ~30 min, with the frozen-router control), "
          "paper-aet (the paper's setting, GPU), referee (2 CPU cores, ~1 hour: llama with the value-entropy "
-         "regulariser at 3 lambdas beside llama and lime) or tiny (tests)"},
+         "regulariser at 3 lambdas beside llama and lime), reviewers (2 CPU cores, under 3 hours: LIMe against "
+         "ResFormer, DenseFormer, HC, the same-head router, frozen routers and the regulariser, 12 seeds at tier 3 "
+         "and 6 at tier 4) or tiny (tests)"},
         {"task", "arith", "arith, prosqa (exact match on the real test file) or text (validation loss)"},
         {"seeds", "", "seeds per model (default: the preset's)"},
         {"tiers", "", "arith: operators per question, e.g. 4,5,6 (default: the preset's)"},
@@ -1445,9 +1568,13 @@ int cmd_compare(int argc, char** argv) {
             " runs already done in " + one_line(cs.dir) +
             (analysed_again ? "; " + std::to_string(analysed_again) + " analysed again (for --alpha " +
                                   fmt("%g", cs.alpha) + ")" : std::string()) + "\n");
-    say(strf("compare %s: %zu runs (%zu tiers x %d seeds x %zu models), %d at a time, %d thread%s each, on the %s\n",
-             cs.preset->name, runs.size(), cs.tiers.size(), cs.seeds, cs.archs.size(), cs.jobs, cs.threads,
-             cs.threads > 1 ? "s" : "", cs.gpu ? "gpu" : "cpu"));
+    std::string plan;  // per tier: seeds x models
+    for (const std::string& tier : cs.tiers)
+        plan += (plan.empty() ? "" : ", ") + std::to_string(cs.tier_seeds.count(tier) ? cs.tier_seeds.at(tier) : cs.seeds) +
+                " seeds x " + std::to_string((cs.tier_archs.count(tier) ? cs.tier_archs.at(tier) : cs.archs).size()) +
+                " models" + (cs.task == "arith" ? " at tier " + tier : "");
+    say(strf("compare %s: %zu runs (%s), %d at a time, %d thread%s each, on the %s\n", cs.preset->name, runs.size(),
+             plan.c_str(), cs.jobs, cs.threads, cs.threads > 1 ? "s" : "", cs.gpu ? "gpu" : "cpu"));
     double t0 = now_ms();
     run_all(cs, &runs);
     if (g_compare_signal) compare_stopped(g_compare_signal, 0);  // after the last run ended, before the report
@@ -1459,6 +1586,12 @@ int cmd_compare(int argc, char** argv) {
                                run_name(r) + ": " + r.failure);
     std::string summary, run_args;
     for (const std::string& arg : cs.run_args) run_args += (run_args.empty() ? "" : " ") + shell_quote(arg);
+    for (const auto& [tier, args] : cs.tier_run_args) {  // a planned tier's own flags
+        if (std::find(cs.tiers.begin(), cs.tiers.end(), tier) == cs.tiers.end()) continue;
+        std::string t;
+        for (const std::string& arg : args) t += (t.empty() ? "" : " ") + shell_quote(arg);
+        if (t != run_args) run_args += "` (tier " + tier + ": `" + t + "`) `";
+    }
     Report rep(cs.task, cs.tiers, cs.archs, runs, chance_of(cs));
     std::string err = write_report(cs.dir, cs.preset, run_args, rep, run_layers(cs.run_args), &summary);
     if (!err.empty()) die("compare", err);

@@ -192,3 +192,21 @@ inline PairedResult stats_paired(const std::vector<double>& a, const std::vector
     r.hi = r.mean + q * se;
     return r;
 }
+
+// Holm's step-down correction of m p-values for testing them together: sorted
+// ascending, the k-th smallest (k = 0..m-1) becomes max over j <= k of
+// min(1, (m - j) p_(j)); returned in the input's order. It keeps the chance of
+// any false "significant" below alpha over all m tests, whatever their dependence.
+inline std::vector<double> stats_holm(const std::vector<double>& p) {
+    size_t m = p.size();
+    std::vector<size_t> order(m);
+    for (size_t i = 0; i < m; i++) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return p[a] < p[b]; });
+    std::vector<double> out(m);
+    double running = 0;
+    for (size_t k = 0; k < m; k++) {
+        running = std::max(running, std::min(1.0, (double)(m - k) * p[order[k]]));
+        out[order[k]] = running;
+    }
+    return out;
+}
