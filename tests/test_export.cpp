@@ -481,3 +481,25 @@ TEST(export_refuses_lime_and_keeps_other_files_with_force) {
     struct stat sb;
     CHECK(stat((ex.dir + "/lime_hf").c_str(), &sb) != 0, "a refused export left %s/lime_hf", ex.dir.c_str());
 }
+
+TEST(export_refuses_the_peers_by_name) {
+    ArithData data = arith_examples();
+    Exported ex("arith", data.vocab, data.seq_len);
+    CHECK(ex.err.empty(), "export: %s", ex.err.c_str());
+    for (Arch a : {ARCH_RESFORMER, ARCH_DENSEFORMER}) {
+        Config pc = ex.c;
+        pc.arch = a;
+        Model peer;
+        CHECK(model_create(&peer, pc, 1, DEVICE_CPU).empty(), "model_create %s", arch_name(a));
+        model_init(&peer, 1);
+        std::string file = ex.dir + "/" + arch_name(a) + ".safetensors", out = ex.dir + "/" + arch_name(a) + "_hf";
+        std::string err = model_save(&peer, file, {}, false);
+        model_free(&peer);
+        CHECK(err.empty(), "save %s: %s", arch_name(a), err.c_str());
+        err = hf_export(file, out, false);
+        CHECK(err.find(std::string("is a ") + arch_name(a) + " checkpoint") != std::string::npos &&
+                  err.find("--arch llama") != std::string::npos, "%s checkpoint: '%s'", arch_name(a), err.c_str());
+        struct stat sb;
+        CHECK(stat(out.c_str(), &sb) != 0, "a refused export left %s", out.c_str());
+    }
+}

@@ -310,6 +310,10 @@ std::string hf_export(const std::string& path, const std::string& out_arg, bool 
     if (c.arch == ARCH_HC)
         return path + " is a Hyper-Connections (hc) checkpoint: transformers has no hc model, and summing its streams "
                "would give a different model; export a checkpoint trained with --arch llama";
+    if (c.arch == ARCH_RESFORMER || c.arch == ARCH_DENSEFORMER)
+        return path + " is a " + arch_name(c.arch) + " checkpoint: transformers' LLaMa has no " +
+               (c.arch == ARCH_RESFORMER ? "value residual" : "depth-weighted average") +
+               ", and dropping it would give a different model; export a checkpoint trained with --arch llama";
     if (c.arch != ARCH_LLAMA)
         return path + " is a LIMe checkpoint: transformers has no LIMe model, and dropping its routers would give a "
                "different model; export a checkpoint trained with --arch llama";
