@@ -83,7 +83,7 @@ else
         nm -C "$dir/student.o" | grep -q " T ${f}" || { fail defines "$file does not define ${f%(}(), the lab's function"; summary; }
     done
     # Another lab's function would replace the project's in the worker alone: the judge would compute otherwise.
-    for f in router_forward\( router_backward\( router_forward_gpu\( adamw_numbers\( adamw_cpu\( clip_scale\(; do
+    for f in router_forward\( router_backward\( router_forward_gpu\( adamw_numbers\( adamw\( clip_scale\(; do
         [[ " $needs " == *" $f "* ]] && continue
         nm -C "$dir/student.o" | grep -q " T ${f}" || continue
         fail defines "$file also defines ${f%(}(), another lab's function; lab $n checks $(sed 's/(/()/g' <<<"$needs"): remove it"

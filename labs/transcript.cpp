@@ -21,6 +21,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "labs/lab.h"
@@ -163,36 +164,43 @@ std::string lab_replay_finish() {
 // The lab functions: each names its inputs and outputs (lab.h gives their
 // shapes) and runs through run(). lab_student_NAME is the student's function.
 
+// Each lab_student_NAME is declared with lab.h's type for NAME, and each
+// wrapper below must define that very function: a wrapper of another
+// signature would be an overload beside it, the checks would call the
+// project's own function unrecorded, and every file would pass.
+// ONE_FUNCTION(NAME) stops the build there ("decltype cannot resolve
+// address of overloaded function").
 #define STUDENT extern "C" __attribute__((weak))
+#define ONE_FUNCTION(name) static_assert(std::is_function_v<decltype(name)>, #name " is lab.h's function alone")
 
 #if LAB_NUMBER == 1
-STUDENT void lab_student_router_forward(float*, float*, const float*, const float*, const float*, const float*, int,
-                                        int, int, int);
-void router_forward(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
-                    int l, int N, int R, int hd) {
+STUDENT decltype(router_forward) lab_student_router_forward;
+// One buffer (the keys or the values), called twice per shape: out starts
+// with the last step's numbers, so what it held is hashed as an input too
+// (a forward that adds to it, the mistake a hint names, computes from it).
+void router_forward(float* out, const float* W, const float* buf, int l, int N, int R, int hd) {
     size_t layer = (size_t)N * R * hd, w = (size_t)R * (l + 1) * R, f = sizeof(float);
     Call c{1, strf("router_forward (l=%d, N=%d, R=%d, hd=%d)", l, N, R, hd), {}, {}, {}};
-    c.in(Wk, w * f).in(Wv, w * f).in(Kbuf, (l + 1) * layer * f).in(Vbuf, (l + 1) * layer * f);
-    c.in(l).in(N).in(R).in(hd).out(Kr, layer * f).out(Vr, layer * f);
-    run(c, [&] { lab_student_router_forward(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd); });
+    c.in(W, w * f).in(buf, (l + 1) * layer * f).in(l).in(N).in(R).in(hd).inout(out, layer * f);
+    run(c, [&] { lab_student_router_forward(out, W, buf, l, N, R, hd); });
 }
+ONE_FUNCTION(router_forward);
 #endif
 
 #if LAB_NUMBER == 2
-STUDENT void lab_student_router_backward(float*, float*, float*, float*, const float*, const float*, const float*,
-                                         const float*, const float*, const float*, int, RouterSpan, int, int, int);
-void router_backward(float* dWk, float* dWv, float* dKbuf, float* dVbuf, const float* dKr, const float* dVr,
-                     const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf, int l,
+STUDENT decltype(router_backward) lab_student_router_backward;
+// Called for the keys, then the values; with one router both calls add into
+// the same dW, so the values' call's prior dW is the keys' call's output.
+void router_backward(float* dW, float* dbuf, const float* dout, const float* W, const float* buf, int l,
                      RouterSpan learned, int N, int R, int hd) {
-    size_t layer = (size_t)N * R * hd, w = (size_t)R * (l + 1) * R, f = sizeof(float), buf = (l + 1) * layer * f;
+    size_t layer = (size_t)N * R * hd, w = (size_t)R * (l + 1) * R, f = sizeof(float), bytes = (l + 1) * layer * f;
     Call c{2, strf("router_backward (l=%d, N=%d, R=%d, hd=%d)", l, N, R, hd), {}, {}, {}};
-    c.in(dKr, layer * f).in(dVr, layer * f).in(Wk, w * f).in(Wv, w * f).in(Kbuf, buf).in(Vbuf, buf);
-    c.in(l).in(learned.below).in(learned.from).in(N).in(R).in(hd);
-    c.inout(dWk, w * f).inout(dWv, w * f).inout(dKbuf, buf).inout(dVbuf, buf);  // the gradients are added to
-    run(c, [&] {
-        lab_student_router_backward(dWk, dWv, dKbuf, dVbuf, dKr, dVr, Wk, Wv, Kbuf, Vbuf, l, learned, N, R, hd);
-    });
+    c.in(dout, layer * f).in(W, w * f).in(buf, bytes).in(l).in(N).in(R).in(hd);
+    c.in(learned.below).in(learned.from).in(learned.same_head);  // field by field: the struct's padding is no input
+    c.inout(dW, w * f).inout(dbuf, bytes);  // the gradients are added to
+    run(c, [&] { lab_student_router_backward(dW, dbuf, dout, W, buf, l, learned, N, R, hd); });
 }
+ONE_FUNCTION(router_backward);
 #endif
 
 #if LAB_NUMBER == 3
@@ -204,20 +212,22 @@ static void run_issued_work() {
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) emu::detail::pending_error = e;  // kept for the check's own synchronisation
 }
-STUDENT void lab_student_router_forward_gpu(float*, float*, const float*, const float*, const float*, const float*,
-                                            int, int, int, int, cublasHandle_t);
-void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, const float* Kbuf, const float* Vbuf,
-                        int l, int N, int R, int hd, cublasHandle_t blas) {
+STUDENT decltype(router_forward_gpu) lab_student_router_forward_gpu;
+// Keys and values in one launch. With one router W.k == W.v, one pointer
+// twice (the kernel may tell): that is an input as well. out starts with the
+// last step's numbers, as lab 1's.
+void router_forward_gpu(KvPair out, KvConst W, KvConst buf, int l, int N, int R, int hd, cudaStream_t stream) {
     size_t layer = (size_t)N * R * hd, w = (size_t)R * (l + 1) * R, f = sizeof(float);
     run_issued_work();
     int errors[2] = {0, 0};  // the harness's last and pending errors after the kernel
     char message[256] = {0};
+    bool one = W.k == W.v;
     Call c{3, strf("router_forward_gpu (l=%d, N=%d, R=%d, hd=%d)", l, N, R, hd), {}, {}, {}};
-    c.in(Wk, w * f).in(Wv, w * f).in(Kbuf, (l + 1) * layer * f).in(Vbuf, (l + 1) * layer * f);
-    c.in(l).in(N).in(R).in(hd).out(Kr, layer * f).out(Vr, layer * f);
+    c.in(W.k, w * f).in(W.v, w * f).in(one).in(buf.k, (l + 1) * layer * f).in(buf.v, (l + 1) * layer * f);
+    c.in(l).in(N).in(R).in(hd).inout(out.k, layer * f).inout(out.v, layer * f);
     c.out(errors, sizeof errors).out(message, sizeof message);
     run(c, [&] {
-        lab_student_router_forward_gpu(Kr, Vr, Wk, Wv, Kbuf, Vbuf, l, N, R, hd, blas);
+        lab_student_router_forward_gpu(out, W, buf, l, N, R, hd, stream);
         run_issued_work();
         errors[0] = emu::detail::last_error, errors[1] = emu::detail::pending_error;
         snprintf(message, sizeof message, "%s", emu::detail::message.c_str());
@@ -225,13 +235,13 @@ void router_forward_gpu(float* Kr, float* Vr, const float* Wk, const float* Wv, 
     emu::detail::last_error = (cudaError_t)errors[0], emu::detail::pending_error = (cudaError_t)errors[1];
     if (errors[0] || errors[1]) emu::detail::message = std::string(message, strnlen(message, sizeof message));
 }
+ONE_FUNCTION(router_forward_gpu);
 #endif
 
 #if LAB_NUMBER == 4
-STUDENT AdamWNumbers lab_student_adamw_numbers(const AdamWConfig&, float, int);
-STUDENT void lab_student_adamw_cpu(float*, float*, float*, const float*, size_t, float, float, float,
-                                   const AdamWNumbers&);
-STUDENT float lab_student_clip_scale(float, float);
+STUDENT decltype(adamw_numbers) lab_student_adamw_numbers;
+STUDENT decltype(adamw) lab_student_adamw;
+STUDENT decltype(clip_scale) lab_student_clip_scale;
 AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step) {
     AdamWNumbers nums = {};
     Call c{41, strf("adamw_numbers (factor=%g, step=%d)", factor, step), {}, {}, {}};
@@ -239,13 +249,15 @@ AdamWNumbers adamw_numbers(const AdamWConfig& o, float factor, int step) {
     run(c, [&] { nums = lab_student_adamw_numbers(o, factor, step); });
     return nums;
 }
-void adamw_cpu(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd, float grad_scale,
-               const AdamWNumbers& nums) {
+ONE_FUNCTION(adamw_numbers);
+void adamw(float* p, float* m, float* v, const float* g, size_t n, float lr, float wd, float grad_scale,
+           const AdamWNumbers& nums) {
     size_t f = sizeof(float);
-    Call c{42, strf("adamw_cpu (n=%zu)", n), {}, {}, {}};
+    Call c{42, strf("adamw (n=%zu)", n), {}, {}, {}};
     c.in(g, n * f).in(n).in(lr).in(wd).in(grad_scale).in(nums).inout(p, n * f).inout(m, n * f).inout(v, n * f);
-    run(c, [&] { lab_student_adamw_cpu(p, m, v, g, n, lr, wd, grad_scale, nums); });
+    run(c, [&] { lab_student_adamw(p, m, v, g, n, lr, wd, grad_scale, nums); });
 }
+ONE_FUNCTION(adamw);
 float clip_scale(float norm, float grad_clip) {
     float scale = 0;
     Call c{43, strf("clip_scale (norm=%g, grad_clip=%g)", norm, grad_clip), {}, {}, {}};
@@ -253,4 +265,5 @@ float clip_scale(float norm, float grad_clip) {
     run(c, [&] { scale = lab_student_clip_scale(norm, grad_clip); });
     return scale;
 }
+ONE_FUNCTION(clip_scale);
 #endif

@@ -8,7 +8,7 @@
 
 #include "labs/lab.h"
 
-void router_forward(float*, float*, const float*, const float*, const float*, const float*, int, int, int, int) {
+void router_forward(float*, const float*, const float*, int, int, int, int) {
     static char line[4096];
     for (int i = 0; i < 4095; i++) line[i] = 'x';
     line[4095] = '\n';
