@@ -1819,7 +1819,8 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
         if (!err.empty()) return err;
         gpu_upload(model, A->rope_cos, rope.data(), rope.size());
 #ifdef LIME_GPU
-        model->gpu->router_blas = !router_kernels_fit(c);  // the byte model's choice: the kernels where they fit
+        // the byte model's choice: the kernels where they fit (bench may ask for cuBLAS, to time both)
+        model->gpu->router_blas = settings.router_cublas || !router_kernels_fit(c);
 #endif
         return "";
     }

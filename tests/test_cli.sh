@@ -260,10 +260,10 @@ opens=$(echo "$out" | tr -cd '{' | wc -c); closes=$(echo "$out" | tr -cd '}' | w
 quotes=$(echo "$out" | tr -cd '"' | wc -c)
 num='-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?'
 if [ "$(echo "$out" | wc -l)" -eq 1 ] && [ "$opens" -eq "$closes" ] && [ $((quotes % 2)) -eq 0 ] &&
-    [ "$(echo "$out" | grep -oE "\"ms_per_step\": $num, \"tokens_per_s\": $num" | wc -l)" -eq 3 ] &&
-    [ "$(echo "$out" | grep -oE "\"mfu\": $num, \"model_gb\": null, \"peak_device_gb\": null" | wc -l)" -eq 3 ] &&
+    [ "$(echo "$out" | grep -oE "\"ms_per_step\": $num, \"tokens_per_s\": $num" | wc -l)" -eq 5 ] &&
+    [ "$(echo "$out" | grep -oE "\"mfu\": $num, \"model_gb\": null, \"peak_device_gb\": null" | wc -l)" -eq 5 ] &&
     echo "$out" | grep -oE "\"cpu_peak_gflops\": $num" | awk '{ exit !($2 > 0) }' &&
-    echo "$out" | grep -qE "\"lime_over_llama\": $num, \"hc_over_llama\": $num" &&
+    [ "$(echo "$out" | grep -oE "\"(lime|hc|resformer|denseformer)_over_llama\": $num" | wc -l)" -eq 4 ] &&
     echo "$out" | grep -q '"hc_model": "hc"' && echo "$out" | grep -q '"gpu_absent": "a CPU run'; then
     pass bench_json_on_the_cpu
 else
@@ -280,6 +280,32 @@ if [ -n "$flops" ] && [ -n "$bytes" ] && awk -v f="$flops" -v b="$bytes" 'BEGIN 
     pass bench_json_lime_cost_ratios
 else
     fail bench_json_lime_cost_ratios "flops_lime_over_llama '$flops', bytes_lime_over_llama '$bytes' (want 1 < flops < bytes): $out"
+fi
+
+# --- bench: the peers beside llama, each with its FLOP and byte ratios (ResFormer's first
+# layer keeps its values, DenseFormer its averages: a few more bytes, as many FLOPs); --models
+# picks which run (llama always), and the text names each
+out=$($LIME bench --json --device cpu --layers 2 --dim 8 --heads 2 --ffn 16 --vocab 11 --batch 2 --seq-len 4 \
+      --steps 1 --threads 1 --models resformer,denseformer 2>&1)
+text=$($LIME bench --device cpu --layers 2 --dim 8 --heads 2 --ffn 16 --vocab 11 --batch 2 --seq-len 4 \
+      --steps 1 --threads 1 --models denseformer 2>&1)
+ok=1
+for m in resformer denseformer; do
+    flops=$(echo "$out" | grep -oE "\"flops_${m}_over_llama\": $num" | awk '{ print $2 }')
+    bytes=$(echo "$out" | grep -oE "\"bytes_${m}_over_llama\": $num" | awk '{ print $2 }')
+    [ -n "$flops" ] && [ -n "$bytes" ] && awk -v f="$flops" -v b="$bytes" 'BEGIN { exit !(f >= 1 && b > 1) }' || ok=0
+done
+echo "$out" | grep -q '"lime"\|"hc"' && ok=0
+echo "$text" | grep -q "^  denseformer / llama step time: " && ! echo "$text" | grep -q "^  resformer" || ok=0
+if [ $ok -eq 1 ]; then pass bench_peers_cost_ratios; else fail bench_peers_cost_ratios "$out $text"; fi
+
+# --- bench on a GPU (the harness): lime's router both ways, its kernels against cuBLAS
+if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
+    out=$(./lime-emu bench --json --device gpu --layers 2 --dim 8 --heads 2 --ffn 16 --vocab 11 --batch 2 --seq-len 4 \
+          --steps 1 --models lime 2>&1)
+    if echo "$out" | grep -qE "\"lime_router_cublas_ms_per_step\": $num, \"lime_router_kernels_over_cublas\": $num"; then
+        pass bench_gpu_times_both_router_forms
+    else fail bench_gpu_times_both_router_forms "$out"; fi
 fi
 
 # --- bench --entropy-reg: llama and lime also with the regulariser, each a ratio to itself without

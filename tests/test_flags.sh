@@ -143,6 +143,8 @@ bad verify_tf32               "out of range"       verify --tf32 2 "$PWD/tests/g
 bad bench_steps_zero          "out of range"       bench --steps 0
 bad bench_attention           "auto|matmul|flash"  bench --attention 1 --steps 1
 bad bench_no_memory           "out of memory"      bench --batch 1000000 --steps 1
+bad bench_models_unknown       "not a model bench times" bench --models lime,gpt --steps 1
+bad bench_models_twice        "listed twice"       bench --models hc,hc --steps 1
 bad bench_router_last_zero    "J must be"          bench --router last-0 --steps 1
 bad bench_params_no_memory    "lower --dim"        bench --layers 1 --dim 65536 --heads 2 --ffn 35000 --batch 1 --seq-len 1 --steps 1
 bad bench_vocab_no_memory     "--vocab"            bench --vocab 16777216 --dim 4096 --heads 2 --batch 1 --seq-len 1 --steps 1

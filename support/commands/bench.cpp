@@ -1,6 +1,8 @@
 // support/commands/bench.cpp — `./lime bench`: ms per step and tokens/s of
-// llama, lime and hc of one shape on synthetic tokens, side by side (made
-// together, their steps interleaved: bench_models), with --entropy-reg also
+// llama and the models --models names (lime, hc, resformer, denseformer) of
+// one shape on synthetic tokens, side by side (made together, their steps
+// interleaved: bench_models), each beside its FLOP and byte ratios to llama's
+// (support/model/cost.cpp), with --entropy-reg also
 // llama and lime with the regulariser; MFU, on a GPU against the device's
 // peak (support/lib/gpu_peaks.h), on the CPU against its threads' FMA peak
 // measured between the steps (support/lib/cpu_peak.h); on a GPU also the
@@ -22,7 +24,7 @@
 #include "support/model/names.h"
 
 // ===========================================================================
-// ./lime bench: ms/step and tokens/s of llama and lime on synthetic tokens
+// ./lime bench: ms/step and tokens/s of llama and its peers on synthetic tokens
 // ===========================================================================
 
 
@@ -50,7 +52,10 @@ struct BenchResult {
 
 // One model bench times: its config, and what it measured.
 struct BenchModel {
+    std::string name;  // llama, lime, hc, resformer, denseformer; llama+reg and lime+reg with --entropy-reg;
+                       // on a GPU lime+cublas, lime with its router on cuBLAS rather than its kernels
     Config c;
+    bool router_cublas = false;
     Model model;
     BenchResult r;
     std::vector<double> step_ms;  // each timed step's wall clock
@@ -108,7 +113,9 @@ static void bench_models(const BenchSetup& b, std::vector<BenchModel>* ms, std::
     GpuInfo info;
     for (BenchModel& m : *ms) {  // made one after another, each with two warm-up steps
         double free_before = b.on_gpu && gpu_info(&info) ? (double)info.free_bytes : 0;
-        std::string err = model_create(&m.model, m.c, b.B, b.dev, b.settings);
+        ModelSettings settings = b.settings;
+        settings.router_cublas = m.router_cublas;
+        std::string err = model_create(&m.model, m.c, b.B, b.dev, settings);
         if (!err.empty()) die("bench", err);
         model_init(&m.model, 1);
         for (int i = 0; i < 2; i++) step(m);
@@ -167,23 +174,57 @@ static CostRatio cost_over(const Config& m, const Config& llama, int T) {
     return {flops_per_token(m, T) / flops_per_token(llama, T), bytes_per_token(m, T) / bytes_per_token(llama, T)};
 }
 
-// The shapes bench names: llama (no router), lime (the flags' router) and hc
-// (the flags' --hc-rate and --hc-dynamic, default 4 streams, dynamic); --arch is refused.
-static void bench_configs(const BenchSetup& b, Config* llama, Config* lime, Config* hc) {
-    *llama = *lime = *hc = b.c;
-    model_parse("llama", llama);
-    lime->arch = ARCH_LIME;
-    model_parse("hc", hc);
-    hc->hc_rate = b.c.hc_rate, hc->hc_dynamic = b.c.hc_dynamic;
+// The models bench may time beside llama, the order they print in.
+static const char* const BENCH_PEERS[] = {"lime", "hc", "resformer", "denseformer"};
+
+// The models bench times, of b's shape: llama first (no router), then those --models
+// lists, in BENCH_PEERS' order: lime (the flags' router), hc (the flags' --hc-rate and
+// --hc-dynamic, default 4 streams, dynamic), resformer, denseformer. --arch is refused.
+static std::vector<BenchModel> bench_configs(const BenchSetup& b, const std::vector<std::string>& peers) {
+    std::vector<BenchModel> ms(1);
+    ms[0].name = "llama", ms[0].c = b.c;
+    model_parse("llama", &ms[0].c);
+    for (const char* name : BENCH_PEERS) {
+        if (std::find(peers.begin(), peers.end(), name) == peers.end()) continue;
+        BenchModel m;
+        m.name = name, m.c = b.c;
+        if (m.name == "lime") m.c.arch = ARCH_LIME;  // the router flags stay
+        else model_parse(name, &m.c), m.c.hc_rate = b.c.hc_rate, m.c.hc_dynamic = b.c.hc_dynamic;
+        ms.push_back(m);
+    }
+    return ms;
 }
 
-// --json: one object with the shape, the three models' numbers and their ratios to llama.
+// --models: a comma list of BENCH_PEERS, each once ("" for llama alone).
+static std::string parse_bench_models(const std::string& arg, std::vector<std::string>* peers) {
+    size_t at = 0;
+    while (!arg.empty() && at <= arg.size()) {
+        size_t comma = std::min(arg.find(',', at), arg.size());
+        std::string name = arg.substr(at, comma - at);
+        bool known = false;
+        for (const char* p : BENCH_PEERS) known = known || name == p;
+        if (!known)
+            return "--models: '" + name + "' is not a model bench times beside llama; list some of lime, hc, "
+                   "resformer, denseformer (llama is always timed)";
+        if (std::find(peers->begin(), peers->end(), name) != peers->end())
+            return "--models: " + name + " is listed twice; name each model once";
+        peers->push_back(name);
+        at = comma + 1;
+    }
+    return "";
+}
+
+static const BenchModel* find_model(const std::vector<BenchModel>& ms, const std::string& name) {
+    for (const BenchModel& m : ms)
+        if (m.name == name) return &m;
+    return nullptr;
+}
+
+// --json: one object with the shape, each model's numbers and its ratios to llama.
 // Off a GPU the GPU's numbers (memory) are null and "gpu_absent" says why; a CPU
 // run's MFU is against cpu_peak (GFLOP/s, the median of the rounds' peaks).
 static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>& ms, float reg, double cpu_peak) {
-    const BenchModel &ml = ms[0], &mm = ms[1], &mh = ms[2];
-    const BenchResult &llama = ml.r, &lime = mm.r, &hc = mh.r;
-    const Config &cl = ml.c, &cm = mm.c, &ch = mh.c;
+    const BenchModel& ml = ms[0];  // llama
     const Config& c = b.c;
     Json null_;  // the GPU's numbers off a GPU
     auto one = [&](const BenchResult& r, const Config& rc) {
@@ -200,8 +241,9 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
     shape.add_num("L", c.L).add_num("d", c.d).add_num("H", c.H).add_num("R", c.R).add_num("F", c.F).add_num("V", c.V)
         .add_num("B", b.B).add_num("T", c.T);
     Json s;
-    s.add_str("device", b.dev == DEVICE_GPU ? "gpu" : "cpu").add("shape", shape).add_num("steps", b.steps)
-        .add_str("lime_model", model_name(cm)).add_str("hc_model", model_name(ch));
+    s.add_str("device", b.dev == DEVICE_GPU ? "gpu" : "cpu").add("shape", shape).add_num("steps", b.steps);
+    for (const BenchModel& m : ms)
+        if (m.name != "llama" && m.name.find('+') == std::string::npos) s.add_str(m.name + "_model", model_name(m.c));
     if (b.on_gpu)
         s.add_str("gpu", b.gpu.name).add_num("tf32", b.settings.tf32).add_num("graph", b.settings.graph)
             .add_num("peak_tflops", b.peak_tflops).add_str("peak_source", b.peak.source);
@@ -211,33 +253,43 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
         s.add_str("gpu_absent", "a CPU run: device memory is measured on a GPU only")
             .add_num("threads", cpu_threads()).add_str("cpu_peak_vectors", cpu_fma_kind())
             .add_num("cpu_peak_gflops", cpu_peak);
-    CostRatio lime_cost = cost_over(cm, cl, c.T), hc_cost = cost_over(ch, cl, c.T);
-    s.add("llama", one(llama, cl)).add("lime", one(lime, cm)).add("hc", one(hc, ch))
-        .add_num("lime_over_llama", median_ratio(mm, ml)).add_num("hc_over_llama", median_ratio(mh, ml))
-        .add_num("flops_hc_over_llama", hc_cost.flops).add_num("bytes_hc_over_llama", hc_cost.bytes)
-        .add_num("flops_lime_over_llama", lime_cost.flops).add_num("bytes_lime_over_llama", lime_cost.bytes);
-    if (b.on_gpu)
-        s.add_num("memory_lime_over_llama", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0)
-            .add_num("memory_hc_over_llama", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
-    if (reg > 0)  // --entropy-reg: llama and lime with the regulariser too, against themselves without
-        s.add_num("entropy_reg", reg).add_num("llama_reg_ms_per_step", ms[3].r.ms)
-            .add_num("lime_reg_ms_per_step", ms[4].r.ms).add_num("llama_reg_over_plain", median_ratio(ms[3], ml))
-            .add_num("lime_reg_over_plain", median_ratio(ms[4], mm));
+    for (const BenchModel& m : ms) {
+        if (m.name.find('+') != std::string::npos) continue;  // the regulariser's, below
+        s.add(m.name, one(m.r, m.c));
+        if (m.name == "llama") continue;
+        CostRatio cost = cost_over(m.c, ml.c, c.T);
+        s.add_num(m.name + "_over_llama", median_ratio(m, ml)).add_num("flops_" + m.name + "_over_llama", cost.flops)
+            .add_num("bytes_" + m.name + "_over_llama", cost.bytes);
+        if (b.on_gpu) s.add_num("memory_" + m.name + "_over_llama", ml.r.model_gb > 0 ? m.r.model_gb / ml.r.model_gb : 0);
+    }
+    if (reg > 0) {  // --entropy-reg: llama and lime with the regulariser too, against themselves without
+        s.add_num("entropy_reg", reg);
+        for (const char* name : {"llama", "lime"}) {
+            const BenchModel *plain = find_model(ms, name), *with = find_model(ms, std::string(name) + "+reg");
+            if (!plain || !with) continue;
+            s.add_num(std::string(name) + "_reg_ms_per_step", with->r.ms)
+                .add_num(std::string(name) + "_reg_over_plain", median_ratio(*with, *plain));
+        }
+    }
+    const BenchModel *lime = find_model(ms, "lime"), *blas = find_model(ms, "lime+cublas");
+    if (lime && blas)  // a GPU's lime with its router on cuBLAS: its step against the kernels'
+        s.add_num("lime_router_cublas_ms_per_step", blas->r.ms)
+            .add_num("lime_router_kernels_over_cublas", median_ratio(*lime, *blas));
     printf("%s\n", json_write(s).c_str());
 }
 
-// The table: the setting, one line per model, the ratios lime / llama and hc / llama
-// (medians over the rounds, median_ratio) beside their FLOP and byte ratios (cost_over),
+// The table: the setting, one line per model, each model's step time over llama's
+// (the median over the rounds, median_ratio) beside its FLOP and byte ratios (cost_over),
 // and with --entropy-reg the regulariser's.
 static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>& ms, float reg, double cpu_peak) {
-    const BenchModel &ml = ms[0], &mm = ms[1], &mh = ms[2];
-    const BenchResult &llama = ml.r, &lime = mm.r, &hc = mh.r;
-    const Config &cl = ml.c, &cm = mm.c, &ch = mh.c;
+    const BenchModel& ml = ms[0];  // llama
     const Config& c = b.c;
     bool tf32 = b.settings.tf32;
-    printf("bench %s: L=%d d=%d H=%d R=%d F=%d V=%d B=%d T=%d, %d steps, lime is %s, hc is %s\n",
-           b.dev == DEVICE_GPU ? "gpu" : "cpu", c.L, c.d, c.H, c.R, c.F, c.V, b.B, c.T, b.steps,
-           model_name(cm).c_str(), model_name(ch).c_str());
+    std::string named;  // what lime and hc are, when they run
+    for (const char* name : {"lime", "hc"})
+        if (const BenchModel* m = find_model(ms, name)) named += std::string(", ") + name + " is " + model_name(m->c);
+    printf("bench %s: L=%d d=%d H=%d R=%d F=%d V=%d B=%d T=%d, %d steps%s\n", b.dev == DEVICE_GPU ? "gpu" : "cpu", c.L,
+           c.d, c.H, c.R, c.F, c.V, b.B, c.T, b.steps, named.c_str());
     if (b.on_gpu)
         printf("  %s (sm_%d%d), %s, %s; MFU against %.1f TFLOP/s (%s %s)\n", b.gpu.name.c_str(), b.gpu.major,
                b.gpu.minor, tf32 ? "TF32" : "float32", b.settings.graph ? "CUDA graph" : "plain launches",
@@ -245,33 +297,49 @@ static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>&
     if (b.cpu_peak)
         printf("  %d threads; MFU against their %s FMA peak, %.1f GFLOP/s (measured after each round: the medians)\n",
                cpu_threads(), cpu_fma_kind(), cpu_peak);
-    for (auto [name, r] : {std::make_pair("llama", llama), std::make_pair("lime", lime), std::make_pair("hc", hc)}) {
-        printf("  %-5s  %9.2f ms/step  %10.0f tokens/s", name, r.ms, r.tok_s);
+    for (const BenchModel& m : ms) {
+        if (m.name.find('+') != std::string::npos) continue;  // the regulariser's, below
+        const BenchResult& r = m.r;
+        printf("  %-11s  %9.2f ms/step  %10.0f tokens/s", m.name.c_str(), r.ms, r.tok_s);
         if (b.on_gpu || b.cpu_peak) printf("  MFU %5.1f%%", 100 * r.mfu);
         if (b.on_gpu)
             printf("  memory %.3f GB (model) %.3f GB (device, peak)  %s attention", r.model_gb, r.device_gb,
                    r.attention.c_str());
         printf("\n");
     }
-    CostRatio lime_cost = cost_over(cm, cl, c.T), hc_cost = cost_over(ch, cl, c.T);
-    printf("  lime / llama step time: %.3f (the median of the %d steps' ratios; FLOPs: %.3f, bytes: %.3f)",
-           median_ratio(mm, ml), b.steps, lime_cost.flops, lime_cost.bytes);
-    if (b.on_gpu) printf(", memory: %.3f", llama.model_gb > 0 ? lime.model_gb / llama.model_gb : 0);
-    printf("\n  hc / llama step time: %.3f (FLOPs: %.3f, bytes: %.3f)", median_ratio(mh, ml), hc_cost.flops,
-           hc_cost.bytes);
-    if (b.on_gpu) printf(", memory: %.3f", llama.model_gb > 0 ? hc.model_gb / llama.model_gb : 0);
-    printf("\n");
-    if (reg > 0)
-        printf("  with --entropy-reg %g: llama %.2f ms/step (%+.1f%%), lime %.2f ms/step (%+.1f%%)\n", reg, ms[3].r.ms,
-               100 * (median_ratio(ms[3], ml) - 1), ms[4].r.ms, 100 * (median_ratio(ms[4], mm) - 1));
+    bool first = true;
+    for (const BenchModel& m : ms) {
+        if (m.name == "llama" || m.name.find('+') != std::string::npos) continue;
+        CostRatio cost = cost_over(m.c, ml.c, c.T);
+        printf("  %s / llama step time: %.3f (", m.name.c_str(), median_ratio(m, ml));
+        if (first) printf("the median of the %d steps' ratios; ", b.steps);
+        printf("FLOPs: %.3f, bytes: %.3f)", cost.flops, cost.bytes);
+        if (b.on_gpu) printf(", memory: %.3f", ml.r.model_gb > 0 ? m.r.model_gb / ml.r.model_gb : 0);
+        printf("\n");
+        first = false;
+    }
+    if (reg > 0) {
+        printf("  with --entropy-reg %g:", reg);
+        for (const char* name : {"llama", "lime"}) {
+            const BenchModel *plain = find_model(ms, name), *with = find_model(ms, std::string(name) + "+reg");
+            if (plain && with)
+                printf("%s %s %.2f ms/step (%+.1f%%)", std::string(name) == "llama" ? "" : ",", name, with->r.ms,
+                       100 * (median_ratio(*with, *plain) - 1));
+        }
+        printf("\n");
+    }
+    const BenchModel *lime = find_model(ms, "lime"), *blas = find_model(ms, "lime+cublas");
+    if (lime && blas)
+        printf("  lime's router: its kernels %.2f ms/step (training's choice), cuBLAS %.2f ms/step; kernels / cuBLAS "
+               "%.3f\n", lime->r.ms, blas->r.ms, median_ratio(*lime, *blas));
 }
 
 // The flags of bench, read and checked; on a GPU also its description and peaks.
 static BenchSetup bench_setup(Args& a) {
     BenchSetup b;
     if (a.has("arch"))  // taken from SHAPE_FLAGS, but bench always times both: refused, not ignored
-        die("bench", "--arch: bench times llama, lime and hc side by side, all of this shape; leave --arch out "
-                     "(the router flags shape lime, --hc-rate and --hc-dynamic shape hc)");
+        die("bench", "--arch: bench times llama and the models of --models side by side, all of this shape; leave "
+                     "--arch out and name them in --models (the router flags shape lime, --hc-rate and --hc-dynamic hc)");
     set_threads(a);
     b.dev = pick_device(a);
     b.c = shape_from_args(a, false);
@@ -304,25 +372,39 @@ int cmd_bench(int argc, char** argv) {
         {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
         ATTENTION_FLAG,
         {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
+        {"models", "lime,hc,resformer,denseformer", "the models timed beside llama: some of lime, hc, resformer, "
+                                                    "denseformer, comma-separated"},
         {"json", nullptr, "print one JSON object"},
     }});
-    Args a = parse_args("bench", "Times training steps of llama, lime and hc on synthetic tokens, with MFU (against the "
-                        "GPU's datasheet peak, or the CPU's FMA peak measured as it runs); on the GPU also memory.",
+    Args a = parse_args("bench", "Times training steps of llama and its peers (lime, hc, resformer, denseformer) on "
+                        "synthetic tokens, each beside its FLOP and byte ratios to llama, with MFU (against the GPU's "
+                        "datasheet peak, or the CPU's FMA peak measured as it runs); on the GPU also memory.",
                         flags, argc, argv, false);
+    std::vector<std::string> peers;
+    std::string err = parse_bench_models(a.str("models"), &peers);
+    if (!err.empty()) die("bench", err);
     BenchSetup b = bench_setup(a), plain = b;
     plain.c.entropy_reg = 0;
-    std::vector<BenchModel> ms(3);  // llama, lime, hc; with --entropy-reg L also llama and lime with the regulariser
-    bench_configs(plain, &ms[0].c, &ms[1].c, &ms[2].c);
+    std::vector<BenchModel> ms = bench_configs(plain, peers);
     float reg = b.c.entropy_reg;
-    if (reg > 0) {
-        ms.resize(5);
-        ms[3].c = ms[0].c, ms[4].c = ms[1].c;
-        ms[3].c.entropy_reg = ms[4].c.entropy_reg = reg;
+    if (reg > 0)  // --entropy-reg L: llama and lime also with the regulariser
+        for (const char* name : {"llama", "lime"})
+            if (const BenchModel* m = find_model(ms, name)) {
+                BenchModel with = *m;
+                with.name = std::string(name) + "+reg", with.c.entropy_reg = reg;
+                ms.push_back(with);
+            }
+    // on a GPU lime's router both ways: its kernels (what training uses where they fit) and cuBLAS
+    const BenchModel* lime = find_model(ms, "lime");
+    if (b.dev == DEVICE_GPU && lime && has_router(lime->c, 1)) {
+        BenchModel blas = *lime;
+        blas.name = "lime+cublas", blas.router_cublas = true;
+        ms.push_back(blas);
     }
     // each model_create asks for its own model; bench holds them all at once, so their sum is asked first
     std::vector<Config> all;
     for (const BenchModel& m : ms) all.push_back(m.c);
-    std::string err = models_fit_together(all, b.B, b.dev, b.settings);
+    err = models_fit_together(all, b.B, b.dev, b.settings);
     if (!err.empty()) die("bench", err);
     std::vector<double> cpu_peaks;  // a CPU run's FMA peak after each round, GFLOP/s
     bench_models(plain, &ms, &cpu_peaks);

@@ -174,6 +174,7 @@ struct ModelSettings {
     Attention attention = ATTENTION_AUTO;  // GPU attention kernels
     bool tf32 = true;                      // GPU: TF32 tensor cores for the matrix products
     bool graph = true;                     // GPU: model_train_step replays one captured CUDA graph per batch shape
+    bool router_cublas = false;            // GPU: LIMe's router on cuBLAS even where its kernels fit (bench times both)
     size_t host_bytes = 0;                 // memory the host can give (MemAvailable); 0 = unknown, unchecked
     SizeFlags flags;                       // the command's size flags, for the out-of-memory line
 };
