@@ -130,17 +130,17 @@ CPU_TESTS = tests/test_model.cpp tests/test_export.cpp tests/test_safetensors.cp
 # tests/test_model.cpp includes lime.cu itself, to reach the static ops.
 # Each test file is an object of its own, so that make -j compiles them side by side.
 CPU_TEST_SRC = $(CPU_TESTS) tests/test_main.cpp
-$(addprefix $(B)/test/,$(CPU_TEST_SRC:.cpp=.o)) $(addprefix $(B)/asan/,$(CPU_TEST_SRC:.cpp=.o)): tests/test.h
+$(addprefix $(B)/test/,$(CPU_TEST_SRC:.cpp=.o)) $(addprefix $(B)/asan/,$(CPU_TEST_SRC:.cpp=.o)): tests/test.h tests/test_helpers.h
 $(B)/test/tests/test_model.o $(B)/asan/tests/test_model.o: lime.cu
 $(B)/test_cpu: $(addprefix $(B)/test/,$(CPU_TEST_SRC:.cpp=.o)) $(TEST_OBJ) | $(B) deps
 	$(CXX) $(TESTFLAGS) $^ -o $@
 
 # Every GPU test, twice: kernels on the CPU harness (make test), and natively (make test-gpu).
-$(B)/test_gpu_emu: tests/test_gpu.cpp tests/test_main.cpp tests/test.h support/harness/cuda_on_cpu.h lime.cu $(TEST_OBJ) $(HEADERS) | $(B) deps
+$(B)/test_gpu_emu: tests/test_gpu.cpp tests/test_main.cpp tests/test.h tests/test_helpers.h support/harness/cuda_on_cpu.h lime.cu $(TEST_OBJ) $(HEADERS) | $(B) deps
 	$(CXX) $(TESTFLAGS) -DLIME_EMU tests/test_gpu.cpp tests/test_main.cpp $(TEST_OBJ) -o $@
 
 ifneq ($(NVCC),)
-$(B)/test_gpu_native.o: tests/test_gpu.cpp tests/test.h lime.cu $(HEADERS) | $(B)
+$(B)/test_gpu_native.o: tests/test_gpu.cpp tests/test.h tests/test_helpers.h lime.cu $(HEADERS) | $(B)
 	$(NVCC) $(NVFLAGS) -Itests -x cu -c tests/test_gpu.cpp -o $@
 $(B)/test_gpu_native: $(B)/test_gpu_native.o tests/test_main.cpp $(REL_OBJ) $(HEADERS) | deps
 	$(CXX) $(CXXFLAGS) -Itests tests/test_main.cpp $(REL_OBJ) $(B)/test_gpu_native.o $(LIME_LIBS) -o $@

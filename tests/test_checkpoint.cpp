@@ -15,17 +15,11 @@
 #include "support/model/lime.h"
 #include "support/lib/safetensors.h"
 #include "test.h"
+#include "test_helpers.h"  // tiny_config, FreeOnReturn
 
 namespace {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
-Config tiny_config() {
-    Config c;
-    c.V = 11; c.L = 2; c.d = 8; c.H = 2; c.R = 1; c.hd = 4; c.F = 12; c.T = 6;
-    c.arch = ARCH_LIME;
-    return c;
-}
 
 // A scratch file name, removed with its .tmp by the destructor.
 struct TmpFile {
@@ -63,7 +57,7 @@ struct Saved {
     TmpFile file;
     std::string err;
     Saved() {
-        err = model_create(&model, tiny_config(), 2, DEVICE_CPU);
+        err = model_create(&model, tiny_config(ARCH_LIME, 2, 1), 2, DEVICE_CPU);
         if (!err.empty()) return;
         model_init(&model, 7);
         for (size_t i = 0; i < model.n_params; i++) { model.adam_m[i] = 0.01f * (float)i; model.adam_v[i] = 0.001f; }
@@ -85,7 +79,7 @@ TEST(checkpoint_has_checksum_and_loads) {
     CHECK(it != st.meta.end(), "no \"checksum\" in the metadata");
     CHECK(it->second.size() == 8 + 16 && it->second.rfind("fnv1a64:", 0) == 0, "checksum \"%s\" is not fnv1a64:<16 hex>", it->second.c_str());
     Model m2;
-    CHECK(model_create(&m2, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
+    CHECK(model_create(&m2, tiny_config(ARCH_LIME, 2, 1), 2, DEVICE_CPU).empty(), "model_create");
     err = model_load(&m2, s.file.path, true);
     bool same = err.empty() && m2.step == 3;
     for (size_t i = 0; same && i < m2.n_params; i++)
@@ -112,7 +106,7 @@ TEST(checkpoint_flipped_data_bit_refused) {
         CHECK(contains(err, "checksum does not match") && contains(err, "corrupt"), "byte %zu flipped: checkpoint_read_config says '%s'", off,
               err.c_str());
         Model m2;
-        CHECK(model_create(&m2, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
+        CHECK(model_create(&m2, tiny_config(ARCH_LIME, 2, 1), 2, DEVICE_CPU).empty(), "model_create");
         err = model_load(&m2, s.file.path, false);
         model_free(&m2);
         CHECK(contains(err, "checksum does not match"), "byte %zu flipped: model_load says '%s'", off, err.c_str());
@@ -148,7 +142,7 @@ TEST(checkpoint_without_checksum_loads) {
     std::string err = st_write(plain.path, w);
     CHECK(err.empty(), "st_write: %s", err.c_str());
     Model m2;
-    CHECK(model_create(&m2, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
+    CHECK(model_create(&m2, tiny_config(ARCH_LIME, 2, 1), 2, DEVICE_CPU).empty(), "model_create");
     err = model_load(&m2, plain.path, false);
     model_free(&m2);
     CHECK(err.empty(), "a file without a checksum is refused: %s", err.c_str());
@@ -156,7 +150,7 @@ TEST(checkpoint_without_checksum_loads) {
 
 TEST(first_nonfinite_names_the_tensor) {
     Model model;
-    CHECK(model_create(&model, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
+    CHECK(model_create(&model, tiny_config(ARCH_LIME, 2, 1), 2, DEVICE_CPU).empty(), "model_create");
     model_init(&model, 1);
     std::string clean_grads = model_first_nonfinite(&model, false);
     std::string clean_params = model_first_nonfinite(&model, true);
@@ -184,7 +178,8 @@ TEST(nonfinite_weights_refused_at_load) {
     std::string err = model_save(&s.model, bad.path, {}, true);
     CHECK(err.empty(), "save: %s", err.c_str());
     Model m2;
-    CHECK(model_create(&m2, tiny_config(), 2, DEVICE_CPU).empty(), "model_create");
+    FreeOnReturn guard{&m2};
+    CHECK(model_create(&m2, tiny_config(ARCH_LIME, 2, 1), 2, DEVICE_CPU).empty(), "model_create");
     err = model_load(&m2, bad.path, false);
     CHECK(contains(err, t.name) && contains(err, "NaN or an Inf"), "a NaN in %s: model_load says '%s'", t.name.c_str(),
           err.c_str());
@@ -192,14 +187,13 @@ TEST(nonfinite_weights_refused_at_load) {
     s.model.adam_v[t.offset] = INFINITY;
     CHECK(model_save(&s.model, bad.path, {}, true).empty(), "save");
     err = model_load(&m2, bad.path, true);
-    model_free(&m2);
     CHECK(contains(err, "optim.v." + t.name), "an Inf in the optimiser state: model_load says '%s'", err.c_str());
 }
 
 // checkpoint_check_meta: train's metadata, every field checked, the checksum
 // required; a good set passes and is parsed.
 TEST(checkpoint_meta_checked) {
-    Config c = tiny_config();
+    Config c = tiny_config(ARCH_LIME, 2, 1);
     std::string vocab = "[";
     for (int i = 0; i < c.V; i++) vocab += std::string(i ? ", " : "") + "\"t" + std::to_string(i) + "\"";
     vocab += "]";
@@ -244,7 +238,7 @@ TEST(checkpoint_meta_checked) {
 
 namespace {
 Config hc_config(int n, bool dynamic) {
-    Config c = tiny_config();
+    Config c = tiny_config(ARCH_LIME, 2, 1);
     c.arch = ARCH_HC;
     c.hc_rate = n;
     c.hc_dynamic = dynamic;
@@ -270,6 +264,7 @@ TEST(hc_checkpoint_round_trip) {
     for (bool dynamic : {true, false}) {
         Config c = hc_config(3, dynamic);
         Model m;
+        FreeOnReturn guard{&m};
         CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create");
         model_init(&m, 4);
         for (size_t i = 0; i < m.n_params; i++) m.params[i] += 0.01f * (float)i, m.adam_m[i] = 0.5f, m.adam_v[i] = 0.25f;
@@ -288,7 +283,6 @@ TEST(hc_checkpoint_round_trip) {
         for (size_t i = 0; same && i < m.n_params; i++)
             same = m2.params[i] == m.params[i] && m2.adam_m[i] == m.adam_m[i] && m2.adam_v[i] == m.adam_v[i];
         model_free(&m2);
-        model_free(&m);
         CHECK(err.empty(), "load: %s", err.c_str());
         CHECK(same, "hc (dynamic %d): the loaded weights or optimiser state differ from the saved ones", dynamic);
     }
@@ -298,8 +292,8 @@ TEST(hc_config_json_checked) {
     Config c;
     std::string base = config_to_json(hc_config(2, false));
     CHECK(config_from_json(base, &c).empty() && c.hc_rate == 2 && !c.hc_dynamic, "hc config does not read back: %s", base.c_str());
-    std::string llama = config_to_json(tiny_config());
-    CHECK(!contains(llama, "hc_rate"), "a lime config names hc_rate: %s", llama.c_str());
+    std::string lime = config_to_json(tiny_config(ARCH_LIME, 2, 1));
+    CHECK(!contains(lime, "hc_rate"), "a lime config names hc_rate: %s", lime.c_str());
     struct { std::string from, to, word; } bad[] = {
         {"\"hc_rate\": 2", "\"hc_rate\": 0", "1 .. 16"},
         {"\"hc_rate\": 2", "\"hc_rate\": 2.5", "integer"},
@@ -319,6 +313,7 @@ TEST(hc_config_json_checked) {
 TEST(hc_checkpoint_with_bad_tensors_refused) {
     Config c = hc_config(2, true);
     Model m, other;
+    FreeOnReturn guard{&m, &other};
     CHECK(model_create(&m, c, 2, DEVICE_CPU).empty() && model_create(&other, hc_config(3, true), 2, DEVICE_CPU).empty(), "model_create");
     model_init(&m, 4);
     model_init(&other, 4);
@@ -339,6 +334,4 @@ TEST(hc_checkpoint_with_bad_tensors_refused) {
         CHECK(contains(err, k.word) && contains(err, "hc_rate") && !contains(err, "\n"),
               "want one line naming %s and hc_rate, got '%s'", k.word.c_str(), err.c_str());
     }
-    model_free(&m);
-    model_free(&other);
 }

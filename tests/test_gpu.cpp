@@ -15,6 +15,7 @@
 #include "support/model/names.h"
 #include "support/lib/safetensors.h"
 #include "test.h"
+#include "test_helpers.h"  // randv, randi, tiny_config, FreeOnReturn
 
 #ifndef LIME_GPU
 #error "tests/test_gpu.cpp needs the GPU build: nvcc -x cu, or g++ -DLIME_EMU"
@@ -25,6 +26,11 @@
 static ModelSettings gpu_settings;
 static void use_tf32(bool on) { gpu_settings.tf32 = on; }
 static void use_attention(Attention a) { gpu_settings.attention = a; }
+// The attention kernels `a` until the test (or helper) returns, passed or failed; then auto again.
+struct ScopedAttention {
+    explicit ScopedAttention(Attention a) { use_attention(a); }
+    ~ScopedAttention() { use_attention(ATTENTION_AUTO); }
+};
 
 #define NEED_GPU()                                   \
     do {                                             \
@@ -70,18 +76,6 @@ struct DevBuf {
 };
 typedef DevBuf<float> DevF;
 
-static std::vector<float> randv(size_t n, uint64_t seed, float scale = 1.0f) {
-    Rng r(seed);
-    std::vector<float> v(n);
-    for (float& x : v) x = (float)((2 * r.uniform() - 1) * scale);
-    return v;
-}
-static std::vector<int> randi(size_t n, uint64_t seed, int below) {
-    Rng r(seed);
-    std::vector<int> v(n);
-    for (int& x : v) x = (int)r.below(below);
-    return v;
-}
 static double err_of(const std::vector<float>& got, const std::vector<float>& want) {
     return got.size() == want.size() ? rel_err(got.data(), want.data(), want.size()) : 1e30;
 }
@@ -557,18 +551,11 @@ TEST(gpu_ereg_matches_cpu) {
 // products run in plain float32 (use_tf32(false)); TF32 is the default.
 // ===========================================================================
 
-static Config tiny_config(Arch arch, int H, int R, int T) {
-    Config c;
-    c.V = 13;
-    c.L = 2;
-    c.d = 4 * H;
-    c.H = H;
-    c.R = R;
-    c.hd = 4;
-    c.F = 24;
-    c.T = T;
-    c.arch = arch;
-    return c;
+// The GPU tests' tiny model: tiny_config's heads (d = 4H, hd = 4) in 2 layers, with
+// F = 24 and V = 13 (the shape these tests were written at); small, since on the
+// harness every kernel runs on the CPU.
+static Config tiny_gpu_config(Arch arch, int H, int R, int T) {
+    return tiny_config(arch, H, R, T, /*L=*/2, /*F=*/24, /*V=*/13);
 }
 
 struct RandomBatch {
@@ -588,8 +575,9 @@ static RandomBatch make_batch(int B, int T, int V, uint64_t seed) {
 TEST(gpu_adamw_and_grad_norm_match_cpu) {
     NEED_GPU();
     use_tf32(false);
-    Config c = tiny_config(ARCH_LIME, 4, 2, 7);
+    Config c = tiny_gpu_config(ARCH_LIME, 4, 2, 7);
     Model cpu, gpu;
+    FreeOnReturn guard{&cpu, &gpu};
     CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU, gpu_settings).empty(), "model_create failed");
     model_init(&cpu, 3);
     model_init(&gpu, 3);
@@ -610,8 +598,6 @@ TEST(gpu_adamw_and_grad_norm_match_cpu) {
             CHECK(e < TOL_BWD && em < TOL_BWD && ev < TOL_BWD, "step %d %s: params %.2e, m %.2e, v %.2e", step + 1, t.name.c_str(), e, em, ev);
         }
     }
-    model_free(&cpu);
-    model_free(&gpu);
 }
 
 static std::string fmt_err(double e) {
@@ -663,8 +649,9 @@ static std::string golden_on_gpu(const std::string& path, bool tf32, std::string
     };
     use_tf32(tf32);
     Model m;
+    FreeOnReturn guard{&m};
     if (!(err = model_create(&m, c, B, DEVICE_GPU, gpu_settings)).empty()) return err;
-    if (!(err = model_load(&m, path, false)).empty()) { model_free(&m); return err; }
+    if (!(err = model_load(&m, path, false)).empty()) return err;
     float got_losses[3];
     got_losses[0] = model_forward(&m, tokens.data(), targets.data(), mask.data(), B, T, vp);
     check("logits", model_logits(&m), "expect.logits", (size_t)B * T * c.V, tol_fwd);
@@ -691,7 +678,6 @@ static std::string golden_on_gpu(const std::string& path, bool tf32, std::string
     std::vector<float> want(losses);
     double e = rel_err(got_losses, want.data(), 3);
     if (!(e < tol_fwd)) fails += " losses" + fmt_err(e);
-    model_free(&m);
     use_tf32(true);
     return fails.empty() ? "" : path + ":" + fails;
 }
@@ -721,25 +707,23 @@ TEST(gpu_matches_reference_vectors_tf32) {
 
 TEST(gpu_flash_matches_reference_vectors_float32) {
     NEED_GPU();
-    use_attention(ATTENTION_FLASH);
+    ScopedAttention flash(ATTENTION_FLASH);
     for (const char* path : GOLDEN) {
         std::string worst, err = golden_on_gpu(path, false, &worst);
         CHECK(err.empty(), "%s (flash attention)", err.c_str());
     }
-    use_attention(ATTENTION_AUTO);
 }
 
 // Flash attention on the tensor cores (TF32 operands): every reference file at
 // TF32's tolerance (HC's gradients, sums that nearly cancel, 3e-2).
 TEST(gpu_flash_tensor_cores_match_reference_vectors_tf32) {
     NEED_GPU();
-    use_attention(ATTENTION_FLASH);
+    ScopedAttention flash(ATTENTION_FLASH);
     for (const char* path : GOLDEN) {
         bool hc = strstr(path, "/hc_") != nullptr;
         std::string worst, err = golden_on_gpu(path, true, &worst, hc ? 3e-2 : 1e-2);
         CHECK(err.empty(), "%s (flash attention, tensor cores)", err.c_str());
     }
-    use_attention(ATTENTION_AUTO);
 }
 
 // Trains two models, one per device (or both on the GPU, with and without
@@ -754,6 +738,7 @@ static TrainedRun train_steps(Config c, Device dev, bool graph, int steps, uint6
     TrainedRun r;  // the caller picks the math mode (use_tf32)
     int B = 3;
     Model m;
+    FreeOnReturn guard{&m};
     ModelSettings settings = gpu_settings;
     settings.graph = graph;
     std::string err = model_create(&m, c, B, dev, settings);
@@ -772,7 +757,6 @@ static TrainedRun train_steps(Config c, Device dev, bool graph, int steps, uint6
     }
     model_to_host(&m);
     r.params.assign(m.params, m.params + 4 * m.n_params);  // params, grads, m, v
-    model_free(&m);
     return r;
 }
 
@@ -789,11 +773,13 @@ static void check_gpu_trains_like_cpu(Config c) {
     double e = rel_err(gpu.params.data(), cpu.params.data(), n);
     CHECK(e < TOL_BWD, "%s: parameters after 4 steps, rel err %.2e", model_name(c).c_str(), e);
 }
-static void check_gpu_trains_like_cpu(Arch arch, int H, int R) { check_gpu_trains_like_cpu(tiny_config(arch, H, R, 9)); }
+static void check_gpu_trains_like_cpu(Arch arch, int H, int R) {
+    check_gpu_trains_like_cpu(tiny_gpu_config(arch, H, R, 9));
+}
 TEST(gpu_training_steps_match_cpu_lime_gqa) { NEED_GPU(); use_tf32(false); check_gpu_trains_like_cpu(ARCH_LIME, 4, 2); }
 TEST(gpu_training_steps_match_cpu_llama) { NEED_GPU(); use_tf32(false); check_gpu_trains_like_cpu(ARCH_LLAMA, 2, 2); }
 static Config hc_config(int n, bool dynamic, int H, int R) {
-    Config c = tiny_config(ARCH_HC, H, R, 9);
+    Config c = tiny_gpu_config(ARCH_HC, H, R, 9);
     c.hc_rate = n;
     c.hc_dynamic = dynamic;
     return c;
@@ -803,14 +789,15 @@ TEST(gpu_training_steps_match_cpu_hc_static) { NEED_GPU(); use_tf32(false); chec
 // The whole model with flash attention, over more than one tile of positions.
 static void check_flash_trains_like_cpu(Arch arch, int H, int R, int T) {
     use_tf32(false);
-    use_attention(ATTENTION_FLASH);
-    Config c = tiny_config(arch, H, R, T);
+    ScopedAttention flash(ATTENTION_FLASH);
+    Config c = tiny_gpu_config(arch, H, R, T);
     Model probe;
     std::string err = model_create(&probe, c, 3, DEVICE_GPU, gpu_settings);
-    CHECK(err.empty() && std::string(model_attention_name(&probe)) == "flash", "'%s', %s attention", err.c_str(), model_attention_name(&probe));
-    model_free(&probe);
+    std::string attention = model_attention_name(&probe);
+    model_free(&probe);  // before the training below, which makes its own models
+    CHECK(err.empty(), "model_create: '%s'", err.c_str());
+    CHECK(attention == "flash", "%s attention, want flash", attention.c_str());
     check_gpu_trains_like_cpu(c);
-    use_attention(ATTENTION_AUTO);
 }
 TEST(gpu_flash_training_steps_match_cpu_lime_gqa) { NEED_GPU(); check_flash_trains_like_cpu(ARCH_LIME, 4, 2, 70); }
 TEST(gpu_flash_training_steps_match_cpu_llama) { NEED_GPU(); check_flash_trains_like_cpu(ARCH_LLAMA, 2, 2, 9); }
@@ -819,7 +806,7 @@ TEST(gpu_training_steps_match_cpu_ereg) {
     NEED_GPU();
     use_tf32(false);
     for (Arch arch : {ARCH_LLAMA, ARCH_LIME}) {
-        Config c = tiny_config(arch, 4, 2, 9);
+        Config c = tiny_gpu_config(arch, 4, 2, 9);
         c.entropy_reg = 0.5f;
         check_gpu_trains_like_cpu(c);
     }
@@ -828,7 +815,7 @@ TEST(gpu_training_steps_match_cpu_ereg) {
 TEST(gpu_training_steps_match_cpu_lime_last2_separate_kv) {
     NEED_GPU();
     use_tf32(false);
-    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    Config c = tiny_gpu_config(ARCH_LIME, 4, 2, 9);
     c.L = 3;
     CHECK(model_parse("lime:last-2:separate", &c), "model_parse failed");
     check_gpu_trains_like_cpu(c);
@@ -842,13 +829,17 @@ static void check_graph_equals_plain(const Config& c) {
     CHECK(same_bits(graph.norms.data(), plain.norms.data(), 4), "gradient norms differ");
     CHECK(same_bits(graph.params.data(), plain.params.data(), graph.params.size()), "parameters or optimiser state differ");
 }
-TEST(gpu_graph_replay_equals_plain_launches) { NEED_GPU(); use_tf32(false); check_graph_equals_plain(tiny_config(ARCH_LIME, 4, 2, 9)); }
+TEST(gpu_graph_replay_equals_plain_launches) {
+    NEED_GPU();
+    use_tf32(false);
+    check_graph_equals_plain(tiny_gpu_config(ARCH_LIME, 4, 2, 9));
+}
 TEST(gpu_hc_graph_replay_equals_plain_launches) { NEED_GPU(); use_tf32(false); check_graph_equals_plain(hc_config(2, true, 4, 2)); }
 
 TEST(gpu_same_seed_gives_bit_identical_losses) {
     NEED_GPU();
     use_tf32(false);
-    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    Config c = tiny_gpu_config(ARCH_LIME, 4, 2, 9);
     TrainedRun a = train_steps(c, DEVICE_GPU, true, 3, 11);
 #ifdef LIME_EMU
     emu::set_order(emu::RANDOM, 12345);  // the threads of every block in another order: same bits still
@@ -903,7 +894,7 @@ static void poison_scratch(Model& m) {
 }
 static void check_steps_across_schedules(Attention attention, Config c) {
     use_tf32(false);
-    use_attention(attention);
+    ScopedAttention scoped(attention);
     TrainedRun want;
     for (const StepOrder& s : STEP_ORDERS) {
         set_step_order(s);
@@ -923,16 +914,21 @@ static void check_steps_across_schedules(Attention attention, Config c) {
             CHECK(same_bits(got.params.data() + p * n, want.params.data() + p * n, n), "%s: %s differ after 3 steps", name,
                   part[p]);
     }
-    use_attention(ATTENTION_AUTO);
 }
-TEST(gpu_three_steps_bit_identical_across_schedules_matmul) { NEED_GPU(); check_steps_across_schedules(ATTENTION_MATMUL, tiny_config(ARCH_LIME, 4, 2, 9)); }
-TEST(gpu_three_steps_bit_identical_across_schedules_flash) { NEED_GPU(); check_steps_across_schedules(ATTENTION_FLASH, tiny_config(ARCH_LIME, 4, 2, 9)); }
+TEST(gpu_three_steps_bit_identical_across_schedules_matmul) {
+    NEED_GPU();
+    check_steps_across_schedules(ATTENTION_MATMUL, tiny_gpu_config(ARCH_LIME, 4, 2, 9));
+}
+TEST(gpu_three_steps_bit_identical_across_schedules_flash) {
+    NEED_GPU();
+    check_steps_across_schedules(ATTENTION_FLASH, tiny_gpu_config(ARCH_LIME, 4, 2, 9));
+}
 // HC's weight gradients (chunked partial sums) and warp sums: the same bits in every order too.
 TEST(gpu_hc_three_steps_bit_identical_across_schedules) { NEED_GPU(); check_steps_across_schedules(ATTENTION_MATMUL, hc_config(3, true, 4, 2)); }
 
 // The study's peers and the cross-head ablation: the same bits in every order too.
 static Config peer_config(const char* model) {
-    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    Config c = tiny_gpu_config(ARCH_LIME, 4, 2, 9);
     c.L = 3;  // last-2 then leaves a layer out
     model_parse(model, &c);
     return c;
@@ -967,8 +963,8 @@ TEST(gpu_router_kernels_and_cublas_train_alike) {
     NEED_GPU();
     use_tf32(false);
     auto blas = [](Model& m) { m.gpu->router_blas = true; };
-    TrainedRun kernels = train_steps(tiny_config(ARCH_LIME, 4, 2, 9), DEVICE_GPU, false, 2, 21);
-    TrainedRun cublas = train_steps(tiny_config(ARCH_LIME, 4, 2, 9), DEVICE_GPU, false, 2, 21, false, blas);
+    TrainedRun kernels = train_steps(tiny_gpu_config(ARCH_LIME, 4, 2, 9), DEVICE_GPU, false, 2, 21);
+    TrainedRun cublas = train_steps(tiny_gpu_config(ARCH_LIME, 4, 2, 9), DEVICE_GPU, false, 2, 21, false, blas);
     CHECK(kernels.losses.size() == 2 && cublas.losses.size() == 2, "training did not run");
     for (int k = 0; k < 2; k++)
         CHECK(std::fabs(kernels.losses[k] - cublas.losses[k]) < 1e-5f * std::fabs(cublas.losses[k]),
@@ -982,10 +978,11 @@ TEST(gpu_router_kernels_and_cublas_train_alike) {
 // 1,760 with a product per kv head and an AdamW launch per run of tensors;
 // docs/gpu.md has the aims, 150, 170, 240 and 400, and what stands between).
 static size_t step_nodes(const char* model, int L, int d, int H, int R) {
-    Config c = tiny_config(ARCH_LIME, H, R, 9);
+    Config c = tiny_gpu_config(ARCH_LIME, H, R, 9);
     model_parse(model, &c);
     c.L = L, c.d = d, c.hd = d / H, c.F = 3 * d;
     Model m;
+    FreeOnReturn guard{&m};
     ModelSettings settings = gpu_settings;
     if (!model_create(&m, c, 2, DEVICE_GPU, settings).empty()) return 0;
     model_init(&m, 1);
@@ -994,7 +991,6 @@ static size_t step_nodes(const char* model, int L, int d, int H, int R) {
     AdamWConfig opt;
     for (int s = 0; s < 2; s++) model_train_step(&m, tokens.data(), targets.data(), mask.data(), 2, c.T, opt, 1.0f);
     size_t n = model_graph_nodes(&m);
-    model_free(&m);
     return n;
 }
 TEST(gpu_step_nodes_within_their_targets) {
@@ -1014,8 +1010,9 @@ TEST(gpu_step_nodes_within_their_targets) {
 TEST(gpu_forward_without_targets_gives_cpu_logits) {
     NEED_GPU();
     use_tf32(false);
-    Config c = tiny_config(ARCH_LIME, 4, 1, 8);
+    Config c = tiny_gpu_config(ARCH_LIME, 4, 1, 8);
     Model cpu, gpu;
+    FreeOnReturn guard{&cpu, &gpu};
     CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU, gpu_settings).empty(), "model_create failed");
     model_init(&cpu, 2);
     model_init(&gpu, 2);
@@ -1024,8 +1021,6 @@ TEST(gpu_forward_without_targets_gives_cpu_logits) {
     double e = rel_err(model_logits(&gpu), model_logits(&cpu), (size_t)2 * 5 * c.V);
     CHECK(l1 == 0 && l2 == 0, "loss without targets: %g, %g", l1, l2);
     CHECK(e < TOL_FWD, "logits: rel err %.2e", e);
-    model_free(&cpu);
-    model_free(&gpu);
 }
 
 // model_train_step does not wait for the device; a probe right after it must
@@ -1034,8 +1029,9 @@ TEST(gpu_forward_without_targets_gives_cpu_logits) {
 TEST(gpu_probe_right_after_a_train_step_reads_that_step) {
     NEED_GPU();
     use_tf32(false);
-    Config c = tiny_config(ARCH_LIME, 4, 2, 8);
+    Config c = tiny_gpu_config(ARCH_LIME, 4, 2, 8);
     Model cpu, gpu;
+    FreeOnReturn guard{&cpu, &gpu};
     CHECK(model_create(&cpu, c, 2, DEVICE_CPU).empty() && model_create(&gpu, c, 2, DEVICE_GPU, gpu_settings).empty(), "model_create failed");
     model_init(&cpu, 4);
     model_init(&gpu, 4);
@@ -1052,15 +1048,14 @@ TEST(gpu_probe_right_after_a_train_step_reads_that_step) {
         double e = rel_err(got, want.data(), n);
         CHECK(e < TOL_FWD, "%s of layer 1 right after model_train_step: rel err %.2e (first value %g, cpu %g)", names[k], e, got[0], want[0]);
     }
-    model_free(&cpu);
-    model_free(&gpu);
 }
 
 TEST(gpu_checkpoints_load_on_either_device) {
     NEED_GPU();
     use_tf32(false);
-    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    Config c = tiny_gpu_config(ARCH_LIME, 4, 2, 9);
     Model gpu, cpu, back;
+    FreeOnReturn guard{&gpu, &cpu, &back};
     CHECK(model_create(&gpu, c, 3, DEVICE_GPU, gpu_settings).empty() && model_create(&cpu, c, 3, DEVICE_CPU).empty() &&
               model_create(&back, c, 3, DEVICE_GPU, gpu_settings).empty(),
           "model_create failed");
@@ -1085,15 +1080,13 @@ TEST(gpu_checkpoints_load_on_either_device) {
     model_metrics(&back, &l2, &n2);
     CHECK(std::fabs(l1 - l2) < 1e-4f * l1, "loss after resuming: %g (cpu) vs %g (gpu)", l1, l2);
     remove(path.c_str());
-    model_free(&gpu);
-    model_free(&cpu);
-    model_free(&back);
 }
 
 TEST(gpu_too_big_a_batch_is_refused_with_the_sizes) {
     NEED_GPU();
-    Config c = tiny_config(ARCH_LLAMA, 4, 4, 1024);
+    Config c = tiny_gpu_config(ARCH_LLAMA, 4, 4, 1024);
     Model m;
+    FreeOnReturn guard{&m};
     use_attention(ATTENTION_MATMUL);
     std::string err = model_create(&m, c, 8192, DEVICE_GPU, gpu_settings);  // attention probabilities alone: ~275 GB
     use_attention(ATTENTION_AUTO);
@@ -1101,7 +1094,6 @@ TEST(gpu_too_big_a_batch_is_refused_with_the_sizes) {
               err.find("; lower --") != std::string::npos && err.find("--batch") != std::string::npos &&
               err.find("--seq-len") != std::string::npos,
           "unexpected answer: '%s'", err.c_str());
-    model_free(&m);
 }
 
 // --attention auto: the matrix products while their (B, H, T, T) probabilities fit, flash beyond.
@@ -1109,20 +1101,19 @@ TEST(gpu_auto_attention_turns_to_flash_when_the_probabilities_do_not_fit) {
     NEED_GPU();
     GpuInfo gi;
     CHECK(gpu_info(&gi), "gpu_info failed");
-    Config c = tiny_config(ARCH_LIME, 4, 4, 8192);
+    Config c = tiny_gpu_config(ARCH_LIME, 4, 4, 8192);
     double per_sequence = (double)c.L * c.H * c.T * c.T * sizeof(float);  // probabilities: 2.1 GB per sequence
     int B = (int)(1.5 * gi.free_bytes / per_sequence) + 1;
     use_attention(ATTENTION_AUTO);
     Model small, big;
-    std::string e1 = model_create(&small, tiny_config(ARCH_LIME, 4, 2, 9), 2, DEVICE_GPU, gpu_settings);
+    FreeOnReturn guard{&small, &big};
+    std::string e1 = model_create(&small, tiny_gpu_config(ARCH_LIME, 4, 2, 9), 2, DEVICE_GPU, gpu_settings);
     std::string e2 = model_create(&big, c, B, DEVICE_GPU, gpu_settings);
     CHECK(e1.empty() && std::string(model_attention_name(&small)) == "matmul", "small model: '%s', %s attention", e1.c_str(),
           model_attention_name(&small));
     CHECK(e2.empty(), "B=%d T=%d: '%s'", B, c.T, e2.c_str());
     CHECK(std::string(model_attention_name(&big)).rfind("flash", 0) == 0, "B=%d T=%d: %s attention, want flash", B, c.T,
           model_attention_name(&big));
-    model_free(&small);
-    model_free(&big);
 }
 // ... and at T >= 1024 under TF32 the tensor cores' flash, ahead of the products by the cost model;
 // with float32 products (--tf32 0) the matrix products again.
@@ -1133,18 +1124,18 @@ TEST(gpu_auto_attention_takes_the_tensor_cores_at_long_sequences) {
         ModelSettings settings = gpu_settings;
         settings.tf32 = tf32;
         Model m;
-        std::string err = model_create(&m, tiny_config(ARCH_LLAMA, 4, 2, 1024), 1, DEVICE_GPU, settings);
+        FreeOnReturn guard{&m};
+        std::string err = model_create(&m, tiny_gpu_config(ARCH_LLAMA, 4, 2, 1024), 1, DEVICE_GPU, settings);
         std::string want = tf32 ? "flash (tensor cores)" : "matmul";
         CHECK(err.empty(), "T=1024: '%s'", err.c_str());
         CHECK(model_attention_name(&m) == want, "T=1024, tf32 %d: %s attention, want %s", tf32,
               model_attention_name(&m), want.c_str());
-        model_free(&m);
     }
 }
 
 TEST(gpu_flash_attention_refuses_head_dims_over_128) {
     NEED_GPU();
-    Config c = tiny_config(ARCH_LIME, 1, 1, 9);
+    Config c = tiny_gpu_config(ARCH_LIME, 1, 1, 9);
     c.hd = 136;
     c.d = 136;
     use_attention(ATTENTION_FLASH);
@@ -1157,7 +1148,7 @@ TEST(gpu_flash_attention_refuses_head_dims_over_128) {
 
 TEST(gpu_tf32_switch_changes_the_products_only_slightly) {
     NEED_GPU();
-    Config c = tiny_config(ARCH_LIME, 4, 2, 9);
+    Config c = tiny_gpu_config(ARCH_LIME, 4, 2, 9);
     use_tf32(false);
     TrainedRun exact = train_steps(c, DEVICE_GPU, true, 2, 3);
     use_tf32(true);
@@ -1177,7 +1168,7 @@ TEST(gpu_absent_device_is_reported_clearly) {
     std::string why;
     bool ok = gpu_available(&why);
     Model m;
-    std::string err = model_create(&m, tiny_config(ARCH_LIME, 4, 2, 9), 2, DEVICE_GPU, gpu_settings);
+    std::string err = model_create(&m, tiny_gpu_config(ARCH_LIME, 4, 2, 9), 2, DEVICE_GPU, gpu_settings);
     model_free(&m);
     unsetenv("LIME_EMU_NO_DEVICE");
     CHECK(!ok, "gpu_available said yes with no device");

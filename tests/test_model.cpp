@@ -13,14 +13,7 @@
 #include "support/lib/cli.h"  // memory_available
 #include "support/model/names.h"  // model_parse
 #include "test.h"
-
-// Random values in [-scale, scale], the same for the same seed.
-static std::vector<float> randv(size_t n, uint64_t seed, float scale = 1.0f) {
-    Rng r(seed);
-    std::vector<float> v(n);
-    for (float& x : v) x = (float)((2 * r.uniform() - 1) * scale);
-    return v;
-}
+#include "test_helpers.h"  // randv, tiny_config, FreeOnReturn
 
 static double dot(const std::vector<float>& a, const std::vector<float>& b) {
     double s = 0;
@@ -394,9 +387,9 @@ static std::string in_child(const std::function<void()>& fn, int* status) {
 
 // stage() checks every token id and target once, before any op indexes with them.
 TEST(a_token_id_outside_the_vocabulary_stops_the_step_with_one_line) {
-    Config c;
-    c.V = 11; c.L = 2; c.d = 8; c.H = 2; c.R = 2; c.hd = 4; c.F = 12; c.T = 6;
+    Config c = tiny_config(ARCH_LIME, 2, 2);
     Model m;
+    FreeOnReturn guard{&m};
     CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
     model_init(&m, 1);
     std::vector<int> tokens = {1, 2, 3, 11, 4, 5}, targets = {2, 3, 4, 5, -1, 6};
@@ -412,17 +405,9 @@ TEST(a_token_id_outside_the_vocabulary_stops_the_step_with_one_line) {
         CHECK(err.rfind(k.want, 0) == 0 && std::count(err.begin(), err.end(), '\n') == 1,
               "%s: stderr is not the one line \"%s ...\": %s", k.what, k.want, err.c_str());
     }
-    model_free(&m);
 }
 // ---------------------------------------------------------------------------
 // The whole model
-
-static Config tiny_config(Arch arch, int H, int R) {
-    Config c;
-    c.arch = arch;
-    c.V = 11; c.L = 3; c.d = 8 * H / 2; c.H = H; c.R = R; c.hd = c.d / H; c.F = 12; c.T = 6;
-    return c;
-}
 
 struct TinyBatch {
     int B = 2, T = 6;
@@ -456,6 +441,7 @@ static int layer_of(const std::string& name) { return atoi(name.c_str() + strlen
 // (average mixes each key in at 1/(l+1)) drown in float32 rounding.
 static void check_model_gradients(const Config& c, float spread = 0.05f) {
     Model m;
+    FreeOnReturn guard{&m};
     std::string err = model_create(&m, c, 2, DEVICE_CPU);
     CHECK(err.empty(), "model_create: %s", err.c_str());
     model_init(&m, 5);
@@ -493,7 +479,6 @@ static void check_model_gradients(const Config& c, float spread = 0.05f) {
         for (size_t i = 0; i < t.numel; i++)
             CHECK(on[i] || g[i] == 0, "%s: fixed weight %zu of %s has gradient %g", name.c_str(), i, t.name.c_str(), g[i]);
     }
-    model_free(&m);
 }
 static void check_model_gradients(Arch arch, int H, int R) { check_model_gradients(tiny_config(arch, H, R)); }
 // A lime config with a router variant (and 4 layers, where first-1 and last-1 differ from static).
@@ -519,6 +504,7 @@ TEST(router_variant_gradients_equal_static_on_learned_weights) {
     for (const char* model : {"lime:average", "lime:last-1", "lime:first-1", "lime:last-2"}) {
         Config c = variant_config(model, 4, 2), s = variant_config("lime", 4, 2);
         Model v, st;
+        FreeOnReturn guard{&v, &st};
         CHECK(model_create(&v, c, 2, DEVICE_CPU).empty() && model_create(&st, s, 2, DEVICE_CPU).empty(), "model_create failed");
         model_init(&v, 6);
         for (size_t i = 0; i < v.n_params; i++) v.params[i] += 0.05f * (float)std::sin(0.9 * i);
@@ -536,8 +522,6 @@ TEST(router_variant_gradients_equal_static_on_learned_weights) {
                 CHECK(v.grads[t.offset + i] == want, "%s: gradient %zu of %s is %g, want %g", model, i, t.name.c_str(), v.grads[t.offset + i], want);
             }
         }
-        model_free(&v);
-        model_free(&st);
     }
 }
 
@@ -569,6 +553,7 @@ TEST(mix_backward_matches_finite_differences) {
 static void check_equals_llama(Arch arch, const std::function<void(Model&)>& set) {
     Config cl = tiny_config(ARCH_LLAMA, 4, 2), cs = tiny_config(arch, 4, 2);
     Model llama, peer;
+    FreeOnReturn guard{&llama, &peer};
     CHECK(model_create(&llama, cl, 2, DEVICE_CPU).empty(), "model_create llama failed");
     CHECK(model_create(&peer, cs, 2, DEVICE_CPU).empty(), "model_create %s failed", arch_name(arch));
     model_init(&llama, 3);
@@ -588,8 +573,6 @@ static void check_equals_llama(Arch arch, const std::function<void(Model&)>& set
             if (u.name == t.name)
                 CHECK(memcmp(llama.grads + t.offset, peer.grads + u.offset, t.numel * sizeof(float)) == 0,
                       "%s gradient of %s differs from llama's", arch_name(arch), t.name.c_str());
-    model_free(&llama);
-    model_free(&peer);
 }
 TEST(resformer_with_value_residual_1_0_equals_llama) {
     check_equals_llama(ARCH_RESFORMER, [](Model& m) {
@@ -604,6 +587,7 @@ TEST(denseformer_at_initialisation_equals_llama) { check_equals_llama(ARCH_DENSE
 TEST(same_head_router_keeps_cross_head_weights_at_zero) {
     Config c = variant_config("lime:same-head", 4, 2);
     Model m;
+    FreeOnReturn guard{&m};
     CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create failed");
     model_init(&m, 4);
     std::vector<float> init(m.params, m.params + m.n_params);
@@ -622,12 +606,12 @@ TEST(same_head_router_keeps_cross_head_weights_at_zero) {
         }
     }
     CHECK(moved > 0, "no same-head router weight moved in 5 steps");
-    model_free(&m);
 }
 
 TEST(lime_with_identity_routers_equals_llama) {
     Config cl = tiny_config(ARCH_LLAMA, 4, 2), cm = tiny_config(ARCH_LIME, 4, 2);
     Model llama, lime;
+    FreeOnReturn guard{&llama, &lime};
     CHECK(model_create(&llama, cl, 2, DEVICE_CPU).empty() && model_create(&lime, cm, 2, DEVICE_CPU).empty(), "model_create failed");
     model_init(&llama, 3);
     model_init(&lime, 3);  // same seed: every shared tensor gets the same values
@@ -653,8 +637,6 @@ TEST(lime_with_identity_routers_equals_llama) {
         double eg = rel_err(lime.grads + u->offset, llama.grads + t.offset, t.numel);
         CHECK(eg < 1e-6, "lime [0|I] gradient of %s differs from llama's: rel err %.2e", t.name.c_str(), eg);
     }
-    model_free(&llama);
-    model_free(&lime);
 }
 
 // ---------------------------------------------------------------------------
@@ -756,6 +738,7 @@ TEST(hc_rate1_model_gradients_match_finite_differences) { check_model_gradients(
 // name), the gradient: all bit for bit. a and b are initialised with one seed.
 static void check_same_model(const Config& ca, const Config& cb, const char* what) {
     Model a, b;
+    FreeOnReturn guard{&a, &b};
     CHECK(model_create(&a, ca, 2, DEVICE_CPU).empty() && model_create(&b, cb, 2, DEVICE_CPU).empty(), "model_create failed");
     model_init(&a, 3);
     model_init(&b, 3);
@@ -775,8 +758,6 @@ static void check_same_model(const Config& ca, const Config& cb, const char* wha
         CHECK(memcmp(a.grads + u->offset, b.grads + t.offset, t.numel * sizeof(float)) == 0,
               "%s: the gradient of %s differs (rel err %.2e)", what, t.name.c_str(), rel_err(a.grads + u->offset, b.grads + t.offset, t.numel));
     }
-    model_free(&a);
-    model_free(&b);
 }
 TEST(hc_rate1_static_at_init_equals_llama_bit_for_bit) {
     check_same_model(hc_config(1, false, 4, 2), tiny_config(ARCH_LLAMA, 4, 2), "hc n=1 static vs llama");
@@ -788,6 +769,7 @@ TEST(hc_dynamic_at_init_equals_static_bit_for_bit) {
 TEST(hc_init_is_the_authors) {
     Config c = hc_config(2, true, 2, 2);
     Model m;
+    FreeOnReturn guard{&m};
     CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
     model_init(&m, 9);
     CHECK(m.p.hc.size() == (size_t)2 * c.L, "%zu HC sublayers, want 2L = %d", m.p.hc.size(), 2 * c.L);
@@ -809,7 +791,6 @@ TEST(hc_init_is_the_authors) {
         bool hc = t.name.find(".hc_") != std::string::npos, dyn = t.name.find(".dynamic_") != std::string::npos;
         if (hc) CHECK(t.group == (dyn ? GROUP_MATRIX : GROUP_EMBED_GAIN), "%s is in AdamW group %d", t.name.c_str(), (int)t.group);
     }
-    model_free(&m);
 }
 
 // The memory estimate (memory_needed, from acts_carve) holds HC's n streams:
@@ -832,6 +813,7 @@ TEST(hc_memory_estimate_counts_the_streams) {
 TEST(router_init_is_uniform_with_identity_block) {
     Config c = tiny_config(ARCH_LIME, 4, 2);
     Model m;
+    FreeOnReturn guard{&m};
     CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
     model_init(&m, 9);
     for (int l = 1; l < c.L; l++) {
@@ -845,7 +827,6 @@ TEST(router_init_is_uniform_with_identity_block) {
             }
     }
     CHECK(m.p.layer[0].router == nullptr, "layer 0 has a router");
-    model_free(&m);
 }
 
 // ---------------------------------------------------------------------------
@@ -902,6 +883,7 @@ TEST(router_variant_init_zeroes_unread_layers_and_average_is_fixed) {
         c.L = s.L = 4;
         model_parse(model, &c);
         Model m, st;
+        FreeOnReturn guard{&m, &st};
         CHECK(model_create(&m, c, 1, DEVICE_CPU).empty() && model_create(&st, s, 1, DEVICE_CPU).empty(), "model_create failed");
         model_init(&m, 9);
         model_init(&st, 9);
@@ -919,8 +901,6 @@ TEST(router_variant_init_zeroes_unread_layers_and_average_is_fixed) {
                     }
             }
         }
-        model_free(&m);
-        model_free(&st);
     }
 }
 
@@ -932,6 +912,7 @@ TEST(router_variant_fixed_weights_do_not_move_in_training) {
         c.L = 4;
         model_parse(model, &c);
         Model m;
+        FreeOnReturn guard{&m};
         CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create failed");
         model_init(&m, 4);
         std::vector<float> before(m.params, m.params + m.n_params);
@@ -951,7 +932,6 @@ TEST(router_variant_fixed_weights_do_not_move_in_training) {
         bool none = c.router == ROUTER_AVERAGE || c.router_frozen;
         CHECK(none ? moved == 0 : moved > 0, "%s: %d learned router weights moved", model, moved);
         CHECK(fixed > 0, "%s: no fixed router weights to check", model);
-        model_free(&m);
     }
 }
 
@@ -963,6 +943,7 @@ TEST(lime_deeper_than_64_layers) {
     c.L = 70;
     CHECK(config_check(c).empty(), "70-layer lime refused: %s", config_check(c).c_str());
     Model m;
+    FreeOnReturn guard{&m};
     CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create of a 70-layer lime failed");
     model_init(&m, 5);
     TinyBatch b(c.V);
@@ -975,7 +956,6 @@ TEST(lime_deeper_than_64_layers) {
     for (int i = 0; i < c.R * c.hd * c.d; i++) wv0 += std::fabs(m.g.layer[0].Wv[i]);
     CHECK(top > 0 && std::isfinite(top), "router of layer 69: gradient on source layer 0 is %g", top);
     CHECK(wv0 > 0 && std::isfinite(wv0), "layer 0 W_V gradient sum |.| is %g", wv0);
-    model_free(&m);
 }
 
 TEST(checkpoint_round_trip_of_a_router_variant) {
@@ -983,6 +963,7 @@ TEST(checkpoint_round_trip_of_a_router_variant) {
     c.L = 4;
     model_parse("lime:last-2:separate:frozen", &c);
     Model m, back, other;
+    FreeOnReturn guard{&m, &back, &other};
     CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
     model_init(&m, 8);
     for (size_t i = 0; i < m.n_params; i++) m.params[i] += 0.01f * (float)std::cos(0.3 * i);  // the two routers differ
@@ -1009,9 +990,6 @@ TEST(checkpoint_round_trip_of_a_router_variant) {
     err = model_load(&other, path, false);
     CHECK(err.find("different model") != std::string::npos && err.find("router") != std::string::npos, "loading as static lime: '%s'",
           err.c_str());
-    model_free(&m);
-    model_free(&back);
-    model_free(&other);
     remove(path.c_str());
 }
 
@@ -1036,6 +1014,7 @@ TEST(same_seed_same_losses) {
     float losses[2][3];
     for (int run = 0; run < 2; run++) {
         Model m;
+        FreeOnReturn guard{&m};
         CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create failed");
         model_init(&m, 42);
         TinyBatch b(c.V);
@@ -1045,7 +1024,6 @@ TEST(same_seed_same_losses) {
             float norm;
             model_metrics(&m, &losses[run][s], &norm);
         }
-        model_free(&m);
     }
     for (int s = 0; s < 3; s++) CHECK(losses[0][s] == losses[1][s], "step %d: loss %.9g then %.9g", s, losses[0][s], losses[1][s]);
 }
@@ -1068,6 +1046,7 @@ TEST(adamw_first_step_matches_hand_values) {
 TEST(adamw_groups_clip_and_decay) {
     Config c = tiny_config(ARCH_LIME, 2, 2);
     Model m;
+    FreeOnReturn guard{&m};
     CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
     model_init(&m, 1);
     for (size_t i = 0; i < m.n_params; i++) m.grads[i] = 1.0f;  // norm = sqrt(n)
@@ -1084,7 +1063,6 @@ TEST(adamw_groups_clip_and_decay) {
         float want = before[i] - lr * wd * before[i] - lr;
         CHECK(std::fabs(m.params[i] - want) < 1e-5, "%s[0] = %.7g, want %.7g (group %d)", t.name.c_str(), m.params[i], want, t.group);
     }
-    model_free(&m);
 }
 
 TEST(lr_schedule_warmup_then_linear_and_cosine) {
@@ -1182,6 +1160,7 @@ TEST(memory_estimate_names_the_flags_that_help) {
     Config big = tiny_config(ARCH_LIME, 4, 2);    // parameters alone: 4 x 9.4M floats, 150 MB
     big.d = 512; big.hd = 128; big.F = 1536;
     Model m;
+    FreeOnReturn guard{&m};
     std::string e1 = model_create(&m, big, 1, DEVICE_CPU, bs), e2 = model_create(&m, big, 1, DEVICE_CPU, es);
     CHECK(e1.find("out of memory: needs ") == 0 && e1.find("GB for the parameters, gradients and AdamW state") != std::string::npos &&
               e1.find("; lower --") != std::string::npos && e1.find("--dim") != std::string::npos &&
@@ -1208,6 +1187,7 @@ TEST(memory_estimate_names_the_flags_that_help) {
 TEST(checkpoint_round_trip_and_wrong_architecture_refused) {
     Config c = tiny_config(ARCH_LIME, 4, 2);
     Model m, back, other;
+    FreeOnReturn guard{&m, &back, &other};
     CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
     model_init(&m, 8);
     m.step = 17;
@@ -1225,9 +1205,6 @@ TEST(checkpoint_round_trip_and_wrong_architecture_refused) {
     CHECK(model_create(&other, cl, 1, DEVICE_CPU).empty(), "model_create failed");
     err = model_load(&other, path, false);
     CHECK(err.find("different model") != std::string::npos, "loading a lime checkpoint as llama: '%s'", err.c_str());
-    model_free(&m);
-    model_free(&back);
-    model_free(&other);
     remove(path.c_str());
 }
 
@@ -1769,6 +1746,7 @@ TEST(ereg_model_gradients_match_finite_differences) {
 TEST(ereg_loss_is_ce_minus_lambda_mean_s2_and_eval_is_plain_ce) {
     Config c = tiny_config(ARCH_LLAMA, 4, 2);
     Model plain, reg;
+    FreeOnReturn guard{&plain, &reg};
     CHECK(model_create(&plain, c, 2, DEVICE_CPU).empty(), "model_create failed");
     c.entropy_reg = 0.3f;
     CHECK(model_create(&reg, c, 2, DEVICE_CPU).empty(), "model_create failed");
@@ -1782,8 +1760,6 @@ TEST(ereg_loss_is_ce_minus_lambda_mean_s2_and_eval_is_plain_ce) {
     CHECK(total == ce - 0.3f * reg.last_s2, "loss %.9g != ce - 0.3 s2 = %.9g", total, ce - 0.3f * reg.last_s2);
     float eval = model_forward(&reg, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);  // no valid mask
     CHECK(eval == ce && reg.last_s2 == 0, "forward without a valid mask: loss %.9g, want the plain ce %.9g", eval, ce);
-    model_free(&plain);
-    model_free(&reg);
 }
 
 TEST(ereg_lambda_zero_is_bit_identical_and_allocates_nothing) {
@@ -1797,6 +1773,7 @@ TEST(ereg_lambda_zero_is_bit_identical_and_allocates_nothing) {
     float losses[2][3];
     for (int run = 0; run < 2; run++) {  // lambda 0: with and without the valid mask, as before the regulariser
         Model m;
+        FreeOnReturn guard{&m};
         CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create failed");
         model_init(&m, 3);
         TinyBatch b(c.V);
@@ -1809,7 +1786,6 @@ TEST(ereg_lambda_zero_is_bit_identical_and_allocates_nothing) {
             CHECK(!m.ereg_on && m.last_s2 == 0, "lambda 0 computed the regulariser");
         }
         params[run].assign(m.params, m.params + m.n_params);
-        model_free(&m);
     }
     for (int s = 0; s < 3; s++) CHECK(losses[0][s] == losses[1][s], "step %d: loss %.9g vs %.9g", s, losses[0][s], losses[1][s]);
     CHECK(params[0] == params[1], "lambda 0 with a valid mask moved the weights differently");
