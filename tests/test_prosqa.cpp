@@ -37,16 +37,18 @@ TEST(prosqa_real_files_load_and_are_consistent) {
     std::vector<ProsqaItem> valid, test;
     std::string err = load_both(&valid, &test);
     CHECK(err.empty(), "%s", err.c_str());
-    CHECK(valid.size() == 300 && test.size() == 500, "sizes %zu and %zu, expected 300 and 500", valid.size(), test.size());
+    CHECK(valid.size() == 300, "%s: %zu items, want 300", VALID, valid.size());
+    CHECK(test.size() == 500, "%s: %zu items, want 500", TEST_FILE, test.size());
     for (auto* items : {&valid, &test})
         for (size_t i = 0; i < items->size(); i++) {
             err = prosqa_check((*items)[i]);
             CHECK(err.empty(), "real item %zu: %s", i, err.c_str());
         }
     const ProsqaItem& first = valid[0];   // spot check against the file
-    CHECK(first.root == 1 && first.target == 16 && first.neg_target == 13 && first.answer == "Tom is a lempus.",
-          "valid[0] read wrongly: root %d target %d neg %d answer '%s'", first.root, first.target,
-          first.neg_target, first.answer.c_str());
+    CHECK(first.root == 1, "valid[0]: root %d, want 1", first.root);
+    CHECK(first.target == 16, "valid[0]: target %d, want 16", first.target);
+    CHECK(first.neg_target == 13, "valid[0]: neg_target %d, want 13", first.neg_target);
+    CHECK(first.answer == "Tom is a lempus.", "valid[0]: answer '%s', want 'Tom is a lempus.'", first.answer.c_str());
 }
 
 TEST(prosqa_generated_graphs_keep_invariants) {
@@ -57,13 +59,15 @@ TEST(prosqa_generated_graphs_keep_invariants) {
         CHECK(err.empty(), "seed %llu: %s", (unsigned long long)seed, err.c_str());
         err = prosqa_check(it);   // person reaches A, not B; steps follow edges; text matches the graph
         CHECK(err.empty(), "seed %llu: %s\n%s", (unsigned long long)seed, err.c_str(), it.question.c_str());
-        CHECK(it.steps.size() >= 3 && it.steps.size() <= 6, "seed %llu: %zu steps", (unsigned long long)seed, it.steps.size());
+        CHECK(it.steps.size() >= 3 && it.steps.size() <= 6, "seed %llu: %zu steps, want 3 to 6", (unsigned long long)seed,
+              it.steps.size());
     }
     Rng a(7), b(7);   // deterministic
     ProsqaItem x, y;
     prosqa_generate(a, &x);
     prosqa_generate(b, &y);
-    CHECK(x.question == y.question && x.steps == y.steps, "the same seed gave two different items");
+    CHECK(x.question == y.question, "the same seed gave two different questions");
+    CHECK(x.steps == y.steps, "the same seed gave two different chains of steps");
 }
 
 TEST(prosqa_generator_averages) {
@@ -73,17 +77,20 @@ TEST(prosqa_generator_averages) {
     valid.insert(valid.end(), test.begin(), test.end());
     Rng rng(123);
     for (auto& it : gen) CHECK((err = prosqa_generate(rng, &it)).empty(), "%s", err.c_str());
-    GraphAverages r = averages(valid), g = averages(gen);
-    printf("  real (800):      %.2f nodes, %.2f edges, %.2f steps, %.2f persons\n", r.nodes, r.edges, r.steps, r.persons);
-    printf("  generated (2000): %.2f nodes, %.2f edges, %.2f steps, %.2f persons\n", g.nodes, g.edges, g.steps, g.persons);
-    int hist[8] = {0};
-    for (auto& it : gen) hist[std::min<size_t>(it.steps.size(), 7)]++;
-    printf("  generated steps 3/4/5/6: %.1f%% %.1f%% %.1f%% %.1f%% (real 40.8 43.8 13.1 2.4)\n",
-           hist[3] / 20.0, hist[4] / 20.0, hist[5] / 20.0, hist[6] / 20.0);
     // the real files: 22.81 nodes, 36.00 edges, 3.77 steps, 2.56 persons
-    CHECK(std::fabs(g.nodes - r.nodes) < 1 && std::fabs(g.edges - r.edges) < 2 && std::fabs(g.steps - r.steps) < 0.15 &&
-              std::fabs(g.persons - r.persons) < 0.5,
-          "generated averages drifted from the real files");
+    GraphAverages r = averages(valid), g = averages(gen);
+    CHECK(std::fabs(g.nodes - r.nodes) < 1, "generated graphs: %.2f nodes, the real files %.2f", g.nodes, r.nodes);
+    CHECK(std::fabs(g.edges - r.edges) < 2, "generated graphs: %.2f edges, the real files %.2f", g.edges, r.edges);
+    CHECK(std::fabs(g.steps - r.steps) < 0.15, "generated graphs: %.2f steps, the real files %.2f", g.steps, r.steps);
+    CHECK(std::fabs(g.persons - r.persons) < 0.5, "generated graphs: %.2f persons, the real files %.2f", g.persons, r.persons);
+    // the share of questions of each length (the real files: 40.8% of 3 steps, 43.8% of 4, 13.1% of 5, 2.4% of 6)
+    double real_share[8] = {0}, gen_share[8] = {0};
+    for (auto& it : valid) real_share[std::min<size_t>(it.steps.size(), 7)] += 100.0 / valid.size();
+    for (auto& it : gen) gen_share[std::min<size_t>(it.steps.size(), 7)] += 100.0 / gen.size();
+    for (int steps = 3; steps <= 6; steps++)
+        CHECK(std::fabs(gen_share[steps] - real_share[steps]) < 3,
+              "%.1f%% of the generated questions take %d steps, %.1f%% of the real ones", gen_share[steps], steps,
+              real_share[steps]);
 }
 
 TEST(prosqa_tokenize_round_trip) {
@@ -116,19 +123,21 @@ TEST(prosqa_vocab_covers_real_files) {
     std::string err = load_both(&valid, &test);
     CHECK(err.empty(), "%s", err.c_str());
     Vocab base = prosqa_vocab();
-    CHECK(base.tokens[0] == "<pad>" && base.tokens[1] == "<eos>" && base.pad == 0 && base.eos == 1, "pad/eos not first");
+    CHECK(base.pad == 0, "<pad> is id %d, want 0", base.pad);
+    CHECK(base.eos == 1, "<eos> is id %d, want 1", base.eos);
+    CHECK(base.tokens[0] == "<pad>", "token 0 is '%s', want <pad>", base.tokens[0].c_str());
+    CHECK(base.tokens[1] == "<eos>", "token 1 is '%s', want <eos>", base.tokens[1].c_str());
     std::vector<std::string> c = prosqa_concepts();
     CHECK(std::set<std::string>(c.begin(), c.end()).size() == 375, "concept words not 375 distinct");
     for (auto* items : {&valid, &test}) {
         Vocab with = prosqa_vocab(*items);
-        CHECK(with.size() == base.size(), "the real files add %d words the lists miss", with.size() - base.size());
+        CHECK(with.size() == base.size(), "the real files add %d words to the lists' %d", with.size() - base.size(), base.size());
         for (auto& it : *items) {
             std::vector<int> ids;
             err = prosqa_tokenize(base, prosqa_prompt(it) + prosqa_target(it), &ids);
             CHECK(err.empty(), "%s", err.c_str());
         }
     }
-    printf("  vocabulary: %d tokens\n", base.size());
 }
 
 TEST(prosqa_scoring) {
@@ -177,8 +186,8 @@ TEST(prosqa_malformed_json_refused) {
     };
     for (auto& c : cases) {
         std::string err = load_text(c.json);
-        CHECK(err.find(c.expect) != std::string::npos && err.find("prosqa_bad_test.json") != std::string::npos,
-              "expected an error with '%s', got '%s'", c.expect.c_str(), err.c_str());
+        CHECK(err.find(c.expect) != std::string::npos, "expected an error with '%s', got '%s'", c.expect.c_str(), err.c_str());
+        CHECK(err.find("prosqa_bad_test.json") != std::string::npos, "the error does not name the file: '%s'", err.c_str());
     }
     std::vector<ProsqaItem> items;
     CHECK(!prosqa_load_json("/nonexistent/prosqa.json", &items).empty(), "a missing file was accepted");
@@ -188,7 +197,9 @@ TEST(prosqa_build_sequences) {
     ProsqaData d;
     std::string err = prosqa_build(200, 1, VALID, &d);
     CHECK(err.empty(), "%s", err.c_str());
-    CHECK(d.train.size() == 200 && d.test.size() == 300 && d.test_answers.size() == 300, "sizes");
+    CHECK(d.train.size() == 200, "%zu training sequences, want 200", d.train.size());
+    CHECK(d.test.size() == 300, "%zu test sequences, want 300", d.test.size());
+    CHECK(d.test_answers.size() == 300, "%zu test answers, want 300", d.test_answers.size());
     std::vector<ProsqaItem> valid;
     prosqa_load_json(VALID, &valid);
     size_t longest = 0;
@@ -203,14 +214,15 @@ TEST(prosqa_build_sequences) {
     }
     for (auto& s : d.train) {
         longest = std::max(longest, s.tokens.size());
-        CHECK(d.vocab.tokens[s.tokens[s.loss_start - 1]] == "\n" && d.vocab.tokens[s.tokens[s.loss_start - 2]] == "?",
-              "loss must start right after the question's newline");
+        const std::string& before = d.vocab.tokens[s.tokens[s.loss_start - 1]];
+        const std::string& two_before = d.vocab.tokens[s.tokens[s.loss_start - 2]];
+        CHECK(before == "\n", "the loss starts after '%s', not after the question's newline", before.c_str());
+        CHECK(two_before == "?", "the loss starts after '%s' and a newline, not after the question's '?'", two_before.c_str());
     }
     CHECK(d.seq_len == (int)longest - 1, "seq_len %d, longest %zu", d.seq_len, longest);
     ProsqaData again;
     prosqa_build(200, 1, VALID, &again);
     CHECK(again.train[17].tokens == d.train[17].tokens, "the same seed gave different training data");
-    printf("  seq_len %d, vocabulary %d\n", d.seq_len, d.vocab.size());
 }
 
 // A file is checked for meaning, not only parsed: "[]" used to score "0.0% of
@@ -234,7 +246,7 @@ TEST(prosqa_meaning_checked_on_load) {
     };
     for (auto& c : cases) {
         std::string err = load_text(c.json);
-        CHECK(err.find(c.expect) != std::string::npos && err.find("prosqa_bad_test.json") != std::string::npos,
-              "expected an error with '%s', got '%s'", c.expect.c_str(), err.c_str());
+        CHECK(err.find(c.expect) != std::string::npos, "expected an error with '%s', got '%s'", c.expect.c_str(), err.c_str());
+        CHECK(err.find("prosqa_bad_test.json") != std::string::npos, "the error does not name the file: '%s'", err.c_str());
     }
 }
