@@ -8,7 +8,10 @@
 // CHECK records a failure with its message and returns from the test; SKIP
 // marks the test skipped with a reason. main() (tests/test_main.cpp) runs
 // every registered test, or those whose name contains argv[1], prints one
-// line each and ends with "N passed, N failed, N skipped".
+// line each and ends with "N passed, N failed, N skipped". One CHECK per
+// condition, so that a failure names the one that did not hold. Below them,
+// contains and rel_err, which every file uses; what the model's tests share
+// (random vectors, a tiny config, a guard that frees models) is in test_helpers.h.
 #pragma once
 #include <cmath>
 #include <cstdio>
@@ -48,6 +51,9 @@ inline TestState& test_state() { static TestState s; return s; }
         test_state().message = msg_;                                              \
         return;                                                                   \
     } while (0)
+
+// Whether text holds part: how the tests look for a word in an error message.
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 // |a - b|_2 / |b|_2, the relative error the reference vectors' tolerances are stated in (docs/checkpoint.md).
 inline double rel_err(const float* a, const float* b, size_t n) {

@@ -19,8 +19,6 @@
 
 namespace {
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
-
 // A scratch file name, removed with its .tmp by the destructor.
 struct TmpFile {
     std::string path;

@@ -38,7 +38,6 @@ std::vector<float> ramp(size_t n, float scale) {  // deterministic, sign-varying
     for (float& x : v) x = scale * ((float)(emu::detail::splitmix(s) >> 40) / (float)(1 << 24) - 0.5f);
     return v;
 }
-bool contains(const char* hay, const char* needle) { return strstr(hay, needle) != nullptr; }
 }  // namespace
 
 // ---------------------------------------------------------------------------

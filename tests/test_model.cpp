@@ -110,7 +110,8 @@ TEST(kv_projection_is_the_product_written_per_kv_head) {
     matmul_backward(dinp_t.data(), dW_t.data(), dtokens.data(), inp.data(), W.data(), N, C, OC, true);
     kv_projection_backward(dinp_h.data(), dW_h.data(), dheads.data(), inp.data(), W.data(), N, C, R, hd);
     CHECK(wrong == 0, "kv_projection_forward: %d of %d outputs differ from matmul_forward's, placed per head", wrong, N * OC);
-    CHECK(dinp_h == dinp_t && dW_h == dW_t, "kv_projection_backward: dinp or dW differ from matmul_backward's");
+    CHECK(dinp_h == dinp_t, "kv_projection_backward: dinp differs from matmul_backward's");
+    CHECK(dW_h == dW_t, "kv_projection_backward: dW differs from matmul_backward's");
 }
 
 TEST(rmsnorm_backward_matches_finite_differences) {
@@ -291,9 +292,10 @@ static void check_attention_reference(int B, int T, int H, int R, int hd, bool f
     for (size_t i = 0; i < nk; i++) { want_dk[i] = (float)(dk0[i] + dkd[i]); want_dv[i] = (float)(dv0[i] + dvd[i]); }
     double e1 = rel_err(out.data(), want_out.data(), nq), e2 = rel_err(att.data(), want_att.data(), att.size());
     double e3 = rel_err(dq.data(), want_dq.data(), nq), e4 = rel_err(dk.data(), want_dk.data(), nk), e5 = rel_err(dv.data(), want_dv.data(), nk);
-    CHECK(e1 < 1e-5 && e2 < 1e-5 && e3 < 1e-5 && e4 < 1e-5 && e5 < 1e-5,
-          "%s attention vs double B=%d T=%d H=%d R=%d hd=%d: out %.1e att %.1e dq %.1e dk %.1e dv %.1e", fast ? "fast" : "plain", B, T, H,
-          R, hd, e1, e2, e3, e4, e5);
+    struct { const char* name; double err; } errs[] = {{"out", e1}, {"att", e2}, {"dq", e3}, {"dk", e4}, {"dv", e5}};
+    for (auto& e : errs)
+        CHECK(e.err < 1e-5, "%s attention vs double B=%d T=%d H=%d R=%d hd=%d: %s rel err %.1e", fast ? "fast" : "plain", B, T,
+              H, R, hd, e.name, e.err);
 }
 TEST(attention_matches_double_hd8) { check_attention_reference(2, 37, 4, 2, 8, false); check_attention_reference(2, 37, 4, 2, 8, true); }
 TEST(attention_matches_double_hd32) { check_attention_reference(1, 21, 2, 2, 32, false); check_attention_reference(1, 21, 2, 2, 32, true); }
@@ -309,8 +311,11 @@ TEST(exp_fast_is_within_2_ulp) {
         worst = std::max(worst, std::fabs(exp_fast(x) - want) / ulp);
     }
     CHECK(worst <= 2.0, "exp_fast: %.2f ulp from exp", worst);
-    CHECK(exp_fast(0.0f) == 1.0f && exp_fast(-100.0f) == 0.0f && exp_fast(-INFINITY) == 0.0f, "exp_fast at 0 or far below");
-    CHECK(std::isinf(exp_fast(100.0f)) && std::isnan(exp_fast(NAN)), "exp_fast above 88 or of NaN");
+    CHECK(exp_fast(0.0f) == 1.0f, "exp_fast(0) = %.9g, want 1", exp_fast(0.0f));
+    CHECK(exp_fast(-100.0f) == 0.0f, "exp_fast(-100) = %g, want 0", exp_fast(-100.0f));
+    CHECK(exp_fast(-INFINITY) == 0.0f, "exp_fast(-inf) = %g, want 0", exp_fast(-INFINITY));
+    CHECK(std::isinf(exp_fast(100.0f)), "exp_fast(100) = %g, want inf", exp_fast(100.0f));
+    CHECK(std::isnan(exp_fast(NAN)), "exp_fast(NaN) = %g, want NaN", exp_fast(NAN));
 }
 
 TEST(swiglu_backward_matches_finite_differences) {
@@ -402,8 +407,8 @@ TEST(a_token_id_outside_the_vocabulary_stops_the_step_with_one_line) {
         int status = 0;
         std::string err = in_child([&] { model_forward(&m, k.tokens, k.targets, mask.data(), 1, 6); }, &status);
         CHECK(status > 0, "%s: model_forward did not exit with a non-zero status (stderr: %s)", k.what, err.c_str());
-        CHECK(err.rfind(k.want, 0) == 0 && std::count(err.begin(), err.end(), '\n') == 1,
-              "%s: stderr is not the one line \"%s ...\": %s", k.what, k.want, err.c_str());
+        CHECK(err.rfind(k.want, 0) == 0, "%s: stderr does not begin \"%s\": %s", k.what, k.want, err.c_str());
+        CHECK(std::count(err.begin(), err.end(), '\n') == 1, "%s: stderr is not one line: %s", k.what, err.c_str());
     }
 }
 // ---------------------------------------------------------------------------
@@ -505,7 +510,8 @@ TEST(router_variant_gradients_equal_static_on_learned_weights) {
         Config c = variant_config(model, 4, 2), s = variant_config("lime", 4, 2);
         Model v, st;
         FreeOnReturn guard{&v, &st};
-        CHECK(model_create(&v, c, 2, DEVICE_CPU).empty() && model_create(&st, s, 2, DEVICE_CPU).empty(), "model_create failed");
+        CHECK(model_create(&v, c, 2, DEVICE_CPU).empty(), "model_create %s failed", model);
+        CHECK(model_create(&st, s, 2, DEVICE_CPU).empty(), "model_create lime failed");
         model_init(&v, 6);
         for (size_t i = 0; i < v.n_params; i++) v.params[i] += 0.05f * (float)std::sin(0.9 * i);
         memcpy(st.params, v.params, v.n_params * sizeof(float));  // one layout: the same tensors in the same order
@@ -612,7 +618,8 @@ TEST(lime_with_identity_routers_equals_llama) {
     Config cl = tiny_config(ARCH_LLAMA, 4, 2), cm = tiny_config(ARCH_LIME, 4, 2);
     Model llama, lime;
     FreeOnReturn guard{&llama, &lime};
-    CHECK(model_create(&llama, cl, 2, DEVICE_CPU).empty() && model_create(&lime, cm, 2, DEVICE_CPU).empty(), "model_create failed");
+    CHECK(model_create(&llama, cl, 2, DEVICE_CPU).empty(), "model_create llama failed");
+    CHECK(model_create(&lime, cm, 2, DEVICE_CPU).empty(), "model_create lime failed");
     model_init(&llama, 3);
     model_init(&lime, 3);  // same seed: every shared tensor gets the same values
     for (int l = 1; l < cm.L; l++) {
@@ -739,7 +746,8 @@ TEST(hc_rate1_model_gradients_match_finite_differences) { check_model_gradients(
 static void check_same_model(const Config& ca, const Config& cb, const char* what) {
     Model a, b;
     FreeOnReturn guard{&a, &b};
-    CHECK(model_create(&a, ca, 2, DEVICE_CPU).empty() && model_create(&b, cb, 2, DEVICE_CPU).empty(), "model_create failed");
+    CHECK(model_create(&a, ca, 2, DEVICE_CPU).empty(), "%s: model_create of the first failed", what);
+    CHECK(model_create(&b, cb, 2, DEVICE_CPU).empty(), "%s: model_create of the second failed", what);
     model_init(&a, 3);
     model_init(&b, 3);
     TinyBatch tb(ca.V);
@@ -785,7 +793,8 @@ TEST(hc_init_is_the_authors) {
         }
         for (int j = 0; j < c.d * K; j++) CHECK(h.alpha_fn[j] == 0, "sublayer %d: dynamic_alpha_fn entry %d is not 0", s, j);
         for (int j = 0; j < c.d; j++) CHECK(h.beta_fn[j] == 0, "sublayer %d: dynamic_beta_fn entry %d is not 0", s, j);
-        CHECK(h.alpha_scale[0] == 0.01f && h.beta_scale[0] == 0.01f, "sublayer %d: scales %g, %g, want 0.01", s, h.alpha_scale[0], h.beta_scale[0]);
+        CHECK(h.alpha_scale[0] == 0.01f, "sublayer %d: dynamic_alpha_scale %g, want 0.01", s, h.alpha_scale[0]);
+        CHECK(h.beta_scale[0] == 0.01f, "sublayer %d: dynamic_beta_scale %g, want 0.01", s, h.beta_scale[0]);
     }
     for (const TensorSpec& t : m.specs) {
         bool hc = t.name.find(".hc_") != std::string::npos, dyn = t.name.find(".dynamic_") != std::string::npos;
@@ -874,7 +883,7 @@ TEST(router_variant_names_are_checked) {
     l = tiny_config(ARCH_LLAMA, 4, 2);
     l.router_kv_separate = true;
     CHECK(config_check(l).find("for --arch lime") != std::string::npos, "llama with --router-kv separate: '%s'", config_check(l).c_str());
-    CHECK(!model_parse("llama:average", &l) && !model_parse("lime:", &l) && !model_parse("lime:sideways", &l), "bad model names parsed");
+    for (const char* bad : {"llama:average", "lime:", "lime:sideways"}) CHECK(!model_parse(bad, &l), "model_parse accepted '%s'", bad);
 }
 
 TEST(router_variant_init_zeroes_unread_layers_and_average_is_fixed) {
@@ -884,7 +893,8 @@ TEST(router_variant_init_zeroes_unread_layers_and_average_is_fixed) {
         model_parse(model, &c);
         Model m, st;
         FreeOnReturn guard{&m, &st};
-        CHECK(model_create(&m, c, 1, DEVICE_CPU).empty() && model_create(&st, s, 1, DEVICE_CPU).empty(), "model_create failed");
+        CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create %s failed", model);
+        CHECK(model_create(&st, s, 1, DEVICE_CPU).empty(), "model_create lime failed");
         model_init(&m, 9);
         model_init(&st, 9);
         for (int l = 1; l < c.L; l++) {
@@ -948,14 +958,14 @@ TEST(lime_deeper_than_64_layers) {
     model_init(&m, 5);
     TinyBatch b(c.V);
     float loss = model_forward(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
-    CHECK(std::isfinite(loss) && loss > 0, "70-layer lime: loss %g", loss);
+    CHECK(std::isfinite(loss) && loss > 0, "70-layer lime: loss %g, want a positive number", loss);
     memset(m.grads, 0, m.n_params * sizeof(float));
     model_backward(&m);
     double top = 0, wv0 = 0;  // layer 69's router weight on source layer 0, layer 0's W_V
     for (int k = 0; k < c.R; k++) top += std::fabs(m.g.layer[69].router[k * 70 * c.R + k]);
     for (int i = 0; i < c.R * c.hd * c.d; i++) wv0 += std::fabs(m.g.layer[0].Wv[i]);
-    CHECK(top > 0 && std::isfinite(top), "router of layer 69: gradient on source layer 0 is %g", top);
-    CHECK(wv0 > 0 && std::isfinite(wv0), "layer 0 W_V gradient sum |.| is %g", wv0);
+    CHECK(top > 0 && std::isfinite(top), "router of layer 69: gradient on source layer 0 is %g, want a positive number", top);
+    CHECK(wv0 > 0 && std::isfinite(wv0), "layer 0 W_V gradient sum |.| is %g, want a positive number", wv0);
 }
 
 TEST(checkpoint_round_trip_of_a_router_variant) {
@@ -974,7 +984,9 @@ TEST(checkpoint_round_trip_of_a_router_variant) {
     std::map<std::string, std::string> meta;
     err = checkpoint_read_config(path, &fc, &meta);
     CHECK(err.empty(), "checkpoint_read_config: %s", err.c_str());
-    CHECK(fc.router == ROUTER_LAST && fc.router_j == 2 && fc.router_kv_separate, "config read back as %s", model_name(fc).c_str());
+    CHECK(fc.router == ROUTER_LAST, "config read back as %s: not last-J", model_name(fc).c_str());
+    CHECK(fc.router_j == 2, "config read back as %s: J = %d, want 2", model_name(fc).c_str(), fc.router_j);
+    CHECK(fc.router_kv_separate, "config read back as %s: not separate", model_name(fc).c_str());
     CHECK(meta["config"].find("\"router\": \"last-2\", \"router_kv\": \"separate\"") != std::string::npos, "config JSON: %s",
           meta["config"].c_str());
     CHECK(model_create(&back, fc, 1, DEVICE_CPU).empty(), "model_create failed");
@@ -988,8 +1000,8 @@ TEST(checkpoint_round_trip_of_a_router_variant) {
     model_parse("lime", &st);  // static, shared: another model
     CHECK(model_create(&other, st, 1, DEVICE_CPU).empty(), "model_create failed");
     err = model_load(&other, path, false);
-    CHECK(err.find("different model") != std::string::npos && err.find("router") != std::string::npos, "loading as static lime: '%s'",
-          err.c_str());
+    for (const char* part : {"different model", "router"})
+        CHECK(contains(err, part), "loading as static lime: the error lacks '%s': '%s'", part, err.c_str());
     remove(path.c_str());
 }
 
@@ -1003,7 +1015,8 @@ TEST(config_without_router_reads_as_static_shared) {
     back.router = ROUTER_AVERAGE;
     back.router_kv_separate = true;
     CHECK(config_from_json(old, &back).empty(), "config without router refused");
-    CHECK(back.router == ROUTER_STATIC && !back.router_kv_separate, "config without router read as %s", model_name(back).c_str());
+    CHECK(back.router == ROUTER_STATIC, "config without router read as %s: not static", model_name(back).c_str());
+    CHECK(!back.router_kv_separate, "config without router read as %s: not shared", model_name(back).c_str());
     CHECK(config_to_json(tiny_config(ARCH_LLAMA, 4, 2)).find("router") == std::string::npos, "llama config names a router");
     Config bad;
     CHECK(!config_from_json(json.replace(json.find("static"), 6, "sideways"), &bad).empty(), "router \"sideways\" accepted");
@@ -1040,7 +1053,8 @@ TEST(adamw_first_step_matches_hand_values) {
     AdamWNumbers nums = adamw_numbers(o, 1.0f, 1);
     adamw(&p, &m, &v, &g, 1, nums.lr[GROUP_MATRIX], nums.weight_decay[GROUP_MATRIX], 1.0f, nums);
     CHECK(std::fabs(p - 0.89f) < 1e-6, "p after one step = %.9g, want 0.89", p);
-    CHECK(std::fabs(m - 0.05f) < 1e-6 && std::fabs(v - 0.0125f) < 1e-6, "m = %g, v = %g, want 0.05, 0.0125", m, v);
+    CHECK(std::fabs(m - 0.05f) < 1e-6, "m after one step = %g, want 0.05", m);
+    CHECK(std::fabs(v - 0.0125f) < 1e-6, "v after one step = %g, want 0.0125", v);
 }
 
 TEST(adamw_groups_clip_and_decay) {
@@ -1115,9 +1129,9 @@ TEST(cpu_activations_beyond_available_memory_are_refused) {
     settings.host_bytes = available;
     std::string err = model_create(&m, c, B, DEVICE_CPU, settings);
     model_free(&m);
-    CHECK(err.find("out of memory: needs ") == 0 && err.find("GB is available; lower ") != std::string::npos &&
-              err.find("--batch") != std::string::npos,
-          "B=%d: '%s'", B, err.c_str());
+    CHECK(err.find("out of memory: needs ") == 0, "B=%d: the error does not begin 'out of memory: needs ': '%s'", B, err.c_str());
+    for (const char* part : {"GB is available; lower ", "--batch"})
+        CHECK(contains(err, part), "B=%d: the error lacks '%s': '%s'", B, part, err.c_str());
 }
 
 // bench holds llama, lime and hc at once: each fits alone in memory that the
@@ -1162,17 +1176,19 @@ TEST(memory_estimate_names_the_flags_that_help) {
     Model m;
     FreeOnReturn guard{&m};
     std::string e1 = model_create(&m, big, 1, DEVICE_CPU, bs), e2 = model_create(&m, big, 1, DEVICE_CPU, es);
-    CHECK(e1.find("out of memory: needs ") == 0 && e1.find("GB for the parameters, gradients and AdamW state") != std::string::npos &&
-              e1.find("; lower --") != std::string::npos && e1.find("--dim") != std::string::npos &&
-              e1.find("--ffn") != std::string::npos && e1.find("--batch") == std::string::npos,
-          "bench, parameters: '%s'", e1.c_str());
-    CHECK(e2.find("; it needs a machine with more memory") != std::string::npos && e2.find("--") == std::string::npos,
-          "eval, parameters: '%s'", e2.c_str());
+    CHECK(e1.find("out of memory: needs ") == 0, "bench, parameters: the error does not begin 'out of memory: needs ': '%s'",
+          e1.c_str());
+    for (const char* part : {"GB for the parameters, gradients and AdamW state", "; lower --", "--dim", "--ffn"})
+        CHECK(contains(e1, part), "bench, parameters: the error lacks '%s': '%s'", part, e1.c_str());
+    CHECK(!contains(e1, "--batch"), "bench, parameters: the error names --batch, which does not help: '%s'", e1.c_str());
+    CHECK(contains(e2, "; it needs a machine with more memory"), "eval, parameters: the error lacks 'a machine with more memory': '%s'",
+          e2.c_str());
+    CHECK(!contains(e2, "--"), "eval, parameters: the error names a flag, which eval cannot change: '%s'", e2.c_str());
     Config wide = tiny_config(ARCH_LIME, 4, 2);   // activations of 4096 sequences: ~1 GB
     wide.T = 512;
     std::string e3 = model_create(&m, wide, 4096, DEVICE_CPU, es);
-    CHECK(e3.find("; lower --batch") != std::string::npos && e3.find("--seq-len") == std::string::npos,
-          "eval, activations: '%s'", e3.c_str());
+    CHECK(contains(e3, "; lower --batch"), "eval, activations: the error lacks '; lower --batch': '%s'", e3.c_str());
+    CHECK(!contains(e3, "--seq-len"), "eval, activations: the error names --seq-len, which eval cannot change: '%s'", e3.c_str());
     Config vocab = tiny_config(ARCH_LIME, 4, 2);  // embedding and logits' scratch: V x d, not V x V
     vocab.V = 1 << 24;
     std::string e4 = model_create(&m, vocab, 1, DEVICE_CPU, bs);
@@ -1181,7 +1197,8 @@ TEST(memory_estimate_names_the_flags_that_help) {
     size_t logits_panels = (size_t)vocab.d * ((vocab.V + 31) / 32 * 32);  // the logits' W^T packed, d x V
     CHECK(cpu_scratch_floats(vocab, 1, 1) == logits_panels, "scratch %zu floats for V=%d, d=%d, want %zu",
           cpu_scratch_floats(vocab, 1, 1), vocab.V, vocab.d, logits_panels);
-    CHECK(m.params == nullptr && m.acts == nullptr, "a refused model allocated memory");
+    CHECK(m.params == nullptr, "a refused model allocated its parameters");
+    CHECK(m.acts == nullptr, "a refused model allocated its activations");
 }
 
 TEST(checkpoint_round_trip_and_wrong_architecture_refused) {
@@ -1235,9 +1252,11 @@ static void check_fast_matmul(int N, int C, int OC, uint64_t seed) {
     matmul_backward(dinp_p.data(), nullptr, dout.data(), inp.data(), W.data(), N, C, OC, false);
     matmul_backward_fast(dinp_w.data(), nullptr, dout.data(), inp.data(), W.data(), N, C, OC, false);
     double e4 = rel_err(dinp_w.data(), dinp_p.data(), dinp_p.size());
-    CHECK(e0 < FAST_TOL && e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL && e4 < FAST_TOL,
-          "matmul_*_fast (%s kernel) vs plain N=%d C=%d OC=%d: out %.1e (accumulating %.1e) dinp %.1e (written %.1e) dW %.1e",
-          matmul_fast_kernel(), N, C, OC, e0, e1, e2, e4, e3);
+    struct { const char* name; double err; } errs[] = {
+        {"out", e0}, {"out (accumulating)", e1}, {"dinp (adding)", e2}, {"dinp (written)", e4}, {"dW", e3}};
+    for (auto& e : errs)
+        CHECK(e.err < FAST_TOL, "matmul_*_fast (%s kernel) vs plain N=%d C=%d OC=%d: %s rel err %.1e", matmul_fast_kernel(), N, C,
+              OC, e.name, e.err);
 }
 // Every micro-kernel the build has; sizes that are not multiples of any tile
 // (odd, prime), more than a block of k (256) and of rows.
@@ -1272,9 +1291,10 @@ static void check_fast_kv_projection(int N, int C, int R, int hd, uint64_t seed)
     kv_projection_backward(dinp_p.data(), dW_p.data(), dout.data(), inp.data(), W.data(), N, C, R, hd);
     kv_projection_backward_fast(dinp_f.data(), dW_f.data(), dout.data(), inp.data(), W.data(), N, C, R, hd);
     double e1 = rel_err(dinp_f.data(), dinp_p.data(), dinp_p.size()), e2 = rel_err(dW_f.data(), dW_p.data(), dW_p.size());
-    CHECK(e0 < FAST_TOL && e1 < FAST_TOL && e2 < FAST_TOL,
-          "kv_projection_*_fast (%s kernel) vs plain N=%d C=%d R=%d hd=%d: out %.1e dinp %.1e dW %.1e", matmul_fast_kernel(), N, C, R,
-          hd, e0, e1, e2);
+    struct { const char* name; double err; } errs[] = {{"out", e0}, {"dinp", e1}, {"dW", e2}};
+    for (auto& e : errs)
+        CHECK(e.err < FAST_TOL, "kv_projection_*_fast (%s kernel) vs plain N=%d C=%d R=%d hd=%d: %s rel err %.1e",
+              matmul_fast_kernel(), N, C, R, hd, e.name, e.err);
 }
 // Heads narrower than a tile (several heads a tile), as wide, wider; odd N and C; k over 256.
 TEST(fast_kv_projection_equals_plain_on_random_shapes) {
@@ -1306,8 +1326,9 @@ static void check_fast_matmul_threads(int N, int C, int OC) {
         runs.push_back(out);
     }
     omp_set_num_threads(before);
-    CHECK(runs[0] == runs[1] && runs[0] == runs[2],
-          "matmul_*_fast (%s kernel) N=%d C=%d OC=%d: out, dinp or dW differ between 1, 2 and 3 threads", matmul_fast_kernel(), N, C, OC);
+    for (int threads = 2; threads <= 3; threads++)
+        CHECK(runs[threads - 1] == runs[0], "matmul_*_fast (%s kernel) N=%d C=%d OC=%d: out, dinp or dW differ between 1 and %d threads",
+              matmul_fast_kernel(), N, C, OC, threads);
 }
 // ... also the forward's sliced dot products (few outputs, long rows: the router's dW).
 TEST(fast_matmul_same_bits_for_any_thread_count) {
@@ -1355,9 +1376,10 @@ static void check_router_products(int l, int N, int R, int hd, RouterSpan learne
     double e1 = std::max(rel_err(Kr.data(), want_k.data(), layer), rel_err(Vr.data(), want_v.data(), layer));
     double e2 = std::max(rel_err(dWk.data(), want_dWk.data(), R * J), rel_err(dWv.data(), want_dWv.data(), R * J));
     double e3 = std::max(rel_err(dKb.data(), want_dKb.data(), dKb.size()), rel_err(dVb.data(), want_dVb.data(), dVb.size()));
-    CHECK(e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL,
-          "router products vs Eq. 2 in double (%d sources, N=%d R=%d hd=%d, learned <%d or >=%d%s): Kr/Vr %.1e dW %.1e dKbuf/dVbuf %.1e",
-          l + 1, N, R, hd, learned.below, learned.from, separate ? ", separate" : "", e1, e2, e3);
+    struct { const char* name; double err; } errs[] = {{"Kr/Vr", e1}, {"dW", e2}, {"dKbuf/dVbuf", e3}};
+    for (auto& e : errs)
+        CHECK(e.err < FAST_TOL, "router products vs Eq. 2 in double (%d sources, N=%d R=%d hd=%d, learned <%d or >=%d%s): %s rel err %.1e",
+              l + 1, N, R, hd, learned.below, learned.from, separate ? ", separate" : "", e.name, e.err);
 }
 // Shapes of the CPU products' paths: hd*N a multiple of the panels or not
 // (a packed last panel), N*hd long enough for the sliced dot products of dW.
@@ -1387,8 +1409,9 @@ static void check_fast_attention(int B, int T, int H, int R, int hd) {
                             scratch.data(), threads);
     double e1 = rel_err(out_f.data(), out_p.data(), nq), e2 = rel_err(att_f.data(), att_p.data(), na);
     double e3 = rel_err(dq_f.data(), dq_p.data(), nq), e4 = rel_err(dk_f.data(), dk_p.data(), nk), e5 = rel_err(dv_f.data(), dv_p.data(), nk);
-    CHECK(e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL && e4 < FAST_TOL && e5 < FAST_TOL,
-          "attention_*_fast vs plain B=%d T=%d H=%d R=%d hd=%d: out %.1e att %.1e dq %.1e dk %.1e dv %.1e", B, T, H, R, hd, e1, e2, e3, e4, e5);
+    struct { const char* name; double err; } errs[] = {{"out", e1}, {"att", e2}, {"dq", e3}, {"dk", e4}, {"dv", e5}};
+    for (auto& e : errs)
+        CHECK(e.err < FAST_TOL, "attention_*_fast vs plain B=%d T=%d H=%d R=%d hd=%d: %s rel err %.1e", B, T, H, R, hd, e.name, e.err);
 }
 // Scratch with row buffers for one thread: the attention runs on one thread
 // however many OpenMP has, within its scratch (the sanitizer suite catches a
@@ -1486,10 +1509,16 @@ static void check_fast_hc(int N, int n, int d, bool dynamic) {
     hc_depth_backward(dy_p.data(), ddb_p.data(), ddM_p.data(), dXout.data(), y.data(), b_p.data(), N, n, d);
     hc_depth_backward_fast(dy_f.data(), ddb_f.data(), ddM_f.data(), dXout.data(), y.data(), b_p.data(), N, n, d);
     double e7 = std::max(rel_err(dy_f.data(), dy_p.data(), Nd), rel_err(ddb_f.data(), ddb_p.data(), nb));
-    CHECK(e1 < FAST_TOL && e2 < FAST_TOL, "%s weights forward: A, b %.1e; rstd, ta, tb %.1e", what, e1, e2);
-    CHECK(e3 < FAST_TOL && e4 < FAST_TOL, "%s weights backward: dX %.1e, the HC tensors' gradients %.1e", what, e3, e4);
-    CHECK(e5 < FAST_TOL && e6 < FAST_TOL, "%s width: M %.1e; dX, dA %.1e", what, e5, e6);
-    CHECK(e7 < FAST_TOL, "%s depth backward: dy, db %.1e", what, e7);
+    struct { const char* name; double err; } errs[] = {
+        {"weights forward: A, b", e1},
+        {"weights forward: rstd, ta, tb", e2},
+        {"weights backward: dX", e3},
+        {"weights backward: the HC tensors' gradients", e4},
+        {"width: M", e5},
+        {"width: dX, dA", e6},
+        {"depth backward: dy, db", e7},
+    };
+    for (auto& e : errs) CHECK(e.err < FAST_TOL, "%s %s: rel err %.1e", what, e.name, e.err);
     CHECK(ddM_f == ddM_p, "%s depth backward: dM differs from the plain loop's (copies and zeros)", what);
 }
 TEST(fast_hc_equals_plain_dynamic) {
@@ -1526,7 +1555,9 @@ TEST(fast_hc_same_bits_for_any_thread_count) {
         runs.push_back(dX);
     }
     omp_set_num_threads(before);
-    CHECK(runs[0] == runs[1] && runs[0] == runs[2], "hc_width/weights_backward_fast: dX, dA or the HC tensors' gradients differ between 1, 2 and 3 threads");
+    for (int threads = 2; threads <= 3; threads++)
+        CHECK(runs[threads - 1] == runs[0],
+              "hc_width/weights_backward_fast: dX, dA or the HC tensors' gradients differ between 1 and %d threads", threads);
 }
 
 // tanh_fast (the fast HC weights) against double precision: within 2 ulp
@@ -1542,8 +1573,9 @@ TEST(tanh_fast_is_within_2_ulp) {
         worst = std::max(worst, std::fabs(tanh_fast(x) - std::tanh((double)x)) / ulp);
     }
     CHECK(worst <= 2.0, "tanh_fast: %.2f ulp from tanh", worst);
-    CHECK(tanh_fast(0.0f) == 0.0f && tanh_fast(50.0f) == 1.0f && tanh_fast(-50.0f) == -1.0f, "tanh_fast at 0 or far out");
-    CHECK(tanh_fast(INFINITY) == 1.0f && tanh_fast(-INFINITY) == -1.0f && std::isnan(tanh_fast(NAN)), "tanh_fast of +-inf or NaN");
+    struct { float x, want; } exact[] = {{0.0f, 0.0f}, {50.0f, 1.0f}, {-50.0f, -1.0f}, {INFINITY, 1.0f}, {-INFINITY, -1.0f}};
+    for (auto& k : exact) CHECK(tanh_fast(k.x) == k.want, "tanh_fast(%g) = %.9g, want %g", k.x, tanh_fast(k.x), k.want);
+    CHECK(std::isnan(tanh_fast(NAN)), "tanh_fast(NaN) = %g, want NaN", tanh_fast(NAN));
 }
 
 // The regulariser's fast path against the plain loops, one layer of B
@@ -1613,7 +1645,8 @@ TEST(fast_ereg_same_bits_for_any_thread_count) {
         runs.push_back(dV);
     }
     omp_set_num_threads(before);
-    CHECK(runs[0] == runs[1] && runs[0] == runs[2], "ereg_*_fast: stat or dV differ between 1, 2 and 3 threads");
+    for (int threads = 2; threads <= 3; threads++)
+        CHECK(runs[threads - 1] == runs[0], "ereg_*_fast: stat or dV differ between 1 and %d threads", threads);
 }
 
 
@@ -1633,11 +1666,11 @@ TEST(model_create_refuses_logits_past_32_bit_indices) {
     Config c = tiny_config(ARCH_LIME, 4, 2);
     c.T = 1 << 20;  // 200 x 2^20 positions x 11 logits: 2.3e9 floats
     std::string err = create_error(c, 200);
-    CHECK(err.find("logits") != std::string::npos && err.find("lower --batch") != std::string::npos, "answer: '%s'", err.c_str());
+    for (const char* part : {"logits", "lower --batch"}) CHECK(contains(err, part), "the answer lacks '%s': '%s'", part, err.c_str());
 }
 TEST(model_create_refuses_more_sequences_than_a_grid_has_rows) {
     std::string err = create_error(tiny_config(ARCH_LLAMA, 4, 2), 70000);
-    CHECK(err.find("65535") != std::string::npos && err.find("lower --batch") != std::string::npos, "answer: '%s'", err.c_str());
+    for (const char* part : {"65535", "lower --batch"}) CHECK(contains(err, part), "the answer lacks '%s': '%s'", part, err.c_str());
 }
 // The GPU's launch limits are not the CPU's: a CPU run of those shapes is made, not refused in GPU words.
 TEST(model_create_on_the_cpu_takes_what_only_the_gpu_cannot) {
@@ -1645,8 +1678,8 @@ TEST(model_create_on_the_cpu_takes_what_only_the_gpu_cannot) {
     Config c = tiny_config(ARCH_LIME, 96, 96);
     c.hd = 2, c.d = 192, c.L = 64;
     std::string router = create_error(c, 1, DEVICE_CPU);
-    CHECK(batch.empty() && router.empty(), "70000 sequences: '%s'; 64 layers x 96 kv heads: '%s'", batch.c_str(),
-          router.c_str());
+    CHECK(batch.empty(), "70000 sequences refused on the CPU: '%s'", batch.c_str());
+    CHECK(router.empty(), "64 layers x 96 kv heads refused on the CPU: '%s'", router.c_str());
 }
 // No router is too wide for the GPU: where the hand-written kernels' shared memory
 // is too small, the router runs on cuBLAS (model_create), so launch_check refuses none.
@@ -1759,7 +1792,8 @@ TEST(ereg_loss_is_ce_minus_lambda_mean_s2_and_eval_is_plain_ce) {
     CHECK(reg.last_s2 > 0, "mean S2 %g, want > 0 on random values", reg.last_s2);
     CHECK(total == ce - 0.3f * reg.last_s2, "loss %.9g != ce - 0.3 s2 = %.9g", total, ce - 0.3f * reg.last_s2);
     float eval = model_forward(&reg, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);  // no valid mask
-    CHECK(eval == ce && reg.last_s2 == 0, "forward without a valid mask: loss %.9g, want the plain ce %.9g", eval, ce);
+    CHECK(eval == ce, "forward without a valid mask: loss %.9g, want the plain ce %.9g", eval, ce);
+    CHECK(reg.last_s2 == 0, "forward without a valid mask: mean S2 %g, want 0", reg.last_s2);
 }
 
 TEST(ereg_lambda_zero_is_bit_identical_and_allocates_nothing) {
@@ -1783,7 +1817,8 @@ TEST(ereg_lambda_zero_is_bit_identical_and_allocates_nothing) {
                              run ? b.valid.data() : nullptr);
             float norm;
             model_metrics(&m, &losses[run][s], &norm);
-            CHECK(!m.ereg_on && m.last_s2 == 0, "lambda 0 computed the regulariser");
+            CHECK(!m.ereg_on, "lambda 0 turned the regulariser on (step %d)", s + 1);
+            CHECK(m.last_s2 == 0, "lambda 0 computed a mean S2 of %g (step %d)", m.last_s2, s + 1);
         }
         params[run].assign(m.params, m.params + m.n_params);
     }

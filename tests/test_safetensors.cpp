@@ -20,10 +20,6 @@
 // ---------------------------------------------------------------------------
 // Helpers
 
-static bool contains(const std::string& s, const std::string& word) {
-    return s.find(word) != std::string::npos;
-}
-
 // One scratch directory per run, removed when the program exits.
 struct ScratchDir {
     std::string path;
