@@ -75,7 +75,8 @@ TEST(checkpoint_has_checksum_and_loads) {
     CHECK(err.empty(), "st_read: %s", err.c_str());
     auto it = st.meta.find("checksum");
     CHECK(it != st.meta.end(), "no \"checksum\" in the metadata");
-    CHECK(it->second.size() == 8 + 16 && it->second.rfind("fnv1a64:", 0) == 0, "checksum \"%s\" is not fnv1a64:<16 hex>", it->second.c_str());
+    CHECK(it->second.rfind("fnv1a64:", 0) == 0, "checksum \"%s\" does not begin fnv1a64:", it->second.c_str());
+    CHECK(it->second.size() == 8 + 16, "checksum \"%s\" is not fnv1a64: and 16 hex digits", it->second.c_str());
     Model m2;
     CHECK(model_create(&m2, tiny_config(ARCH_LIME, 2, 1), 2, DEVICE_CPU).empty(), "model_create");
     err = model_load(&m2, s.file.path, true);
@@ -101,8 +102,8 @@ TEST(checkpoint_flipped_data_bit_refused) {
         write_all(s.file.path, bad);
         Config c;
         std::string err = checkpoint_read_config(s.file.path, &c, nullptr);
-        CHECK(contains(err, "checksum does not match") && contains(err, "corrupt"), "byte %zu flipped: checkpoint_read_config says '%s'", off,
-              err.c_str());
+        for (const char* part : {"checksum does not match", "corrupt"})
+            CHECK(contains(err, part), "byte %zu flipped: checkpoint_read_config's error lacks '%s': '%s'", off, part, err.c_str());
         Model m2;
         CHECK(model_create(&m2, tiny_config(ARCH_LIME, 2, 1), 2, DEVICE_CPU).empty(), "model_create");
         err = model_load(&m2, s.file.path, false);
@@ -159,8 +160,8 @@ TEST(first_nonfinite_names_the_tensor) {
     std::string params = model_first_nonfinite(&model, true);
     std::string name = t.name;
     model_free(&model);
-    CHECK(clean_grads.empty() && clean_params.empty(), "a fresh model reports '%s' / '%s'", clean_grads.c_str(),
-          clean_params.c_str());
+    CHECK(clean_grads.empty(), "a fresh model reports a non-finite gradient in '%s'", clean_grads.c_str());
+    CHECK(clean_params.empty(), "a fresh model reports a non-finite weight in '%s'", clean_params.c_str());
     CHECK(grads == name, "a NaN gradient in %s reported as '%s'", name.c_str(), grads.c_str());
     CHECK(params == name, "an -Inf weight in %s reported as '%s'", name.c_str(), params.c_str());
 }
@@ -179,7 +180,8 @@ TEST(nonfinite_weights_refused_at_load) {
     FreeOnReturn guard{&m2};
     CHECK(model_create(&m2, tiny_config(ARCH_LIME, 2, 1), 2, DEVICE_CPU).empty(), "model_create");
     err = model_load(&m2, bad.path, false);
-    CHECK(contains(err, t.name) && contains(err, "NaN or an Inf"), "a NaN in %s: model_load says '%s'", t.name.c_str(),
+    CHECK(contains(err, t.name), "a NaN in %s: model_load's error does not name it: '%s'", t.name.c_str(), err.c_str());
+    CHECK(contains(err, "NaN or an Inf"), "a NaN in %s: model_load's error lacks 'NaN or an Inf': '%s'", t.name.c_str(),
           err.c_str());
     s.model.params[t.offset + 1] = 0.5f;
     s.model.adam_v[t.offset] = INFINITY;
@@ -201,8 +203,13 @@ TEST(checkpoint_meta_checked) {
     TrainMeta m;
     std::string err = checkpoint_check_meta("f", c, good, &m);
     CHECK(err.empty(), "good metadata refused: %s", err.c_str());
-    CHECK(m.train_step == 30 && m.steps == 40 && m.data_epoch == 2 && m.data_pos == 7 && m.task["ops"] == "2" &&
-              (int)m.vocab.size() == c.V && m.vocab[3] == "t3", "good metadata parsed wrong");
+    CHECK(m.train_step == 30, "train_step parsed as %d, want 30", m.train_step);
+    CHECK(m.steps == 40, "args' steps parsed as %d, want 40", m.steps);
+    CHECK(m.data_epoch == 2, "data_epoch parsed as %d, want 2", m.data_epoch);
+    CHECK(m.data_pos == 7, "data_pos parsed as %lld, want 7", (long long)m.data_pos);
+    CHECK(m.task["ops"] == "2", "task's ops parsed as '%s', want '2'", m.task["ops"].c_str());
+    CHECK((int)m.vocab.size() == c.V, "vocab parsed as %zu tokens, want %d", m.vocab.size(), c.V);
+    CHECK(m.vocab[3] == "t3", "vocab token 3 parsed as '%s', want 't3'", m.vocab[3].c_str());
     struct Case { const char* key; const char* value; const char* word; } cases[] = {
         {"checksum", nullptr, "no \"checksum\""},
         {"train_step", "2000000000", "train_step"},   // past the run's 40 steps
@@ -226,8 +233,9 @@ TEST(checkpoint_meta_checked) {
         if (k.value) meta[k.key] = k.value;
         else meta.erase(k.key);
         err = checkpoint_check_meta("f", c, meta, &m);
-        CHECK(contains(err, k.word) && err.find('\n') == std::string::npos, "%s = %s: '%s'", k.key,
-              k.value ? k.value : "(none)", err.c_str());
+        const char* value = k.value ? k.value : "(none)";
+        CHECK(contains(err, k.word), "%s = %s: the error lacks '%s': '%s'", k.key, value, k.word, err.c_str());
+        CHECK(!contains(err, "\n"), "%s = %s: the error is more than one line: '%s'", k.key, value, err.c_str());
     }
 }
 
@@ -272,8 +280,10 @@ TEST(hc_checkpoint_round_trip) {
         CHECK(err.empty(), "save: %s", err.c_str());
         Config back;
         err = checkpoint_read_config(f.path, &back, nullptr);
-        CHECK(err.empty() && back.arch == ARCH_HC && back.hc_rate == 3 && back.hc_dynamic == dynamic,
-              "read config: '%s', arch %d, hc_rate %d, hc_dynamic %d", err.c_str(), (int)back.arch, back.hc_rate, back.hc_dynamic);
+        CHECK(err.empty(), "read config: '%s'", err.c_str());
+        CHECK(back.arch == ARCH_HC, "read config: arch %s, want hc", arch_name(back.arch));
+        CHECK(back.hc_rate == 3, "read config: hc_rate %d, want 3", back.hc_rate);
+        CHECK(back.hc_dynamic == dynamic, "read config: hc_dynamic %d, want %d", back.hc_dynamic, dynamic);
         Model m2;
         CHECK(model_create(&m2, back, 2, DEVICE_CPU).empty(), "model_create");
         err = model_load(&m2, f.path, true);
@@ -289,7 +299,10 @@ TEST(hc_checkpoint_round_trip) {
 TEST(hc_config_json_checked) {
     Config c;
     std::string base = config_to_json(hc_config(2, false));
-    CHECK(config_from_json(base, &c).empty() && c.hc_rate == 2 && !c.hc_dynamic, "hc config does not read back: %s", base.c_str());
+    std::string err = config_from_json(base, &c);
+    CHECK(err.empty(), "hc config does not read back: '%s' (%s)", err.c_str(), base.c_str());
+    CHECK(c.hc_rate == 2, "hc config reads back with hc_rate %d, want 2: %s", c.hc_rate, base.c_str());
+    CHECK(!c.hc_dynamic, "hc config reads back dynamic, want static: %s", base.c_str());
     std::string lime = config_to_json(tiny_config(ARCH_LIME, 2, 1));
     CHECK(!contains(lime, "hc_rate"), "a lime config names hc_rate: %s", lime.c_str());
     struct { std::string from, to, word; } bad[] = {
@@ -301,8 +314,9 @@ TEST(hc_config_json_checked) {
     for (auto& b : bad) {
         std::string text = base;
         text.replace(text.find(b.from), b.from.size(), b.to);
-        std::string err = config_from_json(text, &c);
-        CHECK(contains(err, b.word) && !contains(err, "\n"), "%s: '%s', want one line with '%s'", b.to.c_str(), err.c_str(), b.word.c_str());
+        err = config_from_json(text, &c);
+        CHECK(contains(err, b.word), "%s: the error lacks '%s': '%s'", b.to.c_str(), b.word.c_str(), err.c_str());
+        CHECK(!contains(err, "\n"), "%s: the error is more than one line: '%s'", b.to.c_str(), err.c_str());
     }
 }
 
@@ -312,7 +326,8 @@ TEST(hc_checkpoint_with_bad_tensors_refused) {
     Config c = hc_config(2, true);
     Model m, other;
     FreeOnReturn guard{&m, &other};
-    CHECK(model_create(&m, c, 2, DEVICE_CPU).empty() && model_create(&other, hc_config(3, true), 2, DEVICE_CPU).empty(), "model_create");
+    CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create hc:n2");
+    CHECK(model_create(&other, hc_config(3, true), 2, DEVICE_CPU).empty(), "model_create hc:n3");
     model_init(&m, 4);
     model_init(&other, 4);
     struct { const Model* tensors; std::string drop, reshape, word; } cases[] = {
@@ -329,7 +344,8 @@ TEST(hc_checkpoint_with_bad_tensors_refused) {
         CHECK(model_create(&m2, c, 2, DEVICE_CPU).empty(), "model_create");
         err = model_load(&m2, f.path, false);
         model_free(&m2);
-        CHECK(contains(err, k.word) && contains(err, "hc_rate") && !contains(err, "\n"),
-              "want one line naming %s and hc_rate, got '%s'", k.word.c_str(), err.c_str());
+        CHECK(contains(err, k.word), "the error does not name %s: '%s'", k.word.c_str(), err.c_str());
+        CHECK(contains(err, "hc_rate"), "the error does not name hc_rate: '%s'", err.c_str());
+        CHECK(!contains(err, "\n"), "the error is more than one line: '%s'", err.c_str());
     }
 }

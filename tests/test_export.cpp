@@ -334,26 +334,38 @@ TEST(export_config_holds_the_checkpoints_values) {
           num(cfg, "rms_norm_eps"), c.eps);
     CHECK((float)num(cfg, "rope_theta") == c.rope_theta, "config.json rope_theta = %g", num(cfg, "rope_theta"));
     const Json* arch = cfg.get("architectures");
-    CHECK(arch && arch->arr.size() == 1 && arch->arr[0].str == "LlamaForCausalLM", "config.json architectures");
-    CHECK(str(cfg, "model_type") == "llama" && str(cfg, "hidden_act") == "silu" && str(cfg, "torch_dtype") == "float32",
-          "config.json model_type %s, hidden_act %s, torch_dtype %s", str(cfg, "model_type").c_str(),
-          str(cfg, "hidden_act").c_str(), str(cfg, "torch_dtype").c_str());
-    CHECK(cfg.get("tie_word_embeddings")->b && is_null(cfg, "bos_token_id"), "config.json: tied, no BOS");
+    CHECK(arch, "config.json has no architectures");
+    CHECK(arch->arr.size() == 1, "config.json has %zu architectures, want 1", arch->arr.size());
+    CHECK(arch->arr[0].str == "LlamaForCausalLM", "config.json architectures[0] = %s, want LlamaForCausalLM",
+          arch->arr[0].str.c_str());
+    struct { const char* key; const char* want; } strs[] = {{"model_type", "llama"}, {"hidden_act", "silu"}, {"torch_dtype", "float32"}};
+    for (auto& f : strs) CHECK(str(cfg, f.key) == f.want, "config.json %s = %s, want %s", f.key, str(cfg, f.key).c_str(), f.want);
+    CHECK(cfg.get("tie_word_embeddings")->b, "config.json: tie_word_embeddings is not true");
+    CHECK(is_null(cfg, "bos_token_id"), "config.json: bos_token_id is not null (the trainer has no BOS)");
     Json gen = read_json(ex.out + "/generation_config.json");
-    CHECK(num(gen, "eos_token_id") == 1 && num(gen, "pad_token_id") == 0 && num(gen, "max_length") == c.T + 1 &&
-              !gen.get("do_sample")->b, "generation_config.json: eos %g pad %g max_length %g",
-          num(gen, "eos_token_id"), num(gen, "pad_token_id"), num(gen, "max_length"));
+    struct { const char* key; int want; } gen_ints[] = {{"eos_token_id", 1}, {"pad_token_id", 0}, {"max_length", c.T + 1}};
+    for (auto& f : gen_ints)
+        CHECK(num(gen, f.key) == f.want, "generation_config.json %s = %g, want %d", f.key, num(gen, f.key), f.want);
+    CHECK(!gen.get("do_sample")->b, "generation_config.json: do_sample is true, want false");
     Json tc = read_json(ex.out + "/tokenizer_config.json"), sp = read_json(ex.out + "/special_tokens_map.json");
-    CHECK(str(tc, "eos_token") == "<eos>" && str(tc, "pad_token") == "<pad>" && is_null(tc, "bos_token") &&
-              num(tc, "model_max_length") == c.T && str(sp, "eos_token") == "<eos>" && str(sp, "pad_token") == "<pad>",
-          "tokenizer_config.json / special_tokens_map.json: eos %s pad %s", str(tc, "eos_token").c_str(),
-          str(tc, "pad_token").c_str());
+    CHECK(str(tc, "eos_token") == "<eos>", "tokenizer_config.json eos_token = %s, want <eos>", str(tc, "eos_token").c_str());
+    CHECK(str(tc, "pad_token") == "<pad>", "tokenizer_config.json pad_token = %s, want <pad>", str(tc, "pad_token").c_str());
+    CHECK(is_null(tc, "bos_token"), "tokenizer_config.json: bos_token is not null (the trainer has no BOS)");
+    CHECK(num(tc, "model_max_length") == c.T, "tokenizer_config.json model_max_length = %g, want %d", num(tc, "model_max_length"),
+          c.T);
+    CHECK(str(sp, "eos_token") == "<eos>", "special_tokens_map.json eos_token = %s, want <eos>", str(sp, "eos_token").c_str());
+    CHECK(str(sp, "pad_token") == "<pad>", "special_tokens_map.json pad_token = %s, want <pad>", str(sp, "pad_token").c_str());
     Json tok = read_json(ex.out + "/tokenizer.json");
     const Json* added = tok.get("added_tokens");
-    CHECK(added && added->arr.size() == 2 && num(added->arr[0], "id") == 0 &&
-              str(added->arr[0], "content") == "<pad>" &&
-              num(added->arr[1], "id") == 1 && str(added->arr[1], "content") == "<eos>",
-          "tokenizer.json added_tokens are not <pad> = 0, <eos> = 1");
+    CHECK(added, "tokenizer.json has no added_tokens");
+    CHECK(added->arr.size() == 2, "tokenizer.json has %zu added_tokens, want 2 (<pad>, <eos>)", added->arr.size());
+    const char* specials[] = {"<pad>", "<eos>"};
+    for (int id = 0; id < 2; id++) {
+        CHECK(num(added->arr[id], "id") == id, "tokenizer.json added_tokens[%d] has id %g, want %d", id,
+              num(added->arr[id], "id"), id);
+        CHECK(str(added->arr[id], "content") == specials[id], "tokenizer.json added_tokens[%d] is %s, want %s", id,
+              str(added->arr[id], "content").c_str(), specials[id]);
+    }
     CHECK(is_null(tok, "post_processor"), "tokenizer.json adds tokens (post_processor); the trainer adds none");
 }
 
@@ -401,7 +413,8 @@ TEST(export_tokenizer_gives_the_trainers_ids_text) {
     Exported ex("text", text_vocab(), 16);
     CHECK(ex.err.empty(), "export: %s", ex.err.c_str());
     Json tok = read_json(ex.out + "/tokenizer.json"), cfg = read_json(ex.out + "/config.json");
-    CHECK(is_null(cfg, "eos_token_id") && is_null(cfg, "pad_token_id"), "config.json: bytes have no eos or pad");
+    CHECK(is_null(cfg, "eos_token_id"), "config.json: eos_token_id is not null, and bytes have no eos");
+    CHECK(is_null(cfg, "pad_token_id"), "config.json: pad_token_id is not null, and bytes have no pad");
     std::string text = "Hi,  there!\n\tcaf\xc3\xa9 <0x41> ~\x7f\x01 \xe2\x82\xac";
     std::vector<int> ids, want;
     std::string err = hf_encode(tok, text, &ids);
@@ -426,13 +439,15 @@ TEST(export_weights_alone_and_twice_the_same_bytes) {
         CHECK(memcmp(st.data.data() + st.tensors[i].begin, ex.model.params + t.offset, t.numel * 4) == 0,
               "model.safetensors %s differs from the checkpoint's", t.name.c_str());
     }
-    CHECK(st.meta.size() == 1 && st.meta["format"] == "pt", "model.safetensors metadata is not just format pt");
+    CHECK(st.meta.size() == 1, "model.safetensors has %zu metadata entries, want 1 (format)", st.meta.size());
+    CHECK(st.meta["format"] == "pt", "model.safetensors metadata format = '%s', want pt", st.meta["format"].c_str());
     err = hf_export(ex.ckpt, ex.dir + "/again", false);
     CHECK(err.empty(), "second export: %s", err.c_str());
     for (const char* f : {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
                           "tokenizer_config.json", "special_tokens_map.json"}) {
         std::string a = read_text(ex.out + "/" + f), b = read_text(ex.dir + "/again/" + f);
-        CHECK(!a.empty() && a == b, "%s differs between two exports of one checkpoint", f);
+        CHECK(!a.empty(), "the export has no %s, or it is empty", f);
+        CHECK(a == b, "%s differs between two exports of one checkpoint", f);
     }
 }
 
@@ -462,7 +477,10 @@ TEST(export_refuses_lime_and_keeps_other_files_with_force) {
     std::string err = hf_export(ex.ckpt, ex.out, false);
     CHECK(err.find("not empty") != std::string::npos, "export into a full --out: '%s'", err.c_str());
     FILE* f = fopen((ex.out + "/notes.txt").c_str(), "w");
-    CHECK(f && fputs("mine", f) >= 0 && fclose(f) == 0, "cannot write notes.txt");
+    CHECK(f, "cannot create notes.txt");
+    int put = fputs("mine", f), closed = fclose(f);
+    CHECK(put >= 0, "cannot write notes.txt");
+    CHECK(closed == 0, "cannot close notes.txt");
     err = hf_export(ex.ckpt, ex.out, true);
     CHECK(err.empty(), "export --force: %s", err.c_str());
     CHECK(read_text(ex.out + "/notes.txt") == "mine", "export --force removed a file not its own");
@@ -497,8 +515,9 @@ TEST(export_refuses_the_peers_by_name) {
         model_free(&peer);
         CHECK(err.empty(), "save %s: %s", arch_name(a), err.c_str());
         err = hf_export(file, out, false);
-        CHECK(err.find(std::string("is a ") + arch_name(a) + " checkpoint") != std::string::npos &&
-                  err.find("--arch llama") != std::string::npos, "%s checkpoint: '%s'", arch_name(a), err.c_str());
+        std::string names = std::string("is a ") + arch_name(a) + " checkpoint";
+        CHECK(contains(err, names), "%s checkpoint: the error lacks '%s': '%s'", arch_name(a), names.c_str(), err.c_str());
+        CHECK(contains(err, "--arch llama"), "%s checkpoint: the error lacks '--arch llama': '%s'", arch_name(a), err.c_str());
         struct stat sb;
         CHECK(stat(out.c_str(), &sb) != 0, "a refused export left %s", out.c_str());
     }
