@@ -70,8 +70,10 @@ TEST(arith_vocab_ids) {
     CHECK(v.size() == 9 + 11, "size %d, want 20", v.size());
     for (int i = 0; i < 9; i++) CHECK(v.tokens[i] == want[i], "token %d is '%s', want '%s'", i, v.tokens[i].c_str(), want[i]);
     for (int n = 0; n < 11; n++) CHECK(v.id(std::to_string(n)) == 9 + n, "id('%d') = %d, want %d", n, v.id(std::to_string(n)), 9 + n);
-    CHECK(v.id("11") == -1 && v.id("07") == -1, "'11' and '07' must be unknown for p = 11");
-    CHECK(v.pad == 0 && v.eos == 1, "pad %d eos %d, want 0 and 1", v.pad, v.eos);
+    for (const char* unknown : {"11", "07"})
+        CHECK(v.id(unknown) == -1, "'%s' has id %d, want -1 (unknown for p = 11)", unknown, v.id(unknown));
+    CHECK(v.pad == 0, "pad is id %d, want 0", v.pad);
+    CHECK(v.eos == 1, "eos is id %d, want 1", v.eos);
     CHECK(arith_vocab(997).size() == 1006, "p = 997: size %d, want 1006", arith_vocab(997).size());
 }
 
@@ -105,7 +107,8 @@ TEST(arith_every_step_valid) {
                     CHECK(count_ops(c[j]) == j, "p=%d: E_%d has %d operators: '%s'", p, j, count_ops(c[j]), join(c[j]).c_str());
                     int v = -1;
                     std::string err = arith_eval(c[j], p, &v);
-                    CHECK(err.empty() && v == x, "p=%d: '%s' = %d (%s), want the answer %d", p, join(c[j]).c_str(), v, err.c_str(), x);
+                    CHECK(err.empty(), "p=%d: '%s' does not evaluate: %s", p, join(c[j]).c_str(), err.c_str());
+                    CHECK(v == x, "p=%d: '%s' = %d, want the answer %d", p, join(c[j]).c_str(), v, x);
                     err = arith_check_step(c[j], c[j - 1], p);
                     CHECK(err.empty(), "p=%d: step '%s' = '%s' refused: %s", p, join(c[j]).c_str(), join(c[j - 1]).c_str(), err.c_str());
                 }
@@ -151,7 +154,8 @@ TEST(arith_bracket_rule_is_exactly_precedence) {
             }
         }
     }
-    CHECK(kept > 100 && dropped > 100, "too few cases of each kind: kept %d dropped %d", kept, dropped);
+    CHECK(kept > 100, "only %d cases that keep their brackets, want more than 100", kept);
+    CHECK(dropped > 100, "only %d cases that drop their brackets, want more than 100", dropped);
 }
 
 TEST(arith_unneeded_brackets_hand_cases) {
@@ -190,7 +194,8 @@ TEST(arith_operators_uniform) {
         count[std::string(ops).find(e[1][0])]++;
     }
     for (int i = 0; i < 4; i++)
-        CHECK(count[i] > 4700 && count[i] < 5300, "op '%c' drawn %d times of 20000, want about 5000", ops[i], count[i]);
+        CHECK(count[i] > 4700 && count[i] < 5300, "op '%c' drawn %d times of 20000, want about 5000 (4700 .. 5300)", ops[i],
+              count[i]);
 }
 
 // ---------------------------------------------------------------------------
@@ -211,10 +216,13 @@ TEST(arith_formats_and_loss_start) {
             std::vector<Expr> lines = split_lines(toks);
             CHECK((int)lines.size() == (chain ? 4 : 2), "%s: %zu lines in '%s'", chain ? "chain" : "direct", lines.size(), join(toks).c_str());
             CHECK(lines.back() == Expr{std::to_string(d.test_answers[i])}, "last line '%s' is not the answer %d", join(lines.back()).c_str(), d.test_answers[i]);
-            CHECK(q.tokens[q.loss_start - 1] == d.vocab.id("=") && (size_t)q.loss_start == lines[0].size() + 1,
-                  "loss_start %d is not just after the first '='", q.loss_start);
+            CHECK(q.tokens[q.loss_start - 1] == d.vocab.id("="), "loss_start %d is not just after an '='", q.loss_start);
+            CHECK((size_t)q.loss_start == lines[0].size() + 1, "loss_start %d is not just after the first line, %zu tokens",
+                  q.loss_start, lines[0].size());
             int v;
-            CHECK(arith_eval(lines[0], s.p, &v).empty() && v == d.test_answers[i], "question does not evaluate to its answer");
+            err = arith_eval(lines[0], s.p, &v);
+            CHECK(err.empty(), "question '%s' does not evaluate: %s", join(lines[0]).c_str(), err.c_str());
+            CHECK(v == d.test_answers[i], "question '%s' = %d, its answer %d", join(lines[0]).c_str(), v, d.test_answers[i]);
         }
     }
 }
@@ -334,8 +342,8 @@ TEST(arith_generates_a_large_set_at_tier_6) {
     ArithData d;
     std::string err = arith_generate(s, &d);
     CHECK(err.empty(), "generate: %s", err.c_str());
-    CHECK(d.train.size() == 50000 && d.test.size() == 1000, "sizes %zu, %zu: want 50000, 1000", d.train.size(),
-          d.test.size());
+    CHECK(d.train.size() == 50000, "%zu training sequences, want 50000", d.train.size());
+    CHECK(d.test.size() == 1000, "%zu test sequences, want 1000", d.test.size());
 }
 
 // ---------------------------------------------------------------------------
@@ -348,7 +356,8 @@ TEST(arith_eval_hand_cases) {
     for (const auto& c : ok) {
         int v = -1;
         std::string err = arith_eval(split(c.e), 11, &v);
-        CHECK(err.empty() && v == c.v, "'%s' = %d (%s), want %d", c.e, v, err.c_str(), c.v);
+        CHECK(err.empty(), "'%s' does not evaluate: %s", c.e, err.c_str());
+        CHECK(v == c.v, "'%s' = %d, want %d", c.e, v, c.v);
     }
     const char* bad[] = {"2 +", "( 2 + 3", "2 + 3 )", "2 / 0", "2 / ( 3 - 3 )", "2 ^ 3", "12 + 1", "", "2 3"};
     for (const char* e : bad) {
@@ -393,18 +402,20 @@ TEST(arith_correct_hand_cases) {
 TEST(arith_chain_quality_hand_cases) {
     Vocab v = arith_vocab(11);
     auto q = [&](const char* s) { return arith_chain_quality(v, ids_of(v, s), 11); };
-    ChainQuality a = q("( 2 + 3 ) * 4 = 5 * 4 = 9 <eos>");
-    CHECK(a.all_valid && a.first_bad_step == -1, "valid chain judged bad: %s", a.why.c_str());
-    a = q("( 2 + 3 ) * 4 = 5 * 4 = 8 <eos>");
-    CHECK(!a.all_valid && a.first_bad_step == 1, "wrong last step: first_bad_step %d (%s), want 1", a.first_bad_step, a.why.c_str());
-    a = q("( 2 + 3 ) * 4 = 9 <eos>");
-    CHECK(!a.all_valid && a.first_bad_step == 0, "two operators at once: first_bad_step %d, want 0", a.first_bad_step);
-    a = q("( 2 + 3 ) * 4 = 5 * 4 <eos>");
-    CHECK(!a.all_valid && a.first_bad_step == 1, "stopping early: first_bad_step %d (%s), want 1", a.first_bad_step, a.why.c_str());
-    a = q("( 2 + 3 ) * 4 = 5 * 4 = 9");
-    CHECK(!a.all_valid && a.first_bad_step == 2, "no <eos>: first_bad_step %d (%s), want 2", a.first_bad_step, a.why.c_str());
-    a = q("( 2 + 3 ) * 4 = 5 * = 9 <eos>");
-    CHECK(!a.all_valid && a.first_bad_step == 0, "broken line: first_bad_step %d, want 0", a.first_bad_step);
+    struct { const char* what; const char* chain; int first_bad_step; } cases[] = {  // -1: the chain is valid
+        {"a valid chain", "( 2 + 3 ) * 4 = 5 * 4 = 9 <eos>", -1},
+        {"a wrong last step", "( 2 + 3 ) * 4 = 5 * 4 = 8 <eos>", 1},
+        {"two operators at once", "( 2 + 3 ) * 4 = 9 <eos>", 0},
+        {"stopping early", "( 2 + 3 ) * 4 = 5 * 4 <eos>", 1},
+        {"no <eos>", "( 2 + 3 ) * 4 = 5 * 4 = 9", 2},
+        {"a broken line", "( 2 + 3 ) * 4 = 5 * = 9 <eos>", 0},
+    };
+    for (auto& k : cases) {
+        ChainQuality a = q(k.chain);
+        CHECK(a.all_valid == (k.first_bad_step == -1), "%s judged %s: %s", k.what, a.all_valid ? "valid" : "bad", a.why.c_str());
+        CHECK(a.first_bad_step == k.first_bad_step, "%s: first_bad_step %d (%s), want %d", k.what, a.first_bad_step,
+              a.why.c_str(), k.first_bad_step);
+    }
     // every generated training sequence is a valid chain
     ArithSettings s;
     s.ops = 6, s.train_size = 300, s.test_size = 10;
@@ -448,15 +459,18 @@ TEST(arith_samples_test_answers) {
     for (const char* tier : TIERS) {
         std::string dir = std::string("tests/data/arith/") + tier + "/chain/";
         std::vector<std::string> qs = read_lines(dir + "test_data.txt"), ans = read_lines(dir + "test_ans.txt");
-        CHECK(qs.size() == 500 && ans.size() == 500, "%s: %zu questions, %zu answers, want 500 each", dir.c_str(), qs.size(), ans.size());
+        CHECK(qs.size() == 500, "%stest_data.txt: %zu questions, want 500", dir.c_str(), qs.size());
+        CHECK(ans.size() == 500, "%stest_ans.txt: %zu answers, want 500", dir.c_str(), ans.size());
         for (size_t n = 0; n < qs.size(); n++) {
             Expr e = split(qs[n]);
             CHECK(e.back() == "=", "%stest_data.txt:%zu: prompt must end in '='", dir.c_str(), n + 1);
             e.pop_back();
             int v = -1;
             std::string err = arith_eval(e, 11, &v);
-            CHECK(err.empty() && std::to_string(v) == split(ans[n])[0], "%stest_data.txt:%zu: '%s' = %d (%s), file says %s",
-                  dir.c_str(), n + 1, join(e).c_str(), v, err.c_str(), ans[n].c_str());
+            CHECK(err.empty(), "%stest_data.txt:%zu: '%s' does not evaluate: %s", dir.c_str(), n + 1, join(e).c_str(),
+                  err.c_str());
+            CHECK(std::to_string(v) == split(ans[n])[0], "%stest_data.txt:%zu: '%s' = %d, test_ans.txt says %s", dir.c_str(),
+                  n + 1, join(e).c_str(), v, ans[n].c_str());
         }
     }
 }
@@ -469,11 +483,15 @@ TEST(arith_samples_decoder) {
             CHECK(!lines.empty(), "%s: no lines (run from the repository root)", path.c_str());
             for (size_t n = 0; n < lines.size(); n++) {
                 std::vector<Expr> parts = split_lines(split(lines[n]));
-                CHECK(parts.size() == 2 && parts[1].size() == 1, "%s:%zu: not 'expr = answer'", path.c_str(), n + 1);
+                CHECK(parts.size() == 2, "%s:%zu: %zu parts, not 'expr = answer'", path.c_str(), n + 1, parts.size());
+                CHECK(parts[1].size() == 1, "%s:%zu: the answer '%s' is not one number", path.c_str(), n + 1,
+                      join(parts[1]).c_str());
                 int v = -1;
                 std::string err = arith_eval(parts[0], 11, &v);
-                CHECK(err.empty() && std::to_string(v) == parts[1][0], "%s:%zu: '%s' = %d (%s), file says %s",
-                      path.c_str(), n + 1, join(parts[0]).c_str(), v, err.c_str(), parts[1][0].c_str());
+                CHECK(err.empty(), "%s:%zu: '%s' does not evaluate: %s", path.c_str(), n + 1, join(parts[0]).c_str(),
+                      err.c_str());
+                CHECK(std::to_string(v) == parts[1][0], "%s:%zu: '%s' = %d, the file says %s", path.c_str(), n + 1,
+                      join(parts[0]).c_str(), v, parts[1][0].c_str());
             }
         }
 }
@@ -502,17 +520,23 @@ TEST(make_batch_hand_made) {
     int idx[3] = {0, 1, 0};
     Batch b;
     make_batch(seqs, idx, 3, 6, 0, &b);
-    CHECK(b.B == 3 && b.T == 6 && b.tokens.size() == 18 && b.targets.size() == 18 && b.mask.size() == 18, "batch shapes wrong");
+    CHECK(b.B == 3, "B = %d, want 3", b.B);
+    CHECK(b.T == 6, "T = %d, want 6", b.T);
+    CHECK(b.tokens.size() == 18, "%zu tokens, want B x T = 18", b.tokens.size());
+    CHECK(b.targets.size() == 18, "%zu targets, want B x T = 18", b.targets.size());
+    CHECK(b.mask.size() == 18, "%zu mask values, want B x T = 18", b.mask.size());
     std::vector<int> tok0 = {10, 11, 12, 13, 14, 0}, tgt0 = {11, 12, 13, 14, 0, 0};
     // position t predicts token t+1, counted iff t+1 >= loss_start = 3 and t+1 < n = 5
     std::vector<float> m0 = {0, 0, 1, 1, 0, 0};
     std::vector<int> tok1 = {20, 21, 22, 23, 24, 25}, tgt1 = {21, 22, 23, 24, 25, 26};
     std::vector<float> m1 = {1, 1, 1, 1, 1, 1};
     for (int t = 0; t < 6; t++) {
-        CHECK(b.tokens[t] == tok0[t] && b.targets[t] == tgt0[t] && b.mask[t] == m0[t],
-              "row 0, t=%d: token %d target %d mask %g, want %d %d %g", t, b.tokens[t], b.targets[t], b.mask[t], tok0[t], tgt0[t], m0[t]);
-        CHECK(b.tokens[6 + t] == tok1[t] && b.targets[6 + t] == tgt1[t] && b.mask[6 + t] == m1[t],
-              "row 1, t=%d: token %d target %d mask %g, want %d %d %g", t, b.tokens[6 + t], b.targets[6 + t], b.mask[6 + t], tok1[t], tgt1[t], m1[t]);
+        CHECK(b.tokens[t] == tok0[t], "row 0, t=%d: token %d, want %d", t, b.tokens[t], tok0[t]);
+        CHECK(b.targets[t] == tgt0[t], "row 0, t=%d: target %d, want %d", t, b.targets[t], tgt0[t]);
+        CHECK(b.mask[t] == m0[t], "row 0, t=%d: mask %g, want %g", t, b.mask[t], m0[t]);
+        CHECK(b.tokens[6 + t] == tok1[t], "row 1, t=%d: token %d, want %d", t, b.tokens[6 + t], tok1[t]);
+        CHECK(b.targets[6 + t] == tgt1[t], "row 1, t=%d: target %d, want %d", t, b.targets[6 + t], tgt1[t]);
+        CHECK(b.mask[6 + t] == m1[t], "row 1, t=%d: mask %g, want %g", t, b.mask[6 + t], m1[t]);
         CHECK(b.tokens[12 + t] == tok0[t], "row 2 must repeat row 0");
     }
 }
@@ -550,7 +574,8 @@ TEST(loader_epochs_are_permutations) {
     }
     CHECK(std::vector<int>(seen.begin(), seen.begin() + 10) != std::vector<int>(seen.begin() + 10, seen.end()),
           "epochs 0 and 1 have the same order: reshuffle each epoch");
-    CHECK(l.epoch == 2 && l.pos == 0, "after 20 of 10 the loader is at (%d, %zu), want (2, 0)", l.epoch, l.pos);
+    CHECK(l.epoch == 2, "after 20 of 10 the loader is in epoch %d, want 2", l.epoch);
+    CHECK(l.pos == 0, "after 20 of 10 the loader is at position %zu, want 0", l.pos);
 }
 
 TEST(loader_resume_matches_uninterrupted) {
@@ -571,8 +596,9 @@ TEST(loader_resume_matches_uninterrupted) {
     for (int n = resume_at; n < 20; n++) {
         Batch x;
         b.next(8, 2, 0, &x);
-        CHECK(x.tokens == run[n].tokens && x.targets == run[n].targets && x.mask == run[n].mask,
-              "batch %d after resuming at (epoch %d, pos %zu) differs", n, epoch, pos);
+        CHECK(x.tokens == run[n].tokens, "batch %d after resuming at (epoch %d, pos %zu): the tokens differ", n, epoch, pos);
+        CHECK(x.targets == run[n].targets, "batch %d after resuming at (epoch %d, pos %zu): the targets differ", n, epoch, pos);
+        CHECK(x.mask == run[n].mask, "batch %d after resuming at (epoch %d, pos %zu): the mask differs", n, epoch, pos);
     }
     Loader c;
     c.start(&data, 43, 0, 0);
@@ -595,12 +621,15 @@ std::string write_temp(const std::string& name, const std::string& content) {
 TEST(text_vocab_bytes) {
     Vocab v = text_vocab();
     CHECK(v.size() == 256, "size %d, want 256", v.size());
-    CHECK(v.tokens['a'] == "a" && v.tokens[' '] == " " && v.tokens[10] == "<0x0A>" && v.tokens[0xE9] == "<0xE9>",
-          "token strings: printable ASCII as itself, others <0xNN>");
+    // printable ASCII as itself, other bytes <0xNN>
+    struct { int id; const char* want; } names[] = {{'a', "a"}, {' ', " "}, {10, "<0x0A>"}, {0xE9, "<0xE9>"}};
+    for (auto& k : names) CHECK(v.tokens[k.id] == k.want, "token %d is '%s', want '%s'", k.id, v.tokens[k.id].c_str(), k.want);
     std::vector<int> ids;
     std::string s = "h\xC3\xA9 \n";
     v.encode(s, &ids);
-    CHECK(ids.size() == 5 && ids[1] == 0xC3 && ids[2] == 0xA9, "encode must give one id per byte, id = byte");
+    CHECK(ids.size() == 5, "'h\\xC3\\xA9 \\n' encoded as %zu ids, want one per byte, 5", ids.size());
+    CHECK(ids[1] == 0xC3, "byte 0xC3 encoded as %d, want the byte itself", ids[1]);
+    CHECK(ids[2] == 0xA9, "byte 0xA9 encoded as %d, want the byte itself", ids[2]);
     CHECK(v.decode(ids.data(), (int)ids.size()) == s, "decode must concatenate bytes");
 }
 
@@ -615,7 +644,8 @@ TEST(text_load_windows) {
     CHECK(d.val.size() == 2, "val windows: %zu, want 2 (starts 80, 88)", d.val.size());
     for (size_t w = 0; w < d.train.size(); w++) {
         const Sequence& q = d.train[w];
-        CHECK(q.tokens.size() == 9 && q.loss_start == 1, "window %zu: %zu tokens, loss_start %d; want 9 and 1", w, q.tokens.size(), q.loss_start);
+        CHECK(q.tokens.size() == 9, "window %zu: %zu tokens, want 9", w, q.tokens.size());
+        CHECK(q.loss_start == 1, "window %zu: loss_start %d, want 1", w, q.loss_start);
         for (int t = 0; t < 9; t++) CHECK(q.tokens[t] == (unsigned char)content[w * 8 + t], "train window %zu token %d wrong", w, t);
     }
     CHECK(d.val[0].tokens[0] == (unsigned char)content[80], "validation starts at the held-out tail (byte 80)");
@@ -648,7 +678,8 @@ TEST(arith_eval_refuses_deep_brackets) {
     ok.push_back("3");
     ok.insert(ok.end(), 64, ")");
     err = arith_eval(ok, 11, &v);
-    CHECK(err.empty() && v == 3, "64 nested brackets: '%s', value %d", err.c_str(), v);
+    CHECK(err.empty(), "64 nested brackets refused: '%s'", err.c_str());
+    CHECK(v == 3, "64 nested brackets around 3: value %d", v);
 }
 
 // A directory, a FIFO or a device given as the text file was read as a stream:
@@ -667,7 +698,8 @@ TEST(text_load_refuses_special_files) {
     err = text_load(fifo, 8, 0.1, &d);
     double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();  // a bound for a hang (10 s), not a timing
     unlink(fifo.c_str());
-    CHECK(err.find("FIFO") != std::string::npos && sec < 10, "a FIFO: '%s' after %.1f s", err.c_str(), sec);
+    CHECK(contains(err, "FIFO"), "a FIFO: the error does not say FIFO: '%s'", err.c_str());
+    CHECK(sec < 10, "a FIFO: refused after %.1f s, want at once", sec);
 }
 
 // Text takes about 33x the file's size in memory at T = 2: checked against
@@ -681,8 +713,8 @@ TEST(text_load_checks_memory) {
     CHECK(text_memory_bytes(10000, 128) < 6 * 10000, "T = 128: estimate %llu, want under 6x",
           (unsigned long long)text_memory_bytes(10000, 128));
     std::string err = text_load(path, 2, 0.1, &d, need - 1);
-    CHECK(err.find("--seq-len") != std::string::npos && err.find("memory") != std::string::npos, "too little memory: '%s'",
-          err.c_str());
+    for (const char* part : {"--seq-len", "memory"})
+        CHECK(contains(err, part), "too little memory: the error lacks '%s': '%s'", part, err.c_str());
     err = text_load(path, 2, 0.1, &d, need);
     CHECK(err.empty(), "enough memory refused: '%s'", err.c_str());
 }
@@ -712,8 +744,8 @@ TEST(arith_check_size_refuses_at_once) {
     auto t0 = std::chrono::steady_clock::now();
     std::string err = arith_check_size(s, 0);
     double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();  // a bound for a hang (10 s), not a timing
-    CHECK(err.find("only 3289143 distinct questions") != std::string::npos && sec < 10, "10,000,000 of 3,289,143: '%s' (%.2f s)",
-          err.c_str(), sec);
+    CHECK(contains(err, "only 3289143 distinct questions"), "10,000,000 of 3,289,143: '%s'", err.c_str());
+    CHECK(sec < 10, "10,000,000 of 3,289,143: refused after %.2f s, want at once", sec);
     s.train_size = 3000000;
     err = arith_check_size(s, 0);
     CHECK(err.find("3/4") != std::string::npos, "3,000,000 of 3,289,143: '%s'", err.c_str());
