@@ -115,14 +115,21 @@ TEST(json_parses_values_and_keeps_key_order) {
     Json v;
     std::string err = json_parse(" { \"z\" : 1 ,\n\t\"a\" : [ true , null , \"s\" ] , \"m\" : -0.5e1 } ", &v);
     CHECK(err.empty(), "parse failed: %s", err.c_str());
-    CHECK(v.kind == Json::OBJ && v.obj.size() == 3, "expected an object of 3 keys");
-    CHECK(v.obj[0].first == "z" && v.obj[1].first == "a" && v.obj[2].first == "m",
-          "keys out of file order");
+    CHECK(v.kind == Json::OBJ, "expected an object");
+    CHECK(v.obj.size() == 3, "expected 3 keys, got %zu", v.obj.size());
+    const char* order[] = {"z", "a", "m"};
+    for (int i = 0; i < 3; i++)
+        CHECK(v.obj[i].first == order[i], "key %d is \"%s\", want \"%s\" (the file's order)", i, v.obj[i].first.c_str(),
+              order[i]);
     const Json* a = v.get("a");
-    CHECK(a && a->kind == Json::ARR && a->arr.size() == 3, "\"a\" should be an array of 3");
-    CHECK(a->arr[0].kind == Json::BOOL && a->arr[0].b, "a[0] should be true");
+    CHECK(a, "no key \"a\"");
+    CHECK(a->kind == Json::ARR, "\"a\" should be an array");
+    CHECK(a->arr.size() == 3, "\"a\" has %zu entries, want 3", a->arr.size());
+    CHECK(a->arr[0].kind == Json::BOOL, "a[0] should be a boolean");
+    CHECK(a->arr[0].b, "a[0] should be true");
     CHECK(a->arr[1].kind == Json::NUL, "a[1] should be null");
-    CHECK(a->arr[2].kind == Json::STR && a->arr[2].str == "s", "a[2] should be \"s\"");
+    CHECK(a->arr[2].kind == Json::STR, "a[2] should be a string");
+    CHECK(a->arr[2].str == "s", "a[2] is \"%s\", want \"s\"", a->arr[2].str.c_str());
     CHECK(v.get("m")->num == -5.0, "m = %g, expected -5", v.get("m")->num);
     CHECK(v.get("missing") == nullptr, "get of a missing key should be nullptr");
     CHECK(a->get("z") == nullptr, "get on an array should be nullptr");
@@ -139,8 +146,8 @@ TEST(json_numbers_round_trip_exactly) {
         Json back;
         std::string err = json_parse(text, &back);
         CHECK(err.empty(), "%s does not parse: %s", text.c_str(), err.c_str());
-        CHECK(back.num == x && std::signbit(back.num) == std::signbit(x),
-              "%.17g dumped as %s reads back as %.17g", x, text.c_str(), back.num);
+        CHECK(back.num == x, "%.17g dumped as %s reads back as %.17g", x, text.c_str(), back.num);
+        CHECK(std::signbit(back.num) == std::signbit(x), "%.17g dumped as %s reads back with the other sign", x, text.c_str());
     }
 }
 
@@ -153,8 +160,8 @@ TEST(json_string_escapes_round_trip) {
     for (int c = 1; c < 128; c++) all += (char)c;
     all += std::string("\0mid", 4);
     std::string quoted = json_quote(all);
-    CHECK(contains(quoted, "\\u0001") && contains(quoted, "\\u0000"),
-          "control characters should be \\u-escaped: %s", quoted.c_str());
+    for (const char* escape : {"\\u0001", "\\u0000"})
+        CHECK(contains(quoted, escape), "control characters should be \\u-escaped, no %s in: %s", escape, quoted.c_str());
     Json back;
     err = json_parse(quoted, &back);
     CHECK(err.empty(), "quoted string does not parse: %s", err.c_str());
@@ -187,7 +194,7 @@ TEST(json_refuses_trailing_garbage) {
         CHECK(!err.empty(), "accepted trailing garbage in [%s]", text);
     }
     std::string err = json_err("{} x");
-    CHECK(contains(err, "trailing") && contains(err, "at byte 3"), "unclear error: %s", err.c_str());
+    for (const char* part : {"trailing", "at byte 3"}) CHECK(contains(err, part), "the error lacks '%s': %s", part, err.c_str());
 }
 
 TEST(json_refuses_nesting_deeper_than_the_limit) {
@@ -233,7 +240,8 @@ TEST(json_refuses_bad_numbers) {
 
 TEST(json_refuses_duplicate_keys) {
     std::string err = json_err(R"({"a":1,"b":2,"a":3})");
-    CHECK(contains(err, "duplicate key \"a\"") && contains(err, "at byte 13"), "unclear error: %s", err.c_str());
+    for (const char* part : {"duplicate key \"a\"", "at byte 13"})
+        CHECK(contains(err, part), "the error lacks '%s': %s", part, err.c_str());
     err = json_err(R"({"a":{"x":1},"b":{"x":2}})");
     CHECK(err.empty(), "equal keys in different objects are fine: %s", err.c_str());
 }
@@ -296,7 +304,8 @@ TEST(st_write_read_round_trip) {
     CHECK(err.empty(), "%s", err.c_str());
     CHECK(memcmp(ints, i2, sizeof ints) == 0, "I32 values changed");
     err = st_get_f32(st, "scalar", {}, &s2);
-    CHECK(err.empty() && s2 == 42.0f, "scalar: %s", err.c_str());
+    CHECK(err.empty(), "scalar: %s", err.c_str());
+    CHECK(s2 == 42.0f, "scalar: %g, want 42", s2);
     err = st_get_f32(st, "empty", {0, 3}, nullptr);
     CHECK(err.empty(), "empty tensor: %s", err.c_str());
 }
@@ -314,7 +323,8 @@ TEST(st_write_replaces_an_existing_file) {
     SafeTensors st;
     err = st_read(path, &st);
     CHECK(err.empty(), "%s", err.c_str());
-    CHECK(st.tensors.size() == 1 && st.tensors[0].name == "y", "the file should hold only the second write");
+    CHECK(st.tensors.size() == 1, "the file holds %zu tensors, want the second write's 1", st.tensors.size());
+    CHECK(st.tensors[0].name == "y", "the file holds \"%s\", want the second write's \"y\"", st.tensors[0].name.c_str());
 }
 
 TEST(st_get_checks_name_dtype_and_shape) {
@@ -332,7 +342,8 @@ TEST(st_get_checks_name_dtype_and_shape) {
     float fo[6];
     int32_t io[2];
     err = st_get_f32(st, "nope", {2, 3}, fo);
-    CHECK(contains(err, "not found") && contains(err, path), "missing tensor: %s", err.c_str());
+    CHECK(contains(err, "not found"), "missing tensor: the error lacks 'not found': %s", err.c_str());
+    CHECK(contains(err, path), "missing tensor: the error does not name the file: %s", err.c_str());
     err = st_get_f32(st, "i", {2}, fo);
     CHECK(contains(err, "dtype I32, expected F32"), "wrong dtype: %s", err.c_str());
     err = st_get_i32(st, "f", {2, 3}, io);
@@ -360,7 +371,8 @@ TEST(st_write_refuses_bad_entries) {
     for (const Case& c : cases) {
         std::string err = st_write(path, c.w);
         CHECK(contains(err, c.word), "%s: error lacks \"%s\": %s", c.what, c.word, err.c_str());
-        CHECK(!exists(path) && !temp_left(path), "%s: a file was written", c.what);
+        CHECK(!exists(path), "%s: the file was written", c.what);
+        CHECK(!temp_left(path), "%s: a temporary file was left", c.what);
     }
 }
 
@@ -370,9 +382,10 @@ TEST(st_write_into_missing_directory_fails_and_leaves_no_file) {
     w.add("a", "F32", {1}, f, sizeof f);
     const std::string path = scratch("no/such/dir/model.safetensors");
     std::string err = st_write(path, w);
-    CHECK(contains(err, "cannot write") && contains(err, "model.safetensors.tmp") &&
-          contains(err, "does the directory exist?"), "unclear error: %s", err.c_str());
-    CHECK(!exists(path) && !temp_left(path), "a file was left behind");
+    for (const char* part : {"cannot write", "model.safetensors.tmp", "does the directory exist?"})
+        CHECK(contains(err, part), "the error lacks '%s': %s", part, err.c_str());
+    CHECK(!exists(path), "the file was written");
+    CHECK(!temp_left(path), "a temporary file was left behind");
 }
 
 TEST(st_write_failure_keeps_the_existing_file) {
@@ -538,7 +551,9 @@ TEST(golden_rewrite_keeps_every_tensor_and_metadata) {
     CHECK(out.tensors.size() == in.tensors.size(), "tensor count changed");
     for (size_t i = 0; i < in.tensors.size(); i++) {
         const StTensor &a = in.tensors[i], &b = out.tensors[i];
-        CHECK(a.name == b.name && a.dtype == b.dtype && a.shape == b.shape, "%s: entry changed", a.name.c_str());
+        CHECK(a.name == b.name, "tensor %zu: name %s, written back as %s", i, a.name.c_str(), b.name.c_str());
+        CHECK(a.dtype == b.dtype, "%s: dtype %s, written back as %s", a.name.c_str(), a.dtype.c_str(), b.dtype.c_str());
+        CHECK(a.shape == b.shape, "%s: the shape changed", a.name.c_str());
         uint64_t ca = st_checksum(in.data.data() + a.begin, a.end - a.begin);
         uint64_t cb = st_checksum(out.data.data() + b.begin, b.end - b.begin);
         CHECK(ca == cb, "%s: data changed", a.name.c_str());
@@ -553,7 +568,8 @@ static const std::string F32_2 = R"("dtype":"F32","shape":[2],"data_offsets":[0,
 TEST(st_read_refuses_a_missing_file) {
     SafeTensors st;
     std::string err = st_read(scratch("absent.safetensors"), &st);
-    CHECK(contains(err, "cannot open") && contains(err, "does the file exist"), "unclear error: %s", err.c_str());
+    for (const char* part : {"cannot open", "does the file exist"})
+        CHECK(contains(err, part), "the error lacks '%s': %s", part, err.c_str());
 }
 
 TEST(st_read_refuses_an_empty_file) {
@@ -561,7 +577,8 @@ TEST(st_read_refuses_an_empty_file) {
     CHECK(write_bytes(path, {}), "cannot create %s", path.c_str());
     SafeTensors st;
     std::string err = st_read(path, &st);
-    CHECK(contains(err, "empty") && contains(err, path), "unclear error: %s", err.c_str());
+    CHECK(contains(err, "empty"), "the error lacks 'empty': %s", err.c_str());
+    CHECK(contains(err, path), "the error does not name the file: %s", err.c_str());
 }
 
 TEST(st_refuses_7_bytes) {
@@ -755,7 +772,8 @@ TEST(json_parse_survives_random_text) {
         if (err.empty()) {  // whatever it accepted must dump to text it accepts again
             Json back;
             std::string err2 = json_parse(json_dump(v), &back);
-            CHECK(err2.empty() && json_dump(back) == json_dump(v), "[%s] does not round-trip", s.c_str());
+            CHECK(err2.empty(), "[%s] accepted, but its dump %s is refused: %s", s.c_str(), json_dump(v).c_str(), err2.c_str());
+            CHECK(json_dump(back) == json_dump(v), "[%s] does not round-trip", s.c_str());
         }
     }
 }

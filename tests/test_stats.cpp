@@ -18,14 +18,16 @@ TEST(stats_mean_std) {
     CHECK(near(stats_std(A), 1.5339491516996252, 1e-13), "std A %.15g", stats_std(A));
     CHECK(near(stats_std(B), 0.71113591226592239, 1e-13), "std B %.15g", stats_std(B));
     CHECK(near(stats_std({1, 2, 3, 4}), 1.2909944487358056, 1e-14), "std 1..4 = sqrt(5/3)");
-    CHECK(std::isnan(stats_std({1.0})) && std::isnan(stats_mean({})), "undefined cases must be NaN");
+    CHECK(std::isnan(stats_std({1.0})), "the std of one value is %g, want NaN", stats_std({1.0}));
+    CHECK(std::isnan(stats_mean({})), "the mean of no values is %g, want NaN", stats_mean({}));
 }
 
 TEST(stats_incomplete_beta) {
     // I_0.3(2, 3) = sum_{j=2..4} C(4,j) 0.3^j 0.7^(4-j) = 0.3483 exactly
     CHECK(near(stats_beta_inc(2, 3, 0.3), 0.3483, 1e-13), "I_0.3(2,3) = %.15g", stats_beta_inc(2, 3, 0.3));
     CHECK(near(stats_beta_inc(0.5, 5, 0.9), 0.99999742941030077, 1e-12), "I_0.9(0.5,5) = %.15g", stats_beta_inc(0.5, 5, 0.9));
-    CHECK(stats_beta_inc(2, 3, 0) == 0 && stats_beta_inc(2, 3, 1) == 1, "ends");
+    CHECK(stats_beta_inc(2, 3, 0) == 0, "I_0(2,3) = %.15g, want 0", stats_beta_inc(2, 3, 0));
+    CHECK(stats_beta_inc(2, 3, 1) == 1, "I_1(2,3) = %.15g, want 1", stats_beta_inc(2, 3, 1));
 }
 
 TEST(stats_t_cdf_and_quantiles) {
@@ -47,12 +49,17 @@ TEST(stats_welch) {
     CHECK(near(r.t, 2.8075832429239481, 1e-12), "t %.15g", r.t);
     CHECK(near(r.df, 5.2400722116867348, 1e-12), "df %.15g", r.df);
     CHECK(near(r.p, 0.03575065534843366, 1e-10), "p %.15g", r.p);
-    CHECK(near(r.lo, 0.20042142198664407, 1e-9) && near(r.hi, 3.9367214351562130, 1e-9), "95%% CI [%.12g, %.12g]", r.lo, r.hi);
+    CHECK(near(r.lo, 0.20042142198664407, 1e-9), "95%% CI low end %.12g, want 0.200421421987", r.lo);
+    CHECK(near(r.hi, 3.9367214351562130, 1e-9), "95%% CI high end %.12g, want 3.93672143516", r.hi);
     WelchResult swapped = stats_welch(B, A);   // antisymmetric in the order of the samples
-    CHECK(near(swapped.t, -r.t, 1e-14) && near(swapped.p, r.p, 1e-14) && near(swapped.lo, -r.hi, 1e-12), "swap");
+    CHECK(near(swapped.t, -r.t, 1e-14), "swapped samples: t %.15g, want %.15g", swapped.t, -r.t);
+    CHECK(near(swapped.p, r.p, 1e-14), "swapped samples: p %.15g, want %.15g", swapped.p, r.p);
+    CHECK(near(swapped.lo, -r.hi, 1e-12), "swapped samples: CI low end %.15g, want %.15g", swapped.lo, -r.hi);
     WelchResult same = stats_welch({1, 2, 3}, {1, 2, 3});
-    CHECK(same.t == 0 && near(same.p, 1, 1e-14), "identical samples: t 0, p 1 (got %g, %g)", same.t, same.p);
-    CHECK(std::isnan(stats_welch({1}, B).p) && std::isnan(stats_welch({2, 2}, {3, 3}).t), "undefined cases must be NaN");
+    CHECK(same.t == 0, "identical samples: t %g, want 0", same.t);
+    CHECK(near(same.p, 1, 1e-14), "identical samples: p %.15g, want 1", same.p);
+    CHECK(std::isnan(stats_welch({1}, B).p), "one value against seven: p %g, want NaN", stats_welch({1}, B).p);
+    CHECK(std::isnan(stats_welch({2, 2}, {3, 3}).t), "samples without spread: t %g, want NaN", stats_welch({2, 2}, {3, 3}).t);
 }
 
 // Exact Wilcoxon p against hand-worked enumerations of the 2^n sign patterns
@@ -80,13 +87,18 @@ TEST(stats_paired_t_interval_median_and_counts) {
     // differences 1..5: mean 3, sd sqrt(2.5), se sqrt(0.5); t table: t_0.975(4) = 2.776
     PairedResult r = stats_paired({2, 4, 6, 8, 10}, {1, 2, 3, 4, 5});
     double half = 2.7764451051977944 * std::sqrt(0.5);
-    CHECK(near(r.mean, 3, 1e-14) && near(r.t, 3 / std::sqrt(0.5), 1e-13), "mean %g, t %g", r.mean, r.t);
-    CHECK(near(r.lo, 3 - half, 1e-9) && near(r.hi, 3 + half, 1e-9), "95%% CI [%.12g, %.12g]", r.lo, r.hi);
-    CHECK(r.wins == 5 && r.ties == 0 && r.losses == 0 && r.n == 5, "wins %d ties %d losses %d", r.wins, r.ties, r.losses);
+    CHECK(near(r.mean, 3, 1e-14), "mean %.15g, want 3", r.mean);
+    CHECK(near(r.t, 3 / std::sqrt(0.5), 1e-13), "t %.15g, want 3 / sqrt(0.5)", r.t);
+    CHECK(near(r.lo, 3 - half, 1e-9), "95%% CI low end %.12g, want %.12g", r.lo, 3 - half);
+    CHECK(near(r.hi, 3 + half, 1e-9), "95%% CI high end %.12g, want %.12g", r.hi, 3 + half);
+    struct { const char* name; int got, want; } counts[] = {
+        {"wins", r.wins, 5}, {"ties", r.ties, 0}, {"losses", r.losses, 0}, {"n", r.n, 5}};
+    for (auto& k : counts) CHECK(k.got == k.want, "%s %d, want %d", k.name, k.got, k.want);
     CHECK(near(r.p_wilcoxon, 2.0 / 32, 1e-14), "signed-rank p %g", r.p_wilcoxon);
     PairedResult m = stats_paired({1, 5, 2, 7}, {1, 3, 5, 2});  // d = 0, 2, -3, 5
-    CHECK(m.ties == 1 && m.wins == 2 && m.losses == 1 && near(m.median, 1, 1e-14), "median %g (want 1), %d/%d/%d",
-          m.median, m.wins, m.ties, m.losses);
+    struct { const char* name; int got, want; } mixed[] = {{"wins", m.wins, 2}, {"ties", m.ties, 1}, {"losses", m.losses, 1}};
+    for (auto& k : mixed) CHECK(k.got == k.want, "d = 0, 2, -3, 5: %s %d, want %d", k.name, k.got, k.want);
+    CHECK(near(m.median, 1, 1e-14), "d = 0, 2, -3, 5: median %g, want 1", m.median);
     CHECK(std::isnan(stats_paired({1, 2}, {0, 1}).lo), "differences without spread: no interval");
 }
 
@@ -111,8 +123,8 @@ TEST(entropy_of_rank_one_values_is_zero) {
     std::vector<float> x = two_sequences(r0, r1, 3);
     for (double alpha : {0.5, 1.0, 2.0}) {
         EntropyStat e = layer_entropy(x.data(), 2, 5, 3, {4, 4}, alpha);
-        CHECK(std::fabs(e.mean) < 1e-6 && e.std < 1e-6, "rank-1 values, alpha %g: entropy %.3g ± %.3g, want 0", alpha,
-              e.mean, e.std);
+        CHECK(std::fabs(e.mean) < 1e-6, "rank-1 values, alpha %g: entropy %.3g, want 0", alpha, e.mean);
+        CHECK(e.std < 1e-6, "rank-1 values, alpha %g: entropy's std over the sequences %.3g, want 0", alpha, e.std);
     }
 }
 
@@ -125,7 +137,8 @@ TEST(entropy_of_orthogonal_equal_norm_rows_is_log_T) {
     std::vector<float> x = two_sequences(r0, r1, 4);
     for (double alpha : {0.5, 1.0, 2.0, 3.0}) {
         EntropyStat e = layer_entropy(x.data(), 2, 5, 4, {4, 4}, alpha);
-        CHECK(near(e.mean, std::log(4.0), 1e-9) && e.std < 1e-9, "orthogonal rows, alpha %g: entropy %.12g ± %.3g, "
-              "want ln 4 = %.12g", alpha, e.mean, e.std, std::log(4.0));
+        CHECK(near(e.mean, std::log(4.0), 1e-9), "orthogonal rows, alpha %g: entropy %.12g, want ln 4 = %.12g", alpha, e.mean,
+              std::log(4.0));
+        CHECK(e.std < 1e-9, "orthogonal rows, alpha %g: entropy's std over the sequences %.3g, want 0", alpha, e.std);
     }
 }
