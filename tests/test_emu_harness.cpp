@@ -343,19 +343,21 @@ TEST(emu_reports_divergent_barrier_as_deadlock) {
     LAUNCH(divergent_barrier_kernel, 1, 32, 0, 0)(out);
     const char* msg = emu::last_error_message();
     CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "deadlock not reported as a launch failure");
-    CHECK(contains(msg, "deadlock in kernel divergent_barrier_kernel: block (0,0,0) thread (0,0,0) waits at __syncthreads()") &&
-          contains(msg, "while thread (16,0,0) has exited"), "message: %s", msg);
+    for (const char* part : {"deadlock in kernel divergent_barrier_kernel: block (0,0,0) thread (0,0,0) waits at __syncthreads()",
+                             "while thread (16,0,0) has exited"})
+        CHECK(contains(msg, part), "the message lacks '%s': %s", part, msg);
     // A full-mask shuffle half the warp skips is a deadlock too.
     LAUNCH(half_warp_shuffle_kernel, 1, 32, 0, 0)(out);
     msg = emu::last_error_message();
     CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure, "synchronize did not report the failed kernel");
-    CHECK(contains(msg, "half_warp_shuffle_kernel") && contains(msg, "__shfl_down_sync(mask 0xffffffff)") &&
-          contains(msg, "has exited"), "message: %s", msg);
+    for (const char* part : {"half_warp_shuffle_kernel", "__shfl_down_sync(mask 0xffffffff)", "has exited"})
+        CHECK(contains(msg, part), "the message lacks '%s': %s", part, msg);
     CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "cudaGetLastError after the failed shuffle");
     LAUNCH(bad_mask_kernel, 1, 32, 0, 0)(out);
     msg = emu::last_error_message();
-    CHECK(cudaGetLastError() == cudaErrorLaunchFailure && contains(msg, "bad_mask_kernel") &&
-          contains(msg, "does not name the calling lane"), "message: %s", msg);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "a mask without the calling lane not reported as a launch failure");
+    for (const char* part : {"bad_mask_kernel", "does not name the calling lane"})
+        CHECK(contains(msg, part), "the message lacks '%s': %s", part, msg);
     // The harness recovers: the legal half-warp shuffle runs.
     LAUNCH(half_warp_shuffle_ok_kernel, 1, 32, 0, 0)(out);
     CHECK(cudaGetLastError() == cudaSuccess, "launch after a deadlock failed: %s", emu::last_error_message());
@@ -393,14 +395,15 @@ TEST(emu_warp_operations) {
     LAUNCH(warp_ops_kernel, 1, 48, 0, 0)(out);
     const char* msg = emu::last_error_message();
     CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "full-mask shuffle in a partial warp accepted");
-    CHECK(contains(msg, "in kernel warp_ops_kernel") && contains(msg, "test_emu_harness.cpp:") &&
-          contains(msg, "__shfl_sync: mask 0xffffffff names lanes this partial warp lacks (it has 16 threads"),
-          "message: %s", msg);
+    for (const char* part : {"in kernel warp_ops_kernel", "test_emu_harness.cpp:",
+                             "__shfl_sync: mask 0xffffffff names lanes this partial warp lacks (it has 16 threads"})
+        CHECK(contains(msg, part), "the message lacks '%s': %s", part, msg);
     // __activemask there names only the lanes that exist, and is a legal mask.
     LAUNCH(partial_warp_ok_kernel, 1, 48, 0, 0)(out);
     CHECK(cudaGetLastError() == cudaSuccess, "%s", emu::last_error_message());
     std::vector<int> got = to_host(out, 48);
-    CHECK(got[40] == 32 + 0xffff && got[5] == (int)0xffffffff, "partial warp: lane 8 got %d, want %d", got[40], 32 + 0xffff);
+    CHECK(got[40] == 32 + 0xffff, "partial warp: lane 8 got %d, want %d", got[40], 32 + 0xffff);
+    CHECK(got[5] == (int)0xffffffff, "whole warp: lane 5 got 0x%x, want 0xffffffff", (unsigned)got[5]);
     cudaFree(out);
 }
 
@@ -426,7 +429,8 @@ TEST(emu_block_order_is_forward_reverse_or_seeded_random) {
     std::vector<int> seen(nb, 0);
     for (int b = 0; b < nb; b++) seen[a[b]]++;
     CHECK(std::count(seen.begin(), seen.end(), 1) == nb, "random block order is not a permutation");
-    CHECK(a != c && a != f, "seeds 5 and 6 gave the same block order, or forward's");
+    CHECK(a != c, "seeds 5 and 6 gave the same block order");
+    CHECK(a != f, "seed 5 gave forward's block order");
     cudaFree(tickets);
     cudaFree(counter);
 }
@@ -468,8 +472,10 @@ TEST(emu_thread_order_is_forward_reverse_or_seeded_random) {
     };
     std::vector<int> f = run(emu::FORWARD, 1), r = run(emu::REVERSE, 1);
     for (int t = 0; t < n; t++) {
-        CHECK(f[t] == t && f[n + t] == t, "forward: thread %d ran %d-th", t, f[t]);
-        CHECK(r[t] == n - 1 - t && r[n + t] == n - 1 - t, "reverse: thread %d ran %d-th", t, r[t]);
+        CHECK(f[t] == t, "forward: thread %d ran %d-th before the barrier", t, f[t]);
+        CHECK(f[n + t] == t, "forward: thread %d ran %d-th after the barrier", t, f[n + t]);
+        CHECK(r[t] == n - 1 - t, "reverse: thread %d ran %d-th before the barrier", t, r[t]);
+        CHECK(r[n + t] == n - 1 - t, "reverse: thread %d ran %d-th after the barrier", t, r[n + t]);
     }
     std::vector<int> a = run(emu::RANDOM, 5), b = run(emu::RANDOM, 5), c = run(emu::RANDOM, 6);
     CHECK(a == b, "one seed, two schedules");
@@ -495,9 +501,11 @@ TEST(emu_refuses_launches_cuda_refuses) {
     CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "empty grid accepted");
     LAUNCH(fill_kernel, dim3(1, 65536), 32, 0, 0)(out, 1.0f);
     CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "grid.y = 65536 accepted");
-    CHECK(emu::kernels_run() == before && to_host(out, 2048)[0] == 0.0f, "a refused launch ran");
+    CHECK(emu::kernels_run() == before, "a refused launch ran: %ld kernels", emu::kernels_run() - before);
+    CHECK(to_host(out, 2048)[0] == 0.0f, "a refused launch wrote its output");
     LAUNCH(fill_kernel, 2, 1024, 0, 0)(out, 1.0f);
-    CHECK(cudaGetLastError() == cudaSuccess && to_host(out, 2048)[2047] == 1.0f, "a legal launch failed");
+    CHECK(cudaGetLastError() == cudaSuccess, "a legal launch failed: %s", emu::last_error_message());
+    CHECK(to_host(out, 2048)[2047] == 1.0f, "a legal launch did not write its last value");
 
     // Dynamic shared memory above 48 KiB needs the opt-in, as on the GPU.
     const int nf = 16 * 1024;  // 64 KiB of floats
@@ -528,10 +536,11 @@ TEST(emu_refuses_a_host_pointer_argument) {
     long before = emu::kernels_run();
     LAUNCH(fill_kernel, 1, 64, 0, 0)(host.data(), 1.0f);
     CHECK(cudaGetLastError() == cudaErrorIllegalAddress, "a host pointer argument accepted");
-    CHECK(emu::kernels_run() == before && host[0] == 0.0f, "the kernel ran on host memory");
+    CHECK(emu::kernels_run() == before, "the kernel ran with a host pointer");
+    CHECK(host[0] == 0.0f, "the kernel wrote host memory");
     LAUNCH(fill_kernel, 1, 32, 0, 0)(dev + 32, 1.0f);  // inside an allocation, not at its start
-    CHECK(cudaGetLastError() == cudaSuccess && to_host(dev, 64)[63] == 1.0f, "a pointer into an allocation refused: %s",
-          emu::last_error_message());
+    CHECK(cudaGetLastError() == cudaSuccess, "a pointer into an allocation refused: %s", emu::last_error_message());
+    CHECK(to_host(dev, 64)[63] == 1.0f, "a pointer into an allocation: the kernel did not write through it");
     cudaFree(dev);
 }
 
@@ -588,7 +597,8 @@ TEST(emu_graph_capture_records_and_replays) {
     CHECK(st == cudaStreamCaptureStatusActive, "stream not capturing");
     cudaGraph_t graph = nullptr;
     CHECK(cudaStreamEndCapture(s, &graph) == cudaSuccess, "end capture: %s", emu::last_error_message());
-    CHECK(emu::kernels_run() == before && to_host(x, n)[0] == 0.0f, "a captured launch ran during capture");
+    CHECK(emu::kernels_run() == before, "a captured launch ran during capture");
+    CHECK(to_host(x, n)[0] == 0.0f, "a captured copy or launch wrote during capture");
     size_t nodes = 0;
     cudaGraphGetNodes(graph, nullptr, &nodes);
     CHECK(nodes == 4, "graph has %zu nodes, want 4", nodes);
@@ -598,7 +608,10 @@ TEST(emu_graph_capture_records_and_replays) {
     cudaGraphLaunch(exec, s);
     cudaStreamSynchronize(s);
     std::vector<float> hx = to_host(x, n), hy = to_host(y, n);
-    for (int i = 0; i < n; i++) CHECK(hx[i] == 6.0f && hy[i] == 6.0f, "after two replays x[%d] = %g, y = %g, want 6", i, hx[i], hy[i]);
+    for (int i = 0; i < n; i++) {
+        CHECK(hx[i] == 6.0f, "after two replays x[%d] = %g, want 6", i, hx[i]);
+        CHECK(hy[i] == 6.0f, "after two replays y[%d] = %g, want 6", i, hy[i]);
+    }
     CHECK(emu::kernels_run() == before + 6, "%ld kernels ran, want 6", emu::kernels_run() - before);
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
@@ -627,7 +640,8 @@ TEST(emu_graph_capture_records_and_replays) {
     void* p = nullptr;
     cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
     CHECK(cudaMalloc(&p, 16) == cudaErrorStreamCaptureUnsupported, "cudaMalloc during global capture allowed");
-    CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated && graph == nullptr, "capture not invalidated");
+    CHECK(cudaStreamEndCapture(s, &graph) == cudaErrorStreamCaptureInvalidated, "capture not invalidated");
+    CHECK(graph == nullptr, "an invalidated capture gave a graph");
     cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
     std::vector<float> h(n);
     CHECK(cudaMemcpy(h.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaErrorStreamCaptureImplicit,
@@ -660,10 +674,12 @@ TEST(emu_streams_and_events) {
     cudaStreamWaitEvent(b, stop, 0);  // b's work comes after a's
     LAUNCH(add_kernel, 2, 32, 0, b)(x, 4.0f, n);
     cudaMemcpyAsync(back.data(), x, n * sizeof(float), cudaMemcpyDeviceToHost, b);
-    CHECK(cudaStreamSynchronize(b) == cudaSuccess && cudaEventSynchronize(stop) == cudaSuccess, "synchronize");
+    CHECK(cudaStreamSynchronize(b) == cudaSuccess, "cudaStreamSynchronize: %s", emu::last_error_message());
+    CHECK(cudaEventSynchronize(stop) == cudaSuccess, "cudaEventSynchronize: %s", emu::last_error_message());
     for (int i = 0; i < n; i++) CHECK(back[i] == 7.0f, "x[%d] = %g, want 7", i, back[i]);
     float ms = -1;
-    CHECK(cudaEventElapsedTime(&ms, start, stop) == cudaSuccess && ms >= 0, "elapsed time %g", ms);
+    CHECK(cudaEventElapsedTime(&ms, start, stop) == cudaSuccess, "cudaEventElapsedTime: %s", emu::last_error_message());
+    CHECK(ms >= 0, "elapsed time %g ms, want 0 or more", ms);
     CHECK(cudaEventElapsedTime(&ms, start, untimed) == cudaErrorInvalidResourceHandle, "timing a DisableTiming event");
     CHECK(cudaEventElapsedTime(&ms, start, never) == cudaErrorInvalidResourceHandle, "timing an unrecorded event");
     cudaGetLastError();
@@ -708,8 +724,8 @@ TEST(emu_streams_defer_work_until_waited_for) {
     float early = pinned[7];
     cudaEventRecord(done, a);
     cudaEventSynchronize(done);
-    CHECK(std::isnan(early) && pinned[7] == 15.0f, "pinned copy: %g before the wait (want NaN), %g after (want 15)", early,
-          pinned[7]);
+    CHECK(std::isnan(early), "pinned copy: %g before the wait, want NaN (the copy not yet made)", early);
+    CHECK(pinned[7] == 15.0f, "pinned copy: %g after the wait, want 15", pinned[7]);
     // A pageable source may be reused as soon as cudaMemcpyAsync returns.
     std::vector<float> src(n, 1.0f);
     cudaMemcpyAsync(x, src.data(), n * sizeof(float), cudaMemcpyHostToDevice, a);
@@ -729,7 +745,8 @@ TEST(emu_streams_defer_work_until_waited_for) {
               nonblocking ? "non-blocking" : "blocking", got);
         cudaStreamSynchronize(s);
     }
-    CHECK(cudaDeviceSynchronize() == cudaSuccess && cudaGetLastError() == cudaSuccess, "%s", emu::last_error_message());
+    CHECK(cudaDeviceSynchronize() == cudaSuccess, "cudaDeviceSynchronize: %s", emu::last_error_message());
+    CHECK(cudaGetLastError() == cudaSuccess, "cudaGetLastError: %s", emu::last_error_message());
     cudaFreeHost(pinned);
     cudaEventDestroy(done);
     cudaStreamDestroy(a); cudaStreamDestroy(b); cudaStreamDestroy(blocking);
@@ -784,7 +801,9 @@ TEST(emu_thread_stack_size_is_configurable) {
     emu::set_stack_size(128 << 10);
     LAUNCH(big_stack_kernel, 1, 4, 0, 0)(out);
     emu::set_stack_size(64 << 10);
-    CHECK(cudaGetLastError() == cudaSuccess && to_host(out, 4)[3] == (float)(24 * 1024 - 4), "96 KiB of locals on a 128 KiB stack");
+    CHECK(cudaGetLastError() == cudaSuccess, "96 KiB of locals on a 128 KiB stack: %s", emu::last_error_message());
+    CHECK(to_host(out, 4)[3] == (float)(24 * 1024 - 4), "96 KiB of locals on a 128 KiB stack: thread 3 wrote %g, want %d",
+          to_host(out, 4)[3], 24 * 1024 - 4);
     cudaFree(out);
 }
 
@@ -794,9 +813,11 @@ TEST(emu_thread_stack_size_is_configurable) {
 TEST(emu_memory_api) {
     size_t free0 = 0, total = 0, free1 = 0;
     cudaMemGetInfo(&free0, &total);
-    CHECK(total == (24ull << 30) && free0 <= total, "cudaMemGetInfo: %zu of %zu", free0, total);
+    CHECK(total == (24ull << 30), "cudaMemGetInfo: total %zu bytes, want 24 GiB", total);
+    CHECK(free0 <= total, "cudaMemGetInfo: %zu free of %zu", free0, total);
     void* huge = nullptr;
-    CHECK(cudaMalloc(&huge, 1ull << 40) == cudaErrorMemoryAllocation && huge == nullptr, "1 TiB cudaMalloc");
+    CHECK(cudaMalloc(&huge, 1ull << 40) == cudaErrorMemoryAllocation, "1 TiB cudaMalloc did not fail");
+    CHECK(huge == nullptr, "a failed cudaMalloc set its pointer");
     CHECK(cudaGetLastError() == cudaErrorMemoryAllocation, "cudaGetLastError after the failed cudaMalloc");
     float* d = nullptr;
     CHECK(cudaMalloc(&d, 1 << 20) == cudaSuccess, "cudaMalloc 1 MiB");
@@ -809,13 +830,17 @@ TEST(emu_memory_api) {
     CHECK(cudaMemcpy(d, h.data(), 64, cudaMemcpyHostToDevice) == cudaSuccess, "H2D");
     CHECK(cudaMemcpy(d + 16, d, 64, cudaMemcpyDeviceToDevice) == cudaSuccess, "D2D");
     CHECK(cudaMemcpy(pinned, d + 16, 64, cudaMemcpyDefault) == cudaSuccess, "Default");
-    CHECK(cudaMemcpy(back.data(), pinned, 64, cudaMemcpyHostToHost) == cudaSuccess && back == h, "round trip");
-    CHECK(cudaMemset(d, 0, 64) == cudaSuccess && to_host(d, 1)[0] == 0.0f, "cudaMemset");
+    CHECK(cudaMemcpy(back.data(), pinned, 64, cudaMemcpyHostToHost) == cudaSuccess, "H2H");
+    CHECK(back == h, "H2D, D2D, D2H, H2H: the values did not come back");
+    CHECK(cudaMemset(d, 0, 64) == cudaSuccess, "cudaMemset failed");
+    CHECK(to_host(d, 1)[0] == 0.0f, "cudaMemset did not write 0");
     CHECK(cudaMemcpy(h.data(), back.data(), 64, cudaMemcpyHostToDevice) == cudaErrorInvalidValue, "H2D into host memory");
     CHECK(cudaMemcpy(back.data(), d + (1 << 18) - 8, 64, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue, "D2H past the end");
     CHECK(cudaMemcpy(back.data(), d, 64, (cudaMemcpyKind)7) == cudaErrorInvalidMemcpyDirection, "bad kind");
     CHECK(cudaFree(h.data()) == cudaErrorInvalidValue, "cudaFree of host memory");
-    CHECK(cudaFree(d) == cudaSuccess && cudaFreeHost(pinned) == cudaSuccess && cudaFree(nullptr) == cudaSuccess, "free");
+    CHECK(cudaFree(d) == cudaSuccess, "cudaFree");
+    CHECK(cudaFreeHost(pinned) == cudaSuccess, "cudaFreeHost");
+    CHECK(cudaFree(nullptr) == cudaSuccess, "cudaFree(nullptr)");
     cudaMemGetInfo(&free1, &total);
     CHECK(free1 == free0, "memory not returned");
     cudaGetLastError();
@@ -823,12 +848,22 @@ TEST(emu_memory_api) {
 
 TEST(emu_device_queries_and_no_device) {
     int count = -1;
-    CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count == 1, "device count %d", count);
+    CHECK(cudaGetDeviceCount(&count) == cudaSuccess, "cudaGetDeviceCount failed");
+    CHECK(count == 1, "device count %d, want 1", count);
     cudaDeviceProp p;
     CHECK(cudaGetDeviceProperties(&p, 0) == cudaSuccess, "properties");
-    CHECK(!strcmp(p.name, "lime-emu (CUDA on the CPU)") && p.major == 9 && p.minor == 0 && p.maxThreadsPerBlock == 1024 &&
-          p.sharedMemPerBlock == 48 * 1024 && p.sharedMemPerBlockOptin == 227 * 1024 && p.warpSize == 32 &&
-          p.multiProcessorCount == 8 && p.totalGlobalMem == (24ull << 30), "properties: %s %d.%d", p.name, p.major, p.minor);
+    CHECK(!strcmp(p.name, "lime-emu (CUDA on the CPU)"), "name '%s'", p.name);
+    struct { const char* name; size_t got, want; } props[] = {
+        {"major", (size_t)p.major, 9},
+        {"minor", (size_t)p.minor, 0},
+        {"maxThreadsPerBlock", (size_t)p.maxThreadsPerBlock, 1024},
+        {"sharedMemPerBlock", p.sharedMemPerBlock, 48 * 1024},
+        {"sharedMemPerBlockOptin", p.sharedMemPerBlockOptin, 227 * 1024},
+        {"warpSize", (size_t)p.warpSize, 32},
+        {"multiProcessorCount", (size_t)p.multiProcessorCount, 8},
+        {"totalGlobalMem", p.totalGlobalMem, 24ull << 30},
+    };
+    for (auto& k : props) CHECK(k.got == k.want, "%s %zu, want %zu", k.name, k.got, k.want);
     CHECK(cudaSetDevice(1) == cudaErrorInvalidDevice, "device 1 exists");
     CHECK(cudaSetDevice(0) == cudaSuccess, "device 0");
     setenv("LIME_EMU_NO_DEVICE", "1", 1);
@@ -836,11 +871,13 @@ TEST(emu_device_queries_and_no_device) {
     void* ptr = nullptr;
     cudaError_t em = cudaMalloc(&ptr, 16);
     unsetenv("LIME_EMU_NO_DEVICE");
-    CHECK(e == cudaErrorNoDevice && count == 0, "LIME_EMU_NO_DEVICE=1: %s, count %d", cudaGetErrorName(e), count);
+    CHECK(e == cudaErrorNoDevice, "LIME_EMU_NO_DEVICE=1: cudaGetDeviceCount says %s", cudaGetErrorName(e));
+    CHECK(count == 0, "LIME_EMU_NO_DEVICE=1: device count %d, want 0", count);
     CHECK(em == cudaErrorNoDevice, "cudaMalloc without a device: %s", cudaGetErrorName(em));
     CHECK(!strcmp(cudaGetErrorString(e), "no CUDA-capable device is detected"), "%s", cudaGetErrorString(e));
     cudaGetLastError();
-    CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count == 1, "device gone after unsetenv");
+    CHECK(cudaGetDeviceCount(&count) == cudaSuccess, "device gone after unsetenv");
+    CHECK(count == 1, "device count %d after unsetenv, want 1", count);
 }
 
 // ---------------------------------------------------------------------------
@@ -1096,9 +1133,10 @@ TEST(emu_bf16_and_tf32_conversions_match_references_for_every_float) {
     };
     for (const Case& c : cases) {
         float x = __uint_as_float(c.in);
-        CHECK(__bfloat16_as_ushort(__float2bfloat16(x)) == c.bf16 && emu::cvt_rna_tf32_f32(x) == c.tf32,
-              "%s (0x%08x): bf16 0x%04x (want 0x%04x), tf32 0x%08x (want 0x%08x)", c.what, c.in,
-              __bfloat16_as_ushort(__float2bfloat16(x)), c.bf16, emu::cvt_rna_tf32_f32(x), c.tf32);
+        CHECK(__bfloat16_as_ushort(__float2bfloat16(x)) == c.bf16, "%s (0x%08x): bf16 0x%04x, want 0x%04x", c.what, c.in,
+              __bfloat16_as_ushort(__float2bfloat16(x)), c.bf16);
+        CHECK(emu::cvt_rna_tf32_f32(x) == c.tf32, "%s (0x%08x): tf32 0x%08x, want 0x%08x", c.what, c.in,
+              emu::cvt_rna_tf32_f32(x), c.tf32);
     }
 }
 
@@ -1175,8 +1213,9 @@ TEST(emu_mma_tf32_and_bf16_match_plain_products) {
         LAUNCH(mma_tf32_kernel, 1, 48, 0, 0)(dD, dA, dB, dC);
         emu::set_quiet(false);
         const char* msg = emu::last_error_message();
-        CHECK(cudaGetLastError() == cudaErrorLaunchFailure && contains(msg, "mma.sync.m16n8k8.tf32 needs a whole warp of 32 threads; this warp has 16"),
-              "mma in a partial warp: %s", msg);
+        CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "mma in a partial warp not reported as a launch failure");
+        CHECK(contains(msg, "mma.sync.m16n8k8.tf32 needs a whole warp of 32 threads; this warp has 16"), "mma in a partial warp: %s",
+              msg);
         cudaFree(dA); cudaFree(dB); cudaFree(dC); cudaFree(dD);
     }
 }
@@ -1246,7 +1285,8 @@ TEST(emu_cp_async_lands_between_its_issue_and_its_wait) {
     for (int which = 0; which < 3; which++) {
         LAUNCH(copy_async_misuse_kernel, 1, 1, 64, 0)(dout, dsrc, (uintptr_t)host.data(), which);
         const char* msg = emu::last_error_message();
-        CHECK(cudaGetLastError() == cudaErrorLaunchFailure && contains(msg, want[which]), "cp.async misuse %d: %s", which, msg);
+        CHECK(cudaGetLastError() == cudaErrorLaunchFailure, "cp.async misuse %d not reported as a launch failure", which);
+        CHECK(contains(msg, want[which]), "cp.async misuse %d: the message lacks '%s': %s", which, want[which], msg);
     }
     emu::set_quiet(false);
     cudaFree(dsrc); cudaFree(dout);
