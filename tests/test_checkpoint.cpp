@@ -6,6 +6,7 @@
 // guards' model_first_nonfinite. The public API only (lime.h, safetensors.h).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -78,15 +79,15 @@ TEST(checkpoint_has_checksum_and_loads) {
     CHECK(it->second.rfind("fnv1a64:", 0) == 0, "checksum \"%s\" does not begin fnv1a64:", it->second.c_str());
     CHECK(it->second.size() == 8 + 16, "checksum \"%s\" is not fnv1a64: and 16 hex digits", it->second.c_str());
     Model m2;
+    FreeOnReturn guard{&m2};
     CHECK(model_create(&m2, tiny_config(ARCH_LIME, 2, 1), 2, DEVICE_CPU).empty(), "model_create");
     err = model_load(&m2, s.file.path, true);
-    bool same = err.empty() && m2.step == 3;
-    for (size_t i = 0; same && i < m2.n_params; i++)
-        same = m2.params[i] == s.model.params[i] && m2.adam_m[i] == s.model.adam_m[i] &&
-               m2.adam_v[i] == s.model.adam_v[i];
-    model_free(&m2);
     CHECK(err.empty(), "model_load: %s", err.c_str());
-    CHECK(same, "the loaded weights or optimiser state differ from the saved ones");
+    CHECK(m2.step == 3, "step %d after loading, want the saved 3", m2.step);
+    size_t n = m2.n_params;
+    CHECK(std::equal(m2.params, m2.params + n, s.model.params), "the loaded weights differ from the saved ones");
+    CHECK(std::equal(m2.adam_m, m2.adam_m + n, s.model.adam_m), "the loaded AdamW first moment differs from the saved one");
+    CHECK(std::equal(m2.adam_v, m2.adam_v + n, s.model.adam_v), "the loaded AdamW second moment differs from the saved one");
 }
 
 TEST(checkpoint_flipped_data_bit_refused) {
@@ -285,14 +286,17 @@ TEST(hc_checkpoint_round_trip) {
         CHECK(back.hc_rate == 3, "read config: hc_rate %d, want 3", back.hc_rate);
         CHECK(back.hc_dynamic == dynamic, "read config: hc_dynamic %d, want %d", back.hc_dynamic, dynamic);
         Model m2;
+        FreeOnReturn guard2{&m2};
         CHECK(model_create(&m2, back, 2, DEVICE_CPU).empty(), "model_create");
         err = model_load(&m2, f.path, true);
-        bool same = err.empty() && m2.step == 5 && m2.n_params == m.n_params;
-        for (size_t i = 0; same && i < m.n_params; i++)
-            same = m2.params[i] == m.params[i] && m2.adam_m[i] == m.adam_m[i] && m2.adam_v[i] == m.adam_v[i];
-        model_free(&m2);
         CHECK(err.empty(), "load: %s", err.c_str());
-        CHECK(same, "hc (dynamic %d): the loaded weights or optimiser state differ from the saved ones", dynamic);
+        CHECK(m2.step == 5, "hc (dynamic %d): step %d after loading, want the saved 5", dynamic, m2.step);
+        CHECK(m2.n_params == m.n_params, "hc (dynamic %d): %zu parameters loaded, %zu saved", dynamic, m2.n_params, m.n_params);
+        size_t n = m.n_params;
+        CHECK(std::equal(m2.params, m2.params + n, m.params), "hc (dynamic %d): the loaded weights differ from the saved ones",
+              dynamic);
+        CHECK(std::equal(m2.adam_m, m2.adam_m + n, m.adam_m), "hc (dynamic %d): the loaded AdamW first moment differs", dynamic);
+        CHECK(std::equal(m2.adam_v, m2.adam_v + n, m.adam_v), "hc (dynamic %d): the loaded AdamW second moment differs", dynamic);
     }
 }
 

@@ -751,7 +751,10 @@ TEST(gpu_flash_tensor_cores_match_reference_vectors_tf32) {
 // the graph), on the same batches; returns the loss and norm after each step.
 struct TrainedRun {
     std::vector<float> losses, norms;
-    std::vector<float> params;
+    std::vector<float> params;  // after the last step: the parameters, gradients, Adam m and Adam v (PARTS)
+    static constexpr const char* PARTS[4] = {"parameters", "gradients", "Adam m", "Adam v"};
+    size_t part_size() const { return params.size() / 4; }
+    const float* part(int p) const { return params.data() + p * part_size(); }
 };
 // `prepare`, if given, sees the model after model_init.
 static TrainedRun train_steps(Config c, Device dev, bool graph, int steps, uint64_t seed, bool vary_shape = false,
@@ -777,7 +780,7 @@ static TrainedRun train_steps(Config c, Device dev, bool graph, int steps, uint6
         r.norms.push_back(norm);
     }
     model_to_host(&m);
-    r.params.assign(m.params, m.params + 4 * m.n_params);  // params, grads, m, v
+    r.params.assign(m.params, m.params + 4 * m.n_params);  // params, grads, adam_m, adam_v: one allocation
     return r;
 }
 
@@ -790,8 +793,7 @@ static void check_gpu_trains_like_cpu(Config c) {
         double en = std::fabs(gpu.norms[s] - cpu.norms[s]) / cpu.norms[s];
         CHECK(en < 1e-4, "%s step %d: norm %.7f (gpu) vs %.7f (cpu)", model_name(c).c_str(), s + 1, gpu.norms[s], cpu.norms[s]);
     }
-    size_t n = cpu.params.size() / 4;
-    double e = rel_err(gpu.params.data(), cpu.params.data(), n);
+    double e = rel_err(gpu.part(0), cpu.part(0), cpu.part_size());
     CHECK(e < TOL_BWD, "%s: parameters after 4 steps, rel err %.2e", model_name(c).c_str(), e);
 }
 static void check_gpu_trains_like_cpu(Arch arch, int H, int R) {
@@ -846,10 +848,15 @@ static void check_graph_equals_plain(const Config& c) {
     TrainedRun graph = train_steps(c, DEVICE_GPU, true, 4, 7, true), plain = train_steps(c, DEVICE_GPU, false, 4, 7, true);
     CHECK(graph.losses.size() == 4, "training with the graph did not run");
     CHECK(plain.losses.size() == 4, "training without the graph did not run");
-    CHECK(same_bits(graph.losses.data(), plain.losses.data(), 4), "losses differ: graph %.9g vs plain %.9g (step 1)", graph.losses[0],
-          plain.losses[0]);
-    CHECK(same_bits(graph.norms.data(), plain.norms.data(), 4), "gradient norms differ");
-    CHECK(same_bits(graph.params.data(), plain.params.data(), graph.params.size()), "parameters or optimiser state differ");
+    for (int k = 0; k < 4; k++) {
+        CHECK(same_bits(&graph.losses[k], &plain.losses[k], 1), "step %d: loss %.9g with the graph, %.9g without", k + 1,
+              graph.losses[k], plain.losses[k]);
+        CHECK(same_bits(&graph.norms[k], &plain.norms[k], 1), "step %d: gradient norm %.9g with the graph, %.9g without", k + 1,
+              graph.norms[k], plain.norms[k]);
+    }
+    for (int p = 0; p < 4; p++)
+        CHECK(same_bits(graph.part(p), plain.part(p), plain.part_size()), "%s differ after 4 steps with the graph and without",
+              TrainedRun::PARTS[p]);
 }
 TEST(gpu_graph_replay_equals_plain_launches) {
     NEED_GPU();
@@ -872,7 +879,8 @@ TEST(gpu_same_seed_gives_bit_identical_losses) {
 #endif
     CHECK(a.losses.size() == 3, "training did not run");
     CHECK(same_bits(a.losses.data(), b.losses.data(), 3), "losses differ between two runs with one seed");
-    CHECK(same_bits(a.params.data(), b.params.data(), a.params.size()), "parameters differ between two runs with one seed");
+    for (int p = 0; p < 4; p++)
+        CHECK(same_bits(a.part(p), b.part(p), a.part_size()), "%s differ between two runs with one seed", TrainedRun::PARTS[p]);
 }
 
 // Three LIMe steps (eager, captured, replayed with the graph) give the same
@@ -933,11 +941,9 @@ static void check_steps_across_schedules(Attention attention, Config c) {
             CHECK(same_bits(&got.norms[k], &want.norms[k], 1), "%s: step %d gradient norm %.9g, want %.9g", name, k + 1,
                   got.norms[k], want.norms[k]);
         }
-        size_t n = want.params.size() / 4;
-        const char* part[] = {"parameters", "gradients", "Adam m", "Adam v"};
         for (int p = 0; p < 4; p++)
-            CHECK(same_bits(got.params.data() + p * n, want.params.data() + p * n, n), "%s: %s differ after 3 steps", name,
-                  part[p]);
+            CHECK(same_bits(got.part(p), want.part(p), want.part_size()), "%s: %s differ after 3 steps", name,
+                  TrainedRun::PARTS[p]);
     }
 }
 TEST(gpu_three_steps_bit_identical_across_schedules_matmul) {

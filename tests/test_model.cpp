@@ -1314,21 +1314,21 @@ TEST(fast_kv_projection_equals_plain_on_random_shapes) {
 static void check_fast_matmul_threads(int N, int C, int OC) {
     std::vector<float> inp = randv((size_t)N * C, 1), W = randv((size_t)OC * C, 2), dout = randv((size_t)N * OC, 3);
     std::vector<float> scratch(matmul_fast_scratch_floats(std::max({N, OC, C}), std::max(C, OC)));
-    std::vector<std::vector<float>> runs;
+    const char* names[] = {"out", "dinp", "dW"};
+    std::vector<std::vector<std::vector<float>>> runs;  // for 1, 2 and 3 threads: out, dinp, dW
     int before = omp_get_max_threads();
     for (int threads = 1; threads <= 3; threads++) {
         omp_set_num_threads(threads);
         std::vector<float> out((size_t)N * OC), dinp((size_t)N * C, 0.5f), dW((size_t)OC * C, 0.25f);
         matmul_forward_fast(out.data(), inp.data(), W.data(), N, C, OC, false, scratch.data());
         matmul_backward_fast(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, true);
-        out.insert(out.end(), dinp.begin(), dinp.end());
-        out.insert(out.end(), dW.begin(), dW.end());
-        runs.push_back(out);
+        runs.push_back({out, dinp, dW});
     }
     omp_set_num_threads(before);
     for (int threads = 2; threads <= 3; threads++)
-        CHECK(runs[threads - 1] == runs[0], "matmul_*_fast (%s kernel) N=%d C=%d OC=%d: out, dinp or dW differ between 1 and %d threads",
-              matmul_fast_kernel(), N, C, OC, threads);
+        for (int k = 0; k < 3; k++)
+            CHECK(runs[threads - 1][k] == runs[0][k], "matmul_*_fast (%s kernel) N=%d C=%d OC=%d: %s differs between 1 and %d threads",
+                  matmul_fast_kernel(), N, C, OC, names[k], threads);
 }
 // ... also the forward's sliced dot products (few outputs, long rows: the router's dW).
 TEST(fast_matmul_same_bits_for_any_thread_count) {
@@ -1420,18 +1420,19 @@ TEST(fast_attention_stays_within_its_threads_buffers) {
     int B = 3, T = 21, H = 4, R = 2, hd = 8, before = omp_get_max_threads();
     size_t nq = (size_t)B * T * H * hd, nk = (size_t)B * T * R * hd, na = (size_t)B * H * T * T;
     std::vector<float> q = randv(nq, 11), k = randv(nk, 12), v = randv(nk, 13), dout = randv(nq, 14);
-    std::vector<std::vector<float>> runs;
+    const char* names[] = {"out", "att", "dq", "dk", "dv"};
+    std::vector<std::vector<std::vector<float>>> runs;  // with scratch for 3 threads, then for 1: out, att, dq, dk, dv
     omp_set_num_threads(3);
     for (int threads : {3, 1}) {
         std::vector<float> scratch(attention_fast_scratch_floats(T, hd, threads), NAN), out(nq), att(na), dq(nq), dk(nk, 0.5f), dv(nk, 0.25f);
         attention_forward_fast(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd, scratch.data(), threads);
         attention_backward_fast(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd,
                                 scratch.data(), threads);
-        for (auto* x : {&att, &dq, &dk, &dv}) out.insert(out.end(), x->begin(), x->end());
-        runs.push_back(out);
+        runs.push_back({out, att, dq, dk, dv});
     }
     omp_set_num_threads(before);
-    CHECK(runs[0] == runs[1], "attention_*_fast: out, att, dq, dk or dv differ between scratch for 3 threads and for 1");
+    for (int k = 0; k < 5; k++)
+        CHECK(runs[0][k] == runs[1][k], "attention_*_fast: %s differs between scratch for 3 threads and for 1", names[k]);
 }
 TEST(fast_attention_equals_plain_gqa_and_r1_odd_t) {
     for (int hd : {8, 16, 64, 128}) {
@@ -1541,7 +1542,9 @@ TEST(fast_hc_same_bits_for_any_thread_count) {
     HcWeights w(n, d, true, 5);
     std::vector<float> Aw((size_t)N * n * K), bw((size_t)N * n), rstd(bw.size()), ta(Aw.size()), tb(bw.size());
     hc_weights_forward(Aw.data(), bw.data(), rstd.data(), ta.data(), tb.data(), X.data(), w.view(), N, n, d, 1e-6f);
-    std::vector<std::vector<float>> runs;
+    const char* names[] = {"dX", "dA", "dstatic_beta", "dstatic_alpha", "ddynamic_alpha_fn", "ddynamic_alpha_scale",
+                           "ddynamic_beta_fn", "ddynamic_beta_scale"};
+    std::vector<std::vector<std::vector<float>>> runs;  // for 1, 2 and 3 threads: dX, dA, the HC tensors' gradients
     int before = omp_get_max_threads();
     for (int threads = 1; threads <= 3; threads++) {
         omp_set_num_threads(threads);
@@ -1551,13 +1554,13 @@ TEST(fast_hc_same_bits_for_any_thread_count) {
         std::vector<float> scratch(hc_fast_scratch_floats(n, d), NAN);
         hc_weights_backward_fast(dX.data(), g.view(), dA.data(), db.data(), X.data(), rstd.data(), ta.data(), tb.data(), w.view(), N, n, d,
                                  scratch.data());
-        for (auto* v : {&wdA, &g.sb, &g.sa, &g.afn, &g.as, &g.bfn, &g.bs}) dX.insert(dX.end(), v->begin(), v->end());
-        runs.push_back(dX);
+        runs.push_back({dX, wdA, g.sb, g.sa, g.afn, g.as, g.bfn, g.bs});
     }
     omp_set_num_threads(before);
     for (int threads = 2; threads <= 3; threads++)
-        CHECK(runs[threads - 1] == runs[0],
-              "hc_width/weights_backward_fast: dX, dA or the HC tensors' gradients differ between 1 and %d threads", threads);
+        for (int k = 0; k < 8; k++)
+            CHECK(runs[threads - 1][k] == runs[0][k], "hc_width/weights_backward_fast: %s differs between 1 and %d threads", names[k],
+                  threads);
 }
 
 // tanh_fast (the fast HC weights) against double precision: within 2 ulp
@@ -1633,7 +1636,8 @@ TEST(fast_ereg_same_bits_for_any_thread_count) {
     std::vector<float> V = randv((size_t)B * T * D, 70), valid((size_t)B * T, 1.0f);
     for (int t = 10; t < T; t++) valid[(size_t)3 * T + t] = 0;  // sequence 3: K (10 < D)
     std::vector<float> scratch(ereg_fast_scratch_floats(B, T, D));
-    std::vector<std::vector<float>> runs;
+    const char* names[] = {"stat", "dV"};
+    std::vector<std::vector<std::vector<float>>> runs;  // for 1, 2 and 3 threads: stat, dV
     int before = omp_get_max_threads();
     for (int threads = 1; threads <= 3; threads++) {
         omp_set_num_threads(threads);
@@ -1641,12 +1645,12 @@ TEST(fast_ereg_same_bits_for_any_thread_count) {
         ereg_forward_fast(stat.data(), mu.data(), G.data(), V.data(), valid.data(), B, T, D, scratch.data());
         ereg_backward_fast(dV.data(), V.data(), valid.data(), mu.data(), G.data(), stat.data(), 1.0f, B, T, D,
                            scratch.data());
-        dV.insert(dV.end(), stat.begin(), stat.end());
-        runs.push_back(dV);
+        runs.push_back({stat, dV});
     }
     omp_set_num_threads(before);
     for (int threads = 2; threads <= 3; threads++)
-        CHECK(runs[threads - 1] == runs[0], "ereg_*_fast: stat or dV differ between 1 and %d threads", threads);
+        for (int k = 0; k < 2; k++)
+            CHECK(runs[threads - 1][k] == runs[0][k], "ereg_*_fast: %s differs between 1 and %d threads", names[k], threads);
 }
 
 
