@@ -976,18 +976,31 @@ static void rmsnorm_backward_gpu(float* dinp, float* dg, const float* dout, cons
 }
 #endif
 
+// The CPU's: rmsnorm_*_fast (support/model/cpu_fast.cpp: the sums over d in 16
+// lanes whatever the vector width) in ./lime, the plain loops above in lime-ref.
+static void rmsnorm_forward_cpu(float* out, float* rstd, const float* inp, const float* g, int N, int d,
+                                float eps) {
+    if (FAST_CPU) rmsnorm_forward_fast(out, rstd, inp, g, N, d, eps);
+    else rmsnorm_forward(out, rstd, inp, g, N, d, eps);
+}
+static void rmsnorm_backward_cpu(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
+                                 const float* rstd, int N, int d, float* part) {
+    if (FAST_CPU) rmsnorm_backward_fast(dinp, dg, dout, inp, g, rstd, N, d, part);
+    else rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, d, part);
+}
+
 static void op_rmsnorm_forward(Model* model, float* out, float* rstd, const float* inp, const float* g, int N) {
     int d = model->c.d;
     float eps = model->c.eps;
     DISPATCH(model, rmsnorm_forward_gpu(out, rstd, inp, g, N, d, eps, stream_of(model)),
-             rmsnorm_forward(out, rstd, inp, g, N, d, eps));
+             rmsnorm_forward_cpu(out, rstd, inp, g, N, d, eps));
 }
 static void op_rmsnorm_backward(Model* model, float* dinp, float* dg, const float* dout, const float* inp,
                                 const float* g, const float* rstd, int N) {
     int d = model->c.d;
     DISPATCH(model,
              rmsnorm_backward_gpu(dinp, dg, dout, inp, g, rstd, N, d, pass_acts(model)->scratch, stream_of(model)),
-             rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, d, model->acts->scratch));
+             rmsnorm_backward_cpu(dinp, dg, dout, inp, g, rstd, N, d, model->acts->scratch));
 }
 
 // ===========================================================================

@@ -1608,6 +1608,43 @@ TEST(exp_fast_and_tanh_fast_same_bits_in_vector_and_scalar_loops) {
     }
 }
 
+// RMSNorm's fast loops (their sums over d in 16 lanes) against the plain
+// ones, for d under, at and past 16 lanes, and the same bits for 1, 2 and 3 threads.
+TEST(fast_rmsnorm_equals_plain) {
+    for (int d : {5, 16, 20, 32, 37, 128}) {
+        int N = 71;
+        std::vector<float> x = randv((size_t)N * d, 90 + d), g = randv(d, 91), dy = randv((size_t)N * d, 92);
+        std::vector<float> y_p((size_t)N * d), y_f(y_p.size()), r_p(N), r_f(N), part((size_t)CHUNKS * d, NAN);
+        std::vector<float> dx_p = randv((size_t)N * d, 93), dx_f = dx_p, dg_p(d, 0.5f), dg_f = dg_p;
+        const float *xp = x.data(), *gp = g.data(), *dyp = dy.data();
+        rmsnorm_forward(y_p.data(), r_p.data(), xp, gp, N, d, 1e-6f);
+        rmsnorm_forward_fast(y_f.data(), r_f.data(), xp, gp, N, d, 1e-6f);
+        rmsnorm_backward(dx_p.data(), dg_p.data(), dyp, xp, gp, r_p.data(), N, d, part.data());
+        rmsnorm_backward_fast(dx_f.data(), dg_f.data(), dyp, xp, gp, r_p.data(), N, d, part.data());
+        double e0 = rel_err(y_f.data(), y_p.data(), y_p.size()), e1 = rel_err(r_f.data(), r_p.data(), N);
+        double e2 = rel_err(dx_f.data(), dx_p.data(), dx_p.size()), e3 = rel_err(dg_f.data(), dg_p.data(), d);
+        CHECK(e0 < FAST_TOL && e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL,
+              "rmsnorm_*_fast vs plain d=%d: y %.1e rstd %.1e dx %.1e dg %.1e", d, e0, e1, e2, e3);
+    }
+    int N = 301, d = 48;
+    std::vector<float> x = randv((size_t)N * d, 94), g = randv(d, 95), dy = randv((size_t)N * d, 96);
+    std::vector<std::vector<float>> runs;
+    int before = omp_get_max_threads();
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        std::vector<float> y((size_t)N * d), r(N), dx((size_t)N * d, 0.5f), dg(d, 0.25f);
+        std::vector<float> part((size_t)CHUNKS * d);
+        const float *xp = x.data(), *gp = g.data(), *dyp = dy.data();
+        rmsnorm_forward_fast(y.data(), r.data(), xp, gp, N, d, 1e-6f);
+        rmsnorm_backward_fast(dx.data(), dg.data(), dyp, xp, gp, r.data(), N, d, part.data());
+        for (auto* v : {&r, &dx, &dg}) y.insert(y.end(), v->begin(), v->end());
+        runs.push_back(y);
+    }
+    omp_set_num_threads(before);
+    CHECK(runs[0] == runs[1] && runs[0] == runs[2],
+          "rmsnorm_*_fast: y, rstd, dx or dg differ between 1, 2 and 3 threads");
+}
+
 
 // ---------------------------------------------------------------------------
 // Shapes the GPU kernels cannot launch (launch_check) are refused by

@@ -1073,6 +1073,65 @@ void attention_backward_fast(float* dq, float* dk, float* dv, const float* dout,
 }
 
 // ===========================================================================
+// RMSNorm (lime.cu: rmsnorm_forward, rmsnorm_backward)
+// ===========================================================================
+//
+// The plain loops' sums over d are `omp simd` reductions: the compiler keeps
+// as many partial sums as its vector has lanes (8 with AVX2, 16 with
+// AVX-512), so their bits depended on the build. Here each sum is sum16's,
+// 16 lanes whatever the vector width; the rest is the plain loops' arithmetic.
+static const int RMS_CHUNKS = 64;  // slices of the rows for dg: lime.cu's CHUNKS
+
+// sum_{i < d} of the terms that add(i, s) adds to s: lane l (of 16) adds the
+// terms i = l, l + 16, ... in order, and lanes_sum's tree adds the lanes.
+template <class Add>
+static inline float sum16(int d, Add add) {
+    float acc[16] = {};
+    int i0 = 0;
+    for (; i0 + 16 <= d; i0 += 16)
+#pragma omp simd
+        for (int l = 0; l < 16; l++) acc[l] = add(i0 + l, acc[l]);
+    for (int l = 0; i0 + l < d; l++) acc[l] = add(i0 + l, acc[l]);
+    return lanes_sum(acc);
+}
+
+void rmsnorm_forward_fast(float* out, float* rstd, const float* inp, const float* g, int N, int d,
+                          float eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * d;
+        float* y = out + (size_t)n * d;
+        float ss = sum16(d, [&](int i, float s) { return mul_add(x[i], x[i], s); });
+        float r = 1.0f / sqrtf(ss / d + eps);
+        for (int i = 0; i < d; i++) y[i] = x[i] * r * g[i];
+        rstd[n] = r;
+    }
+}
+
+void rmsnorm_backward_fast(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
+                           const float* rstd, int N, int d, float* part) {
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < RMS_CHUNKS; c++) {
+        float* dgc = part + (size_t)c * d;
+        memset(dgc, 0, (size_t)d * sizeof(float));
+        for (size_t n = (size_t)N * c / RMS_CHUNKS; n < (size_t)N * (c + 1) / RMS_CHUNKS; n++) {
+            const float* x = inp + n * d;
+            const float* dy = dout + n * d;
+            float* dx = dinp + n * d;
+            float r = rstd[n];
+            float dot = sum16(d, [&](int i, float s) { return mul_add(g[i] * dy[i], x[i], s); });
+            float k = r * r * r * dot / d;
+            for (int i = 0; i < d; i++) {
+                dx[i] += r * g[i] * dy[i] - x[i] * k;
+                dgc[i] += dy[i] * x[i] * r;
+            }
+        }
+    }
+    for (int c = 0; c < RMS_CHUNKS; c++)
+        for (int i = 0; i < d; i++) dg[i] += part[(size_t)c * d + i];
+}
+
+// ===========================================================================
 // Hyper-Connections (lime.cu: hc_weights_*, hc_width_*, hc_depth_backward)
 // ===========================================================================
 //

@@ -59,6 +59,10 @@ void ereg_forward_fast(float* stat, float* mu, float* G, const float* V, const f
                        float* scratch);
 void ereg_backward_fast(float* dV, const float* V, const float* valid, const float* mu, const float* G,
                         const float* stat, float scale, int B, int T, int D, float* scratch);
+// = rmsnorm_forward, rmsnorm_backward; part: CHUNKS * d floats, as rmsnorm_backward's.
+void rmsnorm_forward_fast(float* out, float* rstd, const float* inp, const float* g, int N, int d, float eps);
+void rmsnorm_backward_fast(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
+                           const float* rstd, int N, int d, float* part);
 // = rope_forward (sign 1), rope_backward (sign -1): x (B, T, nh, hd) in place.
 void rope_rotate_fast(float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd, float sign);
 // = attention_forward, attention_backward. scratch: attention_fast_scratch_floats(T,
