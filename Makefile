@@ -113,6 +113,11 @@ lime: $(B)/rel/train.o $(B)/lime.o $(REL_OBJ)
 $(B)/lime_cpu.o: lime.cu $(HEADERS) | $(B)
 	$(CXX) $(CXXFLAGS) -x c++ -c lime.cu -o $@
 
+# ./lime's CPU path alone, linked from g++'s objects (no nvcc): tests/test_isa.sh builds it
+# here and for x86-64-v3 in a build directory of its own (B=..., ARCH_FLAGS=...).
+$(B)/lime-cpu: $(B)/rel/train.o $(B)/lime_cpu.o $(REL_OBJ)
+	$(CXX) $(CXXFLAGS) $^ -o $@
+
 # The CUDA code compiled by g++ against the harness: kernels run on the CPU.
 $(B)/lime_emu.o: lime.cu $(HEADERS) support/harness/cuda_on_cpu.h | $(B)
 	$(CXX) $(TESTFLAGS) -DLIME_EMU -x c++ -c lime.cu -o $@
