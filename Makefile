@@ -31,8 +31,11 @@ ARCH_FLAGS ?= $(shell $(CXX) -march=native -E -x c /dev/null >/dev/null 2>&1 && 
 # the floating-point exception flags, so a loop with a choice in it (exp_fast's range
 # checks, in SwiGLU, the softmaxes, cross-entropy) may compute both sides and blend them;
 # without AVX-512's masks g++ leaves such a loop scalar (on AVX2, d = 32 ran 1.3-1.4x
-# slower). Every result stays the same bits.
-MATH_FLAGS ?= -fno-math-errno -fno-trapping-math
+# slower). Every result stays the same bits. -ffp-contract=off: g++ fuses a * b + c into one
+# rounding only where the source says so (mul_add in support/model/cpu_fast.h); left to
+# itself it fused a sum in one loop and not in another depending on how it vectorised each
+# for the build's vector width, and an AVX2 ./lime trained other bits than an AVX-512 one.
+MATH_FLAGS ?= -fno-math-errno -fno-trapping-math -ffp-contract=off
 CXXFLAGS ?= -std=c++17 -O3 $(ARCH_FLAGS) $(MATH_FLAGS) -fopenmp -Wall -Wextra -I.
 # The test and sanitizer builds carry line tables alone (-g1): their failures and the
 # sanitizers' reports still name file and line, and they compile faster (the asan
@@ -109,6 +112,11 @@ lime: $(B)/rel/train.o $(B)/lime.o $(REL_OBJ)
 # The CPU path alone, compiled by g++ (what the CPU tests link).
 $(B)/lime_cpu.o: lime.cu $(HEADERS) | $(B)
 	$(CXX) $(CXXFLAGS) -x c++ -c lime.cu -o $@
+
+# ./lime's CPU path alone, linked from g++'s objects (no nvcc): tests/test_isa.sh builds it
+# here and for x86-64-v3 in a build directory of its own (B=..., ARCH_FLAGS=...).
+$(B)/lime-cpu: $(B)/rel/train.o $(B)/lime_cpu.o $(REL_OBJ)
+	$(CXX) $(CXXFLAGS) $^ -o $@
 
 # The CUDA code compiled by g++ against the harness: kernels run on the CPU.
 $(B)/lime_emu.o: lime.cu $(HEADERS) support/harness/cuda_on_cpu.h | $(B)

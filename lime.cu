@@ -666,13 +666,14 @@ static void op_rmsnorm_forward(Model* model, float* out, float* rstd, const floa
     int d = model->c.d;
     float eps = model->c.eps;
     DISPATCH(model, rmsnorm_forward_gpu(out, rstd, inp, g, N, d, eps, stream_of(model)),
-             rmsnorm_forward(out, rstd, inp, g, N, d, eps));
+             rmsnorm_forward_fast(out, rstd, inp, g, N, d, eps), rmsnorm_forward(out, rstd, inp, g, N, d, eps));
 }
 static void op_rmsnorm_backward(Model* model, float* dinp, float* dg, const float* dout, const float* inp,
                                 const float* g, const float* rstd, int N) {
     int d = model->c.d;
     float* scratch = pass_acts(model)->scratch;  // the gain's partial sums
     DISPATCH(model, rmsnorm_backward_gpu(dinp, dg, dout, inp, g, rstd, N, d, scratch, stream_of(model)),
+             rmsnorm_backward_fast(dinp, dg, dout, inp, g, rstd, N, d, scratch),
              rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, d, scratch));
 }
 // ===========================================================================

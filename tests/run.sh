@@ -5,6 +5,7 @@
 # and exits non-zero if anything failed.
 cd "$(dirname "$0")/.." || exit 2
 suites=(
+    "bash tests/test_isa.sh"     # AVX2 and AVX-512 builds train the same bytes (first: its build is the longest wait)
     "build/test_cpu"             # the model, data and safetensors on the CPU
     "build/test_emu"             # the CUDA-on-CPU harness itself
     "build/test_gpu_emu"         # every GPU test, kernels running on the harness

@@ -1653,6 +1653,127 @@ TEST(fast_ereg_same_bits_for_any_thread_count) {
             CHECK(runs[threads - 1][k] == runs[0][k], "ereg_*_fast: %s differs between 1 and %d threads", names[k], threads);
 }
 
+// ---------------------------------------------------------------------------
+// The same bits whatever the build's vector width (tests/test_isa.sh trains an
+// AVX2 and an AVX-512 ./lime and compares the model files): within one build,
+// every micro-kernel it can pick gives the same bits, and the polynomials give
+// a vector loop's bits in the scalar loop after it.
+
+// Products (the layer's three, the KV projections, the regulariser's Grams),
+// with each micro-kernel of the build against the first, bit for bit.
+TEST(fast_products_same_bits_with_every_kernel) {
+    auto products = [](std::vector<float>& all) {
+        int shapes[][3] = {{64, 32, 96}, {211, 300, 53}, {97, 131, 150}, {4, 300, 4}, {3, 4099, 12},
+                           {33, 17, 9}};
+        for (auto& s : shapes) {
+            int N = s[0], C = s[1], OC = s[2];
+            std::vector<float> inp = randv((size_t)N * C, 1), W = randv((size_t)OC * C, 2);
+            std::vector<float> dout = randv((size_t)N * OC, 3), out((size_t)N * OC, 0.5f);
+            std::vector<float> dinp((size_t)N * C, 0.5f), dW((size_t)OC * C, 0.25f);
+            std::vector<float> scratch(matmul_fast_forward_scratch_floats(N, C, OC) +
+                                       matmul_fast_scratch_floats(C, OC));
+            matmul_forward_fast(out.data(), inp.data(), W.data(), N, C, OC, true, scratch.data());
+            matmul_backward_fast(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, true);
+            for (auto* v : {&out, &dinp, &dW}) all.insert(all.end(), v->begin(), v->end());
+        }
+        int N = 37, C = 13, R = 4, hd = 8;
+        std::vector<float> inp = randv((size_t)N * C, 4), W = randv((size_t)R * hd * C, 5);
+        std::vector<float> dout = randv((size_t)N * R * hd, 6);
+        std::vector<float> scratch(matmul_fast_scratch_floats(C, R * hd)), out((size_t)N * R * hd);
+        std::vector<float> dinp((size_t)N * C, 0.5f), dW((size_t)R * hd * C, 0.25f);
+        kv_projection_forward_fast(out.data(), inp.data(), W.data(), N, C, R, hd, scratch.data());
+        kv_projection_backward_fast(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, R, hd);
+        for (auto* v : {&out, &dinp, &dW}) all.insert(all.end(), v->begin(), v->end());
+        int B = 3, T = 40, D = 24;  // sequences of 40 (G) and 9 (K) valid positions
+        std::vector<float> V = randv((size_t)B * T * D, 7), valid((size_t)B * T, 1.0f);
+        for (int t = 9; t < T; t++) valid[(size_t)T + t] = 0;
+        std::vector<float> stat(4 * B), mu((size_t)B * D), G((size_t)B * D * D), dV(V.size(), 0.5f);
+        std::vector<float> ereg_scratch(ereg_fast_scratch_floats(B, T, D));
+        float* es = ereg_scratch.data();
+        ereg_forward_fast(stat.data(), mu.data(), G.data(), V.data(), valid.data(), B, T, D, es);
+        ereg_backward_fast(dV.data(), V.data(), valid.data(), mu.data(), G.data(), stat.data(), 1, B, T, D, es);
+        for (auto* v : {&stat, &dV}) all.insert(all.end(), v->begin(), v->end());
+    };
+    std::vector<float> first;
+    matmul_fast_use_kernel(0);
+    std::string first_kernel = matmul_fast_kernel();
+    products(first);
+    for (int kernel = 1; kernel < matmul_fast_kernels(); kernel++) {
+        matmul_fast_use_kernel(kernel);
+        std::vector<float> other;
+        products(other);
+        size_t bad = 0;
+        while (bad < first.size() && !memcmp(&first[bad], &other[bad], sizeof(float))) bad++;
+        CHECK(bad == first.size(), "the %s kernel's products differ from the %s kernel's at float %zu of %zu",
+              matmul_fast_kernel(), first_kernel.c_str(), bad, first.size());
+        matmul_fast_use_kernel(0);
+    }
+}
+
+// exp_fast and tanh_fast in a vector loop (omp simd: the build's widest vectors)
+// and one at a time (a call the compiler cannot vectorise): the same bits,
+// over their whole range, the edges and NaN.
+__attribute__((noinline)) static float exp_one(float x) { return exp_fast(x); }
+__attribute__((noinline)) static float tanh_one(float x) { return tanh_fast(x); }
+TEST(exp_fast_and_tanh_fast_same_bits_in_vector_and_scalar_loops) {
+    std::vector<float> x = randv(100003, 80, 100.0f);
+    for (float e : {0.0f, -0.0f, -87.0f, 88.0f, -87.01f, 88.01f, 0.625f, 1e-30f, INFINITY, -INFINITY, NAN})
+        x.push_back(e);
+    for (int f = 0; f < 2; f++) {
+        std::vector<float> vec(x.size()), one(x.size());
+        if (f == 0) {
+#pragma omp simd
+            for (size_t i = 0; i < x.size(); i++) vec[i] = exp_fast(x[i]);
+        } else {
+#pragma omp simd
+            for (size_t i = 0; i < x.size(); i++) vec[i] = tanh_fast(x[i] * 0.05f);
+        }
+        for (size_t i = 0; i < x.size(); i++) one[i] = f == 0 ? exp_one(x[i]) : tanh_one(x[i] * 0.05f);
+        size_t bad = 0;
+        while (bad < x.size() && !memcmp(&vec[bad], &one[bad], sizeof(float))) bad++;
+        float at = bad < x.size() ? x[bad] * (f == 0 ? 1.0f : 0.05f) : 0.0f;
+        CHECK(bad == x.size(), "%s(%.9g): %.9g in a vector loop, %.9g alone", f == 0 ? "exp_fast" : "tanh_fast",
+              at, bad < x.size() ? vec[bad] : 0.0f, bad < x.size() ? one[bad] : 0.0f);
+    }
+}
+
+// RMSNorm's fast loops (their sums over d in 16 lanes) against the plain
+// ones, for d under, at and past 16 lanes, and the same bits for 1, 2 and 3 threads.
+TEST(fast_rmsnorm_equals_plain) {
+    for (int d : {5, 16, 20, 32, 37, 128}) {
+        int N = 71;
+        std::vector<float> x = randv((size_t)N * d, 90 + d), g = randv(d, 91), dy = randv((size_t)N * d, 92);
+        std::vector<float> y_p((size_t)N * d), y_f(y_p.size()), r_p(N), r_f(N), part((size_t)CHUNKS * d, NAN);
+        std::vector<float> dx_p = randv((size_t)N * d, 93), dx_f = dx_p, dg_p(d, 0.5f), dg_f = dg_p;
+        const float *xp = x.data(), *gp = g.data(), *dyp = dy.data();
+        rmsnorm_forward(y_p.data(), r_p.data(), xp, gp, N, d, 1e-6f);
+        rmsnorm_forward_fast(y_f.data(), r_f.data(), xp, gp, N, d, 1e-6f);
+        rmsnorm_backward(dx_p.data(), dg_p.data(), dyp, xp, gp, r_p.data(), N, d, part.data());
+        rmsnorm_backward_fast(dx_f.data(), dg_f.data(), dyp, xp, gp, r_p.data(), N, d, part.data());
+        double e0 = rel_err(y_f.data(), y_p.data(), y_p.size()), e1 = rel_err(r_f.data(), r_p.data(), N);
+        double e2 = rel_err(dx_f.data(), dx_p.data(), dx_p.size()), e3 = rel_err(dg_f.data(), dg_p.data(), d);
+        CHECK(e0 < FAST_TOL && e1 < FAST_TOL && e2 < FAST_TOL && e3 < FAST_TOL,
+              "rmsnorm_*_fast vs plain d=%d: y %.1e rstd %.1e dx %.1e dg %.1e", d, e0, e1, e2, e3);
+    }
+    int N = 301, d = 48;
+    std::vector<float> x = randv((size_t)N * d, 94), g = randv(d, 95), dy = randv((size_t)N * d, 96);
+    std::vector<std::vector<float>> runs;
+    int before = omp_get_max_threads();
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        std::vector<float> y((size_t)N * d), r(N), dx((size_t)N * d, 0.5f), dg(d, 0.25f);
+        std::vector<float> part((size_t)CHUNKS * d);
+        const float *xp = x.data(), *gp = g.data(), *dyp = dy.data();
+        rmsnorm_forward_fast(y.data(), r.data(), xp, gp, N, d, 1e-6f);
+        rmsnorm_backward_fast(dx.data(), dg.data(), dyp, xp, gp, r.data(), N, d, part.data());
+        for (auto* v : {&r, &dx, &dg}) y.insert(y.end(), v->begin(), v->end());
+        runs.push_back(y);
+    }
+    omp_set_num_threads(before);
+    CHECK(runs[0] == runs[1] && runs[0] == runs[2],
+          "rmsnorm_*_fast: y, rstd, dx or dg differ between 1, 2 and 3 threads");
+}
+
 
 // ---------------------------------------------------------------------------
 // Shapes the GPU kernels cannot launch (launch_check) are refused by

@@ -7,7 +7,13 @@
 // lime-ref` builds the plain ones.
 //
 // Every sum runs in an order fixed by the shapes alone, never by the number of
-// threads, so that a resumed run is bit-exact.
+// threads or the build's vector width: a resumed run is bit-exact, and an AVX2
+// build gives the same bits as an AVX-512 one (tests/test_isa.sh). So a sum
+// of many terms goes into a fixed number of partial sums (lanes), which a
+// fixed tree adds; every fused multiply-add is written as one (mul_add,
+// support/model/cpu_fast.h), since the compiler fuses none (-ffp-contract=off);
+// the vector paths of one instruction set and the portable loops beside them
+// compute the same operations in the same order.
 #include "support/model/cpu_fast.h"
 
 #include <algorithm>
@@ -127,7 +133,8 @@ struct TileArgs {
 };
 
 // The portable micro-kernel (any compiler, any CPU): 8 x 32 sums in an array
-// the compiler keeps in vector registers, vectorising the loops over j.
+// the compiler keeps in vector registers, vectorising the loops over j. Each
+// sum is the same chain of fused multiply-adds as the vector kernels' (the same bits).
 struct KernelPlain {
     static const int MR = 8, NR = 32;
     template <bool PACKED_B, bool PACKED_A>
@@ -140,7 +147,7 @@ struct KernelPlain {
         for (int k = 0; k < t.K; k++, b += ldb)
             for (int i = 0; i < MR; i++) {
                 float aik = t.a[i][k * t.a_cs];
-                for (int j = 0; j < NR; j++) acc[i][j] += aik * b[j];
+                for (int j = 0; j < NR; j++) acc[i][j] = mul_add(aik, b[j], acc[i][j]);
             }
         for (int i = 0; i < MR; i++)
             for (int j = 0; j < NR; j++) {
@@ -566,11 +573,12 @@ static void dots_of_slice(float* part, const float* inp, const float* W, int N, 
             for (; i + LANES <= to; i += LANES)
                 for (int a = 0; a < NB; a++)
                     for (int b = 0; b < OB; b++)
-                        for (int k = 0; k < LANES; k++) acc[a][b][k] += x[a][i + k] * w[b][i + k];
+                        for (int k = 0; k < LANES; k++)
+                            acc[a][b][k] = mul_add(x[a][i + k], w[b][i + k], acc[a][b][k]);
 #endif
             for (; i < to; i++)  // the slice's last columns, in lane 0
                 for (int a = 0; a < NB; a++)
-                    for (int b = 0; b < OB; b++) acc[a][b][0] += x[a][i] * w[b][i];
+                    for (int b = 0; b < OB; b++) acc[a][b][0] = mul_add(x[a][i], w[b][i], acc[a][b][0]);
             for (int a = 0; a < std::min(NB, N - n0); a++)
                 for (int b = 0; b < std::min(OB, OC - o0); b++) {
                     float d = 0;
@@ -853,7 +861,7 @@ static void rows_dot_keys(float* s, int Tp, const float* const* a, const float* 
             const float* x = xt + (size_t)i * Tp + u0;
             for (int j = 0; j < ATT_ROWS; j++)
 #pragma omp simd
-                for (int u = 0; u < 16; u++) acc[j][u] += a[j][i] * x[u];
+                for (int u = 0; u < 16; u++) acc[j][u] = mul_add(a[j][i], x[u], acc[j][u]);
         }
         for (int j = 0; j < ATT_ROWS; j++)
             for (int u = 0; u < 16; u++) s[(size_t)j * Tp + u0 + u] = scale * acc[j][u];
@@ -872,7 +880,7 @@ static void rows_times_matrix(float* const* out, const float* const* p, int n, c
             for (int j = 0; j < ATT_ROWS; j++) {
                 float pju = p[j][u];
 #pragma omp simd  // (without it, the compiler vectorises over u instead, badly)
-                for (int i = 0; i < LANES; i++) acc[j][i] += pju * mu[i];
+                for (int i = 0; i < LANES; i++) acc[j][i] = mul_add(pju, mu[i], acc[j][i]);
             }
         }
         for (int j = 0; j < ATT_ROWS; j++)
@@ -896,7 +904,7 @@ static void add_rows_outer(float* dst, size_t ld, int n, const float* const* a, 
 #pragma omp simd
             for (int i = 0; i < LANES; i++) {
                 float s = d[i];
-                for (int j = 0; j < ATT_ROWS; j++) s += au[j] * xs[j][i];
+                for (int j = 0; j < ATT_ROWS; j++) s = mul_add(au[j], xs[j][i], s);
                 d[i] = s;
             }
         }
@@ -947,7 +955,8 @@ static void softmax_row(float* p, float* s, int t, int n, int T) {
 static void softmax_backward_row(float* ds, const float* p, int n) {
     float part[16] = {};
     for (int u = 0; u < n; u += 16)
-        for (int i = 0; i < 16; i++) part[i] += p[u + i] * ds[u + i];
+#pragma omp simd  // (without it g++ unrolled the 16 lanes into 16 scalar fused multiply-adds)
+        for (int i = 0; i < 16; i++) part[i] = mul_add(p[u + i], ds[u + i], part[i]);
     float pdp = lanes_sum(part);
     for (int u = 0; u < n; u++) ds[u] = p[u] * (ds[u] - pdp);
 }
@@ -1084,6 +1093,65 @@ void attention_backward_fast(float* dq, float* dk, float* dv, const float* dout,
 }
 
 // ===========================================================================
+// RMSNorm (lime.cu: rmsnorm_forward, rmsnorm_backward)
+// ===========================================================================
+//
+// The plain loops' sums over d are `omp simd` reductions: the compiler keeps
+// as many partial sums as its vector has lanes (8 with AVX2, 16 with
+// AVX-512), so their bits depended on the build. Here each sum is sum16's,
+// 16 lanes whatever the vector width; the rest is the plain loops' arithmetic.
+static const int RMS_CHUNKS = 64;  // slices of the rows for dg: lime.cu's CHUNKS
+
+// sum_{i < d} of the terms that add(i, s) adds to s: lane l (of 16) adds the
+// terms i = l, l + 16, ... in order, and lanes_sum's tree adds the lanes.
+template <class Add>
+static inline float sum16(int d, Add add) {
+    float acc[16] = {};
+    int i0 = 0;
+    for (; i0 + 16 <= d; i0 += 16)
+#pragma omp simd
+        for (int l = 0; l < 16; l++) acc[l] = add(i0 + l, acc[l]);
+    for (int l = 0; i0 + l < d; l++) acc[l] = add(i0 + l, acc[l]);
+    return lanes_sum(acc);
+}
+
+void rmsnorm_forward_fast(float* out, float* rstd, const float* inp, const float* g, int N, int d,
+                          float eps) {
+#pragma omp parallel for schedule(static)
+    for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * d;
+        float* y = out + (size_t)n * d;
+        float ss = sum16(d, [&](int i, float s) { return mul_add(x[i], x[i], s); });
+        float r = 1.0f / sqrtf(ss / d + eps);
+        for (int i = 0; i < d; i++) y[i] = x[i] * r * g[i];
+        rstd[n] = r;
+    }
+}
+
+void rmsnorm_backward_fast(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
+                           const float* rstd, int N, int d, float* part) {
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < RMS_CHUNKS; c++) {
+        float* dgc = part + (size_t)c * d;
+        memset(dgc, 0, (size_t)d * sizeof(float));
+        for (size_t n = (size_t)N * c / RMS_CHUNKS; n < (size_t)N * (c + 1) / RMS_CHUNKS; n++) {
+            const float* x = inp + n * d;
+            const float* dy = dout + n * d;
+            float* dx = dinp + n * d;
+            float r = rstd[n];
+            float dot = sum16(d, [&](int i, float s) { return mul_add(g[i] * dy[i], x[i], s); });
+            float k = r * r * r * dot / d;
+            for (int i = 0; i < d; i++) {
+                dx[i] += r * g[i] * dy[i] - x[i] * k;
+                dgc[i] += dy[i] * x[i] * r;
+            }
+        }
+    }
+    for (int c = 0; c < RMS_CHUNKS; c++)
+        for (int i = 0; i < d; i++) dg[i] += part[(size_t)c * d + i];
+}
+
+// ===========================================================================
 // Hyper-Connections (lime.cu: hc_weights_*, hc_width_*, hc_depth_backward)
 // ===========================================================================
 //
@@ -1106,32 +1174,46 @@ static void with_width_lanes(int d, F f) {
     else f(std::integral_constant<int, 1>());
 }
 
-// sum_j a[j] b[j] (dot_d) and sum_j a[j] (sum_d) over j < d: in vector
-// registers, then one fixed tree over their lanes. (The compiler's own
-// reduction of a loop spills the lanes to the stack and adds them one by one,
-// which cost more than the products here.)
+// sum_j a[j] b[j] (dot_d) and sum_j a[j] (sum_d) over j < d: from d = 8 on,
+// two sums of 8 lanes (lane l of the first sums the terms j = 16 i + l, of the
+// second j = 16 i + 8 + l, and a last run of 8 goes to the first), one fixed
+// tree over their 8 pairs, then the terms past the last run of 8, one by one.
+// With AVX2 the lanes are two ymm registers, written out: the compiler's own
+// reduction of a loop spilled the lanes to the stack and added them one by
+// one, which cost more than the products here. The portable loop computes
+// the same operations in the same order (the same bits).
 template <bool PRODUCT>
 static inline float reduce_d(const float* a, const float* b, int d) {
+    auto term = [&](int j, float s) { return PRODUCT ? mul_add(a[j], b[j], s) : s + a[j]; };
     int j = 0;
     float s = 0;
+    if (d >= 8) {
 #if defined(__AVX2__) && defined(__FMA__)
-    if (d >= 8) {  // two sums of 8 lanes (two chains of adds), then 8 -> 4 -> 2 -> 1
         __m256 v = _mm256_setzero_ps(), u = _mm256_setzero_ps();
         for (; j + 16 <= d; j += 16) {
             __m256 a0 = _mm256_loadu_ps(a + j), a1 = _mm256_loadu_ps(a + j + 8);
-            v = PRODUCT ? _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + j), v) : _mm256_add_ps(a0, v);
-            u = PRODUCT ? _mm256_fmadd_ps(a1, _mm256_loadu_ps(b + j + 8), u) : _mm256_add_ps(a1, u);
+            v = PRODUCT ? _mm256_fmadd_ps(a0, _mm256_loadu_ps(b + j), v) : _mm256_add_ps(v, a0);
+            u = PRODUCT ? _mm256_fmadd_ps(a1, _mm256_loadu_ps(b + j + 8), u) : _mm256_add_ps(u, a1);
         }
         for (; j + 8 <= d; j += 8)
             v = PRODUCT ? _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), v)
-                        : _mm256_add_ps(_mm256_loadu_ps(a + j), v);
-        v = _mm256_add_ps(v, u);
+                        : _mm256_add_ps(v, _mm256_loadu_ps(a + j));
+        v = _mm256_add_ps(v, u);  // pair l: v[l] + v[l + 4], then (0 + 2) + (1 + 3)
         __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
         h = _mm_add_ps(h, _mm_movehl_ps(h, h));
         s = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-    }
+#else
+        float v[8] = {}, u[8] = {};
+        for (; j + 16 <= d; j += 16)
+            for (int l = 0; l < 8; l++) v[l] = term(j + l, v[l]), u[l] = term(j + 8 + l, u[l]);
+        for (; j + 8 <= d; j += 8)
+            for (int l = 0; l < 8; l++) v[l] = term(j + l, v[l]);
+        float h[4];
+        for (int l = 0; l < 4; l++) h[l] = (v[l] + u[l]) + (v[l + 4] + u[l + 4]);
+        s = (h[0] + h[2]) + (h[1] + h[3]);
 #endif
-    for (; j < d; j++) s += PRODUCT ? a[j] * b[j] : a[j];
+    }
+    for (; j < d; j++) s = term(j, s);
     return s;
 }
 static inline float dot_d(const float* a, const float* b, int d) { return reduce_d<true>(a, b, d); }
@@ -1180,10 +1262,10 @@ static void hc_weights_forward_blocked(float* Aw, float* bw, float* rstd, float*
                         float xj = x[j + c];
                         const float* wj = W + (size_t)(j + c) * PP;
 #pragma omp simd
-                        for (int k = 0; k < PP; k++) acc[c][k] += xj * wj[k];
+                        for (int k = 0; k < PP; k++) acc[c][k] = mul_add(xj, wj[k], acc[c][k]);
                     }
                 for (; j < d; j++)
-                    for (int k = 0; k < PP; k++) acc[0][k] += x[j] * W[(size_t)j * PP + k];
+                    for (int k = 0; k < PP; k++) acc[0][k] = mul_add(x[j], W[(size_t)j * PP + k], acc[0][k]);
                 size_t ti = (size_t)t * n + i;
                 float r = 1.0f / sqrtf(dot_d(x, x, d) / d + eps);
                 for (int k = 0; k < K; k++) ta[ti * K + k] = r * ((acc[0][k] + acc[1][k]) + (acc[2][k] + acc[3][k]));
@@ -1275,18 +1357,18 @@ static void hc_weights_backward_blocked(float* dX, HcParams dw, const float* dA,
                         float dpk = dp[k], rdpk = rdp[k];
 #pragma omp simd
                         for (int l = 0; l < LANES; l++) {
-                            g[l] += wk[l] * dpk;
-                            swk[l] += rdpk * x[j0 + l];
+                            g[l] = mul_add(wk[l], dpk, g[l]);
+                            swk[l] = mul_add(rdpk, x[j0 + l], swk[l]);
                         }
                     }
 #pragma omp simd
                     for (int l = 0; l < LANES; l++) {
-                        dot[l] += g[l] * x[j0 + l];
-                        dx[j0 + l] += r * g[l];
+                        dot[l] = mul_add(g[l], x[j0 + l], dot[l]);
+                        dx[j0 + l] = mul_add(r, g[l], dx[j0 + l]);
                     }
                 }
                 float k3 = r * r * r * sum_d(dot, LANES) / d;
-#pragma omp simd
+#pragma omp simd  // (unfused: with mul_add here g++ spilled the sums of the loop above, 15% slower)
                 for (int j = 0; j < d; j++) dx[j] -= x[j] * k3;
             }
     }
@@ -1327,7 +1409,7 @@ static void hc_width_forward_blocked(float* M, const float* X, const float* Aw, 
                     const float* x = X + i * Nd + (size_t)t * d + j0;
                     float aik = a[i * K + k];
 #pragma omp simd
-                    for (int l = 0; l < LANES; l++) s[l] += aik * x[l];
+                    for (int l = 0; l < LANES; l++) s[l] = mul_add(aik, x[l], s[l]);
                 }
                 memcpy(M + k * Nd + (size_t)t * d + j0, s, sizeof s);
             }
@@ -1356,7 +1438,7 @@ static void hc_width_backward_blocked(float* dX, float* dA, const float* dM, con
                     const float* dm = dM + k * Nd + (size_t)t * d + j0;
                     float ak = a[k];
 #pragma omp simd
-                    for (int l = 0; l < LANES; l++) s[l] += ak * dm[l];
+                    for (int l = 0; l < LANES; l++) s[l] = mul_add(ak, dm[l], s[l]);
                 }
                 memcpy(dX + i * Nd + (size_t)t * d + j0, s, sizeof s);
             }
@@ -1382,7 +1464,7 @@ static void hc_depth_backward_blocked(float* dy, float* db, float* dM, const flo
                 const float* g = dXout + i * Nd + (size_t)t * d + j0;
                 float bi = b[i];
 #pragma omp simd
-                for (int l = 0; l < LANES; l++) s[l] += bi * g[l];
+                for (int l = 0; l < LANES; l++) s[l] = mul_add(bi, g[l], s[l]);
             }
             memcpy(dy + (size_t)t * d + j0, s, sizeof s);
         }

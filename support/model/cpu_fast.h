@@ -81,6 +81,10 @@ void ereg_backward_fast(float* dV, const float* V, const float* valid, const flo
 // = rope_rotate: out (B, T, nh, hd) = x rotated, forward (sign 1) or backward (-1); out may be x.
 void rope_rotate_fast(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
                       float sign);
+// = rmsnorm_forward, rmsnorm_backward; part: CHUNKS * d floats, as rmsnorm_backward's.
+void rmsnorm_forward_fast(float* out, float* rstd, const float* inp, const float* g, int N, int d, float eps);
+void rmsnorm_backward_fast(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
+                           const float* rstd, int N, int d, float* part);
 // = attention_forward, attention_backward. scratch: attention_fast_scratch_floats(T,
 // hd, threads), a set of row buffers for each of at most `threads` threads.
 size_t attention_fast_scratch_floats(int T, int hd, int threads);
@@ -90,24 +94,41 @@ void attention_backward_fast(float* dq, float* dk, float* dv, const float* dout,
                              const float* v, const float* att, int B, int T, int H, int R, int hd, float* scratch,
                              int threads);
 
+// a * b + c, rounded once where the build has fused multiply-add (x86-64-v3 and
+// up, ARM), else twice. The Makefile turns the compiler's own contraction of
+// a * b + c off (-ffp-contract=off): g++ fused such a sum in one loop and not
+// in another, depending on how it vectorised each for the build's vector width
+// (a dot product's tail: an AVX2 build multiplied four terms in a vector and
+// added them one by one, unfused; an AVX-512 build fused them), so the bits
+// depended on the instruction set. The fast loops fuse where they say so.
+inline float mul_add(float a, float b, float c) {
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+    return std::fma(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
 // e^x, within 2 ulp of expf (lime.cu's cpu_exp uses it in the fast build), in
 // plain arithmetic the compiler vectorises (a call to expf stops
 // it). e^x = 2^n * e^r with n = round(x / ln 2) and |r| <= ln(2) / 2; e^r is
 // the Cephes polynomial, 2^n is built from its bits. Below -87 it gives 0,
-// above 88 infinity (e^x < 1.7e-38 or > 1.6e38 there); NaN stays NaN.
+// above 88 infinity (e^x < 1.7e-38 or > 1.6e38 there); NaN stays NaN. Every
+// operation is spelled out (mul_add where fused), so each lane of a vector
+// loop and the scalar loop after it give the same bits.
 inline float exp_fast(float x) {
     const float shifter = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer, n, held in the low bits
     float xc = std::min(std::max(x, -87.0f), 88.0f);
-    float t = xc * 1.44269504f + shifter;
+    float t = mul_add(xc, 1.44269504f, shifter);
     float n = t - shifter;
-    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;  // x - n ln 2, ln 2 in two parts
+    float r = mul_add(n, 2.12194440e-4f, mul_add(-n, 0.693359375f, xc));  // x - n ln 2, ln 2 in two parts
     float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    p = mul_add(p, r, 1.3981999507e-3f);
+    p = mul_add(p, r, 8.3334519073e-3f);
+    p = mul_add(p, r, 4.1665795894e-2f);
+    p = mul_add(p, r, 1.6666665459e-1f);
+    p = mul_add(p, r, 5.0000001201e-1f);
+    p = mul_add(p * r, r, r) + 1.0f;
     uint32_t bits;
     memcpy(&bits, &t, sizeof bits);
     bits = (bits << 23) + (127u << 23);  // the exponent field of 2^n: n + 127
@@ -124,11 +145,11 @@ inline float exp_fast(float x) {
 inline float tanh_fast(float x) {
     float a = std::fabs(x), z = x * x;
     float p = -5.70498872745e-3f;
-    p = p * z + 2.06390887954e-2f;
-    p = p * z - 5.37397155531e-2f;
-    p = p * z + 1.33314422036e-1f;
-    p = p * z - 3.33332819422e-1f;
-    float small = x + x * z * p;
+    p = mul_add(p, z, 2.06390887954e-2f);
+    p = mul_add(p, z, -5.37397155531e-2f);
+    p = mul_add(p, z, 1.33314422036e-1f);
+    p = mul_add(p, z, -3.33332819422e-1f);
+    float small = mul_add(x * z, p, x);
     float big = std::copysign(1.0f - 2.0f / (exp_fast(2.0f * a) + 1.0f), x);
     return a < 0.625f ? small : big;
 }
