@@ -270,7 +270,7 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
 // loop X, in ./lime often a fast version X_fast (support/model/cpu_fast.cpp),
 // in a GPU build a kernel and its launcher X_gpu; its dispatcher op_X(model,
 // ...) runs the one that fits the model's device (DISPATCH is that one `if`).
-// Sums never depend on the number of threads or blocks (device.cuh says how).
+// Sums never depend on the threads, the vector width or the blocks (device.cuh says how).
 // ===========================================================================
 // Matrix products, named by their math. Row-major; C (M, N) (+)= ... :
 //   gemm_nn   C = A @ B      A (M, K), B (K, N)
