@@ -8,11 +8,11 @@ source tests/lib.sh
 TINY="--layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 16 --threads 2 --quiet"
 
 # --- the reference vectors of docs/checkpoint.md
-if out=$($LIME verify --quiet tests/golden/*.safetensors 2>&1) && echo "$out" | grep -q ", 0 failed"; then
-    pass verify_golden_cpu
-else
-    fail verify_golden_cpu "$(echo "$out" | tail -5)"
-fi
+out=$($LIME verify --quiet tests/golden/*.safetensors 2>&1); status=$?
+check verify_golden_cpu
+expect "verify exits $status" [ $status -eq 0 ]
+expect "verify's summary lacks ', 0 failed'" has "$out" ", 0 failed"
+verdict "$(echo "$out" | tail -5)"
 # The same vectors through lime.cu's plain loops alone (make lime-ref), and
 # through the GPU kernels on the CUDA-on-CPU harness, in exact float32 (once:
 # not again when the sanitizer suite reruns this file on its own build).
@@ -20,72 +20,85 @@ fi
 for run in "${others[@]}"; do
     name=verify_golden_$(echo "$run" | awk '{print $1}' | tr -d './' | tr - _)
     if [ ! -x "${run%% *}" ]; then fail "$name" "${run%% *} is not built (make test builds it)"; continue; fi
-    if out=$($run --quiet tests/golden/*.safetensors 2>&1) && echo "$out" | grep -q ", 0 failed"; then pass "$name"
-    else fail "$name" "$(echo "$out" | tail -5)"; fi
+    out=$($run --quiet tests/golden/*.safetensors 2>&1); status=$?
+    check "$name"
+    expect "${run%% *} verify exits $status" [ $status -eq 0 ]
+    expect "${run%% *} verify's summary lacks ', 0 failed'" has "$out" ", 0 failed"
+    verdict "$(echo "$out" | tail -5)"
 done
 
 # --- data: one example per line, as the model sees it
 out=$($LIME data --task arith --ops 3 --split train --n 5 2>&1)
 lines=$(echo "$out" | grep -c '<eos>$')
-if [ "$lines" -eq 5 ] && echo "$out" | head -1 | grep -q ' = '; then pass data_prints_examples; else fail data_prints_examples "$out"; fi
+check data_prints_examples
+expect "$lines lines end in <eos>, want 5" [ "$lines" -eq 5 ]
+expect "the first line has no ' = '" has "$(echo "$out" | head -1)" ' = '
+verdict "$out"
 
 # --- a tiny run end to end
-if $LIME train $TINY --arch lime --steps 30 --out "$tmp/run" >"$tmp/train.out" 2>&1 && [ -f "$tmp/run/model.safetensors" ]; then
-    pass train_writes_model
-else
-    fail train_writes_model "$(tail -3 "$tmp/train.out")"
-fi
-if grep -q '"type": "train"' "$tmp/run/log.jsonl" 2>/dev/null && grep -q '"type": "done"' "$tmp/run/log.jsonl"; then
-    pass train_writes_jsonl_log
-else
-    fail train_writes_jsonl_log "no train/done lines in log.jsonl"
-fi
+check train_writes_model
+expect "train exits non-zero" $LIME train $TINY --arch lime --steps 30 --out "$tmp/run" >"$tmp/train.out" 2>&1
+expect "no model.safetensors" [ -f "$tmp/run/model.safetensors" ]
+verdict "$(tail -3 "$tmp/train.out")"
+check train_writes_jsonl_log
+expect "no log.jsonl" [ -f "$tmp/run/log.jsonl" ]
+expect "no \"type\": \"train\" line in log.jsonl" grep -q '"type": "train"' "$tmp/run/log.jsonl"
+expect "no \"type\": \"done\" line in log.jsonl" grep -q '"type": "done"' "$tmp/run/log.jsonl"
+verdict
 out=$($LIME eval --load "$tmp/run/model.safetensors" --json 2>&1)
-if echo "$out" | grep -q '"accuracy": ' && echo "$out" | grep -q '"arch": "lime"'; then pass eval_json; else fail eval_json "$out"; fi
-out=$($LIME sample --load "$tmp/run/model.safetensors" --prompt "3 + 4 * 2 =" --max-new 5 2>&1)
-if [ $? -eq 0 ] && [ -n "$(echo "$out" | tail -1)" ]; then pass sample_prints_continuation; else fail sample_prints_continuation "$out"; fi
+check eval_json
+expect "no \"accuracy\"" has "$out" '"accuracy": '
+expect "no \"arch\": \"lime\"" has "$out" '"arch": "lime"'
+verdict "$out"
+out=$($LIME sample --load "$tmp/run/model.safetensors" --prompt "3 + 4 * 2 =" --max-new 5 2>&1); status=$?
+check sample_prints_continuation
+expect "sample exits $status" [ $status -eq 0 ]
+expect "the last line is empty" [ -n "$(echo "$out" | tail -1)" ]
+verdict "$out"
 
 # --- export: a llama checkpoint as a transformers directory; the same files from a second export
 files="config.json generation_config.json model.safetensors special_tokens_map.json tokenizer.json tokenizer_config.json"
-if $LIME train $TINY --arch llama --steps 2 --out "$tmp/llama" >/dev/null 2>&1 &&
-    $LIME export --load "$tmp/llama/model.safetensors" --out "$tmp/hf" >"$tmp/export.out" 2>&1 &&
-    $LIME export --load "$tmp/llama/model.safetensors" --out "$tmp/hf2" >/dev/null 2>&1 &&
-    [ "$(LC_ALL=C ls "$tmp/hf" | tr '\n' ' ')" == "$files " ] && diff -r "$tmp/hf" "$tmp/hf2" >/dev/null &&
-    grep -q '"model_type": "llama"' "$tmp/hf/config.json" && [ -z "$(ls -d "$tmp"/hf.tmp-* 2>/dev/null)" ]; then
-    pass export_writes_transformers_directory
-else
-    fail export_writes_transformers_directory "$(cat "$tmp/export.out"; ls "$tmp/hf" 2>&1)"
-fi
+check export_writes_transformers_directory
+expect "train --arch llama exits non-zero" $LIME train $TINY --arch llama --steps 2 --out "$tmp/llama" >/dev/null 2>&1
+expect "export exits non-zero" $LIME export --load "$tmp/llama/model.safetensors" --out "$tmp/hf" >"$tmp/export.out" 2>&1
+expect "the second export exits non-zero" $LIME export --load "$tmp/llama/model.safetensors" --out "$tmp/hf2" >/dev/null 2>&1
+expect "the files are not: $files" [ "$(LC_ALL=C ls "$tmp/hf" 2>/dev/null | tr '\n' ' ')" == "$files " ]
+expect "the second export's files differ" diff -r "$tmp/hf" "$tmp/hf2" >/dev/null
+expect "config.json lacks \"model_type\": \"llama\"" grep -q '"model_type": "llama"' "$tmp/hf/config.json"
+expect "a temporary directory hf.tmp-* was left" [ -z "$(ls -d "$tmp"/hf.tmp-* 2>/dev/null)" ]
+verdict "$(cat "$tmp/export.out"; ls "$tmp/hf" 2>&1)"
 
 # --- ProsQA (docs/tasks.md §2): generated training graphs, the real test file, exact-match scoring
-if $LIME train --task prosqa --train-size 64 --test-size 2 --layers 1 --dim 16 --heads 2 --ffn 32 --batch 8 --steps 3 --threads 2 \
-        --quiet --out "$tmp/prosqa" >"$tmp/prosqa.out" 2>&1 &&
-    $LIME eval --load "$tmp/prosqa/model.safetensors" --json 2>&1 | grep -q '"task": "prosqa".*"n": 2'; then
-    pass prosqa_trains_and_scores
-else
-    fail prosqa_trains_and_scores "$(tail -3 "$tmp/prosqa.out")"
-fi
+check prosqa_trains_and_scores
+expect "train --task prosqa exits non-zero" $LIME train --task prosqa --train-size 64 --test-size 2 --layers 1 --dim 16 --heads 2 \
+    --ffn 32 --batch 8 --steps 3 --threads 2 --quiet --out "$tmp/prosqa" >"$tmp/prosqa.out" 2>&1
+expect "eval --json does not say \"task\": \"prosqa\" ... \"n\": 2" \
+    has "$($LIME eval --load "$tmp/prosqa/model.safetensors" --json 2>&1)" '"task": "prosqa".*"n": 2'
+verdict "$(tail -3 "$tmp/prosqa.out")"
 
 # --- compare and analyze: a tiny study end to end, its report and figures
 # (with the frozen-router control: its own paired line, its config says so; every run analysed)
-if $LIME compare --preset tiny --archs llama,lime,lime:frozen --out "$tmp/study" >"$tmp/study.out" 2>&1 &&
-    grep -q "## Paired differences" "$tmp/study/report.md" && grep -q "^| lime:frozen − lime | 2 |" "$tmp/study/report.md" &&
-    grep -q "^| attended | 1 |" "$tmp/study/report.md" && [ -s "$tmp/study/entropy_hidden_tier2.png" ] &&
-    grep -q '"router_frozen": true' "$tmp/study/tier2/lime-frozen-seed1/log.jsonl" &&
-    [ "$(grep -c -E '^(raw|routed|hidden)	[01]	' "$tmp/study/tier2/lime-seed2/entropy.tsv")" -eq 6 ] &&
-    [ -s "$tmp/study/accuracy.png" ] && [ "$(head -c 4 "$tmp/study/accuracy.png" | tail -c 3)" == "PNG" ]; then
-    pass compare_tiny_writes_report_and_figures
-else
-    fail compare_tiny_writes_report_and_figures "$(tail -3 "$tmp/study.out")"
-fi
+check compare_tiny_writes_report_and_figures
+expect "compare exits non-zero" $LIME compare --preset tiny --archs llama,lime,lime:frozen --out "$tmp/study" >"$tmp/study.out" 2>&1
+expect "report.md has no '## Paired differences'" grep -q "## Paired differences" "$tmp/study/report.md"
+expect "report.md has no row '| lime:frozen − lime | 2 |'" grep -q "^| lime:frozen − lime | 2 |" "$tmp/study/report.md"
+expect "report.md has no row '| attended | 1 |'" grep -q "^| attended | 1 |" "$tmp/study/report.md"
+expect "no entropy_hidden_tier2.png" [ -s "$tmp/study/entropy_hidden_tier2.png" ]
+expect "lime-frozen-seed1's log lacks \"router_frozen\": true" \
+    grep -q '"router_frozen": true' "$tmp/study/tier2/lime-frozen-seed1/log.jsonl"
+expect "lime-seed2's entropy.tsv does not have 6 rows of layers 0 and 1" \
+    [ "$(grep -c -E '^(raw|routed|hidden)	[01]	' "$tmp/study/tier2/lime-seed2/entropy.tsv" 2>/dev/null)" -eq 6 ]
+expect "no accuracy.png" [ -s "$tmp/study/accuracy.png" ]
+expect "accuracy.png is not a PNG" [ "$(head -c 4 "$tmp/study/accuracy.png" | tail -c 3)" == "PNG" ]
+verdict "$(tail -3 "$tmp/study.out")"
 # --reuse: the finished, analysed runs of the same flags are read, not rerun (a report on fewer seeds)
-if $LIME compare --preset tiny --archs llama,lime,lime:frozen --seeds 1 --reuse --out "$tmp/study" >"$tmp/reuse.out" 2>&1 &&
-    grep -q "3 of 3 runs already done" "$tmp/reuse.out" && ! grep -q "^\[1/3\]" "$tmp/reuse.out" &&
-    grep -q "^| tier 2 | lime:frozen | .* of 1 |" "$tmp/study/report.md"; then
-    pass compare_reuse_reads_finished_runs
-else
-    fail compare_reuse_reads_finished_runs "$(tail -3 "$tmp/reuse.out")"
-fi
+check compare_reuse_reads_finished_runs
+expect "compare --reuse exits non-zero" $LIME compare --preset tiny --archs llama,lime,lime:frozen --seeds 1 --reuse \
+    --out "$tmp/study" >"$tmp/reuse.out" 2>&1
+expect "it does not say '3 of 3 runs already done'" grep -q "3 of 3 runs already done" "$tmp/reuse.out"
+expect "it ran a run again ([1/3])" not grep -q "^\[1/3\]" "$tmp/reuse.out"
+expect "report.md has no row '| tier 2 | lime:frozen | ... of 1 |'" grep -q "^| tier 2 | lime:frozen | .* of 1 |" "$tmp/study/report.md"
+verdict "$(tail -3 "$tmp/reuse.out")"
 # every task: ProsQA scored by exact match (here on the first 2 questions of the real test file:
 # an untrained model's greedy answers run to the longest sequence, slow on all 500), text by
 # validation loss and perplexity; 4 steps each, ProsQA's of 2 sequences (its steps of 16 took
@@ -93,67 +106,69 @@ fi
 head -c 3000 README.md > "$tmp/study_text.txt"
 sed 's/}, {"question"/}\n{"question"/g' data/prosqa/prosqa_test.json | head -2 | sed '1s/^\[//' | paste -sd, |
     sed 's/^/[/; s/$/]/' > "$tmp/prosqa2.json"
-if $LIME compare --preset tiny --seeds 1 --task prosqa --out "$tmp/study_prosqa" \
-        --train-args "--prosqa-test $tmp/prosqa2.json --steps 4 --eval-every 4 --batch 2" >"$tmp/study_prosqa.out" 2>&1 &&
-    grep -q '^| prosqa | lime |' "$tmp/study_prosqa/report.md" && grep -q '"task": "prosqa"' "$tmp/study_prosqa/prosqa/lime-seed1/log.jsonl" &&
-    $LIME compare --preset tiny --seeds 1 --task text --train-args "--text-file $tmp/study_text.txt --steps 4 --eval-every 4" \
-        --out "$tmp/study_text" >"$tmp/study_text.out" 2>&1 && grep -q "perplexity" "$tmp/study_text/report.md"; then
-    pass compare_every_task
-else
-    fail compare_every_task "$(tail -3 "$tmp/study_prosqa.out" "$tmp/study_text.out" 2>&1)"
-fi
-if $LIME analyze --load "$tmp/run/model.safetensors" --out "$tmp/analysis" >"$tmp/analyze.out" 2>&1 &&
-    grep -q "value entropy" "$tmp/analyze.out" && [ -s "$tmp/analysis/router_heatmap.png" ] && [ -s "$tmp/analysis/value_entropy.png" ] &&
-    [ "$(grep -c -E '^(raw|routed|hidden)	' "$tmp/analysis/entropy.tsv")" -eq 6 ]; then  # 2 layers x 3 kinds
-    pass analyze_writes_heatmap_and_entropy
-else
-    fail analyze_writes_heatmap_and_entropy "$(tail -3 "$tmp/analyze.out")"
-fi
+check compare_every_task
+expect "compare --task prosqa exits non-zero" $LIME compare --preset tiny --seeds 1 --task prosqa --out "$tmp/study_prosqa" \
+    --train-args "--prosqa-test $tmp/prosqa2.json --steps 4 --eval-every 4 --batch 2" >"$tmp/study_prosqa.out" 2>&1
+expect "the prosqa report has no row '| prosqa | lime |'" grep -q '^| prosqa | lime |' "$tmp/study_prosqa/report.md"
+expect "the prosqa run's log lacks \"task\": \"prosqa\"" grep -q '"task": "prosqa"' "$tmp/study_prosqa/prosqa/lime-seed1/log.jsonl"
+expect "compare --task text exits non-zero" $LIME compare --preset tiny --seeds 1 --task text \
+    --train-args "--text-file $tmp/study_text.txt --steps 4 --eval-every 4" --out "$tmp/study_text" >"$tmp/study_text.out" 2>&1
+expect "the text report has no perplexity" grep -q "perplexity" "$tmp/study_text/report.md"
+verdict "$(tail -3 "$tmp/study_prosqa.out" "$tmp/study_text.out" 2>&1)"
+check analyze_writes_heatmap_and_entropy
+expect "analyze exits non-zero" $LIME analyze --load "$tmp/run/model.safetensors" --out "$tmp/analysis" >"$tmp/analyze.out" 2>&1
+expect "it prints no value entropy" grep -q "value entropy" "$tmp/analyze.out"
+expect "no router_heatmap.png" [ -s "$tmp/analysis/router_heatmap.png" ]
+expect "no value_entropy.png" [ -s "$tmp/analysis/value_entropy.png" ]
+expect "entropy.tsv does not have 6 rows (2 layers x 3 kinds)" \
+    [ "$(grep -c -E '^(raw|routed|hidden)	' "$tmp/analysis/entropy.tsv" 2>/dev/null)" -eq 6 ]
+verdict "$(tail -3 "$tmp/analyze.out")"
 
 # compare's own help example: --train-args "--epochs N" replaces the preset's --steps
-if $LIME compare --preset tiny --seeds 1 --archs lime --train-args "--epochs 1" --out "$tmp/epochs" >"$tmp/epochs.out" 2>&1 &&
-    grep -q '"epochs": "1",.*"steps": "19"' "$tmp/epochs/tier2/lime-seed1/log.jsonl"; then  # 300 examples / batch 16
-    pass compare_train_args_epochs_replace_steps
-else
-    fail compare_train_args_epochs_replace_steps "$(tail -3 "$tmp/epochs.out")"
-fi
+check compare_train_args_epochs_replace_steps
+expect "compare exits non-zero" $LIME compare --preset tiny --seeds 1 --archs lime --train-args "--epochs 1" --out "$tmp/epochs" \
+    >"$tmp/epochs.out" 2>&1
+expect "the run's args are not \"epochs\": \"1\" with \"steps\": \"19\" (300 examples / batch 16)" \
+    grep -q '"epochs": "1",.*"steps": "19"' "$tmp/epochs/tier2/lime-seed1/log.jsonl"
+verdict "$(tail -3 "$tmp/epochs.out")"
 
 # --- the value-entropy regulariser: llama:ereg=L in compare, its log (ce and s2), its config, the report's
 # scatter and table, its paired lines against llama and lime
-if $LIME compare --preset tiny --archs llama,lime,llama:ereg=0.1 --out "$tmp/ereg" >"$tmp/ereg.out" 2>&1 &&
-    grep -q "## Value entropy against accuracy" "$tmp/ereg/report.md" &&
-    grep -q "^| llama:ereg=0.1 | 0.1 | 2 | [0-9]" "$tmp/ereg/report.md" &&
-    grep -q "^| llama:ereg=0.1 − lime | 2 |" "$tmp/ereg/report.md" &&
-    grep -q "^| llama:ereg=0.1 − llama | 2 |" "$tmp/ereg/report.md" &&
-    [ "$(head -c 4 "$tmp/ereg/entropy_vs_accuracy_tier2.png" | tail -c 3)" == "PNG" ] &&
-    grep -q '"entropy_reg": 0.1' "$tmp/ereg/tier2/llama-ereg=0.1-seed1/log.jsonl" &&
-    grep -q '"type": "train".*"ce": [0-9.]*, "s2": [0-9.]*' "$tmp/ereg/tier2/llama-ereg=0.1-seed1/log.jsonl" &&
-    ! grep -q '"s2"' "$tmp/ereg/tier2/llama-seed1/log.jsonl"; then
-    pass compare_entropy_regulariser
-else
-    fail compare_entropy_regulariser "$(tail -3 "$tmp/ereg.out")"
-fi
+check compare_entropy_regulariser
+reg_log=$tmp/ereg/tier2/llama-ereg=0.1-seed1/log.jsonl
+expect "compare exits non-zero" $LIME compare --preset tiny --archs llama,lime,llama:ereg=0.1 --out "$tmp/ereg" >"$tmp/ereg.out" 2>&1
+expect "report.md has no '## Value entropy against accuracy'" grep -q "## Value entropy against accuracy" "$tmp/ereg/report.md"
+expect "report.md has no row '| llama:ereg=0.1 | 0.1 | 2 | ...'" grep -q "^| llama:ereg=0.1 | 0.1 | 2 | [0-9]" "$tmp/ereg/report.md"
+expect "report.md has no row '| llama:ereg=0.1 − lime | 2 |'" grep -q "^| llama:ereg=0.1 − lime | 2 |" "$tmp/ereg/report.md"
+expect "report.md has no row '| llama:ereg=0.1 − llama | 2 |'" grep -q "^| llama:ereg=0.1 − llama | 2 |" "$tmp/ereg/report.md"
+expect "entropy_vs_accuracy_tier2.png is not a PNG" \
+    [ "$(head -c 4 "$tmp/ereg/entropy_vs_accuracy_tier2.png" 2>/dev/null | tail -c 3)" == "PNG" ]
+expect "the regularised run's log lacks \"entropy_reg\": 0.1" grep -q '"entropy_reg": 0.1' "$reg_log"
+expect "the regularised run's train lines lack \"ce\" and \"s2\"" grep -q '"type": "train".*"ce": [0-9.]*, "s2": [0-9.]*' "$reg_log"
+expect "the plain llama run's log has \"s2\"" not grep -q '"s2"' "$tmp/ereg/tier2/llama-seed1/log.jsonl"
+verdict "$(tail -3 "$tmp/ereg.out")"
 # --- router variants (paper Table 7) and separate key/value routers: train, the config they leave, analyze, compare
-if $LIME train $TINY --router last-2 --router-kv separate --steps 5 --out "$tmp/variant" >"$tmp/variant.out" 2>&1 &&
-    grep -q '"router": "last-2", "router_kv": "separate"' "$tmp/variant/log.jsonl" &&
-    $LIME eval --load "$tmp/variant/model.safetensors" --json 2>&1 | grep -q '"model": "lime:last-2:separate"'; then
-    pass train_router_variant
-else
-    fail train_router_variant "$(tail -3 "$tmp/variant.out")"
-fi
-if $LIME analyze --load "$tmp/variant/model.safetensors" --out "$tmp/variant_analysis" >"$tmp/variant_an.out" 2>&1 &&
-    grep -q "lime:last-2:separate" "$tmp/variant_an.out" && [ -s "$tmp/variant_analysis/router_heatmap.png" ]; then
-    pass analyze_router_variant
-else
-    fail analyze_router_variant "$(tail -3 "$tmp/variant_an.out")"
-fi
-if $LIME compare --preset tiny --seeds 1 --archs llama,lime:average,lime:first-1 --out "$tmp/variants" >"$tmp/variants.out" 2>&1 &&
-    grep -q "| lime:average |" "$tmp/variants/report.md" && grep -q "| lime:first-1 |" "$tmp/variants/report.md" &&
-    grep -q '"router": "average"' "$tmp/variants/tier2/lime-average-seed1/log.jsonl"; then
-    pass compare_router_variants
-else
-    fail compare_router_variants "$(tail -3 "$tmp/variants.out")"
-fi
+check train_router_variant
+expect "train exits non-zero" $LIME train $TINY --router last-2 --router-kv separate --steps 5 --out "$tmp/variant" >"$tmp/variant.out" 2>&1
+expect "log.jsonl's config lacks \"router\": \"last-2\", \"router_kv\": \"separate\"" \
+    grep -q '"router": "last-2", "router_kv": "separate"' "$tmp/variant/log.jsonl"
+expect "eval --json does not name the model lime:last-2:separate" \
+    has "$($LIME eval --load "$tmp/variant/model.safetensors" --json 2>&1)" '"model": "lime:last-2:separate"'
+verdict "$(tail -3 "$tmp/variant.out")"
+check analyze_router_variant
+expect "analyze exits non-zero" $LIME analyze --load "$tmp/variant/model.safetensors" --out "$tmp/variant_analysis" \
+    >"$tmp/variant_an.out" 2>&1
+expect "it does not name lime:last-2:separate" grep -q "lime:last-2:separate" "$tmp/variant_an.out"
+expect "no router_heatmap.png" [ -s "$tmp/variant_analysis/router_heatmap.png" ]
+verdict "$(tail -3 "$tmp/variant_an.out")"
+check compare_router_variants
+expect "compare exits non-zero" $LIME compare --preset tiny --seeds 1 --archs llama,lime:average,lime:first-1 --out "$tmp/variants" \
+    >"$tmp/variants.out" 2>&1
+expect "report.md has no row for lime:average" grep -q "| lime:average |" "$tmp/variants/report.md"
+expect "report.md has no row for lime:first-1" grep -q "| lime:first-1 |" "$tmp/variants/report.md"
+expect "lime-average-seed1's log lacks \"router\": \"average\"" \
+    grep -q '"router": "average"' "$tmp/variants/tier2/lime-average-seed1/log.jsonl"
+verdict "$(tail -3 "$tmp/variants.out")"
 
 # --- resume gives the same losses, bit for bit, as the uninterrupted run
 $LIME train $TINY --steps 12 --log-every 1 --out "$tmp/full" >/dev/null 2>&1
@@ -161,57 +176,60 @@ $LIME train $TINY --steps 12 --log-every 1 --stop-after 5 --out "$tmp/part" >/de
 $LIME train --resume "$tmp/part/checkpoint.safetensors" --quiet >/dev/null 2>&1
 losses() { grep '"type": "train"' "$1" | sed 's/.*"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/' | awk '$1 > 5'; }
 a=$(losses "$tmp/full/log.jsonl"); b=$(losses "$tmp/part/log.jsonl")
-if [ -n "$a" ] && [ "$a" == "$b" ] && [ "$(echo "$a" | wc -l)" -eq 7 ]; then
-    pass resume_equals_uninterrupted
-else
-    fail resume_equals_uninterrupted "losses after step 5 differ: full [$a] resumed [$b]"
-fi
+check resume_equals_uninterrupted
+expect "the uninterrupted run logged no loss after step 5" [ -n "$a" ]
+expect "the losses after step 5 differ" [ "$a" == "$b" ]
+expect "$(echo "$a" | wc -l) losses after step 5, want 7" [ "$(echo "$a" | wc -l)" -eq 7 ]
+verdict "full [$a] resumed [$b]"
 
 # --- Hyper-Connections (--arch hc): train, eval, sample, analyze (its mixing weights' heatmap), resume bit for bit
 HC="--arch hc --hc-rate 2"
-if $LIME train $TINY $HC --steps 12 --log-every 1 --out "$tmp/hc" >"$tmp/hc.out" 2>&1 &&
-    grep -q '"architecture": "hc", "hc_dynamic": true, "hc_rate": 2' "$tmp/hc/log.jsonl" &&
-    $LIME eval --load "$tmp/hc/model.safetensors" --json 2>&1 | grep -q '"model": "hc:n2"' &&
-    $LIME sample --load "$tmp/hc/model.safetensors" --prompt "3 + 4 * 2 =" --max-new 5 >/dev/null 2>&1; then
-    pass hc_trains_evals_samples
-else
-    fail hc_trains_evals_samples "$(tail -3 "$tmp/hc.out")"
-fi
-if $LIME analyze --load "$tmp/hc/model.safetensors" --out "$tmp/hc_an" >"$tmp/hc_an.out" 2>&1 &&
-    grep -q "hc static mixing weights" "$tmp/hc_an.out" && grep -q "^  layer 1 mlp " "$tmp/hc_an.out" &&
-    [ -s "$tmp/hc_an/hc_heatmap.png" ] && grep -q "^hidden" "$tmp/hc_an/entropy.tsv" && [ ! -e "$tmp/hc_an/router_heatmap.png" ]; then
-    pass analyze_hc_heatmap_and_entropy
-else
-    fail analyze_hc_heatmap_and_entropy "$(tail -3 "$tmp/hc_an.out")"
-fi
+check hc_trains_evals_samples
+expect "train --arch hc exits non-zero" $LIME train $TINY $HC --steps 12 --log-every 1 --out "$tmp/hc" >"$tmp/hc.out" 2>&1
+expect "log.jsonl's config lacks \"architecture\": \"hc\", \"hc_dynamic\": true, \"hc_rate\": 2" \
+    grep -q '"architecture": "hc", "hc_dynamic": true, "hc_rate": 2' "$tmp/hc/log.jsonl"
+expect "eval --json does not name the model hc:n2" has "$($LIME eval --load "$tmp/hc/model.safetensors" --json 2>&1)" '"model": "hc:n2"'
+expect "sample exits non-zero" $LIME sample --load "$tmp/hc/model.safetensors" --prompt "3 + 4 * 2 =" --max-new 5 >/dev/null 2>&1
+verdict "$(tail -3 "$tmp/hc.out")"
+check analyze_hc_heatmap_and_entropy
+expect "analyze exits non-zero" $LIME analyze --load "$tmp/hc/model.safetensors" --out "$tmp/hc_an" >"$tmp/hc_an.out" 2>&1
+expect "it prints no 'hc static mixing weights'" grep -q "hc static mixing weights" "$tmp/hc_an.out"
+expect "it prints no row for layer 1 mlp" grep -q "^  layer 1 mlp " "$tmp/hc_an.out"
+expect "no hc_heatmap.png" [ -s "$tmp/hc_an/hc_heatmap.png" ]
+expect "entropy.tsv has no hidden rows" grep -q "^hidden" "$tmp/hc_an/entropy.tsv"
+expect "a router_heatmap.png for a model without routers" [ ! -e "$tmp/hc_an/router_heatmap.png" ]
+verdict "$(tail -3 "$tmp/hc_an.out")"
 $LIME train $TINY $HC --hc-dynamic 0 --steps 12 --log-every 1 --out "$tmp/hc_full" >/dev/null 2>&1
 $LIME train $TINY $HC --hc-dynamic 0 --steps 12 --log-every 1 --stop-after 5 --out "$tmp/hc_part" >/dev/null 2>&1
 $LIME train --resume "$tmp/hc_part/checkpoint.safetensors" --quiet >/dev/null 2>&1
 a=$(losses "$tmp/hc_full/log.jsonl"); b=$(losses "$tmp/hc_part/log.jsonl")
-if [ -n "$a" ] && [ "$a" == "$b" ] && [ "$(echo "$a" | wc -l)" -eq 7 ]; then
-    pass hc_resume_equals_uninterrupted
-else
-    fail hc_resume_equals_uninterrupted "losses after step 5 differ: full [$a] resumed [$b]"
-fi
+check hc_resume_equals_uninterrupted
+expect "the uninterrupted run logged no loss after step 5" [ -n "$a" ]
+expect "the losses after step 5 differ" [ "$a" == "$b" ]
+expect "$(echo "$a" | wc -l) losses after step 5, want 7" [ "$(echo "$a" | wc -l)" -eq 7 ]
+verdict "full [$a] resumed [$b]"
 
 # --- a checkpoint records the data files it was trained on: eval run from another directory
 # finds the default ProsQA file (beside ./lime), and an edited text file gives one warning line
 lime_abs=$(realpath "$LIME")
-out=$(cd "$tmp" && "$lime_abs" eval --load "$tmp/prosqa/model.safetensors" --json 2>&1)
-if [ $? -eq 0 ] && echo "$out" | grep -q '"task": "prosqa".*"n": 2'; then pass eval_prosqa_from_another_directory
-else fail eval_prosqa_from_another_directory "$out"; fi
+out=$(cd "$tmp" && "$lime_abs" eval --load "$tmp/prosqa/model.safetensors" --json 2>&1); status=$?
+check eval_prosqa_from_another_directory
+expect "eval exits $status" [ $status -eq 0 ]
+expect "it does not say \"task\": \"prosqa\" ... \"n\": 2" has "$out" '"task": "prosqa".*"n": 2'
+verdict "$out"
 head -c 2000 README.md > "$tmp/data.txt"
 $LIME train --task text --text-file "$tmp/data.txt" --seq-len 16 --layers 1 --dim 16 --heads 2 --ffn 32 --batch 8 \
     --steps 2 --threads 2 --quiet --out "$tmp/textrun" >/dev/null 2>&1
 same=$($LIME eval --load "$tmp/textrun/model.safetensors" 2>&1 >/dev/null)
 echo "one more line" >> "$tmp/data.txt"
 changed=$($LIME eval --load "$tmp/textrun/model.safetensors" 2>&1 >/dev/null); status=$?
-if [ $status -eq 0 ] && [ -z "$same" ] && [ "$(echo "$changed" | wc -l)" -eq 1 ] &&
-    echo "$changed" | grep -q "lime eval: warning: --text-file .*data.txt differs from the file this model was trained and scored on"; then
-    pass eval_warns_when_data_file_changed
-else
-    fail eval_warns_when_data_file_changed "exit $status; unchanged: [$same]; changed: [$changed]"
-fi
+check eval_warns_when_data_file_changed
+expect "eval of the changed file exits $status" [ $status -eq 0 ]
+expect "eval of the unchanged file wrote to stderr" [ -z "$same" ]
+expect "the warning is not one line" [ "$(echo "$changed" | wc -l)" -eq 1 ]
+expect "the warning does not say the --text-file differs" \
+    has "$changed" "lime eval: warning: --text-file .*data.txt differs from the file this model was trained and scored on"
+verdict "unchanged: [$same]; changed: [$changed]"
 
 # --- bad input: exit code 2, one line naming the problem, nothing written
 bad() {  # name, expected word in the message, command...
@@ -227,11 +245,17 @@ printf 'not a checkpoint at all\n' > "$tmp/text.safetensors"
 head -c 3000 "$tmp/run/model.safetensors" > "$tmp/truncated.safetensors"
 # no command: the usage on stderr, exit 2; asked for, on stdout, exit 0
 out=$($LIME 2>/dev/null); status=$?; err=$($LIME 2>&1 >/dev/null)
-if [ $status -eq 2 ] && [ -z "$out" ] && echo "$err" | grep -q "^usage: ./lime COMMAND"; then pass no_command_usage_on_stderr
-else fail no_command_usage_on_stderr "exit $status, stdout [$out]"; fi
+check no_command_usage_on_stderr
+expect "exit $status, want 2" [ $status -eq 2 ]
+expect "it wrote to stdout" [ -z "$out" ]
+expect "stderr does not begin with the usage" has "$err" "^usage: ./lime COMMAND"
+verdict "stdout [$out]"
 for ask in --help help; do
-    if out=$($LIME $ask 2>/dev/null) && echo "$out" | grep -q "^usage: ./lime COMMAND"; then pass "usage_asked_${ask#--}_on_stdout"
-    else fail "usage_asked_${ask#--}_on_stdout" "$out"; fi
+    out=$($LIME $ask 2>/dev/null); status=$?
+    check "usage_asked_${ask#--}_on_stdout"
+    expect "exit $status" [ $status -eq 0 ]
+    expect "stdout does not begin with the usage" has "$out" "^usage: ./lime COMMAND"
+    verdict "$out"
 done
 bad bad_unknown_command     "unknown command"  $LIME frobnicate
 bad bad_unknown_flag        "unknown flag"     $LIME train --frobnicate 3
@@ -259,16 +283,19 @@ out=$($LIME bench --json --device cpu --layers 1 --dim 8 --heads 2 --ffn 16 --vo
 opens=$(echo "$out" | tr -cd '{' | wc -c); closes=$(echo "$out" | tr -cd '}' | wc -c)
 quotes=$(echo "$out" | tr -cd '"' | wc -c)
 num='-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?'
-if [ "$(echo "$out" | wc -l)" -eq 1 ] && [ "$opens" -eq "$closes" ] && [ $((quotes % 2)) -eq 0 ] &&
-    [ "$(echo "$out" | grep -oE "\"ms_per_step\": $num, \"tokens_per_s\": $num" | wc -l)" -eq 5 ] &&
-    [ "$(echo "$out" | grep -oE "\"mfu\": $num, \"model_gb\": null, \"peak_device_gb\": null" | wc -l)" -eq 5 ] &&
-    echo "$out" | grep -oE "\"cpu_peak_gflops\": $num" | awk '{ exit !($2 > 0) }' &&
-    [ "$(echo "$out" | grep -oE "\"(lime|hc|resformer|denseformer)_over_llama\": $num" | wc -l)" -eq 4 ] &&
-    echo "$out" | grep -q '"hc_model": "hc"' && echo "$out" | grep -q '"gpu_absent": "a CPU run'; then
-    pass bench_json_on_the_cpu
-else
-    fail bench_json_on_the_cpu "$out"
-fi
+check bench_json_on_the_cpu
+expect "not one line" [ "$(echo "$out" | wc -l)" -eq 1 ]
+expect "$opens '{' but $closes '}'" [ "$opens" -eq "$closes" ]
+expect "an odd number of quotes ($quotes)" [ $((quotes % 2)) -eq 0 ]
+expect "not 5 models' ms_per_step and tokens_per_s" [ "$(echo "$out" | grep -oE "\"ms_per_step\": $num, \"tokens_per_s\": $num" | wc -l)" -eq 5 ]
+expect "not 5 models' mfu with null GPU memory" \
+    [ "$(echo "$out" | grep -oE "\"mfu\": $num, \"model_gb\": null, \"peak_device_gb\": null" | wc -l)" -eq 5 ]
+expect "cpu_peak_gflops is not a positive number" awk '{ exit !($2 > 0) }' <<<"$(echo "$out" | grep -oE "\"cpu_peak_gflops\": $num")"
+expect "not 4 ratios to llama (lime, hc, resformer, denseformer)" \
+    [ "$(echo "$out" | grep -oE "\"(lime|hc|resformer|denseformer)_over_llama\": $num" | wc -l)" -eq 4 ]
+expect "no \"hc_model\": \"hc\"" has "$out" '"hc_model": "hc"'
+expect "no \"gpu_absent\" reason" has "$out" '"gpu_absent": "a CPU run'
+verdict "$out"
 
 # --- bench --json: lime / llama beside its FLOP and byte ratios; with two layers the router
 # (layer 1) adds FLOPs, and more bytes than FLOPs (it moves the buffer for few FLOPs a float)
@@ -276,11 +303,12 @@ out=$($LIME bench --json --device cpu --layers 2 --dim 8 --heads 2 --ffn 16 --vo
       --steps 1 --threads 1 2>&1)
 flops=$(echo "$out" | grep -oE "\"flops_lime_over_llama\": $num" | awk '{ print $2 }')
 bytes=$(echo "$out" | grep -oE "\"bytes_lime_over_llama\": $num" | awk '{ print $2 }')
-if [ -n "$flops" ] && [ -n "$bytes" ] && awk -v f="$flops" -v b="$bytes" 'BEGIN { exit !(f > 1 && b > f) }'; then
-    pass bench_json_lime_cost_ratios
-else
-    fail bench_json_lime_cost_ratios "flops_lime_over_llama '$flops', bytes_lime_over_llama '$bytes' (want 1 < flops < bytes): $out"
-fi
+check bench_json_lime_cost_ratios
+expect "no flops_lime_over_llama" [ -n "$flops" ]
+expect "no bytes_lime_over_llama" [ -n "$bytes" ]
+expect "flops_lime_over_llama $flops, want more than 1" awk -v f="$flops" 'BEGIN { exit !(f > 1) }'
+expect "bytes_lime_over_llama $bytes, want more than the FLOPs' $flops" awk -v f="$flops" -v b="$bytes" 'BEGIN { exit !(b > f) }'
+verdict "$out"
 
 # --- bench: the peers beside llama, each with its FLOP and byte ratios (ResFormer's first
 # layer keeps its values, DenseFormer its averages: a few more bytes, as many FLOPs); --models
@@ -289,15 +317,19 @@ out=$($LIME bench --json --device cpu --layers 2 --dim 8 --heads 2 --ffn 16 --vo
       --steps 1 --threads 1 --models resformer,denseformer 2>&1)
 text=$($LIME bench --device cpu --layers 2 --dim 8 --heads 2 --ffn 16 --vocab 11 --batch 2 --seq-len 4 \
       --steps 1 --threads 1 --models denseformer 2>&1)
-ok=1
+check bench_peers_cost_ratios
 for m in resformer denseformer; do
     flops=$(echo "$out" | grep -oE "\"flops_${m}_over_llama\": $num" | awk '{ print $2 }')
     bytes=$(echo "$out" | grep -oE "\"bytes_${m}_over_llama\": $num" | awk '{ print $2 }')
-    [ -n "$flops" ] && [ -n "$bytes" ] && awk -v f="$flops" -v b="$bytes" 'BEGIN { exit !(f >= 1 && b > 1) }' || ok=0
+    expect "no flops_${m}_over_llama" [ -n "$flops" ]
+    expect "no bytes_${m}_over_llama" [ -n "$bytes" ]
+    expect "flops_${m}_over_llama $flops, want 1 or more" awk -v f="$flops" 'BEGIN { exit !(f >= 1) }'
+    expect "bytes_${m}_over_llama $bytes, want more than 1" awk -v b="$bytes" 'BEGIN { exit !(b > 1) }'
 done
-echo "$out" | grep -q '"lime"\|"hc"' && ok=0
-echo "$text" | grep -q "^  denseformer / llama step time: " && ! echo "$text" | grep -q "^  resformer" || ok=0
-if [ $ok -eq 1 ]; then pass bench_peers_cost_ratios; else fail bench_peers_cost_ratios "$out $text"; fi
+expect "--models resformer,denseformer ran lime or hc" not has "$out" '"lime"\|"hc"'
+expect "the text has no denseformer / llama step time" has "$text" "^  denseformer / llama step time: "
+expect "--models denseformer ran resformer" not has "$text" "^  resformer"
+verdict "$out $text"
 
 # --- bench on a GPU (the harness): lime's router both ways, its kernels against cuBLAS
 if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
@@ -311,14 +343,14 @@ fi
 # --- bench --entropy-reg: llama and lime also with the regulariser, each a ratio to itself without
 out=$($LIME bench --json --device cpu --layers 1 --dim 8 --heads 2 --ffn 16 --vocab 11 --batch 2 --seq-len 4 \
       --steps 3 --threads 1 --entropy-reg 0.1 2>&1)
-ok=1
+check bench_entropy_reg_times_pairs
 for m in llama lime; do
     for key in ${m}_reg_ms_per_step ${m}_reg_over_plain; do
-        echo "$out" | grep -qE "\"$key\": [0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?[,}]" || ok=0
+        expect "no $key" has "$out" -E "\"$key\": [0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?[,}]"
     done
 done
-echo "$out" | grep -q '"entropy_reg": 0.1' || ok=0
-if [ $ok -eq 1 ]; then pass bench_entropy_reg_times_pairs; else fail bench_entropy_reg_times_pairs "$out"; fi
+expect "no \"entropy_reg\": 0.1" has "$out" '"entropy_reg": 0.1'
+verdict "$out"
 
 # --- tests/run_gpu.sh: a probe that fails where nvidia-smi lists a GPU is a failure, not a skip
 # (a fake nvidia-smi on the PATH; the harness build pretends to have no device)
@@ -328,19 +360,18 @@ if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
     printf '#!/bin/sh\necho "NVIDIA-SMI has failed: no driver"; exit 9\n' > "$tmp/smi_none/nvidia-smi"
     chmod +x "$tmp/smi_gpu/nvidia-smi" "$tmp/smi_none/nvidia-smi"
     out=$(PATH="$tmp/smi_gpu:$PATH" LIME=./lime-emu LIME_EMU_NO_DEVICE=1 bash tests/run_gpu.sh 2>&1); status=$?
-    if [ $status -ne 0 ] && echo "$out" | grep -q "^FAIL gpu tests: nvidia-smi lists GPU 0: NVIDIA H200" &&
-        echo "$out" | grep -q "no CUDA-capable device" && [ "$(echo "$out" | tail -1)" = "0 passed, 1 failed, 0 skipped" ]; then
-        pass run_gpu_fails_when_a_listed_gpu_is_unusable
-    else
-        fail run_gpu_fails_when_a_listed_gpu_is_unusable "exit $status: $out"
-    fi
+    check run_gpu_fails_when_a_listed_gpu_is_unusable
+    expect "exit 0" [ $status -ne 0 ]
+    expect "no 'FAIL gpu tests: nvidia-smi lists GPU 0: NVIDIA H200'" has "$out" "^FAIL gpu tests: nvidia-smi lists GPU 0: NVIDIA H200"
+    expect "the reason (no CUDA-capable device) is not given" has "$out" "no CUDA-capable device"
+    expect "the last line is not '0 passed, 1 failed, 0 skipped'" [ "$(echo "$out" | tail -1)" = "0 passed, 1 failed, 0 skipped" ]
+    verdict "$out"
     out=$(PATH="$tmp/smi_none:$PATH" LIME=./lime-emu LIME_EMU_NO_DEVICE=1 bash tests/run_gpu.sh 2>&1); status=$?
-    if [ $status -eq 0 ] && echo "$out" | grep -q "^SKIP gpu tests: no CUDA device.*NVIDIA-SMI has failed" &&
-        [ "$(echo "$out" | tail -1)" = "0 passed, 0 failed, 1 skipped" ]; then
-        pass run_gpu_skips_without_a_gpu
-    else
-        fail run_gpu_skips_without_a_gpu "exit $status: $out"
-    fi
+    check run_gpu_skips_without_a_gpu
+    expect "exit $status" [ $status -eq 0 ]
+    expect "no 'SKIP gpu tests: no CUDA device ... NVIDIA-SMI has failed'" has "$out" "^SKIP gpu tests: no CUDA device.*NVIDIA-SMI has failed"
+    expect "the last line is not '0 passed, 0 failed, 1 skipped'" [ "$(echo "$out" | tail -1)" = "0 passed, 0 failed, 1 skipped" ]
+    verdict "$out"
 fi
 
 summary
