@@ -70,11 +70,12 @@ else
 fi
 # ... and the run then goes on to its end from the last good checkpoint.
 k=$(saved_step "$ck")
-if out=$($LIME train --resume "$ck" --steps $((k + 3)) 2>&1) && echo "$out" | grep -q "^done:" && loads "$dir/model.safetensors"; then
-    pass "resume_after_kills_finishes (from step $k)"
-else
-    fail resume_after_kills_finishes "$out"
-fi
+out=$($LIME train --resume "$ck" --steps $((k + 3)) 2>&1); status=$?
+check "resume_after_kills_finishes (from step $k)"
+expect "train --resume exits $status" [ $status -eq 0 ]
+expect "no 'done:' line" has "$out" "^done:"
+expect "its model.safetensors does not load" loads "$dir/model.safetensors"
+verdict "$out"
 
 # --- SIGINT, SIGTERM and SIGHUP (a dropped ssh session): finish the step, save,
 # say how to resume, exit 128 + signal.
@@ -85,12 +86,12 @@ for sig in INT TERM HUP; do
     wait_for "$dir/log.jsonl"; sleep 0.3
     kill -$sig $pid; wait $pid; status=$?
     want=$((128 + $(kill -l $sig)))
-    if [ $status -eq "$want" ] && grep -q -- "--resume $dir/checkpoint.safetensors" "$tmp/sig.out" && loads "$dir/checkpoint.safetensors" &&
-       $LIME train --resume "$dir/checkpoint.safetensors" --stop-after 2 >/dev/null 2>&1; then
-        pass "sig${sig,,}_saves_and_resumes (exit $status at step $(saved_step "$dir/checkpoint.safetensors"))"
-    else
-        fail "sig${sig,,}_saves_and_resumes" "exit $status (want $want): $(tail -2 "$tmp/sig.out")"
-    fi
+    check "sig${sig,,}_saves_and_resumes (exit $status at step $(saved_step "$dir/checkpoint.safetensors"))"
+    expect "exit $status, want $want" [ $status -eq "$want" ]
+    expect "it does not say how to --resume" grep -q -- "--resume $dir/checkpoint.safetensors" "$tmp/sig.out"
+    expect "its checkpoint does not load" loads "$dir/checkpoint.safetensors"
+    expect "train --resume from it exits non-zero" $LIME train --resume "$dir/checkpoint.safetensors" --stop-after 2 >/dev/null 2>&1
+    verdict "$(tail -2 "$tmp/sig.out")"
 done
 
 # --- SIGPIPE: ./lime train | head -2 ends with a checkpoint saved (exit 141), the
@@ -98,11 +99,11 @@ done
 dir=$tmp/sigpipe
 $LIME train ${TINY/--quiet/} $LONG --save-every 1000000 --out "$dir" 2>"$tmp/pipe.err" | head -2 >/dev/null
 status=${PIPESTATUS[0]}
-if [ "$status" -eq 141 ] && grep -q -- "--resume $dir/checkpoint.safetensors" "$tmp/pipe.err" && loads "$dir/checkpoint.safetensors"; then
-    pass "sigpipe_saves (at step $(saved_step "$dir/checkpoint.safetensors"))"
-else
-    fail sigpipe_saves "exit $status (want 141): $(tail -2 "$tmp/pipe.err")"
-fi
+check "sigpipe_saves (at step $(saved_step "$dir/checkpoint.safetensors"))"
+expect "exit $status, want 141" [ "$status" -eq 141 ]
+expect "stderr does not say how to --resume" grep -q -- "--resume $dir/checkpoint.safetensors" "$tmp/pipe.err"
+expect "its checkpoint does not load" loads "$dir/checkpoint.safetensors"
+verdict "$(tail -2 "$tmp/pipe.err")"
 
 # --- compare passes SIGTERM to its runs and waits for them: each saves a
 # checkpoint; compare exits 143 and no run is left behind. Run again into the
@@ -117,16 +118,16 @@ bad=""
 for run in llama lime; do
     grep -q "terminated (SIGTERM)" "$dir/tier2/$run-seed1/train.out" && loads "$dir/tier2/$run-seed1/checkpoint.safetensors" || bad="$bad $run"
 done
-if [ $status -eq 143 ] && [ "$left" -eq 0 ] && [ -z "$bad" ] && grep -q "terminated (SIGTERM)" "$tmp/cmp.out"; then
-    pass compare_forwards_sigterm
-else
-    fail compare_forwards_sigterm "exit $status (want 143), $left runs left, not saved:$bad: $(tail -2 "$tmp/cmp.out")"
-fi
-if $LIME compare --preset tiny --seeds 1 --out "$dir" >"$tmp/cmp2.out" 2>&1 && [ -s "$dir/report.md" ]; then
-    pass compare_reruns_into_its_out
-else
-    fail compare_reruns_into_its_out "$(tail -2 "$tmp/cmp2.out")"
-fi
+check compare_forwards_sigterm
+expect "exit $status, want 143" [ $status -eq 143 ]
+expect "$left runs left behind" [ "$left" -eq 0 ]
+expect "runs not terminated with a checkpoint:$bad" [ -z "$bad" ]
+expect "compare does not say 'terminated (SIGTERM)'" grep -q "terminated (SIGTERM)" "$tmp/cmp.out"
+verdict "$(tail -2 "$tmp/cmp.out")"
+check compare_reruns_into_its_out
+expect "compare exits non-zero" $LIME compare --preset tiny --seeds 1 --out "$dir" >"$tmp/cmp2.out" 2>&1
+expect "no report.md" [ -s "$dir/report.md" ]
+verdict "$(tail -2 "$tmp/cmp2.out")"
 
 # --- a second compare into the same --out is refused at once, naming the
 # first's pid, and writes nothing into the first's runs (their train.out
@@ -161,13 +162,14 @@ dir=$tmp/reuse
 $LIME train $TINY --steps 2 --out "$dir" >/dev/null 2>&1
 sum=$(cat "$dir/checkpoint.safetensors" "$dir/model.safetensors" "$dir/log.jsonl" | md5sum)
 out=$($LIME train $TINY --steps 3 --out "$dir" 2>&1); status=$?
-if [ $status -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q -- "--resume $dir/checkpoint.safetensors" &&
-   [ "$(cat "$dir/checkpoint.safetensors" "$dir/model.safetensors" "$dir/log.jsonl" | md5sum)" = "$sum" ] &&
-   $LIME train $TINY --steps 3 --out "$dir" --force >/dev/null 2>&1 && [ "$(saved_step "$dir/model.safetensors")" = 3 ]; then
-    pass fresh_run_refuses_used_out
-else
-    fail fresh_run_refuses_used_out "exit $status: $out"
-fi
+check fresh_run_refuses_used_out
+expect "exit $status, want 2" [ $status -eq 2 ]
+expect "the refusal is not one line" [ "$(echo "$out" | wc -l)" -eq 1 ]
+expect "the refusal does not name --resume" has "$out" -- "--resume $dir/checkpoint.safetensors"
+expect "the run's files changed" [ "$(cat "$dir/checkpoint.safetensors" "$dir/model.safetensors" "$dir/log.jsonl" | md5sum)" = "$sum" ]
+expect "train --force exits non-zero" $LIME train $TINY --steps 3 --out "$dir" --force >/dev/null 2>&1
+expect "after --force the model is at step $(saved_step "$dir/model.safetensors"), want 3" [ "$(saved_step "$dir/model.safetensors")" = 3 ]
+verdict "$out"
 
 # --- a full disk, as ulimit -f makes one (a write past the limit fails with
 # EFBIG): log.jsonl that cannot grow, then a checkpoint that cannot be
@@ -177,22 +179,27 @@ dir=$tmp/full
 $LIME train $TINY --steps 4 --stop-after 2 --out "$dir" >/dev/null 2>&1
 truncate -s 2M "$dir/log.jsonl"   # the log at the limit below, the checkpoint well under it
 out=$(ulimit -f 2048; $LIME train --resume "$dir/checkpoint.safetensors" 2>&1 >/dev/null); status=$?
-if [ $status -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "log.jsonl: File too large" &&
-   echo "$out" | grep -q "step 2) is kept.*--resume" && [ "$(saved_step "$dir/checkpoint.safetensors")" = 2 ] && loads "$dir/checkpoint.safetensors"; then
-    pass log_write_failure_stops
-else
-    fail log_write_failure_stops "exit $status: $out"
-fi
+check log_write_failure_stops
+expect "exit $status, want 2" [ $status -eq 2 ]
+expect "not one line" [ "$(echo "$out" | wc -l)" -eq 1 ]
+expect "it does not say 'log.jsonl: File too large'" has "$out" "log.jsonl: File too large"
+expect "it does not say the step-2 checkpoint is kept and how to --resume" has "$out" "step 2) is kept.*--resume"
+expect "the checkpoint is at step $(saved_step "$dir/checkpoint.safetensors"), want 2" [ "$(saved_step "$dir/checkpoint.safetensors")" = 2 ]
+expect "the checkpoint does not load" loads "$dir/checkpoint.safetensors"
+verdict "$out"
 truncate -s 0 "$dir/log.jsonl"
 size=$(stat -c %s "$dir/checkpoint.safetensors")
 out=$(ulimit -f $((size / 1024 - 2)); $LIME train --resume "$dir/checkpoint.safetensors" --save-every 1 2>&1 >/dev/null); status=$?
-if [ $status -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "checkpoint.safetensors.tmp-.*File too large" &&
-   echo "$out" | grep -q "step 2) is kept; free some space, then continue with ./lime train --resume" &&
-   [ "$(saved_step "$dir/checkpoint.safetensors")" = 2 ] && loads "$dir/checkpoint.safetensors" && [ -z "$(compgen -G "$dir/*.tmp-*")" ]; then
-    pass checkpoint_write_failure_says_what_is_kept
-else
-    fail checkpoint_write_failure_says_what_is_kept "exit $status: $out"
-fi
+check checkpoint_write_failure_says_what_is_kept
+expect "exit $status, want 2" [ $status -eq 2 ]
+expect "not one line" [ "$(echo "$out" | wc -l)" -eq 1 ]
+expect "it does not name the temporary file and 'File too large'" has "$out" "checkpoint.safetensors.tmp-.*File too large"
+expect "it does not say what is kept and how to go on" \
+    has "$out" "step 2) is kept; free some space, then continue with ./lime train --resume"
+expect "the checkpoint is at step $(saved_step "$dir/checkpoint.safetensors"), want 2" [ "$(saved_step "$dir/checkpoint.safetensors")" = 2 ]
+expect "the checkpoint does not load" loads "$dir/checkpoint.safetensors"
+expect "a temporary file was left: $(compgen -G "$dir/*.tmp-*")" [ -z "$(compgen -G "$dir/*.tmp-*")" ]
+verdict "$out"
 
 # --- a checkpoint's stored flags never decide where a run writes or what it
 # replaces: one whose "args" name another run's directory as --out, with
@@ -204,12 +211,13 @@ args='{"out": "'$tmp/victim'", "force": "1", "steps": "6", "batch": "16", "seed"
 LIME_TEST_SAVE_META="args=$args" $LIME train $TINY --steps 3 --stop-after 1 --out "$tmp/crafted" >/dev/null 2>&1
 out=$($LIME train --resume "$tmp/crafted/checkpoint.safetensors" 2>&1); status=$?
 out2=$($LIME train --resume "$tmp/crafted/checkpoint.safetensors" --seed 2 2>&1); status2=$?
-if [ $status -eq 0 ] && [ "$(cat "$tmp/victim"/* | md5sum)" = "$sum" ] && loads "$tmp/crafted/model.safetensors" &&
-   [ $status2 -eq 2 ] && echo "$out2" | grep -q "keeps the seed"; then
-    pass resume_takes_no_out_or_force_from_the_file
-else
-    fail resume_takes_no_out_or_force_from_the_file "exit $status, $status2; victim changed? $(cat "$tmp/victim"/* | md5sum | cut -c1-8) vs ${sum:0:8}: $out $out2"
-fi
+check resume_takes_no_out_or_force_from_the_file
+expect "train --resume exits $status" [ $status -eq 0 ]
+expect "the other run's files changed" [ "$(cat "$tmp/victim"/* | md5sum)" = "$sum" ]
+expect "the resumed run's model does not load" loads "$tmp/crafted/model.safetensors"
+expect "--resume with another --seed exits $status2, want 2" [ $status2 -eq 2 ]
+expect "the refusal does not say it keeps the seed" has "$out2" "keeps the seed"
+verdict "$out $out2"
 
 # --- symlinks planted in a run directory are never followed: at a save's
 # temporary name (the old fixed PATH.tmp), at analyze's, and at log.jsonl
@@ -224,12 +232,14 @@ $LIME train $TINY --steps 2 --out "$dir" >/dev/null 2>&1 && $LIME analyze --load
 ok=$?
 ln -s "$tmp/precious" "$tmp/links2.log"; mkdir -p "$tmp/links2"; mv "$tmp/links2.log" "$tmp/links2/log.jsonl"
 out=$($LIME train $TINY --steps 2 --out "$tmp/links2" 2>&1); status=$?
-if [ $ok -eq 0 ] && [ "$(cat "$tmp/precious")" = precious ] && loads "$dir/model.safetensors" && [ $status -eq 2 ] &&
-   [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "symbolic link" && [ "$(cat "$tmp/precious")" = precious ]; then
-    pass planted_symlinks_not_followed
-else
-    fail planted_symlinks_not_followed "train+analyze exit $ok, precious now '$(head -c 40 "$tmp/precious" | tr -dc '[:print:]')'; log link: exit $status: $out"
-fi
+check planted_symlinks_not_followed
+expect "train and analyze beside the links exit $ok" [ $ok -eq 0 ]
+expect "the linked file now holds '$(head -c 40 "$tmp/precious" | tr -dc '[:print:]')'" [ "$(cat "$tmp/precious")" = precious ]
+expect "the model does not load" loads "$dir/model.safetensors"
+expect "a linked log.jsonl: exit $status, want 2" [ $status -eq 2 ]
+expect "a linked log.jsonl: the refusal is not one line" [ "$(echo "$out" | wc -l)" -eq 1 ]
+expect "a linked log.jsonl: the refusal does not say 'symbolic link'" has "$out" "symbolic link"
+verdict "$out"
 
 # --- one run directory, one process: a second run into it (fresh with --force,
 # or --resume of the running one) is refused naming the holder's pid; the
@@ -243,13 +253,16 @@ $LIME train $TINY --steps 1000000 --stop-after 1 --out "$tmp/locked_ck" >/dev/nu
 cp "$tmp/locked_ck/checkpoint.safetensors" "$dir/checkpoint.safetensors.copy" 2>/dev/null
 out2=$(timeout 20 $LIME train --resume "$dir/checkpoint.safetensors.copy" 2>&1); s2=$?
 kill -TERM $pid; wait $pid; s3=$?
-if [ $s1 -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "in use by another ./lime train (pid $pid" &&
-   [ $s2 -eq 2 ] && echo "$out2" | grep -q "pid $pid" && [ $s3 -eq 143 ] && loads "$dir/checkpoint.safetensors" &&
-   [ "$(grep -c '"type": "config"' "$dir/log.jsonl")" -eq 1 ]; then
-    pass second_process_in_a_run_directory_refused
-else
-    fail second_process_in_a_run_directory_refused "exits $s1 $s2 $s3: $out | $out2"
-fi
+check second_process_in_a_run_directory_refused
+expect "a fresh run with --force: exit $s1, want 2" [ $s1 -eq 2 ]
+expect "a fresh run with --force: the refusal is not one line" [ "$(echo "$out" | wc -l)" -eq 1 ]
+expect "a fresh run with --force: the refusal does not name the holder, pid $pid" has "$out" "in use by another ./lime train (pid $pid"
+expect "--resume: exit $s2, want 2" [ $s2 -eq 2 ]
+expect "--resume: the refusal does not name pid $pid" has "$out2" "pid $pid"
+expect "the running run exits $s3 on SIGTERM, want 143" [ $s3 -eq 143 ]
+expect "the running run's checkpoint does not load" loads "$dir/checkpoint.safetensors"
+expect "log.jsonl has $(grep -c '"type": "config"' "$dir/log.jsonl") config lines, want 1" [ "$(grep -c '"type": "config"' "$dir/log.jsonl")" -eq 1 ]
+verdict "$out | $out2"
 
 # --- a stop signal is honoured within about a second wherever the run is:
 # during a periodic evaluation (here minutes of greedy decoding at tier 30),
@@ -269,11 +282,11 @@ wait_for "$dir/log.jsonl"; sleep 1.5
 kill -INT $pid; start=$(date +%s%N)
 for _ in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
 ms=$((($(date +%s%N) - start) / 1000000)); kill -KILL $pid 2>/dev/null; wait $pid; status=$?
-if [ $status -eq 130 ] && [ $ms -lt 5000 ] && loads "$dir/checkpoint.safetensors"; then
-    pass "sigint_during_evaluation (ended ${ms} ms after the signal)"
-else
-    fail sigint_during_evaluation "exit $status after $ms ms (want 130 within 5 s, a checkpoint)"
-fi
+check "sigint_during_evaluation (ended ${ms} ms after the signal)"
+expect "exit $status, want 130" [ $status -eq 130 ]
+expect "ended $ms ms after the signal, want within 5 s" [ $ms -lt 5000 ]
+expect "its checkpoint does not load" loads "$dir/checkpoint.safetensors"
+verdict
 dir=$tmp/blocked
 ( $LIME train ${TINY/--quiet/} $LONG --save-every 1000000 --out "$dir" 2>"$tmp/blocked.err" | sleep 30 ) 2>/dev/null &
 wait_for "$dir/log.jsonl"
@@ -285,12 +298,12 @@ pid=$(pgrep -f -- "--out $dir" | head -1)
 kill -TERM "$pid"; start=$(date +%s%N)
 for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 ms=$((($(date +%s%N) - start) / 1000000)); kill -KILL "$pid" 2>/dev/null; pkill -P $! sleep 2>/dev/null; wait
-if [ $ms -lt 5000 ] && grep -q "terminated (SIGTERM).*--resume $dir/checkpoint.safetensors" "$tmp/blocked.err" &&
-   loads "$dir/checkpoint.safetensors"; then
-    pass "sigterm_with_stdout_blocked (ended ${ms} ms after the signal)"
-else
-    fail sigterm_with_stdout_blocked "ended after $ms ms (want within 5 s, a checkpoint): $(tail -1 "$tmp/blocked.err")"
-fi
+check "sigterm_with_stdout_blocked (ended ${ms} ms after the signal)"
+expect "ended $ms ms after the signal, want within 5 s" [ $ms -lt 5000 ]
+expect "stderr does not say 'terminated (SIGTERM)' and how to --resume" \
+    grep -q "terminated (SIGTERM).*--resume $dir/checkpoint.safetensors" "$tmp/blocked.err"
+expect "its checkpoint does not load" loads "$dir/checkpoint.safetensors"
+verdict "$(tail -1 "$tmp/blocked.err")"
 fi
 
 # --- compare whose stdout closes (./lime compare | head -1): not a silent
@@ -299,12 +312,14 @@ fi
 dir=$tmp/cmppipe
 $LIME compare --preset tiny --seeds 1 --out "$dir" 2>"$tmp/cmppipe.err" | head -1 >/dev/null
 status=${PIPESTATUS[0]}
-if [ "$status" -ge 1 ] && [ "$status" -le 127 ] && [ "$(wc -l < "$tmp/cmppipe.err")" -eq 1 ] &&
-   grep -q "output was closed (EPIPE)" "$tmp/cmppipe.err" && [ ! -e "$dir/report.md" ] && [ -z "$(pgrep -f -- "$dir/tier2")" ]; then
-    pass compare_stdout_closed_says_so
-else
-    fail compare_stdout_closed_says_so "exit $status: $(cat "$tmp/cmppipe.err")"
-fi
+check compare_stdout_closed_says_so
+expect "exit $status, want 1 or more" [ "$status" -ge 1 ]
+expect "exit $status, want 127 at most (not a death by a signal)" [ "$status" -le 127 ]
+expect "stderr is not one line" [ "$(wc -l < "$tmp/cmppipe.err")" -eq 1 ]
+expect "stderr does not say 'output was closed (EPIPE)'" grep -q "output was closed (EPIPE)" "$tmp/cmppipe.err"
+expect "a report.md was written" [ ! -e "$dir/report.md" ]
+expect "runs left behind: $(pgrep -f -- "$dir/tier2" | tr '\n' ' ')" [ -z "$(pgrep -f -- "$dir/tier2")" ]
+verdict "$(cat "$tmp/cmppipe.err")"
 
 # --- hostile checkpoints: lies under a valid checksum (anyone can compute
 # one), made by the test hooks LIME_TEST_SAVE_META and LIME_TEST_SAVE_NAN
@@ -312,13 +327,15 @@ fi
 spoiled() {  # spoiled DIR VAR=VALUE: a tiny run whose files carry that lie
     env "$2" $LIME train $TINY --steps 3 --out "$1" >/dev/null 2>&1
 }
-refused_by() {  # refused_by WORD COMMAND...: exit 2, one line, WORD in it; else says what happened
-    local word=$1 out status; shift
+refused_by() {  # refused_by WORD COMMAND...: exit 2, one line, WORD in it; else says which of those failed
+    local word=$1 out status why=""; shift
     out=$("$@" 2>&1); status=$?
-    if [ $status -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q -- "$word" && ! echo "$out" | grep -qi "loss nan"; then
-        return 0
+    if [ $status -ne 2 ]; then why="exit $status, want 2"
+    elif [ "$(echo "$out" | wc -l)" -ne 1 ]; then why="not one line"
+    elif ! has "$out" -- "$word"; then why="the word is missing"
+    elif has "$out" -i "loss nan"; then why="it ran to a NaN loss"
     fi
-    echo " [$word: exit $status: $(echo "$out" | tail -2)]"
+    [ -z "$why" ] || echo " [$word: $why: $(echo "$out" | tail -2)]"
 }
 bad=""
 spoiled "$tmp/h_step" "LIME_TEST_SAVE_META=train_step=2000000000"
@@ -344,29 +361,30 @@ if [ -z "$bad" ]; then pass hostile_checkpoints_refused; else fail hostile_check
 # keep the step-6 checkpoint, write no model.
 dir=$tmp/nan
 out=$(LIME_TEST_NAN_STEP=7 $LIME train $TINY --steps 20 --save-every 2 --out "$dir" 2>&1); status=$?
-if [ $status -eq 1 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -q "step 7: the loss is NaN" &&
-   echo "$out" | grep -q "model.embed_tokens.weight" && [ "$(saved_step "$dir/checkpoint.safetensors")" = 6 ] &&
-   loads "$dir/checkpoint.safetensors" && [ ! -e "$dir/model.safetensors" ]; then
-    pass nan_stops_keeping_last_checkpoint
-else
-    fail nan_stops_keeping_last_checkpoint "exit $status: $out"
-fi
+check nan_stops_keeping_last_checkpoint
+expect "exit $status, want 1" [ $status -eq 1 ]
+expect "not one line" [ "$(echo "$out" | wc -l)" -eq 1 ]
+expect "it does not say 'step 7: the loss is NaN'" has "$out" "step 7: the loss is NaN"
+expect "it does not name model.embed_tokens.weight, the first bad tensor" has "$out" "model.embed_tokens.weight"
+expect "the checkpoint is at step $(saved_step "$dir/checkpoint.safetensors"), want 6" [ "$(saved_step "$dir/checkpoint.safetensors")" = 6 ]
+expect "the checkpoint does not load" loads "$dir/checkpoint.safetensors"
+expect "a model.safetensors was written" [ ! -e "$dir/model.safetensors" ]
+verdict "$out"
 # ... and --resume from there goes on (the fault was one bad batch).
-if $LIME train --resume "$dir/checkpoint.safetensors" >/dev/null 2>&1 && loads "$dir/model.safetensors"; then
-    pass nan_run_resumes
-else
-    fail nan_run_resumes "resuming from step 6 failed"
-fi
+check nan_run_resumes
+expect "resuming from step 6 exits non-zero" $LIME train --resume "$dir/checkpoint.safetensors" >/dev/null 2>&1
+expect "the finished model does not load" loads "$dir/model.safetensors"
+verdict
 
 # --- --skip-bad-steps: step 7 is skipped (its update not applied), the run finishes.
 dir=$tmp/skip
 out=$(LIME_TEST_NAN_STEP=7 $LIME train ${TINY/--quiet/} --steps 20 --log-every 5 --skip-bad-steps --out "$dir" 2>&1); status=$?
-if [ $status -eq 0 ] && echo "$out" | grep -q "step 7/20 skipped: the loss is NaN" && grep -q '"type": "skipped", "step": 7' "$dir/log.jsonl" &&
-   loads "$dir/model.safetensors"; then
-    pass skip_bad_steps_skips_and_finishes
-else
-    fail skip_bad_steps_skips_and_finishes "exit $status: $(echo "$out" | tail -3)"
-fi
+check skip_bad_steps_skips_and_finishes
+expect "exit $status" [ $status -eq 0 ]
+expect "it does not say 'step 7/20 skipped: the loss is NaN'" has "$out" "step 7/20 skipped: the loss is NaN"
+expect "log.jsonl has no skipped line for step 7" grep -q '"type": "skipped", "step": 7' "$dir/log.jsonl"
+expect "the model does not load" loads "$dir/model.safetensors"
+verdict "$(echo "$out" | tail -3)"
 
 # --- corrupt checkpoints are refused with one line, never loaded, never a crash.
 good=$tmp/skip/model.safetensors
@@ -377,27 +395,33 @@ flip() {  # copy of $good with the byte at offset $1 inverted
     b=$(od -An -t u1 -j "$1" -N 1 "$good" | tr -d ' ')
     printf "\\$(printf '%03o' $((255 - b)))" | dd of="$tmp/flip.safetensors" bs=1 seek="$1" conv=notrunc status=none
 }
-refused() {  # refused FILE WORD: eval exits 2 with one line containing WORD
+refused() {  # refused FILE WORD: eval exits 2 with one line containing WORD; else says which of those failed
     local out status
     out=$($LIME eval --load "$1" --n 1 2>&1); status=$?
-    [ $status -eq 2 ] && [ "$(echo "$out" | wc -l)" -eq 1 ] && echo "$out" | grep -qi -- "$2"
+    if [ $status -ne 2 ]; then echo "exit $status"
+    elif [ "$(echo "$out" | wc -l)" -ne 1 ]; then echo "not one line"
+    elif ! has "$out" -i -- "$2"; then echo "no '$2'"
+    fi
 }
 bad=""
 for i in $(seq 10); do  # bits in the tensor data: the checksum catches them
     off=$((8 + hlen + (RANDOM * 32768 + RANDOM) % (size - 8 - hlen)))
     flip $off
-    refused "$tmp/flip.safetensors" "checksum does not match" || bad="$bad data@$off"
+    why=$(refused "$tmp/flip.safetensors" "checksum does not match")
+    [ -z "$why" ] || bad="$bad data@$off ($why)"
 done
 for i in $(seq 10); do  # bits anywhere in the header or its length: refused one way or another
     off=$(((RANDOM * 32768 + RANDOM) % (8 + hlen)))
     flip $off
-    refused "$tmp/flip.safetensors" "" || bad="$bad header@$off"
+    why=$(refused "$tmp/flip.safetensors" "")
+    [ -z "$why" ] || bad="$bad header@$off ($why)"
 done
 if [ -z "$bad" ]; then pass bit_flips_refused; else fail bit_flips_refused "accepted or crashed at:$bad"; fi
 bad=""
 for n in 0 5 8 100 $((8 + hlen)) $((8 + hlen + 4)) $((size - 1)); do
     head -c $n "$good" > "$tmp/cut.safetensors"
-    refused "$tmp/cut.safetensors" "truncated\|empty" || bad="$bad $n:$($LIME eval --load "$tmp/cut.safetensors" 2>&1)"
+    why=$(refused "$tmp/cut.safetensors" "truncated\|empty")
+    [ -z "$why" ] || bad="$bad $n ($why): $($LIME eval --load "$tmp/cut.safetensors" 2>&1)"
 done
 if [ -z "$bad" ]; then pass truncated_refused; else fail truncated_refused "$bad"; fi
 
