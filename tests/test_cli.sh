@@ -331,11 +331,13 @@ expect "the text has no denseformer / llama step time" has "$text" "^  denseform
 expect "--models denseformer ran resformer" not has "$text" "^  resformer"
 verdict "$out $text"
 
-# --- bench on a GPU (the harness): lime's router both ways, its kernels against cuBLAS
+# --- bench on a GPU (the harness): lime's router both ways, its kernels against cuBLAS; each
+# model's nodes a captured step
 if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
     out=$(./lime-emu bench --json --device gpu --layers 2 --dim 8 --heads 2 --ffn 16 --vocab 11 --batch 2 --seq-len 4 \
           --steps 1 --models lime 2>&1)
-    if echo "$out" | grep -qE "\"lime_router_cublas_ms_per_step\": $num, \"lime_router_kernels_over_cublas\": $num"; then
+    if echo "$out" | grep -qE "\"lime_router_cublas_ms_per_step\": $num, \"lime_router_kernels_over_cublas\": $num" &&
+        [ "$(echo "$out" | grep -oE '"graph_nodes": [1-9][0-9]*' | wc -l)" -eq 2 ]; then  # llama's and lime's captured step
         pass bench_gpu_times_both_router_forms
     else fail bench_gpu_times_both_router_forms "$out"; fi
 fi

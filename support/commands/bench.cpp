@@ -48,6 +48,7 @@ struct BenchResult {
     double mfu = 0;                     // model FLOPs utilisation against the device's peak (GPU) or the CPU's
     double model_gb = 0, device_gb = 0; // GPU memory: the model's allocations; what it took as it was made and ran its two warm-up steps
     std::string attention;              // matmul or flash on the GPU, cpu on the CPU
+    size_t graph_nodes = 0;             // GPU with --graph 1: the kernels and copies of one captured step
 };
 
 // One model bench times: its config, and what it measured.
@@ -153,6 +154,7 @@ static void bench_models(const BenchSetup& b, std::vector<BenchModel>* ms, std::
             m.r.mfu = median(mfus);
         }
         if (b.on_gpu) m.r.model_gb = model_device_bytes(&m.model) / 1e9;
+        m.r.graph_nodes = model_graph_nodes(&m.model);
         m.r.attention = model_attention_name(&m.model);
     }
     for (BenchModel& m : *ms) model_free(&m.model);
@@ -235,6 +237,8 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
         else o.add("mfu", null_);
         if (b.on_gpu) o.add_num("model_gb", r.model_gb).add_num("peak_device_gb", r.device_gb);
         else o.add("model_gb", null_).add("peak_device_gb", null_);
+        if (r.graph_nodes > 0) o.add_num("graph_nodes", (double)r.graph_nodes);
+        else o.add("graph_nodes", null_);
         return o.add_str("attention", r.attention);
     };
     Json shape;
@@ -305,6 +309,7 @@ static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>&
         if (b.on_gpu)
             printf("  memory %.3f GB (model) %.3f GB (device, peak)  %s attention", r.model_gb, r.device_gb,
                    r.attention.c_str());
+        if (r.graph_nodes > 0) printf("  %zu nodes a step", r.graph_nodes);
         printf("\n");
     }
     bool first = true;
