@@ -228,9 +228,12 @@ start=$(date +%s%N)
 out=$(cd "$tmp/cwd" && "$LIME" bench --layers 16 --dim 10240 --heads 2 --ffn 35000 --batch 1 --seq-len 1 --steps 1 2>&1)
 status=$?
 ms=$((($(date +%s%N) - start) / 1000000))
-if [ $status -eq 2 ] && echo "$out" | grep -q "out of memory: .*; lower .*--dim" && ! echo "$out" | grep -q -- "--batch" &&
-    [ $ms -lt 1000 ]; then pass bench_too_big_refused_at_once
-else fail bench_too_big_refused_at_once "exit $status after $ms ms: $out"; fi
+check bench_too_big_refused_at_once
+expect "exit $status, want 2" [ $status -eq 2 ]
+expect "it does not say out of memory and to lower --dim" has "$out" "out of memory: .*; lower .*--dim"
+expect "it names --batch, which does not shrink the parameters" not has "$out" -- "--batch"
+expect "refused after $ms ms, want within 1 s" [ $ms -lt 1000 ]
+verdict "$out"
 
 # --- inputs that are not regular files, or that ask for too much: refused at once, one line.
 # Run under a timeout (10 s: a FIFO used to block forever, /dev/zero to read until memory ran out,

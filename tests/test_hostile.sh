@@ -56,15 +56,21 @@ expect_line eval_refuses_rms_norm_eps_1e39 2 "rms_norm_eps" $LIME eval --load "$
 weird="$tmp/a\"b{c}"
 mkdir -p "$weird" && cp "$M" "$weird/m.safetensors"
 out=$($LIME eval --load "$weird/m.safetensors" --json --n 2 2>&1)
-if got=$($JSON file <<<"$out") && [ "$got" = "$(printf '"%s"' "$tmp/a\\\"b{c}/m.safetensors")" ] && $JSON ops accuracy <<<"$out" >/dev/null
-then pass eval_json_quotes_and_braces_in_a_path; else fail eval_json_quotes_and_braces_in_a_path "$out / $got"; fi
+got=$($JSON file <<<"$out"); status=$?
+check eval_json_quotes_and_braces_in_a_path
+expect "its \"file\" does not parse back" [ $status -eq 0 ]
+expect "its \"file\" reads back as $got" [ "$got" = "$(printf '"%s"' "$tmp/a\\\"b{c}/m.safetensors")" ]
+expect "its ops' accuracy does not parse back" $JSON ops accuracy <<<"$out" >/dev/null
+verdict "$out"
 cp "$M" "$tmp/second.safetensors"
 out=$($LIME eval --load "$weird/m.safetensors" --load "$tmp/second.safetensors" --json --n 2 2>&1)
 if $JSON "$weird/m.safetensors>accuracy" "$tmp/second.safetensors>accuracy" <<<"$out" >/dev/null
 then pass eval_json_of_two_checkpoints_parses; else fail eval_json_of_two_checkpoints_parses "$out"; fi
 expect_line eval_same_file_twice_refused 2 "given twice" $LIME eval --load "$M" --load "$M" --json
-if $JSON --lines <"$tmp/run/log.jsonl" >/dev/null && [ "$($JSON --lines type <"$tmp/run/log.jsonl")" = '"done"' ]
-then pass log_jsonl_every_line_parses; else fail log_jsonl_every_line_parses "$($JSON --lines <"$tmp/run/log.jsonl")"; fi
+check log_jsonl_every_line_parses
+expect "a line does not parse" $JSON --lines <"$tmp/run/log.jsonl" >/dev/null
+expect "the last line's type is not \"done\"" [ "$($JSON --lines type <"$tmp/run/log.jsonl")" = '"done"' ]
+verdict "$($JSON --lines <"$tmp/run/log.jsonl" 2>&1 | tail -2)"
 # a row longer than 511 bytes (a long path) keeps its accuracy
 deep=$tmp/$(printf 'd%.0s' $(seq 200))/$(printf 'e%.0s' $(seq 200))/$(printf 'f%.0s' $(seq 150))
 mkdir -p "$deep" && cp "$M" "$deep/model.safetensors"
@@ -72,14 +78,18 @@ expect_line eval_long_row_not_cut 0 "test loss" $LIME eval --load "$deep/model.s
 # --format direct has no chains: no "valid chains 0.00%"
 $LIME train $TINY --ops 2 --format direct --steps 2 --out "$tmp/direct" >/dev/null 2>&1
 out=$($LIME eval --load "$tmp/direct/model.safetensors" --n 2 2>&1)
-if grep -q "valid chains n/a" <<<"$out" && ! grep -q "valid chains *0.00%" <<<"$out" &&
-    ! $LIME eval --load "$tmp/direct/model.safetensors" --n 2 --json | $JSON valid_chains >/dev/null
-then pass eval_direct_model_has_no_valid_chains; else fail eval_direct_model_has_no_valid_chains "$out"; fi
+check eval_direct_model_has_no_valid_chains
+expect "it does not say 'valid chains n/a'" has "$out" "valid chains n/a"
+expect "it says 'valid chains 0.00%'" not has "$out" "valid chains *0.00%"
+expect "eval --json has a valid_chains" not $JSON valid_chains <<<"$($LIME eval --load "$tmp/direct/model.safetensors" --n 2 --json)"
+verdict "$out"
 # the ETA counts the evaluations still to come: before the first is timed it says so
 out=$($LIME train --layers 1 --dim 8 --heads 1 --ffn 8 --ops 1 --train-size 100 --test-size 20 --batch 4 --threads 1 \
       --steps 4 --log-every 1 --eval-every 2 --out "$tmp/eta" 2>&1)
-if grep -q "^step 1/4 .*ETA .* + evaluation" <<<"$out" && grep -q "^step 3/4 .*ETA [0-9hms]*$" <<<"$out"
-then pass eta_counts_the_evaluations; else fail eta_counts_the_evaluations "$(grep '^step' <<<"$out")"; fi
+check eta_counts_the_evaluations
+expect "step 1's ETA does not add '+ evaluation'" has "$out" "^step 1/4 .*ETA .* + evaluation"
+expect "step 3's ETA is not a plain time" has "$out" "^step 3/4 .*ETA [0-9hms]*$"
+verdict "$(grep '^step' <<<"$out")"
 
 # --- class 12: messages
 expect_line flag_given_twice_refused 2 "given twice" $LIME train $TINY --ops 1 --steps 3 --steps 4 --out "$tmp/twice"
@@ -91,8 +101,10 @@ expect_line sample_counts_words_from_1 2 "word 3 " $LIME sample --load "$M" --pr
 expect_line eval_batch_65536_on_the_cpu 0 "accuracy" $LIME eval --load "$M" --batch 65536 --device cpu --n 2
 # one bound for how many questions a task can have: the one it names is accepted
 bound=$($LIME data --ops 2 --train-size 100000 2>&1 | sed -n 's/.*ask for at most \([0-9]*\) in all.*/\1/p')
-if [ -n "$bound" ] && $LIME data --ops 2 --train-size $((bound - 500)) --test-size 500 --n 1 >/dev/null 2>&1
-then pass arith_bound_is_consistent; else fail arith_bound_is_consistent "asked for $bound: $($LIME data --ops 2 --train-size $((bound - 500)) --test-size 500 --n 1 2>&1)"; fi
+check arith_bound_is_consistent
+expect "no bound named" [ -n "$bound" ]
+expect "the bound it names, $bound, is refused" $LIME data --ops 2 --train-size $((bound - 500)) --test-size 500 --n 1 >"$tmp/bound.out" 2>&1
+verdict "$(tail -1 "$tmp/bound.out")"
 # control characters in a path reach the terminal escaped
 esc_out="$tmp/x${ESC}[31my"
 expect_line train_done_line_escaped 0 'x\\x1b\[31my' $LIME train $TINY --ops 2 --steps 2 --out "$esc_out"
@@ -157,8 +169,10 @@ tamper() {  # name, word, file, sed script: the tampered file refused by --reuse
 }
 tamper compare_reuse_accuracy_750_refused 'log.jsonl line [0-9]*: "accuracy" 7.5 is not a number in \[0, 1\]' "$log" \
     's/\("type": "done".*"accuracy": \)[0-9.e-]*/\17.5/'
-if grep -q "| tier 2 | llama |" "$tmp/c3/report.md" && ! grep -q "| tier 2 | llama | 750" "$tmp/c3/report.md"
-then pass compare_report_kept_its_own_numbers; else fail compare_report_kept_its_own_numbers "$(grep "| tier 2 | llama |" "$tmp/c3/report.md")"; fi
+check compare_report_kept_its_own_numbers
+expect "report.md has no row for llama" grep -q "| tier 2 | llama |" "$tmp/c3/report.md"
+expect "report.md took the tampered accuracy (750)" not grep -q "| tier 2 | llama | 750" "$tmp/c3/report.md"
+verdict "$(grep "| tier 2 | llama |" "$tmp/c3/report.md")"
 tamper compare_reuse_negative_loss_refused '"val_loss" -3 is not' "$log" 's/\("type": "done".*"val_loss": \)[0-9.e-]*/\1-3/'
 tamper compare_reuse_negative_entropy_refused 'entropy.tsv line 2: entropy -1' "$tsv" '2s/^raw\t0\t[0-9.]*/raw\t0\t-1/'
 tamper compare_reuse_huge_entropy_refused 'entropy 1e+300' "$tsv" '2s/^raw\t0\t[0-9.]*/raw\t0\t1e300/'
