@@ -336,10 +336,12 @@ verdict "$out $text"
 if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
     out=$(./lime-emu bench --json --device gpu --layers 2 --dim 8 --heads 2 --ffn 16 --vocab 11 --batch 2 --seq-len 4 \
           --steps 1 --models lime 2>&1)
-    if echo "$out" | grep -qE "\"lime_router_cublas_ms_per_step\": $num, \"lime_router_kernels_over_cublas\": $num" &&
-        [ "$(echo "$out" | grep -oE '"graph_nodes": [1-9][0-9]*' | wc -l)" -eq 2 ]; then  # llama's and lime's captured step
-        pass bench_gpu_times_both_router_forms
-    else fail bench_gpu_times_both_router_forms "$out"; fi
+    check bench_gpu_times_both_router_forms
+    expect "no lime_router_cublas_ms_per_step and lime_router_kernels_over_cublas" \
+        has "$out" -E "\"lime_router_cublas_ms_per_step\": $num, \"lime_router_kernels_over_cublas\": $num"
+    expect "not 2 graph_nodes (llama's and lime's captured step)" \
+        [ "$(echo "$out" | grep -oE '"graph_nodes": [1-9][0-9]*' | wc -l)" -eq 2 ]
+    verdict "$out"
 fi
 
 # --- bench --entropy-reg: llama and lime also with the regulariser, each a ratio to itself without
