@@ -82,7 +82,7 @@ static const Preset PRESETS[] = {
      "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 12 --lr 3e-3",
      "3", 6, "two-core CPU: tier 3, 12 epochs, 6 seeds each of LLaMa, LIMe and the frozen-router control"},
     // the referee's causal test: cpu-study's setting, llama with the value-entropy
-    // regulariser at three lambdas chosen by single runs (seed 1; README): its
+    // regulariser at three lambdas chosen by single runs (seed 1; docs/results.md): its
     // last-layer raw value entropy from LLaMa's own level (2.28) through LIMe's (2.37) and beyond
     {"referee",
      "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 12 --lr 3e-3",
