@@ -757,19 +757,22 @@ static std::string report_entropy(std::ostringstream& md, const std::string& dir
     const std::vector<std::string> kinds = {"attended", "raw", "hidden"};
     std::string err;
     for (const std::string& tier : rep.tiers) {
+        std::vector<std::string> archs;  // the models this tier trained (a preset's tier may plan fewer)
+        for (const std::string& arch : rep.archs)
+            if (rep.ran(tier, arch)) archs.push_back(arch);
         md << "| " << rep.label(tier) << " | layer";
-        for (const std::string& arch : rep.archs) md << " | " << arch;
+        for (const std::string& arch : archs) md << " | " << arch;
         md << " |\n| --- | ---";
-        for (size_t i = 0; i < rep.archs.size(); i++) md << " | ---";
+        for (size_t i = 0; i < archs.size(); i++) md << " | ---";
         md << " |\n";
         for (const std::string& kind : kinds) {
             std::vector<Series> series;
-            for (const std::string& arch : rep.archs) series.push_back(Series{arch, {}, {}, {}, {}});
+            for (const std::string& arch : archs) series.push_back(Series{arch, {}, {}, {}, {}});
             for (int l = 0; l < layers; l++) {
                 md << "| " << kind << " | " << l;
-                for (size_t i = 0; i < rep.archs.size(); i++) {
+                for (size_t i = 0; i < archs.size(); i++) {
                     std::vector<double> v;
-                    for (const Run* r : rep.group(tier, rep.archs[i]).runs)
+                    for (const Run* r : rep.group(tier, archs[i]).runs)
                         if (std::isfinite(entropy_at(*r, kind, l))) v.push_back(entropy_at(*r, kind, l));
                     md << " | " << (v.empty() ? "n/a" : mean_std(v, false));
                     if (v.empty()) continue;
@@ -897,6 +900,7 @@ static void report_cost(std::ostringstream& md, const Report& rep) {
           "| peak memory (process RSS) |\n"
           "| --- | --- | --- | --- | --- | --- |\n";
     for (const RunGroup& g : rep.groups) {
+        if (g.runs.empty()) continue;  // a model this tier did not train
         std::vector<double> ms = g.values(&Run::ms_per_step), rss;
         for (double mb : g.values(&Run::max_rss_mb))  // a run read with --reuse was not measured here: 0
             if (mb > 0) rss.push_back(mb);
