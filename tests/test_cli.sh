@@ -123,6 +123,14 @@ expect "no value_entropy.png" [ -s "$tmp/analysis/value_entropy.png" ]
 expect "entropy.tsv does not have 6 rows (2 layers x 3 kinds)" \
     [ "$(grep -c -E '^(raw|routed|hidden)	' "$tmp/analysis/entropy.tsv" 2>/dev/null)" -eq 6 ]
 verdict "$(tail -3 "$tmp/analyze.out")"
+check analyze_resformer_entropy_of_the_mixed_values
+expect "train --arch resformer exits non-zero" \
+    $LIME train $TINY --arch resformer --steps 4 --out "$tmp/resformer" >"$tmp/resformer.out" 2>&1
+expect "analyze of resformer exits non-zero" \
+    $LIME analyze --load "$tmp/resformer/model.safetensors" --out "$tmp/resformer_an" >>"$tmp/resformer.out" 2>&1
+expect "entropy.tsv has not 2 routed rows (the mixture attention reads, one a layer)" \
+    [ "$(grep -c -E '^routed	[01]	' "$tmp/resformer_an/entropy.tsv" 2>/dev/null)" -eq 2 ]
+verdict "$(tail -3 "$tmp/resformer.out")"
 
 # compare's own help example: --train-args "--epochs N" replaces the preset's --steps
 check compare_train_args_epochs_replace_steps

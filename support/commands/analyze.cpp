@@ -240,7 +240,7 @@ static std::string analyze_entropy(Model* model, const Task& task, int n, double
     model_forward(model, batch.tokens.data(), nullptr, nullptr, B, c.T);
     std::vector<EntropyKind> kinds;
     if (values != "routed") kinds.push_back({"raw", PROBE_RAW_VALUES});
-    if (values != "raw" && c.arch == ARCH_LIME) kinds.push_back({"routed", PROBE_VALUES});
+    if (values != "raw" && mixes_values(c)) kinds.push_back({"routed", PROBE_VALUES});
     kinds.push_back({"hidden", PROBE_HIDDEN});
     std::vector<Series> series;
     std::string tsv = "kind\tlayer\tmean\tstd\talpha\n";  // alpha in every row: compare --reuse checks it
@@ -282,7 +282,7 @@ int cmd_analyze(int argc, char** argv) {
     std::vector<FlagSpec> flags = {
         {"load", "", "a checkpoint written by ./lime train"},
         {"alpha", "0.5", "order of the Renyi entropy (1: Shannon; 0.5: the authors' code)"},
-        {"values", "both", "lime: raw (W_V output), routed (what attention reads) or both; llama has raw only"},
+        {"values", "both", "lime, resformer: raw (W_V output), routed (the mixture attention reads) or both; others raw only"},
         {"n", "64", "test sequences the value entropy is averaged over"},
         {"out", "", "directory for the figures (default: the checkpoint's)"},
         {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
@@ -310,9 +310,9 @@ int cmd_analyze(int argc, char** argv) {
     Loaded ld;
     err = load_checkpoint(path, dev, model_settings(a), n, &ld, true);
     if (!err.empty()) die("analyze", err);
-    if (values == "routed" && ld.model.c.arch != ARCH_LIME)
+    if (values == "routed" && !mixes_values(ld.model.c))
         die("analyze", "--values routed: " + path + " is a " + model_name(ld.model.c) +
-                           " checkpoint, with no router; use --values raw (or a lime checkpoint)");
+                           " checkpoint, with no router; use --values raw (or a lime or resformer checkpoint)");
     if (!make_dir(out, &err)) die("analyze", err);
     warn_data_changed("analyze", ld);
     Model& model = ld.model;

@@ -395,7 +395,7 @@ static std::string read_log(Run* r, const std::string& task, bool* done) {
 
 // DIR/entropy.tsv, written by ./lime analyze: kind, layer, mean, std and the
 // Renyi order alpha of each row. "" when read, with every kind's every layer
-// once (routed for lime only). *stale when it is missing or holds another
+// once (routed for lime and resformer only). *stale when it is missing or holds another
 // analysis than this compare's (another --alpha, an older ./lime's four
 // columns): compare then analyses the run again.
 static std::string read_entropy(Run* r, double alpha, bool* stale) {
@@ -409,14 +409,14 @@ static std::string read_entropy(Run* r, double alpha, bool* stale) {
     Config model;
     model_parse(r->arch, &model);
     std::set<std::string> kinds = {"raw", "hidden"};
-    if (model.arch == ARCH_LIME) kinds.insert("routed");
+    if (mixes_values(model)) kinds.insert("routed");
     for (fc.line = 2; fc.err.empty() && std::getline(in, line); fc.line++) {
         std::istringstream row(line);
         std::string kind, extra;
         double layer = NAN, mean = NAN, sd = NAN, a = NAN;
         if (!(row >> kind >> layer >> mean >> sd >> a) || (row >> extra)) { fc.fail("not 5 columns"); break; }
         std::vector<double>& v = r->entropy[kind];
-        if (!kinds.count(kind)) fc.fail("kind '" + one_line(kind) + "' is not one of raw, routed (lime), hidden");
+        if (!kinds.count(kind)) fc.fail("kind '" + one_line(kind) + "' is not one of raw, routed (lime, resformer), hidden");
         else if (!(layer >= 0 && layer < r->layers && layer == std::floor(layer)))
             fc.fail(fmt("layer %g is not one of the model's layers", layer) + " (0 .. " +
                     std::to_string(r->layers - 1) + ")");
@@ -431,7 +431,8 @@ static std::string read_entropy(Run* r, double alpha, bool* stale) {
     if (!fc.err.empty() || *stale) return fc.err;
     for (const std::string& kind : kinds) {
         const std::vector<double>& v = r->entropy[kind];
-        if (v.size() != (size_t)r->layers || std::any_of(v.begin(), v.end(), [](double x) { return std::isnan(x); }))
+        if (v.empty() && kind == "routed") *stale = true;  // an older ./lime's analysis of ResFormer: analyse again
+        else if (v.size() != (size_t)r->layers || std::any_of(v.begin(), v.end(), [](double x) { return std::isnan(x); }))
             return one_line(fc.path) + ": the " + kind + " entropy of some of the " + std::to_string(r->layers) +
                    " layers is missing";
     }
@@ -741,7 +742,7 @@ static void report_paired(std::ostringstream& md, const Report& rep, std::string
 // Entropy per layer (./lime analyze of every run): per tier, kind and layer,
 // each model's mean ± std over seeds; a figure with bands (± std); and the
 // paired difference at the last layer. "attended" is what attention reads:
-// LLaMa's raw values, LIMe's routed ones (raw at layer 0, which has no router).
+// LLaMa's raw values, LIMe's routed ones and ResFormer's mixed ones (raw at layer 0).
 static double entropy_at(const Run& r, const std::string& kind, int layer) {
     std::string k = kind;
     if (kind == "attended") k = r.entropy.count("routed") ? "routed" : "raw";
@@ -1571,7 +1572,7 @@ int cmd_compare(int argc, char** argv) {
         say("compare: --reuse: " + std::to_string(reused) + " of " + std::to_string(runs.size()) +
             " runs already done in " + one_line(cs.dir) +
             (analysed_again ? "; " + std::to_string(analysed_again) + " analysed again (for --alpha " +
-                                  fmt("%g", cs.alpha) + ")" : std::string()) + "\n");
+                                  fmt("%g", cs.alpha) + ", or an older analysis)" : std::string()) + "\n");
     std::string plan;  // per tier: seeds x models
     for (const std::string& tier : cs.tiers)
         plan += (plan.empty() ? "" : ", ") + std::to_string(cs.tier_seeds.count(tier) ? cs.tier_seeds.at(tier) : cs.seeds) +

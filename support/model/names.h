@@ -29,6 +29,9 @@ std::string model_name(const Config& c);
 // sets arch, the router fields, hc's rate and dynamic and entropy_reg: "lime:last-2",
 // "hc:n2:static", "llama:ereg=0.1", "lime:frozen:ereg=0.5"
 bool model_parse(const std::string& s, Config* c);
+// Whether attention reads a mixture of values, not the layer's own (LIMe's routed,
+// ResFormer's value residual): analyze's and compare's "routed" entropy.
+inline bool mixes_values(const Config& c) { return c.arch == ARCH_LIME || c.arch == ARCH_RESFORMER; }
 
 // The flags that shape a model (--arch, --layers, --dim, ... --entropy-reg), train's and bench's
 // (support/model/names.cpp).
