@@ -1775,6 +1775,34 @@ TEST(fast_rmsnorm_equals_plain) {
             CHECK(runs[threads - 1][k] == runs[0][k], "rmsnorm_*_fast: %s differs between 1 and %d threads", names[k], threads);
 }
 
+// The peers' mixture (support/study/mixing.cuh): ./lime's fast versions give the
+// plain loops' bits, at any thread count, for n under and over a block and not
+// a multiple of the slices.
+TEST(fast_mix_same_bits_as_plain) {
+    for (int K : {2, 5})
+        for (size_t n : {(size_t)37, (size_t)5003, (size_t)70001}) {
+            std::vector<float> a = randv(K, 80 + K), first = randv(n, 81), rest = randv((K - 1) * n, 82);
+            std::vector<float> dy = randv(n, 83), y_p(n), part((size_t)CHUNKS * K);
+            std::vector<float> dfirst_p = randv(n, 84), drest_p = randv((K - 1) * n, 85), da_p(K, 0.5f);
+            mix_forward(y_p.data(), a.data(), first.data(), rest.data(), K, n);
+            mix_backward(dfirst_p.data(), drest_p.data(), da_p.data(), dy.data(), a.data(), first.data(),
+                         rest.data(), K, n, part.data());
+            int before = omp_get_max_threads();
+            for (int threads = 1; threads <= 3; threads++) {
+                omp_set_num_threads(threads);
+                std::vector<float> y_f(n, NAN), dfirst_f = randv(n, 84), drest_f = randv((K - 1) * n, 85), da_f(K, 0.5f);
+                mix_forward_fast(y_f.data(), a.data(), first.data(), rest.data(), K, n);
+                mix_backward_fast(dfirst_f.data(), drest_f.data(), da_f.data(), dy.data(), a.data(), first.data(),
+                                  rest.data(), K, n, part.data());
+                CHECK(y_f == y_p, "mix_forward_fast K=%d n=%zu, %d threads: y differs from the plain loop's", K, n, threads);
+                CHECK(dfirst_f == dfirst_p, "mix_backward_fast K=%d n=%zu, %d threads: dfirst differs", K, n, threads);
+                CHECK(drest_f == drest_p, "mix_backward_fast K=%d n=%zu, %d threads: drest differs", K, n, threads);
+                CHECK(da_f == da_p, "mix_backward_fast K=%d n=%zu, %d threads: da differs", K, n, threads);
+            }
+            omp_set_num_threads(before);
+        }
+}
+
 
 // ---------------------------------------------------------------------------
 // Shapes the GPU kernels cannot launch (launch_check) are refused by

@@ -1539,3 +1539,77 @@ void qkv_projection_backward_fast(float* da, float* dW, float* dq, const float* 
     kv_projection_backward_fast(da, dW + (size_t)qd * C, dK, a, W + (size_t)qd * C, N, C, R, hd);
     kv_projection_backward_fast(da, dW + (size_t)(qd + kvd) * C, dV, a, W + (size_t)(qd + kvd) * C, N, C, R, hd);
 }
+
+// ===========================================================================
+// The peers' learned mixture of whole arrays (support/study/mixing.cuh:
+// mix_forward, mix_backward), with the plain loops' bits
+// ===========================================================================
+//
+// The plain loops take the K terms innermost, an element at a time, and sum
+// each weight's gradient over a slice as one chain of adds: neither
+// vectorises, and the chain waits on each add. Here a block of MIX_BLOCK
+// elements takes the terms in turn (each element's sum in the same order),
+// and MIX_SIDE slices' chains run side by side, each still in element order,
+// so every result has the plain loops' bits.
+static const int MIX_CHUNKS = 64;     // the slices of the weights' gradient: lime.cu's CHUNKS
+static const int MIX_SIDE = 8;        // slices summed side by side (independent chains)
+static const size_t MIX_BLOCK = 2048;  // elements a term at a time: y's block and a term's stay in L1
+
+static inline const float* mix_term_fast(const float* first, const float* rest, int j, size_t n) {
+    return j == 0 ? first : rest + (size_t)(j - 1) * n;
+}
+
+void mix_forward_fast(float* y, const float* a, const float* first, const float* rest, int K, size_t n) {
+    size_t blocks = (n + MIX_BLOCK - 1) / MIX_BLOCK;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t from = b * MIX_BLOCK, m = std::min(n - from, MIX_BLOCK);
+        float* yb = y + from;
+        for (size_t e = 0; e < m; e++) yb[e] = 0.0f;  // s = 0, then s += a[j] * X_j[e] for j = 0 .. K-1
+        for (int j = 0; j < K; j++) {
+            const float* x = mix_term_fast(first, rest, j, n) + from;
+            float aj = a[j];
+#pragma omp simd
+            for (size_t e = 0; e < m; e++) yb[e] += aj * x[e];
+        }
+    }
+}
+
+void mix_backward_fast(float* dfirst, float* drest, float* da, const float* dy, const float* a, const float* first,
+                       const float* rest, int K, size_t n, float* part) {
+    // part[c][j] = sum over slice c of dy[e] * X_j[e], the elements in order
+#pragma omp parallel for schedule(static)
+    for (int c0 = 0; c0 < MIX_CHUNKS; c0 += MIX_SIDE)
+        for (int j = 0; j < K; j++) {
+            const float* x = mix_term_fast(first, rest, j, n);
+            size_t at[MIX_SIDE], len[MIX_SIDE], common = n;
+            float s[MIX_SIDE];
+            for (int g = 0; g < MIX_SIDE; g++) {
+                at[g] = n * (c0 + g) / MIX_CHUNKS;
+                len[g] = n * (c0 + g + 1) / MIX_CHUNKS - at[g];
+                common = std::min(common, len[g]);
+                s[g] = 0.0f;
+            }
+            for (size_t i = 0; i < common; i++)
+                for (int g = 0; g < MIX_SIDE; g++) s[g] += dy[at[g] + i] * x[at[g] + i];
+            for (int g = 0; g < MIX_SIDE; g++) {
+                for (size_t i = common; i < len[g]; i++) s[g] += dy[at[g] + i] * x[at[g] + i];
+                part[(size_t)(c0 + g) * K + j] = s[g];
+            }
+        }
+    // dX_j += a[j] * dy, element by element
+    size_t blocks = (n + MIX_BLOCK - 1) / MIX_BLOCK;
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (size_t b = 0; b < blocks; b++) {
+        size_t from = b * MIX_BLOCK, m = std::min(n - from, MIX_BLOCK);
+        for (int j = 0; j < K; j++) {
+            float* dx = (j == 0 ? dfirst : drest + (size_t)(j - 1) * n) + from;
+            const float* g = dy + from;
+            float aj = a[j];
+#pragma omp simd
+            for (size_t e = 0; e < m; e++) dx[e] += aj * g[e];
+        }
+    }
+    for (int c = 0; c < MIX_CHUNKS; c++)
+        for (int j = 0; j < K; j++) da[j] += part[(size_t)c * K + j];
+}

@@ -167,3 +167,8 @@ void hc_width_forward_fast(float* M, const float* X, const float* Aw, int N, int
 void hc_width_backward_fast(float* dX, float* dA, const float* dM, const float* X, const float* Aw, int N, int n, int d);
 void hc_depth_backward_fast(float* dy, float* db, float* dM, const float* dXout, const float* y, const float* bw, int N,
                             int n, int d);
+// = mix_forward, mix_backward (support/study/mixing.cuh, the peers' mixture of
+// whole arrays), with their bits; part: CHUNKS * K floats, as mix_backward's.
+void mix_forward_fast(float* y, const float* a, const float* first, const float* rest, int K, size_t n);
+void mix_backward_fast(float* dfirst, float* drest, float* da, const float* dy, const float* a, const float* first,
+                       const float* rest, int K, size_t n, float* part);

@@ -7,11 +7,13 @@
 // and, backward (the gradients laid out as the X_j):
 //   dX_j += a[j] * dy                 dfirst for j = 0, drest + (j-1) * n for j >= 1
 //   da[j] += sum_e dy[e] * X_j[e]     over CHUNKS fixed slices (GPU: MIX_ROWS), then in order
-// In the file: the plain loops, the kernels and their launchers, the dispatchers op_mix_*.
+// In the file: the plain loops, the kernels and their launchers, the dispatchers op_mix_*
+// (./lime's fast versions, with the same bits: support/model/cpu_fast.cpp).
 #pragma once
 #include <algorithm>
 #include <cstring>
 
+#include "support/model/cpu_fast.h"
 #include "support/model/device.cuh"
 #include "support/model/lime.h"
 
@@ -111,10 +113,12 @@ static inline size_t mix_scratch_floats(int K, size_t n) {
 
 static void op_mix_forward(Model* model, float* y, const float* a, const float* first, const float* rest, int K,
                            size_t n) {
-    DISPATCH(model, mix_forward_gpu(y, a, first, rest, K, n, stream_of(model)), mix_forward(y, a, first, rest, K, n));
+    DISPATCH(model, mix_forward_gpu(y, a, first, rest, K, n, stream_of(model)), mix_forward_fast(y, a, first, rest, K, n),
+             mix_forward(y, a, first, rest, K, n));
 }
 static void op_mix_backward(Model* model, float* dfirst, float* drest, float* da, const float* dy, const float* a,
                             const float* first, const float* rest, int K, size_t n, float* scratch) {
     DISPATCH(model, mix_backward_gpu(dfirst, drest, da, dy, a, first, rest, K, n, scratch, stream_of(model)),
+             mix_backward_fast(dfirst, drest, da, dy, a, first, rest, K, n, scratch),
              mix_backward(dfirst, drest, da, dy, a, first, rest, K, n, scratch));
 }
