@@ -353,3 +353,55 @@ TEST(hc_checkpoint_with_bad_tensors_refused) {
         CHECK(!contains(err, "\n"), "the error is more than one line: '%s'", err.c_str());
     }
 }
+
+// A file of model m's tensors under config c, `drop` left out and `reshape`
+// saved as (numel, 1) where it is a vector.
+static std::string write_peer_file(const Model& m, const Config& c, const std::string& path, const std::string& drop,
+                                   const std::string& reshape) {
+    StWriter w;
+    w.meta["config"] = config_to_json(c);
+    for (const TensorSpec& t : m.specs) {
+        if (t.name == drop) continue;
+        std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
+        if (t.name == reshape) shape = {(int64_t)t.numel, 1};
+        w.add(t.name, "F32", shape, m.params + t.offset, t.numel * sizeof(float));
+    }
+    return st_write(path, w);
+}
+
+// The peers' tensors (ResFormer's value_residual, DenseFormer's dwa) checked as
+// every other: a file missing one, holding one of a wrong shape, or holding
+// another architecture's tensors is refused with one line naming the tensor.
+TEST(peer_checkpoint_with_bad_tensors_refused) {
+    Config res = tiny_config(ARCH_RESFORMER, 2, 1), dense = tiny_config(ARCH_DENSEFORMER, 2, 1);
+    Config llama = tiny_config(ARCH_LLAMA, 2, 1);
+    Model mr, md, ml;
+    FreeOnReturn guard{&mr, &md, &ml};
+    CHECK(model_create(&mr, res, 2, DEVICE_CPU).empty(), "model_create resformer");
+    CHECK(model_create(&md, dense, 2, DEVICE_CPU).empty(), "model_create denseformer");
+    CHECK(model_create(&ml, llama, 2, DEVICE_CPU).empty(), "model_create llama");
+    model_init(&mr, 4), model_init(&md, 4), model_init(&ml, 4);
+    const std::string VR = "model.layers.1.self_attn.value_residual.weight";
+    struct { const Model* tensors; Config as; std::string drop, reshape, word; } cases[] = {
+        {&mr, res, VR, "", VR},  // missing
+        {&mr, res, "", VR, VR},  // of a wrong shape
+        {&md, dense, "model.layers.0.dwa.weight", "", "model.layers.0.dwa.weight"},
+        {&md, dense, "", "model.layers.1.dwa.weight", "model.layers.1.dwa.weight"},
+        {&ml, res, "", "", VR},     // llama's tensors, a resformer config
+        {&mr, llama, "", "", VR},   // resformer's, a llama config
+        {&md, res, "", "", "dwa.weight"},  // denseformer's, a resformer config
+    };
+    for (auto& k : cases) {
+        TmpFile f;
+        std::string err = write_peer_file(*k.tensors, k.as, f.path, k.drop, k.reshape);
+        CHECK(err.empty(), "st_write: %s", err.c_str());
+        Model m2;
+        CHECK(model_create(&m2, k.as, 2, DEVICE_CPU).empty(), "model_create");
+        err = model_load(&m2, f.path, false);
+        model_free(&m2);
+        CHECK(contains(err, k.word), "%s as %s (drop '%s', reshape '%s'): the error does not name %s: '%s'",
+              arch_name(k.tensors->c.arch), arch_name(k.as.arch), k.drop.c_str(), k.reshape.c_str(), k.word.c_str(),
+              err.c_str());
+        CHECK(!contains(err, "\n"), "the error is more than one line: '%s'", err.c_str());
+    }
+}

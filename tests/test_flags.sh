@@ -68,6 +68,10 @@ bad train_router_last_zero    "J must be 1 .. 4"   train $A --router last-0
 bad train_router_first_past_L "J must be 1 .. 2"   train $A --layers 2 --router first-3
 bad train_router_on_llama     "for --arch lime"    train $A --arch llama --router average
 bad train_router_kv_on_llama  "for --arch lime"    train $A --arch llama --router-kv separate
+bad train_router_on_resformer "resformer has no router" train $A --arch resformer --router last-2
+bad train_router_kv_on_denseformer "denseformer has no router" train $A --arch denseformer --router-kv separate
+bad train_router_heads_on_llama "--router-heads is for --arch lime" train $A --arch llama --router-heads same
+bad train_router_heads_average "--router average's weights are fixed" train $A --router average --router-heads same
 bad train_router_kv_bogus     "shared|separate"    train $A --router-kv both
 bad train_hc_rate_zero        "out of range"       train $A --arch hc --hc-rate 0
 bad train_hc_rate_negative    "out of range"       train $A --arch hc --hc-rate -2
@@ -157,6 +161,8 @@ bad compare_tiers_empty       "tiers is empty"     compare --preset tiny --tiers
 bad compare_archs_empty       "archs is empty"     compare --preset tiny --archs ""
 bad compare_seeds_empty       "not an integer"     compare --preset tiny --seeds ""
 bad compare_variant_past_L    "J must be 1 .. 2"   compare --preset tiny --archs llama,lime:last-3
+bad compare_resformer_variant "resformer takes no variant" compare --preset tiny --archs llama,resformer:same-head
+bad compare_denseformer_variant "denseformer takes no variant" compare --preset tiny --archs llama,denseformer:n2
 bad compare_variant_layers    "J must be 1 .. 1"   compare --preset tiny --archs llama,lime:first-2 --train-args "--layers 1"
 bad compare_steps_and_epochs  "one of them"        compare --preset tiny --train-args "--steps 5 --epochs 2"
 # --- export (a llama checkpoint only; --out relative: a refused export leaves no directory behind)

@@ -416,7 +416,8 @@ static std::string read_entropy(Run* r, double alpha, bool* stale) {
         double layer = NAN, mean = NAN, sd = NAN, a = NAN;
         if (!(row >> kind >> layer >> mean >> sd >> a) || (row >> extra)) { fc.fail("not 5 columns"); break; }
         std::vector<double>& v = r->entropy[kind];
-        if (!kinds.count(kind)) fc.fail("kind '" + one_line(kind) + "' is not one of raw, routed (lime, resformer), hidden");
+        if (!kinds.count(kind))
+            fc.fail("kind '" + one_line(kind) + "' is not one of raw, routed (lime, resformer), hidden");
         else if (!(layer >= 0 && layer < r->layers && layer == std::floor(layer)))
             fc.fail(fmt("layer %g is not one of the model's layers", layer) + " (0 .. " +
                     std::to_string(r->layers - 1) + ")");
@@ -432,7 +433,8 @@ static std::string read_entropy(Run* r, double alpha, bool* stale) {
     for (const std::string& kind : kinds) {
         const std::vector<double>& v = r->entropy[kind];
         if (v.empty() && kind == "routed") *stale = true;  // an older ./lime's analysis of ResFormer: analyse again
-        else if (v.size() != (size_t)r->layers || std::any_of(v.begin(), v.end(), [](double x) { return std::isnan(x); }))
+        else if (v.size() != (size_t)r->layers ||
+                 std::any_of(v.begin(), v.end(), [](double x) { return std::isnan(x); }))
             return one_line(fc.path) + ": the " + kind + " entropy of some of the " + std::to_string(r->layers) +
                    " layers is missing";
     }
@@ -1097,11 +1099,17 @@ static void check_archs(Args& a, const std::vector<std::string>& archs, int laye
             continue;
         }
         if (!model_parse(s, &c)) {
-            a.fail("--archs: '" + s + "' is not llama, lime, lime:VARIANT (static, average, last-J, first-J, "
-                   "separate, frozen; e.g. lime:last-2 or lime:frozen), hc or hc:VARIANT (nN streams, static; "
-                   "e.g. hc:n2 or hc:static), each with an optional :ereg=LAMBDA (the regulariser's lambda: a "
-                   "number > 0 that float32 keeps, at least 1.2e-38, e.g. llama:ereg=0.1; the plain model has no "
-                   ":ereg)");
+            size_t colon = s.find(':');
+            std::string base = s.substr(0, colon);
+            if (base == "resformer" || base == "denseformer")  // e.g. resformer:same-head
+                a.fail("--archs: '" + s + "': " + base + " takes no variant (" + s.substr(colon) +
+                       " is lime's or hc's), only :ereg=LAMBDA; write " + base);
+            else
+                a.fail("--archs: '" + s + "' is not llama, lime, lime:VARIANT (static, average, last-J, first-J, "
+                       "separate, frozen, same-head; e.g. lime:last-2 or lime:frozen), hc or hc:VARIANT (nN "
+                       "streams, static; e.g. hc:n2 or hc:static), resformer or denseformer, each with an optional "
+                       ":ereg=LAMBDA (the regulariser's lambda: a number > 0 that float32 keeps, at least 1.2e-38, "
+                       "e.g. llama:ereg=0.1; the plain model has no :ereg)");
             continue;
         }
         if (!seen.insert(model_name(c)).second)

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -288,6 +289,15 @@ std::string model_load(Model* model, const std::string& path, bool with_optim) {
                        "checkpoint or train again";
         return "";
     };
+    // a model tensor the config's architecture has not (a resformer's value_residual under a llama
+    // config, say): the file's tensors and its config disagree
+    std::set<std::string> names;
+    for (const TensorSpec& t : model->specs) names.insert(t.name);
+    for (const StTensor& t : st.tensors)
+        if (t.name.rfind("model.", 0) == 0 && !names.count(t.name))
+            return path + ": holds " + t.name + ", which a " + model_name(fc) +
+                   " has not: its tensors belong to another model than its config says; use a checkpoint that "
+                   "./lime train wrote";
     for (const TensorSpec& t : model->specs) {
         std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
         err = st_get_f32(st, t.name, shape, model->params + t.offset);
