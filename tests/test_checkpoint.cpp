@@ -252,15 +252,15 @@ Config hc_config(int n, bool dynamic) {
     return c;
 }
 // A file (no checksum, like the reference vectors) holding model m's tensors, but
-// `drop` left out and `reshape` saved with a wrong shape; "config" from `c`.
-std::string write_hc_file(const Model& m, const Config& c, const std::string& path, const std::string& drop,
-                          const std::string& reshape) {
+// `drop` left out and `reshape` saved with a wrong shape, (numel, 1); "config" from `c`.
+std::string write_model_file(const Model& m, const Config& c, const std::string& path, const std::string& drop,
+                             const std::string& reshape) {
     StWriter w;
     w.meta["config"] = config_to_json(c);
     for (const TensorSpec& t : m.specs) {
         if (t.name == drop) continue;
         std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
-        if (t.name == reshape) shape = {(int64_t)t.numel};
+        if (t.name == reshape) shape = {(int64_t)t.numel, 1};
         w.add(t.name, "F32", shape, m.params + t.offset, t.numel * sizeof(float));
     }
     return st_write(path, w);
@@ -342,7 +342,7 @@ TEST(hc_checkpoint_with_bad_tensors_refused) {
     };
     for (auto& k : cases) {
         TmpFile f;
-        std::string err = write_hc_file(*k.tensors, c, f.path, k.drop, k.reshape);
+        std::string err = write_model_file(*k.tensors, c, f.path, k.drop, k.reshape);
         CHECK(err.empty(), "st_write: %s", err.c_str());
         Model m2;
         CHECK(model_create(&m2, c, 2, DEVICE_CPU).empty(), "model_create");
@@ -352,21 +352,6 @@ TEST(hc_checkpoint_with_bad_tensors_refused) {
         CHECK(contains(err, "hc_rate"), "the error does not name hc_rate: '%s'", err.c_str());
         CHECK(!contains(err, "\n"), "the error is more than one line: '%s'", err.c_str());
     }
-}
-
-// A file of model m's tensors under config c, `drop` left out and `reshape`
-// saved as (numel, 1) where it is a vector.
-static std::string write_peer_file(const Model& m, const Config& c, const std::string& path, const std::string& drop,
-                                   const std::string& reshape) {
-    StWriter w;
-    w.meta["config"] = config_to_json(c);
-    for (const TensorSpec& t : m.specs) {
-        if (t.name == drop) continue;
-        std::vector<int64_t> shape(t.shape.begin(), t.shape.end());
-        if (t.name == reshape) shape = {(int64_t)t.numel, 1};
-        w.add(t.name, "F32", shape, m.params + t.offset, t.numel * sizeof(float));
-    }
-    return st_write(path, w);
 }
 
 // The peers' tensors (ResFormer's value_residual, DenseFormer's dwa) checked as
@@ -393,7 +378,7 @@ TEST(peer_checkpoint_with_bad_tensors_refused) {
     };
     for (auto& k : cases) {
         TmpFile f;
-        std::string err = write_peer_file(*k.tensors, k.as, f.path, k.drop, k.reshape);
+        std::string err = write_model_file(*k.tensors, k.as, f.path, k.drop, k.reshape);
         CHECK(err.empty(), "st_write: %s", err.c_str());
         Model m2;
         CHECK(model_create(&m2, k.as, 2, DEVICE_CPU).empty(), "model_create");

@@ -1555,7 +1555,9 @@ static const int MIX_CHUNKS = 64;     // the slices of the weights' gradient: li
 static const int MIX_SIDE = 8;        // slices summed side by side (independent chains)
 static const size_t MIX_BLOCK = 2048;  // elements a term at a time: y's block and a term's stay in L1
 
-static inline const float* mix_term_fast(const float* first, const float* rest, int j, size_t n) {
+// X_j: first for j = 0, else rest's (j-1)-th array of n floats (mixing.cuh's mix_term)
+template <class F>
+static inline F* mix_term_fast(F* first, F* rest, int j, size_t n) {
     return j == 0 ? first : rest + (size_t)(j - 1) * n;
 }
 
@@ -1603,7 +1605,7 @@ void mix_backward_fast(float* dfirst, float* drest, float* da, const float* dy, 
     for (size_t b = 0; b < blocks; b++) {
         size_t from = b * MIX_BLOCK, m = std::min(n - from, MIX_BLOCK);
         for (int j = 0; j < K; j++) {
-            float* dx = (j == 0 ? dfirst : drest + (size_t)(j - 1) * n) + from;
+            float* dx = mix_term_fast(dfirst, drest, j, n) + from;
             const float* g = dy + from;
             float aj = a[j];
 #pragma omp simd
