@@ -28,7 +28,7 @@
 #include "support/model/cpu_fast.h"      // defines: the fast CPU versions X_fast, exp_fast
 #include "support/model/device.cuh"      // defines: DISPATCH, cudaCheck, warp_sum, block_sum, GpuState, op_copy
 #include "support/model/memory_check.h"  // defines: memory_fix, launch_check (what a shape needs, refused early)
-#include "support/model/attention_gpu.cuh"    // defines: attention_forward_gpu, attention_backward_gpu (cuBLAS)
+#include "support/model/attention_gpu.cuh"    // defines: attention_forward_gpu, ..._backward_gpu, qkv_scatter_gpu
 #include "support/model/flash_attention.cuh"  // defines: flash_attention_forward_gpu, ..._backward_gpu (O(T) memory)
 #include "support/model/flash_attention_tc.cuh"  // defines: flash_attention_tc_forward_gpu (the same, tensor cores)
 // The study's other models and instruments: each adds its tensors,
@@ -549,7 +549,9 @@ static void op_embedding_backward(Model* model, float* dE, const float* dout, co
 // RMSNorm: y_i = x_i * rstd * g_i,  rstd = 1 / sqrt(mean_j x_j^2 + eps)
 // ===========================================================================
 
-static void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* g, int N, int d, float eps) {
+// copy (N, d), when not nullptr, gets inp as well: where the sublayer's output will be added (residual_start).
+static void rmsnorm_forward(float* out, float* rstd, float* copy, const float* inp, const float* g, int N, int d,
+                            float eps) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
         const float* x = inp + (size_t)n * d;
@@ -559,6 +561,7 @@ static void rmsnorm_forward(float* out, float* rstd, const float* inp, const flo
         for (int i = 0; i < d; i++) ss += x[i] * x[i];
         float r = 1.0f / sqrtf(ss / d + eps);
         for (int i = 0; i < d; i++) y[i] = x[i] * r * g[i];
+        if (copy) memcpy(copy + (size_t)n * d, x, d * sizeof(float));
         rstd[n] = r;
     }
 }
@@ -594,8 +597,8 @@ static void rmsnorm_backward(float* dinp, float* dg, const float* dout, const fl
 
 #ifdef LIME_GPU
 // One warp per row (position): lanes stride over the d columns, then a warp sum.
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* g, int N, int d,
-                                       float eps) {
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, float* copy, const float* inp, const float* g, int N,
+                                       int d, float eps) {
     int lane = threadIdx.x % 32, n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (n >= N) return;  // the whole warp leaves together
     const float* x = inp + (size_t)n * d;
@@ -604,25 +607,26 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp
     for (int i = lane; i < d; i += 32) ss += x[i] * x[i];
     float r = 1.0f / sqrtf(warp_sum(ss) / d + eps);
     for (int i = lane; i < d; i += 32) y[i] = x[i] * r * g[i];
+    if (copy) for (int i = lane; i < d; i += 32) copy[(size_t)n * d + i] = x[i];
     if (lane == 0) rstd[n] = r;
 }
-static void rmsnorm_forward_gpu(float* out, float* rstd, const float* inp, const float* g, int N, int d, float eps,
-                                cudaStream_t stream) {
+static void rmsnorm_forward_gpu(float* out, float* rstd, float* copy, const float* inp, const float* g, int N, int d,
+                                float eps, cudaStream_t stream) {
     const int warps = 4;  // rows per block
-    LAUNCH(rmsnorm_forward_kernel, ceil_div(N, warps), 32 * warps, 0, stream)(out, rstd, inp, g, N, d, eps);
+    LAUNCH(rmsnorm_forward_kernel, ceil_div(N, warps), 32 * warps, 0, stream)(out, rstd, copy, inp, g, N, d, eps);
     launchCheck();
 }
 
-// dx and dg's partial sums in one kernel, block = GAIN_ROWS rows (a chunk):
-// its warps take the rows' dx, one warp per row as the forward; then its
-// threads take d's columns, each summing dy * x * rstd over the chunk's rows in
-// order into partial[chunk]. Then dg in a second, fixed-order step: block (32
-// columns) adds the chunks, warp y of GAIN_WARPS summing chunks y, y +
-// GAIN_WARPS, ... in order, and a fixed tree over the warps adds their sums.
+// One kernel, block = GAIN_ROWS rows (a chunk): its warps take the rows' dx,
+// one warp per row as the forward; then its threads take d's columns, each
+// summing dy * x * rstd over the chunk's rows in order into partial[chunk].
+// The block that finishes last (a count in done, reset to 0 after) adds the
+// chunks into dg in a fixed order, 32 columns at a time: warp y of GAIN_WARPS
+// sums chunks y, y + GAIN_WARPS, ... in order, then a fixed tree over the warps.
 #define GAIN_ROWS 32
 #define GAIN_WARPS 8
-__global__ void rmsnorm_backward_kernel(float* dinp, float* partial, const float* dout, const float* inp,
-                                        const float* g, const float* rstd, int N, int d) {
+__global__ void rmsnorm_backward_kernel(float* dinp, float* dg, float* partial, unsigned* done, const float* dout,
+                                        const float* inp, const float* g, const float* rstd, int N, int d) {
     int lane = threadIdx.x % 32, warps = blockDim.x / 32, from = blockIdx.x * GAIN_ROWS, to = min(N, from + GAIN_ROWS);
     for (int n = from + threadIdx.x / 32; n < to; n += warps) {
         const float* x = inp + (size_t)n * d;
@@ -638,41 +642,44 @@ __global__ void rmsnorm_backward_kernel(float* dinp, float* partial, const float
         for (int n = from; n < to; n++) s += dout[(size_t)n * d + i] * inp[(size_t)n * d + i] * rstd[n];
         partial[(size_t)blockIdx.x * d + i] = s;
     }
-}
-__global__ void rmsnorm_gain_reduce_kernel(float* dg, const float* partial, int chunks, int d) {
+    if (!last_block_done(done)) return;
     __shared__ float sums[GAIN_WARPS][32];
-    int lane = threadIdx.x % 32, y = threadIdx.x / 32, i = blockIdx.x * 32 + lane;
-    float s = 0;
-    for (int c = y; c < chunks && i < d; c += GAIN_WARPS) s += partial[c * d + i];
-    sums[y][lane] = s;
-    for (int stride = GAIN_WARPS / 2; stride > 0; stride /= 2) {
-        __syncthreads();
-        if (y < stride) sums[y][lane] += sums[y + stride][lane];
+    int y = threadIdx.x / 32, chunks = gridDim.x;  // blockDim.x = 32 * GAIN_WARPS
+    for (int i = lane; i - lane < d; i += 32) {
+        float s = 0;
+        for (int c = y; c < chunks && i < d; c += GAIN_WARPS) s += partial[(size_t)c * d + i];
+        __syncthreads();  // the previous columns' tree is read
+        sums[y][lane] = s;
+        for (int stride = GAIN_WARPS / 2; stride > 0; stride /= 2) {
+            __syncthreads();
+            if (y < stride) sums[y][lane] += sums[y + stride][lane];
+        }
+        if (y == 0 && i < d) dg[i] += sums[0][lane];
     }
-    if (y == 0 && i < d) dg[i] += sums[0][lane];
 }
-// scratch: ceil(N / GAIN_ROWS) * d floats for the partial sums.
+// scratch: ceil(N / GAIN_ROWS) * d floats for the partial sums; done: 0, and 0 again after.
 static void rmsnorm_backward_gpu(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
-                                 const float* rstd, int N, int d, float* scratch, cudaStream_t stream) {
-    int chunks = (int)ceil_div(N, GAIN_ROWS);
-    LAUNCH(rmsnorm_backward_kernel, chunks, 256, 0, stream)(dinp, scratch, dout, inp, g, rstd, N, d);
-    launchCheck();
-    LAUNCH(rmsnorm_gain_reduce_kernel, ceil_div(d, 32), 32 * GAIN_WARPS, 0, stream)(dg, scratch, chunks, d);
+                                 const float* rstd, int N, int d, float* scratch, unsigned* done, cudaStream_t stream) {
+    LAUNCH(rmsnorm_backward_kernel, ceil_div(N, GAIN_ROWS), 32 * GAIN_WARPS, 0, stream)
+        (dinp, dg, scratch, done, dout, inp, g, rstd, N, d);
     launchCheck();
 }
 #endif
 
-static void op_rmsnorm_forward(Model* model, float* out, float* rstd, const float* inp, const float* g, int N) {
+static void op_rmsnorm_forward(Model* model, float* out, float* rstd, const float* inp, const float* g, int N,
+                               float* copy = nullptr) {
     int d = model->c.d;
     float eps = model->c.eps;
-    DISPATCH(model, rmsnorm_forward_gpu(out, rstd, inp, g, N, d, eps, stream_of(model)),
-             rmsnorm_forward_fast(out, rstd, inp, g, N, d, eps), rmsnorm_forward(out, rstd, inp, g, N, d, eps));
+    DISPATCH(model, rmsnorm_forward_gpu(out, rstd, copy, inp, g, N, d, eps, stream_of(model)),
+             rmsnorm_forward_fast(out, rstd, copy, inp, g, N, d, eps),
+             rmsnorm_forward(out, rstd, copy, inp, g, N, d, eps));
 }
 static void op_rmsnorm_backward(Model* model, float* dinp, float* dg, const float* dout, const float* inp,
                                 const float* g, const float* rstd, int N) {
     int d = model->c.d;
     float* scratch = pass_acts(model)->scratch;  // the gain's partial sums
-    DISPATCH(model, rmsnorm_backward_gpu(dinp, dg, dout, inp, g, rstd, N, d, scratch, stream_of(model)),
+    DISPATCH(model,
+             rmsnorm_backward_gpu(dinp, dg, dout, inp, g, rstd, N, d, scratch, model->gpu->done, stream_of(model)),
              rmsnorm_backward_fast(dinp, dg, dout, inp, g, rstd, N, d, scratch),
              rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, d, scratch));
 }
@@ -691,10 +698,10 @@ static void rope_tables(float* cos_t, float* sin_t, int T, int hd, float theta) 
         }
 }
 
-// out (B, T, nh, hd) = x rotated (out may be x); sign = +1 forward, -1 backward.
+// out (B, T, nh, hd) = x rotated (out may be x), or out += it (add); sign = +1 forward, -1 backward.
 // The rotation is orthogonal, so its backward is the rotation by -angle.
 static void rope_rotate(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T, int nh,
-                        int hd, float sign) {
+                        int hd, float sign, bool add = false) {
     int half = hd / 2;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
@@ -705,8 +712,9 @@ static void rope_rotate(float* out, const float* x, const float* cos_t, const fl
                 size_t row = (((size_t)b * T + t) * nh + h) * hd;
                 for (int i = 0; i < half; i++) {
                     float x0 = x[row + i], x1 = x[row + i + half], s = sign * sn[i];
-                    out[row + i] = x0 * cs[i] - x1 * s;
-                    out[row + i + half] = x1 * cs[i] + x0 * s;
+                    float y0 = x0 * cs[i] - x1 * s, y1 = x1 * cs[i] + x0 * s;
+                    out[row + i] = add ? out[row + i] + y0 : y0;
+                    out[row + i + half] = add ? out[row + i + half] + y1 : y1;
                 }
             }
         }
@@ -716,39 +724,40 @@ static void rope_forward(float* out, const float* x, const float* cos_t, const f
                          int hd) {
     rope_rotate(out, x, cos_t, sin_t, B, T, nh, hd, 1.0f);
 }
-// forward: y = Rot(t) x;  dx = Rot(t)^T dy = Rot(-t) dy, in place
-static void rope_backward(float* dx, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd) {
-    rope_rotate(dx, dx, cos_t, sin_t, B, T, nh, hd, -1.0f);
+// forward: y = Rot(t) x;  dx (+)= Rot(t)^T dy = Rot(-t) dy (dx may be dy)
+static void rope_backward(float* dx, const float* dy, const float* cos_t, const float* sin_t, int B, int T, int nh,
+                          int hd, bool add) {
+    rope_rotate(dx, dy, cos_t, sin_t, B, T, nh, hd, -1.0f, add);
 }
 
 #ifdef LIME_GPU
 // One thread per rotated pair (b, t, h, i < hd/2); cos_t, sin_t live on the device.
 __global__ void rope_rotate_kernel(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T,
-                                   int nh, int hd, float sign) {
+                                   int nh, int hd, float sign, int add) {
     int half = hd / 2, idx = blockIdx.x * blockDim.x + threadIdx.x;  // 32-bit: see launch_check
     if (idx >= B * T * nh * half) return;
     int i = idx % half, row = idx / half;  // row = (b * T + t) * nh + h
     int t = row / nh % T;
     float c = cos_t[t * half + i], s = sign * sin_t[t * half + i];
-    float x0 = x[row * hd + i], x1 = x[row * hd + i + half];
-    out[row * hd + i] = x0 * c - x1 * s;
-    out[row * hd + i + half] = x1 * c + x0 * s;
+    float x0 = x[row * hd + i], x1 = x[row * hd + i + half], y0 = x0 * c - x1 * s, y1 = x1 * c + x0 * s;
+    out[row * hd + i] = add ? out[row * hd + i] + y0 : y0;
+    out[row * hd + i + half] = add ? out[row * hd + i + half] + y1 : y1;
 }
 static void rope_forward_gpu(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T, int nh,
                              int hd, cudaStream_t stream) {
     LAUNCH(rope_rotate_kernel, ceil_div((size_t)B * T * nh * (hd / 2), 256), 256, 0, stream)
-        (out, x, cos_t, sin_t, B, T, nh, hd, 1.0f);
+        (out, x, cos_t, sin_t, B, T, nh, hd, 1.0f, 0);
     launchCheck();
 }
-static void rope_backward_gpu(float* dx, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
-                              cudaStream_t stream) {
+static void rope_backward_gpu(float* dx, const float* dy, const float* cos_t, const float* sin_t, int B, int T, int nh,
+                              int hd, bool add, cudaStream_t stream) {
     LAUNCH(rope_rotate_kernel, ceil_div((size_t)B * T * nh * (hd / 2), 256), 256, 0, stream)
-        (dx, dx, cos_t, sin_t, B, T, nh, hd, -1.0f);
+        (dx, dy, cos_t, sin_t, B, T, nh, hd, -1.0f, add);
     launchCheck();
 }
 #endif
 
-// out = rope(x) (out may be x), dx in place, (B, T, nh, hd), with the tables in the model's
+// out = rope(x) (out may be x), dx (+)= rope's backward of dy, (B, T, nh, hd), with the tables in the model's
 // activations. The fast version is rope_rotate_fast (support/model/cpu_fast.cpp): the same loop, vectorised.
 static void op_rope_forward(Model* model, float* out, const float* x, int B, int T, int nh) {
     const Acts* A = pass_acts(model);
@@ -757,63 +766,36 @@ static void op_rope_forward(Model* model, float* out, const float* x, int B, int
              rope_rotate_fast(out, x, A->rope_cos, A->rope_sin, B, T, nh, hd, 1.0f),
              rope_forward(out, x, A->rope_cos, A->rope_sin, B, T, nh, hd));
 }
-static void op_rope_backward(Model* model, float* dx, int B, int T, int nh) {
+static void op_rope_backward(Model* model, float* dx, const float* dy, int B, int T, int nh, bool add) {
     const Acts* A = pass_acts(model);
     int hd = model->c.hd;
-    DISPATCH(model, rope_backward_gpu(dx, A->rope_cos, A->rope_sin, B, T, nh, hd, stream_of(model)),
-             rope_rotate_fast(dx, dx, A->rope_cos, A->rope_sin, B, T, nh, hd, -1.0f),
-             rope_backward(dx, A->rope_cos, A->rope_sin, B, T, nh, hd));
+    DISPATCH(model, rope_backward_gpu(dx, dy, A->rope_cos, A->rope_sin, B, T, nh, hd, add, stream_of(model)),
+             rope_rotate_fast(dx, dy, A->rope_cos, A->rope_sin, B, T, nh, hd, -1.0f, add),
+             rope_backward(dx, dy, A->rope_cos, A->rope_sin, B, T, nh, hd, add));
 }
 
 // ---------------------------------------------------------------------------
 // The attention's inputs, from a = rmsnorm(x) (N, C), C = d:
 //   q    (B, T, H, hd) = rope(a @ Wq^T)
 //   K, V (R, B, T, hd) = the heads of a @ Wk^T and a @ Wv^T, into the KV buffer
+//   kr   (R, B, T, hd) = rope(K), when asked for (a layer that reads its own keys)
 // Wq, Wk, Wv lie one after another in the parameters (param_specs): W = [Wq; Wk; Wv]
 // ((H + 2R) hd, C). On the CPU they are the ops above, one by one; on the GPU one
 // product into token-major scratch qkv (N, (H + 2R) hd) and one kernel that
 // rotates q and scatters K and V (backward: one kernel that gathers, then one
 // product for dinp and one for dW), so that a layer's projections are a few
-// launches, not one per kv head.
+// launches, not one per kv head. That kernel, qkv_scatter_gpu, lives with the
+// attention's layouts (support/model/attention_gpu.cuh): for the matrix-product
+// attention it writes q (and reads dq) group-major, and it rotates the keys into kr.
 // ---------------------------------------------------------------------------
-#ifdef LIME_GPU
-// qkv (N, W) -> q (rotated), K, V (head-major): one thread per q pair (n, h, i < hd/2) or K/V element.
-// backward (gather): the inverse, dq rotated back; W = (H + 2R) hd.
-__global__ void qkv_scatter_kernel(float* q, float* K, float* V, float* qkv, const float* cos_t, const float* sin_t,
-                                   int N, int T, int H, int R, int hd, int gather) {
-    int half = hd / 2, qpairs = N * H * half, idx = blockIdx.x * blockDim.x + threadIdx.x, W = (H + 2 * R) * hd;
-    if (idx >= qpairs + 2 * N * R * hd) return;  // 32-bit: see launch_check
-    if (idx < qpairs) {  // q: rotated by position t = n % T (gather: by -t)
-        int i = idx % half, h = idx / half % H, n = idx / half / H, t = n % T;
-        float c = cos_t[t * half + i], s = (gather ? -1.0f : 1.0f) * sin_t[t * half + i];
-        float* x = gather ? q + ((size_t)n * H + h) * hd : qkv + (size_t)n * W + h * hd;
-        float* y = gather ? qkv + (size_t)n * W + h * hd : q + ((size_t)n * H + h) * hd;
-        float x0 = x[i], x1 = x[i + half];
-        y[i] = x0 * c - x1 * s;
-        y[i + half] = x1 * c + x0 * s;
-        return;
-    }
-    int e = idx - qpairs, kv = e / (N * R * hd), r = e / hd % R, n = e / hd / R % N, i = e % hd;
-    float* buf = (kv ? V : K) + ((size_t)r * N + n) * hd + i;
-    float* tok = qkv + (size_t)n * W + (H + kv * R + r) * hd + i;
-    if (gather) *tok = *buf;
-    else *buf = *tok;
-}
-static void qkv_scatter_gpu(float* q, float* K, float* V, float* qkv, const float* cos_t, const float* sin_t, int N,
-                            int T, int H, int R, int hd, bool gather, cudaStream_t stream) {
-    size_t threads = (size_t)N * H * (hd / 2) + 2 * (size_t)N * R * hd;
-    LAUNCH(qkv_scatter_kernel, ceil_div(threads, 256), 256, 0, stream)(q, K, V, qkv, cos_t, sin_t, N, T, H, R, hd,
-                                                                       gather);
-    launchCheck();
-}
-#endif
-static void qkv_projection_forward(float* q, float* K, float* V, const float* a, const float* W, const float* cos_t,
-                                   const float* sin_t, int B, int T, int C, int H, int R, int hd) {
+static void qkv_projection_forward(float* q, float* K, float* V, float* kr, const float* a, const float* W,
+                                   const float* cos_t, const float* sin_t, int B, int T, int C, int H, int R, int hd) {
     int N = B * T, qd = H * hd, kvd = R * hd;
     matmul_forward(q, a, W, N, C, qd, false);
     kv_projection_forward(K, a, W + (size_t)qd * C, N, C, R, hd);
     kv_projection_forward(V, a, W + (size_t)(qd + kvd) * C, N, C, R, hd);
     rope_forward(q, q, cos_t, sin_t, B, T, H, hd);
+    if (kr) rope_forward(kr, K, cos_t, sin_t, R * B, T, 1, hd);  // (R, B, T, hd): R*B sequences of one head
 }
 // forward: q = rope(a Wq^T), K and V the heads of a Wk^T and a Wv^T
 // dq = rope's backward of dq (in place); da (N, C) = dq @ Wq + dK @ Wk + dV @ Wv (written);
@@ -822,38 +804,41 @@ static void qkv_projection_backward(float* da, float* dW, float* dq, const float
                                     const float* W, const float* cos_t, const float* sin_t, int B, int T, int C, int H,
                                     int R, int hd) {
     int N = B * T, qd = H * hd, kvd = R * hd;
-    rope_backward(dq, cos_t, sin_t, B, T, H, hd);
+    rope_backward(dq, dq, cos_t, sin_t, B, T, H, hd, false);
     matmul_backward(da, dW, dq, a, W, N, C, qd, false);  // then K's and V's add
     kv_projection_backward(da, dW + (size_t)qd * C, dK, a, W + (size_t)qd * C, N, C, R, hd);
     kv_projection_backward(da, dW + (size_t)(qd + kvd) * C, dV, a, W + (size_t)(qd + kvd) * C, N, C, R, hd);
 }
 #ifdef LIME_GPU
-static void qkv_projection_forward_gpu(float* q, float* K, float* V, const float* a, const float* W,
+static void qkv_projection_forward_gpu(float* q, float* K, float* V, float* kr, const float* a, const float* W,
                                        const float* cos_t, const float* sin_t, int B, int T, int C, int H, int R,
-                                       int hd, float* qkv, cublasHandle_t blas, cudaStream_t stream) {
+                                       int hd, bool q_grouped, float* qkv, cublasHandle_t blas, cudaStream_t stream) {
     gemm_nt_gpu(qkv, a, W, B * T, (H + 2 * R) * hd, C, false, blas);
-    qkv_scatter_gpu(q, K, V, qkv, cos_t, sin_t, B * T, T, H, R, hd, false, stream);
+    qkv_scatter_gpu(q, K, V, kr, qkv, cos_t, sin_t, B * T, T, H, R, hd, q_grouped, false, stream);
 }
 static void qkv_projection_backward_gpu(float* da, float* dW, float* dq, const float* dK, const float* dV,
                                         const float* a, const float* W, const float* cos_t, const float* sin_t, int B,
-                                        int T, int C, int H, int R, int hd, float* qkv, cublasHandle_t blas,
-                                        cudaStream_t stream) {
-    qkv_scatter_gpu(dq, (float*)dK, (float*)dV, qkv, cos_t, sin_t, B * T, T, H, R, hd, true, stream);
+                                        int T, int C, int H, int R, int hd, bool q_grouped, float* qkv,
+                                        cublasHandle_t blas, cudaStream_t stream) {
+    qkv_scatter_gpu(dq, (float*)dK, (float*)dV, nullptr, qkv, cos_t, sin_t, B * T, T, H, R, hd, q_grouped, true,
+                    stream);
     gemm_nn_gpu(da, qkv, W, B * T, C, (H + 2 * R) * hd, false, blas);
     gemm_tn_gpu(dW, qkv, a, (H + 2 * R) * hd, C, B * T, blas);
 }
 #endif
 // The fast versions (qkv_projection_forward_fast, ..._backward_fast) are the same steps blocked.
-static void op_qkv_projection_forward(Model* model, float* q, float* K, float* V, const float* a, const float* W,
-                                      int B, int T) {
+// On the GPU, q and dq are group-major for the matrix-product attention (!A->flash).
+static void op_qkv_projection_forward(Model* model, float* q, float* K, float* V, float* kr, const float* a,
+                                      const float* W, int B, int T) {
     const Config& c = model->c;
     const Acts* A = pass_acts(model);
     DISPATCH(model,
-             qkv_projection_forward_gpu(q, K, V, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd, A->scratch,
-                                        blas_of(model), stream_of(model)),
-             qkv_projection_forward_fast(q, K, V, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
-                                         A->scratch),
-             qkv_projection_forward(q, K, V, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd));
+             qkv_projection_forward_gpu(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
+                                        !A->flash, A->scratch, blas_of(model), stream_of(model)),
+             (qkv_projection_forward_fast(q, K, V, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
+                                          A->scratch),
+              kr ? rope_rotate_fast(kr, K, A->rope_cos, A->rope_sin, c.R * B, T, 1, c.hd, 1.0f) : (void)0),
+             qkv_projection_forward(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd));
 }
 static void op_qkv_projection_backward(Model* model, float* da, float* dW, float* dq, const float* dK, const float* dV,
                                        const float* a, const float* W, int B, int T) {
@@ -861,7 +846,7 @@ static void op_qkv_projection_backward(Model* model, float* da, float* dW, float
     const Acts* A = pass_acts(model);
     DISPATCH(model,
              qkv_projection_backward_gpu(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
-                                         A->scratch, blas_of(model), stream_of(model)),
+                                         !A->flash, A->scratch, blas_of(model), stream_of(model)),
              qkv_projection_backward_fast(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R,
                                           c.hd),
              qkv_projection_backward(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd));
@@ -1183,6 +1168,9 @@ static bool tensor_cores(const Model* model) { return model->gpu->flash_tc && mo
 // holds each row's log-sum-exp), else the products around the stored softmax;
 // on the CPU the fast loops (support/model/cpu_fast.cpp) in ./lime, the plain
 // ones above in ./lime-ref. out: the forward's output (the flash backward's dout . out).
+// q and dq on the GPU: group-major for the products (op_qkv_projection_forward).
+// The backward writes dq and dk, and dv too or adds to it (add_dv: the CPU's
+// loops add, so the dispatcher clears for them what is to be written).
 static void op_attention_forward(Model* model, float* out, float* att, const float* q, const float* k, const float* v,
                                  int B, int T) {
     const Config& c = model->c;
@@ -1195,19 +1183,22 @@ static void op_attention_forward(Model* model, float* out, float* att, const flo
              attention_forward_fast(out, att, q, k, v, B, T, c.H, c.R, c.hd, A->scratch, A->threads),
              attention_forward(out, att, q, k, v, B, T, c.H, c.R, c.hd));
 }
-static void op_attention_backward(Model* model, float* dq, float* dk, float* dv, const float* dout, const float* out,
-                                  const float* q, const float* k, const float* v, const float* att, int B, int T) {
+static void op_attention_backward(Model* model, float* dq, float* dk, float* dv, bool add_dv, const float* dout,
+                                  const float* out, const float* q, const float* k, const float* v, const float* att,
+                                  int B, int T) {
     const Config& c = model->c;
     const Acts* A = pass_acts(model);
     (void)out;  // the GPU's flash kernels' alone
+    size_t kv_bytes = (size_t)B * T * c.R * c.hd * sizeof(float);
+    if (model->device != DEVICE_GPU) memset(dk, 0, kv_bytes), add_dv ? (void)0 : (void)memset(dv, 0, kv_bytes);
     DISPATCH(model,
-             !A->flash ? attention_backward_gpu(dq, dk, dv, A->datt, dout, q, k, v, att, B, T, c.H, c.R, c.hd,
+             !A->flash ? attention_backward_gpu(dq, dk, dv, A->datt, dout, q, k, v, att, B, T, c.H, c.R, c.hd, add_dv,
                                                 A->scratch, blas_of(model), stream_of(model))
              : tensor_cores(model)
-                 ? flash_attention_tc_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd,
+                 ? flash_attention_tc_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd, add_dv,
                                                    A->scratch, stream_of(model))
-                 : flash_attention_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch,
-                                                stream_of(model)),
+                 : flash_attention_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd, add_dv,
+                                                A->scratch, stream_of(model)),
              attention_backward_fast(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch, A->threads),
              attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd));
 }
@@ -1305,24 +1296,24 @@ static void crossentropy_backward(float* dlogits_probs, const int* targets, cons
 }
 
 #ifdef LIME_GPU
-// probs and nll of one row (position) per warp.
-__global__ void crossentropy_forward_kernel(float* probs, float* nll, const float* logits, const int* targets, int N,
-                                            int V) {
+// probs and nll of one row (position) per warp; then the block that finishes
+// last (last_block_done) takes the masked mean over the batch (double, a fixed
+// order) and 1 / sum(mask) for the backward. blockDim.x = 256.
+__global__ void crossentropy_forward_kernel(float* probs, float* nll, Metrics* metrics, unsigned* done,
+                                            const float* logits, const int* targets, const float* mask, int N, int V) {
     int lane = threadIdx.x % 32, n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (n >= N) return;
-    const float* z = logits + (size_t)n * V;
-    float* p = probs + (size_t)n * V;
-    float maxz = -INFINITY, sum = 0;
-    for (int i = lane; i < V; i += 32) maxz = fmaxf(maxz, z[i]);
-    maxz = warp_max(maxz);
-    for (int i = lane; i < V; i += 32) { p[i] = expf(z[i] - maxz); sum += p[i]; }
-    sum = warp_sum(sum);
-    for (int i = lane; i < V; i += 32) p[i] = p[i] / sum;
-    if (lane == 0) nll[n] = logf(sum) + maxz - z[targets[n]];
-}
-// The masked mean over the batch, in one block (double, a fixed order), and
-// 1 / sum(mask) for the backward.
-__global__ void crossentropy_loss_kernel(Metrics* metrics, const float* nll, const float* mask, int N) {
+    if (n < N) {  // (the whole warp)
+        const float* z = logits + (size_t)n * V;
+        float* p = probs + (size_t)n * V;
+        float maxz = -INFINITY, sum = 0;
+        for (int i = lane; i < V; i += 32) maxz = fmaxf(maxz, z[i]);
+        maxz = warp_max(maxz);
+        for (int i = lane; i < V; i += 32) { p[i] = expf(z[i] - maxz); sum += p[i]; }
+        sum = warp_sum(sum);
+        for (int i = lane; i < V; i += 32) p[i] = p[i] / sum;
+        if (lane == 0) nll[n] = logf(sum) + maxz - z[targets[n]];
+    }
+    if (!last_block_done(done)) return;
     __shared__ double part[256];
     double total = 0, count = 0;
     for (int n = threadIdx.x; n < N; n += blockDim.x) {
@@ -1336,12 +1327,12 @@ __global__ void crossentropy_loss_kernel(Metrics* metrics, const float* nll, con
         metrics->inv_count = count > 0 ? (float)(1.0 / count) : 0.0f;
     }
 }
-// The loss stays on the device, in metrics->loss.
+// The loss stays on the device, in metrics->loss. done: 0, and 0 again after.
 static void crossentropy_forward_gpu(float* probs, float* nll, const float* logits, const int* targets,
-                                     const float* mask, int N, int V, Metrics* metrics, cudaStream_t stream) {
-    LAUNCH(crossentropy_forward_kernel, ceil_div(N, 4), 128, 0, stream)(probs, nll, logits, targets, N, V);
-    launchCheck();
-    LAUNCH(crossentropy_loss_kernel, 1, 256, 0, stream)(metrics, nll, mask, N);
+                                     const float* mask, int N, int V, Metrics* metrics, unsigned* done,
+                                     cudaStream_t stream) {
+    LAUNCH(crossentropy_forward_kernel, ceil_div(N, 8), 256, 0, stream)
+        (probs, nll, metrics, done, logits, targets, mask, N, V);
     launchCheck();
 }
 
@@ -1370,7 +1361,8 @@ static void op_crossentropy_forward(Model* model, float* probs, float* nll, cons
                                     const float* mask, int N) {
     int V = model->c.V;
     DISPATCH(model,
-             crossentropy_forward_gpu(probs, nll, logits, targets, mask, N, V, model->gpu->metrics, stream_of(model)),
+             crossentropy_forward_gpu(probs, nll, logits, targets, mask, N, V, model->gpu->metrics, model->gpu->done,
+                                      stream_of(model)),
              model->last_loss = crossentropy_forward(probs, nll, logits, targets, mask, N, V));
 }
 static void op_crossentropy_backward(Model* model, float* dlogits_probs, const int* targets, const float* mask, int N) {
@@ -1455,25 +1447,24 @@ LAB_SWAPPABLE float clip_scale(float norm, float grad_clip) {
 }
 
 // Global norm on the GPU in two fixed-order steps: `blocks` blocks (a number
-// that depends on n alone) each sum a strided share of g^2 in double, then one
-// block adds the partial sums and sets the clip scale.
+// that depends on n alone) each sum a strided share of g^2 in double, then the
+// block that finishes last (last_block_done) adds the partial sums and sets the clip scale.
 #define NORM_THREADS 256
 static int grad_norm_blocks(size_t n) {
     return (int)std::min<size_t>(1024, (n + NORM_THREADS * 16 - 1) / (NORM_THREADS * 16));
 }
 #ifdef LIME_GPU
-__global__ void grad_sumsq_kernel(double* partial, const float* g, size_t n) {
+__global__ void grad_norm_kernel(Metrics* metrics, double* partial, unsigned* done, const float* g, size_t n,
+                                 const AdamWNumbers* nums) {
     __shared__ double part[NORM_THREADS];
     double s = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         s += (double)g[i] * g[i];
     s = block_sum(s, part);
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
-}
-__global__ void grad_norm_kernel(Metrics* metrics, const double* partial, int blocks, const AdamWNumbers* nums) {
-    __shared__ double part[NORM_THREADS];
-    double s = 0;
-    for (int b = threadIdx.x; b < blocks; b += blockDim.x) s += partial[b];
+    if (!last_block_done(done)) return;
+    s = 0;
+    for (int b = threadIdx.x; b < (int)gridDim.x; b += blockDim.x) s += partial[b];
     s = block_sum(s, part);
     if (threadIdx.x == 0) {
         float norm = (float)sqrt(s), clip = nums->grad_clip;
@@ -1481,13 +1472,10 @@ __global__ void grad_norm_kernel(Metrics* metrics, const double* partial, int bl
         metrics->clip_scale = clip > 0 ? fminf(1.0f, clip / (norm + 1e-6f)) : 1.0f;
     }
 }
-// partial: grad_norm_blocks(n) doubles.
-static void grad_norm_gpu(Metrics* metrics, double* partial, const float* g, size_t n, const AdamWNumbers* nums,
-                          cudaStream_t stream) {
-    int blocks = grad_norm_blocks(n);
-    LAUNCH(grad_sumsq_kernel, blocks, NORM_THREADS, 0, stream)(partial, g, n);
-    launchCheck();
-    LAUNCH(grad_norm_kernel, 1, NORM_THREADS, 0, stream)(metrics, partial, blocks, nums);
+// partial: grad_norm_blocks(n) doubles; done: 0, and 0 again after.
+static void grad_norm_gpu(Metrics* metrics, double* partial, unsigned* done, const float* g, size_t n,
+                          const AdamWNumbers* nums, cudaStream_t stream) {
+    LAUNCH(grad_norm_kernel, grad_norm_blocks(n), NORM_THREADS, 0, stream)(metrics, partial, done, g, n, nums);
     launchCheck();
 }
 
@@ -1536,8 +1524,8 @@ static void adamw_update(float* params, const std::vector<AdamWRun>& runs, size_
 static void op_grad_norm(Model* model) {
     size_t n = model->n_params;
     DISPATCH(model,
-             grad_norm_gpu(model->gpu->metrics, model->gpu->norm_partial, model->gpu->mem + n, n, model->gpu->numbers,
-                           stream_of(model)),
+             grad_norm_gpu(model->gpu->metrics, model->gpu->norm_partial, model->gpu->done, model->gpu->mem + n, n,
+                           model->gpu->numbers, stream_of(model)),
              model->last_norm = (float)std::sqrt(grad_sumsq(model->grads, n)));
 }
 // AdamW on every tensor with model->numbers; the GPU reads their device copy
@@ -1578,9 +1566,16 @@ static void sublayer_input_backward(Model* model, int s, float* dx, float* dg, c
     }
     op_rmsnorm_backward(model, dx, dg, A->dnorm, x, g, rstd, N);
 }
+// Where sublayer s's output is added (B, T, d): the stream's next array, into
+// which the sublayer's norm copies x as it reads it (op_rmsnorm_forward's copy).
+// DenseFormer: the block's output, then the average; HC writes its n streams itself.
+static float* residual_start(Model* model, int s, float* xout, int B, int T) {
+    if (model->c.arch == ARCH_HC) return nullptr;
+    bool dense = model->c.arch == ARCH_DENSEFORMER && s % 2 == 1;
+    return dense ? dense_block_output(pass_acts(model)->dense, model->c, s / 2, B, T) : xout;
+}
 // The sublayer's output joins the stream: xout = x + inp (B*T, C) @ W^T.
-static void residual_forward(Model* model, int s, float* xout, const float* x, const float* inp, const float* W, int C,
-                             int B, int T) {
+static void residual_forward(Model* model, int s, float* xout, const float* inp, const float* W, int C, int B, int T) {
     int N = B * T, d = model->c.d;
     if (model->c.arch == ARCH_HC) {  // y = inp @ W^T, then the depth connection writes the n streams
         HcSublayer h = hc_sublayer(pass_acts(model)->hc, model->c, s, B, T);
@@ -1588,11 +1583,10 @@ static void residual_forward(Model* model, int s, float* xout, const float* x, c
         return hc_residual_forward(model, xout, h, N);
     }
     Acts* A = pass_acts(model);
-    bool dense = model->c.arch == ARCH_DENSEFORMER && s % 2 == 1;  // DenseFormer: the block's output, then the average
-    float* out = dense ? dense_block_output(A->dense, model->c, s / 2, B, T) : xout;
-    op_copy(model, out, x, (size_t)N * d);
+    float* out = residual_start(model, s, xout, B, T);  // x, copied there by the norm
     op_matmul_forward(model, out, inp, W, N, C, d, true);
-    if (dense) dense_average_forward(model, xout, A->dense, s / 2, A->x, pass_params(model).layer[s / 2].dwa, B, T);
+    if (out != xout)  // DenseFormer's average
+        dense_average_forward(model, xout, A->dense, s / 2, A->x, pass_params(model).layer[s / 2].dwa, B, T);
 }
 // forward: xout = x + y, y = inp @ W^T: returns dy from dxout (the same array:
 // the stream's gradient passes through the add unchanged, as dx).
@@ -1656,24 +1650,27 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         const LayerParams& w = P.layer[l];
         LayerActs la = layer_acts(A, c, l, B, T);
         // attention block: xa = x + attention(rmsnorm(x)) @ Wo^T
-        op_rmsnorm_forward(model, la.attn_in, la.rstd_a, sublayer_input(model, 2 * l, la.x, B, T), w.g_attn, N);
-        op_qkv_projection_forward(model, la.q, la.K, la.V, la.attn_in, w.Wq, B, T);  // q (roped); K, V into the buffer
+        op_rmsnorm_forward(model, la.attn_in, la.rstd_a, sublayer_input(model, 2 * l, la.x, B, T), w.g_attn, N,
+                           residual_start(model, 2 * l, la.xa, B, T));  // and x into xa
+        bool routed = has_router(c, l);  // LLaMa, and LIMe's layer 0: own keys and values, kr = rope(K)
+        op_qkv_projection_forward(model, la.q, la.K, la.V, routed ? nullptr : la.kr, la.attn_in, w.Wq, B, T);
         if (model->ereg_on) ereg_layer_forward(model, A->ereg, l, la.V, A->batch.valid, B, T, A->scratch);  // S2 of V
-        const float *kr = la.K, *vr = la.V;  // LLaMa, and LIMe's layer 0: own keys and values
-        if (has_router(c, l)) {  // LIMe: mix the buffer of layers 0..l
+        const float* vr = la.V;
+        if (routed) {  // LIMe: mix the buffer of layers 0..l, then rope the mixed keys
             op_router_forward(model, {la.kr, la.vr}, {w.router, w.values_router()}, {A->Kbuf, A->Vbuf}, l, N);
-            kr = la.kr, vr = la.vr;
+            op_rope_forward(model, la.kr, la.kr, c.R * B, T, 1);  // (R, B, T, hd): R*B sequences of one head
+            vr = la.vr;
         }
         if (has_value_residual(c, l))  // ResFormer: vr = lam[0] V[l] + lam[1] V[0]
             value_residual_forward(model, la.vr, la.V, A->Vbuf, w.value_residual, N), vr = la.vr;
-        op_rope_forward(model, la.kr, kr, c.R * B, T, 1);  // (R, B, T, hd): R*B sequences of one head
         op_attention_forward(model, la.o, la.att, la.q, la.kr, vr, B, T);
-        residual_forward(model, 2 * l, la.xa, la.x, la.o, w.Wo, qd, B, T);  // xa = x + o @ Wo^T
+        residual_forward(model, 2 * l, la.xa, la.o, w.Wo, qd, B, T);  // xa = x + o @ Wo^T
         // MLP block: x[l+1] = xa + swiglu(rmsnorm(xa)) @ Wd^T
-        op_rmsnorm_forward(model, la.mlp_in, la.rstd_m, sublayer_input(model, 2 * l + 1, la.xa, B, T), w.g_mlp, N);
+        op_rmsnorm_forward(model, la.mlp_in, la.rstd_m, sublayer_input(model, 2 * l + 1, la.xa, B, T), w.g_mlp, N,
+                           residual_start(model, 2 * l + 1, la.xnext, B, T));  // and xa into x[l+1]
         op_gate_up_forward(model, la.gate, la.up, la.mlp_in, w.Wg, N);  // mlp_in @ Wg^T, mlp_in @ Wu^T
         op_swiglu_forward(model, la.h, la.gate, la.up, (size_t)N * c.F);
-        residual_forward(model, 2 * l + 1, la.xnext, la.xa, la.h, w.Wd, c.F, B, T);  // x[l+1] = xa + h @ Wd^T
+        residual_forward(model, 2 * l + 1, la.xnext, la.h, w.Wd, c.F, B, T);  // x[l+1] = xa + h @ Wd^T
     }
     float* xL = layer_acts(A, c, c.L, B, T).x;
     if (c.arch == ARCH_HC) op_hc_sum(model, A->hc.x, xL, N), xL = A->hc.x;  // HC: the streams' sum
@@ -1691,8 +1688,7 @@ static void backward_pass(Model* model, int B, int T) {
     int N = B * T, d = c.d, qd = c.H * c.hd, kvd = c.R * c.hd;
     size_t kv_layer = (size_t)N * kvd;
     op_zero(model, pass_grads_base(model), model->n_params);
-    op_zero(model, A->dKbuf, c.L * kv_layer);
-    op_zero(model, A->dVbuf, c.L * kv_layer);
+    op_zero(model, A->dKbuf, A->dVbuf - A->dKbuf + c.L * kv_layer);  // and dVbuf, right after it (acts_carve)
     // loss -> logits -> final norm
     float* dlogits = A->probs;
     op_crossentropy_backward(model, dlogits, A->batch.targets, A->batch.mask, N);
@@ -1717,17 +1713,15 @@ static void backward_pass(Model* model, int B, int T) {
         dy = residual_backward(model, 2 * l, A->dx, B, T);  // the gradient of o @ Wo^T
         op_matmul_backward(model, A->dout, gw.Wo, dy, la.o, w.Wo, N, qd, d, false);
         bool routed = has_router(c, l), mixed = routed || has_value_residual(c, l);  // the values: a mixture (vr)
-        float* dvr = mixed ? A->dvr : dV;  // else attention's values are the buffer itself
-        op_zero(model, A->dkr, kv_layer);
-        if (mixed) op_zero(model, A->dvr, kv_layer);
-        op_attention_backward(model, A->dq, A->dkr, dvr, A->dout, la.o, la.q, la.kr, mixed ? la.vr : la.V, la.att, B,
-                              T);
-        op_rope_backward(model, A->dkr, c.R * B, T, 1);
+        float* dvr = mixed ? A->dvr : dV;  // else attention's values are the buffer itself: added into
+        op_attention_backward(model, A->dq, A->dkr, dvr, !mixed, A->dout, la.o, la.q, la.kr, mixed ? la.vr : la.V,
+                              la.att, B, T);
         if (routed) {  // forward: Kr, Vr = W @ Kbuf, W @ Vbuf (Eq. 2): into layers 0..l's keys and values
+            op_rope_backward(model, A->dkr, A->dkr, c.R * B, T, 1, false);
             op_router_backward(model, {gw.router, gw.values_router()}, {A->dKbuf, A->dVbuf}, {A->dkr, A->dvr},
                                {w.router, w.values_router()}, {A->Kbuf, A->Vbuf}, l, N);
-        } else {
-            op_add(model, dK, A->dkr, kv_layer);
+        } else {  // forward: kr = rope(K[l])
+            op_rope_backward(model, dK, A->dkr, c.R * B, T, 1, true);
         }
         if (has_value_residual(c, l))  // ResFormer: forward vr = lam[0] V[l] + lam[1] V[0]
             value_residual_backward(model, dV, A->dVbuf, gw.value_residual, A->dvr, la.V, A->Vbuf, w.value_residual, N,

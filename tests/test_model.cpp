@@ -118,7 +118,7 @@ TEST(rmsnorm_backward_matches_finite_differences) {
     int N = 6, d = 10;
     std::vector<float> x = randv(N * d, 6), g = randv(d, 7), w = randv(N * d, 8), out(N * d), rstd(N);
     std::vector<float> dx(N * d, 0), dg(d, 0), part((size_t)CHUNKS * d, NAN);  // rmsnorm_backward zeroes its scratch
-    auto loss = [&]() { rmsnorm_forward(out.data(), rstd.data(), x.data(), g.data(), N, d, 1e-6f); return dot(out, w); };
+    auto loss = [&]() { rmsnorm_forward(out.data(), rstd.data(), nullptr, x.data(), g.data(), N, d, 1e-6f); return dot(out, w); };
     loss();
     rmsnorm_backward(dx.data(), dg.data(), w.data(), x.data(), g.data(), rstd.data(), N, d, part.data());
     double e1 = fd_error(x, dx, loss), e2 = fd_error(g, dg, loss);
@@ -133,7 +133,7 @@ TEST(rope_backward_matches_finite_differences) {
     std::vector<float> x = randv(B * T * nh * hd, 9), w = randv(x.size(), 10), y;
     auto loss = [&]() { y = x; rope_forward(y.data(), y.data(), cs.data(), sn.data(), B, T, nh, hd); return dot(y, w); };
     std::vector<float> dx = w;
-    rope_backward(dx.data(), cs.data(), sn.data(), B, T, nh, hd);
+    rope_backward(dx.data(), dx.data(), cs.data(), sn.data(), B, T, nh, hd, false);
     double e = fd_error(x, dx, loss);
     CHECK(e < FD_TOL, "rope dx: rel err %.2e", e);
 }
@@ -1452,7 +1452,7 @@ TEST(fast_rope_equals_plain_bits) {
         for (float sign : {1.0f, -1.0f}) {
             std::vector<float> plain = randv(B * T * nh * hd, 12), fast = plain;
             if (sign > 0) rope_forward(plain.data(), plain.data(), cs.data(), sn.data(), B, T, nh, hd);
-            else rope_backward(plain.data(), cs.data(), sn.data(), B, T, nh, hd);
+            else rope_backward(plain.data(), plain.data(), cs.data(), sn.data(), B, T, nh, hd, false);
             rope_rotate_fast(fast.data(), fast.data(), cs.data(), sn.data(), B, T, nh, hd, sign);
             size_t bad = 0;
             while (bad < plain.size() && plain[bad] == fast[bad]) bad++;
@@ -1746,8 +1746,8 @@ TEST(fast_rmsnorm_equals_plain) {
         std::vector<float> y_p((size_t)N * d), y_f(y_p.size()), r_p(N), r_f(N), part((size_t)CHUNKS * d, NAN);
         std::vector<float> dx_p = randv((size_t)N * d, 93), dx_f = dx_p, dg_p(d, 0.5f), dg_f = dg_p;
         const float *xp = x.data(), *gp = g.data(), *dyp = dy.data();
-        rmsnorm_forward(y_p.data(), r_p.data(), xp, gp, N, d, 1e-6f);
-        rmsnorm_forward_fast(y_f.data(), r_f.data(), xp, gp, N, d, 1e-6f);
+        rmsnorm_forward(y_p.data(), r_p.data(), nullptr, xp, gp, N, d, 1e-6f);
+        rmsnorm_forward_fast(y_f.data(), r_f.data(), nullptr, xp, gp, N, d, 1e-6f);
         rmsnorm_backward(dx_p.data(), dg_p.data(), dyp, xp, gp, r_p.data(), N, d, part.data());
         rmsnorm_backward_fast(dx_f.data(), dg_f.data(), dyp, xp, gp, r_p.data(), N, d, part.data());
         double e0 = rel_err(y_f.data(), y_p.data(), y_p.size()), e1 = rel_err(r_f.data(), r_p.data(), N);
@@ -1765,7 +1765,7 @@ TEST(fast_rmsnorm_equals_plain) {
         std::vector<float> y((size_t)N * d), r(N), dx((size_t)N * d, 0.5f), dg(d, 0.25f);
         std::vector<float> part((size_t)CHUNKS * d);
         const float *xp = x.data(), *gp = g.data(), *dyp = dy.data();
-        rmsnorm_forward_fast(y.data(), r.data(), xp, gp, N, d, 1e-6f);
+        rmsnorm_forward_fast(y.data(), r.data(), nullptr, xp, gp, N, d, 1e-6f);
         rmsnorm_backward_fast(dx.data(), dg.data(), dyp, xp, gp, r.data(), N, d, part.data());
         runs.push_back({y, r, dx, dg});
     }

@@ -3,23 +3,27 @@
 // scores and the values' mixture are cuBLAS products, the causal softmax and
 // its backward one warp per row. The (B, H, T, T) probabilities are kept for
 // the backward (the flash-style kernels of support/model/flash_attention.cuh
-// keep one number per row instead). Read lime.cu's attention section first:
-// the math, the plain loops and the dispatchers are there.
+// keep one number per row instead). Here too: the kernel that scatters the
+// q/k/v product into the layouts the attention reads (qkv_scatter_gpu). Read
+// lime.cu's attention section first: the math, the plain loops and the dispatchers are there.
 #pragma once
 #include "support/model/device.cuh"
 
 #ifdef LIME_GPU
 // The products want each (kv head, sequence) group's positions contiguous.
 // The keys and values are (rows of the KV buffer, (R, B, T, hd)); the queries
-// are copied group-major, (B, T, H, hd) -> (R, B, n_rep, T, hd): the n_rep
-// query heads of kv head r, sequence b, are one (M, hd) matrix, M = n_rep*T,
-// group g = r*B + b, at g*M*hd, as that group's keys are at g*T*hd. So each
-// product is ONE strided-batched call over all R*B groups:
+// are group-major, (R, B, n_rep, T, hd), as the K/V scatter writes them for
+// this path (qkv_scatter_gpu): the n_rep query heads of kv head r, sequence b,
+// are one (M, hd) matrix, M = n_rep*T, group g = r*B + b, at g*M*hd, as that
+// group's keys are at g*T*hd. So each product is ONE strided-batched call
+// over all R*B groups:
 //   scores_g (M, T) = q_g @ k_g^T * scale    -> att_g, then the causal softmax in place
 //   out_g    (M, hd) = att_g @ v_g
-// att (R, B, n_rep, T, T) keeps the probabilities group-major too (the GPU's
-// own layout: the CPU's is (B, H, T, T)); a row is (g, j, t), t = row % T.
-// The scores above the diagonal (u > t) are computed and then set to 0.
+// and out is copied back token-major, (B, T, H, hd), for the out-projection
+// (backward: its gradient dout to group-major). att (R, B, n_rep, T, T) keeps
+// the probabilities group-major too (the GPU's own layout: the CPU's is
+// (B, H, T, T)); a row is (g, j, t), t = row % T. The scores above the
+// diagonal (u > t) are computed and then set to 0.
 __global__ void group_heads_kernel(float* dst, const float* src, int B, int T, int H, int R, int hd) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over dst (R, B, n_rep, T, hd); 32-bit: see launch_check
     if (idx >= B * T * H * hd) return;
@@ -39,6 +43,47 @@ static void group_heads_gpu(float* dst, const float* src, int B, int T, int H, i
 }
 static void ungroup_heads_gpu(float* dst, const float* src, int B, int T, int H, int R, int hd, cudaStream_t stream) {
     LAUNCH(ungroup_heads_kernel, ceil_div((size_t)B * T * H * hd, 256), 256, 0, stream)(dst, src, B, T, H, R, hd);
+    launchCheck();
+}
+
+// The attention's inputs from the token-major product qkv (N, W), W = (H + 2R) hd
+// (lime.cu's qkv_projection_forward_gpu): q rotated by RoPE (group-major when
+// q_grouped, for the products below), K and V into the KV buffer (head-major),
+// and kr = rope(K) when kr is not nullptr. One thread per q pair (n, h, i < hd/2)
+// or K/V element. backward (gather): the inverse, dq rotated back.
+__global__ void qkv_scatter_kernel(float* q, float* K, float* V, float* kr, float* qkv, const float* cos_t,
+                                   const float* sin_t, int N, int T, int H, int R, int hd, int q_grouped, int gather) {
+    int half = hd / 2, qpairs = N * H * half, idx = blockIdx.x * blockDim.x + threadIdx.x, W = (H + 2 * R) * hd;
+    if (idx >= qpairs + 2 * N * R * hd) return;  // 32-bit: see launch_check
+    if (idx < qpairs) {  // q: rotated by position t = n % T (gather: by -t)
+        int i = idx % half, h = idx / half % H, n = idx / half / H, t = n % T, n_rep = H / R;
+        float c = cos_t[t * half + i], s = (gather ? -1.0f : 1.0f) * sin_t[t * half + i];
+        size_t at = q_grouped ? ((((size_t)(h / n_rep) * (N / T) + n / T) * n_rep + h % n_rep) * T + t) * hd
+                              : ((size_t)n * H + h) * hd;  // (R, B, n_rep, T, hd) or (B, T, H, hd)
+        float* x = gather ? q + at : qkv + (size_t)n * W + h * hd;
+        float* y = gather ? qkv + (size_t)n * W + h * hd : q + at;
+        float x0 = x[i], x1 = x[i + half];
+        y[i] = x0 * c - x1 * s;
+        y[i + half] = x1 * c + x0 * s;
+        return;
+    }
+    int e = idx - qpairs, kv = e / (N * R * hd), r = e / hd % R, n = e / hd / R % N, i = e % hd;
+    float* buf = (kv ? V : K) + ((size_t)r * N + n) * hd + i;
+    float* tok = qkv + (size_t)n * W + (H + kv * R + r) * hd + i;
+    if (gather) return (void)(*tok = *buf);
+    *buf = *tok;
+    if (kr && !kv) {  // rope_rotate_kernel's pair (i, i + half), from this element's side
+        int p = i % half, t = n % T;
+        float c = cos_t[t * half + p], s = sin_t[t * half + p];
+        kr[((size_t)r * N + n) * hd + i] = i < half ? tok[0] * c - tok[half] * s : tok[0] * c + tok[-half] * s;
+    }
+}
+static void qkv_scatter_gpu(float* q, float* K, float* V, float* kr, float* qkv, const float* cos_t,
+                            const float* sin_t, int N, int T, int H, int R, int hd, bool q_grouped, bool gather,
+                            cudaStream_t stream) {
+    size_t threads = (size_t)N * H * (hd / 2) + 2 * (size_t)N * R * hd;
+    LAUNCH(qkv_scatter_kernel, ceil_div(threads, 256), 256, 0, stream)(q, K, V, kr, qkv, cos_t, sin_t, N, T, H, R, hd,
+                                                                       q_grouped, gather);
     launchCheck();
 }
 
@@ -74,14 +119,14 @@ __global__ void causal_softmax_backward_kernel(float* datt, const float* att, in
     for (int u = lane; u < T; u += 32) ds[u] = u <= t ? p[u] * (ds[u] - pdp) : 0.0f;
 }
 
-// k, v (R, B, T, hd); scratch: 2 * B*T*H*hd floats for group-major q and out.
-static void attention_forward_gpu(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                                  int H, int R, int hd, float* scratch, cublasHandle_t blas, cudaStream_t stream) {
+// qg group-major (above), k, v (R, B, T, hd); out (B, T, H, hd). scratch: B*T*H*hd floats (group-major out).
+static void attention_forward_gpu(float* out, float* att, const float* qg, const float* k, const float* v, int B,
+                                  int T, int H, int R, int hd, float* scratch, cublasHandle_t blas,
+                                  cudaStream_t stream) {
     int M = H / R * T, groups = R * B;  // rows of one (kv head, sequence) group
-    float *qg = scratch, *og = scratch + (size_t)B * T * H * hd;
+    float* og = scratch;
     const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f;
     long long sq = (long long)M * hd, skv = (long long)T * hd, satt = (long long)M * T;  // strides over the groups
-    group_heads_gpu(qg, q, B, T, H, R, hd, stream);
     // att_g (M, T) = scale * q_g (M, hd) @ k_g^T: column-major att_g^T (T, M) = k_g (T, hd)^T.. as matmul_forward_gpu's
     cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &scale, k, hd, skv, qg, hd, sq,
                                           &zero, att, T, satt, groups));
@@ -94,33 +139,30 @@ static void attention_forward_gpu(float* out, float* att, const float* q, const 
 }
 
 // The same products backwards, group g = (kv head r, sequence b):
-//   datt_g = dout_g @ v_g^T;   dv_g += att_g^T @ dout_g   (sums over the group's heads and positions)
+//   datt_g = dout_g @ v_g^T;   dv_g (+)= att_g^T @ dout_g   (sums over the group's heads and positions)
 //   ds = softmax backward (in place over datt)
-//   dq_g = scale * ds_g @ k_g;  dk_g += scale * ds_g^T @ q_g
-// dq is written; dk and dv (R, B, T, hd) are added to, as on the CPU.
-// scratch: 3 * B*T*H*hd floats (group-major q, dout, dq).
-static void attention_backward_gpu(float* dq, float* dk, float* dv, float* datt, const float* dout, const float* q,
+//   dq_g = scale * ds_g @ k_g;  dk_g = scale * ds_g^T @ q_g
+// dqg (group-major) and dk are written; dv too, or added to (add_dv), as op_attention_backward's.
+// scratch: B*T*H*hd floats (group-major dout).
+static void attention_backward_gpu(float* dqg, float* dk, float* dv, float* datt, const float* dout, const float* qg,
                                    const float* k, const float* v, const float* att, int B, int T, int H, int R, int hd,
-                                   float* scratch, cublasHandle_t blas, cudaStream_t stream) {
+                                   bool add_dv, float* scratch, cublasHandle_t blas, cudaStream_t stream) {
     int M = H / R * T, groups = R * B;
-    size_t qsize = (size_t)B * T * H * hd;
-    float *qg = scratch, *dog = scratch + qsize, *dqg = scratch + 2 * qsize;
-    const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f;
+    float* dog = scratch;
+    const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f, dv_beta = add_dv ? 1.0f : 0.0f;
     long long sq = (long long)M * hd, skv = (long long)T * hd, satt = (long long)M * T;
-    group_heads_gpu(qg, q, B, T, H, R, hd, stream);
     group_heads_gpu(dog, dout, B, T, H, R, hd, stream);
     cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &one, v, hd, skv, dog, hd, sq,
                                           &zero, datt, T, satt, groups));
-    // dv_g^T (hd, T) += dog_g^T (hd, M) @ att_g (M, T)
+    // dv_g^T (hd, T) (+)= dog_g^T (hd, M) @ att_g (M, T)
     cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &one, dog, hd, sq, att, T, satt,
-                                          &one, dv, hd, skv, groups));
+                                          &dv_beta, dv, hd, skv, groups));
     LAUNCH(causal_softmax_backward_kernel, ceil_div((size_t)B * H * T, 4), 128, 0, stream)(datt, att, B * H * T, T);
     launchCheck();
     cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &scale, k, hd, skv, datt, T, satt,
                                           &zero, dqg, hd, sq, groups));
     cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &scale, qg, hd, sq, datt, T, satt,
-                                          &one, dk, hd, skv, groups));
-    ungroup_heads_gpu(dq, dqg, B, T, H, R, hd, stream);
+                                          &zero, dk, hd, skv, groups));
 }
 
 #endif

@@ -795,7 +795,7 @@ void ereg_backward_fast(float* dV, const float* V, const float* valid, const flo
 
 template <int LANES>
 static void rope_rotate_blocked(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T,
-                                int nh, int hd, float sign) {
+                                int nh, int hd, float sign, bool add) {
     int half = hd / 2;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
@@ -810,17 +810,18 @@ static void rope_rotate_blocked(float* out, const float* x, const float* cos_t, 
 #pragma omp simd
                     for (int i = i0; i < i0 + LANES; i++) {
                         float x0 = v[i], x1 = v[i + half], s = sign * sn[i];
-                        y[i] = x0 * cs[i] - x1 * s;
-                        y[i + half] = x1 * cs[i] + x0 * s;
+                        float y0 = x0 * cs[i] - x1 * s, y1 = x1 * cs[i] + x0 * s;
+                        y[i] = add ? y[i] + y0 : y0;
+                        y[i + half] = add ? y[i + half] + y1 : y1;
                     }
             }
         }
 }
 void rope_rotate_fast(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
-                      float sign) {
+                      float sign, bool add) {
     // with_lanes' w divides hd, so w / 2 (16, 4 or 1) divides hd / 2
     with_lanes(hd, [&](auto w) {
-        rope_rotate_blocked<decltype(w)::value / 2>(out, x, cos_t, sin_t, B, T, nh, hd, sign);
+        rope_rotate_blocked<decltype(w)::value / 2>(out, x, cos_t, sin_t, B, T, nh, hd, sign, add);
     });
 }
 
@@ -1115,7 +1116,7 @@ static inline float sum16(int d, Add add) {
     return lanes_sum(acc);
 }
 
-void rmsnorm_forward_fast(float* out, float* rstd, const float* inp, const float* g, int N, int d,
+void rmsnorm_forward_fast(float* out, float* rstd, float* copy, const float* inp, const float* g, int N, int d,
                           float eps) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++) {
@@ -1124,6 +1125,7 @@ void rmsnorm_forward_fast(float* out, float* rstd, const float* inp, const float
         float ss = sum16(d, [&](int i, float s) { return mul_add(x[i], x[i], s); });
         float r = 1.0f / sqrtf(ss / d + eps);
         for (int i = 0; i < d; i++) y[i] = x[i] * r * g[i];
+        if (copy) memcpy(copy + (size_t)n * d, x, d * sizeof(float));
         rstd[n] = r;
     }
 }

@@ -78,11 +78,11 @@ void ereg_forward_fast(float* stat, float* mu, float* G, const float* V, const f
                        float* scratch);
 void ereg_backward_fast(float* dV, const float* V, const float* valid, const float* mu, const float* G,
                         const float* stat, float scale, int B, int T, int D, float* scratch);
-// = rope_rotate: out (B, T, nh, hd) = x rotated, forward (sign 1) or backward (-1); out may be x.
+// = rope_rotate: out (B, T, nh, hd) = x rotated, or out += it (add), forward (sign 1) or backward (-1); out may be x.
 void rope_rotate_fast(float* out, const float* x, const float* cos_t, const float* sin_t, int B, int T, int nh, int hd,
-                      float sign);
+                      float sign, bool add = false);
 // = rmsnorm_forward, rmsnorm_backward; part: CHUNKS * d floats, as rmsnorm_backward's.
-void rmsnorm_forward_fast(float* out, float* rstd, const float* inp, const float* g, int N, int d, float eps);
+void rmsnorm_forward_fast(float* out, float* rstd, float* copy, const float* inp, const float* g, int N, int d, float eps);
 void rmsnorm_backward_fast(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
                            const float* rstd, int N, int d, float* part);
 // = attention_forward, attention_backward. scratch: attention_fast_scratch_floats(T,

@@ -119,6 +119,17 @@ __device__ Num block_sum(Num v, Num* shared) {
     __syncthreads();  // the caller may reuse shared right away
     return total;
 }
+// One launch in place of a kernel and a one-block reduction after it: each
+// block writes its partial sums, then counts itself done; the last block to
+// finish (any block order) reads all the partials, which it alone returns true
+// for, and sets the count back to 0 for the next launch on the stream.
+__device__ inline bool last_block_done(unsigned* done) {
+    __threadfence();  // this block's partials are seen by the last block
+    __syncthreads();
+    bool last = false;
+    if (threadIdx.x == 0 && (last = atomicAdd(done, 1u) == gridDim.x * gridDim.y * gridDim.z - 1)) *done = 0;
+    return __syncthreads_or(last);  // thread 0's answer, to every thread
+}
 #endif
 
 // DISPATCH(model, gpu, fast, plain): an op's dispatcher runs its GPU launcher
@@ -173,6 +184,7 @@ struct GpuState {
     double* norm_partial = nullptr;  //   the gradient norm's partial sums
     AdamWNumbers* numbers = nullptr; //   this update's numbers, staged from the host
     Metrics* metrics = nullptr;      //   loss and norm, written by kernels
+    unsigned* done = nullptr;        //   a counter of finished blocks: the last one reduces (rmsnorm_backward_gpu)
     AdamWRun* runs = nullptr;        //   model->adamw_runs, for the one AdamW launch
     cudaStream_t stream = nullptr;
     cublasHandle_t blas = nullptr;

@@ -117,11 +117,11 @@ __global__ void flash_rowdot_kernel(float* D, const float* dout, const float* ou
     D[idx] = s;
 }
 
-// grid (T / TILE, R, B), THREADS threads; row = key u of kv head r. Adds into dk, dv.
+// grid (T / TILE, R, B), THREADS threads; row = key u of kv head r. Writes dk; dv too, or adds into it (add_dv).
 template <int HD>
 __global__ void flash_attention_backward_kv_kernel(float* dk, float* dv, const float* dout, const float* q,
                                                    const float* k, const float* v, const float* lse, const float* D,
-                                                   int T, int H, int R, int hd, float scale) {
+                                                   int T, int H, int R, int hd, float scale, int add_dv) {
     constexpr int TILE = Flash<HD>::TILE, SPLIT = Flash<HD>::SPLIT, W = Flash<HD>::W;
     DYNAMIC_SHARED(float, smem);
     float *qs = smem, *dos = smem + TILE * HD, *lses = smem + 2 * TILE * HD,
@@ -161,7 +161,7 @@ __global__ void flash_attention_backward_kv_kernel(float* dk, float* dv, const f
     if (u >= T) return;
     size_t row = (((size_t)r * gridDim.z + b) * T + u) * hd;  // dk, dv (R, B, T, hd)
     for (int i = 0; i < W; i++)
-        if (int e = i * SPLIT + part; e < hd) dk[row + e] += dku[i], dv[row + e] += dvu[i];
+        if (int e = i * SPLIT + part; e < hd) dk[row + e] = dku[i], dv[row + e] = (add_dv ? dv[row + e] : 0.0f) + dvu[i];
 }
 
 // grid (T / TILE, H, B), THREADS threads; row = query t. Writes dq.
@@ -223,10 +223,10 @@ static void flash_attention_forward_gpu(float* out, float* lse, const float* q, 
     launchCheck();
 }
 
-// dq is written; dk and dv are added to, as on the CPU. scratch: B*H*T floats (D).
+// dq and dk are written, dv too or added to (add_dv), as op_attention_backward's. scratch: B*H*T floats (D).
 static void flash_attention_backward_gpu(float* dq, float* dk, float* dv, const float* dout, const float* out,
                                          const float* q, const float* k, const float* v, const float* lse, int B, int T,
-                                         int H, int R, int hd, float* scratch, cudaStream_t stream) {
+                                         int H, int R, int hd, bool add_dv, float* scratch, cudaStream_t stream) {
     float scale = 1.0f / sqrtf((float)hd), *D = scratch;
     LAUNCH(flash_rowdot_kernel, ceil_div((size_t)B * H * T, 256), 256, 0, stream)(D, dout, out, B, T, H, hd);
     launchCheck();
@@ -234,7 +234,7 @@ static void flash_attention_backward_gpu(float* dq, float* dk, float* dv, const 
         constexpr int HD = decltype(w)::value, TILE = Flash<HD>::TILE, THREADS = Flash<HD>::THREADS;
         LAUNCH(flash_attention_backward_kv_kernel<HD>, dim3(ceil_div(T, TILE), R, B), THREADS,
                (2 * TILE * HD + 2 * TILE) * sizeof(float), stream)
-        (dk, dv, dout, q, k, v, lse, D, T, H, R, hd, scale);
+        (dk, dv, dout, q, k, v, lse, D, T, H, R, hd, scale, add_dv);
         LAUNCH(flash_attention_backward_q_kernel<HD>, dim3(ceil_div(T, TILE), H, B), THREADS,
                2 * TILE * HD * sizeof(float), stream)
         (dq, dout, q, k, v, lse, D, T, H, R, hd, scale);

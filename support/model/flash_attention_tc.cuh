@@ -347,11 +347,11 @@ flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* 
 // through, head by head of the group (h = r * H/R, ...), each from the first
 // tile holding a query >= u0 to the last. Per tile, for the warp's 16 keys:
 // S^T = K Q^T, dP^T = V dO^T, P^T = 2^(S^T log2 e - lse log2 e), dV += P^T dO,
-// dS^T = P^T (dP^T - D), dK += dS^T Q. Adds scale dK to dk and dV to dv (R, B, T, hd).
+// dS^T = P^T (dP^T - D), dK += dS^T Q. Writes scale dK to dk, dV to dv or adds it (add_dv) (R, B, T, hd).
 template <int HD>
 __global__ void __launch_bounds__(FlashTC<HD>::THREADS)
 flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
-                            const float* lse, const float* D, int T, int H, int R, int hd, float scale) {
+                            const float* lse, const float* D, int T, int H, int R, int hd, float scale, int add_dv) {
     using F = FlashTC<HD>;
     constexpr int TILE = F::BWD_TILE, PAD = F::PAD, ROWS = F::ROWS;
     DYNAMIC_SHARED(float, smem);
@@ -413,8 +413,8 @@ flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float
             int row = uw + g + 8 * (i / 2), col = 8 * n + 2 * t + i % 2;
             if (row < T && col < hd) {
                 size_t e = kv0 + (size_t)row * hd + col;
-                dk[e] += scale * dka[n][i];
-                dv[e] += dva[n][i];
+                dk[e] = scale * dka[n][i];
+                dv[e] = add_dv ? dv[e] + dva[n][i] : dva[n][i];
             }
         }
 }
@@ -484,11 +484,12 @@ inline void flash_attention_tc_forward_gpu(float* out, float* lse, const float* 
     launchCheck();
 }
 
-// dq is written; dk and dv are added to, as on the CPU. scratch: B*H*T floats (D).
+// dq and dk are written, dv too or added to (add_dv). scratch: B*H*T floats (D).
 // The dQ kernel runs first: it writes D, which the dK/dV kernel reads.
 inline void flash_attention_tc_backward_gpu(float* dq, float* dk, float* dv, const float* dout, const float* out,
                                             const float* q, const float* k, const float* v, const float* lse, int B,
-                                            int T, int H, int R, int hd, float* scratch, cudaStream_t stream) {
+                                            int T, int H, int R, int hd, bool add_dv, float* scratch,
+                                            cudaStream_t stream) {
     flash_tc_check(hd, {dq, dk, dv, dout, out, q, k, v});
     float scale = 1.0f / sqrtf((float)hd), *D = scratch;
     with_flash_tc_width(hd, [&](auto w) {
@@ -502,7 +503,7 @@ inline void flash_attention_tc_backward_gpu(float* dq, float* dk, float* dv, con
         launchCheck();
         LAUNCH(flash_tc_backward_kv_kernel<HD>, dim3(ceil_div(T, F::ROWS), R, B), F::THREADS,
                F::DKV_FLOATS * sizeof(float), stream)
-        (dk, dv, dout, q, k, v, lse, D, T, H, R, hd, scale);
+        (dk, dv, dout, q, k, v, lse, D, T, H, R, hd, scale, add_dv);
     });
     launchCheck();
 }

@@ -87,12 +87,14 @@ static size_t gpu_carve_small(GpuState* gpu, char* base, int norm_blocks, size_t
     size_t bytes = 0;
     size_t at_partial = place(&bytes, norm_blocks * sizeof(double)),
            at_numbers = place(&bytes, sizeof(AdamWNumbers)), at_runs = place(&bytes, n_runs * sizeof(AdamWRun));
-    size_t at_metrics = place(&bytes, sizeof(Metrics)), at_workspace = place(&bytes, CUBLAS_WORKSPACE_BYTES);
+    size_t at_metrics = place(&bytes, sizeof(Metrics)), at_done = place(&bytes, sizeof(unsigned));
+    size_t at_workspace = place(&bytes, CUBLAS_WORKSPACE_BYTES);
     if (!base) return bytes;
     gpu->norm_partial = (double*)(base + at_partial);
     gpu->numbers = (AdamWNumbers*)(base + at_numbers);
     gpu->runs = (AdamWRun*)(base + at_runs);
     gpu->metrics = (Metrics*)(base + at_metrics);
+    gpu->done = (unsigned*)(base + at_done);
     cudaCheck(cudaStreamCreateWithFlags(&gpu->stream, cudaStreamNonBlocking));
     cublasCheck(cublasCreate(&gpu->blas));
     cublasCheck(cublasSetStream(gpu->blas, gpu->stream));
@@ -202,6 +204,7 @@ static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceN
     gpu_make_staging(gpu, (size_t)model->B * c.T);
     // (every copy on the model's stream: it does not wait for the legacy stream; gpu_to_device below waits)
     cudaCheck(cudaMemsetAsync(gpu->metrics, 0, sizeof(Metrics), gpu->stream));
+    cudaCheck(cudaMemsetAsync(gpu->done, 0, sizeof(unsigned), gpu->stream));  // and 0 after each use
     cudaCheck(cudaMemcpyAsync(gpu->runs, model->adamw_runs.data(), model->adamw_runs.size() * sizeof(AdamWRun),
                               cudaMemcpyHostToDevice, gpu->stream));  // (gpu_to_device waits for it)
     gpu_to_device(model);
