@@ -1763,6 +1763,9 @@ static double memory_needed(const Config& c, int B, Device dev, bool on_device, 
     return state + 4 * acts;
 }
 static double device_need(const Config& c, int B, bool flash) { return memory_needed(c, B, DEVICE_GPU, true, flash); }
+double model_device_need(const Config& c, int B, const ModelSettings& s) {  // (auto: flash from T = 1024, as gpu_create)
+    return device_need(c, B, s.attention == ATTENTION_FLASH || (s.attention == ATTENTION_AUTO && c.T >= 1024));
+}
 
 // The passes of one training step (what the GPU captures as its graph).
 static void train_step_passes(Model* model, int B, int T) {

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -276,6 +277,7 @@ struct TrainRun {
     double val_loss = 0, acc = -1;                  // of the last evaluation (acc -1: text)
     double eval_ms = 0;                             // the periodic evaluations so far: their time, their count
     int evals_timed = 0;
+    Batch batch;                                    // the step's batch
 };
 
 // Time left: the steps at the pace of the last ones, plus the periodic
@@ -674,7 +676,7 @@ static void train_open_output(bool quiet, TrainRun* r) {
         if (i == r->s.out.size() || r->s.out[i] == '/')
             if (stat(r->s.out.substr(0, i).c_str(), &sb) != 0) created.push_back(r->s.out.substr(0, i));
     if (!make_dir(r->s.out, &err)) die("train", err + " (choose another --out)");
-    r->lock_fd = lock_run_dir(r->s.out);
+    if (r->lock_fd < 0) r->lock_fd = lock_run_dir(r->s.out);  // (a group's runs hold theirs from the start)
     remove_stale_temps(r->s.out);
     r->log.quiet = quiet;
     std::string log_path = r->s.out + "/log.jsonl";
@@ -789,6 +791,7 @@ static void training_failed(TrainRun* r, const std::string& what, int step, int 
     r->log.write(Json().add_str("type", "error").add_num("step", step).add_str("message", msg));
     fflush(stdout);
     fprintf(stderr, "lime train: error: %s\n", one_line(msg).c_str());
+    if (g_end_hook) g_end_hook(1);  // ./lime train-group: this run alone ends
     exit(1);
 }
 
@@ -895,49 +898,60 @@ static int train_stopped(TrainRun* r, int step) {
     return 0;
 }
 
-// The steps after start_step up to --steps, each checked, logged, evaluated
-// and saved as the flags say. Returns the exit status when the run ends
-// early (a signal, --stop-after), -1 when it reached its last step.
-static int train_loop(TrainRun* r) {
-    const TrainSettings& s = r->s;
-    Batch batch;
+// The loop's start: its clocks, the guards' marks, the stop signals caught.
+static void train_loop_start(TrainRun* r) {
     r->t_start = r->t_last = now_ms();
     r->last_good = r->last_saved = r->start_step;
     catch_stop_signals(true);
-    for (int step = r->start_step + 1; step <= s.steps; step++) {
-        float factor = lr_factor(step, s.warmup, s.steps, s.sched, s.min_lr_ratio);
-        std::string skipped = take_step(r, step, factor, &batch);  // why --skip-bad-steps skipped it, else ""
-        int stop_signal = g_stop_signal;
-        bool last = step == s.steps || (s.stop_after && r->run_steps == s.stop_after);
-        bool logging = skipped.empty() && (step % s.log_every == 0 || last || step == r->start_step + 1);
-        bool saving = step % s.save_every == 0 || last || stop_signal;
-        if (!skipped.empty()) note_skipped(r, step, skipped);
-        else r->skipped_in_a_row = 0;
-        // Reading the metrics is free on the CPU, so every step is checked; on
-        // the GPU it waits for the device, so only steps that log or save are.
-        float loss = 0, norm = 0;
-        bool checking = skipped.empty() && (logging || saving || r->model.device == DEVICE_CPU);
-        if (checking) check_finite(r, step, &loss, &norm);
-        if (logging) log_progress(r, step, loss, norm, factor);
-        if (step % s.eval_every == 0 && !last && !stop_signal) {
-            double t0 = now_ms();
-            evaluate(&r->model, r->task, step, s.eval_size, &r->log, &r->val_loss, &r->acc);
-            r->t_last = now_ms();
-            r->eval_ms += r->t_last - t0;
-            r->evals_timed++;
-            if ((stop_signal = g_stop_signal)) saving = true;  // a signal during the evaluation: save and stop now
-        }
-        if (saving) save_checkpoint(r, step);
-        if (stop_signal) return train_interrupted(r, step, stop_signal);
-        if (last && step != s.steps) return train_stopped(r, step);
+}
+
+// One step of the loop, checked, logged, evaluated and saved as the flags say.
+// Returns the exit status when the run ends early (a signal, --stop-after), else -1.
+static int train_loop_step(TrainRun* r, int step) {
+    const TrainSettings& s = r->s;
+    float factor = lr_factor(step, s.warmup, s.steps, s.sched, s.min_lr_ratio);
+    std::string skipped = take_step(r, step, factor, &r->batch);  // why --skip-bad-steps skipped it, else ""
+    int stop_signal = g_stop_signal;
+    bool last = step == s.steps || (s.stop_after && r->run_steps == s.stop_after);
+    bool logging = skipped.empty() && (step % s.log_every == 0 || last || step == r->start_step + 1);
+    bool saving = step % s.save_every == 0 || last || stop_signal;
+    if (!skipped.empty()) note_skipped(r, step, skipped);
+    else r->skipped_in_a_row = 0;
+    // Reading the metrics is free on the CPU, so every step is checked; on
+    // the GPU it waits for the device, so only steps that log or save are.
+    float loss = 0, norm = 0;
+    bool checking = skipped.empty() && (logging || saving || r->model.device == DEVICE_CPU);
+    if (checking) check_finite(r, step, &loss, &norm);
+    if (logging) log_progress(r, step, loss, norm, factor);
+    if (step % s.eval_every == 0 && !last && !stop_signal) {
+        double t0 = now_ms();
+        evaluate(&r->model, r->task, step, s.eval_size, &r->log, &r->val_loss, &r->acc);
+        r->t_last = now_ms();
+        r->eval_ms += r->t_last - t0;
+        r->evals_timed++;
+        if ((stop_signal = g_stop_signal)) saving = true;  // a signal during the evaluation: save and stop now
     }
+    if (saving) save_checkpoint(r, step);
+    if (stop_signal) return train_interrupted(r, step, stop_signal);
+    if (last && step != s.steps) return train_stopped(r, step);
+    return -1;
+}
+
+// The steps after start_step up to --steps. Returns the exit status when the
+// run ends early (a signal, --stop-after), -1 when it reached its last step.
+static int train_loop(TrainRun* r) {
+    train_loop_start(r);
+    for (int step = r->start_step + 1; step <= r->s.steps; step++)
+        if (int status = train_loop_step(r, step); status >= 0) return status;
     return -1;
 }
 
 // The end of the run: DIR/model.safetensors (no optimiser state), the final
 // evaluation (every test question; text: --eval-size windows) and the line "done: ...".
 static int train_finish(TrainRun* r) {
-    catch_stop_signals(false);  // the final save and evaluation: a signal ends them at once (the save is atomic)
+    // the final save and evaluation: a signal ends them at once (the save is atomic); a group's
+    // other runs go on stepping, and keep the signals caught
+    if (!g_end_hook) catch_stop_signals(false);
     double seconds = (now_ms() - r->t_start) / 1000;
     std::string err = model_save(&r->model, r->s.out + "/model.safetensors", train_meta(*r), false);
     if (!err.empty()) die("train", err + "; stopped: " + r->log.kept);
@@ -954,22 +968,197 @@ static int train_finish(TrainRun* r) {
     return 0;
 }
 
-static int cmd_train(int argc, char** argv) {
+// What a run is started from: its flags, and the checkpoint it resumes (if any).
+struct TrainStart {
     std::vector<FlagSpec> flags = train_flags();
-    Args a = parse_args("train", TRAIN_HELP, flags, argc, argv, false);
+    Args a;
+    Resumed resumed;
+};
+// The run up to its model: flags, task and data, the checks of its --out. Dies (one line) on a problem.
+static void train_prepare(int argc, char** argv, TrainStart* st, TrainRun* run) {
+    st->a = parse_args("train", TRAIN_HELP, st->flags, argc, argv, false);
+    const std::set<std::string> user_flags = st->a.given;  // before a resumed run adds its own
+    st->resumed = resume_flags(st->a, st->flags);          // the checkpoint's own flags, with the ones given now on top
+    train_from_flags(st->a, user_flags, run);
+    refuse_reused_out(st->a, st->resumed, *run);
+}
+// Then the model (fresh or resumed) and the output: from here on the run writes.
+static void train_begin(TrainStart* st, TrainRun* run) {
+    train_start_model(st->resumed, run);
+    train_saved_args(st->a, st->flags, run);
+    train_open_output(st->a.has("quiet"), run);
+}
+static int cmd_train(int argc, char** argv) {
     signal(SIGXFSZ, SIG_IGN);  // a file past ulimit -f: the write fails (EFBIG) and is reported, not a core dump
-    const std::set<std::string> user_flags = a.given;  // before a resumed run adds its own
-    Resumed resumed = resume_flags(a, flags);          // the checkpoint's own flags, with the ones given now on top
+    TrainStart st;
     TrainRun run;
-    train_from_flags(a, user_flags, &run);
-    refuse_reused_out(a, resumed, run);
-    train_start_model(resumed, &run);
-    train_saved_args(a, flags, &run);
-    train_open_output(a.has("quiet"), &run);
+    train_prepare(argc, argv, &st, &run);
+    train_begin(&st, &run);
     int status = train_loop(&run);
     if (status < 0) status = train_finish(&run);
     close(run.log.fd);
     model_free(&run.model);
+    return status;
+}
+
+// ===========================================================================
+// ./lime train-group: several runs in one process (compare --device gpu --jobs N)
+// ===========================================================================
+//
+// Separate processes take turns on a GPU, so small runs side by side gain
+// nothing; in one process each run keeps its own model, with its own stream,
+// cuBLAS handle, activations and captured step, and the GPU runs their kernels
+// at once. One host thread steps the runs in turn: run 1's step is queued, then
+// run 2's, ..., and none waits for its device work except where it reads its
+// loss (a log or a save). Each run is a ./lime train run: the same files, the
+// same bits. While the thread works on a run, stdout and stderr are that run's
+// DIR/train.out, and a run's end (a NaN, a full disk: exit in ./lime train)
+// ends that run alone (RunEnded, through g_end_hook).
+//   ./lime train-group [--fit] --run FD TRAIN-FLAGS... --run FD TRAIN-FLAGS...
+// FD: the run's DIR/train.out, opened by compare. Every run's flags, data and
+// directory are checked before any starts, and a problem in one starts none.
+// Their GPU memory is counted before any model is made: all must fit, or with
+// --fit (compare's default) as many run at once as fit, the next starting as one ends.
+
+struct RunEnded { int status; };
+static void throw_run_ended(int status) { throw RunEnded{status}; }
+
+struct GroupRun {
+    int fd = -1;                     // DIR/train.out
+    std::vector<std::string> words;  // its train flags
+    TrainStart st;
+    TrainRun run;
+    double need = 0;                 // bytes of GPU memory
+    enum { WAITING, RUNNING, ENDED } state = WAITING;
+    int step = 0, status = 0;
+};
+
+// A run of the group has ended: its files closed, its lock let go, its model freed.
+static void end_group_run(GroupRun* g, int status) {
+    g->status = status;
+    g->state = GroupRun::ENDED;
+    if (g->run.log.fd >= 0) close(g->run.log.fd), g->run.log.fd = -1;
+    if (g->run.lock_fd >= 0) close(g->run.lock_fd), g->run.lock_fd = -1;
+    model_free(&g->run.model);
+}
+
+// stdout and stderr to fd (a run's output), what was written before flushed to where it was going.
+static void output_to(int fd) {
+    fflush(stdout);
+    fflush(stderr);
+    dup2(fd, 1);
+    dup2(fd, 2);
+}
+
+// Runs f for run g with g's output, RunEnded caught: false (g ended, with its status) when f ended the run.
+template <class F>
+static bool as_run(GroupRun* g, F f) {
+    output_to(g->fd);
+    try {
+        f();
+        return true;
+    } catch (const RunEnded& e) {
+        g->status = e.status;
+    } catch (const std::bad_alloc&) {
+        fprintf(stderr, "lime train: error: out of memory (an allocation failed); free memory, or run fewer at once\n");
+        g->status = 2;
+    } catch (const std::exception& e) {
+        fprintf(stderr, "lime train: error: %s\n", one_line(e.what()).c_str());
+        g->status = 1;
+    }
+    end_group_run(g, g->status);
+    return false;
+}
+
+static int cmd_train_group(int argc, char** argv) {
+    signal(SIGXFSZ, SIG_IGN);
+    const char* usage = "usage: ./lime train-group [--fit] --run FD TRAIN-FLAGS... [--run FD TRAIN-FLAGS...]";
+    bool fit = argc > 0 && !strcmp(argv[0], "--fit");
+    std::vector<std::unique_ptr<GroupRun>> runs;
+    for (int i = fit; i < argc; i++) {
+        if (!strcmp(argv[i], "--run") && i + 1 < argc) {
+            runs.push_back(std::make_unique<GroupRun>());
+            char* end = nullptr;
+            long fd = strtol(argv[++i], &end, 10);
+            struct stat sb;
+            if (*end || fd < 3 || fd > 1 << 20 || fstat((int)fd, &sb) != 0) die("train-group", std::string(usage) +
+                                                                                 ": '" + argv[i] + "' is not an open file");
+            runs.back()->fd = (int)fd;
+        } else if (runs.empty()) {
+            die("train-group", usage);
+        } else {
+            runs.back()->words.push_back(argv[i]);
+        }
+    }
+    if (runs.empty()) die("train-group", usage);
+    int out = dup(1), err = dup(2);  // the group's own, given back at the end
+    g_end_hook = throw_run_ended;
+    // every run prepared and its directory locked, before any starts
+    std::string failed;
+    for (auto& g : runs) {
+        std::vector<char*> words;
+        for (std::string& w : g->words) words.push_back(&w[0]);
+        bool ok = as_run(g.get(), [&] {
+            train_prepare((int)words.size(), words.data(), &g->st, &g->run);
+            if (mkdir(g->run.s.out.c_str(), 0755) == 0 || errno == EEXIST) g->run.lock_fd = lock_run_dir(g->run.s.out);
+            g->need = g->run.dev == DEVICE_GPU ? model_device_need(g->run.c, g->run.s.B, g->run.settings) : 0;
+        });
+        if (!ok && failed.empty()) failed = g->run.s.out.empty() ? "run " + std::to_string(&g - runs.data() + 1)
+                                                                  : g->run.s.out;
+    }
+    GpuInfo gpu;
+    double free_bytes = gpu_info(&gpu) ? (double)gpu.free_bytes : 0, all = 0, most = 0;
+    for (auto& g : runs) all += g->need, most = std::max(most, g->need);
+    int fits = 0;  // how many of the runs fit at once, the biggest first
+    for (double used = 0; fits < (int)runs.size() && used + most <= free_bytes; fits++) used += most;
+    if (failed.empty() && all > free_bytes && (!fit || fits == 0))
+        failed = "GPU memory: the " + std::to_string(runs.size()) + " runs need " + fmt("%.2f GB", all / 1e9) +
+                 " together, " + fmt("%.2f GB", free_bytes / 1e9) + " is free: " + std::to_string(fits) +
+                 " fit at once; use --jobs " + std::to_string(std::max(fits, 1));
+    if (!failed.empty()) {  // none starts: each says why
+        for (auto& g : runs)
+            if (g->state != GroupRun::ENDED) {
+                output_to(g->fd);
+                fprintf(stderr, "lime train: error: not started: %s\n", one_line(failed.find("GPU memory") == 0 ? failed
+                                : "another run of this group could not start (" + failed + ": its train.out says why)").c_str());
+                g->status = 2;
+            }
+        output_to(out);
+        return 2;
+    }
+    // stepped in turn; a waiting run starts when its memory is free
+    int status = 0;
+    for (;;) {
+        double used = 0;
+        bool any = false;
+        for (auto& g : runs) used += g->state == GroupRun::RUNNING ? g->need : 0;
+        for (auto& g : runs) {
+            if (g->state == GroupRun::WAITING && !g_stop_signal && (used == 0 || used + g->need <= free_bytes) &&
+                as_run(g.get(), [&] { train_begin(&g->st, &g->run), train_loop_start(&g->run); }))
+                g->state = GroupRun::RUNNING, g->step = g->run.start_step, used += g->need;
+            if (g->state != GroupRun::RUNNING) continue;
+            any = true;
+            int ended = -1;
+            as_run(g.get(), [&] {
+                if (++g->step <= g->run.s.steps) ended = train_loop_step(&g->run, g->step);
+                if (g->step >= g->run.s.steps && ended < 0) ended = train_finish(&g->run);
+            });
+            if (g->state == GroupRun::RUNNING && ended >= 0) end_group_run(g.get(), ended);  // as ./lime train ends
+        }
+        if (!any && std::none_of(runs.begin(), runs.end(), [](auto& g) { return g->state == GroupRun::WAITING; }))
+            break;
+        if (!any && g_stop_signal) break;  // the waiting ones are not started
+    }
+    for (auto& g : runs)
+        if (g->state == GroupRun::WAITING) {  // a signal came before its turn
+            output_to(g->fd);
+            fprintf(stderr, "lime train: not started: the group was stopped (signal %d) before this run's turn\n",
+                    (int)g_stop_signal);
+            g->status = 128 + g_stop_signal;
+        }
+    for (auto& g : runs) status = std::max(status, g->status);
+    output_to(out);
+    dup2(err, 2);
     return status;
 }
 
@@ -1216,6 +1405,7 @@ static int run_command(int argc, char** argv) {
     int n = argc - 2;
     char** rest = argv + 2;
     if (cmd == "train") return cmd_train(n, rest);
+    if (cmd == "train-group") return cmd_train_group(n, rest);  // compare's (not listed: compare --help says how)
     if (cmd == "eval") return cmd_eval(n, rest);
     if (cmd == "sample") return cmd_sample(n, rest);
     if (cmd == "data") return cmd_data(n, rest);

@@ -12,6 +12,8 @@
 #      step of a tiny `bench --graph 0`, when compute-sanitizer is there; any report it makes fails
 #   5. an nsys kernel summary of config (b) with GQA (the 15 kernels that take the most GPU time), when nsys is there
 #   6. the benchmark configs (a) and (b), full attention and GQA, TF32 and CUDA graphs, (a) without the graph, (b) with flash attention
+#   7. compare --preset tiny --device gpu (8 runs of 300 steps) with --jobs 1 (one process a run) and --jobs 8 (all in one
+#      process, ./lime train-group): the wall time of each, and whether the 8 models are the same bits
 # and prints a short table. Time: the sanitizer runs are capped at 30 s each (racecheck at RACECHECK_SECONDS, 120),
 # the profile at 60 s.
 # Exit status: non-zero if a test, a verify or a sanitizer run failed.
@@ -128,4 +130,23 @@ for r in "${runs[@]}"; do
     echo "-- $name"
     ./lime bench --device gpu $flags 2>&1 | sed 's/^/   /' || { echo "   bench $name failed"; status=1; }
 done
+
+echo "== compare --preset tiny --device gpu: --jobs 1 against --jobs 8 (one process)"
+dir=$(mktemp -d)
+TRAIN="--steps 300 --eval-every 1000"
+for jobs in 1 8; do
+    start=$(date +%s.%N)
+    ./lime compare --preset tiny --device gpu --seeds 4 --jobs $jobs --train-args "$TRAIN" --out "$dir/j$jobs" \
+        >"$dir/j$jobs.log" 2>&1 || { echo "   --jobs $jobs failed: $(tail -1 "$dir/j$jobs.log")"; status=1; }
+    echo "   --jobs $jobs: $(echo "$(date +%s.%N) - $start" | bc) s"
+done
+differ=0
+for m in "$dir"/j1/tier*/*/model.safetensors; do
+    other=${m/\/j1\//\/j8\/}
+    n=$(od -An -t u8 -N8 "$m" | tr -d ' '); k=$(od -An -t u8 -N8 "$other" 2>/dev/null | tr -d ' ')
+    cmp -s <(tail -c +$((9 + n)) "$m") <(tail -c +$((9 + ${k:-0})) "$other") || differ=$((differ + 1))
+done
+echo "   models that differ between --jobs 1 and --jobs 8: $differ"
+[ $differ -eq 0 ] || status=1
+rm -rf "$dir"
 exit $status

@@ -1,7 +1,9 @@
 // support/commands/compare.cpp — `./lime compare`: LLaMa and LIMe side by side, honestly.
 //
-// Each (tier, model, seed) is one `./lime train` run in its own process and
-// directory; compare runs them (several at a time on a CPU), reads their
+// Each (tier, model, seed) is one `./lime train` run in its own directory,
+// and on a CPU its own process; on a GPU --jobs runs share one process
+// (./lime train-group, train.cpp), so that their kernels run side by side.
+// compare runs them (several at a time), reads their
 // JSONL logs, and writes DIR/report.md and figures: per model and tier the
 // mean, std and every seed's value; LIMe minus LLaMa with a 95% confidence
 // interval and Welch's t-test; parameters, FLOPs per token (router counted),
@@ -1003,6 +1005,7 @@ struct CompareSettings {
     std::vector<std::string> run_args;      // every run's train flags: the preset's, those --train-args gives replaced
     int jobs = 1, threads = 1;
     bool gpu = false;
+    bool fit = false;        // on the GPU, --jobs 0: as many runs at once as fit in its memory (at most 16)
     bool reuse = false;      // --reuse
     std::string dir;         // --out
     std::string self;        // this program, run as ./lime train
@@ -1174,8 +1177,9 @@ static CompareSettings compare_settings(Args& a) {
     cs.gpu = device == "gpu" || (device == "auto" && gpu_available(&why));
     if (device == "gpu" && !gpu_available(&why)) die("compare", "--device gpu: " + why);
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    cs.jobs = jobs == 0 ? (cs.gpu ? 1 : std::max(1, cores)) : jobs;
-    cs.threads = std::max(1, cores / cs.jobs);
+    cs.fit = cs.gpu && jobs == 0;
+    cs.jobs = jobs == 0 ? (cs.gpu ? 16 : std::max(1, cores)) : jobs;
+    cs.threads = cs.gpu ? cores : std::max(1, cores / cs.jobs);  // (a GPU group is one process)
     cs.self = exe_path();
     if (cs.self.empty()) die("compare", "cannot find this program's path (/proc/self/exe)");
     return cs;
@@ -1464,7 +1468,8 @@ static void stop_runs(std::vector<Run>* runs, int sig) {
     auto running = [](const Run& r) { return r.stage == Run::TRAINING || r.stage == Run::ANALYSING; };
     for (const Run& r : *runs) stopped += running(r);
     for (int forward = sig == SIGPIPE ? SIGTERM : sig;; forward = g_compare_signal == SIGPIPE ? SIGTERM : g_compare_signal) {
-        for (const Run& r : *runs) if (running(r)) kill(r.pid, forward);
+        std::set<pid_t> sent;  // once each: a GPU group's runs share one process (a second SIGINT ends it unsaved)
+        for (const Run& r : *runs) if (running(r) && sent.insert(r.pid).second) kill(r.pid, forward);
         g_compare_signal = 0;
         int status;
         struct rusage ru;
@@ -1497,6 +1502,73 @@ static bool start_next(const CompareSettings& cs, Run* r) {
     return why.empty();
 }
 
+// On the GPU (--jobs above 1) the runs train --jobs at a time in ONE child
+// process, ./lime train-group (train.cpp: separate processes would take turns
+// on the GPU), one group after another. Each run's directory and DIR/train.out
+// are made and checked here, as start_run's; the child writes to each run's own.
+// A run ends as from ./lime train: its log's done line, else the group's exit status.
+static void train_in_groups(const CompareSettings& cs, std::vector<Run>* runs, size_t* trained, size_t to_train) {
+    struct rusage none = {};
+    while (!g_compare_signal) {
+        std::vector<Run*> group;
+        std::vector<int> fds;
+        std::vector<std::string> words = {cs.self, "train-group"};
+        if (cs.fit) words.push_back("--fit");
+        double started = now_ms();
+        for (Run& r : *runs) {
+            if (r.stage != Run::WAITING || (int)group.size() == cs.jobs) continue;
+            std::string why, out = r.dir + "/train.out";
+            if (make_dir(r.dir, &why)) why = check_run_dir(cs.dir, r.dir);
+            int fd = why.empty() ? open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644) : -1;
+            if (why.empty() && fd < 0) why = "cannot write " + out + ": " + strerror(errno);
+            r.stage = Run::TRAINING;
+            if (!why.empty()) {
+                r.failure = why;
+                finish_run(cs, &r, -1, none, started, ++*trained, to_train);
+                continue;
+            }
+            group.push_back(&r), fds.push_back(fd);
+            words.push_back("--run"), words.push_back(std::to_string(fd));
+            for (const std::string& w : train_args_of(cs, r)) words.push_back(w);
+        }
+        if (group.empty()) return;
+        pid_t parent = getpid(), pid = fork();
+        if (pid == 0) {  // as start_run's child, with the runs' outputs left open across exec
+            setpgid(0, 0);
+#ifdef __linux__
+            prctl(PR_SET_PDEATHSIG, SIGTERM);
+#endif
+            if (getppid() != parent) _exit(128 + SIGTERM);
+            signal(SIGPIPE, SIG_DFL);
+            for (int fd : fds) fcntl(fd, F_SETFD, 0);
+            dup2(fds[0], 1), dup2(fds[0], 2);  // the group's own words (none, unless its arguments are wrong)
+            std::vector<char*> argv;
+            for (std::string& w : words) argv.push_back(&w[0]);
+            argv.push_back(nullptr);
+            execv(cs.self.c_str(), argv.data());
+            dprintf(2, "lime compare: cannot run %s: %s\n", one_line(cs.self).c_str(), strerror(errno));
+            _exit(127);
+        }
+        int e = errno;
+        for (int fd : fds) close(fd);
+        for (Run* r : group) r->pid = pid > 0 ? pid : 0;
+        int status = -1;
+        struct rusage ru = {};
+        if (pid < 0) {
+            for (Run* r : group) r->failure = std::string("cannot start a process: ") + strerror(e);
+        } else {
+            pid_t ended;
+            while ((ended = wait_run(&status, &ru)) == 0) stop_runs(runs, g_compare_signal);
+        }
+        for (Run* r : group) {
+            Run probe = *r;
+            bool finished = false;
+            int st = status >= 0 && read_log(&probe, cs.task, &finished).empty() && finished ? 0 : status;
+            finish_run(cs, r, st, ru, started, ++*trained, to_train);
+        }
+    }
+}
+
 // Runs every run, --jobs at a time, each as a child process (./lime train,
 // then ./lime analyze of its model); returns when all have ended.
 static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
@@ -1511,9 +1583,14 @@ static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
     sa.sa_flags = SA_RESTART;
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
     struct rusage none = {};
+    int at_once = cs.jobs;
+    if (cs.gpu && cs.jobs > 1) {  // trained in groups; then the analyses, one per core
+        train_in_groups(cs, runs, &trained, to_train);
+        at_once = std::max(1, (int)sysconf(_SC_NPROCESSORS_ONLN));
+    }
     for (;;) {
         Run* r;
-        while (!g_compare_signal && running < cs.jobs && (r = next_to_start(runs))) {
+        while (!g_compare_signal && running < at_once && (r = next_to_start(runs))) {
             size_t i = r - runs->data();
             started[i] = now_ms();
             bool training = r->stage == Run::WAITING;
@@ -1555,7 +1632,8 @@ int cmd_compare(int argc, char** argv) {
         {"alpha", "0.5", "order of the Renyi entropy each run's analysis reports (1: Shannon)"},
         {"train-args", "", "extra flags for every ./lime train, replacing the preset's, quoted as in the shell, "
                            "e.g. \"--epochs 30\" or \"--text-file 'my notes.txt'\""},
-        {"jobs", "0", "runs at a time (0: one per core on the CPU, 1 on the GPU)"},
+        {"jobs", "0", "runs at a time (0: one per core on the CPU; on the GPU as many as fit in its memory, at "
+                      "most 16, trained together in one process)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"out", "runs/compare", "output directory: one subdirectory per run, report.md, figures"},
         {"reuse", nullptr, "read the runs --out already holds, finished with the same train flags, not rerun "

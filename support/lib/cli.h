@@ -112,9 +112,13 @@ inline std::string one_line(const std::string& s) {
     return out;
 }
 
+// Where a command's end goes instead of exit(): set by ./lime train-group
+// (train.cpp), whose runs share one process and end one by one; else nullptr.
+inline void (*g_end_hook)(int status) = nullptr;
 // One line on stderr, whatever user text msg echoes, and exit status 2.
 inline void die(const std::string& cmd, const std::string& msg) {
     fprintf(stderr, "lime %s: error: %s\n", one_line(cmd).c_str(), one_line(msg).c_str());
+    if (g_end_hook) g_end_hook(2);
     exit(2);
 }
 

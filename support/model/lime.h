@@ -316,6 +316,8 @@ struct GpuInfo {
     size_t total_bytes = 0, free_bytes = 0; // cudaMemGetInfo now
 };
 bool gpu_info(GpuInfo* info);               // false without a device
+// GPU memory, in bytes, a model of shape c at batch B would allocate with settings s (model_create's check).
+double model_device_need(const Config& c, int B, const ModelSettings& s);
 // GPU memory the model allocated (parameters, gradients, AdamW state, activations); 0 on the CPU.
 size_t model_device_bytes(const Model* model);
 // The nodes of the training step the GPU captured last (0 before the second step, and on the CPU):
