@@ -111,4 +111,13 @@ expect "each run says how many fit" has "$(cat "$tmp/m/c/train.out")" "fit at on
 expect "no run wrote a log" not test -e "$tmp/m/a/log.jsonl"
 verdict "$(tail -1 "$tmp/m/c/train.out")"
 
+# The same from compare: one line with the number that fits, exit status 2.
+check compare_jobs_beyond_memory_one_line
+out=$($LIME compare --preset tiny --device gpu --jobs 3 --archs llama --seeds 3 \
+    --train-args "--layers 24 --dim 2048 --heads 16 --ffn 2048 --batch 4" --out "$tmp/cm" 2>&1)
+status=$?
+expect "compare exits 2 (it exited $status)" test $status -eq 2
+expect "its last line says how many fit" has "$(tail -1 <<<"$out")" "^lime compare: error: --jobs 3: the 3 runs need .* GB together, .* GB is free: 2 fit at once; use --jobs 2$"
+verdict "$(tail -1 <<<"$out")"
+
 summary

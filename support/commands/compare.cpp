@@ -1559,6 +1559,12 @@ static void train_in_groups(const CompareSettings& cs, std::vector<Run>* runs, s
         } else {
             pid_t ended;
             while ((ended = wait_run(&status, &ru)) == 0) stop_runs(runs, g_compare_signal);
+            // --jobs beyond what the GPU holds: no run of the group started; one line, with how many fit
+            std::string words = last_words(group[0]->dir + "/train.out");
+            size_t at = words.find("not started: GPU memory: ");
+            if (WIFEXITED(status) && WEXITSTATUS(status) == 2 && at != std::string::npos)
+                die("compare", "--jobs " + std::to_string(cs.jobs) + ": " +
+                                   words.substr(at + 25, words.find('"', at) - at - 25));
         }
         for (Run* r : group) {
             Run probe = *r;
