@@ -74,6 +74,23 @@ expect "the skipping run skipped step 2" has "$(cat "$tmp/f/skip/train.out")" "s
 expect "the skipping run finished" test -e "$tmp/f/skip/model.safetensors"
 verdict
 
+# Ctrl-C: every running run of the group finishes its step, saves its
+# checkpoint and says how to resume; the group exits 130.
+check group_sigint_saves_every_run
+mkdir -p "$tmp/s/a" "$tmp/s/b"
+LONG="$TINY --steps 1000000 --log-every 1 --save-every 1000000"
+(exec 5>"$tmp/s/a/train.out" 6>"$tmp/s/b/train.out"
+ exec $LIME train-group --run 5 $LONG --out "$tmp/s/a" --run 6 $LONG --arch llama --out "$tmp/s/b") &
+pid=$!
+for _ in $(seq 300); do grep -q '"step":2' "$tmp/s/b/log.jsonl" 2>/dev/null && break; sleep 0.1; done
+kill -INT $pid; wait $pid; status=$?
+expect "train-group exits 130 (it exited $status)" test $status -eq 130
+for r in a b; do
+    expect "run $r saved a checkpoint" test -s "$tmp/s/$r/checkpoint.safetensors"
+    expect "run $r says how to resume" has "$(cat "$tmp/s/$r/train.out")" "continue with ./lime train --resume"
+done
+verdict "$(tail -n 1 "$tmp/s/b/train.out")"
+
 # A run that cannot start (an unknown flag; a directory another process
 # holds) is named in its own train.out, and none of the group starts.
 check group_bad_run_starts_none
