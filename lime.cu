@@ -1652,7 +1652,7 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         // attention block: xa = x + attention(rmsnorm(x)) @ Wo^T
         op_rmsnorm_forward(model, la.attn_in, la.rstd_a, sublayer_input(model, 2 * l, la.x, B, T), w.g_attn, N,
                            residual_start(model, 2 * l, la.xa, B, T));  // and x into xa
-        bool routed = has_router(c, l);  // LLaMa, and LIMe's layer 0: own keys and values, kr = rope(K)
+        bool routed = has_router(c, l);  // else (LLaMa, LIMe's layer 0) its own keys, roped into kr as they are made
         op_qkv_projection_forward(model, la.q, la.K, la.V, routed ? nullptr : la.kr, la.attn_in, w.Wq, B, T);
         if (model->ereg_on) ereg_layer_forward(model, A->ereg, l, la.V, A->batch.valid, B, T, A->scratch);  // S2 of V
         const float* vr = la.V;

@@ -1103,8 +1103,11 @@ static int cmd_train_group(int argc, char** argv) {
             if (mkdir(g->run.s.out.c_str(), 0755) == 0 || errno == EEXIST) g->run.lock_fd = lock_run_dir(g->run.s.out);
             g->need = g->run.dev == DEVICE_GPU ? model_device_need(g->run.c, g->run.s.B, g->run.settings) : 0;
         });
-        if (!ok && failed.empty()) failed = g->run.s.out.empty() ? "run " + std::to_string(&g - runs.data() + 1)
-                                                                  : g->run.s.out;
+        if (!ok && failed.empty()) {  // named by its --out, as given (its flags may not have been read)
+            auto out = std::find(g->words.begin(), g->words.end(), "--out");
+            failed = out != g->words.end() && out + 1 != g->words.end() ? *(out + 1)
+                                                                         : "run " + std::to_string(&g - runs.data() + 1);
+        }
     }
     GpuInfo gpu;
     double free_bytes = gpu_info(&gpu) ? (double)gpu.free_bytes : 0, all = 0, most = 0;
@@ -1123,7 +1126,7 @@ static int cmd_train_group(int argc, char** argv) {
                                 : "another run of this group could not start (" + failed + ": its train.out says why)").c_str());
                 g->status = 2;
             }
-        output_to(out);
+        output_to(out), dup2(err, 2);
         return 2;
     }
     // stepped in turn; a waiting run starts when its memory is free
@@ -1157,8 +1160,7 @@ static int cmd_train_group(int argc, char** argv) {
             g->status = 128 + g_stop_signal;
         }
     for (auto& g : runs) status = std::max(status, g->status);
-    output_to(out);
-    dup2(err, 2);
+    output_to(out), dup2(err, 2);
     return status;
 }
 

@@ -135,10 +135,10 @@ echo "== compare --preset tiny --device gpu: --jobs 1 against --jobs 8 (one proc
 dir=$(mktemp -d)
 TRAIN="--steps 300 --eval-every 1000"
 for jobs in 1 8; do
-    start=$(date +%s.%N)
+    start=$(date +%s%N)
     ./lime compare --preset tiny --device gpu --seeds 4 --jobs $jobs --train-args "$TRAIN" --out "$dir/j$jobs" \
         >"$dir/j$jobs.log" 2>&1 || { echo "   --jobs $jobs failed: $(tail -1 "$dir/j$jobs.log")"; status=1; }
-    echo "   --jobs $jobs: $(echo "$(date +%s.%N) - $start" | bc) s"
+    echo "   --jobs $jobs: $(( ($(date +%s%N) - start) / 1000000 )) ms"
 done
 differ=0
 for m in "$dir"/j1/tier*/*/model.safetensors; do
