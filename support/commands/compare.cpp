@@ -219,6 +219,7 @@ struct Run {
     std::string arch, tier, dir;
     int seed = 0;
     pid_t pid = 0;
+    int trained_with = 0;  // the other runs in its process (a GPU group), whose steps its times include
     int status = -1;
     double max_rss_mb = 0, seconds = 0;
     // read from DIR/log.jsonl (read_log), every number checked
@@ -907,14 +908,22 @@ static void report_cost(std::ostringstream& md, const Report& rep) {
     for (const RunGroup& g : rep.groups) {
         if (g.runs.empty()) continue;  // a model this tier did not train
         std::vector<double> ms = g.values(&Run::ms_per_step), rss;
-        for (double mb : g.values(&Run::max_rss_mb))  // a run read with --reuse was not measured here: 0
+        for (double mb : g.values(&Run::max_rss_mb))  // a run read with --reuse, or trained in a group: 0
             if (mb > 0) rss.push_back(mb);
         const Run* r0 = g.runs.empty() ? nullptr : g.runs[0];
         md << "| " << rep.label(g.tier) << " | " << g.arch << " | " << (r0 ? fmt("%.0f", r0->params) : "n/a") << " | "
            << (r0 ? fmt("%.4g", r0->flops_per_token_) : "n/a") << " | "
            << (ms.empty() ? "n/a" : fmt("%.2f", stats_mean(ms))) << " | "
-           << (rss.empty() ? "n/a (reused runs)" : fmt("%.0f MB", stats_mean(rss))) << " |\n";
+           << (rss.empty() ? "n/a (reused runs, or a GPU group's)" : fmt("%.0f MB", stats_mean(rss))) << " |\n";
     }
+    for (const RunGroup& g : rep.groups)
+        for (const Run* r : g.runs)
+            if (r->trained_with > 0) {
+                md << "\nThe runs trained on the GPU several at a time in one process (--jobs): a run's ms per "
+                      "step is the pace of its group, every run's steps included, not its model's own; compare "
+                      "models' speed with `./lime bench` or `--jobs 1`.\n";
+                return;
+            }
 }
 
 // One tier's loss curves (training loss, validation loss against steps and
@@ -1571,6 +1580,8 @@ static void train_in_groups(const CompareSettings& cs, std::vector<Run>* runs, s
             bool finished = false;
             int st = status >= 0 && read_log(&probe, cs.task, &finished).empty() && finished ? 0 : status;
             finish_run(cs, r, st, ru, started, ++*trained, to_train);
+            r->trained_with = (int)group.size() - 1;
+            if (r->trained_with > 0) r->max_rss_mb = 0;  // the group's process, not the run's
         }
     }
 }
