@@ -50,6 +50,8 @@ for j in 1 3; do
         --train-args "--steps 2 --test-size 2" --out "$tmp/c$j"
 done
 expect "compare --jobs 3 wrote its report" test -s "$tmp/c3/report.md"
+expect "its cost table says a grouped run's time is its group's" grep -q "is the pace of its group" "$tmp/c3/report.md"
+expect "--jobs 1's says nothing of groups" not grep -q "is the pace of its group" "$tmp/c1/report.md"
 for m in "$tmp"/c1/tier2/*/model.safetensors; do
     run=$(basename "$(dirname "$m")")
     expect "$run: the same tensors with --jobs 3 as with --jobs 1" same_tensors "$m" "$tmp/c3/tier2/$run/model.safetensors"
