@@ -215,6 +215,7 @@ static size_t cpu_scratch_floats(const Config& c, int B, int threads) {
 static size_t gpu_scratch_floats(const Config& c, size_t BT) {
     size_t study = std::max({hc_gpu_scratch_floats(c, BT), denseformer_scratch_floats(c, BT),
                              c.arch == ARCH_RESFORMER ? mix_scratch_floats(2, BT * c.R * c.hd) : 0});
+    // 3 BT H hd: the q/k/v product (BT, (H + 2R) hd), R <= H; attention's group-major out or dout (BT, H hd)
     return std::max({3 * BT * c.H * c.hd, router_gpu_scratch_floats(c, BT), study});
 }
 
@@ -835,9 +836,8 @@ static void op_qkv_projection_forward(Model* model, float* q, float* K, float* V
     DISPATCH(model,
              qkv_projection_forward_gpu(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
                                         !A->flash, A->scratch, blas_of(model), stream_of(model)),
-             (qkv_projection_forward_fast(q, K, V, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
-                                          A->scratch),
-              kr ? rope_rotate_fast(kr, K, A->rope_cos, A->rope_sin, c.R * B, T, 1, c.hd, 1.0f) : (void)0),
+             qkv_projection_forward_fast(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
+                                         A->scratch),
              qkv_projection_forward(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd));
 }
 static void op_qkv_projection_backward(Model* model, float* da, float* dW, float* dq, const float* dK, const float* dV,

@@ -1030,7 +1030,7 @@ struct GroupRun {
     TrainRun run;
     double need = 0;                 // bytes of GPU memory
     enum { WAITING, RUNNING, ENDED } state = WAITING;
-    int step = 0, status = 0;
+    int status = 0;
 };
 
 // A run of the group has ended: its files closed, its lock let go, its model freed.
@@ -1138,13 +1138,14 @@ static int cmd_train_group(int argc, char** argv) {
         for (auto& g : runs) {
             if (g->state == GroupRun::WAITING && !g_stop_signal && (used == 0 || used + g->need <= free_bytes) &&
                 as_run(g.get(), [&] { train_begin(&g->st, &g->run), train_loop_start(&g->run); }))
-                g->state = GroupRun::RUNNING, g->step = g->run.start_step, used += g->need;
+                g->state = GroupRun::RUNNING, used += g->need;
             if (g->state != GroupRun::RUNNING) continue;
             any = true;
             int ended = -1;
-            as_run(g.get(), [&] {
-                if (++g->step <= g->run.s.steps) ended = train_loop_step(&g->run, g->step);
-                if (g->step >= g->run.s.steps && ended < 0) ended = train_finish(&g->run);
+            as_run(g.get(), [&] {  // its next step (done_step: the last taken, or the step it resumes at)
+                int step = g->run.done_step + 1;
+                if (step <= g->run.s.steps) ended = train_loop_step(&g->run, step);
+                if (step >= g->run.s.steps && ended < 0) ended = train_finish(&g->run);
             });
             if (g->state == GroupRun::RUNNING && ended >= 0) end_group_run(g.get(), ended);  // as ./lime train ends
         }

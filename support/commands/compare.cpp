@@ -233,22 +233,21 @@ struct Run {
     std::string failure;  // a failed training or analysis: how it ended and where its last words are
 };
 
-// Starts ./lime CMD ARGS (train, then analyze) as a child whose output goes to
-// DIR/CMD.out, opened here: truncated (never an earlier run's words), a
-// symlink there refused, and when it cannot be written the run is not started
-// (0, *why says so). The child dies with compare: PR_SET_PDEATHSIG sends it
-// SIGTERM when compare ends, even by SIGKILL (train then saves a checkpoint and
-// stops), so no run is left behind.
-static pid_t start_run(const std::string& self, const Run& r, const char* cmd, const std::vector<std::string>& args,
-                       std::string* why) {
-    std::string out = r.dir + "/" + cmd + ".out";
-    int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        *why = "cannot write " + out + ": " + strerror(errno);
-        return 0;
-    }
-    std::vector<std::string> all = {self, cmd};
-    all.insert(all.end(), args.begin(), args.end());
+// DIR/CMD.out opened for a child to write: truncated (never an earlier run's
+// words), a symlink there refused. -1, and *why, when it cannot be written.
+static int open_run_output(const std::string& path, std::string* why) {
+    int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) *why = "cannot write " + path + ": " + strerror(errno);
+    return fd;
+}
+
+// Forks and runs `all` (this program, then its words) as a child with stdout
+// and stderr on out_fd, and the descriptors in keep left open across exec (a
+// train-group's runs' outputs). The child dies with compare: PR_SET_PDEATHSIG
+// sends it SIGTERM when compare ends, even by SIGKILL (train then saves a
+// checkpoint and stops), so no run is left behind. The pid, or 0 (*why says why).
+static pid_t spawn(const std::string& self, std::vector<std::string> all, int out_fd, const std::vector<int>& keep,
+                   std::string* why) {
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
@@ -260,8 +259,9 @@ static pid_t start_run(const std::string& self, const Run& r, const char* cmd, c
 #endif
         if (getppid() != parent) _exit(128 + SIGTERM);  // compare ended before the line above took effect
         signal(SIGPIPE, SIG_DFL);  // compare ignores it (its stdout may close); a run starts as any program does
-        dup2(fd, 1);
-        dup2(fd, 2);
+        for (int fd : keep) fcntl(fd, F_SETFD, 0);
+        dup2(out_fd, 1);
+        dup2(out_fd, 2);
         std::vector<char*> argv;
         for (std::string& a : all) argv.push_back(&a[0]);
         argv.push_back(nullptr);
@@ -269,10 +269,21 @@ static pid_t start_run(const std::string& self, const Run& r, const char* cmd, c
         dprintf(2, "lime compare: cannot run %s: %s\n", one_line(self).c_str(), strerror(errno));
         _exit(127);
     }
-    int e = errno;
-    close(fd);
-    if (pid < 0) *why = std::string("cannot start a process: ") + strerror(e);
+    if (pid < 0) *why = std::string("cannot start a process: ") + strerror(errno);
     return pid < 0 ? 0 : pid;
+}
+
+// Starts ./lime CMD ARGS (train, then analyze) as a child whose output goes to
+// DIR/CMD.out; when that cannot be written the run is not started (0, *why says so).
+static pid_t start_run(const std::string& self, const Run& r, const char* cmd, const std::vector<std::string>& args,
+                       std::string* why) {
+    int fd = open_run_output(r.dir + "/" + cmd + ".out", why);
+    if (fd < 0) return 0;
+    std::vector<std::string> all = {self, cmd};
+    all.insert(all.end(), args.begin(), args.end());
+    pid_t pid = spawn(self, all, fd, {}, why);
+    close(fd);
+    return pid;
 }
 
 // How a child ended, from its wait status: "exit status 2", or the signal by
@@ -1526,10 +1537,9 @@ static void train_in_groups(const CompareSettings& cs, std::vector<Run>* runs, s
         double started = now_ms();
         for (Run& r : *runs) {
             if (r.stage != Run::WAITING || (int)group.size() == cs.jobs) continue;
-            std::string why, out = r.dir + "/train.out";
+            std::string why;
             if (make_dir(r.dir, &why)) why = check_run_dir(cs.dir, r.dir);
-            int fd = why.empty() ? open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644) : -1;
-            if (why.empty() && fd < 0) why = "cannot write " + out + ": " + strerror(errno);
+            int fd = why.empty() ? open_run_output(r.dir + "/train.out", &why) : -1;
             r.stage = Run::TRAINING;
             if (!why.empty()) {
                 r.failure = why;
@@ -1541,39 +1551,21 @@ static void train_in_groups(const CompareSettings& cs, std::vector<Run>* runs, s
             for (const std::string& w : train_args_of(cs, r)) words.push_back(w);
         }
         if (group.empty()) return;
-        pid_t parent = getpid(), pid = fork();
-        if (pid == 0) {  // as start_run's child, with the runs' outputs left open across exec
-            setpgid(0, 0);
-#ifdef __linux__
-            prctl(PR_SET_PDEATHSIG, SIGTERM);
-#endif
-            if (getppid() != parent) _exit(128 + SIGTERM);
-            signal(SIGPIPE, SIG_DFL);
-            for (int fd : fds) fcntl(fd, F_SETFD, 0);
-            dup2(fds[0], 1), dup2(fds[0], 2);  // the group's own words (none, unless its arguments are wrong)
-            std::vector<char*> argv;
-            for (std::string& w : words) argv.push_back(&w[0]);
-            argv.push_back(nullptr);
-            execv(cs.self.c_str(), argv.data());
-            dprintf(2, "lime compare: cannot run %s: %s\n", one_line(cs.self).c_str(), strerror(errno));
-            _exit(127);
-        }
-        int e = errno;
+        std::string why;  // the group's own words go to its first run's output (none, unless its arguments are wrong)
+        pid_t pid = spawn(cs.self, words, fds[0], fds, &why);
         for (int fd : fds) close(fd);
-        for (Run* r : group) r->pid = pid > 0 ? pid : 0;
         int status = -1;
         struct rusage ru = {};
-        if (pid < 0) {
-            for (Run* r : group) r->failure = std::string("cannot start a process: ") + strerror(e);
-        } else {
-            pid_t ended;
-            while ((ended = wait_run(&status, &ru)) == 0) stop_runs(runs, g_compare_signal);
+        for (Run* r : group) r->pid = pid, r->failure = why;
+        if (pid > 0) {
+            while (wait_run(&status, &ru) == 0) stop_runs(runs, g_compare_signal);
             // --jobs beyond what the GPU holds: no run of the group started; one line, with how many fit
-            std::string words = last_words(group[0]->dir + "/train.out");
-            size_t at = words.find("not started: GPU memory: ");
+            const std::string mark = "not started: GPU memory: ";
+            std::string last = last_words(group[0]->dir + "/train.out");
+            size_t at = last.find(mark);
             if (WIFEXITED(status) && WEXITSTATUS(status) == 2 && at != std::string::npos)
                 die("compare", "--jobs " + std::to_string(cs.jobs) + ": " +
-                                   words.substr(at + 25, words.find('"', at) - at - 25));
+                                   last.substr(at + mark.size(), last.find('"', at) - at - mark.size()));
         }
         for (Run* r : group) {
             Run probe = *r;

@@ -24,6 +24,11 @@
 // the probabilities group-major too (the GPU's own layout: the CPU's is
 // (B, H, T, T)); a row is (g, j, t), t = row % T. The scores above the
 // diagonal (u > t) are computed and then set to 0.
+// Where query head h of position (b, t) starts in the group-major (R, B, n_rep, T, hd).
+__device__ inline size_t group_major_at(int b, int t, int h, int B, int T, int H, int R, int hd) {
+    int n_rep = H / R;
+    return ((((size_t)(h / n_rep) * B + b) * n_rep + h % n_rep) * T + t) * hd;
+}
 __global__ void group_heads_kernel(float* dst, const float* src, int B, int T, int H, int R, int hd) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over dst (R, B, n_rep, T, hd); 32-bit: see launch_check
     if (idx >= B * T * H * hd) return;
@@ -34,8 +39,8 @@ __global__ void group_heads_kernel(float* dst, const float* src, int B, int T, i
 __global__ void ungroup_heads_kernel(float* dst, const float* src, int B, int T, int H, int R, int hd) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;  // over dst (B, T, H, hd)
     if (idx >= B * T * H * hd) return;
-    int n_rep = H / R, i = idx % hd, h = idx / hd % H, t = idx / hd / H % T, b = idx / hd / H / T;
-    dst[idx] = src[((((size_t)(h / n_rep) * B + b) * n_rep + h % n_rep) * T + t) * hd + i];
+    int i = idx % hd, h = idx / hd % H, t = idx / hd / H % T, b = idx / hd / H / T;
+    dst[idx] = src[group_major_at(b, t, h, B, T, H, R, hd) + i];
 }
 static void group_heads_gpu(float* dst, const float* src, int B, int T, int H, int R, int hd, cudaStream_t stream) {
     LAUNCH(group_heads_kernel, ceil_div((size_t)B * T * H * hd, 256), 256, 0, stream)(dst, src, B, T, H, R, hd);
@@ -56,10 +61,9 @@ __global__ void qkv_scatter_kernel(float* q, float* K, float* V, float* kr, floa
     int half = hd / 2, qpairs = N * H * half, idx = blockIdx.x * blockDim.x + threadIdx.x, W = (H + 2 * R) * hd;
     if (idx >= qpairs + 2 * N * R * hd) return;  // 32-bit: see launch_check
     if (idx < qpairs) {  // q: rotated by position t = n % T (gather: by -t)
-        int i = idx % half, h = idx / half % H, n = idx / half / H, t = n % T, n_rep = H / R;
+        int i = idx % half, h = idx / half % H, n = idx / half / H, t = n % T;
         float c = cos_t[t * half + i], s = (gather ? -1.0f : 1.0f) * sin_t[t * half + i];
-        size_t at = q_grouped ? ((((size_t)(h / n_rep) * (N / T) + n / T) * n_rep + h % n_rep) * T + t) * hd
-                              : ((size_t)n * H + h) * hd;  // (R, B, n_rep, T, hd) or (B, T, H, hd)
+        size_t at = q_grouped ? group_major_at(n / T, t, h, N / T, T, H, R, hd) : ((size_t)n * H + h) * hd;
         float* x = gather ? q + at : qkv + (size_t)n * W + h * hd;
         float* y = gather ? qkv + (size_t)n * W + h * hd : q + at;
         float x0 = x[i], x1 = x[i + half];

@@ -1524,13 +1524,15 @@ size_t router_fast_scratch_floats(int L, int R, size_t row) {
 // = qkv_projection_forward, qkv_projection_backward (lime.cu: the attention's
 // inputs, q roped, K and V into the head-major buffer), the same steps on the
 // fast products and rotation. W = [Wq; Wk; Wv]; scratch: the forward's panels.
-void qkv_projection_forward_fast(float* q, float* K, float* V, const float* a, const float* W, const float* cos_t,
-                                 const float* sin_t, int B, int T, int C, int H, int R, int hd, float* scratch) {
+void qkv_projection_forward_fast(float* q, float* K, float* V, float* kr, const float* a, const float* W,
+                                 const float* cos_t, const float* sin_t, int B, int T, int C, int H, int R, int hd,
+                                 float* scratch) {
     int N = B * T, qd = H * hd, kvd = R * hd;
     matmul_forward_fast(q, a, W, N, C, qd, false, scratch);
     kv_projection_forward_fast(K, a, W + (size_t)qd * C, N, C, R, hd, scratch);
     kv_projection_forward_fast(V, a, W + (size_t)(qd + kvd) * C, N, C, R, hd, scratch);
     rope_rotate_fast(q, q, cos_t, sin_t, B, T, H, hd, 1.0f);
+    if (kr) rope_rotate_fast(kr, K, cos_t, sin_t, R * B, T, 1, hd, 1.0f);  // (R, B, T, hd): R*B sequences of one head
 }
 void qkv_projection_backward_fast(float* da, float* dW, float* dq, const float* dK, const float* dV, const float* a,
                                   const float* W, const float* cos_t, const float* sin_t, int B, int T, int C, int H,

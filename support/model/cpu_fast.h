@@ -57,9 +57,11 @@ void router_backward_fast(KvPair dW, KvPair dbuf, KvConst dout, KvConst W, KvCon
                           int N, int R, int hd, float* scratch);
 size_t router_fast_scratch_floats(int L, int R, size_t row);
 // = qkv_projection_forward, qkv_projection_backward (lime.cu: q roped, K and V into the
-// head-major buffer, from a = rmsnorm(x); W = [Wq; Wk; Wv]); scratch: the forward's panels.
-void qkv_projection_forward_fast(float* q, float* K, float* V, const float* a, const float* W, const float* cos_t,
-                                 const float* sin_t, int B, int T, int C, int H, int R, int hd, float* scratch);
+// head-major buffer, and kr = rope(K) when not nullptr, from a = rmsnorm(x); W = [Wq; Wk; Wv]);
+// scratch: the forward's panels.
+void qkv_projection_forward_fast(float* q, float* K, float* V, float* kr, const float* a, const float* W,
+                                 const float* cos_t, const float* sin_t, int B, int T, int C, int H, int R, int hd,
+                                 float* scratch);
 void qkv_projection_backward_fast(float* da, float* dW, float* dq, const float* dK, const float* dV, const float* a,
                                   const float* W, const float* cos_t, const float* sin_t, int B, int T, int C, int H,
                                   int R, int hd);
