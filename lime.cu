@@ -28,6 +28,7 @@
 #include "support/model/cpu_fast.h"      // defines: the fast CPU versions X_fast, exp_fast
 #include "support/model/device.cuh"      // defines: DISPATCH, cudaCheck, warp_sum, block_sum, GpuState, op_copy
 #include "support/model/memory_check.h"  // defines: memory_fix, launch_check (what a shape needs, refused early)
+#include "support/model/split_k.cuh"     // defines: split_weight_grad_gpu, op_split_sum (the GPU's weight gradients)
 #include "support/model/attention_gpu.cuh"    // defines: attention_forward_gpu, ..._backward_gpu, qkv_scatter_gpu
 #include "support/model/flash_attention.cuh"  // defines: flash_attention_forward_gpu, ..._backward_gpu (O(T) memory)
 #include "support/model/flash_attention_tc.cuh"  // defines: flash_attention_tc_forward_gpu (the same, tensor cores)
@@ -183,8 +184,8 @@ struct Acts {
     float* dKbuf;    // (L, R, B, T, hd) gradient of the KV buffer, filled by layers >= l
     float* dVbuf;    // (L, R, B, T, hd)
     float* dout;     // (B, T, H*hd) gradient of the attention output
-    float* dgate;    // (B, T, F)
-    float* dup;      // (B, T, F)
+    float* dgate;    // (B, T, F); on the GPU the first half of each (B, T, 2F) row of [dgate | dup]
+    float* dup;      // (B, T, F); on the GPU the second half
     float* dh;       // (B, T, F)
     float* datt;     // (B, H, T, T) GPU attention scratch (empty on the CPU)
     float* scratch;  // one op at a time: the CPU's partial sums and buffers (cpu_scratch_floats); the GPU's
@@ -252,7 +253,8 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->dkr, BT * kvd), take(&A->dvr, BT * kvd);
     take(&A->dKbuf, L * BT * kvd), take(&A->dVbuf, L * BT * kvd);
     take(&A->dout, BT * qd);
-    take(&A->dgate, BT * c.F), take(&A->dup, BT * c.F);
+    take(&A->dgate, 2 * BT * c.F);  // and dup: after it, or on the GPU beside it (op_gate_up_backward)
+    if (base) A->dup = A->dgate + (dev == DEVICE_GPU ? c.F : BT * c.F);
     take(&A->dh, BT * c.F);
     take(&A->datt, dev == DEVICE_GPU && !flash ? BT * c.H * c.T : 0);  // the GPU's matrix-product attention
     A->threads = cpu_threads();
@@ -350,9 +352,9 @@ static void matmul_forward_gpu(float* out, const float* inp, const float* W, int
     gemm_nt_gpu(out, inp, W, N, OC, C, accumulate, blas);
 }
 static void matmul_backward_gpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
-                                int C, int OC, bool add_dinp, cublasHandle_t blas) {
+                                int C, int OC, bool add_dinp, const SplitK& split, cublasHandle_t blas) {
     if (dinp) gemm_nn_gpu(dinp, dout, W, N, C, OC, add_dinp, blas);
-    if (dW) gemm_tn_gpu(dW, dout, inp, OC, C, N, blas);
+    if (dW && !split_weight_grad_gpu(dW, dout, inp, OC, C, N, split, blas)) gemm_tn_gpu(dW, dout, inp, OC, C, N, blas);
 }
 #endif
 // The fast versions (matmul_forward_fast, matmul_backward_fast) are the same
@@ -365,30 +367,22 @@ static void op_matmul_forward(Model* model, float* out, const float* inp, const 
 }
 static void op_matmul_backward(Model* model, float* dinp, float* dW, const float* dout, const float* inp,
                                const float* W, int N, int C, int OC, bool add_dinp) {
-    DISPATCH(model, matmul_backward_gpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp, blas_of(model)),
+    DISPATCH(model, matmul_backward_gpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp, split_of(model), blas_of(model)),
              matmul_backward_fast(dinp, dW, dout, inp, W, N, C, OC, add_dinp),
              matmul_backward(dinp, dW, dout, inp, W, N, C, OC, add_dinp));
 }
 
 // The SwiGLU's two inputs from m (N, d): gate = m @ Wg^T, up = m @ Wu^T (N, F), Wg and
-// Wu one after another in the parameters (param_specs). On the GPU each pair of
-// products is one strided-batched call: the gate's and the up's arrays (and
-// their gradients') lie a fixed distance apart, as Wg and Wu do.
+// Wu one after another in the parameters (param_specs): [Wg; Wu] (2F, d). On the
+// GPU the forward is one strided-batched call (gate and up lie a fixed distance
+// apart, as Wg and Wu do), and the backward the linear layer's over [Wg; Wu]:
+// there dgate and dup are the halves of one (N, 2F) array's rows (acts_carve).
 #ifdef LIME_GPU
 static void gate_up_forward_gpu(float* gate, float* up, const float* m, const float* Wg, int N, int d, int F,
                                 cublasHandle_t blas) {
     const float one = 1.0f, zero = 0.0f;  // as gemm_nt_gpu, batched over (Wg, gate), (Wu, up)
     cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, F, N, d, &one, Wg, d, (long long)F * d, m, d,
                                           0, &zero, gate, F, up - gate, 2));
-}
-// dm (N, d) = dgate @ Wg + dup @ Wu;  dWg, dWu += dgate^T @ m, dup^T @ m (one batched call: dW's gemm_tn_gpu)
-static void gate_up_backward_gpu(float* dm, float* dWg, const float* dgate, const float* dup, const float* m,
-                                 const float* Wg, int N, int d, int F, cublasHandle_t blas) {
-    const float one = 1.0f;
-    gemm_nn_gpu(dm, dgate, Wg, N, d, F, false, blas);
-    gemm_nn_gpu(dm, dup, Wg + (size_t)F * d, N, d, F, true, blas);
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, d, F, N, &one, m, d, 0, dgate, F,
-                                          dup - dgate, &one, dWg, d, (long long)F * d, 2));
 }
 #endif
 static void op_gate_up_forward(Model* model, float* gate, float* up, const float* m, const float* Wg, int N) {
@@ -400,12 +394,13 @@ static void op_gate_up_forward(Model* model, float* gate, float* up, const float
              (matmul_forward(gate, m, Wg, N, d, F, false), matmul_forward(up, m, Wu, N, d, F, false)));
 }
 // forward: gate = m Wg^T, up = m Wu^T
+// dm (N, d) = dgate @ Wg + dup @ Wu;  dWg, dWu += dgate^T @ m, dup^T @ m (the GPU: [dgate | dup] (N, 2F), [Wg; Wu])
 static void op_gate_up_backward(Model* model, float* dm, float* dWg, const float* dgate, const float* dup,
                                 const float* m, const float* Wg, int N) {
     int d = model->c.d, F = model->c.F;
     const float* Wu = Wg + (size_t)F * d;
     float* dWu = dWg + (size_t)F * d;
-    DISPATCH(model, gate_up_backward_gpu(dm, dWg, dgate, dup, m, Wg, N, d, F, blas_of(model)),
+    DISPATCH(model, matmul_backward_gpu(dm, dWg, dgate, m, Wg, N, d, 2 * F, false, split_of(model), blas_of(model)),
              (matmul_backward_fast(dm, dWg, dgate, m, Wg, N, d, F, false),
               matmul_backward_fast(dm, dWu, dup, m, Wu, N, d, F, true)),
              (matmul_backward(dm, dWg, dgate, m, Wg, N, d, F, false),
@@ -820,11 +815,11 @@ static void qkv_projection_forward_gpu(float* q, float* K, float* V, float* kr, 
 static void qkv_projection_backward_gpu(float* da, float* dW, float* dq, const float* dK, const float* dV,
                                         const float* a, const float* W, const float* cos_t, const float* sin_t, int B,
                                         int T, int C, int H, int R, int hd, bool q_grouped, float* qkv,
-                                        cublasHandle_t blas, cudaStream_t stream) {
-    qkv_scatter_gpu(dq, (float*)dK, (float*)dV, nullptr, qkv, cos_t, sin_t, B * T, T, H, R, hd, q_grouped, true,
-                    stream);
-    gemm_nn_gpu(da, qkv, W, B * T, C, (H + 2 * R) * hd, false, blas);
-    gemm_tn_gpu(dW, qkv, a, (H + 2 * R) * hd, C, B * T, blas);
+                                        const SplitK& split, cublasHandle_t blas, cudaStream_t stream) {
+    int N = B * T, OC = (H + 2 * R) * hd;
+    qkv_scatter_gpu(dq, (float*)dK, (float*)dV, nullptr, qkv, cos_t, sin_t, N, T, H, R, hd, q_grouped, true, stream);
+    gemm_nn_gpu(da, qkv, W, N, C, OC, false, blas);
+    if (!split_weight_grad_gpu(dW, qkv, a, OC, C, N, split, blas)) gemm_tn_gpu(dW, qkv, a, OC, C, N, blas);
 }
 #endif
 // The fast versions (qkv_projection_forward_fast, ..._backward_fast) are the same steps blocked.
@@ -846,7 +841,7 @@ static void op_qkv_projection_backward(Model* model, float* da, float* dW, float
     const Acts* A = pass_acts(model);
     DISPATCH(model,
              qkv_projection_backward_gpu(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
-                                         !A->flash, A->scratch, blas_of(model), stream_of(model)),
+                                         !A->flash, A->scratch, split_of(model), blas_of(model), stream_of(model)),
              qkv_projection_backward_fast(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R,
                                           c.hd),
              qkv_projection_backward(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd));
@@ -1227,21 +1222,26 @@ __global__ void swiglu_forward_kernel(float* out, const float* gate, const float
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
+// A thread per column j < F, rows n < N in the grid's steps; dgate, dup rows ld apart ([dgate | dup]: 2F)
 __global__ void swiglu_backward_kernel(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
-                                       size_t n) {
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    float g = gate[i], s = 1.0f / (1.0f + expf(-g));
-    dgate[i] = dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
-    dup[i] = dout[i] * g * s;
+                                       int N, int F, int ld) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int n = blockIdx.y * blockDim.y + threadIdx.y; n < N && j < F; n += gridDim.y * blockDim.y) {
+        size_t i = (size_t)n * F + j, o = (size_t)n * ld + j;
+        float g = gate[i], s = 1.0f / (1.0f + expf(-g));
+        dgate[o] = dout[i] * up[i] * s * (1.0f + g * (1.0f - s));
+        dup[o] = dout[i] * g * s;
+    }
 }
 static void swiglu_forward_gpu(float* out, const float* gate, const float* up, size_t n, cudaStream_t stream) {
     LAUNCH(swiglu_forward_kernel, ceil_div(n, 256), 256, 0, stream)(out, gate, up, n);
     launchCheck();
 }
 static void swiglu_backward_gpu(float* dgate, float* dup, const float* dout, const float* gate, const float* up,
-                                size_t n, cudaStream_t stream) {
-    LAUNCH(swiglu_backward_kernel, ceil_div(n, 256), 256, 0, stream)(dgate, dup, dout, gate, up, n);
+                                size_t n, int F, cudaStream_t stream) {
+    int N = (int)(n / F);
+    LAUNCH(swiglu_backward_kernel, dim3(ceil_div(F, 32), std::min(ceil_div(N, 8), 65535u)), dim3(32, 8), 0, stream)
+        (dgate, dup, dout, gate, up, N, F, 2 * F);
     launchCheck();
 }
 #endif
@@ -1251,7 +1251,7 @@ static void op_swiglu_forward(Model* model, float* out, const float* gate, const
 }
 static void op_swiglu_backward(Model* model, float* dgate, float* dup, const float* dout, const float* gate,
                                const float* up, size_t n) {
-    DISPATCH(model, swiglu_backward_gpu(dgate, dup, dout, gate, up, n, stream_of(model)),
+    DISPATCH(model, swiglu_backward_gpu(dgate, dup, dout, gate, up, n, model->c.F, stream_of(model)),
              swiglu_backward(dgate, dup, dout, gate, up, n));
 }
 
@@ -1487,14 +1487,9 @@ __global__ void adamw_kernel(float* mem, size_t n, const AdamWRun* runs, int n_r
                              const Metrics* metrics) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    int lo = 0, hi = n_runs - 1;  // the last run starting at or before i
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (runs[mid].offset <= i) lo = mid;
-        else hi = mid - 1;
-    }
+    int group = entry_holding(runs, n_runs, i, &AdamWRun::offset).group;
     float *p = mem + i, *m = mem + 2 * n + i, *v = mem + 3 * n + i, g = mem[n + i] * metrics->clip_scale;
-    float lr = nums->lr[runs[lo].group], wd = nums->weight_decay[runs[lo].group];
+    float lr = nums->lr[group], wd = nums->weight_decay[group];
     float mi = nums->beta1 * *m + (1.0f - nums->beta1) * g;
     float vi = nums->beta2 * *v + (1.0f - nums->beta2) * g * g;
     *m = mi;
@@ -1734,6 +1729,7 @@ static void backward_pass(Model* model, int B, int T) {
     if (c.arch == ARCH_HC) op_hc_sum(model, A->dx, A->dx, N);  // forward: X[i] = x[0] for every stream
     if (c.arch == ARCH_DENSEFORMER) op_add(model, A->dx, A->dense.dX, (size_t)N * d);  // x[0] in every average
     op_embedding_backward(model, grads.E, A->dx, A->batch.tokens, N);
+    op_split_sum(model, N);  // the GPU's split weight gradients into theirs (support/model/split_k.cuh)
 }
 
 // Global norm, clipping and AdamW with model->numbers (docs/training.md).
@@ -1762,7 +1758,9 @@ static double memory_needed(const Config& c, int B, Device dev, bool on_device, 
         acts = (double)acts_carve(&probe, c, B, nullptr, dev, flash);
     return state + 4 * acts;
 }
-static double device_need(const Config& c, int B, bool flash) { return memory_needed(c, B, DEVICE_GPU, true, flash); }
+static double device_need(const Config& c, int B, bool flash) {  // and the split-k's slots (gpu_carve_small)
+    return memory_needed(c, B, DEVICE_GPU, true, flash) + 4.0 * split_slot_floats(c, (size_t)B * c.T);
+}
 double model_device_need(const Config& c, int B, const ModelSettings& s) {  // (auto: flash from T = 1024, as gpu_create)
     return device_need(c, B, s.attention == ATTENTION_FLASH || (s.attention == ATTENTION_AUTO && c.T >= 1024));
 }

@@ -12,6 +12,7 @@ SPILL_FREE=(
     flash_tc_forward_kernel flash_tc_backward_q_kernel flash_tc_backward_kv_kernel
     kv_transpose_kernel
     embedding_backward_kernel rmsnorm_backward_kernel crossentropy_forward_kernel grad_norm_kernel qkv_scatter_kernel
+    split_sum_kernel
     hc_weights_forward_kernel hc_weights_dx_kernel hc_weights_partial_kernel hc_weights_reduce_kernel
     hc_width_forward_kernel hc_width_backward_dx_kernel hc_width_backward_da_kernel
     hc_depth_forward_kernel hc_depth_backward_dy_kernel hc_depth_backward_db_kernel hc_sum_kernel hc_expand_kernel

@@ -130,6 +130,19 @@ __device__ inline bool last_block_done(unsigned* done) {
     if (threadIdx.x == 0 && (last = atomicAdd(done, 1u) == gridDim.x * gridDim.y * gridDim.z - 1)) *done = 0;
     return __syncthreads_or(last);  // thread 0's answer, to every thread
 }
+
+// Which of n entries, sorted by their `start`, holds item i: the last one starting
+// at or before it, by binary search (adamw_kernel's runs, split_sum_kernel's products).
+template <class Entry>
+__device__ inline const Entry& entry_holding(const Entry* e, int n, size_t i, size_t Entry::*start) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (e[mid].*start <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return e[lo];
+}
 #endif
 
 // DISPATCH(model, gpu, fast, plain): an op's dispatcher runs its GPU launcher
@@ -163,7 +176,29 @@ struct BatchArrays {
     float* valid;  // (B, T) 1 where the position holds a token of its sequence (the regulariser's)
 };
 
+// A weight gradient the GPU makes as a split-k (support/model/split_k.cuh).
+struct SplitProduct {
+    size_t grad;   // dW's offset in the gradients
+    size_t slots;  // its slots' offset in the slot array: split_slices(OC, C, B*T, false) slots of OC*C floats
+    size_t first;  // its first output among all split products' (split_sum_kernel's numbering)
+    int OC, C;     // dW (OC, C)
+};
+
 #ifdef LIME_GPU
+// The split products of one model: found by their gradient's place, summed by op_split_sum.
+struct SplitK {
+    std::vector<SplitProduct> products;  // split_products(c, B*T)
+    SplitProduct* table = nullptr;       // the same on the device (the small allocation)
+    float* grads = nullptr;              // the gradients they add to
+    float* slots = nullptr;              // their slots (the small allocation too)
+    size_t elements = 0;                 // their outputs, all together
+    const SplitProduct* find(const float* dW) const {
+        for (const SplitProduct& p : products)
+            if (grads + p.grad == dW) return &p;
+        return nullptr;
+    }
+};
+
 // Numbers the device computes and the host reads when it asks (model_metrics).
 struct Metrics {
     float loss;       // crossentropy_forward_gpu; with the regulariser ereg_loss_gpu's total
@@ -180,12 +215,13 @@ struct GpuState {
     Params p, g;                     // views into mem, like the host's model->p, model->g
     Acts* acts = nullptr;            // the device activations' views (lime.cu's Acts), over acts_mem
     float* acts_mem = nullptr;       // one cudaMalloc
-    void* small = nullptr;           // one cudaMalloc for the optimiser's numbers and cuBLAS's workspace:
+    void* small = nullptr;           // one cudaMalloc for the optimiser's numbers, the split-k, cuBLAS's workspace:
     double* norm_partial = nullptr;  //   the gradient norm's partial sums
     AdamWNumbers* numbers = nullptr; //   this update's numbers, staged from the host
     Metrics* metrics = nullptr;      //   loss and norm, written by kernels
     unsigned* done = nullptr;        //   a counter of finished blocks: the last one reduces (rmsnorm_backward_gpu)
     AdamWRun* runs = nullptr;        //   model->adamw_runs, for the one AdamW launch
+    SplitK split;                    // the weight gradients made as a split-k; its table in small
     cudaStream_t stream = nullptr;
     cublasHandle_t blas = nullptr;
     bool tf32 = true;                // the math mode the handle is set to
@@ -214,6 +250,7 @@ struct GpuState {
 };
 static inline cudaStream_t stream_of(const Model* model) { return model->gpu->stream; }
 static inline cublasHandle_t blas_of(const Model* model) { return model->gpu->blas; }
+static inline const SplitK& split_of(const Model* model) { return model->gpu->split; }
 #endif
 
 // What the passes work on: host memory for the CPU, device memory for the GPU.

@@ -16,6 +16,7 @@
 #include "support/model/flash_attention_tc.cuh"
 #include "support/model/lime.h"
 #include "support/model/memory_check.h"
+#include "support/model/split_k.cuh"
 
 #ifdef LIME_GPU
 bool gpu_available(std::string* why) {
@@ -81,18 +82,23 @@ static size_t place(size_t* off, size_t bytes) {
 }
 
 // The small allocation: the gradient norm's norm_blocks partial sums, the
-// update's numbers, the metrics, the table of the AdamW runs and cuBLAS's
-// workspace. With base == nullptr it only measures.
-static size_t gpu_carve_small(GpuState* gpu, char* base, int norm_blocks, size_t n_runs) {
+// update's numbers, the metrics, the table of the AdamW runs, the split
+// products' table and slots (gpu->split.products, slot_floats of them) and
+// cuBLAS's workspace. With base == nullptr it only measures.
+static size_t gpu_carve_small(GpuState* gpu, char* base, int norm_blocks, size_t n_runs, size_t slot_floats) {
     size_t bytes = 0;
     size_t at_partial = place(&bytes, norm_blocks * sizeof(double)),
            at_numbers = place(&bytes, sizeof(AdamWNumbers)), at_runs = place(&bytes, n_runs * sizeof(AdamWRun));
+    size_t at_split = place(&bytes, gpu->split.products.size() * sizeof(SplitProduct)),
+           at_slots = place(&bytes, slot_floats * sizeof(float));
     size_t at_metrics = place(&bytes, sizeof(Metrics)), at_done = place(&bytes, sizeof(unsigned));
     size_t at_workspace = place(&bytes, CUBLAS_WORKSPACE_BYTES);
     if (!base) return bytes;
     gpu->norm_partial = (double*)(base + at_partial);
     gpu->numbers = (AdamWNumbers*)(base + at_numbers);
     gpu->runs = (AdamWRun*)(base + at_runs);
+    gpu->split.table = (SplitProduct*)(base + at_split);
+    gpu->split.slots = (float*)(base + at_slots);
     gpu->metrics = (Metrics*)(base + at_metrics);
     gpu->done = (unsigned*)(base + at_done);
     cudaCheck(cudaStreamCreateWithFlags(&gpu->stream, cudaStreamNonBlocking));
@@ -179,8 +185,12 @@ static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceN
     bool tc = model->settings.tf32 && tc_refusal.empty();
     bool flash = attention == ATTENTION_FLASH || (attention == ATTENTION_AUTO && c.T >= 1024 && tc);
     gpu->flash_tc = tc_refusal.empty();
+    SplitK& split = gpu->split;
+    split.products = split_products(c, (size_t)model->B * c.T);
+    for (const SplitProduct& p : split.products) split.elements += (size_t)p.OC * p.C;
+    size_t slot_floats = split_slot_floats(c, (size_t)model->B * c.T);
     size_t acts_floats = carve(acts, c, model->B, nullptr, DEVICE_GPU, flash),
-           small_bytes = gpu_carve_small(gpu, nullptr, norm_blocks, model->adamw_runs.size());
+           small_bytes = gpu_carve_small(gpu, nullptr, norm_blocks, model->adamw_runs.size(), slot_floats);
     size_t fixed_bytes = 4 * n * sizeof(float) + small_bytes, need = fixed_bytes + acts_floats * sizeof(float);
     size_t free_bytes = 0, total_bytes = 0;
     cudaCheck(cudaSetDevice(0));
@@ -198,7 +208,8 @@ static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceN
     gpu->p = params_carve(c, gpu->mem);
     gpu->g = params_carve(c, gpu->mem + n);
     carve(acts, c, model->B, gpu->acts_mem, DEVICE_GPU, flash);
-    gpu_carve_small(gpu, (char*)gpu->small, norm_blocks, model->adamw_runs.size());
+    gpu_carve_small(gpu, (char*)gpu->small, norm_blocks, model->adamw_runs.size(), slot_floats);
+    split.grads = gpu->mem + n;
     gpu->tf32 = model->settings.tf32;
     cublasCheck(cublasSetMathMode(gpu->blas, gpu->tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     gpu_make_staging(gpu, (size_t)model->B * c.T);
@@ -207,6 +218,9 @@ static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceN
     cudaCheck(cudaMemsetAsync(gpu->done, 0, sizeof(unsigned), gpu->stream));  // and 0 after each use
     cudaCheck(cudaMemcpyAsync(gpu->runs, model->adamw_runs.data(), model->adamw_runs.size() * sizeof(AdamWRun),
                               cudaMemcpyHostToDevice, gpu->stream));  // (gpu_to_device waits for it)
+    if (!split.products.empty())
+        cudaCheck(cudaMemcpyAsync(split.table, split.products.data(), split.products.size() * sizeof(SplitProduct),
+                                  cudaMemcpyHostToDevice, gpu->stream));
     gpu_to_device(model);
     return "";
 }
