@@ -88,7 +88,8 @@ static bool split_weight_grad_gpu(float* dW, const float* dout, const float* inp
 }
 
 // One thread per output of every split product: its product found by
-// entry_holding (a binary search over `first`), then its S slots added in order. A product that did not split at N (S = 1) went into dW already.
+// entry_holding (a binary search over `first`), then its S slots added in
+// order. A product that did not split at N (S = 1) went into dW already.
 __global__ void split_sum_kernel(float* grads, const float* slots, const SplitProduct* table, int n_table,
                                  size_t elements, size_t N) {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -102,8 +103,11 @@ __global__ void split_sum_kernel(float* grads, const float* slots, const SplitPr
     for (int k = 1; k < S; k++) s += slot[k * numel];
     grads[p.grad + e] += s;
 }
+// (No launch where no product splits at N: a step of fewer tokens than the model was made for.)
 static void split_sum_gpu(const SplitK& split, size_t N, cudaStream_t stream) {
-    if (split.products.empty()) return;
+    bool any = false;
+    for (const SplitProduct& p : split.products) any = any || split_slices(p.OC, p.C, N) > 1;
+    if (!any) return;
     LAUNCH(split_sum_kernel, ceil_div(split.elements, 256), 256, 0, stream)
         (split.grads, split.slots, split.table, (int)split.products.size(), split.elements, N);
     launchCheck();
