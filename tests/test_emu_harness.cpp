@@ -997,6 +997,14 @@ TEST(emu_cublas_refuses_what_cublas_refuses) {
     std::vector<float> host(4, 1.0f);
     CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, host.data(), 2, B, 2, &one, C, 2) ==
               CUBLAS_STATUS_EXECUTION_FAILED, "a host matrix accepted");
+    // C holds 64 floats; a 2 x 2 batch with ldc 2 spans 4: batch 1 at 60 fits, at 61 or at -2^31 (an
+    // offset that overflowed 32 bits) it does not
+    for (long long stride : {61LL, -2147483648LL})
+        CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, A, 2, 0, B, 2, 0, &one, C, 2,
+                                        stride, 2) == CUBLAS_STATUS_EXECUTION_FAILED,
+              "a batch of C at %lld floats from the first, past its allocation, accepted", stride);
+    CHECK(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, A, 2, 0, B, 2, 0, &one, C, 2, 60, 2) ==
+              CUBLAS_STATUS_SUCCESS, "the last batch ending at C's last float refused");
     std::vector<float> got = to_host(C, 64);
     for (float x : got) CHECK(x == 0.0f, "a refused call wrote C");
     CHECK(cudaGetLastError() == cudaSuccess, "a cuBLAS refusal set a CUDA error");

@@ -145,6 +145,36 @@ TEST(gpu_split_weight_gradient_matches_cpu) {
     cudaCheck(cudaFree(split.table));
 }
 
+// The matrix-product attention's offsets past 2^31 floats: 2 sequences, one kv head
+// of 8 query heads at T = 16,384 (hd 1): each (kv head, sequence) group's
+// probabilities are (8T, T), 2^31 floats, so the second group starts at 2^31, where
+// a 32-bit offset wraps. The products are captured into a graph that never runs:
+// the harness checks, as each is issued, that every batch's matrices lie inside
+// their arrays. The probabilities are reserved, not filled (16 GiB); the backward's
+// datt is the same reservation (nothing runs).
+TEST(gpu_attention_offsets_past_2_31_floats_stay_in_bounds) {
+    NEED_GPU();
+#ifndef LIME_EMU
+    SKIP("the bounds are the harness's check (cuBLAS checks none): run by build/test_gpu_emu");
+#else
+    int B = 2, T = 16384, H = 8, R = 1, hd = 1;
+    size_t nq = (size_t)B * T * H * hd, nkv = (size_t)B * T * R * hd, natt = (size_t)B * H * T * T;
+    DevF q(nq), out(nq), dq(nq), dout(nq), scratch(nq), k(nkv), v(nkv), dk(nkv), dv(nkv);
+    float* att = nullptr;
+    CHECK(emu::reserve_device((void**)&att, natt * sizeof(float)) == cudaSuccess, "reserving (B, H, T, T): %s",
+          emu::last_error_message());
+    cudaGraph_t graph = nullptr;
+    cudaCheck(cudaStreamBeginCapture(ctx().stream, cudaStreamCaptureModeGlobal));
+    attention_forward_gpu(out.p, att, q.p, k.p, v.p, B, T, H, R, hd, scratch.p, ctx().blas, ctx().stream);
+    attention_backward_gpu(dq.p, dk.p, dv.p, att, dout.p, q.p, k.p, v.p, att, B, T, H, R, hd, false, scratch.p,
+                           ctx().blas, ctx().stream);
+    cudaCheck(cudaStreamEndCapture(ctx().stream, &graph));  // (a product out of bounds: cublasCheck ended the test)
+    CHECK(graph != nullptr, "nothing was captured");
+    cudaCheck(cudaGraphDestroy(graph));
+    cudaCheck(cudaFree(att));
+#endif
+}
+
 // The attention's inputs: one product and a scatter (with q's rotation, and the
 // keys' into kr) against the CPU's three products and RoPE; backward, a gather
 // and two products. q_grouped: q and dq group-major on the GPU, (R, B, n_rep, T, hd).

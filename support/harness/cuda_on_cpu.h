@@ -1156,7 +1156,7 @@ inline cudaError_t cudaDeviceSynchronize() {
 // Device memory is host memory, tracked so copies can check their pointers and
 // filled with NaN (0xFF bytes), as uninitialised GPU memory may hold anything.
 namespace emu { namespace detail {
-struct Allocation { size_t bytes; bool pinned; };
+struct Allocation { size_t bytes; bool pinned; bool reserved = false; };
 inline std::map<uintptr_t, Allocation> allocations;
 inline size_t device_bytes = 0;
 // Is [p, p+n) inside one device allocation (pinned == false) or one pinned host block (true)?
@@ -1191,6 +1191,22 @@ inline cudaError_t cudaMalloc(void** p, size_t bytes) {
     return cudaSuccess;
 }
 template <class T> cudaError_t cudaMalloc(T** p, size_t bytes) { return cudaMalloc((void**)p, bytes); }
+namespace emu {
+// Device memory that is only reserved, not filled (no NaN): its pages are
+// given when first touched. For a test that issues work over an array too big
+// to fill, and captures it into a graph it never runs (the products' bounds are
+// checked when they are issued). Freed by cudaFree.
+inline cudaError_t reserve_device(void** p, size_t bytes) {
+    using namespace detail;
+    if (bytes == 0 || bytes > kGlobalMem - device_bytes) return fail(cudaErrorMemoryAllocation, "reserve_device: %zu bytes", bytes);
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return fail(cudaErrorMemoryAllocation, "reserve_device: mmap of %zu bytes failed", bytes);
+    *p = m;
+    allocations[(uintptr_t)m] = {bytes, false, true};
+    device_bytes += bytes;
+    return cudaSuccess;
+}
+}  // namespace emu
 inline cudaError_t cudaFree(void* p) {
     using namespace emu::detail;
     if (!p) return cudaSuccess;
@@ -1199,8 +1215,9 @@ inline cudaError_t cudaFree(void* p) {
     auto it = allocations.find((uintptr_t)p);
     if (it == allocations.end() || it->second.pinned) return fail(cudaErrorInvalidValue, "cudaFree(%p): not a cudaMalloc'd pointer", p);
     device_bytes -= it->second.bytes;
+    if (it->second.reserved) munmap(p, it->second.bytes);
+    else free(p);
     allocations.erase(it);
-    free(p);
     return cudaSuccess;
 }
 inline cudaError_t cudaMallocHost(void** p, size_t bytes, unsigned flags = 0) {
@@ -1636,6 +1653,21 @@ inline cublasStatus_t gemm(const char* fn, cublasHandle_t h, cublasOperation_t t
             report("%s: CUBLAS_STATUS_EXECUTION_FAILED (matrix %p is not device memory: a host pointer?)", fn, p);
             return CUBLAS_STATUS_EXECUTION_FAILED;
         }
+    // Each matrix of the first and the last batch inside one device allocation: an offset
+    // that overflowed or a stride too long writes past an array on a GPU, silently.
+    auto extent = [](int rows, int cols, int ld) { return rows && cols ? (size_t)(cols - 1) * ld + rows : 0; };
+    size_t ext[3] = {ta == CUBLAS_OP_N ? extent(m, k, lda) : extent(k, m, lda),
+                     tb == CUBLAS_OP_N ? extent(k, n, ldb) : extent(n, k, ldb), extent(m, n, ldc)};
+    uintptr_t base[3] = {(uintptr_t)A, (uintptr_t)B, (uintptr_t)C};  // (integers: no pointer arithmetic outside an array)
+    long long stride[3] = {sA, sB, sC};
+    size_t size[3] = {sizeof(TA), sizeof(TA), sizeof(TC)};
+    for (int x = k && *alpha != 0.0f ? 0 : 2; x < 3; x++)  // (A and B unread: only C)
+        for (int bi : {0, batch - 1})
+            if (!on_device((const void*)(base[x] + (uintptr_t)((long long)bi * stride[x] * (long long)size[x])), ext[x] * size[x])) {
+                report("%s: CUBLAS_STATUS_EXECUTION_FAILED (matrix %c of batch %d: %zu elements at %lld from its "
+                       "first batch's, outside its allocation)", fn, "ABC"[x], bi, ext[x], (long long)bi * stride[x]);
+                return CUBLAS_STATUS_EXECUTION_FAILED;
+            }
     float a = *alpha, b = *beta;  // host pointer mode: the scalars are read at the call
     bool tA = ta != CUBLAS_OP_N, tB = tb != CUBLAS_OP_N;
     bool t32 = tf32 < 0 ? (h->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH : tf32 != 0;
