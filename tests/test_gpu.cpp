@@ -134,7 +134,7 @@ TEST(gpu_split_weight_gradient_matches_cpu) {
     DevF gdW(dW0), gdout(dout), ginp(inp), gW(W), slots((size_t)S * OC * C);
     SplitK split;
     split.products = {SplitProduct{0, 0, 0, OC, C}};
-    split.grads = gdW.p, split.slots = slots.p, split.elements = (size_t)OC * C;
+    split.grads = gdW.p, split.slots = slots.p;
     cudaCheck(cudaMalloc(&split.table, sizeof(SplitProduct)));
     cudaCheck(cudaMemcpy(split.table, split.products.data(), sizeof(SplitProduct), cudaMemcpyHostToDevice));
     matmul_backward_gpu(nullptr, gdW.p, gdout.p, ginp.p, gW.p, N, C, OC, false, split, ctx().blas);

@@ -191,7 +191,9 @@ struct SplitK {
     SplitProduct* table = nullptr;       // the same on the device (the small allocation)
     float* grads = nullptr;              // the gradients they add to
     float* slots = nullptr;              // their slots (the small allocation too)
-    size_t elements = 0;                 // their outputs, all together
+    size_t elements() const {            // their outputs, all together (`first` counts them)
+        return products.empty() ? 0 : products.back().first + (size_t)products.back().OC * products.back().C;
+    }
     const SplitProduct* find(const float* dW) const {
         for (const SplitProduct& p : products)
             if (grads + p.grad == dW) return &p;

@@ -108,8 +108,8 @@ static void split_sum_gpu(const SplitK& split, size_t N, cudaStream_t stream) {
     bool any = false;
     for (const SplitProduct& p : split.products) any = any || split_slices(p.OC, p.C, N) > 1;
     if (!any) return;
-    LAUNCH(split_sum_kernel, ceil_div(split.elements, 256), 256, 0, stream)
-        (split.grads, split.slots, split.table, (int)split.products.size(), split.elements, N);
+    LAUNCH(split_sum_kernel, ceil_div(split.elements(), 256), 256, 0, stream)
+        (split.grads, split.slots, split.table, (int)split.products.size(), split.elements(), N);
     launchCheck();
 }
 #endif
