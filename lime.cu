@@ -28,6 +28,7 @@
 #include "support/model/cpu_fast.h"      // defines: the fast CPU versions X_fast, exp_fast
 #include "support/model/device.cuh"      // defines: DISPATCH, cudaCheck, warp_sum, block_sum, GpuState, op_copy
 #include "support/model/memory_check.h"  // defines: memory_fix, launch_check (what a shape needs, refused early)
+#include "support/model/products.cuh"    // defines: bf16_if, gemm_gpu, DISPATCH_PRODUCT (--precision bf16's products)
 #include "support/model/split_k.cuh"     // defines: split_weight_grad_gpu, op_split_sum (the GPU's weight gradients)
 #include "support/model/attention_gpu.cuh"    // defines: attention_forward_gpu, ..._backward_gpu, qkv_scatter_gpu
 #include "support/model/flash_attention.cuh"  // defines: flash_attention_forward_gpu, ..._backward_gpu (O(T) memory)
@@ -282,94 +283,83 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
 // accumulate: C gets the product added, else written. Every projection of
 // the model is one: the linear layer out = inp @ W^T is gemm_nt, its backward
 // gemm_nn (dinp = dout @ W) and gemm_tn (dW += dout^T @ inp); the router's
-// mixture is gemm_nn. On the GPU cuBLAS; the fast CPU path blocks them.
+// mixture is gemm_nn. On the GPU cuBLAS (gemm_nn_gpu, ..., support/model/
+// products.cuh); the fast CPU path blocks them. bf16: the operands rounded to
+// bf16 as they are read (--precision bf16's dense products), float32 sums.
 // ===========================================================================
 
-static void gemm_nn(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate) {
+static void gemm_nn(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate, bool bf16 = false) {
 #pragma omp parallel for schedule(static)
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
             float s = 0;
-            for (int k = 0; k < K; k++) s += A[(size_t)m * K + k] * B[(size_t)k * N + n];
+            for (int k = 0; k < K; k++) s += bf16_if(A[(size_t)m * K + k], bf16) * bf16_if(B[(size_t)k * N + n], bf16);
             float* c = C + (size_t)m * N + n;
             *c = accumulate ? *c + s : s;
         }
 }
-static void gemm_nt(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate) {
+static void gemm_nt(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate, bool bf16 = false) {
 #pragma omp parallel for schedule(static)
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
             float s = 0;
-            for (int k = 0; k < K; k++) s += A[(size_t)m * K + k] * B[(size_t)n * K + k];
+            for (int k = 0; k < K; k++) s += bf16_if(A[(size_t)m * K + k], bf16) * bf16_if(B[(size_t)n * K + k], bf16);
             float* c = C + (size_t)m * N + n;
             *c = accumulate ? *c + s : s;
         }
 }
-static void gemm_tn(float* C, const float* A, const float* B, int M, int N, int K) {
+static void gemm_tn(float* C, const float* A, const float* B, int M, int N, int K, bool bf16 = false) {
 #pragma omp parallel for schedule(static)
     for (int m = 0; m < M; m++)  // row m of C: the rows of B, weighted by column m of A
         for (int k = 0; k < K; k++) {
-            float a = A[(size_t)k * M + m];
-            for (int n = 0; n < N; n++) C[(size_t)m * N + n] += a * B[(size_t)k * N + n];
+            float a = bf16_if(A[(size_t)k * M + m], bf16);
+            for (int n = 0; n < N; n++) C[(size_t)m * N + n] += a * bf16_if(B[(size_t)k * N + n], bf16);
         }
 }
 
-#ifdef LIME_GPU
-// cuBLAS is column-major: a row-major (M, N) matrix is a column-major (N, M)
-// one, so C = A @ B is, column-major, C^T = B^T @ A^T: the operands swap places.
-static void gemm_nn_gpu(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate,
-                        cublasHandle_t blas) {
-    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &one, B, N, A, K, &beta, C, N));
-}
-static void gemm_nt_gpu(float* C, const float* A, const float* B, int M, int N, int K, bool accumulate,
-                        cublasHandle_t blas) {
-    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    cublasCheck(cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, K, A, K, &beta, C, N));
-}
-static void gemm_tn_gpu(float* C, const float* A, const float* B, int M, int N, int K, cublasHandle_t blas) {
-    const float one = 1.0f;
-    cublasCheck(cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_T, N, M, K, &one, B, N, A, M, &one, C, N));
-}
-#endif
-
 // --- the linear layer: out (N, OC) (+)= inp (N, C) @ W^T, W (OC, C) ----------
-static void matmul_forward(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate) {
-    gemm_nt(out, inp, W, N, OC, C, accumulate);
+static void matmul_forward(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
+                           bool bf16 = false) {
+    gemm_nt(out, inp, W, N, OC, C, accumulate, bf16);
 }
 // forward: out = inp @ W^T
 // dinp (N, C) (+)= dout (N, OC) @ W;  dW (OC, C) += dout^T @ inp   (either may be nullptr: not wanted)
 // add_dinp: dinp gets the product added, else written (the first of the
 // products that make a gradient: no zero-fill before it).
 static void matmul_backward(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N, int C,
-                            int OC, bool add_dinp) {
-    if (dinp) gemm_nn(dinp, dout, W, N, C, OC, add_dinp);
-    if (dW) gemm_tn(dW, dout, inp, OC, C, N);
+                            int OC, bool add_dinp, bool bf16 = false) {
+    if (dinp) gemm_nn(dinp, dout, W, N, C, OC, add_dinp, bf16);
+    if (dW) gemm_tn(dW, dout, inp, OC, C, N, bf16);
 }
 #ifdef LIME_GPU
 static void matmul_forward_gpu(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
-                               cublasHandle_t blas) {
-    gemm_nt_gpu(out, inp, W, N, OC, C, accumulate, blas);
+                               cublasHandle_t blas, bool bf16 = false) {
+    gemm_nt_gpu(out, inp, W, N, OC, C, accumulate, blas, bf16);
 }
 static void matmul_backward_gpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
-                                int C, int OC, bool add_dinp, const SplitK& split, cublasHandle_t blas) {
-    if (dinp) gemm_nn_gpu(dinp, dout, W, N, C, OC, add_dinp, blas);
-    if (dW && !split_weight_grad_gpu(dW, dout, inp, OC, C, N, split, blas)) gemm_tn_gpu(dW, dout, inp, OC, C, N, blas);
+                                int C, int OC, bool add_dinp, const SplitK& split, cublasHandle_t blas,
+                                bool bf16 = false) {
+    if (dinp) gemm_nn_gpu(dinp, dout, W, N, C, OC, add_dinp, blas, bf16);
+    if (dW && !split_weight_grad_gpu(dW, dout, inp, OC, C, N, split, blas, bf16))
+        gemm_tn_gpu(dW, dout, inp, OC, C, N, blas, bf16);
 }
 #endif
 // The fast versions (matmul_forward_fast, matmul_backward_fast) are the same
-// products blocked; scratch: the forward's packed panels.
+// products blocked; scratch: the forward's packed panels. bf: --precision bf16.
 static void op_matmul_forward(Model* model, float* out, const float* inp, const float* W, int N, int C, int OC,
                               bool accumulate = false) {
-    DISPATCH(model, matmul_forward_gpu(out, inp, W, N, C, OC, accumulate, blas_of(model)),
-             matmul_forward_fast(out, inp, W, N, C, OC, accumulate, pass_acts(model)->scratch),
-             matmul_forward(out, inp, W, N, C, OC, accumulate));
+    bool bf = bf16_products(model);
+    DISPATCH_PRODUCT(model, matmul_forward_gpu(out, inp, W, N, C, OC, accumulate, blas_of(model), bf),
+                     matmul_forward_fast(out, inp, W, N, C, OC, accumulate, pass_acts(model)->scratch),
+                     matmul_forward(out, inp, W, N, C, OC, accumulate, bf));
 }
 static void op_matmul_backward(Model* model, float* dinp, float* dW, const float* dout, const float* inp,
                                const float* W, int N, int C, int OC, bool add_dinp) {
-    DISPATCH(model, matmul_backward_gpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp, split_of(model), blas_of(model)),
-             matmul_backward_fast(dinp, dW, dout, inp, W, N, C, OC, add_dinp),
-             matmul_backward(dinp, dW, dout, inp, W, N, C, OC, add_dinp));
+    bool bf = bf16_products(model);
+    DISPATCH_PRODUCT(
+        model, matmul_backward_gpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp, split_of(model), blas_of(model), bf),
+        matmul_backward_fast(dinp, dW, dout, inp, W, N, C, OC, add_dinp),
+        matmul_backward(dinp, dW, dout, inp, W, N, C, OC, add_dinp, bf));
 }
 
 // The SwiGLU's two inputs from m (N, d): gate = m @ Wg^T, up = m @ Wu^T (N, F), Wg and
@@ -379,19 +369,20 @@ static void op_matmul_backward(Model* model, float* dinp, float* dW, const float
 // there dgate and dup are the halves of one (N, 2F) array's rows (acts_carve).
 #ifdef LIME_GPU
 static void gate_up_forward_gpu(float* gate, float* up, const float* m, const float* Wg, int N, int d, int F,
-                                cublasHandle_t blas) {
-    const float one = 1.0f, zero = 0.0f;  // as gemm_nt_gpu, batched over (Wg, gate), (Wu, up)
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, F, N, d, &one, Wg, d, (long long)F * d, m, d,
-                                          0, &zero, gate, F, up - gate, 2));
+                                cublasHandle_t blas, bool bf16 = false) {
+    // as gemm_nt_gpu, batched over (Wg, gate), (Wu, up)
+    gemm_gpu(blas, bf16, CUBLAS_OP_T, CUBLAS_OP_N, F, N, d, 1.0f, Wg, d, (long long)F * d, m, d, 0, 0.0f, gate, F,
+             up - gate, 2);
 }
 #endif
 static void op_gate_up_forward(Model* model, float* gate, float* up, const float* m, const float* Wg, int N) {
     int d = model->c.d, F = model->c.F;
     float *Wu = (float*)Wg + (size_t)F * d, *scratch = pass_acts(model)->scratch;
-    DISPATCH(model, gate_up_forward_gpu(gate, up, m, Wg, N, d, F, blas_of(model)),
-             (matmul_forward_fast(gate, m, Wg, N, d, F, false, scratch),
-              matmul_forward_fast(up, m, Wu, N, d, F, false, scratch)),
-             (matmul_forward(gate, m, Wg, N, d, F, false), matmul_forward(up, m, Wu, N, d, F, false)));
+    bool bf = bf16_products(model);
+    DISPATCH_PRODUCT(model, gate_up_forward_gpu(gate, up, m, Wg, N, d, F, blas_of(model), bf),
+                     (matmul_forward_fast(gate, m, Wg, N, d, F, false, scratch),
+                      matmul_forward_fast(up, m, Wu, N, d, F, false, scratch)),
+                     (matmul_forward(gate, m, Wg, N, d, F, false, bf), matmul_forward(up, m, Wu, N, d, F, false, bf)));
 }
 // forward: gate = m Wg^T, up = m Wu^T
 // dm (N, d) = dgate @ Wg + dup @ Wu;  dWg, dWu += dgate^T @ m, dup^T @ m (the GPU: [dgate | dup] (N, 2F), [Wg; Wu])
@@ -400,11 +391,13 @@ static void op_gate_up_backward(Model* model, float* dm, float* dWg, const float
     int d = model->c.d, F = model->c.F;
     const float* Wu = Wg + (size_t)F * d;
     float* dWu = dWg + (size_t)F * d;
-    DISPATCH(model, matmul_backward_gpu(dm, dWg, dgate, m, Wg, N, d, 2 * F, false, split_of(model), blas_of(model)),
-             (matmul_backward_fast(dm, dWg, dgate, m, Wg, N, d, F, false),
-              matmul_backward_fast(dm, dWu, dup, m, Wu, N, d, F, true)),
-             (matmul_backward(dm, dWg, dgate, m, Wg, N, d, F, false),
-              matmul_backward(dm, dWu, dup, m, Wu, N, d, F, true)));
+    bool bf = bf16_products(model);
+    DISPATCH_PRODUCT(
+        model, matmul_backward_gpu(dm, dWg, dgate, m, Wg, N, d, 2 * F, false, split_of(model), blas_of(model), bf),
+        (matmul_backward_fast(dm, dWg, dgate, m, Wg, N, d, F, false),
+         matmul_backward_fast(dm, dWu, dup, m, Wu, N, d, F, true)),
+        (matmul_backward(dm, dWg, dgate, m, Wg, N, d, F, false, bf),
+         matmul_backward(dm, dWu, dup, m, Wu, N, d, F, true, bf)));
 }
 
 // ---------------------------------------------------------------------------
@@ -416,12 +409,14 @@ static void op_gate_up_backward(Model* model, float* dm, float* dWg, const float
 // Where column o of position n's product lies in (R, N, hd): head o / hd, its element o % hd.
 static size_t kv_at(int n, int o, int N, int hd) { return ((size_t)(o / hd) * N + n) * hd + o % hd; }
 
-static void kv_projection_forward(float* out, const float* inp, const float* W, int N, int C, int R, int hd) {
+static void kv_projection_forward(float* out, const float* inp, const float* W, int N, int C, int R, int hd,
+                                  bool bf16 = false) {
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         for (int o = 0; o < R * hd; o++) {
             float s = 0;
-            for (int i = 0; i < C; i++) s += inp[(size_t)n * C + i] * W[(size_t)o * C + i];
+            for (int i = 0; i < C; i++)
+                s += bf16_if(inp[(size_t)n * C + i], bf16) * bf16_if(W[(size_t)o * C + i], bf16);
             out[kv_at(n, o, N, hd)] = s;
         }
 }
@@ -429,19 +424,19 @@ static void kv_projection_forward(float* out, const float* inp, const float* W, 
 // forward: out[r, n, i] = inp[n] . W[r*hd + i]
 // dinp (N, C) += sum over (r, i) of dout[r, n, i] W[r*hd + i];  dW (R*hd, C) += sum over n of dout[r, n, i] inp[n]
 static void kv_projection_backward(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
-                                   int C, int R, int hd) {
-    auto g = [&](int n, int o) { return dout[kv_at(n, o, N, hd)]; };
+                                   int C, int R, int hd, bool bf16 = false) {
+    auto g = [&](int n, int o) { return bf16_if(dout[kv_at(n, o, N, hd)], bf16); };
 #pragma omp parallel for schedule(static)
     for (int n = 0; n < N; n++)
         for (int i = 0; i < C; i++) {
             float s = 0;
-            for (int o = 0; o < R * hd; o++) s += g(n, o) * W[(size_t)o * C + i];
+            for (int o = 0; o < R * hd; o++) s += g(n, o) * bf16_if(W[(size_t)o * C + i], bf16);
             dinp[(size_t)n * C + i] += s;
         }
 #pragma omp parallel for schedule(static)
     for (int o = 0; o < R * hd; o++)
         for (int n = 0; n < N; n++)
-            for (int i = 0; i < C; i++) dW[(size_t)o * C + i] += g(n, o) * inp[(size_t)n * C + i];
+            for (int i = 0; i < C; i++) dW[(size_t)o * C + i] += g(n, o) * bf16_if(inp[(size_t)n * C + i], bf16);
 }
 
 // ===========================================================================
@@ -785,11 +780,12 @@ static void op_rope_backward(Model* model, float* dx, const float* dy, int B, in
 // attention it writes q (and reads dq) group-major, and it rotates the keys into kr.
 // ---------------------------------------------------------------------------
 static void qkv_projection_forward(float* q, float* K, float* V, float* kr, const float* a, const float* W,
-                                   const float* cos_t, const float* sin_t, int B, int T, int C, int H, int R, int hd) {
+                                   const float* cos_t, const float* sin_t, int B, int T, int C, int H, int R, int hd,
+                                   bool bf16 = false) {
     int N = B * T, qd = H * hd, kvd = R * hd;
-    matmul_forward(q, a, W, N, C, qd, false);
-    kv_projection_forward(K, a, W + (size_t)qd * C, N, C, R, hd);
-    kv_projection_forward(V, a, W + (size_t)(qd + kvd) * C, N, C, R, hd);
+    matmul_forward(q, a, W, N, C, qd, false, bf16);
+    kv_projection_forward(K, a, W + (size_t)qd * C, N, C, R, hd, bf16);
+    kv_projection_forward(V, a, W + (size_t)(qd + kvd) * C, N, C, R, hd, bf16);
     rope_forward(q, q, cos_t, sin_t, B, T, H, hd);
     if (kr) rope_forward(kr, K, cos_t, sin_t, R * B, T, 1, hd);  // (R, B, T, hd): R*B sequences of one head
 }
@@ -798,28 +794,30 @@ static void qkv_projection_forward(float* q, float* K, float* V, float* kr, cons
 // dW ([Wq; Wk; Wv]'s gradient) += [dq | dK | dV]^T @ a
 static void qkv_projection_backward(float* da, float* dW, float* dq, const float* dK, const float* dV, const float* a,
                                     const float* W, const float* cos_t, const float* sin_t, int B, int T, int C, int H,
-                                    int R, int hd) {
+                                    int R, int hd, bool bf16 = false) {
     int N = B * T, qd = H * hd, kvd = R * hd;
     rope_backward(dq, dq, cos_t, sin_t, B, T, H, hd, false);
-    matmul_backward(da, dW, dq, a, W, N, C, qd, false);  // then K's and V's add
-    kv_projection_backward(da, dW + (size_t)qd * C, dK, a, W + (size_t)qd * C, N, C, R, hd);
-    kv_projection_backward(da, dW + (size_t)(qd + kvd) * C, dV, a, W + (size_t)(qd + kvd) * C, N, C, R, hd);
+    matmul_backward(da, dW, dq, a, W, N, C, qd, false, bf16);  // then K's and V's add
+    kv_projection_backward(da, dW + (size_t)qd * C, dK, a, W + (size_t)qd * C, N, C, R, hd, bf16);
+    kv_projection_backward(da, dW + (size_t)(qd + kvd) * C, dV, a, W + (size_t)(qd + kvd) * C, N, C, R, hd, bf16);
 }
 #ifdef LIME_GPU
 static void qkv_projection_forward_gpu(float* q, float* K, float* V, float* kr, const float* a, const float* W,
                                        const float* cos_t, const float* sin_t, int B, int T, int C, int H, int R,
-                                       int hd, bool q_grouped, float* qkv, cublasHandle_t blas, cudaStream_t stream) {
-    gemm_nt_gpu(qkv, a, W, B * T, (H + 2 * R) * hd, C, false, blas);
+                                       int hd, bool q_grouped, float* qkv, cublasHandle_t blas, cudaStream_t stream,
+                                       bool bf16 = false) {
+    gemm_nt_gpu(qkv, a, W, B * T, (H + 2 * R) * hd, C, false, blas, bf16);
     qkv_scatter_gpu(q, K, V, kr, qkv, cos_t, sin_t, B * T, T, H, R, hd, q_grouped, false, stream);
 }
 static void qkv_projection_backward_gpu(float* da, float* dW, float* dq, const float* dK, const float* dV,
                                         const float* a, const float* W, const float* cos_t, const float* sin_t, int B,
                                         int T, int C, int H, int R, int hd, bool q_grouped, float* qkv,
-                                        const SplitK& split, cublasHandle_t blas, cudaStream_t stream) {
+                                        const SplitK& split, cublasHandle_t blas, cudaStream_t stream,
+                                        bool bf16 = false) {
     int N = B * T, OC = (H + 2 * R) * hd;
     qkv_scatter_gpu(dq, (float*)dK, (float*)dV, nullptr, qkv, cos_t, sin_t, N, T, H, R, hd, q_grouped, true, stream);
-    gemm_nn_gpu(da, qkv, W, N, C, OC, false, blas);
-    if (!split_weight_grad_gpu(dW, qkv, a, OC, C, N, split, blas)) gemm_tn_gpu(dW, qkv, a, OC, C, N, blas);
+    gemm_nn_gpu(da, qkv, W, N, C, OC, false, blas, bf16);
+    if (!split_weight_grad_gpu(dW, qkv, a, OC, C, N, split, blas, bf16)) gemm_tn_gpu(dW, qkv, a, OC, C, N, blas, bf16);
 }
 #endif
 // The fast versions (qkv_projection_forward_fast, ..._backward_fast) are the same steps blocked.
@@ -828,23 +826,25 @@ static void op_qkv_projection_forward(Model* model, float* q, float* K, float* V
                                       const float* W, int B, int T) {
     const Config& c = model->c;
     const Acts* A = pass_acts(model);
-    DISPATCH(model,
-             qkv_projection_forward_gpu(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
-                                        !A->flash, A->scratch, blas_of(model), stream_of(model)),
-             qkv_projection_forward_fast(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
-                                         A->scratch),
-             qkv_projection_forward(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd));
+    bool bf = bf16_products(model);
+    DISPATCH_PRODUCT(
+        model,
+        qkv_projection_forward_gpu(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd, !A->flash,
+                                   A->scratch, blas_of(model), stream_of(model), bf),
+        qkv_projection_forward_fast(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd, A->scratch),
+        qkv_projection_forward(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd, bf));
 }
 static void op_qkv_projection_backward(Model* model, float* da, float* dW, float* dq, const float* dK, const float* dV,
                                        const float* a, const float* W, int B, int T) {
     const Config& c = model->c;
     const Acts* A = pass_acts(model);
-    DISPATCH(model,
-             qkv_projection_backward_gpu(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
-                                         !A->flash, A->scratch, split_of(model), blas_of(model), stream_of(model)),
-             qkv_projection_backward_fast(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R,
-                                          c.hd),
-             qkv_projection_backward(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd));
+    bool bf = bf16_products(model);
+    DISPATCH_PRODUCT(
+        model,
+        qkv_projection_backward_gpu(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
+                                    !A->flash, A->scratch, split_of(model), blas_of(model), stream_of(model), bf),
+        qkv_projection_backward_fast(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd),
+        qkv_projection_backward(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd, bf));
 }
 
 // ===========================================================================

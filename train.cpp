@@ -1236,6 +1236,7 @@ static int cmd_eval(int argc, char** argv) {
         {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
+        PRECISION_FLAG,
         ATTENTION_FLAG,
     };
     Args a = parse_args("eval", "Scores checkpoints on their task: arith accuracy by greedy decoding, text loss and "

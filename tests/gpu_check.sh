@@ -7,11 +7,13 @@
 #      another machine, e.g. `make lime build/test_gpu_native ARCH_FLAGS=-march=x86-64-v3`, and copied)
 #   2. runs the native GPU tests (every kernel against the CPU, reference vectors, graphs, determinism);
 #      a device ./lime cannot use (no GPU, a driver older than the CUDA runtime) fails here, with the reason
-#   3. ./lime verify --device gpu --tf32 0 on every reference file (exact float32 tolerances), matmul and flash attention
+#   3. ./lime verify --device gpu --tf32 0 on every reference file (exact float32 tolerances), matmul and flash attention;
+#      then --precision bf16 (bf16's tolerances: the files of HC and ResFormer are expected to fail, docs/checkpoint.md)
 #   4. compute-sanitizer's memcheck and racecheck (matmul and flash attention) and initcheck (matmul) on one
 #      step of a tiny `bench --graph 0`, when compute-sanitizer is there; any report it makes fails
 #   5. an nsys kernel summary of config (b) with GQA (the 15 kernels that take the most GPU time), when nsys is there
-#   6. the benchmark configs (a) and (b), full attention and GQA, TF32 and CUDA graphs, (a) without the graph, (b) with flash attention
+#   6. the benchmark configs (a) and (b), full attention and GQA, TF32 and CUDA graphs, (a) without the graph, (b) with flash attention,
+#      (b) with --precision bf16
 #   7. compare --preset tiny --device gpu (8 runs of 300 steps) with --jobs 1 (one process a run) and --jobs 8 (all in one
 #      process, ./lime train-group): the wall time of each, and whether the 8 models are the same bits
 # and prints a short table. Time: the sanitizer runs are capped at 30 s each (racecheck at RACECHECK_SECONDS, 120),
@@ -59,6 +61,10 @@ elif [ $rc -ne 0 ]; then status=1; fi
 echo "== verify --device gpu --tf32 0"
 ./lime verify --device gpu --tf32 0 --quiet tests/golden/*.safetensors || status=1
 ./lime verify --device gpu --tf32 0 --attention flash --quiet tests/golden/*.safetensors || status=1
+echo "== verify --device gpu --precision bf16 (HC's and ResFormer's files: expected to fail, not counted)"
+./lime verify --device gpu --precision bf16 --tf32 1 --quiet tests/golden/*.safetensors
+./lime verify --device gpu --precision bf16 --tf32 1 --quiet \
+    tests/golden/{llama_tiny,lime_tiny,lime_gqa,llama_ereg,denseformer_tiny}.safetensors || status=1
 
 # compute-sanitizer (on the PATH, or beside nvcc): memcheck, racecheck and initcheck on one timed step of
 # llama, lime and hc (with the regulariser, so its kernels run too), --graph 0 so every kernel is launched
@@ -124,6 +130,8 @@ runs=(
     "b full R=12|$B --kv-heads 12"
     "b GQA R=4|$B --kv-heads 4"
     "b full, flash attention|$B --kv-heads 12 --attention flash"
+    "b full R=12, bf16|$B --kv-heads 12 --precision bf16"
+    "b full, flash attention, bf16|$B --kv-heads 12 --attention flash --precision bf16"
 )
 for r in "${runs[@]}"; do
     name=${r%%|*}; flags=${r#*|}

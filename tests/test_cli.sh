@@ -190,6 +190,33 @@ expect "the losses after step 5 differ" [ "$a" == "$b" ]
 expect "$(echo "$a" | wc -l) losses after step 5, want 7" [ "$(echo "$a" | wc -l)" -eq 7 ]
 verdict "full [$a] resumed [$b]"
 
+# --- --precision bf16 on the GPU (the harness): resumes bit for bit, loads in float32, and
+# verify holds the reference files without cancelling sums at bf16's tolerances (docs/checkpoint.md)
+if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
+    BF="$TINY --device gpu --precision bf16 --steps 6 --log-every 1"
+    ./lime-emu train $BF --out "$tmp/bf_full" >/dev/null 2>&1
+    ./lime-emu train $BF --stop-after 3 --out "$tmp/bf_part" >/dev/null 2>&1
+    ./lime-emu train --resume "$tmp/bf_part/checkpoint.safetensors" --quiet >/dev/null 2>&1
+    a=$(grep '"type": "train"' "$tmp/bf_full/log.jsonl" | sed 's/.*"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/')
+    b=$(grep '"type": "train"' "$tmp/bf_part/log.jsonl" | sed 's/.*"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/')
+    f32=$($LIME train $TINY --device cpu --steps 6 --log-every 1 --out "$tmp/f32_full" >/dev/null 2>&1;
+          grep '"type": "train"' "$tmp/f32_full/log.jsonl" | sed 's/.*"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/')
+    out=$($LIME eval --load "$tmp/bf_full/model.safetensors" --device cpu --n 5 2>&1); status=$?
+    check bf16_resumes_bit_for_bit_and_loads_in_float32
+    expect "the bf16 run logged $(echo "$a" | wc -l) losses, want 6" [ "$(echo "$a" | wc -l)" -eq 6 ]
+    expect "the resumed bf16 run's losses differ" [ "$a" == "$b" ]
+    expect "the bf16 losses equal float32's" [ "$a" != "$f32" ]
+    expect "the bf16 run's log does not say precision bf16" grep -q '"precision": "bf16"' "$tmp/bf_full/log.jsonl"
+    expect "eval (float32, cpu) of the bf16 checkpoint exits $status" [ $status -eq 0 ]
+    verdict "full [$a] resumed [$b] eval [$(echo "$out" | tail -2)]"
+    out=$(./lime-emu verify --device gpu --precision bf16 --quiet tests/golden/{llama_tiny,lime_tiny,lime_gqa,llama_ereg,denseformer_tiny}.safetensors 2>&1); status=$?
+    check verify_golden_lime_emu_bf16
+    expect "verify --precision bf16 exits $status" [ $status -eq 0 ]
+    expect "its summary lacks ', 0 failed'" has "$out" ", 0 failed"
+    expect "it does not say (bf16)" has "$out" "(bf16)"
+    verdict "$(echo "$out" | tail -5)"
+fi
+
 # --- Hyper-Connections (--arch hc): train, eval, sample, analyze (its mixing weights' heatmap), resume bit for bit
 HC="--arch hc --hc-rate 2"
 check hc_trains_evals_samples
@@ -282,6 +309,18 @@ bad bad_unwritable_out      "cannot"           $LIME train $TINY --steps 2 --out
 bad bad_sample_unknown_tok  "unknown"          $LIME sample --load "$tmp/run/model.safetensors" --prompt "3 + x ="
 bad bad_verify_no_files     "needs reference"  $LIME verify
 bad bad_text_without_file   "text-file"        $LIME train --task text --out "$tmp/x"
+# --precision bf16 is the GPU's: the CPU trains in float32; a GPU before sm_80 has no bf16 tensor cores
+bad bad_bf16_train_on_cpu     "trains in float32" $LIME train $TINY --steps 2 --device cpu --precision bf16 --out "$tmp/x"
+bad bad_bf16_eval_on_cpu      "trains in float32" $LIME eval --load "$tmp/run/model.safetensors" --device cpu --precision bf16
+bad bad_bf16_bench_on_cpu     "trains in float32" $LIME bench --device cpu --precision bf16 --steps 1
+bad bad_bf16_verify_on_cpu    "trains in float32" $LIME verify --precision bf16 tests/golden/llama_tiny.safetensors
+bad bad_precision_unknown     "precision"         $LIME train $TINY --steps 2 --precision fp16 --out "$tmp/x"
+bad bad_bf16_compare_on_cpu   "trains in float32" $LIME compare --preset tiny --seeds 1 --device cpu \
+                                                  --train-args "--precision bf16" --out "$tmp/cbf"
+if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
+    bad bad_bf16_before_sm80  "sm_80"             env LIME_EMU_SM=75 ./lime-emu train $TINY --steps 2 --device gpu \
+                                                    --precision bf16 --out "$tmp/x"
+fi
 if [ -e "$tmp/x/model.safetensors" ]; then fail bad_input_wrote_nothing "a refused run wrote a model"; else pass bad_input_wrote_nothing; fi
 
 # --- bench --json: one valid object; off a GPU its GPU numbers are null, with the reason, and

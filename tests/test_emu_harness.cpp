@@ -1343,6 +1343,16 @@ TEST(emu_cublas_gemm_ex_bf16_operands_float_sums) {
         e = rel_err(to_host(dC, m * n).data(), want.data(), m * n);
         CHECK(ct == CUBLAS_COMPUTE_32F_FAST_TF32 ? e > 1e-5 && e < 2e-3 : e < 1e-6, "compute type %d: rel err %.2e", (int)ct, e);
     }
+    // _FAST_16BF on float operands (--precision bf16): each rounded to bf16 as it is read, so the
+    // result is the float sums over the bf16 operands above, Ar and Br, to float rounding.
+    cudaMemcpy(dC, C0.data(), C0.size() * sizeof(float), cudaMemcpyHostToDevice);
+    want = C0;
+    gemm_reference(true, false, m, n, k, alpha, Ar.data(), k, Br.data(), k, beta, want.data(), m);
+    CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dAf, CUDA_R_32F, k, dBf, CUDA_R_32F, k, &beta, dC,
+                       CUDA_R_32F, m, CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS,
+          "float operands, _FAST_16BF");
+    e = rel_err(to_host(dC, m * n).data(), want.data(), m * n);
+    CHECK(e < 1e-6, "cublasGemmEx float operands, _FAST_16BF: rel err %.2e against the bf16-rounded operands' product", e);
     // What the harness does not emulate is refused, with a line saying so; C untouched.
     emu::set_quiet(true);
     CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dAf, CUDA_R_32F, k, dB, CUDA_R_16BF, k, &beta, dC,

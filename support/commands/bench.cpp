@@ -250,6 +250,7 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
         if (m.name != "llama" && m.name.find('+') == std::string::npos) s.add_str(m.name + "_model", model_name(m.c));
     if (b.on_gpu)
         s.add_str("gpu", b.gpu.name).add_num("tf32", b.settings.tf32).add_num("graph", b.settings.graph)
+            .add_str("precision", b.settings.precision == PRECISION_BF16 ? "bf16" : "float32")
             .add_num("peak_tflops", b.peak_tflops).add_str("peak_source", b.peak.source);
     else if (b.dev == DEVICE_GPU)
         s.add_str("gpu_absent", "no GPU information: MFU and memory are not measured");
@@ -288,7 +289,9 @@ static void print_bench_json(const BenchSetup& b, const std::vector<BenchModel>&
 static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>& ms, float reg, double cpu_peak) {
     const BenchModel& ml = ms[0];  // llama
     const Config& c = b.c;
-    bool tf32 = b.settings.tf32;
+    bool tf32 = b.settings.tf32, bf16 = b.settings.precision == PRECISION_BF16;
+    const char* math = bf16 ? (tf32 ? "bf16 dense products, TF32 attention" : "bf16 dense products, float32 attention")
+                            : tf32 ? "TF32" : "float32";
     std::string named;  // what lime and hc are, when they run
     for (const char* name : {"lime", "hc"})
         if (const BenchModel* m = find_model(ms, name)) named += std::string(", ") + name + " is " + model_name(m->c);
@@ -296,8 +299,8 @@ static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>&
            c.d, c.H, c.R, c.F, c.V, b.B, c.T, b.steps, named.c_str());
     if (b.on_gpu)
         printf("  %s (sm_%d%d), %s, %s; MFU against %.1f TFLOP/s (%s %s)\n", b.gpu.name.c_str(), b.gpu.major,
-               b.gpu.minor, tf32 ? "TF32" : "float32", b.settings.graph ? "CUDA graph" : "plain launches",
-               b.peak_tflops, b.peak.source.c_str(), tf32 ? "TF32" : "FP32");
+               b.gpu.minor, math, b.settings.graph ? "CUDA graph" : "plain launches", b.peak_tflops,
+               b.peak.source.c_str(), bf16 ? "BF16: 2 x TF32" : tf32 ? "TF32" : "FP32");
     if (b.cpu_peak)
         printf("  %d threads; MFU against their %s FMA peak, %.1f GFLOP/s (measured after each round: the medians)\n",
                cpu_threads(), cpu_fma_kind(), cpu_peak);
@@ -357,11 +360,12 @@ static BenchSetup bench_setup(Args& a) {
     std::string err = config_check(b.c);
     if (!err.empty()) die("bench", err);
     // MFU: flops_per_token (forward + backward, router included) * tokens/s over the
-    // device's dense peak for the math in use: TF32 tensor cores, or plain float32;
+    // device's dense peak for the math in use: bf16 tensor cores (twice TF32's), TF32, or plain float32;
     // on the CPU over its threads' FMA peak, measured each round (bench_models).
     b.on_gpu = b.dev == DEVICE_GPU && gpu_info(&b.gpu);
     b.peak = gpu_peak(b.gpu.name, b.gpu.major, b.gpu.minor);
-    b.peak_tflops = b.on_gpu ? (b.settings.tf32 ? b.peak.tf32 : b.peak.fp32) : 0;
+    bool bf16 = b.settings.precision == PRECISION_BF16;
+    b.peak_tflops = !b.on_gpu ? 0 : bf16 ? 2 * b.peak.tf32 : b.settings.tf32 ? b.peak.tf32 : b.peak.fp32;
     b.cpu_peak = b.dev == DEVICE_CPU;
     return b;
 }
@@ -375,6 +379,7 @@ int cmd_bench(int argc, char** argv) {
         {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
+        PRECISION_FLAG,
         ATTENTION_FLAG,
         {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
         {"models", "lime,hc,resformer,denseformer", "the models timed beside llama: some of lime, hc, resformer, "

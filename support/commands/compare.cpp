@@ -1086,15 +1086,20 @@ static std::string merge_train_args(const std::string& preset_args, const std::s
     return "";
 }
 
-// The value of --NAME in the runs' flags (the last one), else def; -1 when
-// it is not a whole number in 1 .. 10^6 (train will refuse it: *err says so,
-// blaming --train-args, where it came from).
-static int run_flag(const std::vector<std::string>& args, const std::string& name, int def, std::string* err = nullptr) {
-    std::string v = std::to_string(def);
+// The text of --NAME in the runs' flags (the last one), else def.
+static std::string run_flag_text(const std::vector<std::string>& args, const std::string& name, const std::string& def) {
+    std::string v = def;
     for (size_t i = 0; i < args.size(); i++) {
         if (args[i] == "--" + name && i + 1 < args.size()) v = args[i + 1];
         if (args[i].rfind("--" + name + "=", 0) == 0) v = args[i].substr(name.size() + 3);
     }
+    return v;
+}
+// The value of --NAME in the runs' flags (the last one), else def; -1 when
+// it is not a whole number in 1 .. 10^6 (train will refuse it: *err says so,
+// blaming --train-args, where it came from).
+static int run_flag(const std::vector<std::string>& args, const std::string& name, int def, std::string* err = nullptr) {
+    std::string v = run_flag_text(args, name, std::to_string(def));
     if (v.empty() || v.size() > 7 || v.find_first_not_of("0123456789") != std::string::npos || atoi(v.c_str()) < 1) {
         if (err && err->empty()) *err = "--train-args: --" + name + " '" + v + "' is not a positive whole number";
         return -1;
@@ -1196,6 +1201,9 @@ static CompareSettings compare_settings(Args& a) {
     std::string why;
     cs.gpu = device == "gpu" || (device == "auto" && gpu_available(&why));
     if (device == "gpu" && !gpu_available(&why)) die("compare", "--device gpu: " + why);
+    if (!cs.gpu && run_flag_text(cs.run_args, "precision", "float32") == "bf16")
+        die("compare", "--train-args gives --precision bf16, which is for the GPU, and the runs are on the CPU (the "
+                       "CPU trains in float32): drop it, or use --device gpu on a machine with one");
     int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
     cs.fit = cs.gpu && jobs == 0;
     cs.jobs = jobs == 0 ? (cs.gpu ? 16 : std::max(1, cores)) : jobs;

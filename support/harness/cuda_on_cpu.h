@@ -34,7 +34,8 @@
 // is cvt.rna's; cp.async copies (__pipeline_memcpy_async) land only when their
 // thread waits for their group, so a tile read before its wait, or by another
 // thread before a barrier, is NaN. __nv_bfloat16 converts as CUDA's does
-// (round to nearest even), and cublasGemmEx takes bf16 or float operands.
+// (round to nearest even), and cublasGemmEx takes bf16 or float operands (float
+// ones rounded to bf16 by CUBLAS_COMPUTE_32F_FAST_16BF, or to TF32).
 //
 // Not modelled: blocks or streams running at the same time (one thing runs at
 // a time, in an order CUDA allows), the memory model (there is no cache to be
@@ -280,6 +281,8 @@ inline cudaError_t fail(cudaError_t e, const char* fmt, ...) {
 inline void report(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 inline void report(const char* fmt, ...) { va_list ap; va_start(ap, fmt); vreport(fmt, ap); va_end(ap); }
 inline bool no_device() { const char* v = getenv("LIME_EMU_NO_DEVICE"); return v && atoi(v) != 0; }
+// The compute capability the device reports: 9.0, or LIME_EMU_SM=XY's X.Y (an older GPU, for its refusals).
+inline int compute_capability() { const char* v = getenv("LIME_EMU_SM"); return v && atoi(v) >= 10 ? atoi(v) : 90; }
 
 enum class State { READY, BARRIER, WARP, DONE };
 enum WarpKind { W_SYNC, W_SHFL, W_UP, W_DOWN, W_XOR, W_BALLOT, W_ANY, W_ALL, W_MMA_TF32, W_MMA_BF16 };
@@ -1123,7 +1126,7 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
     p->maxThreadsPerBlock = 1024;
     p->maxThreadsDim[0] = 1024; p->maxThreadsDim[1] = 1024; p->maxThreadsDim[2] = 64;
     p->maxGridSize[0] = 2147483647; p->maxGridSize[1] = 65535; p->maxGridSize[2] = 65535;
-    p->major = 9; p->minor = 0;
+    p->major = emu::detail::compute_capability() / 10; p->minor = emu::detail::compute_capability() % 10;
     p->multiProcessorCount = 8;
     p->maxThreadsPerMultiProcessor = 2048;
     p->l2CacheSize = 50 << 20;
@@ -1587,11 +1590,15 @@ inline void store(__nv_bfloat16* p, float v) { *p = __nv_bfloat16(v); }
 // op(A) = A walks A's columns (axpy, unit stride) and op(A) = A^T takes dot
 // products with A's columns (also unit stride). beta == 0: C is only written.
 // TA: the operands' type (float or bf16), TC: C's; the sums are float's whichever.
-template <bool TF32, class TA = float, class TC = float>
+// ROUND: what each operand is rounded to first (ROUND_NONE, ROUND_TF32, ROUND_BF16).
+enum { ROUND_NONE = 0, ROUND_TF32 = 1, ROUND_BF16 = 2 };
+template <int ROUND, class TA = float, class TC = float>
 void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const TA* A, int lda, long long sA,
            const TA* B, int ldb, long long sB, float beta, TC* C, int ldc, long long sC, int batch) {
     long long cols = (long long)batch * n;
-    auto rnd = [](TA x) { return TF32 ? tf32(as_float(x)) : as_float(x); };
+    auto rnd = [](TA x) {
+        return ROUND == ROUND_TF32 ? tf32(as_float(x)) : ROUND == ROUND_BF16 ? (float)__nv_bfloat16(as_float(x)) : as_float(x);
+    };
 #if defined(_OPENMP)
 #pragma omp parallel if ((double)cols * m * k > 1e6)
 #endif
@@ -1631,12 +1638,12 @@ void sgemm(bool ta, bool tb, int m, int n, int k, float alpha, const TA* A, int 
     }
 }
 // Check the arguments as cuBLAS does, then issue the product on the handle's stream.
-// TA, TC: the operands' and C's element types; tf32: round the operands to TF32
-// (-1: as the handle's math mode says, for cublasSgemm).
+// TA, TC: the operands' and C's element types; round: what the operands are rounded to
+// (ROUND_*; -1: TF32 or nothing, as the handle's math mode says, for cublasSgemm).
 template <class TA = float, class TC = float>
 inline cublasStatus_t gemm(const char* fn, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                            int k, const float* alpha, const TA* A, int lda, long long sA, const TA* B, int ldb,
-                           long long sB, const float* beta, TC* C, int ldc, long long sC, int batch, int tf32 = -1) {
+                           long long sB, const float* beta, TC* C, int ldc, long long sC, int batch, int round = -1) {
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     bool okop = (unsigned)ta <= CUBLAS_OP_C && (unsigned)tb <= CUBLAS_OP_C;
     int rowsA = ta == CUBLAS_OP_N ? m : k, rowsB = tb == CUBLAS_OP_N ? k : n;
@@ -1670,11 +1677,12 @@ inline cublasStatus_t gemm(const char* fn, cublasHandle_t h, cublasOperation_t t
             }
     float a = *alpha, b = *beta;  // host pointer mode: the scalars are read at the call
     bool tA = ta != CUBLAS_OP_N, tB = tb != CUBLAS_OP_N;
-    bool t32 = tf32 < 0 ? (h->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH : tf32 != 0;
+    if (round < 0) round = (h->math & 0xf) == CUBLAS_TF32_TENSOR_OP_MATH ? ROUND_TF32 : ROUND_NONE;
     if (a == 0.0f) k = 0;  // C = beta * C: as in BLAS, A and B are not read
     auto op = [=] {
-        if (t32) sgemm<true, TA, TC>(tA, tB, m, n, k, a, A, lda, sA, B, ldb, sB, b, C, ldc, sC, batch);
-        else sgemm<false, TA, TC>(tA, tB, m, n, k, a, A, lda, sA, B, ldb, sB, b, C, ldc, sC, batch);
+        if (round == ROUND_TF32) sgemm<ROUND_TF32, TA, TC>(tA, tB, m, n, k, a, A, lda, sA, B, ldb, sB, b, C, ldc, sC, batch);
+        else if (round == ROUND_BF16) sgemm<ROUND_BF16, TA, TC>(tA, tB, m, n, k, a, A, lda, sA, B, ldb, sB, b, C, ldc, sC, batch);
+        else sgemm<ROUND_NONE, TA, TC>(tA, tB, m, n, k, a, A, lda, sA, B, ldb, sB, b, C, ldc, sC, batch);
     };
     return issue(h->stream, op, fn) == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
@@ -1695,8 +1703,9 @@ inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperatio
 
 // cublasGemmEx: the product with typed operands. Emulated: compute type
 // CUBLAS_COMPUTE_32F (float sums; TF32 operands when the handle's math mode is
-// CUBLAS_TF32_TENSOR_OP_MATH and they are float), _32F_PEDANTIC (never TF32) or
-// _32F_FAST_TF32 (TF32 operands), with A and B both CUDA_R_32F or both
+// CUBLAS_TF32_TENSOR_OP_MATH and they are float), _32F_PEDANTIC (never TF32),
+// _32F_FAST_TF32 (TF32 operands) or _32F_FAST_16BF (float operands rounded to
+// bf16, to nearest even, as they are read), with A and B both CUDA_R_32F or both
 // CUDA_R_16BF, and C CUDA_R_32F, or CUDA_R_16BF after bf16 operands (the
 // result rounded to nearest even as it is stored). alpha, beta: floats on the
 // host. Anything else is CUBLAS_STATUS_NOT_SUPPORTED here, with a line saying so.
@@ -1717,10 +1726,10 @@ inline cublasStatus_t gemm_ex(const char* fn, cublasHandle_t h, cublasOperation_
     bool types = at == bt && (at == CUDA_R_32F || at == CUDA_R_16BF) &&
                  (ct == CUDA_R_32F || (ct == CUDA_R_16BF && at == CUDA_R_16BF));
     bool computes = compute == CUBLAS_COMPUTE_32F || compute == CUBLAS_COMPUTE_32F_PEDANTIC ||
-                    compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+                    compute == CUBLAS_COMPUTE_32F_FAST_TF32 || compute == CUBLAS_COMPUTE_32F_FAST_16BF;
     if (!types || !computes) {
         report("%s: CUBLAS_STATUS_NOT_SUPPORTED (A type %d, B type %d, C type %d, compute type %d: the harness emulates "
-               "bf16 or float operands with CUBLAS_COMPUTE_32F[_PEDANTIC|_FAST_TF32])",
+               "bf16 or float operands with CUBLAS_COMPUTE_32F[_PEDANTIC|_FAST_TF32|_FAST_16BF])",
                fn, (int)at, (int)bt, (int)ct, (int)compute);
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
@@ -1729,15 +1738,18 @@ inline cublasStatus_t gemm_ex(const char* fn, cublasHandle_t h, cublasOperation_
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     const float *al = (const float*)alpha, *be = (const float*)beta;
-    int tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? 1 : compute == CUBLAS_COMPUTE_32F_PEDANTIC ? 0 : -1;
+    int round = compute == CUBLAS_COMPUTE_32F_FAST_TF32    ? ROUND_TF32
+                : compute == CUBLAS_COMPUTE_32F_FAST_16BF  ? ROUND_BF16
+                : compute == CUBLAS_COMPUTE_32F_PEDANTIC   ? ROUND_NONE
+                                                           : -1;
     using bf = __nv_bfloat16;
     const bf *Ab = (const bf*)A, *Bb = (const bf*)B;
     if (at == CUDA_R_32F)
         return gemm(fn, h, ta, tb, m, n, k, al, (const float*)A, lda, sA, (const float*)B, ldb, sB, be, (float*)C, ldc,
-                    sC, batch, tf32);
+                    sC, batch, round);
     if (ct == CUDA_R_32F)
-        return gemm(fn, h, ta, tb, m, n, k, al, Ab, lda, sA, Bb, ldb, sB, be, (float*)C, ldc, sC, batch, tf32);
-    return gemm(fn, h, ta, tb, m, n, k, al, Ab, lda, sA, Bb, ldb, sB, be, (bf*)C, ldc, sC, batch, tf32);
+        return gemm(fn, h, ta, tb, m, n, k, al, Ab, lda, sA, Bb, ldb, sB, be, (float*)C, ldc, sC, batch, round);
+    return gemm(fn, h, ta, tb, m, n, k, al, Ab, lda, sA, Bb, ldb, sB, be, (bf*)C, ldc, sC, batch, round);
 }
 }}  // namespace emu::detail
 inline cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,

@@ -295,6 +295,7 @@ std::vector<FlagSpec> train_flags() {
         {"threads", "0", "OpenMP threads (0: all cores; at most 4 x the cores)"},
         {"device", "auto", "auto, cpu or gpu"},
         {"tf32", "1", "gpu: TF32 tensor cores for the matrix products (0: plain float32)"},
+        PRECISION_FLAG,
         ATTENTION_FLAG,
         {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
         {"out", "runs/model", "output directory (created if missing)"},

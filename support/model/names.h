@@ -48,15 +48,22 @@ std::string shape_flag_value(const Config& c, const std::string& flag);
 inline Device pick_device(Args& a) {
     std::string d = a.choice("device", {"auto", "cpu", "gpu"});
     std::string why;
-    if (d == "cpu") return DEVICE_CPU;
-    bool ok = gpu_available(&why);
+    bool ok = d != "cpu" && gpu_available(&why);
     if (d == "gpu" && !ok) die(a.cmd, "--device gpu: " + why);
+    if (!ok && a.values.count("precision") && a.str("precision") == "bf16")
+        die(a.cmd, std::string("--precision bf16 is for the GPU") +
+                       (d == "auto" ? ", and --device auto found none" : "") +
+                       "; the CPU trains in float32: drop --precision bf16");
     return ok ? DEVICE_GPU : DEVICE_CPU;
 }
 
 // --attention: how the GPU runs attention (ModelSettings in support/model/lime.h).
 #define ATTENTION_FLAG \
     {"attention", "auto", "gpu: matmul (products around a stored T x T softmax, fast), flash (memory O(T), slower) or auto (matmul when it fits)"}
+// --precision: the dense products' operands on the GPU (support/model/products.cuh).
+#define PRECISION_FLAG           \
+    {"precision", "float32", \
+     "gpu: float32 (TF32 with --tf32 1) or bf16 (the dense products' operands rounded to bf16, float32 sums)"}
 // Where the memory the host can give is read. In testing builds
 // (LIME_TESTING: ./lime-emu) LIME_TEST_MEMINFO=FILE reads FILE instead, a
 // machine with that much MemAvailable (tests/test_hostile.sh, bench); never in ./lime.
@@ -75,6 +82,8 @@ inline ModelSettings model_settings(Args& a) {
     if (a.values.count("tf32")) s.tf32 = a.integer("tf32", 0, 1) == 1;
     if (a.values.count("attention")) attention_parse(a.choice("attention", {"auto", "matmul", "flash"}), &s.attention);
     if (a.values.count("graph")) s.graph = a.integer("graph", 0, 1) == 1;
+    if (a.values.count("precision"))
+        s.precision = a.choice("precision", {"float32", "bf16"}) == "bf16" ? PRECISION_BF16 : PRECISION_FLOAT32;
     s.host_bytes = memory_available(meminfo_path());
     // the flags that size the model in this command, for an out-of-memory line (SizeFlags)
     bool shaped = a.cmd == "train" || a.cmd == "bench";  // the others load a checkpoint's shape

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "support/model/device.cuh"
+#include "support/model/products.cuh"
 
 #define SPLIT_TILES 256  // 64 x 64 output tiles a product should give the GPU: about two an SM
 #define SPLIT_MOST 16    // slices at most
@@ -76,14 +77,13 @@ static size_t split_slot_floats(const Config& c, size_t BT) {
 // does not split (S = 1, or dW not among split.products): the caller adds it
 // to dW in one product (gemm_tn_gpu).
 static bool split_weight_grad_gpu(float* dW, const float* dout, const float* inp, int OC, int C, int N,
-                                  const SplitK& split, cublasHandle_t blas) {
+                                  const SplitK& split, cublasHandle_t blas, bool bf16 = false) {
     const SplitProduct* p = split.find(dW);
     int S = p ? split_slices(OC, C, N) : 1;
     if (S == 1) return false;
-    const float one = 1.0f, zero = 0.0f;
     long long k = N / S;  // as gemm_tn_gpu, batched over the slices: column-major dW^T (C, OC) = inp^T @ dout
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, (int)k, &one, inp, C, k * C, dout, OC,
-                                          k * OC, &zero, split.slots + p->slots, C, (long long)OC * C, S));
+    gemm_gpu(blas, bf16, CUBLAS_OP_N, CUBLAS_OP_T, C, OC, (int)k, 1.0f, inp, C, k * C, dout, OC, k * OC, 0.0f,
+             split.slots + p->slots, C, (long long)OC * C, S);
     return true;
 }
 
