@@ -196,7 +196,11 @@ if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
     BF="$TINY --device gpu --precision bf16 --steps 6 --log-every 1"
     ./lime-emu train $BF --out "$tmp/bf_full" >/dev/null 2>&1
     ./lime-emu train $BF --stop-after 3 --out "$tmp/bf_part" >/dev/null 2>&1
+    cp -r "$tmp/bf_part" "$tmp/bf_cpu"
     ./lime-emu train --resume "$tmp/bf_part/checkpoint.safetensors" --quiet >/dev/null 2>&1
+    on_cpu=$($LIME train --resume "$tmp/bf_cpu/checkpoint.safetensors" --device cpu --quiet 2>&1); cpu_status=$?
+    $LIME train --resume "$tmp/bf_cpu/checkpoint.safetensors" --device cpu --precision float32 --quiet >/dev/null 2>&1
+    f32_status=$?
     a=$(grep '"type": "train"' "$tmp/bf_full/log.jsonl" | sed 's/.*"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/')
     b=$(grep '"type": "train"' "$tmp/bf_part/log.jsonl" | sed 's/.*"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/')
     f32=$($LIME train $TINY --device cpu --steps 6 --log-every 1 --out "$tmp/f32_full" >/dev/null 2>&1;
@@ -208,6 +212,8 @@ if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
     expect "the bf16 losses equal float32's" [ "$a" != "$f32" ]
     expect "the bf16 run's log does not say precision bf16" grep -q '"precision": "bf16"' "$tmp/bf_full/log.jsonl"
     expect "eval (float32, cpu) of the bf16 checkpoint exits $status" [ $status -eq 0 ]
+    expect "resuming the bf16 run on the cpu is not refused with the way out: $on_cpu" has "$on_cpu" "use --precision float32"
+    expect "resuming it on the cpu with --precision float32 exits $f32_status" [ $f32_status -eq 0 ]
     verdict "full [$a] resumed [$b] eval [$(echo "$out" | tail -2)]"
     out=$(./lime-emu verify --device gpu --precision bf16 --quiet tests/golden/{llama_tiny,lime_tiny,lime_gqa,llama_ereg,denseformer_tiny}.safetensors 2>&1); status=$?
     check verify_golden_lime_emu_bf16

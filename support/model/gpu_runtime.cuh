@@ -180,8 +180,8 @@ static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceN
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
     if (model->settings.precision == PRECISION_BF16 && prop.major < 8)
-        return "--precision bf16 needs bf16 tensor cores (sm_80 or later); GPU 0, " + std::string(prop.name) + ", is sm_" +
-               std::to_string(prop.major) + std::to_string(prop.minor) + ": use --precision float32";
+        return "--precision bf16 needs bf16 tensor cores (sm_80 or later); GPU 0, " + std::string(prop.name) +
+               ", is sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ": use --precision float32";
     std::string tc_refusal = flash_tc_refusal(c.hd, prop.sharedMemPerBlockOptin);
     if (attention == ATTENTION_FLASH && model->settings.tf32 && !tc_refusal.empty())
         return "--attention flash on the tensor cores: " + tc_refusal + "; use --tf32 0 for the scalar kernels";

@@ -53,7 +53,7 @@ inline Device pick_device(Args& a) {
     if (!ok && a.values.count("precision") && a.str("precision") == "bf16")
         die(a.cmd, std::string("--precision bf16 is for the GPU") +
                        (d == "auto" ? ", and --device auto found none" : "") +
-                       "; the CPU trains in float32: drop --precision bf16");
+                       "; the CPU trains in float32: use --precision float32 (the default)");
     return ok ? DEVICE_GPU : DEVICE_CPU;
 }
 
