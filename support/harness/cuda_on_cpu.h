@@ -1126,7 +1126,8 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
     p->maxThreadsPerBlock = 1024;
     p->maxThreadsDim[0] = 1024; p->maxThreadsDim[1] = 1024; p->maxThreadsDim[2] = 64;
     p->maxGridSize[0] = 2147483647; p->maxGridSize[1] = 65535; p->maxGridSize[2] = 65535;
-    p->major = emu::detail::compute_capability() / 10; p->minor = emu::detail::compute_capability() % 10;
+    int cc = emu::detail::compute_capability();
+    p->major = cc / 10; p->minor = cc % 10;
     p->multiProcessorCount = 8;
     p->maxThreadsPerMultiProcessor = 2048;
     p->l2CacheSize = 50 << 20;

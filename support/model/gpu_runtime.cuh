@@ -190,7 +190,7 @@ static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceN
     gpu->flash_tc = tc_refusal.empty();
     SplitK& split = gpu->split;
     split.products = split_products(c, (size_t)model->B * c.T);
-    size_t slot_floats = split_slot_floats(c, (size_t)model->B * c.T);
+    size_t slot_floats = split_slot_floats(split.products, (size_t)model->B * c.T);
     size_t acts_floats = carve(acts, c, model->B, nullptr, DEVICE_GPU, flash),
            small_bytes = gpu_carve_small(gpu, nullptr, norm_blocks, model->adamw_runs.size(), slot_floats);
     size_t fixed_bytes = 4 * n * sizeof(float) + small_bytes, need = fixed_bytes + acts_floats * sizeof(float);

@@ -21,7 +21,7 @@
 #include "support/model/device.cuh"
 
 // x rounded to the nearest bf16, ties to even, as a float (a NaN stays a NaN):
-// what CUDA's __float2bfloat16 gives (checked on all 2^32 floats against the harness's).
+// what CUDA's __float2bfloat16 gives (tests/test_gpu.cpp checks all 2^32 floats).
 static inline float bf16_round(float x) {
     uint32_t u;
     memcpy(&u, &x, 4);

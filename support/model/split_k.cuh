@@ -63,12 +63,13 @@ static std::vector<SplitProduct> split_products(const Config& c, size_t BT) {
     }
     return out;
 }
-// The slots' floats (in the GPU's small allocation, gpu_carve_small).
-static size_t split_slot_floats(const Config& c, size_t BT) {
-    size_t n = 0;
-    for (const SplitProduct& p : split_products(c, BT)) n += (size_t)split_slices(p.OC, p.C, BT, false) * p.OC * p.C;
-    return n;
+// The slots' floats (in the GPU's small allocation, gpu_carve_small): where the last product's end.
+static size_t split_slot_floats(const std::vector<SplitProduct>& products, size_t BT) {
+    if (products.empty()) return 0;
+    const SplitProduct& p = products.back();
+    return p.slots + (size_t)split_slices(p.OC, p.C, BT, false) * p.OC * p.C;
 }
+static size_t split_slot_floats(const Config& c, size_t BT) { return split_slot_floats(split_products(c, BT), BT); }
 
 #ifdef LIME_GPU
 // forward: out = inp @ W^T, inp (N, C), out (N, OC)
