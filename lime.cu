@@ -32,7 +32,7 @@
 #include "support/model/split_k.cuh"     // defines: split_weight_grad_gpu, op_split_sum (the GPU's weight gradients)
 #include "support/model/attention_gpu.cuh"    // defines: attention_forward_gpu, ..._backward_gpu, qkv_scatter_gpu
 #include "support/model/flash_attention.cuh"  // defines: flash_attention_forward_gpu, ..._backward_gpu (O(T) memory)
-#include "support/model/flash_attention_tc.cuh"  // defines: flash_attention_tc_forward_gpu (the same, tensor cores)
+#include "support/model/flash_attention_tc.cuh"  // defines: flash_attention_tc_forward_gpu, flash_on_tensor_cores
 // The study's other models and instruments: each adds its tensors,
 // activations, ops and init, and joins the passes through named hooks.
 #include "support/study/hyper_connections.cuh"  // defines: hc_specs, HcActs, op_hc_*, hc_sublayer_input (--arch hc)
@@ -1079,11 +1079,11 @@ static void op_router_backward(Model* model, KvPair dW, KvPair dbuf, KvConst dou
 //   s[h,t,u] = q[t,h] . k[u,r] / sqrt(hd)  (u <= t);  p = softmax_u(s)
 //   o[t,h]   = sum_u p[h,t,u] * v[u,r]
 // q, o (B, T, H, hd); k, v (R, B, T, hd), head-major (rows of the KV buffer);
-// att (B, H, T, T) keeps p for backward.
+// att (B, H, T, T) keeps p for backward. bf16: the products' operands rounded (bf16_if).
 // ===========================================================================
 
 static void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                              int H, int R, int hd) {
+                              int H, int R, int hd, bool bf16 = false) {
     int n_rep = H / R;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel for collapse(3) schedule(static)
@@ -1097,7 +1097,7 @@ static void attention_forward(float* out, float* att, const float* q, const floa
                 for (int u = 0; u <= t; u++) {
                     const float* ku = k + (((size_t)r * B + b) * T + u) * hd;
                     float s = 0;
-                    for (int i = 0; i < hd; i++) s += qt[i] * ku[i];
+                    for (int i = 0; i < hd; i++) s += bf16_if(qt[i], bf16) * bf16_if(ku[i], bf16);
                     p[u] = s * scale;
                     mx = std::max(mx, p[u]);
                 }
@@ -1106,7 +1106,8 @@ static void attention_forward(float* out, float* att, const float* q, const floa
                 float* o = out + (((size_t)b * T + t) * H + h) * hd;
                 for (int i = 0; i < hd; i++) {
                     float s = 0;
-                    for (int u = 0; u <= t; u++) s += p[u] * v[(((size_t)r * B + b) * T + u) * hd + i];
+                    for (int u = 0; u <= t; u++)
+                        s += bf16_if(p[u], bf16) * bf16_if(v[(((size_t)r * B + b) * T + u) * hd + i], bf16);
                     o[i] = s;
                 }
             }
@@ -1119,7 +1120,8 @@ static void attention_forward(float* out, float* att, const float* q, const floa
 // dq is written; dk and dv are added to. One thread owns a (b, kv head) and
 // adds its query heads' and rows' shares in order: the same for any thread count.
 static void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                               const float* v, const float* att, int B, int T, int H, int R, int hd) {
+                               const float* v, const float* att, int B, int T, int H, int R, int hd,
+                               bool bf16 = false) {
     int n_rep = H / R;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel for collapse(2) schedule(static)
@@ -1132,7 +1134,7 @@ static void attention_backward(float* dq, float* dk, float* dv, const float* dou
                     auto dp = [&](int u) {
                         const float* vu = v + (((size_t)r * B + b) * T + u) * hd;
                         float s = 0;
-                        for (int i = 0; i < hd; i++) s += dout[row + i] * vu[i];
+                        for (int i = 0; i < hd; i++) s += bf16_if(dout[row + i], bf16) * bf16_if(vu[i], bf16);
                         return s;
                     };
                     float pdp = 0;
@@ -1140,11 +1142,11 @@ static void attention_backward(float* dq, float* dk, float* dv, const float* dou
                     for (int i = 0; i < hd; i++) dq[row + i] = 0;
                     for (int u = 0; u <= t; u++) {
                         size_t kv = (((size_t)r * B + b) * T + u) * hd;  // k, dk, v, dv at (r, b, u)
-                        float ds = p[u] * (dp(u) - pdp);
+                        float ds = bf16_if(p[u] * (dp(u) - pdp), bf16), pu = bf16_if(p[u], bf16);
                         for (int i = 0; i < hd; i++) {
-                            dq[row + i] += scale * ds * k[kv + i];
-                            dk[kv + i] += scale * ds * q[row + i];
-                            dv[kv + i] += p[u] * dout[row + i];
+                            dq[row + i] += scale * ds * bf16_if(k[kv + i], bf16);
+                            dk[kv + i] += scale * ds * bf16_if(q[row + i], bf16);
+                            dv[kv + i] += pu * bf16_if(dout[row + i], bf16);
                         }
                     }
                 }
@@ -1153,30 +1155,27 @@ static void attention_backward(float* dq, float* dk, float* dv, const float* dou
 // On the GPU: batched matrix products around a causal softmax kernel, as in
 // llm.c (support/model/attention_gpu.cuh: attention_forward_gpu,
 // attention_backward_gpu), or the flash-style kernels in O(T) memory
-// (support/model/flash_attention.cuh).
+// (support/model/flash_attention.cuh), on the tensor cores where flash_on_tensor_cores says.
 
-#ifdef LIME_GPU
-// The flash kernels on the tensor cores: under TF32 (the step's math mode), where they take the shape.
-static bool tensor_cores(const Model* model) { return model->gpu->flash_tc && model->gpu->tf32; }
-#endif
-// The dispatchers. On the GPU, A->flash picks the flash-style kernels (att then
-// holds each row's log-sum-exp), else the products around the stored softmax;
-// on the CPU the fast loops (support/model/cpu_fast.cpp) in ./lime, the plain
-// ones above in ./lime-ref. out: the forward's output (the flash backward's dout . out).
-// q and dq on the GPU: group-major for the products (op_qkv_projection_forward).
-// The backward writes dq and dk, and dv too or adds to it (add_dv: the CPU's
-// loops add, so the dispatcher clears for them what is to be written).
+// The dispatchers. On the GPU, A->flash picks the flash-style kernels (att then holds each row's log-sum-exp), else
+// the products around the stored softmax; on the CPU the fast loops (support/model/cpu_fast.cpp) in ./lime, the
+// plain ones above in ./lime-ref, and in bf16 (bf: the products' operands rounded). out: the forward's output (the
+// flash backward's dout . out). q and dq on the GPU: group-major for the products (op_qkv_projection_forward). The
+// backward writes dq and dk, and dv too or adds to it (add_dv: the CPU's loops add, so the dispatcher clears for
+// them what is to be written).
 static void op_attention_forward(Model* model, float* out, float* att, const float* q, const float* k, const float* v,
                                  int B, int T) {
     const Config& c = model->c;
     const Acts* A = pass_acts(model);
-    DISPATCH(model,
+    bool bf = bf16_products(model);
+    DISPATCH_PRODUCT(model,
              !A->flash ? attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, A->scratch, blas_of(model),
-                                               stream_of(model))
-             : tensor_cores(model) ? flash_attention_tc_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(model))
-                                   : flash_attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(model)),
+                                               stream_of(model), bf)
+             : flash_on_tensor_cores(model)
+                 ? flash_attention_tc_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(model), bf)
+                 : flash_attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(model)),
              attention_forward_fast(out, att, q, k, v, B, T, c.H, c.R, c.hd, A->scratch, A->threads),
-             attention_forward(out, att, q, k, v, B, T, c.H, c.R, c.hd));
+             attention_forward(out, att, q, k, v, B, T, c.H, c.R, c.hd, bf));
 }
 static void op_attention_backward(Model* model, float* dq, float* dk, float* dv, bool add_dv, const float* dout,
                                   const float* out, const float* q, const float* k, const float* v, const float* att,
@@ -1186,16 +1185,17 @@ static void op_attention_backward(Model* model, float* dq, float* dk, float* dv,
     (void)out;  // the GPU's flash kernels' alone
     size_t kv_bytes = (size_t)B * T * c.R * c.hd * sizeof(float);
     if (model->device != DEVICE_GPU) memset(dk, 0, kv_bytes), add_dv ? (void)0 : (void)memset(dv, 0, kv_bytes);
-    DISPATCH(model,
+    bool bf = bf16_products(model);
+    DISPATCH_PRODUCT(model,
              !A->flash ? attention_backward_gpu(dq, dk, dv, A->datt, dout, q, k, v, att, B, T, c.H, c.R, c.hd, add_dv,
-                                                A->scratch, blas_of(model), stream_of(model))
-             : tensor_cores(model)
+                                                A->scratch, blas_of(model), stream_of(model), bf)
+             : flash_on_tensor_cores(model)
                  ? flash_attention_tc_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd, add_dv,
-                                                   A->scratch, stream_of(model))
+                                                   A->scratch, stream_of(model), bf)
                  : flash_attention_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd, add_dv,
                                                 A->scratch, stream_of(model)),
              attention_backward_fast(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch, A->threads),
-             attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd));
+             attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd, bf));
 }
 // ===========================================================================
 // SwiGLU: h = silu(gate) * up,  silu(z) = z / (1 + exp(-z))

@@ -8,7 +8,8 @@
 #   2. runs the native GPU tests (every kernel against the CPU, reference vectors, graphs, determinism);
 #      a device ./lime cannot use (no GPU, a driver older than the CUDA runtime) fails here, with the reason
 #   3. ./lime verify --device gpu --tf32 0 on every reference file (exact float32 tolerances), matmul and flash attention;
-#      then --precision bf16 (bf16's tolerances: the files of HC and ResFormer are expected to fail, docs/checkpoint.md)
+#      then --precision bf16, matmul and flash attention (bf16's tolerances: hc_tiny's and ResFormer's files are
+#      expected to fail, docs/checkpoint.md)
 #   4. compute-sanitizer's memcheck and racecheck (matmul and flash attention) and initcheck (matmul) on one
 #      step of a tiny `bench --graph 0`, when compute-sanitizer is there; any report it makes fails
 #   5. an nsys kernel summary of config (b) with GQA (the 15 kernels that take the most GPU time), when nsys is there
@@ -61,10 +62,12 @@ elif [ $rc -ne 0 ]; then status=1; fi
 echo "== verify --device gpu --tf32 0"
 ./lime verify --device gpu --tf32 0 --quiet tests/golden/*.safetensors || status=1
 ./lime verify --device gpu --tf32 0 --attention flash --quiet tests/golden/*.safetensors || status=1
-echo "== verify --device gpu --precision bf16 (HC's and ResFormer's files: expected to fail, not counted)"
+echo "== verify --device gpu --precision bf16 (hc_tiny's and ResFormer's files: expected to fail, not counted)"
 ./lime verify --device gpu --precision bf16 --tf32 1 --quiet tests/golden/*.safetensors
-./lime verify --device gpu --precision bf16 --tf32 1 --quiet \
-    tests/golden/{llama_tiny,lime_tiny,lime_gqa,llama_ereg,denseformer_tiny}.safetensors || status=1
+for attention in matmul flash; do
+    ./lime verify --device gpu --precision bf16 --tf32 1 --attention $attention --quiet \
+        tests/golden/{llama_tiny,lime_tiny,lime_gqa,llama_ereg,denseformer_tiny,hc_static_gqa}.safetensors || status=1
+done
 
 # compute-sanitizer (on the PATH, or beside nvcc): memcheck, racecheck and initcheck on one timed step of
 # llama, lime and hc (with the regulariser, so its kernels run too), --graph 0 so every kernel is launched

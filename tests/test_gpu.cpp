@@ -26,7 +26,7 @@
 static ModelSettings gpu_settings;
 static void use_tf32(bool on) { gpu_settings.tf32 = on; }
 static void use_attention(Attention a) { gpu_settings.attention = a; }
-// The dense products' precision (--precision) until the test returns, passed or failed; then float32 again.
+// The products' precision (--precision) until the test returns, passed or failed; then float32 again.
 struct ScopedPrecision {
     explicit ScopedPrecision(Precision p) { gpu_settings.precision = p; }
     ~ScopedPrecision() { gpu_settings.precision = PRECISION_FLOAT32; }
@@ -369,14 +369,15 @@ TEST(gpu_router_30_heads_masked_match_cpu) { NEED_GPU(); check_router(30, Router
 TEST(gpu_router_layer0_one_source_matches_cpu) { NEED_GPU(); check_router(3, RouterSpan{0, 0}, false, 70, 6, 0); }
 
 // q and dq are group-major on the GPU; dk is written, over what it held; dv is added to (add_dv) or written.
-static void check_attention(int B, int T, int H, int R, int hd, bool add_dv = true) {
+// bf16: the products' operands rounded to bf16 on both sides (--precision bf16).
+static void check_attention(int B, int T, int H, int R, int hd, bool add_dv = true, bool bf16 = false) {
     size_t qn = (size_t)B * T * H * hd, kn = (size_t)B * T * R * hd, an = (size_t)B * H * T * T;
     auto q = randv(qn, 1), k = randv(kn, 2), v = randv(kn, 3), dout = randv(qn, 4), dk0 = randv(kn, 5), dv0 = randv(kn, 6);
     std::vector<float> out(qn), att(an);
-    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
+    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd, bf16);
     DevF gq(q), gqg(qn), gk(k), gv(v), gout(qn), gatt(an), gdatt(an), scratch(qn);
     group_heads_gpu(gqg.p, gq.p, B, T, H, R, hd, ctx().stream);
-    attention_forward_gpu(gout.p, gatt.p, gqg.p, gk.p, gv.p, B, T, H, R, hd, scratch.p, ctx().blas, ctx().stream);
+    attention_forward_gpu(gout.p, gatt.p, gqg.p, gk.p, gv.p, B, T, H, R, hd, scratch.p, ctx().blas, ctx().stream, bf16);
     std::vector<float> ga = gatt.get(), grouped(an);  // the GPU's att is group-major: (R, B, n_rep, T, T)
     int n_rep = H / R;
     for (int b = 0; b < B; b++)
@@ -387,10 +388,11 @@ static void check_attention(int B, int T, int H, int R, int hd, bool add_dv = tr
     CHECK(e1 < TOL_FWD, "attention forward B=%d T=%d H=%d R=%d: out rel err %.2e", B, T, H, R, e1);
     CHECK(e2 < TOL_FWD, "attention forward B=%d T=%d H=%d R=%d: att rel err %.2e", B, T, H, R, e2);
     std::vector<float> dq(qn), dk(kn), dv = add_dv ? dv0 : std::vector<float>(kn);  // the CPU's loop adds
-    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd,
+                       bf16);
     DevF gdqg(qn), gdk(dk0), gdv(dv0), gdout(dout);
     attention_backward_gpu(gdqg.p, gdk.p, gdv.p, gdatt.p, gdout.p, gqg.p, gk.p, gv.p, gatt.p, B, T, H, R, hd, add_dv,
-                           scratch.p, ctx().blas, ctx().stream);
+                           scratch.p, ctx().blas, ctx().stream, bf16);
     ungroup_heads_gpu(gq.p, gdqg.p, B, T, H, R, hd, ctx().stream);  // dq, token-major
     double e3 = err_of(gq.get(), dq), e4 = err_of(gdk.get(), dk), e5 = err_of(gdv.get(), dv);
     CHECK(e3 < TOL_BWD, "attention backward B=%d T=%d H=%d R=%d: dq rel err %.2e", B, T, H, R, e3);
@@ -402,6 +404,7 @@ TEST(gpu_attention_matches_cpu_full_T13) { NEED_GPU(); check_attention(2, 13, 2,
 TEST(gpu_attention_matches_cpu_R1) { NEED_GPU(); check_attention(2, 13, 3, 1, 4); }
 TEST(gpu_attention_matches_cpu_larger) { NEED_GPU(); check_attention(3, 40, 4, 2, 8); }
 TEST(gpu_attention_writes_dv_without_add_dv) { NEED_GPU(); check_attention(2, 13, 4, 2, 6, false); }
+TEST(gpu_attention_bf16_matches_the_cpu_bf16_loops) { NEED_GPU(); check_attention(3, 40, 4, 2, 8, true, true); }
 
 // The softmax's one read of the causal half: scores that rise along the row
 // (every lane's max grows at each of its 3 scores, and e^138 overflows a float
@@ -813,22 +816,25 @@ TEST(gpu_matches_reference_vectors_tf32) {
     }
 }
 
-// --precision bf16: the dense products' operands rounded to bf16 (products.cuh).
-// Logits and losses at TF32's 1e-2; the gradients at 2e-2, not TF32's 1e-2:
-// bf16 keeps 8 mantissa bits (TF32 11), and over the five block and thread
-// orders the gradients measure 6.5e-3 to 1.08e-2 (LIMe GQA's post-attention
-// norm). HC's betas and ResFormer's value-residual weights are sums that
-// nearly cancel (as under TF32, above): 1.7e-2 to 4.5e-2, held to 1e-1
-// (docs/results.md, bf16).
-TEST(gpu_matches_reference_vectors_bf16) {
-    NEED_GPU();
+// --precision bf16: the dense products' and attention's operands rounded to
+// bf16 (products.cuh). Logits and losses at TF32's 1e-2; the gradients at
+// 2e-2, not TF32's 1e-2: bf16 keeps 8 mantissa bits (TF32 11), and the
+// gradients measure 7.6e-3 to 1.39e-2 (LIMe tiny's k_proj), on either
+// attention path, the same in every block and thread order. HC's and
+// ResFormer's scalar weights are sums that nearly cancel (as under TF32,
+// above): up to 5.5e-2, held to 1e-1 (docs/results.md, bf16).
+static void check_reference_vectors_bf16(Attention attention) {
     ScopedPrecision bf16(PRECISION_BF16);
+    ScopedAttention scoped(attention);
     for (const char* path : GOLDEN) {
         bool cancels = strstr(path, "/hc_") || strstr(path, "/resformer_");
         std::string worst, err = golden_on_gpu(path, true, &worst, cancels ? 1e-1 : 2e-2);
-        CHECK(err.empty(), "%s (bf16)", err.c_str());
+        CHECK(err.empty(), "%s (bf16, %s attention)", err.c_str(), attention == ATTENTION_FLASH ? "flash" : "matmul");
     }
 }
+TEST(gpu_matches_reference_vectors_bf16) { NEED_GPU(); check_reference_vectors_bf16(ATTENTION_MATMUL); }
+// The flash kernels on the tensor cores with bf16 operands (mma.m16n8k16).
+TEST(gpu_flash_matches_reference_vectors_bf16) { NEED_GPU(); check_reference_vectors_bf16(ATTENTION_FLASH); }
 
 TEST(gpu_flash_matches_reference_vectors_float32) {
     NEED_GPU();
@@ -964,7 +970,9 @@ TEST(gpu_split_k_training_steps_match_cpu) {
     check_gpu_trains_like_cpu(split_config(ARCH_LIME));
 }
 // After 3 LIMe steps in bf16 the GPU's parameters are within float32's tolerance of the CPU's bf16
-// reference (its plain products round as the GPU's), and more than 10x that distance from a float32 run.
+// reference (its plain loops round the products' operands as the GPU's), and more than 5x that distance
+// from a float32 run (measured on the harness: 4.3e-5 and 2.6e-4; a float near a bf16 tie may round
+// either way after the two sides' sums, and AdamW's steps magnify the gradients' small differences).
 TEST(gpu_bf16_steps_match_the_cpu_bf16_reference) {
     NEED_GPU();
     use_tf32(false);
@@ -981,7 +989,7 @@ TEST(gpu_bf16_steps_match_the_cpu_bf16_reference) {
               s + 1, gpu.losses[s], cpu.losses[s]);
     double near = rel_err(gpu.part(0), cpu.part(0), cpu.part_size()), far = rel_err(gpu.part(0), f32.part(0), f32.part_size());
     CHECK(near < TOL_BWD, "parameters after 3 bf16 steps: rel err %.2e against the CPU's bf16 reference", near);
-    CHECK(far > 10 * near, "parameters after 3 steps: bf16 (gpu) vs float32 (cpu) rel err %.2e, not 10x bf16's %.2e", far, near);
+    CHECK(far > 5 * near, "parameters after 3 steps: bf16 (gpu) vs float32 (cpu) rel err %.2e, not 5x bf16's %.2e", far, near);
 }
 
 TEST(gpu_flash_training_steps_match_cpu_lime_gqa) { NEED_GPU(); check_flash_trains_like_cpu(ARCH_LIME, 4, 2, 70); }
@@ -1147,6 +1155,7 @@ TEST(gpu_bf16_three_steps_bit_identical_across_schedules) {
     NEED_GPU();
     ScopedPrecision bf16(PRECISION_BF16);
     check_steps_across_schedules(ATTENTION_MATMUL, tiny_gpu_config(ARCH_LIME, 4, 2, 9));
+    check_steps_across_schedules(ATTENTION_FLASH, tiny_gpu_config(ARCH_LIME, 4, 2, 9));  // on the tensor cores
 }
 // The CPU's rounding (bf16_round, the reference's) is CUDA's __float2bfloat16 on every float.
 TEST(bf16_round_is_cudas_conversion_for_every_float) {
@@ -1422,10 +1431,15 @@ TEST(gpu_absent_device_is_reported_clearly) {
 
 // TF32's tolerances: the operands of every product rounded to 10 mantissa bits.
 static const double TOL_TC_FWD = 1e-3, TOL_TC_BWD = 2e-3;
+// bf16 against the CPU's loops rounding the same operands: the forward's P is rounded before it is divided
+// by its row's sum (the loops round the divided one), about 2e-3 in out, and in dq and dk through D = dO . O.
+// dV = P^T dO reads P recomputed from lse, divided: the loops' own rounding, so dv is held to float32's TOL_BWD.
+static const double TOL_TC_BF16_FWD = 4e-3, TOL_TC_BF16_BWD = 5e-3;
 
 struct TcOut { std::vector<float> out, lse, dq, dk, dv; };
 struct TcCase {
     int B, T, H, R, hd;
+    bool bf16 = false;  // bf16 operands (--precision bf16), against the CPU's loops rounding the same operands
     size_t qn() const { return (size_t)B * T * H * hd; }
     size_t kn() const { return (size_t)R * B * T * hd; }
     size_t rows() const { return (size_t)B * H * T; }
@@ -1440,9 +1454,9 @@ static TcInputs tc_inputs(const TcCase& c) {
 static TcOut run_flash_tc(const TcCase& c, const TcInputs& in) {
     DevF gq(in.q), gk(in.k), gv(in.v), gdout(in.dout), gdk(in.dk0), gdv(in.dv0), gout(c.qn()), glse(c.rows()), gdq(c.qn()),
         scratch(c.rows());
-    flash_attention_tc_forward_gpu(gout.p, glse.p, gq.p, gk.p, gv.p, c.B, c.T, c.H, c.R, c.hd, ctx().stream);
+    flash_attention_tc_forward_gpu(gout.p, glse.p, gq.p, gk.p, gv.p, c.B, c.T, c.H, c.R, c.hd, ctx().stream, c.bf16);
     flash_attention_tc_backward_gpu(gdq.p, gdk.p, gdv.p, gdout.p, gout.p, gq.p, gk.p, gv.p, glse.p, c.B, c.T, c.H, c.R,
-                                    c.hd, true, scratch.p, ctx().stream);
+                                    c.hd, true, scratch.p, ctx().stream, c.bf16);
     return {gout.get(), glse.get(), gdq.get(), gdk.get(), gdv.get()};
 }
 // lse (B, H, T) of the CPU's scores, in double: log sum_{u <= t} e^(q_t . k_u / sqrt(hd)).
@@ -1487,24 +1501,27 @@ static double worst_edge_row(const std::vector<float>& got, const std::vector<fl
 static void check_flash_tc(const TcCase& c) {
     TcInputs in = tc_inputs(c);
     std::vector<float> out(c.qn()), att((size_t)c.rows() * c.T), dq(c.qn()), dk(c.kn()), dv = in.dv0;
-    attention_forward(out.data(), att.data(), in.q.data(), in.k.data(), in.v.data(), c.B, c.T, c.H, c.R, c.hd);
+    attention_forward(out.data(), att.data(), in.q.data(), in.k.data(), in.v.data(), c.B, c.T, c.H, c.R, c.hd, c.bf16);
     attention_backward(dq.data(), dk.data(), dv.data(), in.dout.data(), in.q.data(), in.k.data(), in.v.data(), att.data(),
-                       c.B, c.T, c.H, c.R, c.hd);
+                       c.B, c.T, c.H, c.R, c.hd, c.bf16);
     std::vector<float> lse = lse_reference(c, in);
     TcOut got = run_flash_tc(c, in);
     char shape[80];
     snprintf(shape, sizeof shape, "B=%d T=%d H=%d R=%d hd=%d", c.B, c.T, c.H, c.R, c.hd);
+    const double TOL_FWD_C = c.bf16 ? TOL_TC_BF16_FWD : TOL_TC_FWD, TOL_BWD_C = c.bf16 ? TOL_TC_BF16_BWD : TOL_TC_BWD;
     double e_out = err_of(got.out, out), e_lse = err_of(got.lse, lse);
-    CHECK(e_out < TOL_TC_FWD, "tensor-core flash forward %s: out rel err %.2e (tolerance %.0e)", shape, e_out, TOL_TC_FWD);
-    CHECK(e_lse < TOL_TC_FWD, "tensor-core flash forward %s: lse rel err %.2e (tolerance %.0e)", shape, e_lse, TOL_TC_FWD);
+    CHECK(e_out < TOL_FWD_C, "tensor-core flash forward %s: out rel err %.2e (tolerance %.0e)", shape, e_out, TOL_FWD_C);
+    CHECK(e_lse < TOL_FWD_C, "tensor-core flash forward %s: lse rel err %.2e (tolerance %.0e)", shape, e_lse, TOL_FWD_C);
     double e_dq = err_of(got.dq, dq), e_dk = err_of(got.dk, dk), e_dv = err_of(got.dv, dv);
-    CHECK(e_dq < TOL_TC_BWD, "tensor-core flash backward %s: dq rel err %.2e (tolerance %.0e)", shape, e_dq, TOL_TC_BWD);
-    CHECK(e_dk < TOL_TC_BWD, "tensor-core flash backward %s: dk rel err %.2e (tolerance %.0e)", shape, e_dk, TOL_TC_BWD);
-    CHECK(e_dv < TOL_TC_BWD, "tensor-core flash backward %s: dv rel err %.2e (tolerance %.0e)", shape, e_dv, TOL_TC_BWD);
-    // Row by row where the tiles meet, the causal mask's edges: no row worse than TF32 allows.
+    CHECK(e_dq < TOL_BWD_C, "tensor-core flash backward %s: dq rel err %.2e (tolerance %.0e)", shape, e_dq, TOL_BWD_C);
+    CHECK(e_dk < TOL_BWD_C, "tensor-core flash backward %s: dk rel err %.2e (tolerance %.0e)", shape, e_dk, TOL_BWD_C);
+    CHECK(e_dv < TOL_BWD_C, "tensor-core flash backward %s: dv rel err %.2e (tolerance %.0e)", shape, e_dv, TOL_BWD_C);
+    CHECK(!c.bf16 || e_dv < TOL_BWD, "tensor-core flash backward %s, bf16: dv rel err %.2e, not the loops' rounding (%.0e)",
+          shape, e_dv, TOL_BWD);
+    // Row by row where the tiles meet, the causal mask's edges: no row worse than 4x the tolerance.
     struct Edge { const char* name; const std::vector<float>& got; const std::vector<float>& want; int heads; double tol; };
-    const Edge edges[] = {{"out", got.out, out, c.H, TOL_TC_FWD}, {"dq", got.dq, dq, c.H, TOL_TC_BWD},
-                          {"dk", got.dk, dk, 1, TOL_TC_BWD}, {"dv", got.dv, dv, 1, TOL_TC_BWD}};
+    const Edge edges[] = {{"out", got.out, out, c.H, TOL_FWD_C}, {"dq", got.dq, dq, c.H, TOL_BWD_C},
+                          {"dk", got.dk, dk, 1, TOL_BWD_C}, {"dv", got.dv, dv, 1, TOL_BWD_C}};
     for (const Edge& e : edges) {
         int at;
         double worst = worst_edge_row(e.got, e.want, c.T, e.heads, c.hd, &at);
@@ -1523,12 +1540,21 @@ TEST(gpu_flash_tc_matches_cpu_hd128_tiles_32_and_16) { NEED_GPU(); check_flash_t
 // T = 129: the forward's 64-key tiles, the backward's 32-key and 32-query tiles and the blocks' 64 rows
 // all end at 63/64 and 127/128, and the last position is alone in its tiles.
 TEST(gpu_flash_tc_matches_cpu_rows_at_tile_edges_T129) { NEED_GPU(); check_flash_tc({1, 129, 2, 1, 32}); }
+// bf16 operands (mma.m16n8k16, k = 16 a step): head dims padded to 16 (4, 8, 20 -> 32), 64 and 128, the tile edges.
+TEST(gpu_flash_tc_bf16_matches_cpu_gqa_hd64) { NEED_GPU(); check_flash_tc({1, 130, 4, 2, 64, true}); }
+TEST(gpu_flash_tc_bf16_matches_cpu_mqa_hd8) { NEED_GPU(); check_flash_tc({2, 70, 3, 1, 8, true}); }
+TEST(gpu_flash_tc_bf16_matches_cpu_hd4_and_hd20) {
+    NEED_GPU();
+    check_flash_tc({2, 9, 4, 2, 4, true});
+    check_flash_tc({1, 40, 4, 2, 20, true});
+}
+TEST(gpu_flash_tc_bf16_matches_cpu_hd128) { NEED_GPU(); check_flash_tc({1, 45, 2, 1, 128, true}); }
+TEST(gpu_flash_tc_bf16_matches_cpu_T129) { NEED_GPU(); check_flash_tc({1, 129, 2, 1, 32, true}); }
 
 // The same bits whatever order the blocks and the threads of a block run in
-// (no atomics; every sum in one order). Natively, two runs give the same bits.
-TEST(gpu_flash_tc_bit_identical_across_schedules) {
-    NEED_GPU();
-    TcCase c = {2, 100, 4, 2, 32};
+// (no atomics; every sum in one order), TF32 and bf16. Natively, two runs give the same bits.
+static void check_flash_tc_schedules(bool bf16) {
+    TcCase c = {2, 100, 4, 2, 32, bf16};
     TcInputs in = tc_inputs(c);
     struct Schedule { emu_order blocks, threads; uint64_t seed; };
     const Schedule schedules[] = {{FWD, FWD, 1}, {REV, REV, 1}, {RND, RND, 3}, {RND, FWD, 4}, {FWD, RND, 5}};
@@ -1544,9 +1570,14 @@ TEST(gpu_flash_tc_bit_identical_across_schedules) {
         const char* names[] = {"out", "lse", "dq", "dk", "dv"};
         for (int i = 0; i < 5; i++)
             CHECK(same_bits(pairs[i][0]->data(), pairs[i][1]->data(), pairs[i][1]->size()),
-                  "tensor-core flash: %s differs with blocks %s, threads %s (seed %d) from blocks and threads forward",
-                  names[i], order[s.blocks], order[s.threads], (int)s.seed);
+                  "tensor-core flash (%s): %s differs with blocks %s, threads %s (seed %d) from blocks and threads "
+                  "forward", bf16 ? "bf16" : "TF32", names[i], order[s.blocks], order[s.threads], (int)s.seed);
     }
+}
+TEST(gpu_flash_tc_bit_identical_across_schedules) {
+    NEED_GPU();
+    check_flash_tc_schedules(false);
+    check_flash_tc_schedules(true);
 }
 
 // What --attention auto and --attention flash are told when the kernels do not take a shape.

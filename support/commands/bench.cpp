@@ -290,8 +290,7 @@ static void print_bench_text(const BenchSetup& b, const std::vector<BenchModel>&
     const BenchModel& ml = ms[0];  // llama
     const Config& c = b.c;
     bool tf32 = b.settings.tf32, bf16 = b.settings.precision == PRECISION_BF16;
-    const char* math = bf16 ? (tf32 ? "bf16 dense products, TF32 attention" : "bf16 dense products, float32 attention")
-                            : tf32 ? "TF32" : "float32";
+    const char* math = bf16 ? "bf16 products (dense and attention's)" : tf32 ? "TF32" : "float32";
     std::string named;  // what lime and hc are, when they run
     for (const char* name : {"lime", "hc"})
         if (const BenchModel* m = find_model(ms, name)) named += std::string(", ") + name + " is " + model_name(m->c);

@@ -8,6 +8,7 @@
 // lime.cu's attention section first: the math, the plain loops and the dispatchers are there.
 #pragma once
 #include "support/model/device.cuh"
+#include "support/model/products.cuh"
 
 #ifdef LIME_GPU
 // The products want each (kv head, sequence) group's positions contiguous.
@@ -124,21 +125,20 @@ __global__ void causal_softmax_backward_kernel(float* datt, const float* att, in
 }
 
 // qg group-major (above), k, v (R, B, T, hd); out (B, T, H, hd). scratch: B*T*H*hd floats (group-major out).
+// bf16: the products' operands rounded to bf16 (products.cuh, --precision bf16).
 static void attention_forward_gpu(float* out, float* att, const float* qg, const float* k, const float* v, int B,
                                   int T, int H, int R, int hd, float* scratch, cublasHandle_t blas,
-                                  cudaStream_t stream) {
+                                  cudaStream_t stream, bool bf16 = false) {
     int M = H / R * T, groups = R * B;  // rows of one (kv head, sequence) group
     float* og = scratch;
     const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f;
     long long sq = (long long)M * hd, skv = (long long)T * hd, satt = (long long)M * T;  // strides over the groups
     // att_g (M, T) = scale * q_g (M, hd) @ k_g^T: column-major att_g^T (T, M) = k_g (T, hd)^T.. as matmul_forward_gpu's
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &scale, k, hd, skv, qg, hd, sq,
-                                          &zero, att, T, satt, groups));
+    gemm_gpu(blas, bf16, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, scale, k, hd, skv, qg, hd, sq, zero, att, T, satt, groups);
     LAUNCH(causal_softmax_kernel, ceil_div((size_t)B * H * T, 4), 128, 0, stream)(att, B * H * T, T);
     launchCheck();
     // og_g (M, hd) = att_g (M, T) @ v_g (T, hd): column-major og_g^T (hd, M) = v_g^T (hd, T) @ att_g^T (T, M)
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &one, v, hd, skv, att, T, satt,
-                                          &zero, og, hd, sq, groups));
+    gemm_gpu(blas, bf16, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, one, v, hd, skv, att, T, satt, zero, og, hd, sq, groups);
     ungroup_heads_gpu(out, og, B, T, H, R, hd, stream);
 }
 
@@ -150,23 +150,20 @@ static void attention_forward_gpu(float* out, float* att, const float* qg, const
 // scratch: B*T*H*hd floats (group-major dout).
 static void attention_backward_gpu(float* dqg, float* dk, float* dv, float* datt, const float* dout, const float* qg,
                                    const float* k, const float* v, const float* att, int B, int T, int H, int R, int hd,
-                                   bool add_dv, float* scratch, cublasHandle_t blas, cudaStream_t stream) {
+                                   bool add_dv, float* scratch, cublasHandle_t blas, cudaStream_t stream,
+                                   bool bf16 = false) {
     int M = H / R * T, groups = R * B;
     float* dog = scratch;
     const float scale = 1.0f / sqrtf((float)hd), one = 1.0f, zero = 0.0f, dv_beta = add_dv ? 1.0f : 0.0f;
     long long sq = (long long)M * hd, skv = (long long)T * hd, satt = (long long)M * T;
     group_heads_gpu(dog, dout, B, T, H, R, hd, stream);
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, &one, v, hd, skv, dog, hd, sq,
-                                          &zero, datt, T, satt, groups));
+    gemm_gpu(blas, bf16, CUBLAS_OP_T, CUBLAS_OP_N, T, M, hd, one, v, hd, skv, dog, hd, sq, zero, datt, T, satt, groups);
     // dv_g^T (hd, T) (+)= dog_g^T (hd, M) @ att_g (M, T)
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &one, dog, hd, sq, att, T, satt,
-                                          &dv_beta, dv, hd, skv, groups));
+    gemm_gpu(blas, bf16, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, one, dog, hd, sq, att, T, satt, dv_beta, dv, hd, skv, groups);
     LAUNCH(causal_softmax_backward_kernel, ceil_div((size_t)B * H * T, 4), 128, 0, stream)(datt, att, B * H * T, T);
     launchCheck();
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, &scale, k, hd, skv, datt, T, satt,
-                                          &zero, dqg, hd, sq, groups));
-    cublasCheck(cublasSgemmStridedBatched(blas, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, &scale, qg, hd, sq, datt, T, satt,
-                                          &zero, dk, hd, skv, groups));
+    gemm_gpu(blas, bf16, CUBLAS_OP_N, CUBLAS_OP_N, hd, M, T, scale, k, hd, skv, datt, T, satt, zero, dqg, hd, sq, groups);
+    gemm_gpu(blas, bf16, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, scale, qg, hd, sq, datt, T, satt, zero, dk, hd, skv, groups);
 }
 
 #endif

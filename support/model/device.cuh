@@ -228,7 +228,7 @@ struct GpuState {
     cublasHandle_t blas = nullptr;
     bool tf32 = true;                // the math mode the handle is set to
     bool flash = false;              // flash attention (the activations hold one number per row, not (T, T))
-    bool flash_tc = false;           // ... on the tensor cores, under TF32 (flash_attention_tc.cuh); else scalar
+    bool flash_tc = false;           // ... on the tensor cores, TF32 or bf16 (flash_attention_tc.cuh); else scalar
     bool router_blas = false;        // the router on cuBLAS, not its kernels (the byte model's choice, model_create)
     // Pinned host staging: the batch and the update's numbers reach the device
     // through here. Two slots, so the host fills one while the device may

@@ -1,8 +1,9 @@
 // support/model/flash_attention_tc.cuh — flash attention on the tensor cores:
 // the same outputs as support/model/flash_attention.cuh (same arguments, same
 // layouts, `att` holding each row's log-sum-exp), with the products done by
-// warp-wide mma.sync in TF32 (support/model/tensor_cores.cuh) instead of
-// scalar FMAs. Per batch entry b and query head h, kv head r = h / (H / R),
+// warp-wide mma.sync (support/model/tensor_cores.cuh) instead of scalar
+// FMAs: TF32 operands, or bf16 ones under --precision bf16 (twice the rate).
+// Per batch entry b and query head h, kv head r = h / (H / R),
 // scale = 1 / sqrt(hd), causal (key u <= query t):
 //   forward    S = scale Q K^T,  P = softmax_u(S),  O = P V,  lse[t] = log sum_u e^S[t][u]
 //   backward   P = e^(S - lse) again,  D[t] = dO[t] . O[t],  dP = dO V^T,  dS = P (dP - D),
@@ -12,15 +13,16 @@
 // forward and the dQ kernel, keys in the dK/dV kernel. The other side streams
 // through shared memory in tiles of TILE rows (keys; queries for dK/dV),
 // copied by cp.async: tile j + 1 lands while tile j is used (two stages). A
-// warp's slice of S is (16, TILE): TILE / 8 mma tiles of 16 x 8, HD / 8 steps
-// of k = 8 each; a slice of the output (16, HD) is HD / 8 mma tiles.
+// warp's slice of S is (16, TILE): TILE / 8 mma tiles of 16 x 8, HD / k steps
+// of the mma's k (8 in TF32, 16 in bf16); a slice of the output (16, HD) is HD / 8 mma tiles.
 //   HD (head dim padded)   8-64     128
 //   TILE, forward          64       32
 //   TILE, dQ and dK/dV     32       16
 // Everything a lane accumulates stays in its registers: its fragments of S
 // (TILE / 2 floats), of O or dQ or dK and dV (HD / 2 each). Tiles in shared
-// memory have rows of PAD = HD + 4 floats, which makes the fragment loads
-// free of bank conflicts (the 8 groups of a warp read 8 rows at once).
+// memory have rows of PAD = HD + 4 floats, which makes TF32's fragment loads
+// free of bank conflicts (the 8 groups of a warp read 8 rows at once); bf16's
+// reads of neighbouring columns meet 2-way conflicts (not tuned: no GPU yet).
 //
 // The online softmax (forward), per query row, in base-2 units (x = S log2 e):
 // the running max mx and sum l of 2^(x - mx); each tile raises mx to the
@@ -29,10 +31,11 @@
 // A row's 4 lanes each keep their part of l and of the max; shuffles join them.
 //
 // One product's result feeds the next without leaving the registers: the
-// accumulator of P (16 rows, 8 keys a tile) is used as the A operand of P V by
-// reading its columns in the order 0 2 4 6 1 3 5 7 (a lane holds columns 2t
-// and 2t + 1, which A wants at t and t + 4), and V's rows in that same order
-// (load_b_paired): the sum over the 8 keys is the same, in another order.
+// accumulator of P (16 rows, 8 keys a tile) is the A operand of P V (Tc::as_a).
+// In TF32 it is read in the column order 0 2 4 6 1 3 5 7 (a lane holds columns
+// 2t and 2t + 1, which A wants at t and t + 4), and V's rows in that same
+// order (Tc::b_paired): the sum over the 8 keys is the same, in another order.
+// In bf16 two accumulator tiles (16 keys) are exactly the A fragment a lane needs.
 //
 // The causal mask is applied only where a tile reaches past the diagonal of a
 // warp's rows; tiles wholly after a warp's rows are skipped by that warp.
@@ -44,9 +47,12 @@
 // order: the same bits for any schedule of blocks and threads.
 // TF32: every operand is rounded with cvt.rna (to_tf32) as it is loaded into a
 // fragment; the sums are float's. Errors are TF32's (about 1e-3 relative), as
-// cuBLAS's products under --tf32.
+// cuBLAS's products under --tf32. bf16 (Tc<true>): rounded to nearest even
+// (pack_bf16) as loaded, as the matmul path's bf16 products round them; the
+// forward's P is rounded before it is divided by the row's sum (the products'
+// path rounds the divided one): a difference of bf16's size, about 4e-3.
 //
-// Head dims: 1 to 128, padded with zeros to HD = 8, 16, 32, 64 or 128; rows
+// Head dims: 1 to 128, padded with zeros to HD = 8 (TF32 only), 16, 32, 64 or 128; rows
 // copy in 16-byte pieces when hd is a multiple of 4 (then q, k, v, out and dout
 // must be 16-byte aligned; the model's buffers are 64-byte aligned), else a
 // float at a time. flash_tc_refusal says why a shape or a GPU is not taken.
@@ -54,6 +60,7 @@
 // lime.cu's attention dispatchers may call it on the GPU.
 #pragma once
 #include "support/model/device.cuh"
+#include "support/model/products.cuh"
 #include "support/model/tensor_cores.cuh"
 #ifdef LIME_GPU
 
@@ -104,58 +111,86 @@ __device__ inline void flash_tc_copy_floats(float* vals, const float* x, int r0,
     }
 }
 
-// a = the A fragment of columns k0 .. k0 + 7 of the 16 rows at x (row stride ld).
-__device__ __forceinline__ void load_a(unsigned a[4], const float* x, int ld, int k0) {
-    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    a[0] = to_tf32(x[g * ld + k0 + t]);
-    a[1] = to_tf32(x[(g + 8) * ld + k0 + t]);
-    a[2] = to_tf32(x[g * ld + k0 + t + 4]);
-    a[3] = to_tf32(x[(g + 8) * ld + k0 + t + 4]);
-}
-// b = the B fragment of B = Y^T, Y's 8 rows at y as B's columns, columns k0 .. k0 + 7 of them as B's k.
-__device__ __forceinline__ void load_b_rows(unsigned b[2], const float* y, int ld, int k0) {
-    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    b[0] = to_tf32(y[g * ld + k0 + t]);
-    b[1] = to_tf32(y[g * ld + k0 + t + 4]);
-}
-// b = the B fragment of B = Y, Y's 8 rows at y as B's k (in the order of as_a below), columns n0 .. n0 + 7.
-__device__ __forceinline__ void load_b_paired(unsigned b[2], const float* y, int ld, int n0) {
-    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    b[0] = to_tf32(y[2 * t * ld + n0 + g]);
-    b[1] = to_tf32(y[(2 * t + 1) * ld + n0 + g]);
-}
-// a = an accumulator's 16 x 8 tile as an A fragment: A's column t is the tile's column 2t, column t + 4 its 2t + 1.
-__device__ __forceinline__ void as_a(unsigned a[4], const float c[4]) {
-    a[0] = to_tf32(c[0]);
-    a[1] = to_tf32(c[2]);
-    a[2] = to_tf32(c[1]);
-    a[3] = to_tf32(c[3]);
-}
+// The operands in either precision (--precision): Tc<false> TF32, one float a
+// register, an mma's k = 8; Tc<true> bf16, two a register (pack_bf16), k = 16.
+// The fragments are tensor_cores.cuh's table; x(i, j) reads A's row i, column j
+// of the mma's k, y(j, n) reads B's row j (of k), column n.
+template <bool BF16> struct Tc;
+template <> struct Tc<false> {
+    static constexpr int K = 8;
+    template <class X> __device__ static __forceinline__ void a(unsigned a[4], X x) {
+        int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+        a[0] = to_tf32(x(g, t)), a[1] = to_tf32(x(g + 8, t));
+        a[2] = to_tf32(x(g, t + 4)), a[3] = to_tf32(x(g + 8, t + 4));
+    }
+    template <class Y> __device__ static __forceinline__ void b(unsigned b[2], Y y) {
+        int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+        b[0] = to_tf32(y(t, g)), b[1] = to_tf32(y(t + 4, g));
+    }
+    // a = accumulator p[kk] (16 x 8) as an A fragment, its columns in the order 0 2 4 6 1 3 5 7 (a lane
+    // holds columns 2t and 2t + 1, which A wants at t and t + 4); b_paired reads B's rows in that order.
+    __device__ static __forceinline__ void as_a(unsigned a[4], const float (*p)[4], int kk) {
+        a[0] = to_tf32(p[kk][0]), a[1] = to_tf32(p[kk][2]), a[2] = to_tf32(p[kk][1]), a[3] = to_tf32(p[kk][3]);
+    }
+    template <class Y> __device__ static __forceinline__ void b_paired(unsigned b[2], Y y) {
+        int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+        b[0] = to_tf32(y(2 * t, g)), b[1] = to_tf32(y(2 * t + 1, g));
+    }
+    __device__ static __forceinline__ void mma(float d[4], const unsigned a[4], const unsigned b[2]) {
+        mma_m16n8k8_tf32(d, a, b, d);
+    }
+};
+template <> struct Tc<true> {
+    static constexpr int K = 16;
+    template <class X> __device__ static __forceinline__ void a(unsigned a[4], X x) {
+        int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+        for (int i = 0; i < 4; i++) {  // rows g, g + 8, g, g + 8; columns 2t, 2t, 2t + 8, 2t + 8 (and each + 1)
+            int row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
+            a[i] = pack_bf16(x(row, col), x(row, col + 1));
+        }
+    }
+    template <class Y> __device__ static __forceinline__ void b(unsigned b[2], Y y) {
+        int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+        b[0] = pack_bf16(y(2 * t, g), y(2 * t + 1, g)), b[1] = pack_bf16(y(2 * t + 8, g), y(2 * t + 9, g));
+    }
+    // a = accumulators p[2kk], p[2kk + 1] (16 x 16) as an A fragment: a lane holds what A wants, in order.
+    __device__ static __forceinline__ void as_a(unsigned a[4], const float (*p)[4], int kk) {
+        const float *lo = p[2 * kk], *hi = p[2 * kk + 1];
+        a[0] = pack_bf16(lo[0], lo[1]), a[1] = pack_bf16(lo[2], lo[3]);
+        a[2] = pack_bf16(hi[0], hi[1]), a[3] = pack_bf16(hi[2], hi[3]);
+    }
+    template <class Y> __device__ static __forceinline__ void b_paired(unsigned b[2], Y y) { Tc<true>::b(b, y); }
+    __device__ static __forceinline__ void mma(float d[4], const unsigned a[4], const unsigned b[2]) {
+        mma_m16n8k16_bf16(d, a, b, d);
+    }
+};
 
 // s (16, TILE) = x y^T: the warp's 16 rows x (HD columns) against TILE rows y, both in shared memory.
-template <int HD, int TILE>
+template <int HD, int TILE, bool BF16>
 __device__ __forceinline__ void mma_rows_rows(float s[TILE / 8][4], const float* x, const float* y) {
-    constexpr int PAD = FlashTC<HD>::PAD;
+    using Op = Tc<BF16>;
+    constexpr int PAD = FlashTC<HD>::PAD, K = Op::K;
     for (int n = 0; n < TILE / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    for (int kk = 0; kk < HD / 8; kk++) {
+    for (int kk = 0; kk < HD / K; kk++) {
         unsigned a[4], b[2];
-        load_a(a, x, PAD, 8 * kk);
+        Op::a(a, [&](int i, int j) { return x[i * PAD + K * kk + j]; });
         for (int n = 0; n < TILE / 8; n++) {
-            load_b_rows(b, y + 8 * n * PAD, PAD, 8 * kk);
-            mma_m16n8k8_tf32(s[n], a, b, s[n]);
+            Op::b(b, [&](int j, int c) { return y[(8 * n + c) * PAD + K * kk + j]; });  // B = y^T
+            Op::mma(s[n], a, b);
         }
     }
 }
 // acc (16, HD) += p y: p the warp's (16, TILE) accumulator, y TILE rows (HD columns) in shared memory.
-template <int HD, int TILE>
+template <int HD, int TILE, bool BF16>
 __device__ __forceinline__ void mma_acc_rows(float acc[HD / 8][4], const float p[TILE / 8][4], const float* y) {
-    constexpr int PAD = FlashTC<HD>::PAD;
-    for (int kk = 0; kk < TILE / 8; kk++) {
+    using Op = Tc<BF16>;
+    constexpr int PAD = FlashTC<HD>::PAD, K = Op::K;
+    for (int kk = 0; kk < TILE / K; kk++) {
         unsigned a[4], b[2];
-        as_a(a, p[kk]);
+        Op::as_a(a, p, kk);
         for (int n = 0; n < HD / 8; n++) {
-            load_b_paired(b, y + 8 * kk * PAD, PAD, 8 * n);
-            mma_m16n8k8_tf32(acc[n], a, b, acc[n]);
+            Op::b_paired(b, [&](int j, int c) { return y[(K * kk + j) * PAD + 8 * n + c]; });
+            Op::mma(acc[n], a, b);
         }
     }
 }
@@ -165,12 +200,13 @@ __device__ __forceinline__ void mma_acc_rows(float acc[HD / 8][4], const float p
 // q0 .. q0 + 63 of head h, warp w's q0 + 16w .. + 15; key tiles of TILE = FWD_TILE.
 // q, out (B, T, H, hd); k, v (R, B, T, hd), head-major; lse (B, H, T). The
 // warp's queries are A fragments in registers for the whole kernel.
-template <int HD>
+template <int HD, bool BF16>
 __global__ void __launch_bounds__(FlashTC<HD>::THREADS)
 flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v, int T, int H, int R,
                         int hd, float scale) {
     using F = FlashTC<HD>;
-    constexpr int TILE = F::FWD_TILE, PAD = F::PAD;
+    using Op = Tc<BF16>;
+    constexpr int TILE = F::FWD_TILE, PAD = F::PAD, K = Op::K;
     DYNAMIC_SHARED(float, smem);
     float *ks = smem, *vs = smem + 2 * TILE * PAD;  // (2, TILE, PAD) each: keys, values; stage j % 2 holds tile j
     int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
@@ -184,12 +220,12 @@ flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, 
     flash_tc_copy_rows<HD>(ks, kb, hd, 0, TILE, T, hd);
     flash_tc_copy_rows<HD>(vs, vb, hd, 0, TILE, T, hd);
     __pipeline_commit();
-    unsigned qa[HD / 8][4];  // the warp's queries, head dims 8kk .. 8kk + 7: A[g][t], A[g+8][t], A[g][t+4], A[g+8][t+4]
-    for (int kk = 0; kk < HD / 8; kk++)
-        for (int i = 0; i < 4; i++) {
-            int row = qw + g + 8 * (i % 2), col = 8 * kk + t + 4 * (i / 2);
-            qa[kk][i] = to_tf32(row < T && col < hd ? qb[(size_t)row * H * hd + col] : 0.0f);
-        }
+    unsigned qa[HD / K][4];  // the warp's queries as A fragments, head dims K kk .. K kk + K - 1
+    for (int kk = 0; kk < HD / K; kk++)
+        Op::a(qa[kk], [&](int i, int j) {
+            int row = qw + i, col = K * kk + j;
+            return row < T && col < hd ? qb[(size_t)row * H * hd + col] : 0.0f;
+        });
     float o[HD / 8][4] = {};                                   // the warp's rows of O, unnormalised
     float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8: max, and this lane's part of l
     float scale2 = scale * FLASH_TC_LOG2E;
@@ -208,11 +244,11 @@ flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, 
             // s (16, TILE) = Q K^T, in base-2 units, masked where a key is after its query
             float s[TILE / 8][4];
             for (int n = 0; n < TILE / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-            for (int kk = 0; kk < HD / 8; kk++)
+            for (int kk = 0; kk < HD / K; kk++)
                 for (int n = 0; n < TILE / 8; n++) {
                     unsigned bk[2];
-                    load_b_rows(bk, kt + 8 * n * PAD, PAD, 8 * kk);
-                    mma_m16n8k8_tf32(s[n], qa[kk], bk, s[n]);
+                    Op::b(bk, [&](int j, int c) { return kt[(8 * n + c) * PAD + K * kk + j]; });  // B = K^T
+                    Op::mma(s[n], qa[kk], bk);
                 }
             bool diagonal = u0 + TILE - 1 > qw;  // some key of the tile after some query of the warp
             float tile_mx[2] = {-INFINITY, -INFINITY};
@@ -238,7 +274,7 @@ flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, 
                 }
             for (int n = 0; n < HD / 8; n++)
                 for (int i = 0; i < 4; i++) o[n][i] *= rescale[i / 2];
-            mma_acc_rows<HD, TILE>(o, s, vt);  // O += P V
+            mma_acc_rows<HD, TILE, BF16>(o, s, vt);  // O += P V
         }
         __syncthreads();  // everyone is done with this stage before tile j + 2 is copied into it
     }
@@ -265,8 +301,9 @@ flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, 
 // the warp's 16 queries: S = Q K^T, dP = dO V^T, P = 2^(S log2 e - lse log2 e),
 // dS = P (dP - D), dQ += dS K. Writes dq (B, T, H, hd) and D (B, H, T), which
 // the dK/dV kernel reads: D[t] = dO[t] . O[t], one thread a row, in order.
-template <int HD>
-__global__ void __launch_bounds__(FlashTC<HD>::THREADS)
+// (The launch bound's 1, a block an SM at least: ptxas's own choice held bf16's HD 128 to 128 registers, spilling.)
+template <int HD, bool BF16>
+__global__ void __launch_bounds__(FlashTC<HD>::THREADS, 1)
 flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* out, const float* q, const float* k,
                            const float* v, const float* lse, int T, int H, int R, int hd, float scale) {
     using F = FlashTC<HD>;
@@ -319,8 +356,8 @@ flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* 
         int u0 = j * TILE;
         if (u0 <= qw + 15) {
             float s[TILE / 8][4], dp[TILE / 8][4];
-            mma_rows_rows<HD, TILE>(s, qs + 16 * warp * PAD, kt);    // S = Q K^T
-            mma_rows_rows<HD, TILE>(dp, dos + 16 * warp * PAD, vt);  // dP = dO V^T
+            mma_rows_rows<HD, TILE, BF16>(s, qs + 16 * warp * PAD, kt);    // S = Q K^T
+            mma_rows_rows<HD, TILE, BF16>(dp, dos + 16 * warp * PAD, vt);  // dP = dO V^T
             bool diagonal = u0 + TILE - 1 > qw;
             for (int n = 0; n < TILE / 8; n++)
                 for (int i = 0; i < 4; i++) {
@@ -328,7 +365,7 @@ flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* 
                     float p = diagonal && key > row ? 0.0f : exp2f(s[n][i] * scale2 - lse2[i / 2]);
                     s[n][i] = p * (dp[n][i] - Ds[16 * warp + g + 8 * (i / 2)]);  // dS
                 }
-            mma_acc_rows<HD, TILE>(dqa, s, kt);  // dQ += dS K
+            mma_acc_rows<HD, TILE, BF16>(dqa, s, kt);  // dQ += dS K
         }
         __syncthreads();
     }
@@ -348,7 +385,7 @@ flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* 
 // tile holding a query >= u0 to the last. Per tile, for the warp's 16 keys:
 // S^T = K Q^T, dP^T = V dO^T, P^T = 2^(S^T log2 e - lse log2 e), dV += P^T dO,
 // dS^T = P^T (dP^T - D), dK += dS^T Q. Writes scale dK to dk, dV to dv or adds it (add_dv) (R, B, T, hd).
-template <int HD>
+template <int HD, bool BF16>
 __global__ void __launch_bounds__(FlashTC<HD>::THREADS)
 flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k, const float* v,
                             const float* lse, const float* D, int T, int H, int R, int hd, float scale, int add_dv) {
@@ -391,8 +428,8 @@ flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float
         __syncthreads();
         if (t0 + TILE - 1 >= uw) {  // else all of the tile's queries come before the warp's keys
             float st[TILE / 8][4], dpt[TILE / 8][4];
-            mma_rows_rows<HD, TILE>(st, ks + 16 * warp * PAD, qt);    // S^T = K Q^T
-            mma_rows_rows<HD, TILE>(dpt, vs + 16 * warp * PAD, dot);  // dP^T = V dO^T
+            mma_rows_rows<HD, TILE, BF16>(st, ks + 16 * warp * PAD, qt);    // S^T = K Q^T
+            mma_rows_rows<HD, TILE, BF16>(dpt, vs + 16 * warp * PAD, dot);  // dP^T = V dO^T
             bool diagonal = t0 < uw + 15;  // some query of the tile before some key of the warp
             for (int n = 0; n < TILE / 8; n++)
                 for (int i = 0; i < 4; i++) {  // element i: key g + 8 (i / 2), query 8n + 2t + i % 2
@@ -402,8 +439,8 @@ flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float
                     st[n][i] = p;                             // P^T
                     dpt[n][i] = p * (dpt[n][i] - Dt[query]);  // dS^T
                 }
-            mma_acc_rows<HD, TILE>(dva, st, dot);  // dV += P^T dO
-            mma_acc_rows<HD, TILE>(dka, dpt, qt);  // dK += dS^T Q
+            mma_acc_rows<HD, TILE, BF16>(dva, st, dot);  // dV += P^T dO
+            mma_acc_rows<HD, TILE, BF16>(dka, dpt, qt);  // dK += dS^T Q
         }
         __syncthreads();
     }
@@ -423,19 +460,26 @@ flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float
 // Launchers, with the arguments and layouts of flash_attention_forward_gpu and
 // flash_attention_backward_gpu (support/model/flash_attention.cuh).
 
-// Calls f(w) with w the compile-time padded head dim HD for hd <= 128.
-template <class Fn>
+// Calls f(w) with w the compile-time padded head dim HD for hd <= 128: at least bf16's mma k, 16.
+template <bool BF16, class Fn>
 static void with_flash_tc_width(int hd, Fn f) {
-    if (hd <= 8) f(std::integral_constant<int, 8>());
-    else if (hd <= 16) f(std::integral_constant<int, 16>());
+    if constexpr (!BF16)
+        if (hd <= 8) return f(std::integral_constant<int, 8>());
+    if (hd <= 16) f(std::integral_constant<int, 16>());
     else if (hd <= 32) f(std::integral_constant<int, 32>());
     else if (hd <= 64) f(std::integral_constant<int, 64>());
     else f(std::integral_constant<int, 128>());
 }
-// The shared memory the widest of the three kernels needs a block at head dim hd.
+// Calls f(w, bf) with w as above and bf the operands' precision: std::true_type for bf16.
+template <class Fn>
+static void with_flash_tc_kernels(int hd, bool bf16, Fn f) {
+    if (bf16) with_flash_tc_width<true>(hd, [&](auto w) { f(w, std::true_type()); });
+    else with_flash_tc_width<false>(hd, [&](auto w) { f(w, std::false_type()); });
+}
+// The shared memory the widest of the three kernels needs a block at head dim hd, in either precision.
 static size_t flash_tc_shared_bytes(int hd) {
     size_t floats = 0;
-    with_flash_tc_width(hd, [&](auto w) {
+    with_flash_tc_width<true>(hd, [&](auto w) {  // (bf16's width: the same as TF32's, or 16 for TF32's 8)
         using F = FlashTC<decltype(w)::value>;
         floats = std::max({F::FWD_FLOATS, F::DQ_FLOATS, F::DKV_FLOATS});
     });
@@ -468,16 +512,25 @@ static void flash_tc_allow_shared(Kernel* kernel, int floats) {
     cudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, floats * (int)sizeof(float)));
 }
 
+// Does this model's flash attention run here: the shape taken (GpuState::flash_tc), under TF32 (the step's
+// math mode) or bf16? Else the scalar kernels (support/model/flash_attention.cuh).
+static inline bool flash_on_tensor_cores(const Model* m) {
+    return m->gpu->flash_tc && (m->gpu->tf32 || bf16_products(m));
+}
+
 // out (B, T, H, hd) and lse (B, H, T): what backward needs of the probabilities.
+// bf16: the products' operands rounded to bf16 (--precision bf16), else TF32.
 inline void flash_attention_tc_forward_gpu(float* out, float* lse, const float* q, const float* k, const float* v,
-                                           int B, int T, int H, int R, int hd, cudaStream_t stream) {
+                                           int B, int T, int H, int R, int hd, cudaStream_t stream, bool bf16 = false) {
     flash_tc_check(hd, {out, q, k, v});
     float scale = 1.0f / sqrtf((float)hd);
-    with_flash_tc_width(hd, [&](auto w) {
+    with_flash_tc_kernels(hd, bf16, [&](auto w, auto bf) {
         constexpr int HD = decltype(w)::value;
+        constexpr bool BF16 = decltype(bf)::value;
         using F = FlashTC<HD>;
-        flash_tc_allow_shared(flash_tc_forward_kernel<HD>, F::FWD_FLOATS);
-        LAUNCH(flash_tc_forward_kernel<HD>, dim3(ceil_div(T, F::ROWS), H, B), F::THREADS,
+        auto* flash_tc_forward = flash_tc_forward_kernel<HD, BF16>;
+        flash_tc_allow_shared(flash_tc_forward, F::FWD_FLOATS);
+        LAUNCH(flash_tc_forward, dim3(ceil_div(T, F::ROWS), H, B), F::THREADS,
                F::FWD_FLOATS * sizeof(float), stream)
         (out, lse, q, k, v, T, H, R, hd, scale);
     });
@@ -489,19 +542,22 @@ inline void flash_attention_tc_forward_gpu(float* out, float* lse, const float* 
 inline void flash_attention_tc_backward_gpu(float* dq, float* dk, float* dv, const float* dout, const float* out,
                                             const float* q, const float* k, const float* v, const float* lse, int B,
                                             int T, int H, int R, int hd, bool add_dv, float* scratch,
-                                            cudaStream_t stream) {
+                                            cudaStream_t stream, bool bf16 = false) {
     flash_tc_check(hd, {dq, dk, dv, dout, out, q, k, v});
     float scale = 1.0f / sqrtf((float)hd), *D = scratch;
-    with_flash_tc_width(hd, [&](auto w) {
+    with_flash_tc_kernels(hd, bf16, [&](auto w, auto bf) {
         constexpr int HD = decltype(w)::value;
+        constexpr bool BF16 = decltype(bf)::value;
         using F = FlashTC<HD>;
-        flash_tc_allow_shared(flash_tc_backward_q_kernel<HD>, F::DQ_FLOATS);
-        flash_tc_allow_shared(flash_tc_backward_kv_kernel<HD>, F::DKV_FLOATS);
-        LAUNCH(flash_tc_backward_q_kernel<HD>, dim3(ceil_div(T, F::ROWS), H, B), F::THREADS,
+        auto* flash_tc_backward_q = flash_tc_backward_q_kernel<HD, BF16>;
+        auto* flash_tc_backward_kv = flash_tc_backward_kv_kernel<HD, BF16>;
+        flash_tc_allow_shared(flash_tc_backward_q, F::DQ_FLOATS);
+        flash_tc_allow_shared(flash_tc_backward_kv, F::DKV_FLOATS);
+        LAUNCH(flash_tc_backward_q, dim3(ceil_div(T, F::ROWS), H, B), F::THREADS,
                F::DQ_FLOATS * sizeof(float), stream)
         (dq, D, dout, out, q, k, v, lse, T, H, R, hd, scale);
         launchCheck();
-        LAUNCH(flash_tc_backward_kv_kernel<HD>, dim3(ceil_div(T, F::ROWS), R, B), F::THREADS,
+        LAUNCH(flash_tc_backward_kv, dim3(ceil_div(T, F::ROWS), R, B), F::THREADS,
                F::DKV_FLOATS * sizeof(float), stream)
         (dk, dv, dout, q, k, v, lse, D, T, H, R, hd, scale, add_dv);
     });

@@ -34,7 +34,7 @@ bool gpu_available(std::string* why) {
 const char* model_attention_name(const Model* model) {
     if (!model->gpu) return "cpu";
     if (!model->gpu->flash) return "matmul";
-    return model->gpu->flash_tc && model->gpu->tf32 ? "flash (tensor cores)" : "flash";
+    return flash_on_tensor_cores(model) ? "flash (tensor cores)" : "flash";
 }
 
 // The handle's math mode: TF32 tensor cores, or plain float32 (ModelSettings::tf32, read before each step).
@@ -173,19 +173,21 @@ static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceN
     if (attention == ATTENTION_FLASH && c.hd > FLASH_MAX_HD)
         return "--attention flash handles head dims up to " + std::to_string(FLASH_MAX_HD) + ", this model has " +
                std::to_string(c.hd) + "; use --attention matmul";
-    // Flash attention runs on the tensor cores under TF32 where they take the
-    // shape (flash_tc_refusal), and auto takes it at T >= 1024, where the cost
-    // model (docs/model.md) has it ahead of the matrix products; else the scalar
-    // kernels (float32 products, or a head dim or GPU they do not take).
+    // Flash attention runs on the tensor cores under TF32 or bf16 where they
+    // take the shape (flash_tc_refusal), and auto takes it at T >= 1024, where the
+    // cost model (docs/model.md) has it ahead of the matrix products; else the
+    // scalar kernels (float32 products, or a head dim or GPU they do not take).
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    if (model->settings.precision == PRECISION_BF16 && prop.major < 8)
+    bool bf16 = model->settings.precision == PRECISION_BF16, tc_wanted = model->settings.tf32 || bf16;
+    if (bf16 && prop.major < 8)
         return "--precision bf16 needs bf16 tensor cores (sm_80 or later); GPU 0, " + std::string(prop.name) +
                ", is sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ": use --precision float32";
     std::string tc_refusal = flash_tc_refusal(c.hd, prop.sharedMemPerBlockOptin);
-    if (attention == ATTENTION_FLASH && model->settings.tf32 && !tc_refusal.empty())
-        return "--attention flash on the tensor cores: " + tc_refusal + "; use --tf32 0 for the scalar kernels";
-    bool tc = model->settings.tf32 && tc_refusal.empty();
+    if (attention == ATTENTION_FLASH && tc_wanted && !tc_refusal.empty())
+        return "--attention flash on the tensor cores: " + tc_refusal + "; use " +
+               (bf16 ? "--precision float32 " : "") + "--tf32 0 for the scalar kernels";
+    bool tc = tc_wanted && tc_refusal.empty();
     bool flash = attention == ATTENTION_FLASH || (attention == ATTENTION_AUTO && c.T >= 1024 && tc);
     gpu->flash_tc = tc_refusal.empty();
     SplitK& split = gpu->split;

@@ -6,14 +6,17 @@
 // math mode rounds them to TF32 (--tf32 1) or not.
 // bf16: the linear layers' products (the tied embedding and LM head,
 // [Wq; Wk; Wv], Wo, [Wg; Wu], Wd; the forward's and both of the backward's)
-// take their two operands rounded to bf16 (float's 8 exponent bits, 7 of its
-// 23 mantissa bits, to nearest even) and sum in float32: cuBLAS's
-// CUBLAS_COMPUTE_32F_FAST_16BF, on bf16 tensor cores (twice TF32's rate). The
-// arrays stay float32 and are rounded as they are read, so nothing else
-// changes: attention, the router, RMSNorm, the residual stream, the gradients,
-// AdamW and the checkpoints are float32's. The CPU does not train in bf16; its
-// plain products round the same way (bf16_if), the reference the GPU's bf16
-// steps are checked against (tests/test_gpu.cpp).
+// and attention's (Q K^T, P V and their backward's, on cuBLAS or in the
+// tensor-core flash kernels) take their two operands rounded to bf16 (float's
+// 8 exponent bits, 7 of its 23 mantissa bits, to nearest even) and sum in
+// float32: cuBLAS's CUBLAS_COMPUTE_32F_FAST_16BF, or mma.sync's .bf16, on bf16
+// tensor cores (twice TF32's rate). The arrays stay float32 and are rounded as
+// they are read, so nothing else changes: the router, RMSNorm, the softmax,
+// the residual stream, the gradients, AdamW and the checkpoints are float32's.
+// The CPU does not train in bf16; its plain loops round the same way
+// (bf16_if), the reference the GPU's bf16 steps are checked against
+// (tests/test_gpu.cpp). (The scalar flash kernels, where the tensor-core ones
+// refuse a shape, keep float32.)
 #pragma once
 #include <cstdint>
 #include <cstring>
