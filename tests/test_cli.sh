@@ -221,6 +221,13 @@ if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
     expect "its summary lacks ', 0 failed'" has "$out" ", 0 failed"
     expect "it does not say (bf16)" has "$out" "(bf16)"
     verdict "$(echo "$out" | tail -5)"
+    out=$(./lime-emu verify --device gpu --precision bf16 --attention flash --quiet \
+        tests/golden/{llama_tiny,lime_tiny,lime_gqa,llama_ereg,denseformer_tiny,hc_static_gqa}.safetensors 2>&1); status=$?
+    check verify_golden_lime_emu_bf16_flash_on_tensor_cores
+    expect "verify --precision bf16 --attention flash exits $status" [ $status -eq 0 ]
+    expect "its summary lacks ', 0 failed'" has "$out" ", 0 failed"
+    expect "it does not say flash (tensor cores) attention (bf16)" has "$out" "flash (tensor cores) attention (bf16)"
+    verdict "$(echo "$out" | tail -3)"
 fi
 
 # --- Hyper-Connections (--arch hc): train, eval, sample, analyze (its mixing weights' heatmap), resume bit for bit
@@ -326,6 +333,12 @@ bad bad_bf16_compare_on_cpu   "trains in float32" $LIME compare --preset tiny --
 if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
     bad bad_bf16_before_sm80  "sm_80"             env LIME_EMU_SM=75 ./lime-emu train $TINY --steps 2 --device gpu \
                                                     --precision bf16 --out "$tmp/x"
+    # head dim 128 on an sm_86's 99 KiB a block: the tensor-core flash kernels need more; each precision's way out
+    H128="--layers 1 --dim 128 --heads 1 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 4 --quiet"
+    bad bad_flash_tc_hd128_on_99_kib "use --tf32 0 for the scalar"  env LIME_EMU_SM=86 ./lime-emu train $H128 \
+                                     --steps 1 --device gpu --attention flash --out "$tmp/x"
+    bad bad_flash_tc_hd128_on_99_kib_bf16 "use --precision float32 --tf32 0"  env LIME_EMU_SM=86 ./lime-emu train \
+                                     $H128 --steps 1 --device gpu --attention flash --precision bf16 --out "$tmp/x"
 fi
 if [ -e "$tmp/x/model.safetensors" ]; then fail bad_input_wrote_nothing "a refused run wrote a model"; else pass bad_input_wrote_nothing; fi
 

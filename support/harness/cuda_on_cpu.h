@@ -1099,7 +1099,14 @@ inline cudaError_t sync_result() {  // what a synchronisation reports: a failed 
 
 // --- device ------------------------------------------------------------------
 namespace emu { namespace detail {
-constexpr size_t kGlobalMem = 24ull << 30, kSmem = 48 << 10, kSmemOptin = 227 << 10;
+constexpr size_t kGlobalMem = 24ull << 30, kSmem = 48 << 10;
+// The shared memory a block may opt in to, as the CUDA Programming Guide's table gives it for the
+// compute capability the device reports: sm_90 227 KiB, sm_80 and sm_87 163, sm_86 and sm_89 99, sm_75 64.
+inline size_t smem_optin() {
+    int cc = compute_capability();
+    size_t kib = cc >= 90 ? 227 : cc == 80 || cc == 87 ? 163 : cc >= 86 ? 99 : cc >= 75 ? 64 : 48;
+    return kib << 10;
+}
 }}
 inline cudaError_t cudaGetDeviceCount(int* n) {
     if (emu::detail::no_device()) { *n = 0; emu::detail::last_error = cudaErrorNoDevice; return cudaErrorNoDevice; }
@@ -1118,7 +1125,7 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
     snprintf(p->name, sizeof p->name, "lime-emu (CUDA on the CPU)");
     p->totalGlobalMem = emu::detail::kGlobalMem;
     p->sharedMemPerBlock = emu::detail::kSmem;
-    p->sharedMemPerBlockOptin = emu::detail::kSmemOptin;
+    p->sharedMemPerBlockOptin = emu::detail::smem_optin();
     p->sharedMemPerMultiprocessor = 228 << 10;
     p->totalConstMem = 64 << 10;
     p->regsPerBlock = 65536;
@@ -1507,9 +1514,9 @@ template <class... P> Launch<P...> make_launch(void (*k)(P...), const char* name
 
 inline cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
     if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;  // no carveout to prefer
-    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > emu::detail::kSmemOptin)
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || (size_t)value > emu::detail::smem_optin())
         return emu::detail::fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: attribute %d value %d (max dynamic shared memory is %zu)",
-                                 (int)attr, value, emu::detail::kSmemOptin);
+                                 (int)attr, value, emu::detail::smem_optin());
     emu::detail::max_dynamic_smem[func] = value;
     return cudaSuccess;
 }
