@@ -1508,20 +1508,20 @@ static void check_flash_tc(const TcCase& c) {
     TcOut got = run_flash_tc(c, in);
     char shape[80];
     snprintf(shape, sizeof shape, "B=%d T=%d H=%d R=%d hd=%d", c.B, c.T, c.H, c.R, c.hd);
-    const double TOL_FWD_C = c.bf16 ? TOL_TC_BF16_FWD : TOL_TC_FWD, TOL_BWD_C = c.bf16 ? TOL_TC_BF16_BWD : TOL_TC_BWD;
+    const double tol_fwd = c.bf16 ? TOL_TC_BF16_FWD : TOL_TC_FWD, tol_bwd = c.bf16 ? TOL_TC_BF16_BWD : TOL_TC_BWD;
     double e_out = err_of(got.out, out), e_lse = err_of(got.lse, lse);
-    CHECK(e_out < TOL_FWD_C, "tensor-core flash forward %s: out rel err %.2e (tolerance %.0e)", shape, e_out, TOL_FWD_C);
-    CHECK(e_lse < TOL_FWD_C, "tensor-core flash forward %s: lse rel err %.2e (tolerance %.0e)", shape, e_lse, TOL_FWD_C);
+    CHECK(e_out < tol_fwd, "tensor-core flash forward %s: out rel err %.2e (tolerance %.0e)", shape, e_out, tol_fwd);
+    CHECK(e_lse < tol_fwd, "tensor-core flash forward %s: lse rel err %.2e (tolerance %.0e)", shape, e_lse, tol_fwd);
     double e_dq = err_of(got.dq, dq), e_dk = err_of(got.dk, dk), e_dv = err_of(got.dv, dv);
-    CHECK(e_dq < TOL_BWD_C, "tensor-core flash backward %s: dq rel err %.2e (tolerance %.0e)", shape, e_dq, TOL_BWD_C);
-    CHECK(e_dk < TOL_BWD_C, "tensor-core flash backward %s: dk rel err %.2e (tolerance %.0e)", shape, e_dk, TOL_BWD_C);
-    CHECK(e_dv < TOL_BWD_C, "tensor-core flash backward %s: dv rel err %.2e (tolerance %.0e)", shape, e_dv, TOL_BWD_C);
+    CHECK(e_dq < tol_bwd, "tensor-core flash backward %s: dq rel err %.2e (tolerance %.0e)", shape, e_dq, tol_bwd);
+    CHECK(e_dk < tol_bwd, "tensor-core flash backward %s: dk rel err %.2e (tolerance %.0e)", shape, e_dk, tol_bwd);
+    CHECK(e_dv < tol_bwd, "tensor-core flash backward %s: dv rel err %.2e (tolerance %.0e)", shape, e_dv, tol_bwd);
     CHECK(!c.bf16 || e_dv < TOL_BWD, "tensor-core flash backward %s, bf16: dv rel err %.2e, not the loops' rounding (%.0e)",
           shape, e_dv, TOL_BWD);
     // Row by row where the tiles meet, the causal mask's edges: no row worse than 4x the tolerance.
     struct Edge { const char* name; const std::vector<float>& got; const std::vector<float>& want; int heads; double tol; };
-    const Edge edges[] = {{"out", got.out, out, c.H, TOL_FWD_C}, {"dq", got.dq, dq, c.H, TOL_BWD_C},
-                          {"dk", got.dk, dk, 1, TOL_BWD_C}, {"dv", got.dv, dv, 1, TOL_BWD_C}};
+    const Edge edges[] = {{"out", got.out, out, c.H, tol_fwd}, {"dq", got.dq, dq, c.H, tol_bwd},
+                          {"dk", got.dk, dk, 1, tol_bwd}, {"dv", got.dv, dv, 1, tol_bwd}};
     for (const Edge& e : edges) {
         int at;
         double worst = worst_edge_row(e.got, e.want, c.T, e.heads, c.hd, &at);
