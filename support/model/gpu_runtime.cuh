@@ -179,7 +179,7 @@ static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceN
     // scalar kernels (float32 products, or a head dim or GPU they do not take).
     cudaDeviceProp prop;
     cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    bool bf16 = model->settings.precision == PRECISION_BF16, tc_wanted = model->settings.tf32 || bf16;
+    bool bf16 = bf16_products(model), tc_wanted = model->settings.tf32 || bf16;
     if (bf16 && prop.major < 8)
         return "--precision bf16 needs bf16 tensor cores (sm_80 or later); GPU 0, " + std::string(prop.name) +
                ", is sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ": use --precision float32";

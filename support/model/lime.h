@@ -158,7 +158,7 @@ struct GpuState;   // device mirrors, defined in lime.cu's GPU part
 // row instead (memory O(T), slower; head dims up to 128); auto: matmul when it
 // fits in GPU memory, else flash.
 enum Attention { ATTENTION_AUTO = 0, ATTENTION_MATMUL = 1, ATTENTION_FLASH = 2 };
-// --precision: the dense products' operands (support/model/products.cuh).
+// --precision: the operands of the dense products and attention's (support/model/products.cuh).
 enum Precision { PRECISION_FLOAT32 = 0, PRECISION_BF16 = 1 };
 static const int FLASH_MAX_HD = 128;  // the widest head the flash kernels handle (support/model/flash_attention.cuh)
 
@@ -175,7 +175,7 @@ struct SizeFlags {
 struct ModelSettings {
     Attention attention = ATTENTION_AUTO;  // GPU attention kernels
     bool tf32 = true;                      // GPU: TF32 tensor cores for the matrix products
-    Precision precision = PRECISION_FLOAT32;  // bf16: the dense products' operands rounded to bf16 (GPU; CPU: reference)
+    Precision precision = PRECISION_FLOAT32;  // bf16: the products' operands rounded to bf16 (GPU; CPU: reference)
     bool graph = true;                     // GPU: model_train_step replays one captured CUDA graph per batch shape
     bool router_cublas = false;            // GPU: LIMe's router on cuBLAS even where its kernels fit (bench times both)
     size_t host_bytes = 0;                 // memory the host can give (MemAvailable); 0 = unknown, unchecked

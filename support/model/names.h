@@ -60,10 +60,11 @@ inline Device pick_device(Args& a) {
 // --attention: how the GPU runs attention (ModelSettings in support/model/lime.h).
 #define ATTENTION_FLAG \
     {"attention", "auto", "gpu: matmul (products around a stored T x T softmax, fast), flash (memory O(T), slower) or auto (matmul when it fits)"}
-// --precision: the dense products' operands on the GPU (support/model/products.cuh).
-#define PRECISION_FLAG           \
-    {"precision", "float32", \
-     "gpu: float32 (TF32 with --tf32 1) or bf16 (the dense products' operands rounded to bf16, float32 sums)"}
+// --precision: the operands of the GPU's dense products and attention's (support/model/products.cuh).
+#define PRECISION_FLAG                                                                                       \
+    {"precision", "float32",                                                                                 \
+     "gpu: float32 (TF32 with --tf32 1) or bf16 (the dense and attention products' operands rounded to bf16, " \
+     "float32 sums)"}
 // Where the memory the host can give is read. In testing builds
 // (LIME_TESTING: ./lime-emu) LIME_TEST_MEMINFO=FILE reads FILE instead, a
 // machine with that much MemAvailable (tests/test_hostile.sh, bench); never in ./lime.

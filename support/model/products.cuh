@@ -1,4 +1,4 @@
-// support/model/products.cuh — the two precisions of the dense products (--precision).
+// support/model/products.cuh — the two precisions of the products (--precision).
 // defines: bf16_round, bf16_if, bf16_products, DISPATCH_PRODUCT, gemm_gpu, and lime.cu's
 //          named products on the GPU: gemm_nn_gpu, gemm_nt_gpu, gemm_tn_gpu
 //
@@ -35,10 +35,10 @@ static inline float bf16_round(float x) {
 }
 static inline float bf16_if(float x, bool bf16) { return bf16 ? bf16_round(x) : x; }
 
-// Does this model's dense products take bf16 operands (ModelSettings::precision)?
+// Do this model's products (dense and attention's) take bf16 operands (ModelSettings::precision)?
 static inline bool bf16_products(const Model* model) { return model->settings.precision == PRECISION_BF16; }
 
-// DISPATCH for a dense product: on the CPU in bf16, the plain loop (the
+// DISPATCH for an op of products: on the CPU in bf16, the plain loop (the
 // reference; the fast versions have no bf16).
 #define DISPATCH_PRODUCT(model, gpu_call, fast_call, plain_call) \
     DISPATCH_ON(model, gpu_call, (bf16_products(model) ? (plain_call) : (fast_call)), plain_call)
