@@ -63,7 +63,7 @@ static std::vector<SplitProduct> split_products(const Config& c, size_t BT) {
     }
     return out;
 }
-// The slots' floats (in the GPU's small allocation, gpu_carve_small): where the last product's end.
+// The slots' floats (in the GPU's small allocation, gpu_carve_small): where the last product's slots end.
 static size_t split_slot_floats(const std::vector<SplitProduct>& products, size_t BT) {
     if (products.empty()) return 0;
     const SplitProduct& p = products.back();
