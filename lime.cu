@@ -1761,8 +1761,11 @@ static double memory_needed(const Config& c, int B, Device dev, bool on_device, 
 static double device_need(const Config& c, int B, bool flash) {  // and the split-k's slots (gpu_carve_small)
     return memory_needed(c, B, DEVICE_GPU, true, flash) + 4.0 * split_slot_floats(c, (size_t)B * c.T);
 }
-double model_device_need(const Config& c, int B, const ModelSettings& s) {  // (auto: flash from T = 1024, as gpu_create)
-    return device_need(c, B, s.attention == ATTENTION_FLASH || (s.attention == ATTENTION_AUTO && c.T >= 1024));
+// auto takes flash from T = 1024 where the tensor-core kernels run, as gpu_create (head dims <= 128 on sm_80+)
+double model_device_need(const Config& c, int B, const ModelSettings& s) {
+    bool tensor_cores = (s.tf32 || s.precision == PRECISION_BF16) && c.hd <= 128;
+    bool flash = s.attention == ATTENTION_FLASH || (s.attention == ATTENTION_AUTO && c.T >= 1024 && tensor_cores);
+    return device_need(c, B, flash);
 }
 
 // The passes of one training step (what the GPU captures as its graph).

@@ -221,6 +221,16 @@ if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
     expect "its summary lacks ', 0 failed'" has "$out" ", 0 failed"
     expect "it does not say (bf16)" has "$out" "(bf16)"
     verdict "$(echo "$out" | tail -5)"
+    # head dim 128 on an sm_86's or sm_89's 99 KiB a block: --attention flash on the tensor cores (else refused)
+    H128="--layers 1 --dim 128 --heads 1 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 4 --quiet"
+    for p in float32 bf16; do
+        out=$(LIME_EMU_SM=86 ./lime-emu train $H128 --steps 1 --device gpu --attention flash --precision $p \
+              --out "$tmp/h128_$p" 2>&1); status=$?
+        check flash_tc_hd128_on_99_kib_$p
+        expect "train --attention flash at head dim 128 exits $status" [ $status -eq 0 ]
+        expect "it wrote no model" [ -e "$tmp/h128_$p/model.safetensors" ]
+        verdict "$out"
+    done
     out=$(./lime-emu verify --device gpu --precision bf16 --attention flash --quiet \
         tests/golden/{llama_tiny,lime_tiny,lime_gqa,llama_ereg,denseformer_tiny,hc_static_gqa}.safetensors 2>&1); status=$?
     check verify_golden_lime_emu_bf16_flash_on_tensor_cores
@@ -333,12 +343,9 @@ bad bad_bf16_compare_on_cpu   "trains in float32" $LIME compare --preset tiny --
 if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
     bad bad_bf16_before_sm80  "sm_80"             env LIME_EMU_SM=75 ./lime-emu train $TINY --steps 2 --device gpu \
                                                     --precision bf16 --out "$tmp/x"
-    # head dim 128 on an sm_86's 99 KiB a block: the tensor-core flash kernels need more; each precision's way out
-    H128="--layers 1 --dim 128 --heads 1 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 4 --quiet"
-    bad bad_flash_tc_hd128_on_99_kib "use --tf32 0 for the scalar"  env LIME_EMU_SM=86 ./lime-emu train $H128 \
+    # head dim 128 ($H128, above) on 64 KiB a block: the tensor-core flash kernels need 99 KiB; the way out
+    bad bad_flash_tc_hd128_on_64_kib "use --tf32 0 for the scalar"  env LIME_EMU_SM=75 ./lime-emu train $H128 \
                                      --steps 1 --device gpu --attention flash --out "$tmp/x"
-    bad bad_flash_tc_hd128_on_99_kib_bf16 "use --precision float32 --tf32 0"  env LIME_EMU_SM=86 ./lime-emu train \
-                                     $H128 --steps 1 --device gpu --attention flash --precision bf16 --out "$tmp/x"
 fi
 if [ -e "$tmp/x/model.safetensors" ]; then fail bad_input_wrote_nothing "a refused run wrote a model"; else pass bad_input_wrote_nothing; fi
 

@@ -1371,6 +1371,11 @@ TEST(gpu_auto_attention_takes_the_tensor_cores_at_long_sequences) {
         CHECK(err.empty(), "T=1024: '%s'", err.c_str());
         CHECK(model_attention_name(&m) == want, "T=1024, tf32 %d: %s attention, want %s", tf32,
               model_attention_name(&m), want.c_str());
+        ModelSettings taken = settings;  // compare's memory check counts what auto takes
+        taken.attention = tf32 ? ATTENTION_FLASH : ATTENTION_MATMUL;
+        double need = model_device_need(m.c, 1, settings), want_need = model_device_need(m.c, 1, taken);
+        CHECK(need == want_need, "T=1024, tf32 %d: model_device_need %.0f bytes, want %s's %.0f", tf32, need,
+              want.c_str(), want_need);
     }
 }
 
@@ -1582,9 +1587,13 @@ TEST(gpu_flash_tc_bit_identical_across_schedules) {
 
 // What --attention auto and --attention flash are told when the kernels do not take a shape.
 TEST(gpu_flash_tc_says_which_head_dims_and_devices_it_refuses) {
-    const size_t hopper = 227 << 10, small = 99 << 10;
-    for (int hd : {1, 4, 6, 8, 20, 64, 96, 128})
-        CHECK(flash_tc_refusal(hd, hopper).empty(), "head dim %d refused: %s", hd, flash_tc_refusal(hd, hopper).c_str());
+    const size_t hopper = 227 << 10, ada = 99 << 10, small = 64 << 10;  // sm_90, sm_86 and sm_89, sm_75
+    for (size_t smem : {hopper, ada})
+        for (int hd : {1, 4, 6, 8, 20, 64, 96, 128})
+            CHECK(flash_tc_refusal(hd, smem).empty(), "head dim %d refused with %zu bytes a block: %s", hd, smem,
+                  flash_tc_refusal(hd, smem).c_str());
+    CHECK(flash_tc_shared_bytes(128) == ada, "head dim 128 needs %zu bytes, want exactly 99 KiB (%zu)",
+          flash_tc_shared_bytes(128), ada);
     for (int hd : {0, 130, 136}) {
         std::string why = flash_tc_refusal(hd, hopper),
                     want = "the tensor-core flash attention takes head dims up to 128, this model has " + std::to_string(hd);
@@ -1593,8 +1602,8 @@ TEST(gpu_flash_tc_says_which_head_dims_and_devices_it_refuses) {
     std::string why = flash_tc_refusal(128, small);
     CHECK(why == "the tensor-core flash attention needs " + std::to_string(flash_tc_shared_bytes(128)) +
                      " bytes of shared memory a block at head dim 128, this GPU allows " + std::to_string(small),
-          "head dim 128 on a GPU with 99 KiB a block: '%s'", why.c_str());
-    CHECK(flash_tc_refusal(64, small).empty(), "head dim 64 needs more than 99 KiB: %zu bytes", flash_tc_shared_bytes(64));
+          "head dim 128 on a GPU with 64 KiB a block: '%s'", why.c_str());
+    CHECK(flash_tc_refusal(32, small).empty(), "head dim 32 needs more than 64 KiB: %zu bytes", flash_tc_shared_bytes(32));
 }
 
 // The kernels' mma wrappers (support/model/tensor_cores.cuh) against plain

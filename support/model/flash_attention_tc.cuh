@@ -72,10 +72,11 @@ struct FlashTC {
     static constexpr int BWD_TILE = HD >= 128 ? 16 : 32;   // keys (dQ) or queries (dK/dV) a streamed tile holds
     static constexpr int PAD = HD + 4;                     // floats a row of a tile takes in shared memory
     // Shared memory, in floats. Forward: K, V (2 stages of FWD_TILE rows). dQ: Q, dO (ROWS rows),
-    // K, V (2 stages of BWD_TILE), D (ROWS). dK/dV: K, V (ROWS), Q, dO (2 stages of BWD_TILE), lse, D (2 stages).
+    // K, V (2 stages of BWD_TILE). dK/dV: K, V (ROWS), Q, dO (2 stages of BWD_TILE). (lse and D are
+    // read from global memory into registers: at HD 128 that is what fits 99 KiB, an sm_86's or sm_89's block.)
     static constexpr int FWD_FLOATS = 2 * 2 * FWD_TILE * PAD;
-    static constexpr int DQ_FLOATS = 2 * ROWS * PAD + 2 * 2 * BWD_TILE * PAD + ROWS;
-    static constexpr int DKV_FLOATS = 2 * ROWS * PAD + 2 * 2 * BWD_TILE * PAD + 2 * 2 * BWD_TILE;
+    static constexpr int DQ_FLOATS = 2 * ROWS * PAD + 2 * 2 * BWD_TILE * PAD;
+    static constexpr int DKV_FLOATS = 2 * ROWS * PAD + 2 * 2 * BWD_TILE * PAD;
 };
 
 static const float FLASH_TC_LOG2E = 1.4426950408889634f, FLASH_TC_LN2 = 0.6931471805599453f;
@@ -101,13 +102,6 @@ __device__ void flash_tc_copy_rows(float* tile, const float* x, size_t stride, i
                 copy_async_4(dst + e, inside ? x + at + e : x, inside);
             }
         }
-    }
-}
-// vals (rows) = x[r0 .. r0 + rows - 1], 4-byte cp.async copies; zeros past T.
-__device__ inline void flash_tc_copy_floats(float* vals, const float* x, int r0, int rows, int T) {
-    for (int i = threadIdx.x; i < rows; i += blockDim.x) {
-        bool inside = r0 + i < T;
-        copy_async_4(vals + i, inside ? x + r0 + i : x, inside);
     }
 }
 
@@ -311,7 +305,6 @@ flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* 
     DYNAMIC_SHARED(float, smem);
     float *qs = smem, *dos = qs + ROWS * PAD;         // (ROWS, PAD) each: the block's queries and their dO
     float *ks = dos + ROWS * PAD, *vs = ks + 2 * TILE * PAD;  // (2, TILE, PAD) each: key and value tiles
-    float* Ds = vs + 2 * TILE * PAD;                  // (ROWS): D of the block's queries
     int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
     int q0 = (gridDim.x - 1 - blockIdx.x) * ROWS;
     int h = blockIdx.y, b = blockIdx.z, r = h / (H / R), qw = q0 + 16 * warp;
@@ -326,20 +319,19 @@ flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* 
     flash_tc_copy_rows<HD>(vs, vb, hd, 0, TILE, T, hd);
     __pipeline_commit();
     size_t row0 = ((size_t)b * H + h) * T;  // lse and D of (b, h)
-    if (threadIdx.x < ROWS) {
-        int row = q0 + threadIdx.x;
+    int d_row = q0 + (int)threadIdx.x;  // the row of D this thread sums
+    if (threadIdx.x < ROWS && d_row < T) {
+        const float *dor = dout + first + (size_t)d_row * stride, *orow = out + first + (size_t)d_row * stride;
         float d = 0.0f;
-        if (row < T) {
-            const float *dor = dout + first + (size_t)row * stride, *orow = out + first + (size_t)row * stride;
-            for (int i = 0; i < hd; i++) d += dor[i] * orow[i];
-            D[row0 + row] = d;
-        }
-        Ds[threadIdx.x] = d;
+        for (int i = 0; i < hd; i++) d += dor[i] * orow[i];
+        D[row0 + d_row] = d;
     }
-    float lse2[2];  // rows g and g + 8: lse in base-2 units
+    __syncthreads();  // the block's D is written
+    float lse2[2], d2[2];  // rows g and g + 8: lse in base-2 units, and D
     for (int i = 0; i < 2; i++) {
         int row = qw + g + 8 * i;
         lse2[i] = row < T ? lse[row0 + row] * FLASH_TC_LOG2E : 0.0f;
+        d2[i] = row < T ? D[row0 + row] : 0.0f;
     }
     float dqa[HD / 8][4] = {};  // the warp's rows of dQ / scale
     float scale2 = scale * FLASH_TC_LOG2E;
@@ -352,7 +344,7 @@ flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* 
         }
         __pipeline_commit();
         __pipeline_wait_prior(1);
-        __syncthreads();  // (the first time, also: Ds is written)
+        __syncthreads();
         int u0 = j * TILE;
         if (u0 <= qw + 15) {
             float s[TILE / 8][4], dp[TILE / 8][4];
@@ -363,7 +355,7 @@ flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* 
                 for (int i = 0; i < 4; i++) {
                     int row = qw + g + 8 * (i / 2), key = u0 + 8 * n + 2 * t + i % 2;
                     float p = diagonal && key > row ? 0.0f : exp2f(s[n][i] * scale2 - lse2[i / 2]);
-                    s[n][i] = p * (dp[n][i] - Ds[16 * warp + g + 8 * (i / 2)]);  // dS
+                    s[n][i] = p * (dp[n][i] - d2[i / 2]);  // dS
                 }
             mma_acc_rows<HD, TILE, BF16>(dqa, s, kt);  // dQ += dS K
         }
@@ -394,7 +386,6 @@ flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float
     DYNAMIC_SHARED(float, smem);
     float *ks = smem, *vs = ks + ROWS * PAD;             // (ROWS, PAD) each: the block's keys and values
     float *qs = vs + ROWS * PAD, *dos = qs + 2 * TILE * PAD;  // (2, TILE, PAD) each: query and dO tiles
-    float *lses = dos + 2 * TILE * PAD, *Ds = lses + 2 * TILE;  // (2, TILE) each
     int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
     int u0 = blockIdx.x * ROWS, r = blockIdx.y, b = blockIdx.z;  // the first keys see the most queries: first
     int uw = u0 + 16 * warp, n_rep = H / R;
@@ -404,11 +395,9 @@ flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float
     // item j: head h = r * n_rep + j / per_head, queries t0 = (skipped + j % per_head) * TILE ..
     auto copy_item = [&](int j, int stage) {
         int h = r * n_rep + j / per_head, t0 = (skipped + j % per_head) * TILE;
-        size_t first = ((size_t)b * T * H + h) * hd, row0 = ((size_t)b * H + h) * T;
+        size_t first = ((size_t)b * T * H + h) * hd;
         flash_tc_copy_rows<HD>(qs + stage * TILE * PAD, q + first, stride, t0, TILE, T, hd);
         flash_tc_copy_rows<HD>(dos + stage * TILE * PAD, dout + first, stride, t0, TILE, T, hd);
-        flash_tc_copy_floats(lses + stage * TILE, lse + row0, t0, TILE, T);
-        flash_tc_copy_floats(Ds + stage * TILE, D + row0, t0, TILE, T);
     };
 
     flash_tc_copy_rows<HD>(ks, k + kv0, hd, u0, ROWS, T, hd);
@@ -419,9 +408,9 @@ flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float
     float scale2 = scale * FLASH_TC_LOG2E;
 
     for (int j = 0; j < items; j++) {
-        int stage = j % 2, t0 = (skipped + j % per_head) * TILE;
+        int stage = j % 2, h = r * n_rep + j / per_head, t0 = (skipped + j % per_head) * TILE;
         float *qt = qs + stage * TILE * PAD, *dot = dos + stage * TILE * PAD;
-        const float *lset = lses + stage * TILE, *Dt = Ds + stage * TILE;
+        size_t row0 = ((size_t)b * H + h) * T + t0;  // lse and D of (b, h)'s query t0
         if (j + 1 < items) copy_item(j + 1, 1 - stage);
         __pipeline_commit();
         __pipeline_wait_prior(1);
@@ -431,13 +420,20 @@ flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float
             mma_rows_rows<HD, TILE, BF16>(st, ks + 16 * warp * PAD, qt);    // S^T = K Q^T
             mma_rows_rows<HD, TILE, BF16>(dpt, vs + 16 * warp * PAD, dot);  // dP^T = V dO^T
             bool diagonal = t0 < uw + 15;  // some query of the tile before some key of the warp
+            float lseq[TILE / 8][2], Dq[TILE / 8][2];  // lse and D of the lane's queries 8n + 2t + e; 0 past T
+            for (int n = 0; n < TILE / 8; n++)
+                for (int e = 0; e < 2; e++) {
+                    int query = 8 * n + 2 * t + e;
+                    lseq[n][e] = t0 + query < T ? lse[row0 + query] : 0.0f;
+                    Dq[n][e] = t0 + query < T ? D[row0 + query] : 0.0f;
+                }
             for (int n = 0; n < TILE / 8; n++)
                 for (int i = 0; i < 4; i++) {  // element i: key g + 8 (i / 2), query 8n + 2t + i % 2
                     int key = uw + g + 8 * (i / 2), query = 8 * n + 2 * t + i % 2;
-                    float p = diagonal && t0 + query < key ? 0.0f
-                                                            : exp2f(st[n][i] * scale2 - lset[query] * FLASH_TC_LOG2E);
-                    st[n][i] = p;                             // P^T
-                    dpt[n][i] = p * (dpt[n][i] - Dt[query]);  // dS^T
+                    float x = st[n][i] * scale2 - lseq[n][i % 2] * FLASH_TC_LOG2E;
+                    float p = diagonal && t0 + query < key ? 0.0f : exp2f(x);
+                    st[n][i] = p;                                 // P^T
+                    dpt[n][i] = p * (dpt[n][i] - Dq[n][i % 2]);  // dS^T
                 }
             mma_acc_rows<HD, TILE, BF16>(dva, st, dot);  // dV += P^T dO
             mma_acc_rows<HD, TILE, BF16>(dka, dpt, qt);  // dK += dS^T Q
