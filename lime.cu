@@ -1761,9 +1761,9 @@ static double memory_needed(const Config& c, int B, Device dev, bool on_device, 
 static double device_need(const Config& c, int B, bool flash) {  // and the split-k's slots (gpu_carve_small)
     return memory_needed(c, B, DEVICE_GPU, true, flash) + 4.0 * split_slot_floats(c, (size_t)B * c.T);
 }
-// auto takes flash from T = 1024 where the tensor-core kernels run, as gpu_create (head dims <= 128 on sm_80+)
+// auto takes flash from T = 1024 where the tensor-core kernels run, as gpu_create (every head dim they take, on sm_80+)
 double model_device_need(const Config& c, int B, const ModelSettings& s) {
-    bool tensor_cores = (s.tf32 || s.precision == PRECISION_BF16) && c.hd <= 128;
+    bool tensor_cores = (s.tf32 || s.precision == PRECISION_BF16) && c.hd <= FLASH_MAX_HD;
     bool flash = s.attention == ATTENTION_FLASH || (s.attention == ATTENTION_AUTO && c.T >= 1024 && tensor_cores);
     return device_need(c, B, flash);
 }

@@ -485,8 +485,9 @@ static size_t flash_tc_shared_bytes(int hd) {
 // have smem_optin bytes of shared memory (cudaDevAttrMaxSharedMemoryPerBlockOptin);
 // empty when they do. For --attention auto's fallback, and --attention flash's refusal.
 inline std::string flash_tc_refusal(int hd, size_t smem_optin) {
-    if (hd < 1 || hd > 128)
-        return "the tensor-core flash attention takes head dims up to 128, this model has " + std::to_string(hd);
+    if (hd < 1 || hd > FLASH_MAX_HD)
+        return "the tensor-core flash attention takes head dims up to " + std::to_string(FLASH_MAX_HD) +
+               ", this model has " + std::to_string(hd);
     size_t need = flash_tc_shared_bytes(hd);
     if (need > smem_optin)
         return "the tensor-core flash attention needs " + std::to_string(need) +
@@ -498,8 +499,9 @@ inline std::string flash_tc_refusal(int hd, size_t smem_optin) {
 static void flash_tc_check(int hd, std::initializer_list<const float*> buffers) {
     bool aligned = true;
     for (const float* p : buffers) aligned = aligned && (hd % 4 != 0 || (uintptr_t)p % 16 == 0);
-    if (hd >= 1 && hd <= 128 && aligned) return;
-    fprintf(stderr, "lime: flash_attention_tc: head dim %d (takes 1 to 128), or a buffer not 16-byte aligned\n", hd);
+    if (hd >= 1 && hd <= FLASH_MAX_HD && aligned) return;
+    fprintf(stderr, "lime: flash_attention_tc: head dim %d (takes 1 to %d), or a buffer not 16-byte aligned\n", hd,
+            FLASH_MAX_HD);
     exit(EXIT_FAILURE);
 }
 // The kernel may have `bytes` of dynamic shared memory (over 48 KiB must be asked for).

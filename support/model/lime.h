@@ -160,7 +160,7 @@ struct GpuState;   // device mirrors, defined in lime.cu's GPU part
 enum Attention { ATTENTION_AUTO = 0, ATTENTION_MATMUL = 1, ATTENTION_FLASH = 2 };
 // --precision: the operands of the dense products and attention's (support/model/products.cuh).
 enum Precision { PRECISION_FLOAT32 = 0, PRECISION_BF16 = 1 };
-static const int FLASH_MAX_HD = 128;  // the widest head the flash kernels handle (support/model/flash_attention.cuh)
+static const int FLASH_MAX_HD = 128;  // the widest head the flash kernels take, scalar and tensor-core (support/model)
 
 // The flags that set a model's sizes in the command that makes it ("" where it
 // has none: eval cannot change a checkpoint's shape). A model that does not fit
