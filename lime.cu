@@ -33,12 +33,7 @@
 #include "support/model/attention_gpu.cuh"    // defines: attention_forward_gpu, ..._backward_gpu, qkv_scatter_gpu
 #include "support/model/flash_attention.cuh"  // defines: flash_attention_forward_gpu, ..._backward_gpu (O(T) memory)
 #include "support/model/flash_attention_tc.cuh"  // defines: flash_attention_tc_forward_gpu, flash_on_tensor_cores
-// The study's other models and instruments: each adds its tensors,
-// activations, ops and init, and joins the passes through named hooks.
-#include "support/study/hyper_connections.cuh"  // defines: hc_specs, HcActs, op_hc_*, hc_sublayer_input (--arch hc)
-#include "support/study/entropy_reg.cuh"        // defines: EregActs, ereg_layer_forward, op_ereg_loss (--entropy-reg)
-#include "support/study/resformer.cuh"          // defines: value_residual_forward (--arch resformer)
-#include "support/study/denseformer.cuh"        // defines: DenseActs, dense_average_forward (--arch denseformer)
+#include "support/model/models.h"  // defines: the registry of models, StudyHooks (the study models' interface)
 
 // ===========================================================================
 // Config and parameters
@@ -106,7 +101,7 @@ std::vector<TensorSpec> param_specs(const Config& c) {
         add(p + "mlp.gate_proj.weight", {c.F, c.d}, GROUP_MATRIX);
         add(p + "mlp.up_proj.weight", {c.F, c.d}, GROUP_MATRIX);
         add(p + "mlp.down_proj.weight", {c.d, c.F}, GROUP_MATRIX);
-        hc_specs(c, p, add), resformer_specs(c, l, p, add), denseformer_specs(c, l, p, add);  // the study's
+        if (study_hooks(c)) study_hooks(c)->specs(c, l, p, add);  // a study model's own, after LLaMa's
     }
     add("model.norm.weight", {c.d}, GROUP_EMBED_GAIN);
     return specs;
@@ -138,7 +133,7 @@ Params params_carve(const Config& c, float* base) {
         w.Wg = next();
         w.Wu = next();
         w.Wd = next();
-        hc_carve(c, &p, next), resformer_carve(c, l, &w, next), denseformer_carve(c, &w, next);  // as param_specs
+        if (study_hooks(c)) study_hooks(c)->carve(c, l, &p, next);  // as param_specs
     }
     p.g_final = next();
     return p;
@@ -152,7 +147,7 @@ Params params_carve(const Config& c, float* base) {
 struct Acts {
     float* mem = nullptr;
     bool flash = false;  // GPU flash attention: att keeps one number per row, not the probabilities
-    // forward, kept for backward (with hc the residual stream is n streams:
+    // forward, kept for backward (with a study model of n streams the residual stream is n streams:
     // x, xa and dx are n times wider, (.., n, B, T, d) stream-major)
     float* x;        // (L+1, B, T, d) residual stream entering layer l; x[L] enters the final norm
     float* xa;       // (L, B, T, d)   residual stream after attention
@@ -195,28 +190,31 @@ struct Acts {
     int threads;            // CPU: the threads the fast attention's scratch has buffers for
     float* rope_cos; // (T, hd/2) the RoPE tables, one array: cos, then
     float* rope_sin; // (T, hd/2)     sin
-    HcActs hc;       // Hyper-Connections' (support/study/): sized 0 for other models
-    EregActs ereg;   // the value-entropy regulariser's: sized 0 when it is off
-    DenseActs dense; // DenseFormer's: sized 0 for other models
+    float* study;    // the study model's activations, as its file carves them (StudyHooks::acts_floats)
+    float* loss;     // the loss term's (the regulariser's)
+    const float* final_in;  // what the final norm read in the last forward (x[L], or the study model's final_input)
 };
 
 // The scratch, in floats, of the op that needs the most (one op runs at a
 // time), on the CPU for `threads` threads and on the GPU.
 static size_t router_gpu_scratch_floats(const Config& c, size_t BT);
+// The study model's and the loss term's scratch (StudyHooks::scratch_floats), the larger.
+static size_t study_scratch_floats(const Config& c, int B, Device dev) {
+    const StudyHooks *h = study_hooks(c), *t = loss_hooks(c);
+    return std::max(h ? h->scratch_floats(c, B, dev) : 0, t ? t->scratch_floats(c, B, dev) : 0);
+}
 static size_t cpu_scratch_floats(const Config& c, int B, int threads) {
-    size_t BT = (size_t)B * c.T, study = std::max({hc_cpu_scratch_floats(c), denseformer_scratch_floats(c, BT),
-                                                  c.arch == ARCH_RESFORMER ? mix_scratch_floats(2, 1) : 0});
+    size_t study = study_scratch_floats(c, B, DEVICE_CPU);
     size_t most = std::max(CHUNKS * (size_t)c.d, study);  // rmsnorm_backward's gain slices, the study's models' ops
     if (!FAST_CPU) return most;
     size_t d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd, F = c.F, V = c.V;
     const std::pair<size_t, size_t> products[] = {{d, qd}, {d, kvd}, {qd, d}, {d, F}, {F, d}, {d, V}};
     for (auto [C, OC] : products) most = std::max(most, matmul_fast_scratch_floats(C, OC));  // W^T, packed
     size_t router = c.arch == ARCH_LIME ? router_fast_scratch_floats(c.L, c.R, (size_t)B * c.T * c.hd) : 0;
-    return std::max({most, attention_fast_scratch_floats(c.T, c.hd, threads), router, ereg_cpu_scratch_floats(c, B)});
+    return std::max({most, attention_fast_scratch_floats(c.T, c.hd, threads), router});
 }
-static size_t gpu_scratch_floats(const Config& c, size_t BT) {
-    size_t study = std::max({hc_gpu_scratch_floats(c, BT), denseformer_scratch_floats(c, BT),
-                             c.arch == ARCH_RESFORMER ? mix_scratch_floats(2, BT * c.R * c.hd) : 0});
+static size_t gpu_scratch_floats(const Config& c, int B) {
+    size_t BT = (size_t)B * c.T, study = study_scratch_floats(c, B, DEVICE_GPU);
     // 3 BT H hd: the q/k/v product (BT, (H + 2R) hd), R <= H; attention's group-major out or dout (BT, H hd)
     return std::max({3 * BT * c.H * c.hd, router_gpu_scratch_floats(c, BT), study});
 }
@@ -224,7 +222,7 @@ static size_t gpu_scratch_floats(const Config& c, size_t BT) {
 // Carves (or, with base == nullptr, only measures) the activations; only the scratch differs between devices.
 static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device dev = DEVICE_CPU, bool flash = false) {
     size_t BT = (size_t)B * c.T, L = c.L, d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd;
-    size_t streams = hc_streams(c), off = 0;
+    size_t streams = stream_count(c), off = 0;
     auto take = [&](auto** p, size_t n) {
         if (base) *p = (std::remove_pointer_t<decltype(p)>)(base + off);
         off += (n + 15) & ~(size_t)15;
@@ -259,11 +257,10 @@ static size_t acts_carve(Acts* A, const Config& c, int B, float* base, Device de
     take(&A->dh, BT * c.F);
     take(&A->datt, dev == DEVICE_GPU && !flash ? BT * c.H * c.T : 0);  // the GPU's matrix-product attention
     A->threads = cpu_threads();
-    A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch_floats(c, BT) : cpu_scratch_floats(c, B, A->threads);
+    A->scratch_floats = dev == DEVICE_GPU ? gpu_scratch_floats(c, B) : cpu_scratch_floats(c, B, A->threads);
     take(&A->scratch, A->scratch_floats);
-    hc_acts_carve(&A->hc, c, BT, take);  // the study's models' activations
-    ereg_acts_carve(&A->ereg, c, B, take);
-    denseformer_acts_carve(&A->dense, c, BT, take);
+    take(&A->study, study_hooks(c) ? study_hooks(c)->acts_floats(c, B) : 0);  // the study model's, its file carves them
+    take(&A->loss, loss_hooks(c) ? loss_hooks(c)->acts_floats(c, B) : 0);
     take(&A->rope_cos, (size_t)c.T * c.hd);  // last (tests poison all before it); sin: its second half
     if (base) A->rope_sin = A->rope_cos + (size_t)c.T * c.hd / 2;
     return off;
@@ -1536,63 +1533,48 @@ static void op_adamw(Model* model) {
 // ===========================================================================
 // The residual stream around sublayer s (2l: attention, 2l+1: the MLP). In
 // LLaMa and LIMe the sublayer reads rmsnorm(x) and adds its output back to x.
-// A study model that changes the stream does it here, a hook line each:
-// Hyper-Connections keep n streams (support/study/hyper_connections.cuh).
+// A study model changes the stream through its hooks (support/study/study.h),
+// looked up once, when the model is made (model->study; the regulariser's:
+// model->loss_term); each site below is one line.
 // ===========================================================================
+#include "support/study/registry.cuh"  // defines: the study models' files, their hooks, model_registry
 
-// What sublayer s's norm reads: the stream x (B, T, d) itself.
-static const float* sublayer_input(Model* model, int s, const float* x, int B, int T) {
+static StudyAt study_at(Model* model, int s, int B, int T) {
     Acts* A = pass_acts(model);
-    if (model->c.arch == ARCH_HC)  // mixture 0 of the n streams
-        return hc_sublayer_input(model, hc_sublayer(A->hc, model->c, s, B, T), x, pass_params(model).hc[s], B * T,
-                                 A->scratch);
-    return x;
+    return StudyAt{model, s, B, T, A->study, A->scratch};
 }
-// forward: a = rmsnorm(sublayer_input(x), g): dx += the norm's backward of da (A->dnorm).
-static void sublayer_input_backward(Model* model, int s, float* dx, float* dg, const float* x, const float* g,
-                                    const float* rstd, int B, int T) {
+static StudyAt loss_at(Model* model, int l, int B, int T) {
     Acts* A = pass_acts(model);
-    int N = B * T;
-    if (model->c.arch == ARCH_HC) {  // the norm read mixture 0: into dM[0], then the mixing's backward into dx
-        HcSublayer h = hc_sublayer(A->hc, model->c, s, B, T);
-        op_rmsnorm_backward(model, A->hc.dM, dg, A->dnorm, h.M, g, rstd, N);
-        return hc_sublayer_input_backward(model, dx, A->hc, h, x, pass_params(model).hc[s], pass_grads(model).hc[s],
-                                          N, A->scratch);
-    }
-    op_rmsnorm_backward(model, dx, dg, A->dnorm, x, g, rstd, N);
+    return StudyAt{model, 2 * l, B, T, A->loss, A->scratch};
 }
-// Where sublayer s's output is added (B, T, d): the stream's next array, into
-// which the sublayer's norm copies x as it reads it (op_rmsnorm_forward's copy).
-// DenseFormer: the block's output, then the average; HC writes its n streams itself.
-static float* residual_start(Model* model, int s, float* xout, int B, int T) {
-    if (model->c.arch == ARCH_HC) return nullptr;
-    bool dense = model->c.arch == ARCH_DENSEFORMER && s % 2 == 1;
-    return dense ? dense_block_output(pass_acts(model)->dense, model->c, s / 2, B, T) : xout;
+int stream_count(const Config& c) { return study_hooks(c) && study_hooks(c)->streams ? study_hooks(c)->streams(c) : 1; }
+#define HOOK(model, name) ((model)->study && (model)->study->name)  // the study model has this hook
+
+// Sublayer s's norm: out = rmsnorm(what the stream gives the sublayer, g) (N, d),
+// and x copied into xout as it is read: the residual add's first term.
+static void sublayer_norm(const StudyAt& at, float* out, float* rstd, const float* x, const float* g, float* xout) {
+    Model* model = at.model;
+    const float* in = HOOK(model, norm_input) ? model->study->norm_input(at, x) : x;
+    float* keep = HOOK(model, residual_start) ? model->study->residual_start(at, xout) : xout;
+    op_rmsnorm_forward(model, out, rstd, in, g, at.N(), keep);
 }
-// The sublayer's output joins the stream: xout = x + inp (B*T, C) @ W^T.
-static void residual_forward(Model* model, int s, float* xout, const float* inp, const float* W, int C, int B, int T) {
-    int N = B * T, d = model->c.d;
-    if (model->c.arch == ARCH_HC) {  // y = inp @ W^T, then the depth connection writes the n streams
-        HcSublayer h = hc_sublayer(pass_acts(model)->hc, model->c, s, B, T);
-        op_matmul_forward(model, h.y, inp, W, N, C, d);
-        return hc_residual_forward(model, xout, h, N);
-    }
-    Acts* A = pass_acts(model);
-    float* out = residual_start(model, s, xout, B, T);  // x, copied there by the norm
-    op_matmul_forward(model, out, inp, W, N, C, d, true);
-    if (out != xout)  // DenseFormer's average
-        dense_average_forward(model, xout, A->dense, s / 2, A->x, pass_params(model).layer[s / 2].dwa, B, T);
+// forward: out = rmsnorm(x, g): dx += the norm's backward of dout (A->dnorm); dg += its gain's.
+static void sublayer_norm_backward(const StudyAt& at, float* dx, float* dg, const float* x, const float* g,
+                                   const float* rstd) {
+    if (HOOK(at.model, norm_input_backward)) return at.model->study->norm_input_backward(at, {dx, dg, x, g, rstd});
+    op_rmsnorm_backward(at.model, dx, dg, pass_acts(at.model)->dnorm, x, g, rstd, at.N());
+}
+// The residual add: xout = x + inp (N, C) @ W^T (N, d). x is in xout already
+// (sublayer_norm copied it there), so the add is the product's accumulation.
+static void residual_add(const StudyAt& at, float* xout, const float* inp, const float* W, int C) {
+    if (HOOK(at.model, residual_add)) return at.model->study->residual_add(at, xout, inp, W, C);
+    float* out = HOOK(at.model, residual_start) ? at.model->study->residual_start(at, xout) : xout;
+    op_matmul_forward(at.model, out, inp, W, at.N(), C, at.model->c.d, true);
 }
 // forward: xout = x + y, y = inp @ W^T: returns dy from dxout (the same array:
 // the stream's gradient passes through the add unchanged, as dx).
-static const float* residual_backward(Model* model, int s, const float* dxout, int B, int T) {
-    Acts* A = pass_acts(model);
-    if (model->c.arch == ARCH_HC)
-        return hc_residual_backward(model, A->hc, hc_sublayer(A->hc, model->c, s, B, T), dxout, B * T);
-    if (model->c.arch == ARCH_DENSEFORMER && s % 2 == 1)  // through the average: dxout becomes the block output's
-        dense_average_backward(model, (float*)dxout, A->dense, s / 2, A->x, pass_params(model).layer[s / 2].dwa,
-                               pass_grads(model).layer[s / 2].dwa, B, T, A->scratch);
-    return dxout;
+static const float* residual_add_backward(const StudyAt& at, const float* dxout) {
+    return HOOK(at.model, residual_backward) ? at.model->study->residual_backward(at, dxout) : dxout;
 }
 
 // ===========================================================================
@@ -1610,7 +1592,7 @@ struct LayerActs {
 };
 static LayerActs layer_acts(const Acts* A, const Config& c, int l, int B, int T) {
     size_t BT = (size_t)B * T, d = c.d, qd = (size_t)c.H * c.hd, kvd = (size_t)c.R * c.hd;
-    size_t stream = hc_streams(c) * BT * d;  // the residual stream: n streams with hc
+    size_t stream = stream_count(c) * BT * d;  // the residual stream: n streams (stream_count)
     LayerActs la;
     la.x = A->x + l * stream;
     la.xnext = A->x + (l + 1) * stream;
@@ -1639,40 +1621,39 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
     Acts* A = pass_acts(model);
     const Params& P = pass_params(model);
     int N = B * T, d = c.d, qd = c.H * c.hd;
-    op_embedding_forward(model, A->x, A->batch.tokens, P.E, N);              // x[0] (B, T, d)
-    if (c.arch == ARCH_HC) op_hc_expand(model, A->x, A->x, N);           // HC: into every stream (n, B, T, d)
+    op_embedding_forward(model, A->x, A->batch.tokens, P.E, N);  // x[0] (B, T, d)
+    if (HOOK(model, stream_begin)) model->study->stream_begin(study_at(model, 0, B, T), A->x);
     for (int l = 0; l < c.L; l++) {
         const LayerParams& w = P.layer[l];
         LayerActs la = layer_acts(A, c, l, B, T);
+        StudyAt at = study_at(model, 2 * l, B, T), mlp = study_at(model, 2 * l + 1, B, T);
         // attention block: xa = x + attention(rmsnorm(x)) @ Wo^T
-        op_rmsnorm_forward(model, la.attn_in, la.rstd_a, sublayer_input(model, 2 * l, la.x, B, T), w.g_attn, N,
-                           residual_start(model, 2 * l, la.xa, B, T));  // and x into xa
+        sublayer_norm(at, la.attn_in, la.rstd_a, la.x, w.g_attn, la.xa);  // attn_in = rmsnorm(x), x into xa
         bool routed = has_router(c, l);  // else (LLaMa, LIMe's layer 0) its own keys, roped into kr as they are made
         op_qkv_projection_forward(model, la.q, la.K, la.V, routed ? nullptr : la.kr, la.attn_in, w.Wq, B, T);
-        if (model->ereg_on) ereg_layer_forward(model, A->ereg, l, la.V, A->batch.valid, B, T, A->scratch);  // S2 of V
+        if (model->loss_term_on) model->loss_term->loss_layer(loss_at(model, l, B, T), la.V);  // the loss term reads V
         const float* vr = la.V;
         if (routed) {  // LIMe: mix the buffer of layers 0..l, then rope the mixed keys
             op_router_forward(model, {la.kr, la.vr}, {w.router, w.values_router()}, {A->Kbuf, A->Vbuf}, l, N);
             op_rope_forward(model, la.kr, la.kr, c.R * B, T, 1);  // (R, B, T, hd): R*B sequences of one head
             vr = la.vr;
         }
-        if (has_value_residual(c, l))  // ResFormer: vr = lam[0] V[l] + lam[1] V[0]
-            value_residual_forward(model, la.vr, la.V, A->Vbuf, w.value_residual, N), vr = la.vr;
+        if (HOOK(model, values) && model->study->mixes_values(c, l)) vr = model->study->values(at, la.V);
         op_attention_forward(model, la.o, la.att, la.q, la.kr, vr, B, T);
-        residual_forward(model, 2 * l, la.xa, la.o, w.Wo, qd, B, T);  // xa = x + o @ Wo^T
+        residual_add(at, la.xa, la.o, w.Wo, qd);  // xa = x + o @ Wo^T
         // MLP block: x[l+1] = xa + swiglu(rmsnorm(xa)) @ Wd^T
-        op_rmsnorm_forward(model, la.mlp_in, la.rstd_m, sublayer_input(model, 2 * l + 1, la.xa, B, T), w.g_mlp, N,
-                           residual_start(model, 2 * l + 1, la.xnext, B, T));  // and xa into x[l+1]
+        sublayer_norm(mlp, la.mlp_in, la.rstd_m, la.xa, w.g_mlp, la.xnext);  // mlp_in = rmsnorm(xa), xa into x[l+1]
         op_gate_up_forward(model, la.gate, la.up, la.mlp_in, w.Wg, N);  // mlp_in @ Wg^T, mlp_in @ Wu^T
         op_swiglu_forward(model, la.h, la.gate, la.up, (size_t)N * c.F);
-        residual_forward(model, 2 * l + 1, la.xnext, la.h, w.Wd, c.F, B, T);  // x[l+1] = xa + h @ Wd^T
+        residual_add(mlp, la.xnext, la.h, w.Wd, c.F);  // x[l+1] = xa + h @ Wd^T
+        if (HOOK(model, block_end)) model->study->block_end(mlp, la.xnext);
     }
     float* xL = layer_acts(A, c, c.L, B, T).x;
-    if (c.arch == ARCH_HC) op_hc_sum(model, A->hc.x, xL, N), xL = A->hc.x;  // HC: the streams' sum
-    op_rmsnorm_forward(model, A->hf, A->rstd_f, xL, P.g_final, N);
+    A->final_in = HOOK(model, final_input) ? model->study->final_input(study_at(model, 2 * c.L, B, T), xL) : xL;
+    op_rmsnorm_forward(model, A->hf, A->rstd_f, A->final_in, P.g_final, N);
     op_matmul_forward(model, A->logits, A->hf, P.E, N, d, c.V);  // tied: logits = hf @ E^T
     if (with_loss) op_crossentropy_forward(model, A->probs, A->nll, A->logits, A->batch.targets, A->batch.mask, N);
-    if (with_loss && model->ereg_on) op_ereg_loss(model, A->ereg.stat, c.L * B);  // loss = ce - lambda mean S2
+    if (with_loss && model->loss_term_on) model->loss_term->loss(loss_at(model, 0, B, T));  // loss = ce + the loss term
 }
 
 static void backward_pass(Model* model, int B, int T) {
@@ -1689,25 +1670,27 @@ static void backward_pass(Model* model, int B, int T) {
     op_crossentropy_backward(model, dlogits, A->batch.targets, A->batch.mask, N);
     op_matmul_backward(model, A->dnorm, grads.E, dlogits, A->hf, P.E, N, d, c.V, false);
     op_zero(model, A->dx, (size_t)N * d);
-    float* xL = c.arch == ARCH_HC ? A->hc.x : layer_acts(A, c, c.L, B, T).x;  // HC: the streams' sum
-    op_rmsnorm_backward(model, A->dx, grads.g_final, A->dnorm, xL, P.g_final, A->rstd_f, N);
-    if (c.arch == ARCH_HC) op_hc_expand(model, A->dx, A->dx, N);  // forward: x = sum_i X[i]
+    op_rmsnorm_backward(model, A->dx, grads.g_final, A->dnorm, A->final_in, P.g_final, A->rstd_f, N);
+    if (HOOK(model, final_input)) model->study->final_input_backward(study_at(model, 2 * c.L, B, T), A->dx);
     for (int l = c.L - 1; l >= 0; l--) {
         const LayerParams& w = P.layer[l];
         const LayerParams& gw = grads.layer[l];
         LayerActs la = layer_acts(A, c, l, B, T);
+        StudyAt at = study_at(model, 2 * l, B, T), mlp = study_at(model, 2 * l + 1, B, T);
         float* dK = A->dKbuf + l * kv_layer;  // (R, B, T, hd): complete once layers > l are done
         float* dV = A->dVbuf + l * kv_layer;
+        if (HOOK(model, block_end)) model->study->block_end_backward(mlp, A->dx);
         // MLP block. forward: x[l+1] = xa + h @ Wd^T, h = swiglu(mlp_in Wg^T, mlp_in Wu^T), mlp_in = rmsnorm(xa)
-        const float* dy = residual_backward(model, 2 * l + 1, A->dx, B, T);  // the gradient of h @ Wd^T
+        const float* dy = residual_add_backward(mlp, A->dx);  // the gradient of h @ Wd^T
         op_matmul_backward(model, A->dh, gw.Wd, dy, la.h, w.Wd, N, c.F, d, false);
         op_swiglu_backward(model, A->dgate, A->dup, A->dh, la.gate, la.up, (size_t)N * c.F);
         op_gate_up_backward(model, A->dnorm, gw.Wg, A->dgate, A->dup, la.mlp_in, w.Wg, N);
-        sublayer_input_backward(model, 2 * l + 1, A->dx, gw.g_mlp, la.xa, w.g_mlp, la.rstd_m, B, T);  // dx: d xa
+        sublayer_norm_backward(mlp, A->dx, gw.g_mlp, la.xa, w.g_mlp, la.rstd_m);  // dx: d xa
         // attention block. forward: xa = x + o @ Wo^T, o = attention(q, rope(Kr), Vr)
-        dy = residual_backward(model, 2 * l, A->dx, B, T);  // the gradient of o @ Wo^T
+        dy = residual_add_backward(at, A->dx);  // the gradient of o @ Wo^T
         op_matmul_backward(model, A->dout, gw.Wo, dy, la.o, w.Wo, N, qd, d, false);
-        bool routed = has_router(c, l), mixed = routed || has_value_residual(c, l);  // the values: a mixture (vr)
+        bool routed = has_router(c, l), valued = HOOK(model, values) && model->study->mixes_values(c, l);
+        bool mixed = routed || valued;  // the values: a mixture (vr)
         float* dvr = mixed ? A->dvr : dV;  // else attention's values are the buffer itself: added into
         op_attention_backward(model, A->dq, A->dkr, dvr, !mixed, A->dout, la.o, la.q, la.kr, mixed ? la.vr : la.V,
                               la.att, B, T);
@@ -1718,16 +1701,13 @@ static void backward_pass(Model* model, int B, int T) {
         } else {  // forward: kr = rope(K[l])
             op_rope_backward(model, dK, A->dkr, c.R * B, T, 1, true);
         }
-        if (has_value_residual(c, l))  // ResFormer: forward vr = lam[0] V[l] + lam[1] V[0]
-            value_residual_backward(model, dV, A->dVbuf, gw.value_residual, A->dvr, la.V, A->Vbuf, w.value_residual, N,
-                                    A->scratch);
-        if (model->ereg_on) ereg_layer_backward(model, A->ereg, l, dV, A->dvr, A->batch.valid, B, T, A->scratch);
+        if (valued) model->study->values_backward(at, dV, A->dvr);  // forward: vr = values(V)
+        if (model->loss_term_on) model->loss_term->loss_layer_backward(loss_at(model, l, B, T), dV);
         // forward: q = rope(a Wq^T), K and V = the heads of a Wk^T and a Wv^T, a = rmsnorm(x)
         op_qkv_projection_backward(model, A->dnorm, gw.Wq, A->dq, dK, dV, la.attn_in, w.Wq, B, T);
-        sublayer_input_backward(model, 2 * l, A->dx, gw.g_attn, la.x, w.g_attn, la.rstd_a, B, T);  // dx: d x[l]
+        sublayer_norm_backward(at, A->dx, gw.g_attn, la.x, w.g_attn, la.rstd_a);  // dx: d x[l]
     }
-    if (c.arch == ARCH_HC) op_hc_sum(model, A->dx, A->dx, N);  // forward: X[i] = x[0] for every stream
-    if (c.arch == ARCH_DENSEFORMER) op_add(model, A->dx, A->dense.dX, (size_t)N * d);  // x[0] in every average
+    if (HOOK(model, stream_begin_backward)) model->study->stream_begin_backward(study_at(model, 0, B, T), A->dx);
     op_embedding_backward(model, grads.E, A->dx, A->batch.tokens, N);
     op_split_sum(model, N);  // the GPU's split weight gradients into theirs (support/model/split_k.cuh)
 }
@@ -1791,6 +1771,7 @@ std::string model_create(Model* model, const Config& c, int B, Device dev, const
     model->B = B;
     model->device = dev;
     model->settings = settings;
+    model->study = study_hooks(c), model->loss_term = loss_hooks(c);  // the registry's row (models.h), looked up once
     model->specs = param_specs(c);
     model->adamw_runs = adamw_runs(model->specs);
     model->n_params = param_count(c);
@@ -1880,7 +1861,7 @@ void model_init(Model* model, uint64_t seed) {
     for (int l = 0; l < c.L; l++)
         if (model->p.layer[l].router_v)
             memcpy(model->p.layer[l].router_v, model->p.layer[l].router, (size_t)c.R * (l + 1) * c.R * sizeof(float));
-    hc_init(model->p, c), resformer_init(model->p), denseformer_init(model->p);  // the study's own initialisation
+    if (model->study) model->study->init(model);  // the study model's own initialisation
     memset(model->adam_m, 0, 2 * model->n_params * sizeof(float));
     model->step = 0;
     model_to_device(model);  // initialised on the host, copied to the device
@@ -1901,7 +1882,7 @@ static void ids_check(const int* ids, int N, int V, const char* what) {
 // The batch into the activations, and on the GPU model->numbers into device
 // memory: plain copies on the CPU; on the GPU through pinned memory, queued on
 // the stream. targets and mask may be null; `numbers`: stage them too. With
-// the regulariser on (model->ereg_on) the valid mask too, all 1 when null.
+// the regulariser on (model->loss_term_on) the valid mask too, all 1 when null.
 static void stage(Model* model, const int* tokens, const int* targets, const float* mask, const float* valid, int N,
                   bool numbers) {
     if (tokens) ids_check(tokens, N, model->c.V, "token id");
@@ -1912,21 +1893,21 @@ static void stage(Model* model, const int* tokens, const int* targets, const flo
     if (tokens) memcpy(to.tokens, tokens, N * sizeof(int));
     if (targets) memcpy(to.targets, targets, N * sizeof(int));
     if (mask) memcpy(to.mask, mask, N * sizeof(float));
-    if (tokens && model->ereg_on && valid) memcpy(to.valid, valid, N * sizeof(float));  // with a batch only
-    if (tokens && model->ereg_on && !valid) std::fill(to.valid, to.valid + N, 1.0f);
+    if (tokens && model->loss_term_on && valid) memcpy(to.valid, valid, N * sizeof(float));  // with a batch only
+    if (tokens && model->loss_term_on && !valid) std::fill(to.valid, to.valid + N, 1.0f);
 }
 
 float model_forward(Model* model, const int* tokens, const int* targets, const float* mask, int B, int T,
                     const float* valid) {
     model->cur_B = B;
     model->cur_T = T;
-    model->ereg_on = model->c.entropy_reg > 0 && valid && targets;  // eval (no valid mask): the plain cross-entropy
+    model->loss_term_on = model->c.entropy_reg > 0 && valid && targets;  // eval (no valid mask): the plain cross-entropy
     stage(model, tokens, targets, mask, valid, B * T, false);
     forward_pass(model, B, T, targets != nullptr);
     size_t n = (size_t)B * T * model->c.V;
     if (model->device == DEVICE_GPU) gpu_read_forward(model, model->acts->logits, pass_acts(model)->logits, n);
     if (!targets) model->last_loss = 0;
-    if (!model->ereg_on) model->last_ce = model->last_loss, model->last_s2 = 0;
+    if (!model->loss_term_on) model->last_ce = model->last_loss, model->last_s2 = 0;
     return model->last_loss;
 }
 
@@ -1937,8 +1918,9 @@ const float* model_logits(Model* model) { return model->acts->logits; }
 const float* model_probe(Model* model, Probe what, int l) {
     const Config& c = model->c;
     size_t BT = (size_t)model->cur_B * model->cur_T;
-    size_t n = BT * (what == PROBE_HIDDEN ? c.d : c.R * c.hd), streams = what == PROBE_HIDDEN ? hc_streams(c) : 1;
-    bool routed = what == PROBE_VALUES && (has_router(c, l) || has_value_residual(c, l));
+    size_t n = BT * (what == PROBE_HIDDEN ? c.d : c.R * c.hd), streams = what == PROBE_HIDDEN ? stream_count(c) : 1;
+    bool valued = HOOK(model, values) && model->study->mixes_values(c, l);
+    bool routed = what == PROBE_VALUES && (has_router(c, l) || valued);
     size_t at = what == PROBE_HIDDEN ? (l + 1) * streams * n : l * n;  // x[l + 1]: the stream leaving layer l
     const Acts* A = pass_acts(model);
     const float* src = (what == PROBE_HIDDEN ? A->x : routed ? A->vr : A->Vbuf) + at;
@@ -1947,8 +1929,12 @@ const float* model_probe(Model* model, Probe what, int l) {
     model->host_copy.resize((streams + 1) * n);
     float* out = model->host_copy.data() + streams * n;
     if (what == PROBE_HIDDEN && streams == 1) return src;
-    if (what == PROBE_HIDDEN) hc_sum(out, src, (int)streams, n);  // hc: the sum of the n streams leaving layer l
-    else kv_transpose(out, src, (int)BT, c.R, c.hd, true, false);  // the buffer's (R, B, T, hd) as (B, T, R, hd)
+    if (what != PROBE_HIDDEN) kv_transpose(out, src, (int)BT, c.R, c.hd, true, false);  // (R, B, T, hd) as (B, T, R, hd)
+    for (size_t e = 0; what == PROBE_HIDDEN && e < n; e++) {  // the sum of the streams leaving layer l
+        float sum = 0;
+        for (size_t i = 0; i < streams; i++) sum += src[i * n + e];
+        out[e] = sum;
+    }
     return out;
 }
 
@@ -1969,7 +1955,7 @@ void model_train_step(Model* model, const int* tokens, const int* targets, const
     model->cur_T = T;
     model->step++;
     model->numbers = adamw_numbers(opt, factor, model->step);
-    model->ereg_on = model->c.entropy_reg > 0;  // every step of a regularised model (the graph holds its ops)
+    model->loss_term_on = model->c.entropy_reg > 0;  // every step of a regularised model (the graph holds its ops)
     stage(model, tokens, targets, mask, valid, B * T, true);
     // the GPU replays the step's graph once it is captured (gpu_graph); no waiting: model_metrics waits when asked
     if (model->device == DEVICE_GPU && model->settings.graph && gpu_replay_step(model, B, T, train_step_passes)) return;
@@ -1978,7 +1964,7 @@ void model_train_step(Model* model, const int* tokens, const int* targets, const
 
 void model_metrics(Model* model, float* loss, float* norm) {
     if (model->device == DEVICE_GPU) gpu_read_metrics(model);
-    if (!model->ereg_on) model->last_ce = model->last_loss, model->last_s2 = 0;
+    if (!model->loss_term_on) model->last_ce = model->last_loss, model->last_s2 = 0;
     *loss = model->last_loss;
     *norm = model->last_norm;
 }

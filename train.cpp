@@ -204,8 +204,9 @@ static double mean_loss(Model* model, const std::vector<Sequence>& seqs, int T, 
 // ===========================================================================
 
 static const char* TRAIN_HELP =
-    "Trains one model (LLaMa or LIMe) on a task; writes DIR/model.safetensors at the end,\n"
-    "DIR/checkpoint.safetensors on the way (for --resume) and DIR/log.jsonl (every number printed).";
+    "Trains one model (--arch: llama, lime or a study model; ./lime --help lists them) on a task; writes\n"
+    "DIR/model.safetensors at the end, DIR/checkpoint.safetensors on the way (for --resume) and\n"
+    "DIR/log.jsonl (every number printed).";
 
 struct TrainSettings {
     AdamWConfig opt;
@@ -1368,15 +1369,17 @@ static int cmd_export(int argc, char** argv) {
 // On stdout when asked for (--help), on stderr with exit status 2 when no command is given.
 static void usage(FILE* f) {
     fprintf(f, "usage: ./lime COMMAND [flags]   (./lime COMMAND --help for its flags)\n\n"
-           "  train    train one model (llama, lime or hc) on a task\n"
+           "  train    train one model (below) on a task\n"
            "  eval     score checkpoints on their task (side by side with several --load)\n"
            "  sample   continue a prompt with a trained model\n"
            "  data     print generated examples as the model sees them\n"
            "  verify   check the implementation against reference vectors\n"
-           "  bench    time training steps of llama, lime and hc\n"
+           "  bench    time training steps of llama beside the others\n"
            "  compare  train both models for several seeds; report with statistics and figures\n"
            "  analyze  router heatmap, value entropy per layer and cost of a checkpoint\n"
-           "  export   write a llama checkpoint as a Hugging Face transformers model directory\n");
+           "  export   write a llama checkpoint as a Hugging Face transformers model directory\n"
+           "\nthe models (--arch; compare names variants as lime:frozen, hc:n2, llama:ereg=0.1):\n%s",
+           models_table().c_str());
 }
 
 static int run_command(int argc, char** argv);
@@ -1405,6 +1408,8 @@ static int run_command(int argc, char** argv) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
     }
+    std::string bad = registry_check();  // a row without a required hook: refused before any command runs
+    if (!bad.empty()) return fprintf(stderr, "lime: the registry of models (support/model/models.h): %s\n", bad.c_str()), 2;
     std::string cmd = argv[1];
     int n = argc - 2;
     char** rest = argv + 2;

@@ -1971,7 +1971,7 @@ TEST(ereg_lambda_zero_is_bit_identical_and_allocates_nothing) {
                              run ? b.valid.data() : nullptr);
             float norm;
             model_metrics(&m, &losses[run][s], &norm);
-            CHECK(!m.ereg_on, "lambda 0 turned the regulariser on (step %d)", s + 1);
+            CHECK(!m.loss_term_on, "lambda 0 turned the regulariser on (step %d)", s + 1);
             CHECK(m.last_s2 == 0, "lambda 0 computed a mean S2 of %g (step %d)", m.last_s2, s + 1);
         }
         params[run].assign(m.params, m.params + m.n_params);

@@ -176,8 +176,18 @@ static CostRatio cost_over(const Config& m, const Config& llama, int T) {
     return {flops_per_token(m, T) / flops_per_token(llama, T), bytes_per_token(m, T) / bytes_per_token(llama, T)};
 }
 
-// The models bench may time beside llama, the order they print in.
-static const char* const BENCH_PEERS[] = {"lime", "hc", "resformer", "denseformer"};
+// The models bench may time beside llama, the order they print in: every registered model but llama.
+static std::vector<std::string> bench_peers() {
+    std::vector<std::string> peers;
+    for (const ModelEntry& m : model_registry())
+        if (std::string(m.name) != "llama") peers.push_back(m.name);
+    return peers;
+}
+static const char* bench_peers_list() {  // "lime,hc,resformer,denseformer": --models' default
+    static std::string s;
+    for (const std::string& p : bench_peers()) s += (s.empty() ? "" : ",") + p;
+    return s.c_str();
+}
 
 // The models bench times, of b's shape: llama first (no router), then those --models
 // lists, in BENCH_PEERS' order: lime (the flags' router), hc (the flags' --hc-rate and
@@ -186,7 +196,7 @@ static std::vector<BenchModel> bench_configs(const BenchSetup& b, const std::vec
     std::vector<BenchModel> ms(1);
     ms[0].name = "llama", ms[0].c = b.c;
     model_parse("llama", &ms[0].c);
-    for (const char* name : BENCH_PEERS) {
+    for (const std::string& name : bench_peers()) {
         if (std::find(peers.begin(), peers.end(), name) == peers.end()) continue;
         BenchModel m;
         m.name = name, m.c = b.c;
@@ -204,10 +214,10 @@ static std::string parse_bench_models(const std::string& arg, std::vector<std::s
         size_t comma = std::min(arg.find(',', at), arg.size());
         std::string name = arg.substr(at, comma - at);
         bool known = false;
-        for (const char* p : BENCH_PEERS) known = known || name == p;
+        for (const std::string& p : bench_peers()) known = known || name == p;
         if (!known)
-            return "--models: '" + name + "' is not a model bench times beside llama; list some of lime, hc, "
-                   "resformer, denseformer (llama is always timed)";
+            return "--models: '" + name + "' is not a model bench times beside llama; list some of " +
+                   bench_peers_list() + " (llama is always timed)";
         if (std::find(peers->begin(), peers->end(), name) != peers->end())
             return "--models: " + name + " is listed twice; name each model once";
         peers->push_back(name);
@@ -381,14 +391,15 @@ int cmd_bench(int argc, char** argv) {
         PRECISION_FLAG,
         ATTENTION_FLAG,
         {"graph", "1", "gpu: replay each training step as one CUDA graph (0: plain launches)"},
-        {"models", "lime,hc,resformer,denseformer", "the models timed beside llama: some of lime, hc, resformer, "
-                                                    "denseformer, comma-separated"},
+        {"models", bench_peers_list(), "the models timed beside llama, comma-separated: some of the default's"},
         {"json", nullptr, "print one JSON object"},
     }});
-    Args a = parse_args("bench", "Times training steps of llama and its peers (lime, hc, resformer, denseformer) on "
-                        "synthetic tokens, each beside its FLOP and byte ratios to llama, with MFU (against the GPU's "
-                        "datasheet peak, or the CPU's FMA peak measured as it runs); on the GPU also memory.",
-                        flags, argc, argv, false);
+    for (FlagSpec& f : flags)  // SHAPE_FLAGS' --arch: bench times every model --models names, so it takes none
+        if (std::string(f.name) == "arch") f.def = "", f.help = "not bench's: name the models in --models";
+    std::string about = "Times training steps of llama and its peers (" + std::string(bench_peers_list()) +
+                        ") on synthetic tokens, each beside its FLOP and byte ratios to llama, with MFU (against the GPU's "
+                        "datasheet peak, or the CPU's FMA peak measured as it runs); on the GPU also memory.";
+    Args a = parse_args("bench", about.c_str(), flags, argc, argv, false);
     std::vector<std::string> peers;
     std::string err = parse_bench_models(a.str("models"), &peers);
     if (!err.empty()) die("bench", err);

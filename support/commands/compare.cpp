@@ -1109,6 +1109,21 @@ static int run_flag(const std::vector<std::string>& args, const std::string& nam
 // The layers the runs will have: the last --layers of their flags, else train's default.
 static int run_layers(const std::vector<std::string>& args) { return run_flag(args, "layers", 4); }
 
+// The variants of every registered model that has some: "lime:average, ..., hc:static".
+static std::string archs_variants() {
+    std::string s;
+    for (const ModelEntry& m : model_registry())
+        if (*m.variants) s += (s.empty() ? "" : ", ") + std::string(m.variants);
+    return s;
+}
+// --archs' help: every registered model and its variants (built once, from the registry).
+static const char* archs_help() {
+    static const std::string help = "models to compare: " + model_names() + "; variants " + archs_variants() +
+                                    "; any of them with :ereg=LAMBDA (the value-entropy regulariser, e.g. "
+                                    "llama:ereg=0.1)";
+    return help.c_str();
+}
+
 // --archs: each model named once, each one compare can train with the runs'
 // layers (a last-J or first-J needs J <= layers). One line per problem, the first kept.
 static void check_archs(Args& a, const std::vector<std::string>& archs, int layers) {
@@ -1129,15 +1144,16 @@ static void check_archs(Args& a, const std::vector<std::string>& archs, int laye
         if (!model_parse(s, &c)) {
             size_t colon = s.find(':');
             std::string base = s.substr(0, colon);
-            if (base == "resformer" || base == "denseformer")  // e.g. resformer:same-head
+            Arch arch;
+            bool known = arch_parse(base, &arch);
+            if (known && colon != std::string::npos && !*model_entry(arch).variants)  // e.g. resformer:same-head
                 a.fail("--archs: '" + s + "': " + base + " takes no variant (" + s.substr(colon) +
-                       " is lime's or hc's), only :ereg=LAMBDA; write " + base);
+                       " is another model's), only :ereg=LAMBDA; write " + base);
             else
-                a.fail("--archs: '" + s + "' is not llama, lime, lime:VARIANT (static, average, last-J, first-J, "
-                       "separate, frozen, same-head; e.g. lime:last-2 or lime:frozen), hc or hc:VARIANT (nN "
-                       "streams, static; e.g. hc:n2 or hc:static), resformer or denseformer, each with an optional "
-                       ":ereg=LAMBDA (the regulariser's lambda: a number > 0 that float32 keeps, at least 1.2e-38, "
-                       "e.g. llama:ereg=0.1; the plain model has no :ereg)");
+                a.fail("--archs: '" + s + "' is not a model: the models are " + model_names() + "; variants " +
+                       archs_variants() + "; each with an optional :ereg=LAMBDA (the regulariser's lambda: a "
+                       "number > 0 that float32 keeps, at least 1.2e-38, e.g. llama:ereg=0.1; the plain model has "
+                       "no :ereg)");
             continue;
         }
         if (!seen.insert(model_name(c)).second)
@@ -1642,10 +1658,7 @@ int cmd_compare(int argc, char** argv) {
         {"task", "arith", "arith, prosqa (exact match on the real test file) or text (validation loss)"},
         {"seeds", "", "seeds per model (default: the preset's)"},
         {"tiers", "", "arith: operators per question, e.g. 4,5,6 (default: the preset's)"},
-        {"archs", "llama,lime", "models to compare (cpu-study: also lime:frozen): llama, lime, or lime:VARIANT "
-                                "(lime:average, lime:last-2, lime:first-1, lime:separate, lime:frozen), hc (Hyper-Connections) "
-                                "or hc:VARIANT (hc:n2, hc:static, hc:n2:static); any of "
-                                "them with :ereg=LAMBDA (the value-entropy regulariser, e.g. llama:ereg=0.1)"},
+        {"archs", "llama,lime", archs_help()},
         {"alpha", "0.5", "order of the Renyi entropy each run's analysis reports (1: Shannon)"},
         {"train-args", "", "extra flags for every ./lime train, replacing the preset's, quoted as in the shell, "
                            "e.g. \"--epochs 30\" or \"--text-file 'my notes.txt'\""},

@@ -27,6 +27,7 @@
 #include <set>
 
 #include "data/tasks.h"   // text_vocab
+#include "support/model/models.h"  // model_entry: what a model adds to LLaMa
 #include "support/lib/cli.h"  // make_dir, memory_available
 #include "support/lib/safetensors.h"
 
@@ -307,16 +308,10 @@ std::string hf_export(const std::string& path, const std::string& out_arg, bool 
     std::map<std::string, std::string> meta;
     std::string err = checkpoint_read_config(path, &c, &meta);
     if (!err.empty()) return err;
-    if (c.arch == ARCH_HC)
-        return path + " is a Hyper-Connections (hc) checkpoint: transformers has no hc model, and summing its streams "
-               "would give a different model; export a checkpoint trained with --arch llama";
-    if (c.arch == ARCH_RESFORMER || c.arch == ARCH_DENSEFORMER)
-        return path + " is a " + arch_name(c.arch) + " checkpoint: transformers' LLaMa has no " +
-               (c.arch == ARCH_RESFORMER ? "value residual" : "depth-weighted average") +
-               ", and dropping it would give a different model; export a checkpoint trained with --arch llama";
-    if (c.arch != ARCH_LLAMA)
-        return path + " is a LIMe checkpoint: transformers has no LIMe model, and dropping its routers would give a "
-               "different model; export a checkpoint trained with --arch llama";
+    if (c.arch != ARCH_LLAMA)  // transformers' LlamaForCausalLM is LLaMa alone
+        return path + " is a " + arch_name(c.arch) + " checkpoint (" + model_entry(c.arch).about +
+               "): transformers has no such model, and dropping what it adds to LLaMa would give a different model; "
+               "export a checkpoint trained with --arch llama";
     if (!meta.count("vocab"))
         return path + " has no vocabulary (\"vocab\" in its metadata), so no tokenizer can be written; export a "
                "model.safetensors that ./lime train wrote";

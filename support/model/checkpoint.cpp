@@ -79,7 +79,7 @@ std::string config_from_json(const std::string& text, Config* c) {
     const Json* arch = j.get("architecture");
     c->arch = ARCH_LLAMA;  // an HF LLaMa config has no "architecture": it is llama
     if (arch && (arch->kind != Json::STR || !arch_parse(arch->str, &c->arch)))
-        return "config \"architecture\" must be \"llama\", \"lime\", \"hc\", \"resformer\" or \"denseformer\"";
+        return "config \"architecture\" must name a registered model: " + model_names();
     const Json* router = j.get("router");
     c->router = ROUTER_STATIC;
     c->router_j = 0;

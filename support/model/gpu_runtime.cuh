@@ -270,8 +270,8 @@ static void gpu_stage(Model* model, const BatchArrays& dst, const int* tokens, c
     if (tokens) up(dst.tokens, s.tokens, tokens, N * sizeof(int));
     if (targets) up(dst.targets, s.targets, targets, N * sizeof(int));
     if (mask) up(dst.mask, s.mask, mask, N * sizeof(float));
-    if (tokens && model->ereg_on && !valid) std::fill(s.valid, s.valid + N, 1.0f);  // the regulariser's: all valid
-    if (tokens && model->ereg_on) up(dst.valid, s.valid, valid ? valid : s.valid, N * sizeof(float));
+    if (tokens && model->loss_term_on && !valid) std::fill(s.valid, s.valid + N, 1.0f);  // the regulariser's: all valid
+    if (tokens && model->loss_term_on) up(dst.valid, s.valid, valid ? valid : s.valid, N * sizeof(float));
     if (numbers) up(gpu->numbers, s.numbers, numbers, sizeof(AdamWNumbers));
     cudaCheck(cudaEventRecord(s.copied, gpu->stream));
 }
@@ -282,8 +282,8 @@ static void gpu_read_metrics(Model* model) {
     cudaCheck(cudaMemcpyAsync(gpu->metrics_host, gpu->metrics, sizeof(Metrics), cudaMemcpyDeviceToHost, gpu->stream));
     cudaCheck(cudaStreamSynchronize(gpu->stream));
     model->last_loss = gpu->metrics_host->loss;
-    model->last_ce = model->ereg_on ? gpu->metrics_host->ce : model->last_loss;
-    model->last_s2 = model->ereg_on ? gpu->metrics_host->s2 : 0.0f;
+    model->last_ce = model->loss_term_on ? gpu->metrics_host->ce : model->last_loss;
+    model->last_s2 = model->loss_term_on ? gpu->metrics_host->s2 : 0.0f;
     model->last_norm = gpu->metrics_host->norm;
 }
 

@@ -40,8 +40,8 @@ struct Config {
 std::string config_check(const Config& c);
 // Layer l mixes the KV buffer through a router: LIMe, every layer but the first.
 inline bool has_router(const Config& c, int l) { return c.arch == ARCH_LIME && l >= 1; }
-// The residual stream's width in copies of d: n streams for hc, else 1.
-inline int hc_streams(const Config& c) { return c.arch == ARCH_HC ? c.hc_rate : 1; }
+// The residual stream's width in copies of d: 1, or the study model's (hc: n streams).
+int stream_count(const Config& c);
 const char* arch_name(Arch a);
 // "static", "average", "last-2", "first-1" (support/model/names.cpp parses them back).
 std::string router_name(const Config& c);
@@ -97,6 +97,7 @@ struct LayerParams {
     float* Wd;       // (d, F)
     float* value_residual; // (2)   resformer and l >= 1: the own and the first layer's values' weights; else nullptr
     float* dwa;      // (l+2)  denseformer: the weights of the average after block l; else nullptr
+    std::vector<float*> study;  // a study model's tensors that its file names itself (its carve hook), in order
     // The router that mixes the values: the one router of Eq. 2, or with --router-kv separate a second one.
     float* values_router() const { return router_v ? router_v : router; }
 };
@@ -151,6 +152,7 @@ float lr_factor(int s, int warmup, int steps, Schedule sched, float min_lr_ratio
 enum Device { DEVICE_CPU = 0, DEVICE_GPU = 1 };
 
 struct Acts;       // activations for backward, defined in lime.cu
+struct StudyHooks; // a study model's or loss term's hooks (support/study/study.h)
 struct GpuState;   // device mirrors, defined in lime.cu's GPU part
 
 // GPU attention kernels. matmul: batched matrix products around a stored
@@ -198,9 +200,11 @@ struct Model {
     int cur_B = 0, cur_T = 0;         // batch shape of the last forward
     Acts* acts = nullptr;
     GpuState* gpu = nullptr;
+    const StudyHooks* study = nullptr;      // the study model's hooks (support/model/models.h), nullptr: LLaMa, LIMe
+    const StudyHooks* loss_term = nullptr;  // the loss term's (the regulariser), nullptr: none
     float last_loss = 0, last_norm = 0;
     float last_ce = 0, last_s2 = 0;   // with the regulariser: the loss's cross-entropy and mean S2 (else ce = loss, s2 = 0)
-    bool ereg_on = false;             // the last forward computed the regulariser (entropy_reg > 0 and a valid mask)
+    bool loss_term_on = false;        // the last forward computed the loss term (the regulariser: entropy_reg > 0, a valid mask)
     std::vector<float> host_copy;     // analysis reads of device activations land here
     ModelSettings settings;
     AdamWNumbers numbers = {};        // the current update's numbers (model_update, model_train_step)

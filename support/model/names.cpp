@@ -13,8 +13,7 @@
 
 #include "support/model/names.h"
 
-static const char* const ARCH_NAMES[] = {"llama", "lime", "hc", "resformer", "denseformer"};  // by Arch
-const char* arch_name(Arch a) { return ARCH_NAMES[a]; }
+const char* arch_name(Arch a) { return a >= 0 && a < model_count() ? model_registry()[a].name : "(unregistered)"; }
 
 std::string router_name(const Config& c) {
     switch (c.router) {
@@ -101,8 +100,8 @@ bool attention_parse(const std::string& s, Attention* out) {
 bool arch_parse(const std::string& s, Arch* out) {
     if (s == "lime") { *out = ARCH_LIME; return true; }
     if (s == "llama") { *out = ARCH_LLAMA; return true; }
-    for (int a = ARCH_HC; a <= ARCH_DENSEFORMER; a++)
-        if (s == ARCH_NAMES[a]) { *out = (Arch)a; return true; }
+    for (int a = 0; a < model_count(); a++)  // the registry's rows (support/model/models.h)
+        if (s == model_registry()[a].name) { *out = (Arch)a; return true; }
     return false;
 }
 
@@ -192,9 +191,14 @@ bool model_parse(const std::string& name, Config* c) {
     return true;
 }
 
+// --arch's help: every registered model (built once, from the registry).
+static const char* arch_help() {
+    static const std::string help = "the model: " + model_names() + " (./lime --help says what each is)";
+    return help.c_str();
+}
+
 const std::vector<FlagSpec> SHAPE_FLAGS = {
-    {"arch", "lime", "llama, lime, or a study model: hc (Hyper-Connections, the paper's other baseline), resformer "
-                     "(value residual), denseformer (depth-weighted average)"},
+    {"arch", "lime", arch_help()},
     {"layers", "4", "L, transformer layers"},
     {"dim", "32", "d, model width"},
     {"heads", "4", "H, query heads"},
@@ -215,8 +219,8 @@ const std::vector<FlagSpec> SHAPE_FLAGS = {
 // its --hc-rate and --hc-dynamic go to its hc beside a lime.
 Config shape_from_args(Args& a, bool one_model) {
     Config c;
-    std::string arch = a.choice("arch", {"llama", "lime", "hc", "resformer", "denseformer"});
-    arch_parse(arch, &c.arch);
+    std::string arch = a.str("arch");
+    if (!arch_parse(arch, &c.arch)) a.fail(unknown_model("--arch", arch));
     c.L = (int)a.integer("layers", 1, 256);
     c.d = (int)a.integer("dim", 2, 65536);
     c.H = (int)a.integer("heads", 1, 1024);

@@ -9,6 +9,7 @@
 
 #include "support/lib/cli.h"
 #include "support/model/lime.h"
+#include "support/model/models.h"
 
 // config_check (support/model/lime.h) names a bad field by its flag ("--layers 0
 // must be at least 1"); config_check_file by its key in a checkpoint's config
@@ -19,7 +20,7 @@ std::string config_check_file(const Config& c);
 std::string entropy_reg_check(double lambda);
 
 // Names on the command line and in checkpoints, parsed (support/model/names.cpp).
-bool arch_parse(const std::string& s, Arch* out);  // "llama", "lime", "hc", "resformer" or "denseformer"
+bool arch_parse(const std::string& s, Arch* out);  // a registered model's name (support/model/models.h)
 bool router_parse(const std::string& s, Config* c);              // "static", "average", "last-J", "first-J"
 bool attention_parse(const std::string& s, Attention* out);      // "auto", "matmul", "flash"
 // A model as compare names it: "llama", "lime", "lime:last-2", "lime:average:separate"
@@ -31,7 +32,10 @@ std::string model_name(const Config& c);
 bool model_parse(const std::string& s, Config* c);
 // Whether attention reads a mixture of values, not the layer's own (LIMe's routed,
 // ResFormer's value residual): analyze's and compare's "routed" entropy.
-inline bool mixes_values(const Config& c) { return c.arch == ARCH_LIME || c.arch == ARCH_RESFORMER; }
+inline bool mixes_values(const Config& c) {
+    const StudyHooks* h = study_hooks(c);
+    return c.arch == ARCH_LIME || (h && h->mixes_values && c.L > 1 && h->mixes_values(c, c.L - 1));
+}
 
 // The flags that shape a model (--arch, --layers, --dim, ... --entropy-reg), train's and bench's
 // (support/model/names.cpp).

@@ -19,6 +19,7 @@
 
 #include "support/model/device.cuh"
 #include "support/model/lime.h"
+#include "support/study/study.h"
 #include "support/study/mixing.cuh"
 
 // --- the tensors ---------------------------------------------------------------
@@ -73,3 +74,46 @@ static void dense_average_backward(Model* model, float* dx, const DenseActs& a, 
     op_mix_backward(model, a.dX, a.dX + n, dalpha, dx, alpha, x0, a.X, l + 2, n, scratch);
     op_copy(model, dx, a.dX + (l + 1) * n, n);
 }
+
+// --- the study-model interface (support/study/study.h) ------------------------
+static DenseActs dense_acts(const StudyAt& at) {
+    DenseActs a = {};
+    size_t off = 0;
+    StudyTake take{at.acts, &off};
+    denseformer_acts_carve(&a, at.model->c, (size_t)at.model->B * at.model->c.T, take);
+    return a;
+}
+static StudyHooks denseformer_hooks() {
+    StudyHooks h = {};
+    h.specs = [](const Config& c, int l, const std::string& layer, const AddTensor& add) {
+        denseformer_specs(c, l, layer, add);
+    };
+    h.carve = [](const Config& c, int l, Params* p, const NextTensor& next) { denseformer_carve(c, &p->layer[l], next); };
+    h.init = [](Model* model) { denseformer_init(model->p); };
+    h.acts_floats = [](const Config& c, int B) {
+        DenseActs a = {};
+        size_t off = 0;
+        StudyTake take{nullptr, &off};
+        denseformer_acts_carve(&a, c, (size_t)B * c.T, take);
+        return off;
+    };
+    h.scratch_floats = [](const Config& c, int B, Device) { return denseformer_scratch_floats(c, (size_t)B * c.T); };
+    // the MLP's add goes to the block's output X[l+1]; then x[l+1] = the average
+    h.residual_start = [](const StudyAt& at, float* xout) {
+        return at.s % 2 ? dense_block_output(dense_acts(at), at.model->c, at.l(), at.B, at.T) : xout;
+    };
+    h.block_end = [](const StudyAt& at, float* Y) {
+        dense_average_forward(at.model, Y, dense_acts(at), at.l(), pass_acts(at.model)->x,
+                              pass_params(at.model).layer[at.l()].dwa, at.B, at.T);
+    };
+    h.block_end_backward = [](const StudyAt& at, float* dx) {  // dx becomes the block output's gradient
+        dense_average_backward(at.model, dx, dense_acts(at), at.l(), pass_acts(at.model)->x,
+                               pass_params(at.model).layer[at.l()].dwa, pass_grads(at.model).layer[at.l()].dwa, at.B,
+                               at.T, at.scratch);
+    };
+    h.stream_begin_backward = [](const StudyAt& at, float* dx) {  // x[0] in every average
+        op_add(at.model, dx, dense_acts(at).dX, (size_t)at.N() * at.model->c.d);
+    };
+    return h;
+}
+const StudyHooks DENSEFORMER_HOOKS = denseformer_hooks();

@@ -32,6 +32,7 @@
 #include "support/model/cpu_fast.h"
 #include "support/model/device.cuh"
 #include "support/model/lime.h"
+#include "support/study/study.h"
 
 // --- the activations ---------------------------------------------------------
 // The regulariser's share of the model's activation allocation (lime.cu's
@@ -276,3 +277,41 @@ static void ereg_layer_backward(Model* model, const EregActs& e, int l, float* d
                      T, scratch);
     op_kv_transpose(model, dV, dVt, (int)N, false, true);
 }
+
+// --- the study-model interface (support/study/study.h): a loss term ----------
+static EregActs ereg_acts(const StudyAt& at) {
+    EregActs e = {};
+    size_t off = 0;
+    StudyTake take{at.acts, &off};
+    ereg_acts_carve(&e, at.model->c, at.model->B, take);
+    return e;
+}
+static StudyHooks ereg_hooks() {
+    StudyHooks h = {};
+    h.specs = [](const Config&, int, const std::string&, const AddTensor&) {};  // no tensors
+    h.carve = [](const Config&, int, Params*, const NextTensor&) {};
+    h.init = [](Model*) {};
+    h.acts_floats = [](const Config& c, int B) {
+        EregActs e = {};
+        size_t off = 0;
+        StudyTake take{nullptr, &off};
+        ereg_acts_carve(&e, c, B, take);
+        return off;
+    };
+    h.scratch_floats = [](const Config& c, int B, Device dev) {
+        return dev == DEVICE_GPU ? 0 : ereg_cpu_scratch_floats(c, B);
+    };
+    h.loss_layer = [](const StudyAt& at, const float* V) {  // S2 of layer l's raw values
+        ereg_layer_forward(at.model, ereg_acts(at), at.l(), V, pass_acts(at.model)->batch.valid, at.B, at.T,
+                           at.scratch);
+    };
+    h.loss_layer_backward = [](const StudyAt& at, float* dV) {  // through the token-major dvr
+        const Acts* A = pass_acts(at.model);
+        ereg_layer_backward(at.model, ereg_acts(at), at.l(), dV, A->dvr, A->batch.valid, at.B, at.T, at.scratch);
+    };
+    h.loss = [](const StudyAt& at) {  // loss = ce - lambda mean S2
+        op_ereg_loss(at.model, ereg_acts(at).stat, at.model->c.L * at.B);
+    };
+    return h;
+}
+const StudyHooks EREG_HOOKS = ereg_hooks();

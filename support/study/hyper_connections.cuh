@@ -31,6 +31,7 @@
 #include "support/model/cpu_fast.h"
 #include "support/model/device.cuh"
 #include "support/model/lime.h"
+#include "support/study/study.h"
 
 // --- the tensors (the authors' names) ------------------------------------------
 // Layer l's HC tensors, after its LLaMa tensors: per sublayer hc_attn, hc_mlp,
@@ -659,3 +660,66 @@ static void hc_sublayer_input_backward(Model* model, float* dX, const HcActs& a,
     op_hc_width_backward(model, dX, a.dalpha, a.dM, X, h.alpha, N);
     op_hc_weights_backward(model, dX, dw, a, h, X, w, N, scratch);
 }
+
+// --- the study-model interface (support/study/study.h) ------------------------
+// HC's activations, carved from its region (at.acts) for the model's largest batch.
+static HcActs hc_acts(const StudyAt& at) {
+    HcActs a = {};
+    size_t off = 0;
+    StudyTake take{at.acts, &off};
+    hc_acts_carve(&a, at.model->c, (size_t)at.model->B * at.model->c.T, take);
+    return a;
+}
+static StudyHooks hc_hooks() {
+    StudyHooks h = {};
+    h.specs = [](const Config& c, int, const std::string& layer, const AddTensor& add) { hc_specs(c, layer, add); };
+    h.carve = [](const Config& c, int, Params* p, const NextTensor& next) { hc_carve(c, p, next); };
+    h.init = [](Model* model) { hc_init(model->p, model->c); };
+    h.acts_floats = [](const Config& c, int B) {
+        HcActs a = {};
+        size_t off = 0;
+        StudyTake take{nullptr, &off};
+        hc_acts_carve(&a, c, (size_t)B * c.T, take);
+        return off;
+    };
+    h.scratch_floats = [](const Config& c, int B, Device dev) {
+        return dev == DEVICE_GPU ? hc_gpu_scratch_floats(c, (size_t)B * c.T) : hc_cpu_scratch_floats(c);
+    };
+    h.streams = [](const Config& c) { return c.hc_rate; };
+    // the embedding fills every stream; backward: dx = sum_i dX[i]
+    h.stream_begin = [](const StudyAt& at, float* x) { op_hc_expand(at.model, x, x, at.N()); };
+    h.stream_begin_backward = [](const StudyAt& at, float* dx) { op_hc_sum(at.model, dx, dx, at.N()); };
+    h.norm_input = [](const StudyAt& at, const float* X) {  // mixture 0 of the n streams
+        HcActs a = hc_acts(at);
+        return hc_sublayer_input(at.model, hc_sublayer(a, at.model->c, at.s, at.B, at.T), X,
+                                 pass_params(at.model).hc[at.s], at.N(), at.scratch);
+    };
+    h.norm_input_backward = [](const StudyAt& at, const NormGrad& g) {  // into dM[0], then the mixing's backward
+        HcActs a = hc_acts(at);
+        HcSublayer sub = hc_sublayer(a, at.model->c, at.s, at.B, at.T);
+        op_rmsnorm_backward(at.model, a.dM, g.dg, pass_acts(at.model)->dnorm, sub.M, g.g, g.rstd, at.N());
+        hc_sublayer_input_backward(at.model, g.dx, a, sub, g.x, pass_params(at.model).hc[at.s],
+                                   pass_grads(at.model).hc[at.s], at.N(), at.scratch);
+    };
+    h.residual_start = [](const StudyAt&, float*) -> float* { return nullptr; };  // HC writes its n streams itself
+    h.residual_add = [](const StudyAt& at, float* Xout, const float* inp, const float* W, int C) {
+        HcSublayer sub = hc_sublayer(hc_acts(at), at.model->c, at.s, at.B, at.T);
+        op_matmul_forward(at.model, sub.y, inp, W, at.N(), C, at.model->c.d);  // y = inp @ W^T, then the depth
+        hc_residual_forward(at.model, Xout, sub, at.N());                      // connection writes the n streams
+    };
+    h.residual_backward = [](const StudyAt& at, const float* dXout) {
+        HcActs a = hc_acts(at);
+        return hc_residual_backward(at.model, a, hc_sublayer(a, at.model->c, at.s, at.B, at.T), dXout, at.N());
+    };
+    h.final_input = [](const StudyAt& at, float* XL) -> const float* {  // the streams' sum
+        HcActs a = hc_acts(at);
+        op_hc_sum(at.model, a.x, XL, at.N());
+        return a.x;
+    };
+    h.final_input_backward = [](const StudyAt& at, float* dx) {  // forward: x = sum_i X[i]
+        op_hc_expand(at.model, dx, dx, at.N());
+        return dx;
+    };
+    return h;
+}
+const StudyHooks HC_HOOKS = hc_hooks();

@@ -14,6 +14,7 @@
 
 #include "support/model/device.cuh"
 #include "support/model/lime.h"
+#include "support/study/study.h"
 #include "support/study/mixing.cuh"
 
 // Layer l mixes in the first layer's values.
@@ -44,3 +45,32 @@ static void value_residual_backward(Model* model, float* dV, float* dV0, float* 
                                     const float* V0, const float* lam, int N, float* scratch) {
     op_mix_backward(model, dV, dV0, dlam, dVr, lam, V, V0, 2, (size_t)N * model->c.R * model->c.hd, scratch);
 }
+
+// --- the study-model interface (support/study/study.h) ------------------------
+static StudyHooks resformer_hooks() {
+    StudyHooks h = {};
+    h.specs = [](const Config& c, int l, const std::string& layer, const AddTensor& add) {
+        resformer_specs(c, l, layer, add);
+    };
+    h.carve = [](const Config& c, int l, Params* p, const NextTensor& next) { resformer_carve(c, l, &p->layer[l], next); };
+    h.init = [](Model* model) { resformer_init(model->p); };
+    h.acts_floats = [](const Config&, int) -> size_t { return 0; };
+    h.scratch_floats = [](const Config& c, int B, Device dev) {
+        return mix_scratch_floats(2, dev == DEVICE_GPU ? (size_t)B * c.T * c.R * c.hd : 1);
+    };
+    h.mixes_values = has_value_residual;
+    h.values = [](const StudyAt& at, const float* V) -> const float* {  // into layer l's vr (R, N, hd)
+        const Acts* A = pass_acts(at.model);
+        float* vr = A->vr + (size_t)at.l() * at.N() * at.model->c.R * at.model->c.hd;
+        value_residual_forward(at.model, vr, V, A->Vbuf, pass_params(at.model).layer[at.l()].value_residual, at.N());
+        return vr;
+    };
+    h.values_backward = [](const StudyAt& at, float* dV, const float* dvr) {
+        const Acts* A = pass_acts(at.model);
+        const float* V = A->Vbuf + (size_t)at.l() * at.N() * at.model->c.R * at.model->c.hd;
+        value_residual_backward(at.model, dV, A->dVbuf, pass_grads(at.model).layer[at.l()].value_residual, dvr, V,
+                                A->Vbuf, pass_params(at.model).layer[at.l()].value_residual, at.N(), at.scratch);
+    };
+    return h;
+}
+const StudyHooks RESFORMER_HOOKS = resformer_hooks();

@@ -1,0 +1,105 @@
+// support/study/study.h — the study-model interface: what a model that is
+// not LLaMa or LIMe (a peer) or a loss term gives lime.cu's passes. LLaMa and
+// LIMe have no hooks; a study model fills the hooks it needs, each with one
+// fixed signature, and leaves the others nullptr (LLaMa's behaviour there).
+// Its file (support/study/X.cuh) defines the hooks and one StudyHooks table;
+// its row in support/model/models.h names it (docs: support/study/README.md,
+// "Adding a model").
+//
+// Where the hooks run, in lime.cu's forward_pass (backward_pass restates each):
+//   x[0] = embed(E[tokens])                                  stream_begin
+//   for l:  a = rmsnorm(norm_input(x, s = 2l))               norm_input, residual_start
+//           q, k, v = a @ (Wq, Wk, Wv)^T
+//           attention(q, k, values(v))                       values, loss_layer(v)
+//           xa = x + o @ Wo^T                                residual_add
+//           x[l+1] = xa + swiglu(rmsnorm(...)) @ Wd^T     (s = 2l+1 alike), block_end
+//   logits = rmsnorm(final_input(x[L])) @ E^T                final_input
+//   loss = ce + the loss term's                              loss_layer, loss
+#pragma once
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "support/model/lime.h"
+
+// Where a hook runs: the model, its batch (B, T), and the sublayer s (2l: the
+// attention of layer l, 2l+1: its MLP). acts is the part's own activations
+// (its share of the one allocation, acts_floats of them, sized for the
+// model's largest batch model->B), scratch the model's (one op at a time).
+struct StudyAt {
+    Model* model;
+    int s, B, T;
+    float* acts;
+    float* scratch;
+    int l() const { return s / 2; }
+    int N() const { return B * T; }
+};
+
+// The tensors: add(name, shape, group) appends one after layer l's LLaMa
+// tensors; next() gives the next one's start in the same order (carve).
+using AddTensor = std::function<void(const std::string& name, std::vector<int> shape, Group group)>;
+using NextTensor = std::function<float*()>;
+
+// The norm's backward a hook may take over: dx += d rmsnorm(x, g) from dnorm; dg += its gain's.
+struct NormGrad {
+    float* dx;
+    float* dg;
+    const float *x, *g, *rstd;
+};
+
+struct StudyHooks {
+    // --- required: the model's tensors, activations and scratch ---------------
+    void (*specs)(const Config& c, int l, const std::string& layer, const AddTensor& add);
+    void (*carve)(const Config& c, int l, Params* p, const NextTensor& next);
+    void (*init)(Model* model);                               // after LLaMa's initialisation, on the host
+    size_t (*acts_floats)(const Config& c, int B);            // its activations for batches of up to B
+    size_t (*scratch_floats)(const Config& c, int B, Device dev);
+    // --- optional: the residual stream (nullptr: LLaMa's) ---------------------
+    int (*streams)(const Config& c);                          // the stream's width in copies of d (1)
+    void (*stream_begin)(const StudyAt& at, float* x);        // x[0] after the embedding
+    void (*stream_begin_backward)(const StudyAt& at, float* dx);  // also alone: x[0] read elsewhere too
+    const float* (*norm_input)(const StudyAt& at, const float* x);  // what sublayer s's norm reads (x)
+    void (*norm_input_backward)(const StudyAt& at, const NormGrad& g);
+    float* (*residual_start)(const StudyAt& at, float* xout);  // where the norm copies x for the add (xout)
+    void (*residual_add)(const StudyAt& at, float* xout, const float* inp, const float* W, int C);  // xout = x + inp @ W^T
+    const float* (*residual_backward)(const StudyAt& at, const float* dxout);  // dy of y = inp @ W^T (dxout)
+    void (*block_end)(const StudyAt& at, float* xnext);       // after layer l's two sublayers (s = 2l+1)
+    void (*block_end_backward)(const StudyAt& at, float* dx);  // first in layer l's backward
+    const float* (*final_input)(const StudyAt& at, float* xL);  // what the final norm reads (xL)
+    float* (*final_input_backward)(const StudyAt& at, float* dx);
+    // --- optional: the values attention reads (nullptr: V[l]) -------------------
+    bool (*mixes_values)(const Config& c, int l);             // attention reads values(), not V[l]
+    const float* (*values)(const StudyAt& at, const float* V);
+    void (*values_backward)(const StudyAt& at, float* dV, const float* dvr);
+    // --- optional: a loss term (the regulariser) ---------------------------------
+    void (*loss_layer)(const StudyAt& at, const float* V);    // layer l's raw values V (R, N, hd)
+    void (*loss_layer_backward)(const StudyAt& at, float* dV);
+    void (*loss)(const StudyAt& at);                          // after the cross-entropy
+};
+
+// The checks a table passes before any model uses it (models.h's registry_check):
+// "" or what is missing.
+inline std::string study_hooks_check(const StudyHooks& h) {
+    if (!h.specs || !h.carve || !h.init || !h.acts_floats || !h.scratch_floats)
+        return "lacks a required hook (specs, carve, init, acts_floats, scratch_floats)";
+    if (!h.norm_input != !h.norm_input_backward || !h.residual_add != !h.residual_backward ||
+        (h.stream_begin && !h.stream_begin_backward) || !h.final_input != !h.final_input_backward ||
+        !h.block_end != !h.block_end_backward || !h.values != !h.values_backward || !h.values != !h.mixes_values ||
+        !h.loss_layer != !h.loss_layer_backward)
+        return "has a forward hook without its backward (or a backward without its forward)";
+    return "";
+}
+
+// take(&p, floats) over a part's region (nullptr: measures), in lime.cu's
+// 64-byte steps: a study file carves its activations with it, the same walk
+// when it sizes them (acts_floats) and when a hook reads them (at.acts).
+struct StudyTake {  // the carves take it by value: the count lives with the caller
+    float* base;
+    size_t* off;
+    template <class P>
+    void operator()(P** p, size_t n) {
+        if (base) *p = (P*)(base + *off);
+        *off += (n + 15) & ~(size_t)15;
+    }
+};
