@@ -330,15 +330,14 @@ static void matmul_backward(float* dinp, float* dW, const float* dout, const flo
 }
 #ifdef LIME_GPU
 static void matmul_forward_gpu(float* out, const float* inp, const float* W, int N, int C, int OC, bool accumulate,
-                               cublasHandle_t blas, bool bf16 = false) {
-    gemm_nt_gpu(out, inp, W, N, OC, C, accumulate, blas, bf16);
+                               const GpuCtx& g) {
+    gemm_nt_gpu(out, inp, W, N, OC, C, accumulate, g.blas, g.bf16);
 }
 static void matmul_backward_gpu(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int N,
-                                int C, int OC, bool add_dinp, const SplitK& split, cublasHandle_t blas,
-                                bool bf16 = false) {
-    if (dinp) gemm_nn_gpu(dinp, dout, W, N, C, OC, add_dinp, blas, bf16);
-    if (dW && !split_weight_grad_gpu(dW, dout, inp, OC, C, N, split, blas, bf16))
-        gemm_tn_gpu(dW, dout, inp, OC, C, N, blas, bf16);
+                                int C, int OC, bool add_dinp, const GpuCtx& g) {
+    if (dinp) gemm_nn_gpu(dinp, dout, W, N, C, OC, add_dinp, g.blas, g.bf16);
+    if (dW && !split_weight_grad_gpu(dW, dout, inp, OC, C, N, *g.split, g.blas, g.bf16))
+        gemm_tn_gpu(dW, dout, inp, OC, C, N, g.blas, g.bf16);
 }
 #endif
 // The fast versions (matmul_forward_fast, matmul_backward_fast) are the same
@@ -346,7 +345,7 @@ static void matmul_backward_gpu(float* dinp, float* dW, const float* dout, const
 static void op_matmul_forward(Model* model, float* out, const float* inp, const float* W, int N, int C, int OC,
                               bool accumulate = false) {
     bool bf = bf16_products(model);
-    DISPATCH_PRODUCT(model, matmul_forward_gpu(out, inp, W, N, C, OC, accumulate, blas_of(model), bf),
+    DISPATCH_PRODUCT(model, matmul_forward_gpu(out, inp, W, N, C, OC, accumulate, gpu_of(model)),
                      matmul_forward_fast(out, inp, W, N, C, OC, accumulate, pass_acts(model)->scratch),
                      matmul_forward(out, inp, W, N, C, OC, accumulate, bf));
 }
@@ -354,7 +353,7 @@ static void op_matmul_backward(Model* model, float* dinp, float* dW, const float
                                const float* W, int N, int C, int OC, bool add_dinp) {
     bool bf = bf16_products(model);
     DISPATCH_PRODUCT(
-        model, matmul_backward_gpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp, split_of(model), blas_of(model), bf),
+        model, matmul_backward_gpu(dinp, dW, dout, inp, W, N, C, OC, add_dinp, gpu_of(model)),
         matmul_backward_fast(dinp, dW, dout, inp, W, N, C, OC, add_dinp),
         matmul_backward(dinp, dW, dout, inp, W, N, C, OC, add_dinp, bf));
 }
@@ -390,7 +389,7 @@ static void op_gate_up_backward(Model* model, float* dm, float* dWg, const float
     float* dWu = dWg + (size_t)F * d;
     bool bf = bf16_products(model);
     DISPATCH_PRODUCT(
-        model, matmul_backward_gpu(dm, dWg, dgate, m, Wg, N, d, 2 * F, false, split_of(model), blas_of(model), bf),
+        model, matmul_backward_gpu(dm, dWg, dgate, m, Wg, N, d, 2 * F, false, gpu_of(model)),
         (matmul_backward_fast(dm, dWg, dgate, m, Wg, N, d, F, false),
          matmul_backward_fast(dm, dWu, dup, m, Wu, N, d, F, true)),
         (matmul_backward(dm, dWg, dgate, m, Wg, N, d, F, false, bf),
@@ -645,11 +644,15 @@ __global__ void rmsnorm_backward_kernel(float* dinp, float* dg, float* partial, 
         if (y == 0 && i < d) dg[i] += sums[0][lane];
     }
 }
-// scratch: ceil(N / GAIN_ROWS) * d floats for the partial sums; done: 0, and 0 again after.
+// The gain's partial sums, ceil(N / GAIN_ROWS) * d floats, and the count of finished blocks (0, and 0 again after).
+struct GainSums {
+    float* partial;
+    unsigned* done;
+};
 static void rmsnorm_backward_gpu(float* dinp, float* dg, const float* dout, const float* inp, const float* g,
-                                 const float* rstd, int N, int d, float* scratch, unsigned* done, cudaStream_t stream) {
+                                 const float* rstd, int N, int d, GainSums sums, cudaStream_t stream) {
     LAUNCH(rmsnorm_backward_kernel, ceil_div(N, GAIN_ROWS), 32 * GAIN_WARPS, 0, stream)
-        (dinp, dg, scratch, done, dout, inp, g, rstd, N, d);
+        (dinp, dg, sums.partial, sums.done, dout, inp, g, rstd, N, d);
     launchCheck();
 }
 #endif
@@ -667,7 +670,7 @@ static void op_rmsnorm_backward(Model* model, float* dinp, float* dg, const floa
     int d = model->c.d;
     float* scratch = pass_acts(model)->scratch;  // the gain's partial sums
     DISPATCH(model,
-             rmsnorm_backward_gpu(dinp, dg, dout, inp, g, rstd, N, d, scratch, model->gpu->done, stream_of(model)),
+             rmsnorm_backward_gpu(dinp, dg, dout, inp, g, rstd, N, d, {scratch, model->gpu->done}, stream_of(model)),
              rmsnorm_backward_fast(dinp, dg, dout, inp, g, rstd, N, d, scratch),
              rmsnorm_backward(dinp, dg, dout, inp, g, rstd, N, d, scratch));
 }
@@ -776,72 +779,64 @@ static void op_rope_backward(Model* model, float* dx, const float* dy, int B, in
 // attention's layouts (support/model/attention_gpu.cuh): for the matrix-product
 // attention it writes q (and reads dq) group-major, and it rotates the keys into kr.
 // ---------------------------------------------------------------------------
-static void qkv_projection_forward(float* q, float* K, float* V, float* kr, const float* a, const float* W,
-                                   const float* cos_t, const float* sin_t, int B, int T, int C, int H, int R, int hd,
-                                   bool bf16 = false) {
-    int N = B * T, qd = H * hd, kvd = R * hd;
-    matmul_forward(q, a, W, N, C, qd, false, bf16);
-    kv_projection_forward(K, a, W + (size_t)qd * C, N, C, R, hd, bf16);
-    kv_projection_forward(V, a, W + (size_t)(qd + kvd) * C, N, C, R, hd, bf16);
-    rope_forward(q, q, cos_t, sin_t, B, T, H, hd);
-    if (kr) rope_forward(kr, K, cos_t, sin_t, R * B, T, 1, hd);  // (R, B, T, hd): R*B sequences of one head
+static void qkv_projection_forward(Qkv out, const float* a, const float* W, Rope rope, Heads s, bool bf16 = false) {
+    int N = s.N(), C = s.C, qd = s.H * s.hd, kvd = s.R * s.hd;
+    matmul_forward(out.q, a, W, N, C, qd, false, bf16);
+    kv_projection_forward(out.K, a, W + (size_t)qd * C, N, C, s.R, s.hd, bf16);
+    kv_projection_forward(out.V, a, W + (size_t)(qd + kvd) * C, N, C, s.R, s.hd, bf16);
+    rope_forward(out.q, out.q, rope.cos, rope.sin, s.B, s.T, s.H, s.hd);
+    if (out.kr) rope_forward(out.kr, out.K, rope.cos, rope.sin, s.R * s.B, s.T, 1, s.hd);  // R*B sequences of one head
 }
 // forward: q = rope(a Wq^T), K and V the heads of a Wk^T and a Wv^T
 // dq = rope's backward of dq (in place); da (N, C) = dq @ Wq + dK @ Wk + dV @ Wv (written);
-// dW ([Wq; Wk; Wv]'s gradient) += [dq | dK | dV]^T @ a
-static void qkv_projection_backward(float* da, float* dW, float* dq, const float* dK, const float* dV, const float* a,
-                                    const float* W, const float* cos_t, const float* sin_t, int B, int T, int C, int H,
-                                    int R, int hd, bool bf16 = false) {
-    int N = B * T, qd = H * hd, kvd = R * hd;
-    rope_backward(dq, dq, cos_t, sin_t, B, T, H, hd, false);
-    matmul_backward(da, dW, dq, a, W, N, C, qd, false, bf16);  // then K's and V's add
-    kv_projection_backward(da, dW + (size_t)qd * C, dK, a, W + (size_t)qd * C, N, C, R, hd, bf16);
-    kv_projection_backward(da, dW + (size_t)(qd + kvd) * C, dV, a, W + (size_t)(qd + kvd) * C, N, C, R, hd, bf16);
+// dW ([Wq; Wk; Wv]'s gradient) += [dq | dK | dV]^T @ a.   d: dq, dK, dV (d.kr unused)
+static void qkv_projection_backward(float* da, float* dW, Qkv d, const float* a, const float* W, Rope rope, Heads s,
+                                    bool bf16 = false) {
+    int N = s.N(), C = s.C, qd = s.H * s.hd, kvd = s.R * s.hd;
+    rope_backward(d.q, d.q, rope.cos, rope.sin, s.B, s.T, s.H, s.hd, false);
+    matmul_backward(da, dW, d.q, a, W, N, C, qd, false, bf16);  // then K's and V's add
+    kv_projection_backward(da, dW + (size_t)qd * C, d.K, a, W + (size_t)qd * C, N, C, s.R, s.hd, bf16);
+    kv_projection_backward(da, dW + (size_t)(qd + kvd) * C, d.V, a, W + (size_t)(qd + kvd) * C, N, C, s.R, s.hd, bf16);
 }
 #ifdef LIME_GPU
-static void qkv_projection_forward_gpu(float* q, float* K, float* V, float* kr, const float* a, const float* W,
-                                       const float* cos_t, const float* sin_t, int B, int T, int C, int H, int R,
-                                       int hd, bool q_grouped, float* qkv, cublasHandle_t blas, cudaStream_t stream,
-                                       bool bf16 = false) {
-    gemm_nt_gpu(qkv, a, W, B * T, (H + 2 * R) * hd, C, false, blas, bf16);
-    qkv_scatter_gpu(q, K, V, kr, qkv, cos_t, sin_t, B * T, T, H, R, hd, q_grouped, false, stream);
+// qkv: scratch, token-major (N, (H + 2R) hd); q_grouped: q (and dq) group-major, for the matrix-product attention.
+static void qkv_projection_forward_gpu(Qkv out, const float* a, const float* W, Rope rope, Heads s, bool q_grouped,
+                                       float* qkv, const GpuCtx& g) {
+    gemm_nt_gpu(qkv, a, W, s.N(), (s.H + 2 * s.R) * s.hd, s.C, false, g.blas, g.bf16);
+    qkv_scatter_gpu(out.q, out.K, out.V, out.kr, qkv, rope.cos, rope.sin, s.N(), s.T, s.H, s.R, s.hd, q_grouped, false,
+                    g.stream);
 }
-static void qkv_projection_backward_gpu(float* da, float* dW, float* dq, const float* dK, const float* dV,
-                                        const float* a, const float* W, const float* cos_t, const float* sin_t, int B,
-                                        int T, int C, int H, int R, int hd, bool q_grouped, float* qkv,
-                                        const SplitK& split, cublasHandle_t blas, cudaStream_t stream,
-                                        bool bf16 = false) {
-    int N = B * T, OC = (H + 2 * R) * hd;
-    qkv_scatter_gpu(dq, (float*)dK, (float*)dV, nullptr, qkv, cos_t, sin_t, N, T, H, R, hd, q_grouped, true, stream);
-    gemm_nn_gpu(da, qkv, W, N, C, OC, false, blas, bf16);
-    if (!split_weight_grad_gpu(dW, qkv, a, OC, C, N, split, blas, bf16)) gemm_tn_gpu(dW, qkv, a, OC, C, N, blas, bf16);
+static void qkv_projection_backward_gpu(float* da, float* dW, Qkv d, const float* a, const float* W, Rope rope,
+                                        Heads s, bool q_grouped, float* qkv, const GpuCtx& g) {
+    int N = s.N(), C = s.C, OC = (s.H + 2 * s.R) * s.hd;
+    qkv_scatter_gpu(d.q, d.K, d.V, nullptr, qkv, rope.cos, rope.sin, N, s.T, s.H, s.R, s.hd, q_grouped, true, g.stream);
+    gemm_nn_gpu(da, qkv, W, N, C, OC, false, g.blas, g.bf16);
+    if (!split_weight_grad_gpu(dW, qkv, a, OC, C, N, *g.split, g.blas, g.bf16))
+        gemm_tn_gpu(dW, qkv, a, OC, C, N, g.blas, g.bf16);
 }
 #endif
 // The fast versions (qkv_projection_forward_fast, ..._backward_fast) are the same steps blocked.
 // On the GPU, q and dq are group-major for the matrix-product attention (!A->flash).
-static void op_qkv_projection_forward(Model* model, float* q, float* K, float* V, float* kr, const float* a,
-                                      const float* W, int B, int T) {
+static void op_qkv_projection_forward(Model* model, Qkv out, const float* a, const float* W, int B, int T) {
     const Config& c = model->c;
     const Acts* A = pass_acts(model);
-    bool bf = bf16_products(model);
+    Rope rope{A->rope_cos, A->rope_sin};
     DISPATCH_PRODUCT(
-        model,
-        qkv_projection_forward_gpu(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd, !A->flash,
-                                   A->scratch, blas_of(model), stream_of(model), bf),
-        qkv_projection_forward_fast(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd, A->scratch),
-        qkv_projection_forward(q, K, V, kr, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd, bf));
+        model, qkv_projection_forward_gpu(out, a, W, rope, heads_of(model, B, T), !A->flash, A->scratch, gpu_of(model)),
+        qkv_projection_forward_fast(out.q, out.K, out.V, out.kr, a, W, rope.cos, rope.sin, B, T, c.d, c.H, c.R, c.hd,
+                                    A->scratch),
+        qkv_projection_forward(out, a, W, rope, heads_of(model, B, T), bf16_products(model)));
 }
-static void op_qkv_projection_backward(Model* model, float* da, float* dW, float* dq, const float* dK, const float* dV,
-                                       const float* a, const float* W, int B, int T) {
+static void op_qkv_projection_backward(Model* model, float* da, float* dW, Qkv d, const float* a, const float* W, int B,
+                                       int T) {
     const Config& c = model->c;
     const Acts* A = pass_acts(model);
-    bool bf = bf16_products(model);
+    Rope rope{A->rope_cos, A->rope_sin};
     DISPATCH_PRODUCT(
         model,
-        qkv_projection_backward_gpu(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd,
-                                    !A->flash, A->scratch, split_of(model), blas_of(model), stream_of(model), bf),
-        qkv_projection_backward_fast(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd),
-        qkv_projection_backward(da, dW, dq, dK, dV, a, W, A->rope_cos, A->rope_sin, B, T, c.d, c.H, c.R, c.hd, bf));
+        qkv_projection_backward_gpu(da, dW, d, a, W, rope, heads_of(model, B, T), !A->flash, A->scratch, gpu_of(model)),
+        qkv_projection_backward_fast(da, dW, d.q, d.K, d.V, a, W, rope.cos, rope.sin, B, T, c.d, c.H, c.R, c.hd),
+        qkv_projection_backward(da, dW, d, a, W, rope, heads_of(model, B, T), bf16_products(model)));
 }
 
 // ===========================================================================
@@ -1000,9 +995,16 @@ static int router_tile_width(int cols, int R) {
     long room = ROUTER_SHARED - (long)R * cols;
     return room < R + cols ? 0 : (int)std::min<long>(32, room / (R + cols));
 }
+// Which router a launcher runs: layer l's, over N positions of R kv heads of hd, learning the columns `learned` says.
+struct RouterAt {
+    int l, N, R, hd;
+    RouterSpan learned;
+};
 // partial: the scratch, router_gpu_scratch_floats.
-static void router_backward_gpu(KvPair dW, KvPair dbuf, KvConst dout, KvConst W, KvConst buf, int l,
-                                RouterSpan learned, int N, int R, int hd, float* partial, cudaStream_t stream) {
+static void router_backward_gpu(KvPair dW, KvPair dbuf, KvConst dout, KvConst W, KvConst buf, RouterAt at,
+                                float* partial, cudaStream_t stream) {
+    int l = at.l, N = at.N, R = at.R, hd = at.hd;
+    RouterSpan learned = at.learned;
     int cols = (l + 1) * R, width = router_tile_width(cols, R), slices = (int)ceil_div((size_t)N * hd, ROUTER_SLICE);
     size_t row = (size_t)N * hd, shared = ((size_t)R * cols + (size_t)(R + cols) * width) * sizeof(float);
     LAUNCH(router_backward_buf_kernel, dim3(ceil_div(row, 256), 2), 256, 0, stream)(dbuf, dout, W, cols, R, row);
@@ -1022,9 +1024,10 @@ static void router_forward_blas(KvPair out, KvConst W, KvConst buf, int l, int N
     gemm_nn_gpu(out.k, W.k, buf.k, R, row, cols, false, blas);
     gemm_nn_gpu(out.v, W.v, buf.v, R, row, cols, false, blas);
 }
-static void router_backward_blas(KvPair dW, KvPair dbuf, KvConst dout, KvConst W, KvConst buf, int l,
-                                 RouterSpan learned, int N, int R, int hd, float* G, cublasHandle_t blas) {
-    int cols = (l + 1) * R, row = N * hd;
+static void router_backward_blas(KvPair dW, KvPair dbuf, KvConst dout, KvConst W, KvConst buf, RouterAt at, float* G,
+                                 cublasHandle_t blas) {
+    int l = at.l, R = at.R, cols = (l + 1) * R, row = at.N * at.hd;
+    RouterSpan learned = at.learned;
     cudaStream_t stream;
     cublasCheck(cublasGetStream(blas, &stream));
     if (learned.any(l)) {  // G (2, R, cols): the keys' sums, the values'; then the learned columns added
@@ -1064,8 +1067,8 @@ static void op_router_backward(Model* model, KvPair dW, KvPair dbuf, KvConst dou
     float* scratch = pass_acts(model)->scratch;
     DISPATCH(model,
              model->gpu->router_blas
-                 ? router_backward_blas(dW, dbuf, dout, W, buf, l, learned, N, R, hd, scratch, blas_of(model))
-                 : router_backward_gpu(dW, dbuf, dout, W, buf, l, learned, N, R, hd, scratch, stream_of(model)),
+                 ? router_backward_blas(dW, dbuf, dout, W, buf, {l, N, R, hd, learned}, scratch, blas_of(model))
+                 : router_backward_gpu(dW, dbuf, dout, W, buf, {l, N, R, hd, learned}, scratch, stream_of(model)),
              router_backward_fast(dW, dbuf, dout, W, buf, l, learned, N, R, hd, scratch),
              (router_backward(dW.k, dbuf.k, dout.k, W.k, buf.k, l, learned, N, R, hd),
               router_backward(dW.v, dbuf.v, dout.v, W.v, buf.v, l, learned, N, R, hd)));
@@ -1079,9 +1082,9 @@ static void op_router_backward(Model* model, KvPair dW, KvPair dbuf, KvConst dou
 // att (B, H, T, T) keeps p for backward. bf16: the products' operands rounded (bf16_if).
 // ===========================================================================
 
-static void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, int B, int T,
-                              int H, int R, int hd, bool bf16 = false) {
-    int n_rep = H / R;
+static void attention_forward(float* out, float* att, const float* q, const float* k, const float* v, Heads s,
+                              bool bf16 = false) {
+    int B = s.B, T = s.T, H = s.H, hd = s.hd, n_rep = H / s.R;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel for collapse(3) schedule(static)
     for (int b = 0; b < B; b++)
@@ -1117,9 +1120,8 @@ static void attention_forward(float* out, float* att, const float* q, const floa
 // dq is written; dk and dv are added to. One thread owns a (b, kv head) and
 // adds its query heads' and rows' shares in order: the same for any thread count.
 static void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                               const float* v, const float* att, int B, int T, int H, int R, int hd,
-                               bool bf16 = false) {
-    int n_rep = H / R;
+                               const float* v, const float* att, Heads s, bool bf16 = false) {
+    int B = s.B, T = s.T, H = s.H, R = s.R, hd = s.hd, n_rep = H / R;
     float scale = 1.0f / sqrtf((float)hd);
 #pragma omp parallel for collapse(2) schedule(static)
     for (int b = 0; b < B; b++)
@@ -1172,12 +1174,13 @@ static void op_attention_forward(Model* model, float* out, float* att, const flo
                  ? flash_attention_tc_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(model), bf)
                  : flash_attention_forward_gpu(out, att, q, k, v, B, T, c.H, c.R, c.hd, stream_of(model)),
              attention_forward_fast(out, att, q, k, v, B, T, c.H, c.R, c.hd, A->scratch, A->threads),
-             attention_forward(out, att, q, k, v, B, T, c.H, c.R, c.hd, bf));
+             attention_forward(out, att, q, k, v, heads_of(model, B, T), bf));
 }
-static void op_attention_backward(Model* model, float* dq, float* dk, float* dv, bool add_dv, const float* dout,
-                                  const float* out, const float* q, const float* k, const float* v, const float* att,
-                                  int B, int T) {
+static void op_attention_backward(Model* model, Qkv d, bool add_dv, const float* dout, const float* out, QkvIn in,
+                                  const float* att, int B, int T) {
     const Config& c = model->c;
+    float *dq = d.q, *dk = d.K, *dv = d.V;
+    const float *q = in.q, *k = in.k, *v = in.v;
     const Acts* A = pass_acts(model);
     (void)out;  // the GPU's flash kernels' alone
     size_t kv_bytes = (size_t)B * T * c.R * c.hd * sizeof(float);
@@ -1192,7 +1195,7 @@ static void op_attention_backward(Model* model, float* dq, float* dk, float* dv,
                  : flash_attention_backward_gpu(dq, dk, dv, dout, out, q, k, v, att, B, T, c.H, c.R, c.hd, add_dv,
                                                 A->scratch, stream_of(model)),
              attention_backward_fast(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd, A->scratch, A->threads),
-             attention_backward(dq, dk, dv, dout, q, k, v, att, B, T, c.H, c.R, c.hd, bf));
+             attention_backward(dq, dk, dv, dout, q, k, v, att, heads_of(model, B, T), bf));
 }
 // ===========================================================================
 // SwiGLU: h = silu(gate) * up,  silu(z) = z / (1 + exp(-z))
@@ -1630,7 +1633,7 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         // attention block: xa = x + attention(rmsnorm(x)) @ Wo^T
         sublayer_norm(at, la.attn_in, la.rstd_a, la.x, w.g_attn, la.xa);  // attn_in = rmsnorm(x), x into xa
         bool routed = has_router(c, l);  // else (LLaMa, LIMe's layer 0) its own keys, roped into kr as they are made
-        op_qkv_projection_forward(model, la.q, la.K, la.V, routed ? nullptr : la.kr, la.attn_in, w.Wq, B, T);
+        op_qkv_projection_forward(model, {la.q, la.K, la.V, routed ? nullptr : la.kr}, la.attn_in, w.Wq, B, T);
         if (model->loss_term_on) model->loss_term->loss_layer(loss_at(model, l, B, T), la.V);  // the loss term reads V
         const float* vr = la.V;
         if (routed) {  // LIMe: mix the buffer of layers 0..l, then rope the mixed keys
@@ -1692,8 +1695,8 @@ static void backward_pass(Model* model, int B, int T) {
         bool routed = has_router(c, l), valued = HOOK(model, values) && model->study->mixes_values(c, l);
         bool mixed = routed || valued;  // the values: a mixture (vr)
         float* dvr = mixed ? A->dvr : dV;  // else attention's values are the buffer itself: added into
-        op_attention_backward(model, A->dq, A->dkr, dvr, !mixed, A->dout, la.o, la.q, la.kr, mixed ? la.vr : la.V,
-                              la.att, B, T);
+        op_attention_backward(model, {A->dq, A->dkr, dvr, nullptr}, !mixed, A->dout, la.o,
+                              {la.q, la.kr, mixed ? la.vr : la.V}, la.att, B, T);
         if (routed) {  // forward: Kr, Vr = W @ Kbuf, W @ Vbuf (Eq. 2): into layers 0..l's keys and values
             op_rope_backward(model, A->dkr, A->dkr, c.R * B, T, 1, false);
             op_router_backward(model, {gw.router, gw.values_router()}, {A->dKbuf, A->dVbuf}, {A->dkr, A->dvr},
@@ -1704,7 +1707,7 @@ static void backward_pass(Model* model, int B, int T) {
         if (valued) model->study->values_backward(at, dV, A->dvr);  // forward: vr = values(V)
         if (model->loss_term_on) model->loss_term->loss_layer_backward(loss_at(model, l, B, T), dV);
         // forward: q = rope(a Wq^T), K and V = the heads of a Wk^T and a Wv^T, a = rmsnorm(x)
-        op_qkv_projection_backward(model, A->dnorm, gw.Wq, A->dq, dK, dV, la.attn_in, w.Wq, B, T);
+        op_qkv_projection_backward(model, A->dnorm, gw.Wq, {A->dq, dK, dV, nullptr}, la.attn_in, w.Wq, B, T);
         sublayer_norm_backward(at, A->dx, gw.g_attn, la.x, w.g_attn, la.rstd_a);  // dx: d x[l]
     }
     if (HOOK(model, stream_begin_backward)) model->study->stream_begin_backward(study_at(model, 0, B, T), A->dx);

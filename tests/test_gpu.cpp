@@ -111,7 +111,8 @@ TEST(gpu_matmul_forward_backward_match_cpu) {
         std::vector<float> out = out0;
         matmul_forward(out.data(), inp.data(), W.data(), N, C, OC, acc);
         DevF ginp(inp), gW(W), gout(out0);  // g: the device's copy
-        matmul_forward_gpu(gout.p, ginp.p, gW.p, N, C, OC, acc, ctx().blas);
+        SplitK none;
+        matmul_forward_gpu(gout.p, ginp.p, gW.p, N, C, OC, acc, GpuCtx{ctx().stream, ctx().blas, &none, false});
         double e = err_of(gout.get(), out);
         CHECK(e < TOL_FWD, "matmul forward (accumulate %d): rel err %.2e", acc, e);
     }
@@ -119,7 +120,8 @@ TEST(gpu_matmul_forward_backward_match_cpu) {
         std::vector<float> dinp = dinp0, dW = dW0;
         matmul_backward(dinp.data(), dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, add);
         DevF gdinp(dinp0), gdW(dW0), gdout(dout), ginp(inp), gW(W);
-        matmul_backward_gpu(gdinp.p, gdW.p, gdout.p, ginp.p, gW.p, N, C, OC, add, SplitK{}, ctx().blas);
+        SplitK none;
+        matmul_backward_gpu(gdinp.p, gdW.p, gdout.p, ginp.p, gW.p, N, C, OC, add, GpuCtx{ctx().stream, ctx().blas, &none, false});
         double e1 = err_of(gdinp.get(), dinp), e2 = err_of(gdW.get(), dW);
         CHECK(e1 < TOL_BWD, "matmul backward (add_dinp %d): dinp rel err %.2e", add, e1);
         CHECK(e2 < TOL_BWD, "matmul backward (add_dinp %d): dW rel err %.2e", add, e2);
@@ -142,7 +144,7 @@ TEST(gpu_split_weight_gradient_matches_cpu) {
     split.grads = gdW.p, split.slots = slots.p;
     cudaCheck(cudaMalloc(&split.table, sizeof(SplitProduct)));
     cudaCheck(cudaMemcpy(split.table, split.products.data(), sizeof(SplitProduct), cudaMemcpyHostToDevice));
-    matmul_backward_gpu(nullptr, gdW.p, gdout.p, ginp.p, gW.p, N, C, OC, false, split, ctx().blas);
+    matmul_backward_gpu(nullptr, gdW.p, gdout.p, ginp.p, gW.p, N, C, OC, false, GpuCtx{ctx().stream, ctx().blas, &split, false});
     CHECK(gdW.get() == dW0, "dW changed before the slots were summed (the product did not split)");
     split_sum_gpu(split, N, ctx().stream);
     double e = err_of(gdW.get(), dW);
@@ -191,10 +193,10 @@ static void check_qkv_projection(bool q_grouped) {
     auto dK = randv((size_t)N * R * hd, 4), dV = randv((size_t)N * R * hd, 5), dW0 = randv((size_t)Wn * C, 6);
     std::vector<float> q((size_t)N * H * hd), K((size_t)N * R * hd), V(K.size()), kr(K.size()), da((size_t)N * C);
     std::vector<float> dW = dW0, dq = dq0;
-    qkv_projection_forward(q.data(), K.data(), V.data(), kr.data(), a.data(), W.data(), cs.data(), sn.data(), B, T, C,
-                           H, R, hd);
-    qkv_projection_backward(da.data(), dW.data(), dq.data(), dK.data(), dV.data(), a.data(), W.data(), cs.data(),
-                            sn.data(), B, T, C, H, R, hd);
+    Heads s{B, T, H, R, hd, C};
+    qkv_projection_forward({q.data(), K.data(), V.data(), kr.data()}, a.data(), W.data(), {cs.data(), sn.data()}, s);
+    qkv_projection_backward(da.data(), dW.data(), {dq.data(), dK.data(), dV.data(), nullptr}, a.data(), W.data(),
+                            {cs.data(), sn.data()}, s);
     DevF ga(a), gW(W), gq(q.size()), gK(K.size()), gV(V.size()), gkr(K.size()), gcs(cs), gsn(sn), tmp((size_t)N * Wn);
     DevF token_major(q.size());  // q, or dq, back in (B, T, H, hd)
     auto q_token_major = [&](DevF& g) {
@@ -202,8 +204,9 @@ static void check_qkv_projection(bool q_grouped) {
         ungroup_heads_gpu(token_major.p, g.p, B, T, H, R, hd, ctx().stream);
         return token_major.get();
     };
-    qkv_projection_forward_gpu(gq.p, gK.p, gV.p, gkr.p, ga.p, gW.p, gcs.p, gsn.p, B, T, C, H, R, hd, q_grouped, tmp.p,
-                               ctx().blas, ctx().stream);
+    SplitK none;
+    GpuCtx g{ctx().stream, ctx().blas, &none, false};
+    qkv_projection_forward_gpu({gq.p, gK.p, gV.p, gkr.p}, ga.p, gW.p, {gcs.p, gsn.p}, s, q_grouped, tmp.p, g);
     double eq = err_of(q_token_major(gq), q);
     CHECK(eq < TOL_FWD, "qkv forward (q grouped %d): q (roped) rel err %.2e", q_grouped, eq);
     CHECK(err_of(gK.get(), K) < TOL_FWD, "qkv forward: K (R, N, hd) rel err %.2e", err_of(gK.get(), K));
@@ -211,8 +214,8 @@ static void check_qkv_projection(bool q_grouped) {
     CHECK(err_of(gkr.get(), kr) < TOL_FWD, "qkv forward: kr (rope(K)) rel err %.2e", err_of(gkr.get(), kr));
     DevF gda((size_t)N * C), gdW(dW0), gdq(dq0), gdK(dK), gdV(dV), gdq0(dq0);
     if (q_grouped) group_heads_gpu(gdq.p, gdq0.p, B, T, H, R, hd, ctx().stream);
-    qkv_projection_backward_gpu(gda.p, gdW.p, gdq.p, gdK.p, gdV.p, ga.p, gW.p, gcs.p, gsn.p, B, T, C, H, R, hd,
-                                q_grouped, tmp.p, SplitK{}, ctx().blas, ctx().stream);
+    qkv_projection_backward_gpu(gda.p, gdW.p, {gdq.p, gdK.p, gdV.p, nullptr}, ga.p, gW.p, {gcs.p, gsn.p}, s, q_grouped,
+                                tmp.p, g);
     CHECK(err_of(gda.get(), da) < TOL_BWD, "qkv backward: da rel err %.2e", err_of(gda.get(), da));
     CHECK(err_of(gdW.get(), dW) < TOL_BWD, "qkv backward: dW ([Wq; Wk; Wv]) rel err %.2e", err_of(gdW.get(), dW));
 }
@@ -267,7 +270,7 @@ static void check_rmsnorm(int N, int d) {
     rmsnorm_backward(dx.data(), dg.data(), dy.data(), x.data(), g.data(), rstd.data(), N, d, part.data());
     DevF gdx(dx0), gdg(dg0), gdy(dy), scratch((size_t)ceil_div(N, GAIN_ROWS) * d);
     DevBuf<unsigned> done(std::vector<unsigned>{0});
-    rmsnorm_backward_gpu(gdx.p, gdg.p, gdy.p, gx.p, gg.p, grstd.p, N, d, scratch.p, done.p, ctx().stream);
+    rmsnorm_backward_gpu(gdx.p, gdg.p, gdy.p, gx.p, gg.p, grstd.p, N, d, {scratch.p, done.p}, ctx().stream);
     double e3 = err_of(gdx.get(), dx), e4 = err_of(gdg.get(), dg);
     CHECK(done.get()[0] == 0, "rmsnorm backward N=%d d=%d: the count of finished blocks was left at %u, not 0", N, d,
           done.get()[0]);
@@ -338,8 +341,8 @@ static void check_router(int R, RouterSpan learned = RouterSpan{0, 0}, bool sepa
         DevF gdW(dW0), gdWv(dWv0), gdK(dKbuf0), gdV(dVbuf0), gdKr(dKr), gdVr(dVr);
         DevF scratch(router_gpu_scratch_floats(router_config(L, R, hd), N));
         KvPair gdWs{gdW.p, separate ? gdWv.p : gdW.p}, gdbuf{gdK.p, gdV.p};
-        if (blas) router_backward_blas(gdWs, gdbuf, {gdKr.p, gdVr.p}, W, buf, l, learned, N, R, hd, scratch.p, ctx().blas);
-        else router_backward_gpu(gdWs, gdbuf, {gdKr.p, gdVr.p}, W, buf, l, learned, N, R, hd, scratch.p, ctx().stream);
+        if (blas) router_backward_blas(gdWs, gdbuf, {gdKr.p, gdVr.p}, W, buf, {l, N, R, hd, learned}, scratch.p, ctx().blas);
+        else router_backward_gpu(gdWs, gdbuf, {gdKr.p, gdVr.p}, W, buf, {l, N, R, hd, learned}, scratch.p, ctx().stream);
         const char* tag = separate ? " separate" : "";
         double e3 = err_of(gdW.get(), dW), e4 = err_of(gdK.get(), dKbuf), e5 = err_of(gdV.get(), dVbuf), e6 = err_of(gdWv.get(), dWv);
         CHECK(e3 < TOL_BWD, "router backward (%s) R=%d learned <%d or >=%d%s: dW rel err %.2e", form, R, learned.below,
@@ -374,7 +377,7 @@ static void check_attention(int B, int T, int H, int R, int hd, bool add_dv = tr
     size_t qn = (size_t)B * T * H * hd, kn = (size_t)B * T * R * hd, an = (size_t)B * H * T * T;
     auto q = randv(qn, 1), k = randv(kn, 2), v = randv(kn, 3), dout = randv(qn, 4), dk0 = randv(kn, 5), dv0 = randv(kn, 6);
     std::vector<float> out(qn), att(an);
-    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd, bf16);
+    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), Heads{B, T, H, R, hd, 0}, bf16);
     DevF gq(q), gqg(qn), gk(k), gv(v), gout(qn), gatt(an), gdatt(an), scratch(qn);
     group_heads_gpu(gqg.p, gq.p, B, T, H, R, hd, ctx().stream);
     attention_forward_gpu(gout.p, gatt.p, gqg.p, gk.p, gv.p, B, T, H, R, hd, scratch.p, ctx().blas, ctx().stream, bf16);
@@ -388,7 +391,7 @@ static void check_attention(int B, int T, int H, int R, int hd, bool add_dv = tr
     CHECK(e1 < TOL_FWD, "attention forward B=%d T=%d H=%d R=%d: out rel err %.2e", B, T, H, R, e1);
     CHECK(e2 < TOL_FWD, "attention forward B=%d T=%d H=%d R=%d: att rel err %.2e", B, T, H, R, e2);
     std::vector<float> dq(qn), dk(kn), dv = add_dv ? dv0 : std::vector<float>(kn);  // the CPU's loop adds
-    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd,
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), Heads{B, T, H, R, hd, 0},
                        bf16);
     DevF gdqg(qn), gdk(dk0), gdv(dv0), gdout(dout);
     attention_backward_gpu(gdqg.p, gdk.p, gdv.p, gdatt.p, gdout.p, gqg.p, gk.p, gv.p, gatt.p, B, T, H, R, hd, add_dv,
@@ -440,8 +443,8 @@ static void check_flash_attention(int B, int T, int H, int R, int hd, bool add_d
     size_t qn = (size_t)B * T * H * hd, kn = (size_t)B * T * R * hd;
     auto q = randv(qn, 1), k = randv(kn, 2), v = randv(kn, 3), dout = randv(qn, 4), dk0 = randv(kn, 5), dv0 = randv(kn, 6);
     std::vector<float> out(qn), att((size_t)B * H * T * T), dq(qn), dk(kn), dv = add_dv ? dv0 : std::vector<float>(kn);
-    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
-    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
+    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), Heads{B, T, H, R, hd, 0});
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), Heads{B, T, H, R, hd, 0});
     DevF gq(q), gk(k), gv(v), gout(qn), glse((size_t)B * H * T), gdq(qn), gdk(dk0), gdv(dv0), gdout(dout), scratch((size_t)B * H * T);
     flash_attention_forward_gpu(gout.p, glse.p, gq.p, gk.p, gv.p, B, T, H, R, hd, ctx().stream);
     flash_attention_backward_gpu(gdq.p, gdk.p, gdv.p, gdout.p, gout.p, gq.p, gk.p, gv.p, glse.p, B, T, H, R, hd, add_dv,
@@ -1506,9 +1509,9 @@ static double worst_edge_row(const std::vector<float>& got, const std::vector<fl
 static void check_flash_tc(const TcCase& c) {
     TcInputs in = tc_inputs(c);
     std::vector<float> out(c.qn()), att((size_t)c.rows() * c.T), dq(c.qn()), dk(c.kn()), dv = in.dv0;
-    attention_forward(out.data(), att.data(), in.q.data(), in.k.data(), in.v.data(), c.B, c.T, c.H, c.R, c.hd, c.bf16);
+    attention_forward(out.data(), att.data(), in.q.data(), in.k.data(), in.v.data(), Heads{c.B, c.T, c.H, c.R, c.hd, 0}, c.bf16);
     attention_backward(dq.data(), dk.data(), dv.data(), in.dout.data(), in.q.data(), in.k.data(), in.v.data(), att.data(),
-                       c.B, c.T, c.H, c.R, c.hd, c.bf16);
+                       Heads{c.B, c.T, c.H, c.R, c.hd, 0}, c.bf16);
     std::vector<float> lse = lse_reference(c, in);
     TcOut got = run_flash_tc(c, in);
     char shape[80];

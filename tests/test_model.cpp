@@ -208,11 +208,11 @@ static void check_attention(int H, int R) {
     std::vector<float> out(nq), att((size_t)B * H * T * T);
     std::vector<float> dq(nq), dk(nk, 0), dv(nk, 0);
     auto loss = [&]() {
-        attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
+        attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), Heads{B, T, H, R, hd, 0});
         return dot(out, w);
     };
     loss();
-    attention_backward(dq.data(), dk.data(), dv.data(), w.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
+    attention_backward(dq.data(), dk.data(), dv.data(), w.data(), q.data(), k.data(), v.data(), att.data(), Heads{B, T, H, R, hd, 0});
     double e1 = fd_error(q, dq, loss), e2 = fd_error(k, dk, loss), e3 = fd_error(v, dv, loss);
     CHECK(e1 < FD_TOL, "attention dq (H=%d R=%d): rel err %.2e", H, R, e1);
     CHECK(e2 < FD_TOL, "attention dk (H=%d R=%d): rel err %.2e", H, R, e2);
@@ -226,9 +226,9 @@ TEST(attention_is_causal) {
     int B = 1, T = 5, H = 2, R = 1, hd = 4;
     size_t nq = (size_t)T * H * hd, nk = (size_t)T * R * hd;
     std::vector<float> q = randv(nq, 23), k = randv(nk, 24), v = randv(nk, 25), out(nq), out2(nq), att(H * T * T);
-    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
+    attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), Heads{B, T, H, R, hd, 0});
     for (size_t i = (size_t)(T - 1) * R * hd; i < nk; i++) { k[i] += 5; v[i] -= 3; }  // change only the last position
-    attention_forward(out2.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
+    attention_forward(out2.data(), att.data(), q.data(), k.data(), v.data(), Heads{B, T, H, R, hd, 0});
     size_t before_last = (size_t)(T - 1) * H * hd;
     CHECK(rel_err(out2.data(), out.data(), before_last) == 0, "outputs before the last position changed when only its keys did");
 }
@@ -248,8 +248,8 @@ static void check_attention_reference(int B, int T, int H, int R, int hd, bool f
         attention_backward_fast(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R,
                                 hd, scratch.data(), threads);
     } else {
-        attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
-        attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), B, T, H, R, hd);
+        attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), Heads{B, T, H, R, hd, 0});
+        attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), att.data(), Heads{B, T, H, R, hd, 0});
     }
     std::vector<float> want_out(nq), want_att(att.size()), want_dq(nq), want_dk(dk0), want_dv(dv0);
     std::vector<double> dkd(nk, 0), dvd(nk, 0);
@@ -1402,9 +1402,9 @@ static void check_fast_attention(int B, int T, int H, int R, int hd) {
                                                                                                 dv_f = dv_p;
     int threads = omp_get_max_threads();
     std::vector<float> scratch(attention_fast_scratch_floats(T, hd, threads), NAN);
-    attention_forward(out_p.data(), att_p.data(), q.data(), k.data(), v.data(), B, T, H, R, hd);
+    attention_forward(out_p.data(), att_p.data(), q.data(), k.data(), v.data(), Heads{B, T, H, R, hd, 0});
     attention_forward_fast(out_f.data(), att_f.data(), q.data(), k.data(), v.data(), B, T, H, R, hd, scratch.data(), threads);
-    attention_backward(dq_p.data(), dk_p.data(), dv_p.data(), dout.data(), q.data(), k.data(), v.data(), att_p.data(), B, T, H, R, hd);
+    attention_backward(dq_p.data(), dk_p.data(), dv_p.data(), dout.data(), q.data(), k.data(), v.data(), att_p.data(), Heads{B, T, H, R, hd, 0});
     attention_backward_fast(dq_f.data(), dk_f.data(), dv_f.data(), dout.data(), q.data(), k.data(), v.data(), att_f.data(), B, T, H, R, hd,
                             scratch.data(), threads);
     double e1 = rel_err(out_f.data(), out_p.data(), nq), e2 = rel_err(att_f.data(), att_p.data(), na);

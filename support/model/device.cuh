@@ -253,7 +253,42 @@ struct GpuState {
 static inline cudaStream_t stream_of(const Model* model) { return model->gpu->stream; }
 static inline cublasHandle_t blas_of(const Model* model) { return model->gpu->blas; }
 static inline const SplitK& split_of(const Model* model) { return model->gpu->split; }
+// What a launcher needs of the GPU: the stream, cuBLAS's handle on it, the split-k
+// plan of the weight gradients, and bf16 (--precision bf16: the products' operands
+// rounded, support/model/products.cuh). gpu_of(model): the model's.
+struct GpuCtx {
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    const SplitK* split;
+    bool bf16;
+};
+static inline GpuCtx gpu_of(const Model* model) {
+    return GpuCtx{model->gpu->stream, model->gpu->blas, &model->gpu->split,
+                  model->settings.precision == PRECISION_BF16};
+}
 #endif
+
+// Attention's shape: B sequences of T positions, H query heads and R kv heads of
+// hd floats each; C the width the projections read (d).
+struct Heads {
+    int B, T, H, R, hd, C;
+    int N() const { return B * T; }
+};
+static inline Heads heads_of(const Model* model, int B, int T) {
+    return Heads{B, T, model->c.H, model->c.R, model->c.hd, model->c.d};
+}
+// RoPE's tables, (T, hd/2) each.
+struct Rope {
+    const float *cos, *sin;
+};
+// A layer's queries, keys and values, or their gradients: q (B, T, H, hd), K and V
+// (R, B, T, hd) head-major, kr the keys as attention reads them (nullptr: none).
+struct Qkv {
+    float *q, *K, *V, *kr;
+};
+struct QkvIn {  // ... read only: q (B, T, H, hd), k and v (R, B, T, hd)
+    const float *q, *k, *v;
+};
 
 // What the passes work on: host memory for the CPU, device memory for the GPU.
 static inline Acts* pass_acts(Model* model) {
