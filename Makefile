@@ -127,11 +127,17 @@ lime-emu: $(B)/test/train.o $(B)/lime_emu.o $(TEST_OBJ)
 	$(CXX) $(TESTFLAGS) $^ -o $@
 
 # The reference build: the CPU path on lime.cu's plain loops alone (no
-# support/model/cpu_fast.cpp kernels), unoptimised enough to step through in gdb.
+# support/model/cpu_fast.cpp kernels), the reading build: -O0 -g, and without
+# -fopenmp, so that the plain loops run on one thread in order and gdb steps
+# through them line by line (README's session; tests/test_docs.sh runs it);
+# its train.cpp with -g too, to step from the training loop down.
 ref: lime-ref
 $(B)/lime_ref.o: lime.cu $(HEADERS) | $(B)
-	$(CXX) -std=c++17 -O1 -g -fopenmp -Wall -Wextra -I. -DLIME_REFERENCE -x c++ -c lime.cu -o $@
-lime-ref: $(B)/rel/train.o $(B)/lime_ref.o $(REL_OBJ)
+	$(CXX) -std=c++17 -O0 -g -Wall -Wextra -Wno-unknown-pragmas -I. -DLIME_REFERENCE -x c++ -c lime.cu -o $@
+$(B)/ref/train.o: train.cpp $(HEADERS) | deps
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -g -c $< -o $@
+lime-ref: $(B)/ref/train.o $(B)/lime_ref.o $(REL_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@
 
 CPU_TESTS = tests/test_model.cpp tests/test_export.cpp tests/test_safetensors.cpp tests/test_data.cpp tests/test_prosqa.cpp tests/test_stats.cpp tests/test_plot.cpp tests/test_checkpoint.cpp

@@ -4,7 +4,7 @@
 // own keys and values but with a learned mixture of every buffered layer's
 // (Eq. 2), one router W[l] (R, (l+1)R) for both:
 //   Kr[t, r] = sum_{l' <= l, r'} W[l][r, l'*R + r'] * K[l'][t, r']    (Vr alike)
-// `if (has_router(c, l))` in forward_pass and backward_pass is where the two differ.
+// `routed = has_router(c, l)` in forward_pass and backward_pass is where the two differ.
 // Names: X the plain CPU loop, X_fast its fast CPU version (support/model/
 // cpu_fast.cpp), X_gpu the CUDA launcher, op_X the dispatcher that picks one
 // (DISPATCH); arguments are outputs, inputs, weights, sizes.
@@ -34,6 +34,7 @@
 #include "support/model/flash_attention.cuh"  // defines: flash_attention_forward_gpu, ..._backward_gpu (O(T) memory)
 #include "support/model/flash_attention_tc.cuh"  // defines: flash_attention_tc_forward_gpu, flash_on_tensor_cores
 #include "support/model/models.h"  // defines: the registry of models, StudyHooks (the study models' interface)
+#include "support/study/registry.cuh"  // defines: the study's models and loss terms, their hooks, model_registry
 
 // ===========================================================================
 // Config and parameters
@@ -1536,20 +1537,19 @@ static void op_adamw(Model* model) {
 // ===========================================================================
 // The residual stream around sublayer s (2l: attention, 2l+1: the MLP). In
 // LLaMa and LIMe the sublayer reads rmsnorm(x) and adds its output back to x.
-// A study model changes the stream through its hooks (support/study/study.h),
+// A study model changes the stream through its hooks (support/model/study.h),
 // looked up once, when the model is made (model->study; the regulariser's:
 // model->loss_term); each site below is one line.
 // ===========================================================================
-#include "support/study/registry.cuh"  // defines: the study models' files, their hooks, model_registry
 
-static StudyAt study_at(Model* model, int s, int B, int T) {
+// Where a hook runs (support/model/study.h): its part's activations, and what lime.cu lends it.
+static const LimeOps LIME_OPS = {op_matmul_forward, op_rmsnorm_backward};
+static StudyAt study_at(Model* model, int s, int B, int T, bool loss = false) {
     Acts* A = pass_acts(model);
-    return StudyAt{model, s, B, T, A->study, A->scratch};
+    LimeArrays lime = {A->x, A->Vbuf, A->vr, A->dVbuf, A->dvr, A->dnorm, A->batch.valid};
+    return StudyAt{model, s, B, T, loss ? A->loss : A->study, A->scratch, lime, &LIME_OPS};
 }
-static StudyAt loss_at(Model* model, int l, int B, int T) {
-    Acts* A = pass_acts(model);
-    return StudyAt{model, 2 * l, B, T, A->loss, A->scratch};
-}
+static StudyAt loss_at(Model* model, int l, int B, int T) { return study_at(model, 2 * l, B, T, true); }
 int stream_count(const Config& c) { return study_hooks(c) && study_hooks(c)->streams ? study_hooks(c)->streams(c) : 1; }
 #define HOOK(model, name) ((model)->study && (model)->study->name)  // the study model has this hook
 

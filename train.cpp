@@ -1240,8 +1240,9 @@ static int cmd_eval(int argc, char** argv) {
         PRECISION_FLAG,
         ATTENTION_FLAG,
     };
-    Args a = parse_args("eval", "Scores checkpoints on their task: arith accuracy by greedy decoding, text loss and "
-                        "perplexity.", flags, argc, argv, false);
+    std::string about = "Scores checkpoints of any model (" + model_names() + ") on their task: arith accuracy by "
+                        "greedy decoding, text loss and perplexity.";
+    Args a = parse_args("eval", about.c_str(), flags, argc, argv, false);
     set_threads(a);
     Device dev = pick_device(a);
     ModelSettings settings = model_settings(a);
@@ -1351,9 +1352,12 @@ static int cmd_export(int argc, char** argv) {
         {"out", "", "the directory to write (created; refused if it holds files, unless --force)"},
         {"force", nullptr, "write into a directory that holds files, replacing the export's own files there"},
     };
-    Args a = parse_args("export", "Writes a llama checkpoint as a Hugging Face transformers model directory:\n"
+    std::string others;  // transformers' LlamaForCausalLM holds llama alone
+    for (const ModelEntry& m : model_registry()) others += std::string(m.name) == "llama" ? "" : std::string(" ") + m.name;
+    std::string about = "Writes a llama checkpoint as a Hugging Face transformers model directory:\n"
                         "config.json, model.safetensors, generation_config.json and a tokenizer that gives the "
-                        "trainer's ids.", flags, argc, argv, false);
+                        "trainer's ids. The other models have no transformers model:" + others + ".";
+    Args a = parse_args("export", about.c_str(), flags, argc, argv, false);
     if (!a.err.empty()) die("export", a.err);
     if (!a.has("load")) die("export", "needs --load FILE (a model.safetensors written by ./lime train --arch llama)");
     if (!a.has("out") || a.str("out").empty()) die("export", "needs --out DIR (the directory to write)");

@@ -94,6 +94,24 @@ for f in README.md $citing_files; do
 done
 [ $missing_sections -eq 0 ] && pass doc_sections_cited_exist
 
+# README's gdb session steps as printed: ./lime-ref (-O0 -g, the plain loops on one
+# thread) stops in router_forward with its arguments, and `next` walks its lines.
+if ! command -v gdb >/dev/null 2>&1; then
+    echo "SKIP readme_gdb_session_steps: gdb is not installed (apt-get install gdb)"
+elif [ ! -x ./lime-ref ]; then
+    echo "SKIP readme_gdb_session_steps: ./lime-ref is not built (make lime-ref)"
+else
+    check readme_gdb_session_steps
+    out=$(gdb -batch -ex 'break router_forward' -ex run -ex 'p l' -ex next -ex next -ex 'info locals' -ex kill \
+              --args ./lime-ref train --ops 2 --train-size 200 --epochs 1 --out "$tmp/gdb_run" --force 2>&1)
+    expect "the breakpoint in router_forward was not hit" has "$out" -E '^Breakpoint 1, router_forward \(.*l=1, '
+    expect "p l printed no value" has "$out" -E '^\$1 = 1$'
+    expect "a variable is <optimized out>" not has "$out" 'optimized out'
+    expect "next did not step to router_forward's next lines" has "$out" -E '^[0-9]+[[:space:]]+size_t row = '
+    expect "info locals lacks cols" has "$out" -E '^cols = [0-9]+$'
+    verdict "$(echo "$out" | tail -3 | tr '\n' ' ')"
+fi
+
 # The repository stands alone: no text file points at that folder or its contract files.
 # (The patterns are written so that this file does not match itself.)
 outside=$(git ls-files 2>/dev/null | grep -vE '\.(safetensors|png|json|txt|csv)$' | xargs grep -lE '[.][.]/shared|SPEC[.]md|TASKS[.]md' 2>/dev/null)

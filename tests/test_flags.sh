@@ -51,7 +51,7 @@ bad train_lr_huge             "out of range"       train $A --lr 1e30
 bad train_grad_clip_negative  "out of range"       train $A --grad-clip -1
 bad train_min_lr_ratio        "out of range"       train $A --min-lr-ratio 2
 bad train_schedule            "linear|cosine"      train $A --schedule step
-bad train_arch                "llama|lime"         train $A --arch gpt
+bad train_arch                "not a registered model" train $A --arch gpt
 bad train_device              "auto|cpu|gpu"       train $A --device tpu
 bad train_attention           "auto|matmul|flash"  train $A --attention paged
 bad train_layers_zero         "out of range"       train $A --layers 0
@@ -153,8 +153,8 @@ bad bench_router_last_zero    "J must be"          bench --router last-0 --steps
 bad bench_params_no_memory    "lower --dim"        bench --layers 1 --dim 65536 --heads 2 --ffn 35000 --batch 1 --seq-len 1 --steps 1
 bad bench_vocab_no_memory     "--vocab"            bench --vocab 16777216 --dim 4096 --heads 2 --batch 1 --seq-len 1 --steps 1
 # --- compare
-bad compare_archs_variant     "lime:VARIANT"       compare --preset tiny --archs llama,lime:last-x
-bad compare_archs_llama_variant "lime:VARIANT"     compare --preset tiny --archs llama:average,lime
+bad compare_archs_variant     "the models are llama, lime" compare --preset tiny --archs llama,lime:last-x
+bad compare_archs_llama_variant "llama takes no variant" compare --preset tiny --archs llama:average,lime
 bad compare_tiers_repeated    "tier 2 twice"       compare --preset tiny --tiers 2,2
 bad compare_archs_repeated    "lime twice"         compare --preset tiny --archs lime,llama,lime:static
 bad compare_tiers_empty       "tiers is empty"     compare --preset tiny --tiers ""
@@ -170,21 +170,21 @@ cp "$L" "$tmp/damaged.safetensors"
 printf '\x7f' | dd of="$tmp/damaged.safetensors" bs=1 seek=$(($(stat -c %s "$L") - 4)) conv=notrunc 2>/dev/null
 bad export_no_load            "needs --load"       export --out hf
 bad export_no_out             "needs --out"        export --load "$L"
-bad export_lime               "no LIMe model"      export --load "$M" --out hf
+bad export_lime               "lime checkpoint (LIMe"      export --load "$M" --out hf
 bad export_missing            "cannot open"        export --load "$tmp/nope.safetensors" --out hf
 bad export_damaged            "checksum does not match" export --load "$tmp/damaged.safetensors" --out hf
 bad export_no_vocabulary      "no vocabulary"      export --load "$PWD/tests/golden/llama_tiny.safetensors" --out hf
 bad export_out_not_empty      "add --force"        export --load "$L" --out "$tmp/run"
 bad export_out_is_a_file      "not a directory"    export --load "$L" --out "$M"
 bad export_force_over_a_run   "written by ./lime train" export --load "$L" --out "$tmp/run" --force
-bad compare_archs_unknown     "lime:VARIANT"       compare --preset tiny --archs llama,gpt
+bad compare_archs_unknown     "is not a model: the models are llama, lime, hc" compare --preset tiny --archs llama,gpt
 bad compare_archs_hc_n0       "hc-rate 0"          compare --preset tiny --archs llama,hc:n0
 bad compare_archs_hc_n17      "hc-rate 17"         compare --preset tiny --archs llama,hc:n17
-bad compare_archs_hc_bogus    "hc:VARIANT"         compare --preset tiny --archs llama,hc:fast
+bad compare_archs_hc_bogus    "hc:nN"              compare --preset tiny --archs llama,hc:fast
 bad compare_archs_hc_repeated "hc twice"           compare --preset tiny --archs llama,hc,hc:n4:dynamic
-bad export_hc                 "no hc model"        export --load "$HC" --out hf
+bad export_hc                 "hc checkpoint (Hyper-Connections"        export --load "$HC" --out hf
 bad analyze_routed_hc         "no router"          analyze --load "$HC" --values routed --out out
-bad compare_archs_frozen_llama "lime:VARIANT"      compare --preset tiny --archs llama:frozen,lime
+bad compare_archs_frozen_llama "llama takes no variant"      compare --preset tiny --archs llama:frozen,lime
 bad compare_ereg_no_number    ":ereg=LAMBDA"       compare --preset tiny --archs llama,llama:ereg=
 bad compare_ereg_bad_number   ":ereg=LAMBDA"       compare --preset tiny --archs llama,llama:ereg=0.1x
 bad compare_ereg_negative     ":ereg=LAMBDA"       compare --preset tiny --archs llama,lime:frozen:ereg=-1
@@ -296,5 +296,20 @@ out=$("$LIME" train --task prosqa --prosqa-test "$tmp/pq_e.json" --train-size 8 
       --steps 2 --threads 1 --quiet --out "$tmp/pq_e" 2>&1) && "$LIME" eval --load "$tmp/pq_e/model.safetensors" >/dev/null 2>&1
 status=$?
 if [ $status -eq 0 ]; then pass prosqa_non_ascii_words_train; else fail prosqa_non_ascii_words_train "exit $status: $out"; fi
+
+# Every help text that lists models names every registered model: the rows of
+# support/study/registry.cuh, read from the source (not from a help text).
+models=$(sed -n '/model_registry() {/,/^}/s/^        {"\([a-z][a-z0-9_-]*\)", ".*/\1/p' support/study/registry.cuh)
+[ "$(echo "$models" | wc -l)" -ge 5 ] || fail help_texts_name_every_model "read $(echo "$models" | wc -w) models from registry.cuh"
+for cmd in "" train eval bench compare export; do
+    help=$($LIME $cmd --help 2>&1)
+    missing=""
+    for m in $models; do grep -qw -- "$m" <<<"$help" || missing+=" $m"; done
+    if [ -z "$missing" ]; then pass "help_names_every_model_${cmd:-main}"
+    else fail "help_names_every_model_${cmd:-main}" "./lime $cmd --help does not name:$missing"; fi
+done
+# An unknown model anywhere: one line listing the registered models, from the registry.
+bad train_arch_lists_models   "the models: llama, lime, hc, resformer, denseformer" train $A --arch gpt
+bad bench_models_lists_models "list some of lime,hc,resformer,denseformer" bench --models gpt --steps 1
 
 summary

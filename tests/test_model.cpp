@@ -1994,3 +1994,107 @@ TEST(ereg_config_round_trip) {
     bad.replace(bad.find("0.25"), 4, "-1.5");
     CHECK(!config_from_json(bad, &back).empty(), "entropy_reg -1.5 accepted");
 }
+
+// ---------------------------------------------------------------------------
+// The study-model interface is open (support/model/study.h): a peer defined
+// here alone, a learned scalar on each residual add, registered, trained and
+// checked. Nothing outside this file names it.
+//   xout = x + s[l][k] * (inp @ W^T)      s (2) per layer: k = 0 attention, 1 the MLP; init 1 (LLaMa)
+// Its activations: y (2L, B, T, d) each sublayer's product, and dy (B, T, d).
+// CPU only (its loops are plain, as a first version of a peer would be).
+static float* open_peer_y(const StudyAt& at, int s) { return at.acts + (size_t)s * at.model->B * at.model->c.T * at.model->c.d; }
+static float* open_peer_dy(const StudyAt& at) { return open_peer_y(at, 2 * at.model->c.L); }
+static StudyHooks open_peer_hooks() {
+    StudyHooks h = {};
+    h.specs = [](const Config& c, int l, const std::string& layer, const AddTensor& add) {
+        (void)c, (void)l;
+        add(layer + "residual_scale.weight", {2}, GROUP_EMBED_GAIN);
+    };
+    h.carve = [](const Config&, int l, Params* p, const NextTensor& next) { p->layer[l].study.push_back(next()); };
+    h.init = [](Model* model) {
+        for (LayerParams& w : model->p.layer) w.study[0][0] = w.study[0][1] = 1.0f;
+    };
+    h.acts_floats = [](const Config& c, int B) { return (size_t)(2 * c.L + 1) * B * c.T * c.d; };
+    h.scratch_floats = [](const Config&, int, Device) -> size_t { return 0; };
+    h.residual_add = [](const StudyAt& at, float* xout, const float* inp, const float* W, int C) {
+        float* y = open_peer_y(at, at.s);
+        at.ops->matmul_forward(at.model, y, inp, W, at.N(), C, at.model->c.d, false);  // y = inp @ W^T
+        float s = pass_params(at.model).layer[at.l()].study[0][at.s % 2];
+        for (size_t i = 0; i < (size_t)at.N() * at.model->c.d; i++) xout[i] += s * y[i];  // xout holds x
+    };
+    h.residual_backward = [](const StudyAt& at, const float* dxout) -> const float* {
+        // forward: xout = x + s y:  dy = s dxout;  ds += sum dxout . y  (dx = dxout passes on)
+        const float* y = open_peer_y(at, at.s);
+        float* dy = open_peer_dy(at);
+        float s = pass_params(at.model).layer[at.l()].study[0][at.s % 2];
+        double ds = 0;
+        for (size_t i = 0; i < (size_t)at.N() * at.model->c.d; i++) dy[i] = s * dxout[i], ds += (double)dxout[i] * y[i];
+        pass_grads(at.model).layer[at.l()].study[0][at.s % 2] += (float)ds;
+        return dy;
+    };
+    return h;
+}
+static const StudyHooks OPEN_PEER_HOOKS = open_peer_hooks();
+static Arch open_peer_arch() {  // registered once, on first use
+    static int arch = -1;
+    std::string why;
+    if (arch < 0) arch = register_model({"scaled", "LLaMa with a learned scalar on each residual add (a test's peer)",
+                                         "", &OPEN_PEER_HOOKS}, &why);
+    return (Arch)arch;
+}
+
+TEST(an_open_peer_registers_and_parses_by_name) {
+    Arch a = open_peer_arch();
+    CHECK(a >= 5, "register_model gave Arch %d", (int)a);
+    Arch parsed;
+    CHECK(arch_parse("scaled", &parsed) && parsed == a, "arch_parse(\"scaled\") did not find the registered peer");
+    CHECK(model_names().find("scaled") != std::string::npos, "model_names() lacks the peer: %s", model_names().c_str());
+    CHECK(registry_check().empty(), "registry_check: %s", registry_check().c_str());
+}
+TEST(an_open_peer_at_init_is_llama) {
+    Config cp = tiny_config(open_peer_arch(), 2, 2), cl = tiny_config(ARCH_LLAMA, 2, 2);
+    Model p, l;
+    FreeOnReturn guard{&p, &l};
+    CHECK(model_create(&p, cp, 2, DEVICE_CPU).empty() && model_create(&l, cl, 2, DEVICE_CPU).empty(), "model_create");
+    model_init(&p, 3), model_init(&l, 3);
+    CHECK(p.n_params == l.n_params + 2 * (size_t)cp.L, "the peer has %zu parameters, LLaMa %zu", p.n_params, l.n_params);
+    TinyBatch b(cp.V);
+    float lp = model_forward(&p, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    float ll = model_forward(&l, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    CHECK(lp == ll, "the peer's loss at init %.9g, LLaMa's %.9g (s = 1: the same sums)", lp, ll);
+}
+TEST(an_open_peer_gradients_match_finite_differences) { check_model_gradients(tiny_config(open_peer_arch(), 2, 2)); }
+TEST(an_open_peer_trains_three_steps) {
+    Config c = tiny_config(open_peer_arch(), 2, 2);
+    Model m;
+    FreeOnReturn guard{&m};
+    CHECK(model_create(&m, c, 2, DEVICE_CPU).empty(), "model_create");
+    model_init(&m, 7);
+    TinyBatch b(c.V);
+    AdamWConfig opt;
+    float first = 0, loss = 0, norm = 0;
+    for (int s = 0; s < 3; s++) {
+        model_train_step(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T, opt, 1.0f);
+        model_metrics(&m, &loss, &norm);
+        if (s == 0) first = loss;
+    }
+    CHECK(std::isfinite(loss) && loss < first, "3 steps: loss %.4f after %.4f", loss, first);
+    float s0 = m.p.layer[0].study[0][0];
+    CHECK(s0 != 1.0f, "the attention add's scale of layer 0 did not move from 1 (%g)", s0);
+}
+TEST(a_registry_row_without_a_required_hook_is_refused) {
+    StudyHooks bad = open_peer_hooks();
+    bad.carve = nullptr;
+    static StudyHooks keep;  // the row would point at it: it must outlive the call
+    keep = bad;
+    std::string why;
+    int a = register_model({"no-carve", "a peer without its carve hook", "", &keep}, &why);
+    CHECK(a == -1, "register_model took a row without carve (Arch %d)", a);
+    CHECK(why.find("no-carve") != std::string::npos && why.find("required hook") != std::string::npos,
+          "the refusal does not name the row and the hook: '%s'", why.c_str());
+    Arch parsed;
+    CHECK(!arch_parse("no-carve", &parsed), "the refused row is still in the registry");
+    keep = open_peer_hooks(), keep.values = [](const StudyAt&, const float* V) { return V; };  // a forward without its backward
+    a = register_model({"half", "a peer with a forward hook and no backward", "", &keep}, &why);
+    CHECK(a == -1 && why.find("without its backward") != std::string::npos, "a half hook was taken: '%s'", why.c_str());
+}

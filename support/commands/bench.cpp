@@ -183,10 +183,13 @@ static std::vector<std::string> bench_peers() {
         if (std::string(m.name) != "llama") peers.push_back(m.name);
     return peers;
 }
-static const char* bench_peers_list() {  // "lime,hc,resformer,denseformer": --models' default
-    static std::string s;
-    for (const std::string& p : bench_peers()) s += (s.empty() ? "" : ",") + p;
-    return s.c_str();
+static const char* bench_peers_list() {  // "lime,hc,resformer,denseformer": --models' default, built once
+    static const std::string list = [] {
+        std::string s;
+        for (const std::string& p : bench_peers()) s += (s.empty() ? "" : ",") + p;
+        return s;
+    }();
+    return list.c_str();
 }
 
 // The models bench times, of b's shape: llama first (no router), then those --models

@@ -668,7 +668,7 @@ void gemm_tn_fast(float* C, const float* A, const float* B, int M, int N, int K)
 }
 
 // ===========================================================================
-// The value-entropy regulariser (lime.cu: ereg_forward, ereg_backward)
+// The value-entropy regulariser (support/study/entropy_reg.cuh: ereg_forward, ereg_backward)
 // ===========================================================================
 //
 // Per sequence, Z (n, D) holds its n valid positions' centred values, packed
@@ -1154,7 +1154,7 @@ void rmsnorm_backward_fast(float* dinp, float* dg, const float* dout, const floa
 }
 
 // ===========================================================================
-// Hyper-Connections (lime.cu: hc_weights_*, hc_width_*, hc_depth_backward)
+// Hyper-Connections (support/study/hyper_connections.cuh: hc_weights_*, hc_width_*, hc_depth_backward)
 // ===========================================================================
 //
 // A position's n streams X[i][t] and n+1 mixtures M[k][t] (d floats each) fit
@@ -1165,7 +1165,7 @@ void rmsnorm_backward_fast(float* dinp, float* dg, const float* dout, const floa
 // streams or the n+1 weights, which the compiler does not vectorise.)
 
 static const int HC_CHUNKS = 64;      // slices of the positions for the weight gradients: lime.cu's CHUNKS
-static const int HC_MOST_PROJ = 18;   // n + 2 projections at n = 16, the most streams (lime.cu's HC_MAX_RATE)
+static const int HC_MOST_PROJ = 18;   // n + 2 projections at n = 16, the most streams (hyper_connections.cuh's rate limit)
 
 // Calls f(w) with w a compile-time constant dividing d: 32, 8, 2 or 1.
 template <class F>

@@ -157,7 +157,7 @@ inline float tanh_fast(float x) {
 }
 
 // = hc_weights_forward, hc_weights_backward, hc_width_forward,
-// hc_width_backward and hc_depth_backward (lime.cu's Hyper-Connections).
+// hc_width_backward and hc_depth_backward (support/study/hyper_connections.cuh).
 // scratch (the weights' two): hc_fast_scratch_floats(n, d).
 size_t hc_fast_scratch_floats(int n, int d);
 void hc_weights_forward_fast(float* Aw, float* bw, float* rstd, float* ta, float* tb, const float* X, HcParams w, int N,

@@ -33,7 +33,7 @@ struct Config {
     bool router_same_head = false;    // the cross-head ablation: kv head r mixes only head r of each layer (same-head)
     int hc_rate = 4;                  // hc: the number n of residual streams (1 .. 16)
     bool hc_dynamic = true;           // hc: the per-token correction of the mixing weights
-    float entropy_reg = 0.0f;         // lambda of the value-entropy regulariser (lime.cu; 0: off)
+    float entropy_reg = 0.0f;         // lambda of the value-entropy regulariser (support/study/entropy_reg.cuh; 0: off)
 };
 
 // "" when the shapes are consistent, else one line naming the problem and the fix.
@@ -152,7 +152,7 @@ float lr_factor(int s, int warmup, int steps, Schedule sched, float min_lr_ratio
 enum Device { DEVICE_CPU = 0, DEVICE_GPU = 1 };
 
 struct Acts;       // activations for backward, defined in lime.cu
-struct StudyHooks; // a study model's or loss term's hooks (support/study/study.h)
+struct StudyHooks; // a study model's or loss term's hooks (support/model/study.h)
 struct GpuState;   // device mirrors, defined in lime.cu's GPU part
 
 // GPU attention kernels. matmul: batched matrix products around a stored

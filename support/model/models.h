@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "support/model/lime.h"
-#include "support/study/study.h"
+#include "support/model/study.h"
 
 struct ModelEntry {
     const char* name;         // as --arch, compare and checkpoints name it

@@ -219,7 +219,7 @@ const std::vector<FlagSpec> SHAPE_FLAGS = {
 // its --hc-rate and --hc-dynamic go to its hc beside a lime.
 Config shape_from_args(Args& a, bool one_model) {
     Config c;
-    std::string arch = a.str("arch");
+    std::string arch = one_model ? a.str("arch") : "lime";  // bench takes no --arch: its models are --models'
     if (!arch_parse(arch, &c.arch)) a.fail(unknown_model("--arch", arch));
     c.L = (int)a.integer("layers", 1, 256);
     c.d = (int)a.integer("dim", 2, 65536);

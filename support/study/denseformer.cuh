@@ -19,7 +19,7 @@
 
 #include "support/model/device.cuh"
 #include "support/model/lime.h"
-#include "support/study/study.h"
+#include "support/model/study.h"
 #include "support/study/mixing.cuh"
 
 // --- the tensors ---------------------------------------------------------------
@@ -75,7 +75,7 @@ static void dense_average_backward(Model* model, float* dx, const DenseActs& a, 
     op_copy(model, dx, a.dX + (l + 1) * n, n);
 }
 
-// --- the study-model interface (support/study/study.h) ------------------------
+// --- the study-model interface (support/model/study.h) ------------------------
 static DenseActs dense_acts(const StudyAt& at) {
     DenseActs a = {};
     size_t off = 0;
@@ -103,11 +103,11 @@ static StudyHooks denseformer_hooks() {
         return at.s % 2 ? dense_block_output(dense_acts(at), at.model->c, at.l(), at.B, at.T) : xout;
     };
     h.block_end = [](const StudyAt& at, float* Y) {
-        dense_average_forward(at.model, Y, dense_acts(at), at.l(), pass_acts(at.model)->x,
+        dense_average_forward(at.model, Y, dense_acts(at), at.l(), at.lime.x,
                               pass_params(at.model).layer[at.l()].dwa, at.B, at.T);
     };
     h.block_end_backward = [](const StudyAt& at, float* dx) {  // dx becomes the block output's gradient
-        dense_average_backward(at.model, dx, dense_acts(at), at.l(), pass_acts(at.model)->x,
+        dense_average_backward(at.model, dx, dense_acts(at), at.l(), at.lime.x,
                                pass_params(at.model).layer[at.l()].dwa, pass_grads(at.model).layer[at.l()].dwa, at.B,
                                at.T, at.scratch);
     };

@@ -32,7 +32,7 @@
 #include "support/model/cpu_fast.h"
 #include "support/model/device.cuh"
 #include "support/model/lime.h"
-#include "support/study/study.h"
+#include "support/model/study.h"
 
 // --- the activations ---------------------------------------------------------
 // The regulariser's share of the model's activation allocation (lime.cu's
@@ -278,7 +278,7 @@ static void ereg_layer_backward(Model* model, const EregActs& e, int l, float* d
     op_kv_transpose(model, dV, dVt, (int)N, false, true);
 }
 
-// --- the study-model interface (support/study/study.h): a loss term ----------
+// --- the study-model interface (support/model/study.h): a loss term ----------
 static EregActs ereg_acts(const StudyAt& at) {
     EregActs e = {};
     size_t off = 0;
@@ -302,12 +302,11 @@ static StudyHooks ereg_hooks() {
         return dev == DEVICE_GPU ? 0 : ereg_cpu_scratch_floats(c, B);
     };
     h.loss_layer = [](const StudyAt& at, const float* V) {  // S2 of layer l's raw values
-        ereg_layer_forward(at.model, ereg_acts(at), at.l(), V, pass_acts(at.model)->batch.valid, at.B, at.T,
+        ereg_layer_forward(at.model, ereg_acts(at), at.l(), V, at.lime.valid, at.B, at.T,
                            at.scratch);
     };
     h.loss_layer_backward = [](const StudyAt& at, float* dV) {  // through the token-major dvr
-        const Acts* A = pass_acts(at.model);
-        ereg_layer_backward(at.model, ereg_acts(at), at.l(), dV, A->dvr, A->batch.valid, at.B, at.T, at.scratch);
+        ereg_layer_backward(at.model, ereg_acts(at), at.l(), dV, at.lime.dvr, at.lime.valid, at.B, at.T, at.scratch);
     };
     h.loss = [](const StudyAt& at) {  // loss = ce - lambda mean S2
         op_ereg_loss(at.model, ereg_acts(at).stat, at.model->c.L * at.B);

@@ -31,7 +31,7 @@
 #include "support/model/cpu_fast.h"
 #include "support/model/device.cuh"
 #include "support/model/lime.h"
-#include "support/study/study.h"
+#include "support/model/study.h"
 
 // --- the tensors (the authors' names) ------------------------------------------
 // Layer l's HC tensors, after its LLaMa tensors: per sublayer hc_attn, hc_mlp,
@@ -661,7 +661,7 @@ static void hc_sublayer_input_backward(Model* model, float* dX, const HcActs& a,
     op_hc_weights_backward(model, dX, dw, a, h, X, w, N, scratch);
 }
 
-// --- the study-model interface (support/study/study.h) ------------------------
+// --- the study-model interface (support/model/study.h) ------------------------
 // HC's activations, carved from its region (at.acts) for the model's largest batch.
 static HcActs hc_acts(const StudyAt& at) {
     HcActs a = {};
@@ -697,14 +697,14 @@ static StudyHooks hc_hooks() {
     h.norm_input_backward = [](const StudyAt& at, const NormGrad& g) {  // into dM[0], then the mixing's backward
         HcActs a = hc_acts(at);
         HcSublayer sub = hc_sublayer(a, at.model->c, at.s, at.B, at.T);
-        op_rmsnorm_backward(at.model, a.dM, g.dg, pass_acts(at.model)->dnorm, sub.M, g.g, g.rstd, at.N());
+        at.ops->rmsnorm_backward(at.model, a.dM, g.dg, at.lime.dnorm, sub.M, g.g, g.rstd, at.N());
         hc_sublayer_input_backward(at.model, g.dx, a, sub, g.x, pass_params(at.model).hc[at.s],
                                    pass_grads(at.model).hc[at.s], at.N(), at.scratch);
     };
     h.residual_start = [](const StudyAt&, float*) -> float* { return nullptr; };  // HC writes its n streams itself
     h.residual_add = [](const StudyAt& at, float* Xout, const float* inp, const float* W, int C) {
         HcSublayer sub = hc_sublayer(hc_acts(at), at.model->c, at.s, at.B, at.T);
-        op_matmul_forward(at.model, sub.y, inp, W, at.N(), C, at.model->c.d);  // y = inp @ W^T, then the depth
+        at.ops->matmul_forward(at.model, sub.y, inp, W, at.N(), C, at.model->c.d, false);  // y = inp @ W^T, then the depth
         hc_residual_forward(at.model, Xout, sub, at.N());                      // connection writes the n streams
     };
     h.residual_backward = [](const StudyAt& at, const float* dXout) {

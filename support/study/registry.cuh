@@ -1,6 +1,7 @@
 // support/study/registry.cuh — the registry's table (support/model/models.h):
 // one row per model, beside the include of the file that defines its hooks.
-// lime.cu includes this once, after its ops, which the study files' hooks call.
+// lime.cu includes this once, at its top: the hooks need none of its ops (what they
+// use of lime.cu, StudyAt lends them: support/model/study.h).
 // A new model: its file's include and its row (support/study/README.md, "Adding a model").
 #pragma once
 #include "support/model/models.h"

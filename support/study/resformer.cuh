@@ -14,7 +14,7 @@
 
 #include "support/model/device.cuh"
 #include "support/model/lime.h"
-#include "support/study/study.h"
+#include "support/model/study.h"
 #include "support/study/mixing.cuh"
 
 // Layer l mixes in the first layer's values.
@@ -46,7 +46,7 @@ static void value_residual_backward(Model* model, float* dV, float* dV0, float* 
     op_mix_backward(model, dV, dV0, dlam, dVr, lam, V, V0, 2, (size_t)N * model->c.R * model->c.hd, scratch);
 }
 
-// --- the study-model interface (support/study/study.h) ------------------------
+// --- the study-model interface (support/model/study.h) ------------------------
 static StudyHooks resformer_hooks() {
     StudyHooks h = {};
     h.specs = [](const Config& c, int l, const std::string& layer, const AddTensor& add) {
@@ -60,16 +60,15 @@ static StudyHooks resformer_hooks() {
     };
     h.mixes_values = has_value_residual;
     h.values = [](const StudyAt& at, const float* V) -> const float* {  // into layer l's vr (R, N, hd)
-        const Acts* A = pass_acts(at.model);
-        float* vr = A->vr + (size_t)at.l() * at.N() * at.model->c.R * at.model->c.hd;
-        value_residual_forward(at.model, vr, V, A->Vbuf, pass_params(at.model).layer[at.l()].value_residual, at.N());
+        float* vr = at.lime.vr + (size_t)at.l() * at.N() * at.model->c.R * at.model->c.hd;
+        value_residual_forward(at.model, vr, V, at.lime.Vbuf, pass_params(at.model).layer[at.l()].value_residual, at.N());
         return vr;
     };
     h.values_backward = [](const StudyAt& at, float* dV, const float* dvr) {
-        const Acts* A = pass_acts(at.model);
-        const float* V = A->Vbuf + (size_t)at.l() * at.N() * at.model->c.R * at.model->c.hd;
-        value_residual_backward(at.model, dV, A->dVbuf, pass_grads(at.model).layer[at.l()].value_residual, dvr, V,
-                                A->Vbuf, pass_params(at.model).layer[at.l()].value_residual, at.N(), at.scratch);
+        const float* V = at.lime.Vbuf + (size_t)at.l() * at.N() * at.model->c.R * at.model->c.hd;
+        value_residual_backward(at.model, dV, at.lime.dVbuf, pass_grads(at.model).layer[at.l()].value_residual, dvr,
+                                V, at.lime.Vbuf, pass_params(at.model).layer[at.l()].value_residual, at.N(),
+                                at.scratch);
     };
     return h;
 }

@@ -1,4 +1,4 @@
-// support/study/study.h — the study-model interface: what a model that is
+// support/model/study.h — the study-model interface: what a model that is
 // not LLaMa or LIMe (a peer) or a loss term gives lime.cu's passes. LLaMa and
 // LIMe have no hooks; a study model fills the hooks it needs, each with one
 // fixed signature, and leaves the others nullptr (LLaMa's behaviour there).
@@ -27,11 +27,32 @@
 // attention of layer l, 2l+1: its MLP). acts is the part's own activations
 // (its share of the one allocation, acts_floats of them, sized for the
 // model's largest batch model->B), scratch the model's (one op at a time).
+// What lime.cu lends a hook (a study file compiles before lime.cu's ops and
+// sees no Acts): the pass's arrays it may read or add to, and two of its ops.
+struct LimeArrays {
+    float* x;             // (L+1, streams, B, T, d) the residual stream entering each layer
+    float* Vbuf;          // (L, R, B, T, hd) the values of every layer (the KV buffer's)
+    float* vr;            // (L, R, B, T, hd) the values attention reads, where a hook mixes them
+    float* dVbuf;         // (L, R, B, T, hd) their gradients
+    float* dvr;           // (R, B, T, hd) the gradient of layer l's vr; as (B, T, R*hd) a loss term's scratch
+    float* dnorm;         // (B, T, d) the gradient of a norm's output
+    const float* valid;   // (B, T) 1 where a position holds a token of its sequence
+};
+struct LimeOps {
+    // out (N, OC) (+)= inp (N, C) @ W^T (op_matmul_forward)
+    void (*matmul_forward)(Model* model, float* out, const float* inp, const float* W, int N, int C, int OC,
+                           bool accumulate);
+    // dinp = d rmsnorm(inp, g) from dout, dg += its gain's (op_rmsnorm_backward)
+    void (*rmsnorm_backward)(Model* model, float* dinp, float* dg, const float* dout, const float* inp,
+                             const float* g, const float* rstd, int N);
+};
 struct StudyAt {
     Model* model;
     int s, B, T;
     float* acts;
     float* scratch;
+    LimeArrays lime;
+    const LimeOps* ops;
     int l() const { return s / 2; }
     int N() const { return B * T; }
 };
