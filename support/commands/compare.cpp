@@ -348,8 +348,12 @@ const double LOG_MAX_BYTES = 256.0 * (1 << 20);  // a run's log is kilobytes; a 
 
 // DIR/log.jsonl, written by ./lime train: the config line (parameters, FLOPs
 // per token, tokens per step), the training and validation loss curves, and
-// the done line's accuracy and validation loss. *done: the run finished (a
-// done line). "" or the first problem, naming the file, the line and the value.
+// the done line's accuracy and validation loss. *done: the run finished: its
+// last line is a done line right after the final evaluation's own line, with
+// its validation loss (a run stopped in its final evaluation ends with an
+// "interrupted" line; an older ./lime logged "done" there with the cut-short
+// evaluation's zeros and no eval line). "" or the first problem, naming the
+// file, the line and the value.
 static std::string read_log(Run* r, const std::string& task, bool* done) {
     FileCheck fc;
     fc.path = r->dir + "/log.jsonl";
@@ -363,13 +367,14 @@ static std::string read_log(Run* r, const std::string& task, bool* done) {
     double lowest_loss = model.entropy_reg > 0 ? -INFINITY : 0;  // the regularised loss may be negative
     double ms_sum = 0;
     int ms_n = 0;
-    std::string line;
+    std::string line, before;  // before: the kind of the line before
     while (fc.err.empty() && std::getline(in, line)) {
         fc.line++;
         Json j;
         if (!json_parse(line, &j).empty() || j.kind != Json::OBJ) { fc.fail("not a JSON object"); break; }
         const Json* type = j.get("type");
         std::string kind = type && type->kind == Json::STR ? type->str : "";
+        *done = false;  // a line after a done line: the run went on (resumed), and has not finished again
         if (kind == "config") {
             r->params = fc.number(j, "params", 1, 1e15);
             const Json* cfg = j.get("config");
@@ -399,8 +404,9 @@ static std::string read_log(Run* r, const std::string& task, bool* done) {
         } else if (kind == "done") {
             r->val_loss = fc.number(j, "val_loss", 0, INFINITY);
             r->accuracy = fc.number(j, "accuracy", 0, 1, task != "text");
-            *done = true;
+            *done = before == "eval" && r->val_loss == r->eval_losses.back();
         }
+        before = kind;
     }
     if (fc.err.empty() && fc.line > 0 && r->layers == 0) fc.fail("no config line: not a log of ./lime train");
     r->ms_per_step = ms_n ? ms_sum / ms_n : NAN;
