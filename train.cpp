@@ -932,7 +932,7 @@ static int train_loop_step(TrainRun* r, int step) {
     const TrainSettings& s = r->s;
     float factor = lr_factor(step, s.warmup, s.steps, s.sched, s.min_lr_ratio);
     std::string skipped = take_step(r, step, factor, &r->batch);  // why --skip-bad-steps skipped it, else ""
-    int stop_signal = g_stop_signal;  // one read: a signal after it is seen at the next step, or by train_finish
+    int stop_signal = g_stop_signal;  // a signal after this read is seen at the next step, or below in the last
     test_signal_at("step", step);
     bool last = step == s.steps || (s.stop_after && r->run_steps == s.stop_after);
     bool logging = skipped.empty() && (step % s.log_every == 0 || last || step == r->start_step + 1);
@@ -955,6 +955,7 @@ static int train_loop_step(TrainRun* r, int step) {
         if ((stop_signal = g_stop_signal)) saving = true;  // a signal during the evaluation: save and stop now
     }
     if (saving) save_checkpoint(r, step);
+    if (last && !stop_signal) stop_signal = g_stop_signal;  // in the last step's line or save: its end is a stop
     if (stop_signal) return train_interrupted(r, step, stop_signal);
     if (last && step != s.steps) return train_stopped(r, step);
     return -1;

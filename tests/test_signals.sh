@@ -94,6 +94,13 @@ for device in cpu gpu; do
     done
 done
 
+# --- the hook in the last step of a run cut by --stop-after: a stop, not "stopped after"
+check cpu_the_stop_after_step
+dir=$tmp/cpu-stop-after
+LIME_TEST_SIGNAL_AT=step:2:TERM $EMU train $RUN --device cpu --stop-after 2 --out "$dir" >"$dir.out" 2>&1
+stop_is_a_stop "$EMU" "$dir" $? TERM "$tmp/cpu-alone" 0
+verdict "$how"
+
 # --- ./lime | head -n 2: the reader is gone after step 1's line; step 10's line
 # (the last step, after the loop read the stop flag) raises SIGPIPE
 ref=$tmp/lime-alone
