@@ -970,12 +970,12 @@ static int train_loop(TrainRun* r) {
     return -1;
 }
 
-// A signal after the last step read the stop flag (its line, its checkpoint's
-// save; on the GPU its device time), or during the final save or evaluation:
-// the run ends interrupted at its last step, as at any other, never with a
-// "done" line from a cut-short evaluation. Its checkpoint is the last step's
-// (a resumed run that took no step writes it into its --out again); --resume
-// then saves the model and evaluates.
+// A signal before or during the final save or evaluation (one in the last
+// step, its device time on the GPU, its line or its save, ends the run in
+// train_loop_step): the run ends interrupted at its last step, as at any
+// other, never with a "done" line from a cut-short evaluation. Its checkpoint
+// is the last step's (a resumed run that took no step writes it into its
+// --out again); --resume then saves the model and evaluates.
 static int finish_interrupted(TrainRun* r) {
     if (r->run_steps == 0) save_checkpoint(r, r->s.steps);
     return train_interrupted(r, r->s.steps, g_stop_signal);
