@@ -715,10 +715,11 @@ static void train_open_output(bool quiet, TrainRun* r) {
 // --- training guards ---------------------------------------------------------
 // SIGINT (Ctrl-C), SIGTERM, SIGHUP (the terminal or ssh session went away)
 // and SIGPIPE (stdout's reader is gone: ./lime train | head) only set this
-// flag; the loop finishes its step, saves a checkpoint and exits.
-// SA_RESETHAND: a second SIGINT, SIGTERM or SIGHUP kills at once. SIGPIPE
-// stays caught (every later write to stdout raises it again, and such writes
-// just fail with EPIPE); once the loop is over it is ignored.
+// flag, from the first step to the "done" line; the loop finishes its step,
+// saves a checkpoint and exits (in the final save and evaluation:
+// finish_interrupted). SA_RESETHAND: a second SIGINT, SIGTERM or SIGHUP
+// kills at once. SIGPIPE stays caught (every later write to stdout raises
+// it again, and such writes just fail with EPIPE).
 // A stdout that is a pipe nobody reads (./lime train | sleep 60) would keep
 // the loop blocked in a write, deaf to the flag: the handler makes such a
 // pipe non-blocking (fcntl is async-signal-safe), so the blocked write ends
@@ -728,16 +729,15 @@ static void on_stop_signal(int sig) {
     if (!g_stop_signal) g_stop_signal = sig;
     if (g_stdout_pipe_flags >= 0) fcntl(1, F_SETFL, g_stdout_pipe_flags | O_NONBLOCK);
 }
-static void catch_stop_signals(bool on) {
+static void catch_stop_signals() {
     struct stat sb;
-    g_stdout_pipe_flags = on && fstat(1, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode)) ? fcntl(1, F_GETFL) : -1;
+    g_stdout_pipe_flags = fstat(1, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode)) ? fcntl(1, F_GETFL) : -1;
     struct sigaction sa = {};
-    sa.sa_handler = on ? on_stop_signal : SIG_DFL;
+    sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESETHAND | SA_RESTART;
     sigaction(SIGINT, &sa, nullptr);
     sigaction(SIGTERM, &sa, nullptr);
     sigaction(SIGHUP, &sa, nullptr);
-    sa.sa_handler = on ? on_stop_signal : SIG_IGN;
     sa.sa_flags = SA_RESTART;
     sigaction(SIGPIPE, &sa, nullptr);
 }
@@ -755,6 +755,26 @@ static int test_nan_step() {
     }();
     return step;
 }
+// LIME_TEST_SIGNAL_AT=PHASE:N:SIG (tests/test_signals.sh) raises SIG (INT,
+// TERM, HUP or PIPE) once, at PHASE of step N, where a real signal can land:
+// step (after the loop read the stop flag: the step's device time on the
+// GPU, its progress line), save (the checkpoint being written), eval (the
+// evaluation at step N begins; N = --steps: the final one), model
+// (model.safetensors being written). Unset: never.
+static void test_signal_at(const char* phase, int step) {
+    static std::string at_phase;
+    static int at_step = -1, sig = [] {
+        char p[16] = "", name[8] = "";
+        const char* v = getenv("LIME_TEST_SIGNAL_AT");
+        if (!v || sscanf(v, "%15[a-z]:%d:%7s", p, &at_step, name) != 3) return 0;
+        at_phase = p;
+        std::string n = name;
+        return n == "INT" ? SIGINT : n == "TERM" ? SIGTERM : n == "HUP" ? SIGHUP : n == "PIPE" ? SIGPIPE : 0;
+    }();
+    if (sig && step == at_step && at_phase == phase) raise(sig), sig = 0;
+}
+#else
+static void test_signal_at(const char*, int) {}
 #endif
 
 // "NaN", "Inf", "-Inf" or the number: how the guards print a loss or a norm.
@@ -867,6 +887,7 @@ static void log_progress(TrainRun* r, int step, float loss, float norm, float fa
 static void save_checkpoint(TrainRun* r, int step) {
     std::string tensor = model_first_nonfinite(&r->model, true);
     if (!tensor.empty()) training_failed(r, "the weights of " + tensor + " are not finite", step, r->last_good);
+    test_signal_at("save", step);
     std::string err = model_save(&r->model, r->s.out + "/checkpoint.safetensors", train_meta(*r), true);
     if (!err.empty()) die("train", err + "; stopped: " + r->log.kept);
     r->last_saved = step;
@@ -903,7 +924,7 @@ static int train_stopped(TrainRun* r, int step) {
 static void train_loop_start(TrainRun* r) {
     r->t_start = r->t_last = now_ms();
     r->last_good = r->last_saved = r->start_step;
-    catch_stop_signals(true);
+    catch_stop_signals();
 }
 
 // One step of the loop, checked, logged, evaluated and saved as the flags say.
@@ -912,7 +933,8 @@ static int train_loop_step(TrainRun* r, int step) {
     const TrainSettings& s = r->s;
     float factor = lr_factor(step, s.warmup, s.steps, s.sched, s.min_lr_ratio);
     std::string skipped = take_step(r, step, factor, &r->batch);  // why --skip-bad-steps skipped it, else ""
-    int stop_signal = g_stop_signal;
+    int stop_signal = g_stop_signal;  // a signal after this read is seen at the next step, or below in the last
+    test_signal_at("step", step);
     bool last = step == s.steps || (s.stop_after && r->run_steps == s.stop_after);
     bool logging = skipped.empty() && (step % s.log_every == 0 || last || step == r->start_step + 1);
     bool saving = step % s.save_every == 0 || last || stop_signal;
@@ -926,6 +948,7 @@ static int train_loop_step(TrainRun* r, int step) {
     if (logging) log_progress(r, step, loss, norm, factor);
     if (step % s.eval_every == 0 && !last && !stop_signal) {
         double t0 = now_ms();
+        test_signal_at("eval", step);
         evaluate(&r->model, r->task, step, s.eval_size, &r->log, &r->val_loss, &r->acc);
         r->t_last = now_ms();
         r->eval_ms += r->t_last - t0;
@@ -933,6 +956,7 @@ static int train_loop_step(TrainRun* r, int step) {
         if ((stop_signal = g_stop_signal)) saving = true;  // a signal during the evaluation: save and stop now
     }
     if (saving) save_checkpoint(r, step);
+    if (last && !stop_signal) stop_signal = g_stop_signal;  // in the last step's line or save: its end is a stop
     if (stop_signal) return train_interrupted(r, step, stop_signal);
     if (last && step != s.steps) return train_stopped(r, step);
     return -1;
@@ -947,17 +971,32 @@ static int train_loop(TrainRun* r) {
     return -1;
 }
 
+// A signal before or during the final save or evaluation (one in the last
+// step, its device time on the GPU, its line or its save, ends the run in
+// train_loop_step): the run ends interrupted at its last step, as at any
+// other, never with a "done" line from a cut-short evaluation. Its checkpoint
+// is the last step's (a resumed run that took no step writes it into its
+// --out again); --resume then saves the model and evaluates.
+static int finish_interrupted(TrainRun* r) {
+    if (r->run_steps == 0) save_checkpoint(r, r->s.steps);
+    return train_interrupted(r, r->s.steps, g_stop_signal);
+}
+
 // The end of the run: DIR/model.safetensors (no optimiser state), the final
-// evaluation (every test question; text: --eval-size windows) and the line "done: ...".
+// evaluation (every test question; text: --eval-size windows) and the line
+// "done: ...". The stop signals stay caught: one before or during the final
+// save and evaluation ends the run as interrupted (finish_interrupted).
 static int train_finish(TrainRun* r) {
-    // the final save and evaluation: a signal ends them at once (the save is atomic); a group's
-    // other runs go on stepping, and keep the signals caught
-    if (!g_end_hook) catch_stop_signals(false);
     double seconds = (now_ms() - r->t_start) / 1000;
+    if (g_stop_signal) return finish_interrupted(r);
+    test_signal_at("model", r->s.steps);
     std::string err = model_save(&r->model, r->s.out + "/model.safetensors", train_meta(*r), false);
     if (!err.empty()) die("train", err + "; stopped: " + r->log.kept);
+    if (g_stop_signal) return finish_interrupted(r);
     const Task& task = r->task;
+    test_signal_at("eval", r->s.steps);
     evaluate(&r->model, task, r->s.steps, task.kind != "text" ? 0 : r->s.eval_size, &r->log, &r->val_loss, &r->acc);
+    if (g_stop_signal) return finish_interrupted(r);
     printf("done: %s, %d steps in %s, val loss %.4f", model_name(r->c).c_str(), r->s.steps - r->start_step,
            duration_str(seconds).c_str(), r->val_loss);
     if (r->acc >= 0) printf(", accuracy %.1f%%", 100 * r->acc);
@@ -1071,6 +1110,19 @@ static bool as_run(GroupRun* g, F f) {
     return false;
 }
 
+// Run i's --out is an earlier run's directory (by any path: the same device
+// and inode): refused as such (its lock would name the group's own pid as
+// "another ./lime train").
+static void refuse_shared_out(const std::vector<std::unique_ptr<GroupRun>>& runs, size_t i) {
+    struct stat mine, theirs;
+    if (stat(runs[i]->run.s.out.c_str(), &mine) != 0) return;  // lock_run_dir says why
+    for (size_t j = 0; j < i; j++)
+        if (runs[j]->run.lock_fd >= 0 && stat(runs[j]->run.s.out.c_str(), &theirs) == 0 &&
+            mine.st_dev == theirs.st_dev && mine.st_ino == theirs.st_ino)
+            die("train", "--out " + runs[i]->run.s.out + " is given to two runs of this group (runs " +
+                             std::to_string(j + 1) + " and " + std::to_string(i + 1) + "); give each its own --out");
+}
+
 static int cmd_train_group(int argc, char** argv) {
     signal(SIGXFSZ, SIG_IGN);
     const char* usage = "usage: ./lime train-group [--fit] --run FD TRAIN-FLAGS... [--run FD TRAIN-FLAGS...]";
@@ -1101,7 +1153,10 @@ static int cmd_train_group(int argc, char** argv) {
         for (std::string& w : g->words) words.push_back(&w[0]);
         bool ok = as_run(g.get(), [&] {
             train_prepare((int)words.size(), words.data(), &g->st, &g->run);
-            if (mkdir(g->run.s.out.c_str(), 0755) == 0 || errno == EEXIST) g->run.lock_fd = lock_run_dir(g->run.s.out);
+            if (mkdir(g->run.s.out.c_str(), 0755) == 0 || errno == EEXIST) {
+                refuse_shared_out(runs, &g - runs.data());
+                g->run.lock_fd = lock_run_dir(g->run.s.out);
+            }
             g->need = g->run.dev == DEVICE_GPU ? model_device_need(g->run.c, g->run.s.B, g->run.settings) : 0;
         });
         if (!ok && failed.empty()) {  // named by its --out, as given (its flags may not have been read)

@@ -13,6 +13,7 @@ suites=(
     "bash tests/test_flags.sh"   # every command's bad flags: exit 2, one line, nothing written
     "bash tests/test_faults.sh"  # kills mid-save, Ctrl-C, NaN guards, corrupt checkpoints
     "bash tests/test_group.sh"   # several runs in one process on the (emulated) GPU: the same bits, faults apart
+    "bash tests/test_signals.sh" # SIGINT, SIGTERM, SIGPIPE at every phase of a run: a stop or the true end, then resume
     "bash tests/test_hostile.sh" # lying reference files and checkpoints, JSON parsed back, escaped messages
     "bash tests/test_docs.sh"    # README.md and docs/ name only what exists; nothing points outside
     "bash tests/test_layers.sh"  # support/ in layers: each file includes only what its layer may

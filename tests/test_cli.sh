@@ -328,6 +328,17 @@ bad bad_missing_checkpoint  "no such file"     $LIME eval --load "$tmp/nope.safe
 bad bad_not_a_checkpoint    "safetensors"      $LIME eval --load "$tmp/text.safetensors"
 bad bad_truncated           "truncated"        $LIME eval --load "$tmp/truncated.safetensors"
 bad bad_resume_other_arch   "different model"  $LIME train --resume "$tmp/part/checkpoint.safetensors" --arch llama
+# every shape flag given on resume is checked against the checkpoint's own value: the same is
+# taken (--router-heads same of a same-head run), a change names both values
+$LIME train $TINY --router-heads same --steps 4 --stop-after 2 --out "$tmp/same_head" >/dev/null 2>&1
+bad bad_resume_other_router_heads "its --router-heads same) than --router-heads all" \
+    $LIME train --resume "$tmp/same_head/checkpoint.safetensors" --router-heads all
+out=$($LIME train --resume "$tmp/same_head/checkpoint.safetensors" --arch lime --router static --router-kv shared \
+      --router-weights learned --router-heads same 2>&1); status=$?
+check resume_takes_the_checkpoints_own_shape_flags
+expect "exit $status" [ $status -eq 0 ]
+expect "no done line for lime:same-head" has "$out" "^done: lime:same-head, 2 steps"
+verdict "$(tail -1 <<<"$out")"
 bad bad_unwritable_out      "cannot"           $LIME train $TINY --steps 2 --out /proc/lime-test
 bad bad_sample_unknown_tok  "unknown"          $LIME sample --load "$tmp/run/model.safetensors" --prompt "3 + x ="
 bad bad_verify_no_files     "needs reference"  $LIME verify

@@ -117,6 +117,31 @@ expect "the held run says its directory is in use" has "$(cat "$tmp/l/held/train
 expect "the other run wrote nothing" not test -e "$tmp/l/ok/log.jsonl"
 verdict
 
+# --help among a run's flags is refused as any flag a run cannot take: exit 2, none started
+check group_help_in_a_run_starts_none
+mkdir -p "$tmp/h/a" "$tmp/h/b"
+(exec 5>"$tmp/h/a/train.out" 6>"$tmp/h/b/train.out"
+ $LIME train-group --run 5 $THREE --out "$tmp/h/a" --run 6 $THREE --out "$tmp/h/b" --help)
+status=$?
+expect "train-group exits 2 (it exited $status)" test $status -eq 2
+expect "the run with --help says it is not a run's flag" has "$(cat "$tmp/h/b/train.out")" \
+    "error: --help is not a flag a run of train-group takes"
+expect "the other run says it was not started" has "$(cat "$tmp/h/a/train.out")" "not started: another run"
+expect "no run wrote a log" not test -e "$tmp/h/a/log.jsonl"
+verdict "$(tail -1 "$tmp/h/b/train.out")"
+
+# Two runs given one --out: refused as such, naming both runs (not "another ./lime train", the group itself)
+check group_one_out_for_two_runs_names_them
+mkdir -p "$tmp/o/a"
+(exec 5>"$tmp/o/a/train.out" 6>"$tmp/o/train2.out"
+ $LIME train-group --run 5 $THREE --out "$tmp/o/a" --run 6 $THREE --out "$tmp/o/a/")
+status=$?
+expect "train-group exits 2 (it exited $status)" test $status -eq 2
+expect "the second run does not name both runs" has "$(cat "$tmp/o/train2.out")" \
+    "is given to two runs of this group (runs 1 and 2); give each its own --out"
+expect "no run wrote a log" not test -e "$tmp/o/a/log.jsonl"
+verdict "$(tail -1 "$tmp/o/train2.out")"
+
 # More runs than the (emulated, 24 GB) GPU holds at once: refused with the
 # number that fits, before any model is made; with --fit they would take turns.
 check group_beyond_memory_says_how_many_fit

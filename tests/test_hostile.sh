@@ -174,6 +174,8 @@ expect "report.md has no row for llama" grep -q "| tier 2 | llama |" "$tmp/c3/re
 expect "report.md took the tampered accuracy (750)" not grep -q "| tier 2 | llama | 750" "$tmp/c3/report.md"
 verdict "$(grep "| tier 2 | llama |" "$tmp/c3/report.md")"
 tamper compare_reuse_negative_loss_refused '"val_loss" -3 is not' "$log" 's/\("type": "done".*"val_loss": \)[0-9.e-]*/\1-3/'
+tamper compare_reuse_done_not_the_final_evaluation_refused "the done line's numbers are not the final evaluation's" \
+    "$log" 's/\("type": "done".*"val_loss": \)[0-9.e-]*/\11.5/'
 tamper compare_reuse_negative_entropy_refused 'entropy.tsv line 2: entropy -1' "$tsv" '2s/^raw\t0\t[0-9.]*/raw\t0\t-1/'
 tamper compare_reuse_huge_entropy_refused 'entropy 1e+300' "$tsv" '2s/^raw\t0\t[0-9.]*/raw\t0\t1e300/'
 tamper compare_reuse_layer_past_model_refused 'layer 7 is not one of the model' "$tsv" '2s/^raw\t0\t/raw\t7\t/'

@@ -886,6 +886,18 @@ TEST(router_variant_names_are_checked) {
     for (const char* bad : {"llama:average", "lime:", "lime:sideways"}) CHECK(!model_parse(bad, &l), "model_parse accepted '%s'", bad);
 }
 
+// train --resume compares each shape flag typed with the checkpoint's own
+// value (shape_flag_value): a flag without one would refuse the checkpoint's own.
+TEST(shape_flag_value_gives_every_shape_flag) {
+    Config same = tiny_config(ARCH_LIME, 4, 2);
+    same.router_same_head = true;
+    for (const Config& c : {tiny_config(ARCH_LLAMA, 4, 2), tiny_config(ARCH_LIME, 4, 2), same})
+        for (const FlagSpec& f : SHAPE_FLAGS)
+            CHECK(!shape_flag_value(c, f.name).empty(), "%s: no value for --%s", model_name(c).c_str(), f.name);
+    CHECK(shape_flag_value(same, "router-heads") == "same", "lime:same-head's --router-heads: '%s', want same",
+          shape_flag_value(same, "router-heads").c_str());
+}
+
 TEST(router_variant_init_zeroes_unread_layers_and_average_is_fixed) {
     for (const char* model : {"lime:last-1", "lime:first-1", "lime:average", "lime:last-2:separate"}) {
         Config c = tiny_config(ARCH_LIME, 4, 2), s = c;

@@ -348,8 +348,12 @@ const double LOG_MAX_BYTES = 256.0 * (1 << 20);  // a run's log is kilobytes; a 
 
 // DIR/log.jsonl, written by ./lime train: the config line (parameters, FLOPs
 // per token, tokens per step), the training and validation loss curves, and
-// the done line's accuracy and validation loss. *done: the run finished (a
-// done line). "" or the first problem, naming the file, the line and the value.
+// the done line's accuracy and validation loss. *done: the run finished: its
+// last line is a done line right after the final evaluation's own line (a
+// run stopped in its final evaluation ends with an "interrupted" line; an
+// older ./lime logged "done" there with the cut-short evaluation's zeros and
+// no eval line), whose numbers it repeats. "" or the first problem, naming
+// the file, the line and the value.
 static std::string read_log(Run* r, const std::string& task, bool* done) {
     FileCheck fc;
     fc.path = r->dir + "/log.jsonl";
@@ -363,13 +367,15 @@ static std::string read_log(Run* r, const std::string& task, bool* done) {
     double lowest_loss = model.entropy_reg > 0 ? -INFINITY : 0;  // the regularised loss may be negative
     double ms_sum = 0;
     int ms_n = 0;
-    std::string line;
+    std::string line, before;          // before: the kind of the line before
+    double eval_loss = 0, eval_acc = 0;  // the last eval line's
     while (fc.err.empty() && std::getline(in, line)) {
         fc.line++;
         Json j;
         if (!json_parse(line, &j).empty() || j.kind != Json::OBJ) { fc.fail("not a JSON object"); break; }
         const Json* type = j.get("type");
         std::string kind = type && type->kind == Json::STR ? type->str : "";
+        *done = false;  // a line after a done line: the run went on (resumed), and has not finished again
         if (kind == "config") {
             r->params = fc.number(j, "params", 1, 1e15);
             const Json* cfg = j.get("config");
@@ -394,13 +400,17 @@ static std::string read_log(Run* r, const std::string& task, bool* done) {
             if (r->steps.size() > 1) ms_sum += ms, ms_n++;  // the first line's speed includes the start-up
         } else if (kind == "eval") {
             r->eval_steps.push_back(fc.number(j, "step", 1, (double)MAX_STEPS));
-            r->eval_losses.push_back(fc.number(j, "val_loss", 0, INFINITY));
-            fc.number(j, "accuracy", 0, 1, false);
+            r->eval_losses.push_back(eval_loss = fc.number(j, "val_loss", 0, INFINITY));
+            eval_acc = fc.number(j, "accuracy", 0, 1, false);
         } else if (kind == "done") {
             r->val_loss = fc.number(j, "val_loss", 0, INFINITY);
             r->accuracy = fc.number(j, "accuracy", 0, 1, task != "text");
-            *done = true;
+            *done = before == "eval";
+            bool same_acc = r->accuracy == eval_acc || (std::isnan(r->accuracy) && std::isnan(eval_acc));
+            if (*done && (r->val_loss != eval_loss || !same_acc))
+                fc.fail("the done line's numbers are not the final evaluation's, on the line before");
         }
+        before = kind;
     }
     if (fc.err.empty() && fc.line > 0 && r->layers == 0) fc.fail("no config line: not a log of ./lime train");
     r->ms_per_step = ms_n ? ms_sum / ms_n : NAN;

@@ -122,7 +122,8 @@ inline void die(const std::string& cmd, const std::string& msg) {
     exit(2);
 }
 
-// Parses argv into args; --help prints the flags and exits 0.
+// Parses argv into args; --help prints the flags and exits 0 (in a run of
+// ./lime train-group, whose runs end through g_end_hook, it is refused).
 inline Args parse_args(const std::string& cmd, const char* summary, const std::vector<FlagSpec>& flags, int argc, char** argv,
                        bool positional_ok) {
     Args a;
@@ -134,6 +135,8 @@ inline Args parse_args(const std::string& cmd, const char* summary, const std::v
     }
     for (int i = 0; i < argc; i++) {
         std::string tok = argv[i];
+        if ((tok == "--help" || tok == "-h") && g_end_hook)  // a run of ./lime train-group: refused, the group not started
+            die(cmd, tok + " is not a flag a run of train-group takes; ./lime " + cmd + " --help lists its flags");
         if (tok == "--help" || tok == "-h") { print_help(cmd.c_str(), summary, flags); exit(0); }
         if (tok.rfind("--", 0) != 0) {
             if (!positional_ok) die(cmd, "unexpected argument '" + tok + "'; flags start with --, see ./lime " + cmd + " --help");

@@ -326,6 +326,7 @@ std::string shape_flag_value(const Config& c, const std::string& flag) {
     if (flag == "router") return lime ? router_name(c) : "none";
     if (flag == "router-kv") return lime ? (c.router_kv_separate ? "separate" : "shared") : "none";
     if (flag == "router-weights") return lime ? (c.router_frozen ? "frozen" : "learned") : "none";
+    if (flag == "router-heads") return lime ? (c.router_same_head ? "same" : "all") : "none";
     if (flag == "hc-rate") return hc ? std::to_string(c.hc_rate) : "none";
     if (flag == "hc-dynamic") return hc ? (c.hc_dynamic ? "1" : "0") : "none";
     if (flag == "entropy-reg") return fmt("%.9g", c.entropy_reg);
