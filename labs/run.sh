@@ -181,7 +181,7 @@ judge_pid=$!
 # killed, with its worker (which dies with it), and the lab fails.
 stopped=""
 while :; do
-    stat="" && read -r stat <"/proc/$judge_pid/stat" 2>/dev/null
+    stat="" && read -r stat 2>/dev/null <"/proc/$judge_pid/stat"
     state=${stat##*) } && state=${state:0:1}  # after the name, in parentheses, which may hold anything
     case $state in
         T) stopped=$state; kill -KILL "$judge_pid"; break ;;
