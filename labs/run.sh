@@ -77,10 +77,12 @@ if [ "$file" = project ]; then
     judge=$built/checker-project worker=""  # (its names hold a "-": no FILE's directory, made of [A-Za-z0-9_], is one)
 else
     # compiled with a time limit and no input: a file that #includes a FIFO or /dev/stdin ends too
-    timeout -k 5 "$limit" $CXX $flags -x c++ -c "$file" -o "$dir/student.o" </dev/null 2>"$dir/errors"
+    # (at least 60 s: a short LAB_TIMEOUT, for an endless loop, is no compiler's limit on a busy machine)
+    compile=$(( limit > 60 ? limit : 60 ))
+    timeout -k 5 "$compile" $CXX $flags -x c++ -c "$file" -o "$dir/student.o" </dev/null 2>"$dir/errors"
     status=$?
     if [ $status -eq 124 ] || [ $status -eq 137 ]; then
-        fail compiles "fix $file: it did not compile within $limit s (does it #include a device or a FIFO?)"
+        fail compiles "fix $file: it did not compile within $compile s (does it #include a device or a FIFO?)"
         summary
     elif [ $status -ne 0 ]; then
         grep -m1 -A2 'error' "$dir/errors"
@@ -93,7 +95,7 @@ else
     # The judge's reference (labs/check.h) and the project's own functions (lime.cu) are not the
     # student's to call: the file includes no header of this repository but labs/lab.h (and what that
     # includes), and calls no function that lime.cu or the tests' objects define.
-    timeout -k 5 "$limit" $CXX $flags -x c++ -E -H "$file" -o /dev/null </dev/null 2>"$dir/includes"
+    timeout -k 5 "$compile" $CXX $flags -x c++ -E -H "$file" -o /dev/null </dev/null 2>"$dir/includes"
     here=$(pwd -P)/ top=""
     while IFS= read -r line; do
         [[ $line =~ ^(\.+)\ (.*)$ ]] || continue
@@ -189,7 +191,7 @@ while :; do
     esac
     sleep 0.1
 done
-wait "$judge_pid"
+wait "$judge_pid" 2>/dev/null  # (a killed judge: no "Killed" line from bash)
 status=$?
 after=$(lab_files)
 if [ "$after" != "$before" ]; then
