@@ -168,11 +168,12 @@ if [ -n "$worker" ] && [ "$(id -u)" = 0 ]; then
 elif [ -n "$worker" ]; then
     echo "lab$n: the worker runs as you, unconfined (labs/README.md, \"The boundary\": grade others' files as root)"
 fi
-# The lab's own files (its scripts, its sources, the judge and what it is
-# linked from, the reference vectors): the student's code must not change
+# The lab's own files (its scripts, its sources, this lab's judge and what
+# it is linked from, the reference vectors): the student's code must not change
 # them; they are checked again after the judge.
 lab_files() {
-    { find labs support tests/golden build/lab -maxdepth 2 -type f ! -path 'labs/lab*/mine.*'
+    { find labs support tests/golden -maxdepth 2 -type f ! -path 'labs/lab*/mine.*'
+      find "$built" -maxdepth 1 -type f
       printf '%s\n' lime.cu Makefile $LAB_OBJ; } 2>/dev/null | sort -u | xargs -d '\n' sha256sum 2>/dev/null
 }
 before=$(lab_files) script=$(cat labs/run.sh)
