@@ -197,9 +197,14 @@ status=$?
 after=$(lab_files)
 if [ "$after" != "$before" ]; then
     changed=$(diff <(echo "$before") <(echo "$after") | sed -n 's/^[<>] [0-9a-f]*  //p' | sort -u)
-    [ "$script" != "$(cat labs/run.sh 2>/dev/null)" ] && printf '%s\n' "$script" >labs/run.sh  # restored
-    grep '^build/' <<<"$changed" | xargs -r -d '\n' rm -f --  # the next make builds them again
-    fail checker "the lab's own files changed while your code ran: $(echo $changed); labs/run.sh is restored and build/ rebuilds, restore any other with git checkout; nothing here is a verdict"
+    undone=""
+    if [ "$script" != "$(cat labs/run.sh 2>/dev/null)" ]; then
+        printf '%s\n' "$script" >labs/run.sh && undone+="labs/run.sh is put back; "
+    fi
+    if grep -q '^build/' <<<"$changed"; then  # the next make labN builds them again
+        grep '^build/' <<<"$changed" | xargs -d '\n' rm -f -- && undone+="the build files are removed, for make to build again; "
+    fi
+    fail checker "your code changed the lab's own files while it ran, so there is no verdict: $(tr '\n' ' ' <<<"$changed")(${undone}restore any other with git checkout)"
     summary
 fi
 if [ -n "$stopped" ]; then

@@ -7,7 +7,7 @@
 // checks the files after it.
 // alone
 // passes: 0
-// expect: never written || the lab's own files changed while your code ran
+// expect: never written || your code changed the lab's own files while it ran
 #include <unistd.h>
 
 #include <cstdio>
