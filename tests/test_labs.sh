@@ -111,6 +111,28 @@ if [ ! -s "$LAB_TEST_PIDFILE" ]; then fail lab_leftover_helper_is_ended "escaped
 elif [ -n "$alive" ]; then fail lab_leftover_helper_is_ended "helpers still running after the lab ended:$alive"; kill -9 $alive
 else pass lab_leftover_helper_is_ended; fi
 
+# A judge that is stopped (SIGSTOP; here from outside, as a worker running as
+# the same user can) keeps no time limit: labs/run.sh ends it, and the lab
+# fails within seconds, not never.
+descendants() { local k; for k in $(ps -o pid= --ppid "$1"); do echo "$k"; descendants "$k"; done; }
+(LAB_TIMEOUT=60 timeout -k 5 120 make -s --no-print-directory lab1 FILE=tests/labs/lab1/endless_loop.cpp \
+    >"$tmp/stopped.out" 2>&1; echo $? >"$tmp/stopped.status") &
+lab=$! judge=""
+for _ in $(seq 600); do
+    for k in $(descendants "$lab"); do [ "$(cat "/proc/$k/comm" 2>/dev/null)" = checker-judge ] && judge=$k; done
+    [ -n "$judge" ] && break
+    sleep 0.1
+done
+started=$SECONDS
+[ -n "$judge" ] && sleep 1 && kill -STOP "$judge"
+wait "$lab"
+if [ -z "$judge" ]; then fail lab_stopped_judge_is_ended "no judge (checker-judge) ran: $(tail -2 "$tmp/stopped.out")"
+elif [ "$(cat "$tmp/stopped.status")" = 124 ]; then kill -KILL "$judge" 2>/dev/null; fail lab_stopped_judge_is_ended "the lab waited for the stopped judge until timeout ended it"
+elif ! grep -q '^FAIL checker: the judge was stopped' "$tmp/stopped.out" || ! grep -q '^lab1: 0 passed, 1 failed$' "$tmp/stopped.out"; then
+    fail lab_stopped_judge_is_ended "expected the judge's stop named and the summary: $(tail -2 "$tmp/stopped.out" | tr '\n' ' ')"
+elif [ $((SECONDS - started)) -gt 20 ]; then fail lab_stopped_judge_is_ended "it took $((SECONDS - started)) s"
+else pass lab_stopped_judge_is_ended; fi
+
 # A FILE that is not a regular file (a FIFO would hold the compiler for ever): one line, at once.
 mkfifo "$tmp/fifo.cpp"
 out=$(timeout 20 make -s --no-print-directory lab1 FILE="$tmp/fifo.cpp" 2>&1); status=$?
