@@ -6,8 +6,10 @@
 #pragma once
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #ifdef __linux__
@@ -260,14 +262,52 @@ inline bool transcript_ended(const std::string& t) {
     return t.size() >= 4 && t.compare(t.size() - 4, 4, "\xff\xff\xff\xff") == 0;
 }
 
+// The worker's user: LIME_LAB_WORKER_UID (labs/run.sh sets it when the lab
+// runs as root: 65534, nobody), else 0, the judge's own. As another user the
+// worker can neither write the lab's files (the judge, labs/run.sh, the
+// verdicts) nor signal the judge or its parents (labs/README.md, "The boundary").
+inline uid_t lab_worker_uid() {
+    const char* u = getenv("LIME_LAB_WORKER_UID");
+    long id = u ? atol(u) : 0;
+    return id > 0 && id < 0x7fffffff ? (uid_t)id : 0;
+}
+
+// In the worker's process, before it runs any student code: its own user
+// (uid, group the same number, no supplementary groups), no way back to
+// privileges (no setuid program, no new capabilities), still killed with
+// the judge. "" or why not.
+inline std::string become_worker_user(uid_t uid, pid_t judge) {
+    if (uid != 0) {
+        gid_t gid = (gid_t)uid;
+        if (setgroups(0, nullptr) != 0 || setgid(gid) != 0 || setuid(uid) != 0 || getuid() != uid || geteuid() != uid)
+            return strf("the judge could not run the worker as user %d: %s", (int)uid, strerror(errno));
+    }
+#ifdef __linux__
+    prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // a change of user clears it
+#endif
+    struct rlimit procs = {4096, 4096};  // a fork bomb under the worker's user ends there
+    if (uid != 0) setrlimit(RLIMIT_NPROC, &procs);
+    if (getppid() != judge) _exit(127);  // the judge died meanwhile
+    return "";
+}
+
 // The worker runs check `name`, recording (labs/transcript.cpp); its
 // transcript into *transcript. "" or why it gave none.
 inline std::string run_worker(const char* worker, const std::string& name, int timeout_s, std::string* transcript) {
+    pid_t judge = getpid();
+    uid_t uid = lab_worker_uid();
     ChildEnd e = run_child([&](int answer) {
         dup2(answer, 3);  // the transcript's descriptor (dup2 clears close-on-exec)
         close_from(4);    // nothing else of the checker's (or of make's) reaches the student's code
+        std::string why = become_worker_user(uid, judge);
+        if (!why.empty()) {
+            fprintf(stderr, "%s\n", why.c_str());
+            _exit(126);
+        }
         setenv("LIME_LAB_CHECK", name.c_str(), 1);
         unsetenv("LIME_LAB_WORKER");  // the worker is no judge
+        unsetenv("LIME_LAB_WORKER_UID");
         execl(worker, worker, (char*)nullptr);
         fprintf(stderr, "cannot run the worker %s: %s\n", worker, strerror(errno));
         _exit(126);

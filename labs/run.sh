@@ -11,7 +11,15 @@
 # tests/test_labs.sh does) with the project's checker. One PASS or FAIL line
 # per check, a FAIL with a hint; the last line is "labN: P passed, F failed".
 # Lab 5 (an experiment) has no code: FILE is the answers file.
+# The boundary between the student's code and the verdict: labs/README.md,
+# "The boundary".
+#
+# The whole script is one { ... } block, read and parsed to its end before
+# any of it runs: a change to this file while it runs (from a student's code)
+# changes nothing in this run, and the check after the judge undoes it.
+{
 cd "$(dirname "$0")/.." || exit 2
+umask 022  # what the lab writes, the worker (another user) can read and not write
 n=$1 file=$2
 : "${CXX:=g++}"
 export OMP_NUM_THREADS=1  # the checks' shapes are tiny; and the judge must compute as the worker did
@@ -69,10 +77,12 @@ if [ "$file" = project ]; then
     judge=$built/checker-project worker=""  # (its names hold a "-": no FILE's directory, made of [A-Za-z0-9_], is one)
 else
     # compiled with a time limit and no input: a file that #includes a FIFO or /dev/stdin ends too
-    timeout -k 5 "$limit" $CXX $flags -x c++ -c "$file" -o "$dir/student.o" </dev/null 2>"$dir/errors"
+    # (at least 60 s: a short LAB_TIMEOUT, for an endless loop, is no compiler's limit on a busy machine)
+    compile=$(( limit > 60 ? limit : 60 ))
+    timeout -k 5 "$compile" $CXX $flags -x c++ -c "$file" -o "$dir/student.o" </dev/null 2>"$dir/errors"
     status=$?
     if [ $status -eq 124 ] || [ $status -eq 137 ]; then
-        fail compiles "fix $file: it did not compile within $limit s (does it #include a device or a FIFO?)"
+        fail compiles "fix $file: it did not compile within $compile s (does it #include a device or a FIFO?)"
         summary
     elif [ $status -ne 0 ]; then
         grep -m1 -A2 'error' "$dir/errors"
@@ -82,6 +92,26 @@ else
     for f in $needs; do
         nm -C "$dir/student.o" | grep -q " T ${f}" || { fail defines "$file does not define ${f%(}(), the lab's function"; summary; }
     done
+    # The judge's reference (labs/check.h) and the project's own functions (lime.cu) are not the
+    # student's to call: the file includes no header of this repository but labs/lab.h (and what that
+    # includes), and calls no function that lime.cu or the tests' objects define.
+    timeout -k 5 "$compile" $CXX $flags -x c++ -E -H "$file" -o /dev/null </dev/null 2>"$dir/includes"
+    here=$(pwd -P)/ top=""
+    while IFS= read -r line; do
+        [[ $line =~ ^(\.+)\ (.*)$ ]] || continue
+        header=$(realpath -m -- "${BASH_REMATCH[2]}")
+        [ ${#BASH_REMATCH[1]} -eq 1 ] && top=$header  # what the file itself includes
+        [[ $header == "$here"* ]] || continue
+        [ "$top" = "${here}labs/lab.h" ] && continue
+        fail includes "$file includes ${header#"$here"}: a lab file may include labs/lab.h and the standard headers only (labs/check.h is the judge's, its reference the answer): remove it"
+        summary
+    done <"$dir/includes"
+    nm -g --defined-only $LAB_OBJ 2>/dev/null | awk 'NF == 3 { print $3 }' | sort -u >"$dir/project_symbols"
+    called=$(nm -u "$dir/student.o" | awk '{ print $2 }' | sort -u | comm -12 - "$dir/project_symbols" | head -1)
+    if [ -n "$called" ]; then
+        fail own_code "$file calls $(c++filt "$called"), which lime.cu or the tests define (the project's own code): write the lab's function without it"
+        summary
+    fi
     # Another lab's function would replace the project's in the worker alone: the judge would compute otherwise.
     for f in router_forward\( router_backward\( router_forward_gpu\( adamw_numbers\( adamw\( clip_scale\(; do
         [[ " $needs " == *" $f "* ]] && continue
@@ -124,8 +154,63 @@ verdicts=$dir/verdicts printed=$dir/printed
 settings=()
 [ -n "$worker" ] && settings+=("LIME_LAB_WORKER=$worker")
 [ "$n" = 3 ] && settings+=(LIME_EMU_QUIET=1)  # every thread and block order of the harness, quietly
-env "${settings[@]}" "$judge" >"$verdicts" 2>"$printed" </dev/null
+# The worker's user. As root (CI, a grader's account made for it) the worker
+# runs as nobody (65534), which can neither write the lab's files nor signal
+# the judge or its parents; else it runs as the user who runs the lab.
+if [ -n "$worker" ] && [ "$(id -u)" = 0 ]; then
+    if ! command -v setpriv >/dev/null; then
+        echo "lab$n: the worker runs as root, unconfined: setpriv (util-linux) is missing"
+    elif ! setpriv --reuid=65534 --regid=65534 --clear-groups -- test -x "$worker" -a -r tests/golden -a -x tests/golden; then
+        echo "lab$n: the worker runs as root, unconfined: the user nobody (65534) cannot run $worker or read tests/golden; fix: chmod o+rx on the checkout's folders"
+    else
+        settings+=(LIME_LAB_WORKER_UID=65534)
+    fi
+elif [ -n "$worker" ]; then
+    echo "lab$n: the worker runs as you, unconfined (labs/README.md, \"The boundary\": grade others' files as root)"
+fi
+# The lab's own files (its scripts, its sources, this lab's judge and what
+# it is linked from, the reference vectors): the student's code must not change
+# them; they are checked again after the judge.
+lab_files() {
+    { find labs support tests/golden -maxdepth 2 -type f ! -path 'labs/lab*/mine.*'
+      find "$built" -maxdepth 1 -type f
+      printf '%s\n' lime.cu Makefile $LAB_OBJ; } 2>/dev/null | sort -u | xargs -d '\n' sha256sum 2>/dev/null
+}
+before=$(lab_files) script=$(cat labs/run.sh)
+env "${settings[@]}" "$judge" >"$verdicts" 2>"$printed" </dev/null &
+judge_pid=$!
+# The time limit is the judge's; a judge that is stopped (SIGSTOP, from the
+# worker it started when that runs as the same user) keeps none: it is
+# killed, with its worker (which dies with it), and the lab fails.
+stopped=""
+while :; do
+    stat="" && read -r stat 2>/dev/null <"/proc/$judge_pid/stat"
+    state=${stat##*) } && state=${state:0:1}  # after the name, in parentheses, which may hold anything
+    case $state in
+        T) stopped=$state; kill -KILL "$judge_pid"; break ;;
+        Z|X|"") break ;;
+    esac
+    sleep 0.1
+done
+wait "$judge_pid" 2>/dev/null  # (a killed judge: no "Killed" line from bash)
 status=$?
+after=$(lab_files)
+if [ "$after" != "$before" ]; then
+    changed=$(diff <(echo "$before") <(echo "$after") | sed -n 's/^[<>] [0-9a-f]*  //p' | sort -u)
+    undone=""
+    if [ "$script" != "$(cat labs/run.sh 2>/dev/null)" ]; then
+        printf '%s\n' "$script" >labs/run.sh && undone+="labs/run.sh is put back; "
+    fi
+    if grep -q '^build/' <<<"$changed"; then  # the next make labN builds them again
+        grep '^build/' <<<"$changed" | xargs -d '\n' rm -f -- && undone+="the build files are removed, for make to build again; "
+    fi
+    fail checker "your code changed the lab's own files while it ran, so there is no verdict: $(tr '\n' ' ' <<<"$changed")(${undone}restore any other with git checkout)"
+    summary
+fi
+if [ -n "$stopped" ]; then
+    fail checker "the judge was stopped (a SIGSTOP from your code?) and was ended: a lab's code must not signal other processes"
+    summary
+fi
 if [ -s "$printed" ]; then
     echo "lab$n: your code printed (first lines):"
     head -c 100000 "$printed" | head -5 | cut -c1-200 | sed 's/^/  | /'
@@ -142,3 +227,5 @@ elif [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
     fail checker "the checker itself ended badly: $(ended "$status")"
 fi
 summary
+exit 2  # (summary exits; never reached)
+}

@@ -213,6 +213,40 @@ static void run_issued_work() {
     if (e != cudaSuccess) emu::detail::pending_error = e;  // kept for the check's own synchronisation
 }
 STUDENT decltype(router_forward_gpu) lab_student_router_forward_gpu;
+#ifdef LAB_RECORD
+// The student's kernel (its file defines it; labs/run.sh checks it does).
+__global__ void lab_router_kernel(KvPair out, KvConst W, KvConst buf, int cols, int R, size_t row);
+// Whether the kernel computed what the launcher returned (got): the kernel,
+// launched as the starter's launcher launches it, on copies of what out held
+// before the call (before), must give the same bytes (a kernel gives the same
+// in every order of its threads and blocks). A launcher that computes on the
+// host, beside an empty kernel, does not. "" or why not.
+static std::string kernel_computed(const std::vector<float>& got, const std::vector<float>& before, KvConst W,
+                                   KvConst buf, int l, int N, int R, int hd, int launches) {
+    const char* fix = "; hint: Kr and Vr are lab_router_kernel's to write, launched as the starter's "
+                      "router_forward_gpu launches it (keep the given launcher)";
+    if (launches == 0) return std::string("lab_router_kernel never ran on the harness") + fix;
+    size_t layer = (size_t)N * R * hd, row = (size_t)N * hd;
+    int cols = (l + 1) * R;
+    float* out = nullptr;
+    std::vector<float> mine(2 * layer);
+    cudaError_t keep[2] = {emu::detail::last_error, emu::detail::pending_error};
+    std::string message = emu::detail::message;
+    cudaMalloc((void**)&out, 2 * layer * sizeof(float));
+    cudaMemcpy(out, before.data(), 2 * layer * sizeof(float), cudaMemcpyHostToDevice);
+    const unsigned threads = 32;  // the starter's LAB3_THREADS
+    dim3 grid((unsigned)((row + threads - 1) / threads), 2);
+    LAUNCH(lab_router_kernel, grid, threads, (size_t)R * cols * sizeof(float), 0)(KvPair{out, out + layer}, W, buf, cols, R,
+                                                                                  row);
+    cudaError_t e = cudaDeviceSynchronize();
+    cudaMemcpy(mine.data(), out, 2 * layer * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaFree(out);
+    emu::detail::last_error = keep[0], emu::detail::pending_error = keep[1], emu::detail::message = message;
+    if (e == cudaSuccess && memcmp(mine.data(), got.data(), 2 * layer * sizeof(float)) == 0) return "";
+    return "lab_router_kernel did not compute Kr and Vr: it gives other numbers on the same inputs (computed on the "
+           "host, or by another kernel?)" + std::string(fix);
+}
+#endif
 // Keys and values in one launch. With one router W.k == W.v, one pointer
 // twice (the kernel may tell): that is an input as well. out starts with the
 // last step's numbers, as lab 1's.
@@ -220,17 +254,28 @@ void router_forward_gpu(KvPair out, KvConst W, KvConst buf, int l, int N, int R,
     size_t layer = (size_t)N * R * hd, w = (size_t)R * (l + 1) * R, f = sizeof(float);
     run_issued_work();
     int errors[2] = {0, 0};  // the harness's last and pending errors after the kernel
-    char message[256] = {0};
+    char message[512] = {0};
     bool one = W.k == W.v;
     Call c{3, strf("router_forward_gpu (l=%d, N=%d, R=%d, hd=%d)", l, N, R, hd), {}, {}, {}};
     c.in(W.k, w * f).in(W.v, w * f).in(one).in(buf.k, (l + 1) * layer * f).in(buf.v, (l + 1) * layer * f);
     c.in(l).in(N).in(R).in(hd).inout(out.k, layer * f).inout(out.v, layer * f);
     c.out(errors, sizeof errors).out(message, sizeof message);
     run(c, [&] {
+#ifdef LAB_RECORD
+        std::vector<float> before(2 * layer), got(2 * layer);
+        memcpy(before.data(), out.k, layer * f), memcpy(before.data() + layer, out.v, layer * f);
+        long grids = emu::detail::kernels_run;
+#endif
         lab_student_router_forward_gpu(out, W, buf, l, N, R, hd, stream);
         run_issued_work();
         errors[0] = emu::detail::last_error, errors[1] = emu::detail::pending_error;
         snprintf(message, sizeof message, "%s", emu::detail::message.c_str());
+#ifdef LAB_RECORD
+        if (errors[0] || errors[1]) return;  // the harness's error is the check's to name
+        memcpy(got.data(), out.k, layer * f), memcpy(got.data() + layer, out.v, layer * f);
+        std::string why = kernel_computed(got, before, W, buf, l, N, R, hd, (int)(emu::detail::kernels_run - grids));
+        if (!why.empty()) errors[1] = cudaErrorLaunchFailure, snprintf(message, sizeof message, "%s", why.c_str());
+#endif
     });
     emu::detail::last_error = (cudaError_t)errors[0], emu::detail::pending_error = (cudaError_t)errors[1];
     if (errors[0] || errors[1]) emu::detail::message = std::string(message, strnlen(message, sizeof message));
