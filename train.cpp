@@ -1328,7 +1328,7 @@ static int cmd_data(int argc, char** argv) {
     int T = (int)a.integer("seq-len", 2, 1 << 16);
     if (!a.err.empty()) die("data", a.err);
     Task t;
-    std::string err = task_build(ts, T, &t, memory_available("/proc/meminfo"));
+    std::string err = task_build(ts, T, &t, memory_available("/proc/meminfo"), split == "train");
     if (!err.empty()) die("data", err);
     const std::vector<Sequence>& seqs = split == "train" ? *t.train : *t.test;
     for (int i = 0; i < n && i < (int)seqs.size(); i++) {
