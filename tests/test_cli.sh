@@ -164,25 +164,25 @@ expect "the regularised run's log lacks \"entropy_reg\": 0.1" grep -q '"entropy_
 expect "the regularised run's train lines lack \"ce\" and \"s2\"" grep -q '"type": "train".*"ce": [0-9.]*, "s2": [0-9.]*' "$reg_log"
 expect "the plain llama run's log has \"s2\"" not grep -q '"s2"' "$tmp/ereg/tier2/llama-seed1/log.jsonl"
 verdict "$(tail -3 "$tmp/ereg.out")"
-# --- router variants (paper Table 7) and separate key/value routers: train, the config they leave, analyze, compare
+# --- router variants (paper Table 7; at 2 layers last-1 is the one that leaves a layer out) and separate key/value routers: train, the config they leave, analyze, compare
 check train_router_variant
-expect "train exits non-zero" $LIME train $TINY --router last-2 --router-kv separate --steps 5 --out "$tmp/variant" >"$tmp/variant.out" 2>&1
-expect "log.jsonl's config lacks \"router\": \"last-2\", \"router_kv\": \"separate\"" \
-    grep -q '"router": "last-2", "router_kv": "separate"' "$tmp/variant/log.jsonl"
-expect "eval --json does not name the model lime:last-2:separate" \
-    has "$($LIME eval --load "$tmp/variant/model.safetensors" --json 2>&1)" '"model": "lime:last-2:separate"'
+expect "train exits non-zero" $LIME train $TINY --router last-1 --router-kv separate --steps 5 --out "$tmp/variant" >"$tmp/variant.out" 2>&1
+expect "log.jsonl's config lacks \"router\": \"last-1\", \"router_kv\": \"separate\"" \
+    grep -q '"router": "last-1", "router_kv": "separate"' "$tmp/variant/log.jsonl"
+expect "eval --json does not name the model lime:last-1:separate" \
+    has "$($LIME eval --load "$tmp/variant/model.safetensors" --json 2>&1)" '"model": "lime:last-1:separate"'
 verdict "$(tail -3 "$tmp/variant.out")"
 check analyze_router_variant
 expect "analyze exits non-zero" $LIME analyze --load "$tmp/variant/model.safetensors" --out "$tmp/variant_analysis" \
     >"$tmp/variant_an.out" 2>&1
-expect "it does not name lime:last-2:separate" grep -q "lime:last-2:separate" "$tmp/variant_an.out"
+expect "it does not name lime:last-1:separate" grep -q "lime:last-1:separate" "$tmp/variant_an.out"
 expect "no router_heatmap.png" [ -s "$tmp/variant_analysis/router_heatmap.png" ]
 verdict "$(tail -3 "$tmp/variant_an.out")"
 check compare_router_variants
-expect "compare exits non-zero" $LIME compare --preset tiny --seeds 1 --archs llama,lime:average,lime:first-1 --out "$tmp/variants" \
+expect "compare exits non-zero" $LIME compare --preset tiny --seeds 1 --archs llama,lime:average,lime:last-1 --out "$tmp/variants" \
     >"$tmp/variants.out" 2>&1
 expect "report.md has no row for lime:average" grep -q "| lime:average |" "$tmp/variants/report.md"
-expect "report.md has no row for lime:first-1" grep -q "| lime:first-1 |" "$tmp/variants/report.md"
+expect "report.md has no row for lime:last-1" grep -q "| lime:last-1 |" "$tmp/variants/report.md"
 expect "lime-average-seed1's log lacks \"router\": \"average\"" \
     grep -q '"router": "average"' "$tmp/variants/tier2/lime-average-seed1/log.jsonl"
 verdict "$(tail -3 "$tmp/variants.out")"

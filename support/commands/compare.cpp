@@ -1111,7 +1111,7 @@ static int run_layers(const std::vector<std::string>& args) { return run_flag(ar
 
 // --archs: each model named once, each one compare can train with the runs'
 // layers (a last-J or first-J needs J <= layers). One line per problem, the first kept.
-static void check_archs(Args& a, const std::vector<std::string>& archs, int layers) {
+static void check_archs(Args& a, const std::vector<std::string>& archs, int layers, int kv_heads) {
     std::set<std::string> seen;
     for (const std::string& s : archs) {
         Config c;
@@ -1149,6 +1149,11 @@ static void check_archs(Args& a, const std::vector<std::string>& archs, int laye
         std::string why = config_check(c);
         if (!why.empty() && c.arch == ARCH_HC) a.fail("--archs: '" + s + "': " + why + "; e.g. hc:n2");
         else if (!why.empty()) a.fail("--archs: '" + s + "' with the runs' " + std::to_string(c.L) + " layers: " + why);
+        c.R = kv_heads;  // an ablation that is lime itself at the runs' shape (lime:same-head with one kv head)
+        why = why.empty() && kv_heads >= 1 ? ablation_vacuous(c) : "";
+        if (!why.empty())
+            a.fail("--archs: '" + s + "' at the runs' " + std::to_string(c.L) + " layers and " + std::to_string(c.R) +
+                   (c.R == 1 ? " kv head: " : " kv heads: ") + why + " in --train-args, or drop it");
     }
 }
 
@@ -1185,7 +1190,8 @@ static CompareSettings compare_settings(Args& a) {
     if (!err.empty()) a.fail(err);
     cs.archs = split(a.has("archs") || !preset ? a.str("archs") : preset_archs(*preset), ',');
     if (cs.archs.empty()) a.fail("--archs is empty; give one or more models, e.g. --archs llama,lime");
-    check_archs(a, cs.archs, run_layers(cs.run_args));
+    int heads = run_flag(cs.run_args, "heads", 4);  // and kv heads (train's default: --heads)
+    check_archs(a, cs.archs, run_layers(cs.run_args), heads < 1 ? 0 : run_flag(cs.run_args, "kv-heads", heads));
     // a tier the preset plans keeps its own seeds and models, unless --seeds or --archs says otherwise
     for (const std::string& tier : cs.task == "arith" ? cs.tiers : std::vector<std::string>()) {
         const TierPlan* plan = plan_of(preset, tier);
