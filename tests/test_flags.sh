@@ -148,6 +148,8 @@ bad data_text_without_file    "text-file"          data --task text
 bad data_format_on_text       "is for --task arith" data $T --format chain
 # --- verify, bench
 bad verify_tf32               "out of range"       verify --tf32 2 "$PWD/tests/golden/lime_tiny.safetensors"
+bad verify_tf32_on_the_cpu    "--tf32 1 is for the GPU" verify --tf32 1 "$PWD/tests/golden/lime_tiny.safetensors"
+bad verify_tf32_device_cpu    "add --device gpu"   verify --device cpu --tf32 1 "$PWD/tests/golden/llama_tiny.safetensors"
 bad bench_steps_zero          "out of range"       bench --steps 0
 bad bench_attention           "auto|matmul|flash"  bench --attention 1 --steps 1
 bad bench_no_memory           "out of memory"      bench --batch 1000000 --steps 1
