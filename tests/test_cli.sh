@@ -139,7 +139,17 @@ expect "analyze of resformer exits non-zero" \
     $LIME analyze --load "$tmp/resformer/model.safetensors" --out "$tmp/resformer_an" >>"$tmp/resformer.out" 2>&1
 expect "entropy.tsv has not 2 routed rows (the mixture attention reads, one a layer)" \
     [ "$(grep -c -E '^routed	[01]	' "$tmp/resformer_an/entropy.tsv" 2>/dev/null)" -eq 2 ]
+expect "its parameters line does not name the value-residual weights" grep -q "^parameters: .*(value-residual weights " "$tmp/resformer.out"
 verdict "$(tail -3 "$tmp/resformer.out")"
+check analyze_denseformer_names_its_weights
+expect "train --arch denseformer exits non-zero" \
+    $LIME train $TINY --arch denseformer --steps 2 --out "$tmp/denseformer" >"$tmp/denseformer.out" 2>&1
+expect "analyze of denseformer exits non-zero" \
+    $LIME analyze --load "$tmp/denseformer/model.safetensors" --n 2 --out "$tmp/denseformer_an" >>"$tmp/denseformer.out" 2>&1
+expect "its parameters line does not name the depth-weighted average weights" \
+    grep -q "^parameters: .*(depth-weighted average weights " "$tmp/denseformer.out"
+expect "it calls them routers" not grep -q "^parameters: .*routers" "$tmp/denseformer.out"
+verdict "$(grep "^parameters" "$tmp/denseformer.out")"
 
 # compare's own help example: --train-args "--epochs N" replaces the preset's --steps
 check compare_train_args_epochs_replace_steps
