@@ -1758,8 +1758,8 @@ static double memory_needed(const Config& c, int B, Device dev, bool on_device, 
         acts = (double)acts_carve(&probe, c, B, nullptr, dev, flash);
     return state + 4 * acts;
 }
-static double device_need(const Config& c, int B, bool flash) {  // and the split-k's slots (gpu_carve_small)
-    return memory_needed(c, B, DEVICE_GPU, true, flash) + 4.0 * split_slot_floats(c, (size_t)B * c.T);
+static double device_need(const Config& c, int B, bool flash) {  // and gpu_create's small allocation, a run's margin
+    return memory_needed(c, B, DEVICE_GPU, true, flash) + gpu_run_bytes(c, B, grad_norm_blocks(param_count(c)));
 }
 // auto takes flash from T = 1024 where the tensor-core kernels run, as gpu_create (every head dim they take, on sm_80+)
 double model_device_need(const Config& c, int B, const ModelSettings& s) {

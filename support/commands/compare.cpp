@@ -1573,12 +1573,13 @@ static void train_in_groups(const CompareSettings& cs, std::vector<Run>* runs, s
         for (Run* r : group) r->pid = pid, r->failure = why;
         if (pid > 0) {
             while (wait_run(&status, &ru) == 0) stop_runs(runs, g_compare_signal);
-            // --jobs beyond what the GPU holds: no run of the group started; one line, with how many fit
+            // --jobs beyond what the GPU holds, or one run more than it holds: no run of the group
+            // started; one line, with how many fit (--jobs named only where it was given)
             const std::string mark = "not started: GPU memory: ";
             std::string last = last_words(group[0]->dir + "/train.out");
             size_t at = last.find(mark);
             if (WIFEXITED(status) && WEXITSTATUS(status) == 2 && at != std::string::npos)
-                die("compare", "--jobs " + std::to_string(cs.jobs) + ": " +
+                die("compare", (cs.fit ? std::string() : "--jobs " + std::to_string(cs.jobs) + ": ") +
                                    last.substr(at + mark.size(), last.find('"', at) - at - mark.size()));
         }
         for (Run* r : group) {
