@@ -47,7 +47,7 @@ GENCODE  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm
 NVWERROR ?= --Werror all-warnings
 NVFLAGS  ?= -std=c++17 -O3 $(GENCODE) -I. -Xcompiler "-fopenmp $(ARCH_FLAGS) $(MATH_FLAGS) -Wall -Wextra" $(NVWERROR)
 
-HOST_SRC = support/model/cpu_fast.cpp support/model/cost.cpp support/model/checkpoint.cpp support/model/names.cpp support/commands/export.cpp support/lib/cli.cpp support/lib/safetensors.cpp support/lib/plot.cpp support/commands/compare.cpp support/commands/analyze.cpp support/commands/verify.cpp support/commands/bench.cpp support/commands/load.cpp \
+HOST_SRC = support/model/cpu_fast.cpp support/model/cost.cpp support/model/checkpoint.cpp support/model/routers.cpp support/model/names.cpp support/commands/export.cpp support/lib/cli.cpp support/lib/safetensors.cpp support/lib/plot.cpp support/commands/compare.cpp support/commands/analyze.cpp support/commands/verify.cpp support/commands/bench.cpp support/commands/load.cpp \
            data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp
 HEADERS  = support/model/lime.h support/model/names.h support/commands/export.h support/model/cpu_fast.h support/model/device.cuh support/model/attention_gpu.cuh support/model/flash_attention.cuh support/model/flash_attention_tc.cuh support/model/tensor_cores.cuh support/model/split_k.cuh support/model/products.cuh support/model/gpu_runtime.cuh support/model/memory_check.h support/study/hyper_connections.cuh support/study/entropy_reg.cuh support/study/mixing.cuh support/study/resformer.cuh support/study/denseformer.cuh support/lib/gpu_peaks.h support/lib/cpu_peak.h support/lib/safetensors.h data/tasks.h support/lib/rng.h data/prosqa.h support/lib/cli.h support/lib/plot.h support/lib/stats.h support/commands/commands.h
 B = build
@@ -235,7 +235,7 @@ FUZZ_CXX  ?= clang++
 FUZZFLAGS = -std=c++17 -O1 -g1 -I. -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Wno-unknown-pragmas -Wno-format-security
 # Each source compiled once, to build/fuzz/ (the fuzzers share the objects,
 # and make -j2 compiles them side by side), then linked per target.
-FUZZ_ST_SRC = support/lib/safetensors.cpp support/model/checkpoint.cpp support/lib/cli.cpp support/model/cpu_fast.cpp support/model/names.cpp
+FUZZ_ST_SRC = support/lib/safetensors.cpp support/model/checkpoint.cpp support/model/routers.cpp support/lib/cli.cpp support/model/cpu_fast.cpp support/model/names.cpp
 FUZZ_TASK_SRC = data/arith.cpp data/text.cpp data/task.cpp data/prosqa.cpp support/lib/safetensors.cpp
 fuzz_objs = $(addprefix $(B)/fuzz/,$(1:.cpp=.o))
 $(B)/fuzz/%.o: %.cpp $(HEADERS) data/prosqa.h labs/lab5/report.h | $(B)

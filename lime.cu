@@ -1741,8 +1741,8 @@ static double memory_needed(const Config& c, int B, Device dev, bool on_device, 
         acts = (double)acts_carve(&probe, c, B, nullptr, dev, flash);
     return state + 4 * acts;
 }
-static double device_need(const Config& c, int B, bool flash) {  // and the split-k's slots (gpu_carve_small)
-    return memory_needed(c, B, DEVICE_GPU, true, flash) + 4.0 * split_slot_floats(c, (size_t)B * c.T);
+static double device_need(const Config& c, int B, bool flash) {  // and gpu_create's small allocation, a run's margin
+    return memory_needed(c, B, DEVICE_GPU, true, flash) + gpu_run_bytes(c, B, grad_norm_blocks(param_count(c)));
 }
 // auto takes flash from T = 1024 where the tensor-core kernels run, as gpu_create (every head dim they take, on sm_80+)
 double model_device_need(const Config& c, int B, const ModelSettings& s) {
@@ -1838,20 +1838,7 @@ void model_init(Model* model, uint64_t seed) {
         float* p = model->params + t.offset;
         Rng rng(seed_for(seed, t.name));
         if (t.group == GROUP_ROUTER && t.shape.size() == 2) {  // LIMe's (the peers' mixing weights: their init)
-            // uniform in [-b, b], b = sqrt(3 / ((l+1) R)), then the last R x R block = I
-            int cols = t.shape[1], R = c.R, l = cols / R - 1;
-            double b = std::sqrt(3.0 / cols);
-            for (size_t i = 0; i < t.numel; i++) p[i] = (float)((2.0 * rng.uniform() - 1.0) * b);
-            for (int r = 0; r < R; r++)
-                for (int k = 0; k < R; k++) p[r * cols + (cols - R) + k] = r == k ? 1.0f : 0.0f;
-            // the variants (router_sources): 0 for the layers a router does not read;
-            // average's fixed weights, 1/(l+1) for the same kv head of every layer
-            RouterSpan sources = router_sources(c, l);
-            for (int r = 0; r < R; r++)
-                for (int j = 0; j < cols; j++) {
-                    if (!sources.has(j / R) || (c.router_same_head && j % R != r)) p[r * cols + j] = 0.0f;
-                    if (c.router == ROUTER_AVERAGE) p[r * cols + j] = j % R == r ? 1.0f / (l + 1) : 0.0f;
-                }
+            router_init(c, t, seed, p);  // support/model/routers.cpp: uniform, the last block I, the variants' fixed entries
         } else if (t.shape.size() == 1) {
             for (size_t i = 0; i < t.numel; i++) p[i] = 1.0f;  // RMSNorm gains
         } else {

@@ -31,6 +31,7 @@
 #include "data/task.h"
 #include "support/commands/export.h"
 #include "support/model/lime.h"
+#include "support/model/memory_check.h"
 #include "support/lib/plot.h"
 #include "support/lib/safetensors.h"
 #include "support/commands/commands.h"
@@ -1170,10 +1171,22 @@ static int cmd_train_group(int argc, char** argv) {
     for (auto& g : runs) all += g->need, most = std::max(most, g->need);
     int fits = 0;  // how many of the runs fit at once, the biggest first
     for (double used = 0; fits < (int)runs.size() && used + most <= free_bytes; fits++) used += most;
-    if (failed.empty() && all > free_bytes && (!fit || fits == 0))
+    for (auto& g : runs) {  // a run that does not fit alone: its own fix, as train would say it
+        if (!failed.empty()) break;
+        if (g->need <= free_bytes) continue;
+        ModelSettings s = g->run.settings;  // (as gpu_create: auto takes flash attention where matmul's does not fit)
+        if (s.attention == ATTENTION_AUTO && g->run.c.hd <= FLASH_MAX_HD) s.attention = ATTENTION_FLASH;
+        double need = model_device_need(g->run.c, g->run.s.B, s);
+        if (need > free_bytes)
+            failed = "GPU memory: a run (--out " + g->run.s.out + ") needs " + fmt("%.2f GB", need / 1e9) + ", " +
+                     fmt("%.2f GB", free_bytes / 1e9) + " is free; " +
+                     memory_fix(g->run.c, g->run.s.B, s.flags,
+                                [&](const Config& h, int hb) { return model_device_need(h, hb, s); });
+    }
+    if (failed.empty() && all > free_bytes && !fit && fits > 0)
         failed = "GPU memory: the " + std::to_string(runs.size()) + " runs need " + fmt("%.2f GB", all / 1e9) +
                  " together, " + fmt("%.2f GB", free_bytes / 1e9) + " is free: " + std::to_string(fits) +
-                 " fit at once; use --jobs " + std::to_string(std::max(fits, 1));
+                 " fit at once; use --jobs " + std::to_string(fits);
     if (!failed.empty()) {  // none starts: each says why
         for (auto& g : runs)
             if (g->state != GroupRun::ENDED) {
@@ -1385,7 +1398,7 @@ static int cmd_data(int argc, char** argv) {
     int T = (int)a.integer("seq-len", 2, 1 << 16);
     if (!a.err.empty()) die("data", a.err);
     Task t;
-    std::string err = task_build(ts, T, &t, memory_available("/proc/meminfo"));
+    std::string err = task_build(ts, T, &t, memory_available("/proc/meminfo"), split == "train");
     if (!err.empty()) die("data", err);
     const std::vector<Sequence>& seqs = split == "train" ? *t.train : *t.test;
     for (int i = 0; i < n && i < (int)seqs.size(); i++) {

@@ -453,12 +453,12 @@ std::string prosqa_sequence(const Vocab& v, const ProsqaItem& it, Sequence* out)
 }
 
 std::string prosqa_build(int train_size, uint64_t seed, const std::string& test_json_path, ProsqaData* out,
-                         uint64_t mem_bytes) {
+                         uint64_t mem_bytes, bool with_train) {
     if (train_size < 1 || train_size > PROSQA_MAX_TRAIN)
         return "--train-size " + std::to_string(train_size) + " is outside 1.." + std::to_string(PROSQA_MAX_TRAIN) +
                " for ProsQA (each generated graph takes about 200 us and 1.5 KB)";
     const uint64_t per_item = 2 * sizeof(Sequence) + 4 * 400;  // a Sequence (twice, as the vector grows), <= ~400 tokens
-    if (mem_bytes > 0 && (uint64_t)train_size * per_item > mem_bytes)
+    if (with_train && mem_bytes > 0 && (uint64_t)train_size * per_item > mem_bytes)
         return "--train-size " + std::to_string(train_size) + " ProsQA items would take about " +
                std::to_string((uint64_t)train_size * per_item >> 20) + " MiB, more than the " +
                std::to_string(mem_bytes >> 20) + " MiB of memory available; use at most " +
@@ -470,7 +470,7 @@ std::string prosqa_build(int train_size, uint64_t seed, const std::string& test_
     out->vocab = prosqa_vocab(test);
     Rng rng(seed_for(seed, "prosqa-train"));
     size_t longest = 0;
-    for (int i = 0; i < train_size; i++) {
+    for (int i = 0; with_train && i < train_size; i++) {
         ProsqaItem it;
         Sequence s;
         if (!(err = prosqa_generate(rng, &it)).empty()) return err;

@@ -111,10 +111,13 @@ struct ProsqaData {
 // Training items from the generator (default settings, seeded from `seed`),
 // test items from the real file at test_json_path. At most PROSQA_MAX_TRAIN
 // training items (about 200 us and 1.5 KB each); mem_bytes > 0: refused
-// before generating when they would need more memory than that.
+// before generating when they would need more memory than that. with_train
+// false: no training item is generated (the vocabulary and the test items,
+// which come from the test file alone, are the same); seq_len is then the
+// test items' longest minus 1.
 constexpr int PROSQA_MAX_TRAIN = 1000000;
 std::string prosqa_build(int train_size, uint64_t seed, const std::string& test_json_path, ProsqaData* out,
-                         uint64_t mem_bytes = 0);
+                         uint64_t mem_bytes = 0, bool with_train = true);
 
 // Scoring: the generated text after its last '#', trimmed, equals the answer.
 bool prosqa_correct(const std::string& generated_text, const std::string& answer);

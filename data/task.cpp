@@ -41,7 +41,8 @@ static std::string setting_int(const std::map<std::string, std::string>& s, cons
     return "";
 }
 
-std::string task_build(const std::map<std::string, std::string>& s, int text_T, Task* t, uint64_t mem_bytes) {
+std::string task_build(const std::map<std::string, std::string>& s, int text_T, Task* t, uint64_t mem_bytes,
+                       bool with_train) {
     auto get = [&](const char* k) { auto it = s.find(k); return it == s.end() ? std::string() : it->second; };
     t->kind = get("task");
     t->settings = s;
@@ -85,7 +86,7 @@ std::string task_build(const std::map<std::string, std::string>& s, int text_T, 
     }
     if (t->kind == "prosqa") {
         std::string err = prosqa_build((int)train, (uint64_t)seed,
-                                       task_data_path(get("prosqa-test")), &t->prosqa, mem_bytes);
+                                       task_data_path(get("prosqa-test")), &t->prosqa, mem_bytes, with_train);
         if (!err.empty()) return err;
         size_t keep = std::min(t->prosqa.test.size(), (size_t)test);
         t->prosqa.test.resize(keep);

@@ -25,9 +25,12 @@ struct Task {
 
 // "" or one line naming the problem. text_T: window length of the text task.
 // mem_bytes > 0: the memory available; data that would need more is refused
-// before it is made (0: unchecked).
+// before it is made (0: unchecked). with_train false: the test set alone is
+// wanted (eval, analyze, data --split test): ProsQA then generates no training
+// item (its test set and vocabulary come from the test file; T is the test
+// set's longest), the other tasks build both as ever.
 std::string task_build(const std::map<std::string, std::string>& settings, int text_T, Task* t,
-                       uint64_t mem_bytes = 0);
+                       uint64_t mem_bytes = 0, bool with_train = true);
 // A data file's path as task_build opens it: a relative path that does not
 // exist from the current directory is looked up in the program's own
 // directory or the one above it (where the repository's data/ is), so the default

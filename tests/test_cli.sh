@@ -75,6 +75,16 @@ expect "train --task prosqa exits non-zero" $LIME train --task prosqa --train-si
 expect "eval --json does not say \"task\": \"prosqa\" ... \"n\": 2" \
     has "$($LIME eval --load "$tmp/prosqa/model.safetensors" --json 2>&1)" '"task": "prosqa".*"n": 2'
 verdict "$(tail -3 "$tmp/prosqa.out")"
+# the test split alone needs no training set (issue 61, class 10): printed under 1 GB of address
+# space for a million training items (generating them took 1.7 GB), the same as for 3 of them
+check prosqa_test_split_without_the_training_set
+vlimit="ulimit -v 1000000"; [[ $LIME == *asan* ]] && vlimit=:  # ASan reserves terabytes of shadow memory: no ulimit -v
+big=$( ($vlimit; $LIME data --task prosqa --train-size 1000000 --split test --n 500) 2>&1); status=$?
+small=$($LIME data --task prosqa --train-size 3 --split test --n 500 2>&1)
+expect "data --split test at --train-size 1000000 exits $status" test $status -eq 0
+expect "it printed $(wc -l <<<"$big") lines, want 500" test "$(wc -l <<<"$big")" -eq 500
+expect "its test split differs from the one at --train-size 3" test "$big" = "$small"
+verdict "$(tail -1 <<<"$big" | cut -c1-60)"
 
 # --- compare and analyze: a tiny study end to end, its report and figures
 # (with the frozen-router control: its own paired line, its config says so; every run analysed)
@@ -130,7 +140,17 @@ expect "analyze of resformer exits non-zero" \
     $LIME analyze --load "$tmp/resformer/model.safetensors" --out "$tmp/resformer_an" >>"$tmp/resformer.out" 2>&1
 expect "entropy.tsv has not 2 routed rows (the mixture attention reads, one a layer)" \
     [ "$(grep -c -E '^routed	[01]	' "$tmp/resformer_an/entropy.tsv" 2>/dev/null)" -eq 2 ]
+expect "its parameters line does not name the value-residual weights" grep -q "^parameters: .*(value-residual weights " "$tmp/resformer.out"
 verdict "$(tail -3 "$tmp/resformer.out")"
+check analyze_denseformer_names_its_weights
+expect "train --arch denseformer exits non-zero" \
+    $LIME train $TINY --arch denseformer --steps 2 --out "$tmp/denseformer" >"$tmp/denseformer.out" 2>&1
+expect "analyze of denseformer exits non-zero" \
+    $LIME analyze --load "$tmp/denseformer/model.safetensors" --n 2 --out "$tmp/denseformer_an" >>"$tmp/denseformer.out" 2>&1
+expect "its parameters line does not name the depth-weighted average weights" \
+    grep -q "^parameters: .*(depth-weighted average weights " "$tmp/denseformer.out"
+expect "it calls them routers" not grep -q "^parameters: .*routers" "$tmp/denseformer.out"
+verdict "$(grep "^parameters" "$tmp/denseformer.out")"
 
 # compare's own help example: --train-args "--epochs N" replaces the preset's --steps
 check compare_train_args_epochs_replace_steps
@@ -155,25 +175,25 @@ expect "the regularised run's log lacks \"entropy_reg\": 0.1" grep -q '"entropy_
 expect "the regularised run's train lines lack \"ce\" and \"s2\"" grep -q '"type": "train".*"ce": [0-9.]*, "s2": [0-9.]*' "$reg_log"
 expect "the plain llama run's log has \"s2\"" not grep -q '"s2"' "$tmp/ereg/tier2/llama-seed1/log.jsonl"
 verdict "$(tail -3 "$tmp/ereg.out")"
-# --- router variants (paper Table 7) and separate key/value routers: train, the config they leave, analyze, compare
+# --- router variants (paper Table 7; at 2 layers last-1 is the one that leaves a layer out) and separate key/value routers: train, the config they leave, analyze, compare
 check train_router_variant
-expect "train exits non-zero" $LIME train $TINY --router last-2 --router-kv separate --steps 5 --out "$tmp/variant" >"$tmp/variant.out" 2>&1
-expect "log.jsonl's config lacks \"router\": \"last-2\", \"router_kv\": \"separate\"" \
-    grep -q '"router": "last-2", "router_kv": "separate"' "$tmp/variant/log.jsonl"
-expect "eval --json does not name the model lime:last-2:separate" \
-    has "$($LIME eval --load "$tmp/variant/model.safetensors" --json 2>&1)" '"model": "lime:last-2:separate"'
+expect "train exits non-zero" $LIME train $TINY --router last-1 --router-kv separate --steps 5 --out "$tmp/variant" >"$tmp/variant.out" 2>&1
+expect "log.jsonl's config lacks \"router\": \"last-1\", \"router_kv\": \"separate\"" \
+    grep -q '"router": "last-1", "router_kv": "separate"' "$tmp/variant/log.jsonl"
+expect "eval --json does not name the model lime:last-1:separate" \
+    has "$($LIME eval --load "$tmp/variant/model.safetensors" --json 2>&1)" '"model": "lime:last-1:separate"'
 verdict "$(tail -3 "$tmp/variant.out")"
 check analyze_router_variant
 expect "analyze exits non-zero" $LIME analyze --load "$tmp/variant/model.safetensors" --out "$tmp/variant_analysis" \
     >"$tmp/variant_an.out" 2>&1
-expect "it does not name lime:last-2:separate" grep -q "lime:last-2:separate" "$tmp/variant_an.out"
+expect "it does not name lime:last-1:separate" grep -q "lime:last-1:separate" "$tmp/variant_an.out"
 expect "no router_heatmap.png" [ -s "$tmp/variant_analysis/router_heatmap.png" ]
 verdict "$(tail -3 "$tmp/variant_an.out")"
 check compare_router_variants
-expect "compare exits non-zero" $LIME compare --preset tiny --seeds 1 --archs llama,lime:average,lime:first-1 --out "$tmp/variants" \
+expect "compare exits non-zero" $LIME compare --preset tiny --seeds 1 --archs llama,lime:average,lime:last-1 --out "$tmp/variants" \
     >"$tmp/variants.out" 2>&1
 expect "report.md has no row for lime:average" grep -q "| lime:average |" "$tmp/variants/report.md"
-expect "report.md has no row for lime:first-1" grep -q "| lime:first-1 |" "$tmp/variants/report.md"
+expect "report.md has no row for lime:last-1" grep -q "| lime:last-1 |" "$tmp/variants/report.md"
 expect "lime-average-seed1's log lacks \"router\": \"average\"" \
     grep -q '"router": "average"' "$tmp/variants/tier2/lime-average-seed1/log.jsonl"
 verdict "$(tail -3 "$tmp/variants.out")"

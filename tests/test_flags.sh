@@ -72,6 +72,10 @@ bad train_router_on_resformer "resformer has no router" train $A --arch resforme
 bad train_router_kv_on_denseformer "denseformer has no router" train $A --arch denseformer --router-kv separate
 bad train_router_heads_on_llama "--router-heads is for --arch lime" train $A --arch llama --router-heads same
 bad train_router_heads_average "--router average's weights are fixed" train $A --router average --router-heads same
+# an ablation that selects every weight at the run's shape is lime itself (issue 61, class 4)
+bad train_same_head_one_kv_head "--kv-heads 2 or more" train $A --router-heads same --kv-heads 1
+bad train_last_J_every_layer  "last-2 (--router last-2) with 2 layers reads every layer" train $A --layers 2 --router last-2
+bad train_first_J_every_layer "first-1 (--router first-1) with 3 layers reads every layer" train $A --layers 3 --router first-1
 bad train_router_kv_bogus     "shared|separate"    train $A --router-kv both
 bad train_hc_rate_zero        "out of range"       train $A --arch hc --hc-rate 0
 bad train_hc_rate_negative    "out of range"       train $A --arch hc --hc-rate -2
@@ -144,6 +148,8 @@ bad data_text_without_file    "text-file"          data --task text
 bad data_format_on_text       "is for --task arith" data $T --format chain
 # --- verify, bench
 bad verify_tf32               "out of range"       verify --tf32 2 "$PWD/tests/golden/lime_tiny.safetensors"
+bad verify_tf32_on_the_cpu    "--tf32 1 is for the GPU" verify --tf32 1 "$PWD/tests/golden/lime_tiny.safetensors"
+bad verify_tf32_device_cpu    "add --device gpu"   verify --device cpu --tf32 1 "$PWD/tests/golden/llama_tiny.safetensors"
 bad bench_steps_zero          "out of range"       bench --steps 0
 bad bench_attention           "auto|matmul|flash"  bench --attention 1 --steps 1
 bad bench_no_memory           "out of memory"      bench --batch 1000000 --steps 1
@@ -164,6 +170,8 @@ bad compare_variant_past_L    "J must be 1 .. 2"   compare --preset tiny --archs
 bad compare_resformer_variant "resformer takes no variant" compare --preset tiny --archs llama,resformer:same-head
 bad compare_denseformer_variant "denseformer takes no variant" compare --preset tiny --archs llama,denseformer:n2
 bad compare_variant_layers    "J must be 1 .. 1"   compare --preset tiny --archs llama,lime:first-2 --train-args "--layers 1"
+bad compare_same_head_one_kv_head "'lime:same-head' at the runs' 2 layers and 1 kv head:" compare --preset tiny --archs lime,lime:same-head --train-args "--kv-heads 1"
+bad compare_first_J_every_layer "'lime:first-1' at the runs' 2 layers" compare --preset tiny --archs llama,lime:first-1
 bad compare_steps_and_epochs  "one of them"        compare --preset tiny --train-args "--steps 5 --epochs 2"
 # --- export (a llama checkpoint only; --out relative: a refused export leaves no directory behind)
 cp "$L" "$tmp/damaged.safetensors"

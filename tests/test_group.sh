@@ -164,4 +164,44 @@ expect "compare exits 2 (it exited $status)" test $status -eq 2
 expect "its last line says how many fit" has "$(tail -1 <<<"$out")" "^lime compare: error: --jobs 3: the 3 runs need .* GB together, .* GB is free: 2 fit at once; use --jobs 2$"
 verdict "$(tail -1 <<<"$out")"
 
+# --- GPU memory, counted and worded (issue 61, classes 6, 12, 13, 14). A text model whose
+# activations outgrow the emulated GPU's memory, refused before anything is allocated.
+head -c 200000 /dev/urandom | base64 >"$tmp/big.txt"
+HUGE="--device gpu --task text --text-file $tmp/big.txt --layers 8 --dim 1024 --heads 8 --ffn 4096 --seq-len 1024 --batch 32 --steps 1 --threads 1"
+check gpu_memory_same_figure_alone_and_in_a_group
+alone=$($LIME train $HUGE --out "$tmp/h1" 2>&1 | tail -1)
+mkdir -p "$tmp/h2"
+(exec 5>"$tmp/h2/train.out"; $LIME train-group --run 5 $HUGE --out "$tmp/h2" >/dev/null 2>&1)
+grouped=$(tail -1 "$tmp/h2/train.out")
+a=$(sed -n 's/.*needs \([0-9.]*\) GB.*/\1/p' <<<"$alone"); g=$(sed -n 's/.*needs* \([0-9.]*\) GB.*/\1/p' <<<"$grouped")
+expect "no figure alone: $alone" test -n "$a"
+expect "the group counts $g GB, the run alone $a GB" test "$a" = "$g"
+verdict "$alone | $grouped"
+
+check gpu_memory_none_fits_gives_the_runs_own_fix
+expect "the group's run does not say what to lower" has "$grouped" "lower --seq-len"
+expect "the group's run names a --jobs" not has "$grouped" "jobs"
+out=$($LIME compare --preset tiny --device gpu --archs llama --seeds 2 --task text \
+    --train-args "--text-file $tmp/big.txt --layers 8 --dim 1024 --heads 8 --ffn 4096 --seq-len 1024 --batch 32 --steps 1" \
+    --out "$tmp/hc" 2>&1)
+status=$?
+expect "compare exits 2 (it exited $status)" test $status -eq 2
+expect "compare names a --jobs never given" not has "$(tail -1 <<<"$out")" "jobs"
+expect "compare does not say what to lower" has "$(tail -1 <<<"$out")" "lower --seq-len"
+verdict "$(tail -1 <<<"$out")"
+
+check gpu_allocation_failure_says_what_failed
+out=$( (ulimit -v 3000000; $LIME train --device gpu --task text --text-file "$tmp/big.txt" --seq-len 1000 --dim 64 \
+    --heads 16 --layers 2 --batch 32 --steps 1 --threads 1 --out "$tmp/au" 2>&1) | tail -1)
+expect "it does not say the allocation failed" has "$out" "cudaMalloc of .* GB failed"
+expect "it advises shrinking a model that fits" not has "$out" "lower --"
+verdict "$out"
+
+check gpu_matmul_refusal_names_flash
+out=$($LIME train --device gpu --task text --text-file "$tmp/big.txt" --seq-len 4096 --batch 64 --layers 2 --dim 64 \
+    --heads 16 --steps 1 --attention matmul --out "$tmp/mm" 2>&1 | tail -1)
+expect "it does not name --attention flash" has "$out" "use --attention flash"
+expect "it wrote a log" not test -e "$tmp/mm/log.jsonl"
+verdict "$out"
+
 summary

@@ -91,6 +91,35 @@ expect "step 1's ETA does not add '+ evaluation'" has "$out" "^step 1/4 .*ETA .*
 expect "step 3's ETA is not a plain time" has "$out" "^step 3/4 .*ETA [0-9hms]*$"
 verdict "$(grep '^step' <<<"$out")"
 
+# --- round five (issue 61), class 3: a router variant's fixed entries are checked at load. A plain
+# lime run's file relabelled (its config alone) as each variant is refused, naming the router
+# tensor and its first entry off the variant's value; the variant's own runs load.
+TINY4=${TINY/--layers 2/--layers 4}  # where first-1 leaves a layer out
+$LIME train $TINY4 --ops 2 --steps 2 --out "$tmp/plain4" >/dev/null 2>&1
+relabel() {  # relabel NAME SED-EXPRESSION PLAIN-RUN SHAPE: that run's twin, its config edited by the expression
+    local config
+    config=$(sed -n 's/.*"config": \({[^}]*}\).*/\1/p' "$3/log.jsonl" | head -1)
+    env "LIME_TEST_SAVE_META=config=$(sed "$2" <<<"$config")" $LIME train $4 --ops 2 --steps 2 \
+        --out "$tmp/relabel_$1" >/dev/null 2>&1
+}
+for v in "same-head|s/\"router_kv\": \"shared\"/&, \"router_heads\": \"same\"/|--router-heads same|" \
+         "average|s/\"router\": \"static\"/\"router\": \"average\"/|--router average|" \
+         "last-1|s/\"router\": \"static\"/\"router\": \"last-1\"/|--router last-1|" \
+         "first-1|s/\"router\": \"static\"/\"router\": \"first-1\"/|--router first-1|4" \
+         "frozen|s/\"router_kv\": \"shared\"/&, \"router_frozen\": true/|--router-weights frozen|"; do
+    IFS='|' read -r name expr flags layers <<<"$v"
+    plain=$tmp/run shape=$TINY; [ "$layers" = 4 ] && plain=$tmp/plain4 shape=$TINY4
+    relabel "$name" "$expr" "$plain" "$shape"
+    expect_line "eval_refuses_lime_relabelled_$name" 2 "router.weight\[[0-9]*\]\[[0-9]*\] is .*, not " \
+        $LIME eval --load "$tmp/relabel_$name/model.safetensors" --n 2
+    $LIME train $shape --ops 2 --steps 2 $flags --out "$tmp/variant_$name" >/dev/null 2>&1
+    expect_line "eval_loads_a_${name}_run" 0 "test loss" $LIME eval --load "$tmp/variant_$name/model.safetensors" --n 2
+done
+# a frozen run with separate key and value routers resumes (its fixed values: model_init's, from its seed)
+$LIME train $TINY --ops 2 --steps 4 --stop-after 2 --router-weights frozen --router-kv separate --seed 5 \
+    --out "$tmp/frozen_kv" >/dev/null 2>&1
+expect_line resume_of_a_frozen_separate_run 0 "done" $LIME train --resume "$tmp/frozen_kv/checkpoint.safetensors"
+
 # --- class 12: messages
 expect_line flag_given_twice_refused 2 "given twice" $LIME train $TINY --ops 1 --steps 3 --steps 4 --out "$tmp/twice"
 expect_line bench_arch_refused 2 "--arch" $LIME bench --arch llama --steps 1 --layers 1 --dim 8 --heads 1 --ffn 8 \

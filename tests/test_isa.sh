@@ -45,6 +45,8 @@ builds=("$PWD/build/isa/x86-64-v3/lime-cpu" "$PWD/build/lime-cpu") names=(x86-64
 # keeps its flags (--threads among them: the threads are set by OMP_NUM_THREADS).
 for shape in "${SHAPES[@]}"; do
     for arch in "${ARCHS[@]}"; do
+        # same-head with one kv head is lime itself, refused: it runs at the first shape
+        [[ $arch == *"router-heads same"* && $shape == *"--kv-heads 1"* ]] && continue
         files=() bad=""
         for b in 0 1; do
             for threads in 1 2; do

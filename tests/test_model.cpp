@@ -869,6 +869,34 @@ TEST(router_sources_of_each_variant) {
     }
 }
 
+// An ablation that selects every weight at its shape (ablation_vacuous: issue 61, class 4) is
+// lime itself: model_init gives it lime's parameters bit for bit (and it learns every weight),
+// where an ablation at a shape that leaves something out gets other ones.
+TEST(vacuous_ablations_are_lime_itself) {
+    struct { const char* model; int L, H, R; bool vacuous; } cases[] = {
+        {"lime:same-head", 3, 2, 1, true},  {"lime:same-head", 3, 2, 2, false}, {"lime:last-3", 3, 2, 2, true},
+        {"lime:last-2", 3, 2, 2, false},    {"lime:first-1", 3, 2, 2, true},    {"lime:first-1", 4, 2, 2, false},
+        {"lime:first-2", 4, 2, 2, true},    {"lime:last-4:frozen", 4, 2, 2, true}, {"lime:last-3:frozen", 4, 2, 2, false},
+        {"lime:average", 2, 2, 1, false},
+    };
+    for (auto& k : cases) {
+        Config c = tiny_config(ARCH_LIME, k.H, k.R), plain = c;
+        c.L = plain.L = k.L;
+        CHECK(model_parse(k.model, &c) && config_check(c).empty(), "%s at L=%d refused", k.model, k.L);
+        std::string why = ablation_vacuous(c);
+        CHECK(why.empty() != k.vacuous, "%s at L=%d, R=%d: ablation_vacuous says '%s'", k.model, k.L, k.R, why.c_str());
+        if (c.router_frozen) plain.router_frozen = true;  // (frozen is no ablation of sources: the control beside it)
+        Model a, b;
+        FreeOnReturn ga{&a}, gb{&b};
+        CHECK(model_create(&a, c, 1, DEVICE_CPU).empty() && model_create(&b, plain, 1, DEVICE_CPU).empty(),
+              "model_create failed");
+        model_init(&a, 3), model_init(&b, 3);
+        bool same = memcmp(a.params, b.params, a.n_params * sizeof(float)) == 0;
+        CHECK(same == k.vacuous, "%s at L=%d, R=%d: its initial parameters are %s lime's", k.model, k.L, k.R,
+              same ? "the same as" : "other than");
+    }
+}
+
 TEST(router_variant_names_are_checked) {
     Config c = tiny_config(ARCH_LIME, 4, 2);  // 3 layers
     for (const char* bad : {"bogus", "last-", "last-x", "first--1", "lime", "last-2 ", ""})
@@ -988,7 +1016,16 @@ TEST(checkpoint_round_trip_of_a_router_variant) {
     FreeOnReturn guard{&m, &back, &other};
     CHECK(model_create(&m, c, 1, DEVICE_CPU).empty(), "model_create failed");
     model_init(&m, 8);
-    for (size_t i = 0; i < m.n_params; i++) m.params[i] += 0.01f * (float)std::cos(0.3 * i);  // the two routers differ
+    // every weight moved (the two routers then differ) but the router entries last-2 holds at 0, which loading
+    // checks (router_fixed_check; a frozen router's other values need the run's seed, which this file has not)
+    Config unfrozen = c;
+    unfrozen.router_frozen = false;
+    for (const TensorSpec& t : m.specs)
+        for (size_t i = 0; i < t.numel; i++) {
+            int cols = t.shape.size() == 2 ? t.shape[1] : 1, r = (int)(i / cols), j = (int)(i % cols);
+            if (t.group != GROUP_ROUTER || router_learned(unfrozen, cols / c.R - 1).learns(r, j, c.R))
+                m.params[t.offset + i] += 0.01f * (float)std::cos(0.3 * (double)(t.offset + i));
+        }
     std::string path = "/tmp/lime_test_variant_ckpt.safetensors";
     std::string err = model_save(&m, path, {}, true);
     CHECK(err.empty(), "model_save: %s", err.c_str());

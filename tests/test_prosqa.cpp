@@ -225,6 +225,30 @@ TEST(prosqa_build_sequences) {
     CHECK(again.train[17].tokens == d.train[17].tokens, "the same seed gave different training data");
 }
 
+// The test split alone (eval, analyze, data --split test: issue 61, class 10): no training
+// item is generated, and the vocabulary and the test items are those of the whole build,
+// token for token; its seq_len is the test items' own longest.
+TEST(prosqa_test_split_built_alone_is_the_same) {
+    ProsqaData all, alone;
+    std::string err = prosqa_build(300, 7, VALID, &all);
+    CHECK(err.empty(), "%s", err.c_str());
+    err = prosqa_build(PROSQA_MAX_TRAIN, 7, VALID, &alone, 1, false);  // a million items and 1 byte of memory: none made
+    CHECK(err.empty(), "the test split alone: %s", err.c_str());
+    CHECK(alone.train.empty(), "%zu training items generated for the test split alone", alone.train.size());
+    CHECK(alone.vocab.tokens == all.vocab.tokens, "the vocabulary differs: %zu tokens alone, %zu in the whole build",
+          alone.vocab.tokens.size(), all.vocab.tokens.size());
+    CHECK(alone.test.size() == all.test.size(), "%zu test items alone, %zu in the whole build", alone.test.size(),
+          all.test.size());
+    size_t longest = 0;
+    for (size_t i = 0; i < all.test.size() && i < alone.test.size(); i++) {
+        CHECK(alone.test[i].tokens == all.test[i].tokens && alone.test[i].loss_start == all.test[i].loss_start,
+              "test item %zu differs from the whole build's", i);
+        CHECK(alone.test_answers[i] == all.test_answers[i], "test answer %zu differs", i);
+        longest = std::max(longest, alone.test[i].tokens.size());
+    }
+    CHECK(alone.seq_len == (int)longest - 1, "seq_len %d alone, the test items' longest is %zu", alone.seq_len, longest);
+}
+
 // A file is checked for meaning, not only parsed: "[]" used to score "0.0% of
 // 0"; a wrong answer, a cycle or a question that does not match the edges
 // were scored. The first bad item is named by its index.

@@ -145,14 +145,17 @@ EntropyStat layer_entropy(const float* x, int N, int T, int D, const std::vector
 // ./lime analyze: the router heatmap, value entropy per layer, cost
 // ===========================================================================
 
-// Parameters (the routers' share) and FLOPs per token against a llama of the same shape.
+// Parameters (the routers' share, or the peer's mixing weights') and FLOPs per token against a llama of the same shape.
 static void print_cost(const Model& model) {
     const Config& c = model.c;
     Config llama = c;
     model_parse("llama", &llama);
-    size_t extra = model.n_params - param_count(llama);  // the routers, or hc's mixing weights
-    printf("parameters: %zu (%s %zu, %.3f%%)\n", model.n_params, c.arch == ARCH_HC ? "hc mixing weights" : "routers",
-           extra, 100.0 * extra / model.n_params);
+    size_t extra = model.n_params - param_count(llama);  // the routers, or a peer's own mixing weights
+    const char* what = c.arch == ARCH_HC            ? "hc mixing weights"
+                       : c.arch == ARCH_RESFORMER   ? "value-residual weights"
+                       : c.arch == ARCH_DENSEFORMER ? "depth-weighted average weights"
+                                                    : "routers";
+    printf("parameters: %zu (%s %zu, %.3f%%)\n", model.n_params, what, extra, 100.0 * extra / model.n_params);
     printf("FLOPs per token, training step at T=%d: %.4g (llama of this shape: %.4g, %+.3f%%)\n", c.T,
            flops_per_token(c, c.T), flops_per_token(llama, c.T),
            100 * (flops_per_token(c, c.T) / flops_per_token(llama, c.T) - 1));

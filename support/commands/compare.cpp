@@ -1136,7 +1136,7 @@ static const char* archs_help() {
 
 // --archs: each model named once, each one compare can train with the runs'
 // layers (a last-J or first-J needs J <= layers). One line per problem, the first kept.
-static void check_archs(Args& a, const std::vector<std::string>& archs, int layers) {
+static void check_archs(Args& a, const std::vector<std::string>& archs, int layers, int kv_heads) {
     std::set<std::string> seen;
     for (const std::string& s : archs) {
         Config c;
@@ -1175,6 +1175,11 @@ static void check_archs(Args& a, const std::vector<std::string>& archs, int laye
         std::string why = config_check(c);
         if (!why.empty() && c.arch == ARCH_HC) a.fail("--archs: '" + s + "': " + why + "; e.g. hc:n2");
         else if (!why.empty()) a.fail("--archs: '" + s + "' with the runs' " + std::to_string(c.L) + " layers: " + why);
+        c.R = kv_heads;  // an ablation that is lime itself at the runs' shape (lime:same-head with one kv head)
+        why = why.empty() && kv_heads >= 1 ? ablation_vacuous(c) : "";
+        if (!why.empty())
+            a.fail("--archs: '" + s + "' at the runs' " + std::to_string(c.L) + " layers and " + std::to_string(c.R) +
+                   (c.R == 1 ? " kv head: " : " kv heads: ") + why + " in --train-args, or drop it");
     }
 }
 
@@ -1211,7 +1216,8 @@ static CompareSettings compare_settings(Args& a) {
     if (!err.empty()) a.fail(err);
     cs.archs = split(a.has("archs") || !preset ? a.str("archs") : preset_archs(*preset), ',');
     if (cs.archs.empty()) a.fail("--archs is empty; give one or more models, e.g. --archs llama,lime");
-    check_archs(a, cs.archs, run_layers(cs.run_args));
+    int heads = run_flag(cs.run_args, "heads", 4);  // and kv heads (train's default: --heads)
+    check_archs(a, cs.archs, run_layers(cs.run_args), heads < 1 ? 0 : run_flag(cs.run_args, "kv-heads", heads));
     // a tier the preset plans keeps its own seeds and models, unless --seeds or --archs says otherwise
     for (const std::string& tier : cs.task == "arith" ? cs.tiers : std::vector<std::string>()) {
         const TierPlan* plan = plan_of(preset, tier);
@@ -1593,12 +1599,13 @@ static void train_in_groups(const CompareSettings& cs, std::vector<Run>* runs, s
         for (Run* r : group) r->pid = pid, r->failure = why;
         if (pid > 0) {
             while (wait_run(&status, &ru) == 0) stop_runs(runs, g_compare_signal);
-            // --jobs beyond what the GPU holds: no run of the group started; one line, with how many fit
+            // --jobs beyond what the GPU holds, or one run more than it holds: no run of the group
+            // started; one line, with how many fit (--jobs named only where it was given)
             const std::string mark = "not started: GPU memory: ";
             std::string last = last_words(group[0]->dir + "/train.out");
             size_t at = last.find(mark);
             if (WIFEXITED(status) && WEXITSTATUS(status) == 2 && at != std::string::npos)
-                die("compare", "--jobs " + std::to_string(cs.jobs) + ": " +
+                die("compare", (cs.fit ? std::string() : "--jobs " + std::to_string(cs.jobs) + ": ") +
                                    last.substr(at + mark.size(), last.find('"', at) - at - mark.size()));
         }
         for (Run* r : group) {

@@ -67,7 +67,8 @@ std::string load_checkpoint(const std::string& path, Device dev, const ModelSett
     if (!out->meta.count("task") || !settings_from_json(out->meta["task"], &ts).empty())
         return path + ": no task settings in the metadata; was it written by ./lime train?";
     if (need_task) {
-        err = task_build(ts, c.T, &out->task, memory_available("/proc/meminfo"));
+        // the test set alone (ProsQA's training set, up to 1,000,000 generated items, only sized T)
+        err = task_build(ts, c.T, &out->task, memory_available("/proc/meminfo"), false);
         if (!err.empty()) return path + ": rebuilding its task: " + err;
         if (out->task.vocab.size() != c.V)
             return path + ": its task has " + std::to_string(out->task.vocab.size()) + " tokens but the model " +
@@ -80,6 +81,8 @@ std::string load_checkpoint(const std::string& path, Device dev, const ModelSett
                    " tokens, longer than the " + std::to_string(c.T + 1) + " this model holds (T = " +
                    std::to_string(c.T) + "); restore the data it was trained on, or train a new model on this";
         }
+        if (out->task.kind == "prosqa") out->task.T = c.T;  // the training set's longest too, as it was trained
+
     } else {
         out->task.kind = ts["task"];
         out->task.settings = ts;

@@ -200,13 +200,14 @@ static std::string verify_file(const std::string& path, Device dev, const ModelS
     if (!err.empty()) return err;
     err = model_load(&model, path, false);
     if (err.empty()) {
-        bool bf16 = dev == DEVICE_GPU && settings.precision == PRECISION_BF16;
+        // the CPU computes float32 whatever the settings say: checked at float32's tolerances
+        bool bf16 = dev == DEVICE_GPU && settings.precision == PRECISION_BF16, tf32 = dev == DEVICE_GPU && settings.tf32;
         std::string where =
             dev == DEVICE_GPU ? std::string("gpu, ") + model_attention_name(&model) + " attention" : "cpu";
         if (!v->silent)
             printf("%s: %s, B=%d T=%d, %s%s\n", one_line(path).c_str(), arch_name(c.arch), rb.B, rb.T, where.c_str(),
-                   bf16 ? " (bf16)" : settings.tf32 ? " (tf32)" : "");
-        err = verify_model(&model, st, rb, opt, settings.tf32 || bf16, bf16, v);
+                   bf16 ? " (bf16)" : tf32 ? " (tf32)" : "");
+        err = verify_model(&model, st, rb, opt, tf32 || bf16, bf16, v);
     }
     model_free(&model);
     return err;
@@ -249,6 +250,9 @@ int cmd_verify(int argc, char** argv) {
     }
     if (dev == DEVICE_CPU && settings.precision == PRECISION_BF16)
         die("verify", "--precision bf16 is for the GPU; the CPU trains in float32: add --device gpu");
+    if (dev == DEVICE_CPU && settings.tf32)
+        die("verify", "--tf32 1 is for the GPU (its products on TF32 tensor cores); the CPU computes float32, checked at "
+                      "float32's tolerances: add --device gpu, or drop --tf32");
     if (a.positional.empty()) die("verify", "needs reference files, e.g. ./lime verify tests/golden/*.safetensors");
     Verifier v;
     v.quiet = a.has("quiet");

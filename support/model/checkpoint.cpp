@@ -268,6 +268,8 @@ std::string checkpoint_read_config(const std::string& path, Config* c, std::map<
     return "";
 }
 
+static bool meta_count(const std::string& s, long long hi, long long* out);
+
 std::string model_load(Model* model, const std::string& path, bool with_optim) {
     SafeTensors st;
     std::string err = st_read(path, &st);
@@ -316,6 +318,17 @@ std::string model_load(Model* model, const std::string& path, bool with_optim) {
             if (!err.empty()) return err;
         }
     }
+    // the router variants' fixed entries (same-head, last-J, first-J, average, frozen): as model_init set them
+    // (a frozen router's: the random draws of the run's seed, which train stores in "args")
+    uint64_t seed = 0;
+    Json args;
+    auto a = st.meta.find("args");
+    const Json* s = a != st.meta.end() && json_parse(a->second, &args).empty() ? args.get("seed") : nullptr;
+    long long v = 0;
+    bool seed_known = s && s->kind == Json::STR && meta_count(s->str, (long long)1 << 62, &v);
+    seed = (uint64_t)v;
+    err = router_fixed_check(fc, model->specs, model->params, seed_known ? &seed : nullptr);
+    if (!err.empty()) return path + ": " + err;
     if (with_optim) {
         int32_t step = 0;
         err = st_get_i32(st, "optim.step", {1}, &step);

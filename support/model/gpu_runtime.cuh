@@ -10,8 +10,10 @@
 // the public calls' answers ("no GPU") and stand-ins for the rest are left.
 #pragma once
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "support/lib/cli.h"
 #include "support/model/device.cuh"
 #include "support/model/flash_attention_tc.cuh"
 #include "support/model/lime.h"
@@ -64,14 +66,16 @@ static const size_t CUBLAS_WORKSPACE_BYTES = 32u << 20;
 
 // What a model of shape h at batch hb needs on the device (lime.cu's memory_needed), with or without flash attention.
 typedef double (*DeviceNeed)(const Config& h, int hb, bool flash);
-// The line for a model the device cannot hold, with the flags that would shrink it (memory_fix).
-static std::string gpu_out_of_memory(const Model* model, bool flash, size_t need, size_t free_bytes,
-                                     DeviceNeed device_need) {
-    char buf[200];
-    snprintf(buf, sizeof buf, "needs %.2f GB of GPU memory, the device has %.2f GB free; ", need / 1e9,
-             free_bytes / 1e9);
-    return buf + memory_fix(model->c, model->B, model->settings.flags,
-                            [&](const Config& h, int hb) { return device_need(h, hb, flash); });
+// The line for a model the device cannot hold, with the flags that would shrink it (memory_fix);
+// flash_can: --attention matmul where flash attention runs this model, named first when it fits.
+static std::string gpu_out_of_memory(const Model* model, bool flash, double need, size_t free_bytes,
+                                     DeviceNeed device_need, bool flash_can) {
+    std::string s = strf("needs %.2f GB of GPU memory, the device has %.2f GB free; ", need / 1e9, free_bytes / 1e9);
+    double flash_need = flash_can ? device_need(model->c, model->B, true) : 0;
+    if (!flash && flash_can && flash_need <= free_bytes)
+        s += strf("use --attention flash (no (T, T) probabilities: %.2f GB), or ", flash_need / 1e9);
+    return s + memory_fix(model->c, model->B, model->settings.flags,
+                          [&](const Config& h, int hb) { return device_need(h, hb, flash); });
 }
 
 // Where each piece of an allocation starts: pieces one after another, 256-byte aligned.
@@ -109,6 +113,21 @@ static size_t gpu_carve_small(GpuState* gpu, char* base, int norm_blocks, size_t
     return bytes;
 }
 
+// What the device's free memory must hold for a model beyond what gpu_create allocates: its
+// cuBLAS handle and stream and its captured step's graph (each run of a group has its own).
+static const size_t GPU_RUN_MARGIN_BYTES = 64u << 20;
+
+// gpu_create's small allocation (gpu_carve_small, measured) for shape c at batch B, plus the
+// margin: what model_device_need adds to the parameters, their state and the activations.
+static double gpu_run_bytes(const Config& c, int B, int norm_blocks) {
+    GpuState probe;
+    size_t BT = (size_t)B * c.T;
+    probe.split.products = split_products(c, BT);
+    size_t n_runs = adamw_runs(param_specs(c)).size();
+    return (double)gpu_carve_small(&probe, nullptr, norm_blocks, n_runs, split_slot_floats(probe.split.products, BT)) +
+           (double)GPU_RUN_MARGIN_BYTES;
+}
+
 // Pinned staging: per slot tokens, targets, mask, valid (B*T each) and the update's numbers; then the metrics.
 static void gpu_make_staging(GpuState* gpu, size_t BT) {
     size_t bytes = 0, at_slot[2][5];
@@ -134,12 +153,13 @@ static void gpu_make_staging(GpuState* gpu, size_t BT) {
     gpu->metrics_host = (Metrics*)(pinned + at_metrics_host);
 }
 
-// cudaMalloc that answers false (and clears the error) when the memory is not there.
-static bool device_alloc(void** p, size_t bytes) {
-    if (cudaMalloc(p, bytes) == cudaSuccess) return true;
+// cudaMalloc that answers its error (and clears it) when the memory is not there.
+static cudaError_t device_alloc(void** p, size_t bytes) {
+    cudaError_t err = cudaMalloc(p, bytes);
+    if (err == cudaSuccess) return err;
     cudaGetLastError();
     *p = nullptr;
-    return false;
+    return err;
 }
 
 // The host arrays (params, grads, adam_m, adam_v: 4 * n_params floats) to and from the device's, in one copy.
@@ -195,19 +215,33 @@ static std::string gpu_create(Model* model, Acts* acts, ActsCarve carve, DeviceN
     size_t slot_floats = split_slot_floats(split.products, (size_t)model->B * c.T);
     size_t acts_floats = carve(acts, c, model->B, nullptr, DEVICE_GPU, flash),
            small_bytes = gpu_carve_small(gpu, nullptr, norm_blocks, model->adamw_runs.size(), slot_floats);
-    size_t fixed_bytes = 4 * n * sizeof(float) + small_bytes, need = fixed_bytes + acts_floats * sizeof(float);
+    size_t fixed_bytes = 4 * n * sizeof(float) + small_bytes, bytes = fixed_bytes + acts_floats * sizeof(float);
+    // asked of the free memory: what model_device_need counts (these bytes and the run's margin,
+    // GPU_RUN_MARGIN_BYTES), the same figure alone and in a group
+    double need = device_need(c, model->B, flash);
     size_t free_bytes = 0, total_bytes = 0;
     cudaCheck(cudaSetDevice(0));
     cudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes));
     if (need > free_bytes && attention == ATTENTION_AUTO && c.hd <= FLASH_MAX_HD) {  // flash fits where this does not
         flash = true;
         acts_floats = carve(acts, c, model->B, nullptr, DEVICE_GPU, flash);
-        need = fixed_bytes + acts_floats * sizeof(float);
+        bytes = fixed_bytes + acts_floats * sizeof(float), need = device_need(c, model->B, flash);
     }
-    if (need > free_bytes || !device_alloc((void**)&gpu->mem, 4 * n * sizeof(float)) ||
-        !device_alloc((void**)&gpu->acts_mem, acts_floats * sizeof(float)) || !device_alloc(&gpu->small, small_bytes))
-        return gpu_out_of_memory(model, flash, need, free_bytes, device_need);
-    gpu->device_bytes = need;
+    if (need > free_bytes)  // (flash_can: matmul asked, where flash would run this model)
+        return gpu_out_of_memory(model, flash, need, free_bytes, device_need,
+                                 c.hd <= FLASH_MAX_HD && (!tc_wanted || tc_refusal.empty()));
+    // it fits what the device said was free; an allocation that fails even so is said as it is
+    const std::pair<void**, size_t> pieces[] = {{(void**)&gpu->mem, 4 * n * sizeof(float)},
+                                                {(void**)&gpu->acts_mem, acts_floats * sizeof(float)},
+                                                {&gpu->small, small_bytes}};
+    for (auto [p, piece] : pieces) {
+        cudaError_t err = device_alloc(p, piece);
+        if (err != cudaSuccess)
+            return strf("cudaMalloc of %.2f GB failed (%s) although the device reported %.2f GB free, and this model "
+                        "needs %.2f GB: another process may be using the GPU; free it, or try again when it is idle",
+                        piece / 1e9, cudaGetErrorString(err), free_bytes / 1e9, need / 1e9);
+    }
+    gpu->device_bytes = bytes;
     gpu->flash = flash;
     gpu->p = params_carve(c, gpu->mem);
     gpu->g = params_carve(c, gpu->mem + n);
@@ -358,6 +392,7 @@ bool gpu_info(GpuInfo*) { return false; }
 size_t model_device_bytes(const Model*) { return 0; }
 size_t model_graph_nodes(const Model*) { return 0; }
 static std::string gpu_create(Model*, Acts*, ActsCarve, DeviceNeed, int) { return NO_GPU_BUILD; }
+static double gpu_run_bytes(const Config&, int, int) { return 0; }
 static void gpu_upload(Model*, float*, const float*, size_t) {}
 static void gpu_free(Model*) {}
 static void gpu_to_device(Model*) {}

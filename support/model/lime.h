@@ -75,6 +75,14 @@ struct TensorSpec {
 };
 std::vector<TensorSpec> param_specs(const Config& c);  // in memory order
 size_t param_count(const Config& c);
+// A router-group matrix t (R, (l+1)*R) as model_init sets it from the run's seed: uniform, the
+// last R x R block I, and the variant's fixed entries (router_sources) (support/model/routers.cpp).
+void router_init(const Config& c, const TensorSpec& t, uint64_t seed, float* p);
+// "" when every router entry the variant holds fixed (router_learned does not learn it) is
+// model_init's value, else one line naming the tensor and the first entry that is not. seed:
+// the run's, or nullptr when unknown (a frozen router's random values are then not checked).
+std::string router_fixed_check(const Config& c, const std::vector<TensorSpec>& specs, const float* params,
+                               const uint64_t* seed);
 // A run of tensors next to each other in the parameter array with one AdamW
 // group: op_adamw updates each run as one array (one loop, one kernel launch).
 struct AdamWRun {

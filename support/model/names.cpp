@@ -76,6 +76,36 @@ static std::string check_config_named(const Config& c, const FieldNames& n) {
 }
 
 std::string config_check(const Config& c) { return check_config_named(c, FLAG_NAMES); }
+
+std::string ablation_vacuous(const Config& c) {
+    if (c.arch != ARCH_LIME) return "";
+    std::string J = router_name(c), flag = " (--router " + J + ")";
+    if (c.L == 1 && (c.router_same_head || ((c.router == ROUTER_LAST || c.router == ROUTER_FIRST) && c.router_j == 1)))
+        return (c.router_same_head ? std::string("same-head (--router-heads same)") : J + flag) +
+               " with 1 layer is lime itself, which has no router at 1 layer: it is an ablation with --layers 2 or more";
+    if (c.router_same_head && c.R == 1)
+        return "same-head (--router-heads same) with 1 kv head is lime itself (a kv head has no other head to mix): "
+               "it is an ablation with --kv-heads 2 or more";
+    if ((c.router != ROUTER_LAST && c.router != ROUTER_FIRST) || c.router_j < 1 || c.router_j > c.L)
+        return "";  // (a J outside 1 .. L is config_check's to refuse)
+    bool window = false;  // some router leaves a layer out (router_sources)
+    for (int l = 1; l < c.L; l++) {
+        RouterSpan s = router_sources(c, l);
+        for (int src = 0; src <= l; src++) window |= !s.has(src);
+    }
+    if (window) return "";
+    auto upto = [](const char* kind, int hi) {  // "last-1", "last-1 .. last-3"
+        return hi == 1 ? strf("%s-1", kind) : strf("%s-1 .. %s-%d", kind, kind, hi);
+    };
+    if (c.router == ROUTER_LAST)
+        return strf("%s%s with %d layers reads every layer, as lime does: it is an ablation with J below the layers "
+                    "(%s) or --layers %d or more",
+                    J.c_str(), flag.c_str(), c.L, upto("last", c.L - 1).c_str(), c.router_j + 1);
+    std::string below = c.L > 3 ? strf(", or J below %d (%s)", c.L - 2, upto("first", c.L - 3).c_str()) : "";
+    return strf("%s%s with %d layers reads every layer (the first %d, and each layer's own and preceding one), as "
+                "lime does: it is an ablation with --layers %d or more%s",
+                J.c_str(), flag.c_str(), c.L, c.router_j, c.router_j + 3, below.c_str());
+}
 std::string config_check_file(const Config& c) { return check_config_named(c, KEY_NAMES); }
 
 // A lambda is 0 (off) or a float32 normal number: one that float32 rounds to 0
@@ -241,6 +271,8 @@ Config shape_from_args(Args& a, bool one_model) {
             a.fail("--" + std::string(flag) + " is for --arch lime: " + arch + " has no router");
     if (c.router_same_head && c.router == ROUTER_AVERAGE)
         a.fail("--router-heads same is for a router that learns: --router average's weights are fixed");
+    std::string vacuous = one_model ? ablation_vacuous(c) : "";  // a lime "ablation" that is lime at this shape
+    if (!vacuous.empty()) a.fail(vacuous);
     if (one_model && c.arch != ARCH_HC && (a.has("hc-rate") || a.has("hc-dynamic")))
         a.fail("--hc-rate and --hc-dynamic are for --arch hc: " + arch + " has one residual stream");
     c.hc_rate = (int)a.integer("hc-rate", 1, 16);

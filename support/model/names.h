@@ -27,6 +27,11 @@ bool attention_parse(const std::string& s, Attention* out);      // "auto", "mat
 // (lime, then its router when not static, then ":separate" for --router-kv separate),
 // "hc", "hc:n2", "hc:static", "hc:n2:static" (Hyper-Connections: the rate when not 4, static when not dynamic).
 std::string model_name(const Config& c);
+// "" unless one of c's router restrictions selects every weight at c's shape, so that the
+// "ablation" is lime itself: same-head with one kv head (no other head to mix), last-J or
+// first-J whose window holds every layer (router_sources). Else the restriction and the
+// shape that would make it one, e.g. "same-head with 1 kv head is lime itself (...): ...".
+std::string ablation_vacuous(const Config& c);
 // sets arch, the router fields, hc's rate and dynamic and entropy_reg: "lime:last-2",
 // "hc:n2:static", "llama:ereg=0.1", "lime:frozen:ereg=0.5"
 bool model_parse(const std::string& s, Config* c);
