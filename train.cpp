@@ -179,29 +179,8 @@ static Score score_answers(Model* model, const Task& t, int limit) {
     return sc;
 }
 
-// Teacher-forced exact match, from the logits of the forward just run on a
-// batch (B, T): a sequence counts as right when the argmax at every position
-// its loss counts (arith: the chain, the answer and <eos>) is its target, so
-// that greedy decoding would write exactly that target: a lower bound of the
-// greedy accuracy, at the cost of the validation loss's forward alone.
-static void score_teacher_forced(Model* model, const Batch& batch, int B, int T, Score* sc) {
-    const int V = model->c.V;
-    const float* logits = model_logits(model);  // (B, T, V)
-    for (int b = 0; b < B; b++) {
-        bool right = true;
-        for (int t = 0; t < T; t++) {
-            size_t n = (size_t)b * T + t;
-            if (batch.mask[n] > 0 && argmax(logits + n * V, V) != batch.targets[n]) right = false;
-        }
-        sc->n++;
-        sc->correct += right;
-    }
-}
-
-// Mean masked loss over a set of sequences (validation loss); with tf, each
-// sequence's teacher-forced exact match (score_teacher_forced) too.
-static double mean_loss(Model* model, const std::vector<Sequence>& seqs, int T, int pad, int limit,
-                        Score* tf = nullptr) {
+// Mean masked loss over a set of sequences (validation loss).
+static double mean_loss(Model* model, const std::vector<Sequence>& seqs, int T, int pad, int limit) {
     int n = std::min((int)seqs.size(), limit > 0 ? limit : (int)seqs.size());
     double total = 0, count = 0;
     Batch batch;
@@ -212,7 +191,6 @@ static double mean_loss(Model* model, const std::vector<Sequence>& seqs, int T, 
         for (int b = 0; b < B; b++) idx[b] = start + b;
         make_batch(seqs, idx.data(), B, T, pad, &batch);
         float loss = model_forward(model, batch.tokens.data(), batch.targets.data(), batch.mask.data(), B, T);
-        if (tf) score_teacher_forced(model, batch, B, T, tf);
         double w = 0;
         for (float x : batch.mask) w += x;
         total += loss * w;
@@ -232,7 +210,7 @@ static const char* TRAIN_HELP =
 struct TrainSettings {
     AdamWConfig opt;
     int B = 0, steps = 0, warmup = 0, log_every = 0, eval_every = 0, save_every = 0, eval_size = 0, stop_after = 0;
-    int curve = 0;          // --curve: evaluations per run, teacher-forced only until the last (0: off)
+    int curve = 0;          // --curve: evaluations per run, evenly spaced, a learning curve (0: --eval-every's)
     Schedule sched = SCHED_LINEAR;
     float min_lr_ratio = 1e-6f;
     uint64_t seed = 1;
@@ -322,27 +300,19 @@ static std::string eta_str(const TrainRun& r, int step, double ms_per_step) {
 // Validation loss and (arith, prosqa) accuracy on the first eval_size test
 // examples (0: all); printed unless quiet, and logged. A stop signal cuts it
 // short: nothing is printed or logged, and the caller saves and stops.
-// Accuracy is greedy decoding; "tf_accuracy", logged beside it, the
-// teacher-forced exact match of the same examples (the learning curve's
-// score); with greedy false (--curve's periodic evaluations) only the latter.
 static void evaluate(Model* model, const Task& t, int step, int eval_size, Logger* log, double* val_loss,
-                     double* acc, bool greedy = true) {
-    Score tf;
-    *val_loss = mean_loss(model, *t.test, t.T, t.vocab.pad, eval_size, t.kind != "text" ? &tf : nullptr);
+                     double* acc) {
+    *val_loss = mean_loss(model, *t.test, t.T, t.vocab.pad, eval_size);
     std::string msg = "eval step " + std::to_string(step) + " | val loss " + fmt("%.4f", *val_loss);
     Json json;
     json.add_str("type", "eval").add_num("step", step).add_num("val_loss", *val_loss);
     *acc = -1;
     if (t.kind != "text") {
-        msg += " | teacher-forced " + fmt("%.1f%%", 100 * tf.accuracy());
-        json.add_num("tf_accuracy", tf.accuracy());
-    }
-    if (t.kind != "text" && greedy) {
         Score sc = score_answers(model, t, eval_size);
         *acc = sc.accuracy();
         msg += " | accuracy " + fmt("%.1f%%", 100 * *acc) + " of " + std::to_string(sc.n);
         json.add_num("accuracy", *acc).add_num("n", sc.n);
-    } else if (t.kind == "text") {
+    } else {
         msg += " | perplexity " + fmt("%.3f", std::exp(*val_loss));
         json.add_num("perplexity", std::exp(*val_loss));
     }
@@ -471,7 +441,8 @@ static TrainSettings train_settings(Args& a) {
 
 // The run's length and its intervals, from the flags or, by default, from
 // the length: --epochs passes of per_epoch steps, warmup 2%, ~50 progress
-// lines, ~5 evaluations, a checkpoint at each evaluation.
+// lines, ~5 evaluations (--curve N: N), a checkpoint at each evaluation
+// (with --curve, ~5 a run).
 static void train_lengths(Args& a, int per_epoch, TrainSettings* s) {
     if (a.has("steps")) {
         s->steps = (int)a.integer("steps", 1, MAX_STEPS);
@@ -962,7 +933,7 @@ static int train_loop_step(TrainRun* r, int step) {
     if (logging) log_progress(r, step, loss, norm, factor);
     if (step % s.eval_every == 0 && !last && !stop_signal) {
         double t0 = now_ms();
-        evaluate(&r->model, r->task, step, s.eval_size, &r->log, &r->val_loss, &r->acc, s.curve == 0);
+        evaluate(&r->model, r->task, step, s.eval_size, &r->log, &r->val_loss, &r->acc);
         r->t_last = now_ms();
         r->eval_ms += r->t_last - t0;
         r->evals_timed++;

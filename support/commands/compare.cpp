@@ -237,7 +237,7 @@ struct Run {
     double accuracy = NAN, val_loss = NAN, ms_per_step = NAN, params = NAN, flops_per_token_ = NAN, tokens_per_step = 0;
     std::vector<double> steps, losses;            // training loss curve
     std::vector<double> eval_steps, eval_losses;  // validation loss curve
-    std::vector<double> curve_steps, curve_acc;   // the learning curve: each evaluation's tf_accuracy (train --curve)
+    std::vector<double> curve_steps, curve_acc;   // the learning curve: each evaluation's accuracy (train --curve)
     std::string lr;                               // --lr-grid: the run's own --lr ("": the runs' flags')
     std::map<std::string, std::vector<double>> entropy;  // from DIR/entropy.tsv: kind -> mean per layer
     enum Stage { WAITING, TRAINING, TRAINED, ANALYSING, DONE } stage = WAITING;
@@ -406,9 +406,8 @@ static std::string read_log(Run* r, const std::string& task, bool* done) {
         } else if (kind == "eval") {
             r->eval_steps.push_back(fc.number(j, "step", 1, (double)MAX_STEPS));
             r->eval_losses.push_back(fc.number(j, "val_loss", 0, INFINITY));
-            fc.number(j, "accuracy", 0, 1, false);
-            double tf = fc.number(j, "tf_accuracy", 0, 1, false);
-            if (std::isfinite(tf)) r->curve_steps.push_back(r->eval_steps.back()), r->curve_acc.push_back(tf);
+            double acc = fc.number(j, "accuracy", 0, 1, false);
+            if (std::isfinite(acc)) r->curve_steps.push_back(r->eval_steps.back()), r->curve_acc.push_back(acc);
         } else if (kind == "done") {
             r->val_loss = fc.number(j, "val_loss", 0, INFINITY);
             r->accuracy = fc.number(j, "accuracy", 0, 1, task != "text");
@@ -1008,8 +1007,8 @@ static std::string report_accuracy_bars(std::ostringstream& md, const std::strin
 // ---------------------------------------------------------------------------
 // Learning speed: how fast each model learns, and how far it goes. Every run
 // logs a learning curve (train --curve CURVE_POINTS: that many evaluations,
-// each the teacher-forced exact match of the first --eval-size test
-// questions, "tf_accuracy"; the last, at the final step, of every one). A run
+// each greedy decoding of the first --eval-size test questions, CURVE_SIZE
+// unless --train-args gives it; the last, at the final step, of every one). A run
 // learns at the first evaluation whose score reaches the threshold, fixed
 // before the runs; a run that never does is censored at its last step: its
 // time is unknown beyond it, never read as "never learned". Per model the
@@ -1019,6 +1018,7 @@ static std::string report_accuracy_bars(std::ostringstream& md, const std::strin
 
 const int CURVE_POINTS = 25;      // evaluations a run logs: the moment of learning placed within 4% of the run
 const int CURVE_MIN_POINTS = 20;  // a reused run with fewer is refused: its curve cannot place that moment
+const int CURVE_SIZE = 100;       // questions each evaluation decodes (docs/results.md: the curve's cost)
 
 // The default threshold: halfway from chance to 90% (why: docs/tasks.md, "Learning speed").
 static double default_threshold(double chance) { return chance + 0.5 * (0.9 - chance); }
@@ -1088,8 +1088,7 @@ static std::string plot_learning(const std::string& dir, const Report& rep, cons
     faint.push_back(Series{fmt("threshold %.1f%%", 100 * rep.threshold), {0, last},
                            {100 * rep.threshold, 100 * rep.threshold}, {}, {}, 6, false});
     std::string err = plot_lines(dir + "/" + curves, "Learning curves, " + rep.label(tier) +
-                                 ": teacher-forced exact match, each seed faint, the median bold", "step",
-                                 "teacher-forced exact match (%)", faint);
+                                 ": accuracy, each seed faint, the median bold", "step", "accuracy (%)", faint);
     if (err.empty())
         err = plot_lines(dir + "/" + km, "Not yet learned (Kaplan-Meier), " + rep.label(tier), "step",
                          "share of runs not yet learned", steps);
@@ -1129,12 +1128,10 @@ static std::string report_learning(std::ostringstream& md, const std::string& di
                                    std::string* summary) {
     if (rep.task == "text") return "";
     md << "\n## Learning speed\n\nEach run's learning curve: " << CURVE_POINTS
-       << " evaluations (`./lime train --curve " << CURVE_POINTS
-       << "`), each the teacher-forced exact match of the first `--eval-size` test questions (every target token, "
-          "the chain, the answer and `<eos>`, is the model's argmax given the true tokens before it: then greedy "
-          "decoding writes exactly that target, so the score is at most the greedy accuracy; the last point, at "
-          "the final step, scores every test question). The accuracy everywhere else in this report is greedy "
-          "decoding. A run **learns** at the first evaluation whose score reaches **"
+       << " evaluations evenly spaced (`./lime train --curve " << CURVE_POINTS
+       << "`), each the accuracy of greedy decoding on the first `--eval-size` test questions (compare gives "
+       << CURVE_SIZE << " unless `--train-args` gives it); the last, at the final step, on every test question, "
+          "the accuracy of the tables above. A run **learns** at the first evaluation whose accuracy reaches **"
        << fmt("%.2f%%", 100 * rep.threshold) << "**, the threshold fixed before the runs ("
        << (std::fabs(rep.threshold - default_threshold(rep.chance)) < 1e-12
                ? "the default: halfway from chance, " + pct(rep.chance) +
@@ -1689,6 +1686,8 @@ static std::vector<std::string> train_args_of(const CompareSettings& cs, const R
         own.insert(own.end(), {"--hc-rate", std::to_string(model.hc_rate), "--hc-dynamic", model.hc_dynamic ? "1" : "0"});
     if (model.entropy_reg > 0) own.insert(own.end(), {"--entropy-reg", fmt("%.9g", model.entropy_reg)});
     if (cs.task != "text") own.insert(own.end(), {"--curve", std::to_string(CURVE_POINTS)});  // its learning curve
+    if (cs.task != "text" && run_flag_text(args, "eval-size", "").empty())
+        own.insert(own.end(), {"--eval-size", std::to_string(CURVE_SIZE)});
     if (!r.lr.empty()) {  // --lr-grid: the run's own rate in place of the preset's
         for (size_t i = 0; i < args.size();)
             if (args[i] == "--lr" && i + 1 < args.size()) args.erase(args.begin() + i, args.begin() + i + 2);
@@ -1784,7 +1783,7 @@ static int reuse_runs(const CompareSettings& cs, std::vector<Run>* runs, int* an
         if (!err.empty()) die("compare", "--reuse: " + err + ": the file was altered or damaged" + fix);
         if (cs.task != "text" && r.curve_acc.size() < (size_t)CURVE_MIN_POINTS)  // before its flags: the reason
             die("compare", "--reuse: " + r.dir + "/log.jsonl has no learning curve (" +
-                               std::to_string(r.curve_acc.size()) + " evaluations with a tf_accuracy; compare's " +
+                               std::to_string(r.curve_acc.size()) + " evaluations with an accuracy; compare's " +
                                "runs log " + std::to_string(CURVE_POINTS) + ", train --curve " +
                                std::to_string(CURVE_POINTS) + "): its time to learn is unknown, not \"never\"" + fix);
         std::string differ = flags_differ(r.args, flag_values(train_args_of(cs, r)));
