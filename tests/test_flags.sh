@@ -191,6 +191,8 @@ bad compare_ereg_negative     ":ereg=LAMBDA"       compare --preset tiny --archs
 bad compare_ereg_nan          ":ereg=LAMBDA"       compare --preset tiny --archs llama,llama:ereg=nan
 bad compare_ereg_twice        "twice"              compare --preset tiny --archs llama:ereg=0.1,llama:ereg=0.10
 bad train_entropy_reg_negative "out of range"      train $A --entropy-reg -0.5
+bad train_curve_and_eval_every "drop --eval-every" train $A --curve 25 --eval-every 5
+bad train_curve_negative      "out of range"       train $A --curve -1
 bad train_entropy_reg_nan     "not a number"       train $A --entropy-reg nan
 bad train_entropy_reg_inf     "not a number"       train $A --entropy-reg inf
 bad train_entropy_reg_empty   "not a number"       train $A --entropy-reg ""
