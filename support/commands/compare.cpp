@@ -1539,7 +1539,7 @@ static void learning_settings(Args& a, CompareSettings* cs) {
     if (grid.empty()) return;
     if (text)
         die("compare", "--lr-grid picks each model's rate by its time to learn, which --task text (no accuracy) has "
-                       "not; drop --lr-grid");
+                       "not; drop --lr-grid, or give --lr-grid off (learning-speed's grid)");
     std::vector<std::string> words;
     shell_words(a.str("train-args"), &words);
     for (const std::string& w : words)
@@ -1824,7 +1824,8 @@ static void say(const std::string& line) {
 // "tier 2 lime  seed 1": a run as the progress lines name it.
 static std::string run_name(const Run& r) {
     bool tier = r.tier.find_first_not_of("0123456789") == std::string::npos;  // arith's tiers are numbers
-    return (tier ? "tier " : "") + r.tier + " " + strf("%-5s", r.arch.c_str()) + " seed " + std::to_string(r.seed);
+    return (tier ? "tier " : "") + r.tier + " " + strf("%-5s", r.arch.c_str()) + " seed " + std::to_string(r.seed) +
+           (r.lr.empty() ? "" : " lr " + r.lr);
 }
 
 // A run's training has ended (or could not start: status -1, r->failure says
@@ -2044,7 +2045,7 @@ static void tune_rates(const CompareSettings& cs, std::vector<Run>* tuning, std:
     for (const Run& r : *tuning)
         if (!r.failure.empty())
             die("compare", std::to_string(failed) + " of " + std::to_string(tuning->size()) + " tuning runs failed; " +
-                               "the first, " + run_name(r) + " at lr " + r.lr + ": " + r.failure);
+                               "the first, " + run_name(r) + ": " + r.failure);
     std::string picked;
     for (Run& r : *runs) {
         std::string key = r.tier + "/" + r.arch;
