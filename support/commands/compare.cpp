@@ -1143,6 +1143,13 @@ static std::string report_learning(std::ostringstream& md, const std::string& di
           "runs have not learned) with its 95% interval after Brookmeyer and Crowley (the steps whose "
           "not-yet-learned share the Greenwood interval does not tell from one half); \"not reached\" where the "
           "share never falls that far.\n\n";
+    size_t fewest = SIZE_MAX;
+    for (const RunGroup& g : rep.groups)
+        for (const Run* r : g.runs) fewest = std::min(fewest, r->curve_acc.size());
+    if (fewest < (size_t)CURVE_MIN_POINTS)
+        md << "Some runs have only " << fewest << " evaluations (`--eval-every` in `--train-args` spaces them, "
+           << "in place of `--curve " << CURVE_POINTS << "`): their time to learn is placed only to within the "
+           << "steps between two of them.\n\n";
     std::string err;
     std::vector<LearnPair> pairs;
     for (const std::string& tier : rep.tiers) {
@@ -1665,6 +1672,12 @@ static std::string check_run_dir(const std::string& out, const std::string& dir)
     return "";
 }
 
+// Whether compare gives a run its learning curve (train --curve): on a task with an accuracy,
+// unless --train-args spaces the evaluations itself (--eval-every: the curve is those).
+static bool logs_curve(const CompareSettings& cs, const std::vector<std::string>& args) {
+    return cs.task != "text" && run_flag_text(args, "eval-every", "").empty();
+}
+
 // The flags of one run's ./lime train: the preset's with --train-args (run_args), then the run's own.
 static std::vector<std::string> train_args_of(const CompareSettings& cs, const Run& r) {
     std::vector<std::string> args = cs.tier_run_args.count(r.tier) && cs.task == "arith" ? cs.tier_run_args.at(r.tier)
@@ -1685,9 +1698,10 @@ static std::vector<std::string> train_args_of(const CompareSettings& cs, const R
     if (model.arch == ARCH_HC)
         own.insert(own.end(), {"--hc-rate", std::to_string(model.hc_rate), "--hc-dynamic", model.hc_dynamic ? "1" : "0"});
     if (model.entropy_reg > 0) own.insert(own.end(), {"--entropy-reg", fmt("%.9g", model.entropy_reg)});
-    if (cs.task != "text") own.insert(own.end(), {"--curve", std::to_string(CURVE_POINTS)});  // its learning curve
-    if (cs.task != "text" && run_flag_text(args, "eval-size", "").empty())
-        own.insert(own.end(), {"--eval-size", std::to_string(CURVE_SIZE)});
+    if (logs_curve(cs, args)) {  // its learning curve
+        own.insert(own.end(), {"--curve", std::to_string(CURVE_POINTS)});
+        if (run_flag_text(args, "eval-size", "").empty()) own.insert(own.end(), {"--eval-size", std::to_string(CURVE_SIZE)});
+    }
     if (!r.lr.empty()) {  // --lr-grid: the run's own rate in place of the preset's
         for (size_t i = 0; i < args.size();)
             if (args[i] == "--lr" && i + 1 < args.size()) args.erase(args.begin() + i, args.begin() + i + 2);
@@ -1781,7 +1795,7 @@ static int reuse_runs(const CompareSettings& cs, std::vector<Run>* runs, int* an
         std::string fix = "; remove " + r.dir + " to run it again, drop --reuse to run every run again, or choose "
                           "another --out";
         if (!err.empty()) die("compare", "--reuse: " + err + ": the file was altered or damaged" + fix);
-        if (cs.task != "text" && r.curve_acc.size() < (size_t)CURVE_MIN_POINTS)  // before its flags: the reason
+        if (logs_curve(cs, train_args_of(cs, r)) && r.curve_acc.size() < (size_t)CURVE_MIN_POINTS)  // before its flags
             die("compare", "--reuse: " + r.dir + "/log.jsonl has no learning curve (" +
                                std::to_string(r.curve_acc.size()) + " evaluations with an accuracy; compare's " +
                                "runs log " + std::to_string(CURVE_POINTS) + ", train --curve " +
