@@ -212,6 +212,7 @@ static const char* TRAIN_HELP =
 struct TrainSettings {
     AdamWConfig opt;
     int B = 0, steps = 0, warmup = 0, log_every = 0, eval_every = 0, save_every = 0, eval_size = 0, stop_after = 0;
+    int curve = 0;          // --curve: evaluations per run, evenly spaced, a learning curve (0: --eval-every's)
     Schedule sched = SCHED_LINEAR;
     float min_lr_ratio = 1e-6f;
     uint64_t seed = 1;
@@ -442,7 +443,8 @@ static TrainSettings train_settings(Args& a) {
 
 // The run's length and its intervals, from the flags or, by default, from
 // the length: --epochs passes of per_epoch steps, warmup 2%, ~50 progress
-// lines, ~5 evaluations, a checkpoint at each evaluation.
+// lines, ~5 evaluations (--curve N: N), a checkpoint at each evaluation
+// (with --curve, ~5 a run).
 static void train_lengths(Args& a, int per_epoch, TrainSettings* s) {
     if (a.has("steps")) {
         s->steps = (int)a.integer("steps", 1, MAX_STEPS);
@@ -456,8 +458,14 @@ static void train_lengths(Args& a, int per_epoch, TrainSettings* s) {
     }
     s->warmup = a.has("warmup") ? (int)a.integer("warmup", 0, 1 << 30) : s->steps / 50;
     s->log_every = a.has("log-every") ? (int)a.integer("log-every", 1, 1 << 30) : std::max(1, s->steps / 50);
-    s->eval_every = a.has("eval-every") ? (int)a.integer("eval-every", 1, 1 << 30) : std::max(1, s->steps / 5);
-    s->save_every = a.has("save-every") ? (int)a.integer("save-every", 1, 1 << 30) : s->eval_every;
+    s->curve = (int)a.integer("curve", 0, 1 << 20);
+    if (s->curve && a.has("eval-every"))
+        a.fail("--curve " + a.str("curve") + " sets the steps between evaluations (the run's steps / " + a.str("curve") +
+               "); drop --eval-every, or --curve");
+    s->eval_every = a.has("eval-every") ? (int)a.integer("eval-every", 1, 1 << 30)
+                                        : std::max(1, s->steps / (s->curve ? s->curve : 5));
+    s->save_every = a.has("save-every") ? (int)a.integer("save-every", 1, 1 << 30)
+                                        : s->curve ? std::max(1, s->steps / 5) : s->eval_every;
 }
 
 // Reads and checks every flag of train (a resumed run's saved ones included)

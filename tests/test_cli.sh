@@ -109,6 +109,71 @@ expect "it does not say '3 of 3 runs already done'" grep -q "3 of 3 runs already
 expect "it ran a run again ([1/3])" not grep -q "^\[1/3\]" "$tmp/reuse.out"
 expect "report.md has no row '| tier 2 | lime:frozen | ... of 1 |'" grep -q "^| tier 2 | lime:frozen | .* of 1 |" "$tmp/study/report.md"
 verdict "$(tail -3 "$tmp/reuse.out")"
+# --- learning speed: each run's learning curve (train --curve), time to learn with censoring
+# The same bits: a run's model does not change because its curve is logged (25 evaluations against train's 5)
+check train_curve_same_bits
+expect "train --curve 25 exits non-zero" $LIME train --layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 --train-size 300 \
+    --test-size 20 --batch 16 --steps 30 --curve 25 --quiet --out "$tmp/curve_on" >/dev/null 2>&1
+expect "train without --curve exits non-zero" $LIME train --layers 2 --dim 16 --heads 2 --ffn 32 --ops 2 \
+    --train-size 300 --test-size 20 --batch 16 --steps 30 --quiet --out "$tmp/curve_off" >/dev/null 2>&1
+expect "--curve 25 logged $(grep -c '"type": "eval".*"accuracy"' "$tmp/curve_on/log.jsonl" 2>/dev/null) evaluations with an accuracy, want at least 25" \
+    [ "$(grep -c '"type": "eval".*"accuracy"' "$tmp/curve_on/log.jsonl" 2>/dev/null)" -ge 25 ]
+tensors_of() { local n; n=$(od -An -t u8 -N8 "$1" | tr -d ' '); tail -c +$((9 + n)) "$1"; }
+expect "the model with the curve differs from the one without" \
+    cmp -s <(tensors_of "$tmp/curve_on/model.safetensors") <(tensors_of "$tmp/curve_off/model.safetensors")
+verdict
+# The report's Kaplan-Meier rows, medians and paired sign test match tests/learning_speed.awk's, recomputed
+# from the logs alone, with planted curves: runs that learn at steps 6, 10 and 20, two that never do
+# (censored), a tie at one step and a tie of two censored runs
+check compare_learning_speed_recomputed_from_logs
+expect "compare exits non-zero" $LIME compare --preset tiny --seeds 4 --out "$tmp/speed" >"$tmp/speed.out" 2>&1
+plant_curve() {  # plant_curve RUN STEP: the evaluations' accuracy 0.75 from STEP on, else 0.2 (STEP 0: never)
+    awk -v at="$2" '/"type": "eval"/ { match($0, /"step": [0-9]+/); s = substr($0, RSTART + 8, RLENGTH - 8) + 0
+        sub(/"accuracy": [-+0-9.eE]+/, "\"accuracy\": " ((at > 0 && s >= at) ? 0.75 : 0.2)) } { print }' \
+        "$tmp/speed/tier2/$1/log.jsonl" >"$tmp/planted" && cat "$tmp/planted" >"$tmp/speed/tier2/$1/log.jsonl"
+}
+for planted in llama-seed1:10 lime-seed1:6 llama-seed2:0 lime-seed2:20 llama-seed3:20 lime-seed3:20 llama-seed4:0 lime-seed4:0; do
+    plant_curve "${planted%:*}" "${planted#*:}"
+done
+expect "compare --reuse --threshold 50 exits non-zero" $LIME compare --preset tiny --seeds 4 --reuse --threshold 50 \
+    --out "$tmp/speed" >"$tmp/speed.out" 2>&1
+awk -v threshold=0.5 -v a=lime -v b=llama -f tests/learning_speed.awk "$tmp"/speed/tier2/*/log.jsonl >"$tmp/speed.want"
+report=$(cat "$tmp/speed/report.md" 2>/dev/null)
+expect "the recomputation found no Kaplan-Meier step" grep -q "^KM " "$tmp/speed.want"
+while read -r kind m t at ev s se; do
+    [ "$kind" = KM ] || continue
+    expect "report.md lacks the Kaplan-Meier row '| $m | $t | $at | $ev | $s | $se |'" has "$report" -F "| $m | $t | $at | $ev | $s | $se |"
+done <"$tmp/speed.want"
+while read -r kind m med lo hi; do
+    [ "$kind" = MEDIAN ] || continue
+    nr() { [ "$1" = inf ] && echo "not reached" || echo "$1"; }
+    expect "report.md lacks $m's median '$(nr "$med") ($(nr "$lo") to $(nr "$hi"))'" \
+        has "$report" -F "| $(nr "$med") ($(nr "$lo") to $(nr "$hi")) |"
+done <"$tmp/speed.want"
+read -r _ af ti bf p < <(grep "^PAIR" "$tmp/speed.want")
+expect "report.md lacks the paired row '| tier 2: lime vs llama | 4 | $af / $ti / $bf | $p |'" \
+    has "$report" -F "| tier 2: lime vs llama | 4 | $af / $ti / $bf | $p |"
+expect "llama's two censored runs are not counted as 2 of 4 learned" has "$report" -E "^\| llama \| 4 \| 2 of 4 \|"
+verdict "$(tail -2 "$tmp/speed.out")"
+# --reuse of a run logged without a curve (an older ./lime's): refused, naming the missing curve
+check compare_reuse_refuses_runs_without_curve
+sed -i '/"type": "eval"/s/, "accuracy": [-+0-9.eE]*, "n": [0-9]*//' "$tmp/speed/tier2/lime-seed3/log.jsonl"
+out=$($LIME compare --preset tiny --seeds 4 --reuse --out "$tmp/speed" 2>&1); status=$?
+expect "exit status $status, want 2" [ $status -eq 2 ]
+expect "the refusal does not name the missing learning curve of lime-seed3" has "$out" "lime-seed3.*no learning curve"
+verdict "$out"
+# --lr-grid: each model trained at each rate on tuning seed 101, its evaluation seed at the one picked
+check compare_lr_grid
+expect "compare --lr-grid exits non-zero" $LIME compare --preset tiny --seeds 1 --lr-grid 1e-3,3e-2 --tuning-seeds 101 \
+    --out "$tmp/grid" >"$tmp/grid.out" 2>&1
+expect "no tuning run tier2/lime-lr3e-2-seed101" [ -s "$tmp/grid/tuning/tier2/lime-lr3e-2-seed101/log.jsonl" ]
+expect "report.md has no '## Learning rate' section" grep -q "^## Learning rate" "$tmp/grid/report.md"
+for m in llama lime; do
+    lr=$(grep -F "| tier 2 | $m |" "$tmp/grid/report.md" 2>/dev/null | grep -F "**yes**" | cut -d'|' -f4 | tr -d ' ')
+    expect "$m's rate is not picked once in the grid's table" [ "$(grep -F "| tier 2 | $m |" "$tmp/grid/report.md" | grep -cF "**yes**")" -eq 1 ]
+    expect "$m-seed1 did not train at its picked rate $lr" grep -q "\"lr\": \"$lr\"" "$tmp/grid/tier2/$m-seed1/log.jsonl"
+done
+verdict "$(tail -2 "$tmp/grid.out")"
 # every task: ProsQA scored by exact match (here on the first 2 questions of the real test file:
 # an untrained model's greedy answers run to the longest sequence, slow on all 500), text by
 # validation loss and perplexity; 4 steps each, ProsQA's of 2 sequences (its steps of 16 took

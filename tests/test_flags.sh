@@ -199,6 +199,8 @@ bad compare_ereg_negative     ":ereg=LAMBDA"       compare --preset tiny --archs
 bad compare_ereg_nan          ":ereg=LAMBDA"       compare --preset tiny --archs llama,llama:ereg=nan
 bad compare_ereg_twice        "twice"              compare --preset tiny --archs llama:ereg=0.1,llama:ereg=0.10
 bad train_entropy_reg_negative "out of range"      train $A --entropy-reg -0.5
+bad train_curve_and_eval_every "drop --eval-every" train $A --curve 25 --eval-every 5
+bad train_curve_negative      "out of range"       train $A --curve -1
 bad train_entropy_reg_nan     "not a number"       train $A --entropy-reg nan
 bad train_entropy_reg_inf     "not a number"       train $A --entropy-reg inf
 bad train_entropy_reg_empty   "not a number"       train $A --entropy-reg ""
@@ -206,6 +208,24 @@ bad compare_tiers_not_arith   "is for --task arith" compare --preset tiny --task
 bad compare_flag_other_task   "another task"       compare --preset tiny --task prosqa --train-args "--modulus 7"
 bad compare_text_needs_file   "text-file"          compare --preset tiny --task text
 bad compare_alpha_zero        "must be positive"   compare --preset tiny --alpha 0
+# learning speed: the threshold lies above chance (1/11 = 9.09%) and at most 100%; --lr-grid's rates are
+# positive, finite and each given once, its tuning seeds never evaluation seeds; all before any run
+bad compare_threshold_chance  "above chance"       compare --preset tiny --threshold 9
+bad compare_threshold_over    "above chance"       compare --preset tiny --threshold 100.5
+bad compare_threshold_word    "above chance"       compare --preset tiny --threshold half
+bad compare_threshold_nan     "above chance"       compare --preset tiny --threshold nan
+bad compare_threshold_text    "has not"            compare --preset tiny --task text --threshold 50 --train-args "--text-file README.md"
+bad compare_lr_grid_zero      "not a learning rate" compare --preset tiny --lr-grid 0,1e-3
+bad compare_lr_grid_negative  "not a learning rate" compare --preset tiny --lr-grid 1e-3,-2e-3
+bad compare_lr_grid_inf       "not a learning rate" compare --preset tiny --lr-grid 1e-3,inf
+bad compare_lr_grid_nan       "not a learning rate" compare --preset tiny --lr-grid nan
+bad compare_lr_grid_repeated  "twice"              compare --preset tiny --lr-grid 1e-3,2e-3,0.001
+bad compare_lr_grid_hole      "empty rate"         compare --preset tiny --lr-grid 1e-3,,2e-3
+bad compare_lr_grid_and_lr    "drop one"           compare --preset tiny --lr-grid 1e-3,2e-3 --train-args "--lr 1e-3"
+bad compare_tuning_overlap    "evaluation seed"    compare --preset tiny --lr-grid 1e-3,2e-3 --tuning-seeds 101,2
+bad compare_tuning_overlap_seeds "evaluation seed" compare --preset tiny --seeds 120 --lr-grid 1e-3,2e-3
+bad compare_tuning_repeated   "twice"              compare --preset tiny --lr-grid 1e-3,2e-3 --tuning-seeds 101,101
+bad compare_tuning_no_grid    "is for --lr-grid"   compare --preset tiny --tuning-seeds 101
 bad compare_train_args_layers "--train-args: --layers" compare --preset tiny --train-args "--layers abc"
 bad compare_train_args_stop_after "--train-args gives --stop-after" compare --preset tiny --train-args "--stop-after 3"
 bad compare_train_args_resume "--train-args gives --resume" compare --preset tiny --train-args "--resume $C"

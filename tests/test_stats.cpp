@@ -142,3 +142,59 @@ TEST(entropy_of_orthogonal_equal_norm_rows_is_log_T) {
         CHECK(e.std < 1e-9, "orthogonal rows, alpha %g: entropy's std over the sequences %.3g, want 0", alpha, e.std);
     }
 }
+
+TEST(stats_sign_test) {
+    // 8 wins of 9: p = 2 (C(9,0) + C(9,1)) / 2^9 = 20/512; 5 of 5: 2/32; 3 of 6: capped at 1
+    CHECK(near(stats_sign_test_p(8, 1), 20.0 / 512, 1e-13), "8 vs 1: p = %.15g, want 20/512", stats_sign_test_p(8, 1));
+    CHECK(near(stats_sign_test_p(1, 8), 20.0 / 512, 1e-13), "1 vs 8: p = %.15g, want 20/512", stats_sign_test_p(1, 8));
+    CHECK(near(stats_sign_test_p(5, 0), 2.0 / 32, 1e-13), "5 vs 0: p = %.15g, want 2/32", stats_sign_test_p(5, 0));
+    CHECK(stats_sign_test_p(3, 3) == 1, "3 vs 3: p = %.15g, want 1", stats_sign_test_p(3, 3));
+    CHECK(stats_sign_test_p(0, 0) == 1, "no pair: p = %.15g, want 1", stats_sign_test_p(0, 0));
+}
+
+TEST(stats_kaplan_meier_leukemia) {
+    // Freireich's 6-MP arm (weeks of remission, + censored), the textbook example
+    // (Klein & Moeschberger; Kleinbaum): S by hand from the at-risk counts, the
+    // Greenwood standard errors as survfit prints them (4 digits)
+    std::vector<double> t = {6, 6, 6, 7, 10, 13, 16, 22, 23, 6, 9, 10, 11, 17, 19, 20, 25, 32, 32, 34, 35};
+    std::vector<bool> event(t.size(), false);
+    for (int i = 0; i < 9; i++) event[i] = true;
+    SurvivalResult r = stats_kaplan_meier(t, event);
+    struct { double t; int at_risk, events; double s, se; } want[] = {
+        {6, 21, 3, 18.0 / 21, 0.0764}, {7, 17, 1, 18.0 / 21 * 16 / 17, 0.0869},
+        {10, 15, 1, 18.0 / 21 * 16 / 17 * 14 / 15, 0.0963}, {13, 12, 1, 18.0 / 21 * 16 / 17 * 14 / 15 * 11 / 12, 0.1068},
+        {16, 11, 1, 18.0 / 21 * 16 / 17 * 14 / 15 * 11 / 12 * 10 / 11, 0.1141},
+        {22, 7, 1, 18.0 / 21 * 16 / 17 * 14 / 15 * 11 / 12 * 10 / 11 * 6 / 7, 0.1282},
+        {23, 6, 1, 18.0 / 21 * 16 / 17 * 14 / 15 * 11 / 12 * 10 / 11 * 6 / 7 * 5 / 6, 0.1346}};
+    CHECK(r.steps.size() == 7, "%zu event times, want 7", r.steps.size());
+    CHECK(r.n == 21 && r.events == 9, "n %d, events %d; want 21 and 9", r.n, r.events);
+    for (size_t i = 0; i < r.steps.size() && i < 7; i++) {
+        const KaplanMeierStep& k = r.steps[i];
+        CHECK(k.t == want[i].t && k.at_risk == want[i].at_risk && k.events == want[i].events,
+              "step %zu: t %g, at risk %d, events %d; want %g, %d, %d", i, k.t, k.at_risk, k.events, want[i].t,
+              want[i].at_risk, want[i].events);
+        CHECK(near(k.survival, want[i].s, 1e-13), "S(%g) = %.15g, want %.15g", k.t, k.survival, want[i].s);
+        CHECK(std::fabs(k.se - want[i].se) < 6e-5, "se S(%g) = %.6f, want %.4f", k.t, k.se, want[i].se);
+    }
+    // median: S first <= 1/2 at 23; the interval: S - 1.96 se first <= 1/2 at 13
+    // (0.690 - 0.209; at 10, 0.753 - 0.189 > 1/2); S + 1.96 se never gets there
+    CHECK(r.median == 23 && r.lo == 13 && std::isinf(r.hi), "median %g (%g to %g), want 23 (13 to inf)", r.median,
+          r.lo, r.hi);
+}
+
+TEST(stats_kaplan_meier_no_censoring_is_the_empirical_curve) {
+    // every subject's event seen: S is the share of times above t; the median the
+    // first time at which half have had theirs; all events at one time: S drops to 0, se 0
+    SurvivalResult r = stats_kaplan_meier({40, 10, 30, 20}, {true, true, true, true});
+    CHECK(r.steps.size() == 4 && near(r.steps[1].survival, 0.5, 1e-15) && r.median == 20,
+          "S(20) = %g, median %g; want 0.5 and 20", r.steps.size() > 1 ? r.steps[1].survival : NAN, r.median);
+    SurvivalResult all = stats_kaplan_meier({5, 5, 5}, {true, true, true});
+    CHECK(all.steps.size() == 1 && all.steps[0].survival == 0 && all.steps[0].se == 0 && all.median == 5 &&
+              all.lo == 5 && all.hi == 5,
+          "three events at 5: S %g, se %g, median %g (%g to %g); want 0, 0, 5 (5 to 5)",
+          all.steps.empty() ? NAN : all.steps[0].survival, all.steps.empty() ? NAN : all.steps[0].se, all.median,
+          all.lo, all.hi);
+    SurvivalResult none = stats_kaplan_meier({9, 9}, {false, false});
+    CHECK(none.steps.empty() && std::isinf(none.median) && none.events == 0,
+          "every subject censored: %zu steps, median %g; want none and inf", none.steps.size(), none.median);
+}

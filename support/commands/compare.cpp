@@ -61,6 +61,7 @@ struct Preset {
     const char* about;
     const TierPlan* plans = nullptr;  // a tier's own seeds, models and flags, where it has them
     int n_plans = 0;
+    const char* lr_grid = nullptr;    // --lr-grid's default, where the preset picks each model's rate
 };
 
 // The reviewers' study (ICLR 2026: LIMe against the peers they named, more
@@ -94,6 +95,13 @@ static const Preset PRESETS[] = {
      "3,4", 12, "two-core CPU, under 3 hours: the reviewers' study, LIMe against ResFormer, DenseFormer, HC, the "
      "same-head router, frozen routers and the regulariser, tier 3 with 12 seeds and tier 4 with 6",
      REVIEWERS_PLANS, 2},
+    // how fast each model learns (issue 60): cpu-study's setting run 3 times as long (LLaMa seed 2, stalled
+    // at 12 epochs, learned by 36), each model at its own rate of three, picked on tuning seeds 101 and 102
+    {"learning-speed",
+     "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 36 --lr 3e-3",
+     "3", 8, "two-core CPU, under 4 hours: how fast each model learns, tier 3 for 36 epochs, each model at its own "
+     "rate of 2e-3, 3e-3 and 5e-3 (picked on tuning seeds 101, 102), 8 seeds of llama, lime, lime:frozen, hc, "
+     "resformer, denseformer, llama:ereg=0.1", nullptr, 0, "2e-3,3e-3,5e-3"},
     {"tiny", "--layers 2 --dim 16 --heads 2 --ffn 32 --train-size 300 --test-size 20 --batch 16 --steps 30", "2", 2,
      "seconds: for tests"},
 };
@@ -109,6 +117,7 @@ static const TierPlan* plan_of(const Preset* p, const std::string& tier) {
 static const char* preset_archs(const Preset& p) {
     if (p.n_plans) return p.plans[0].archs;  // the first tier's: every planned tier's models are among them
     if (std::string(p.name) == "referee") return "llama,lime,llama:ereg=0.002,llama:ereg=0.01,llama:ereg=0.1";
+    if (std::string(p.name) == "learning-speed") return "llama,lime,lime:frozen,hc,resformer,denseformer,llama:ereg=0.1";
     return std::string(p.name) == "cpu-study" ? "llama,lime,lime:frozen" : "llama,lime";
 }
 
@@ -228,6 +237,8 @@ struct Run {
     double accuracy = NAN, val_loss = NAN, ms_per_step = NAN, params = NAN, flops_per_token_ = NAN, tokens_per_step = 0;
     std::vector<double> steps, losses;            // training loss curve
     std::vector<double> eval_steps, eval_losses;  // validation loss curve
+    std::vector<double> curve_steps, curve_acc;   // the learning curve: each evaluation's accuracy (train --curve)
+    std::string lr;                               // --lr-grid: the run's own --lr ("": the runs' flags')
     std::map<std::string, std::vector<double>> entropy;  // from DIR/entropy.tsv: kind -> mean per layer
     enum Stage { WAITING, TRAINING, TRAINED, ANALYSING, DONE } stage = WAITING;
     std::string failure;  // a failed training or analysis: how it ended and where its last words are
@@ -402,6 +413,7 @@ static std::string read_log(Run* r, const std::string& task, bool* done) {
             r->eval_steps.push_back(fc.number(j, "step", 1, (double)MAX_STEPS));
             r->eval_losses.push_back(eval_loss = fc.number(j, "val_loss", 0, INFINITY));
             eval_acc = fc.number(j, "accuracy", 0, 1, false);
+            if (std::isfinite(eval_acc)) r->curve_steps.push_back(r->eval_steps.back()), r->curve_acc.push_back(eval_acc);
         } else if (kind == "done") {
             r->val_loss = fc.number(j, "val_loss", 0, INFINITY);
             r->accuracy = fc.number(j, "accuracy", 0, 1, task != "text");
@@ -526,6 +538,11 @@ struct Report {
     std::vector<std::string> tiers, archs;
     std::vector<RunGroup> groups;
     double chance = 0;  // arith: 1 / modulus; prosqa: 1/2 (two candidate answers)
+    double threshold = NAN;  // a run learns when its learning curve reaches it (compare's --threshold)
+    const std::vector<Run>* tuning = nullptr;  // --lr-grid: the tuning runs, their --lr each
+    std::map<std::string, std::string> lr_of;  // --lr-grid: "tier/model" -> the rate picked
+    std::vector<std::string> lr_grid;          // --lr-grid's rates, and its tuning seeds
+    std::vector<int> tuning_seeds;
     Report(const std::string& k, const std::vector<std::string>& t, const std::vector<std::string>& a,
            const std::vector<Run>& runs, double chance_)
         : task(k), tiers(t), archs(a), chance(chance_) {
@@ -997,6 +1014,279 @@ static std::string report_accuracy_bars(std::ostringstream& md, const std::strin
     return "";
 }
 
+// ---------------------------------------------------------------------------
+// Learning speed: how fast each model learns, and how far it goes. Every run
+// logs a learning curve (train --curve CURVE_POINTS: that many evaluations,
+// each greedy decoding of the first --eval-size test questions, CURVE_SIZE
+// unless --train-args gives it; the last, at the final step, of every one). A run
+// learns at the first evaluation whose score reaches the threshold, fixed
+// before the runs; a run that never does is censored at its last step: its
+// time is unknown beyond it, never read as "never learned". Per model the
+// Kaplan-Meier curve and median with its Brookmeyer-Crowley interval
+// (stats_kaplan_meier); per pair, who learned first in each seed, an exact
+// sign test and Holm's correction over this section's pairs.
+
+const int CURVE_POINTS = 25;      // evaluations a run logs: the moment of learning placed within 4% of the run
+const int CURVE_MIN_POINTS = 20;  // a reused run with fewer is refused: its curve cannot place that moment
+const int CURVE_SIZE = 100;       // questions each evaluation decodes (docs/results.md: the curve's cost)
+
+// The default threshold: halfway from chance to 90% (why: docs/tasks.md, "Learning speed").
+static double default_threshold(double chance) { return chance + 0.5 * (0.9 - chance); }
+
+struct LearnTime {
+    double step = NAN;     // the step it learned at; else its last evaluation's (censored)
+    bool learned = false;
+};
+static LearnTime learn_time(const Run& r, double threshold) {
+    LearnTime t;
+    for (size_t i = 0; i < r.curve_acc.size(); i++)
+        if (r.curve_acc[i] >= threshold) {
+            t.step = r.curve_steps[i], t.learned = true;
+            return t;
+        }
+    if (!r.curve_steps.empty()) t.step = r.curve_steps.back();
+    return t;
+}
+
+static SurvivalResult survival_of(const std::vector<const Run*>& runs, double threshold) {
+    std::vector<double> t;
+    std::vector<bool> learned;
+    for (const Run* r : runs) {
+        LearnTime lt = learn_time(*r, threshold);
+        if (std::isfinite(lt.step)) t.push_back(lt.step), learned.push_back(lt.learned);
+    }
+    return stats_kaplan_meier(t, learned);
+}
+
+static std::string steps_str(double x) { return std::isinf(x) ? "not reached" : fmt("%.0f", x); }
+
+// "4506 (3004 to not reached)": a Kaplan-Meier median with its interval.
+static std::string median_ci(const SurvivalResult& s) {
+    return steps_str(s.median) + " (" + steps_str(s.lo) + " to " + steps_str(s.hi) + ")";
+}
+
+// The curves of a tier's runs (each seed faint, the model's median over seeds
+// bold, the threshold a line) and its Kaplan-Meier curves, drawn into dir.
+static std::string plot_learning(const std::string& dir, const Report& rep, const std::string& tier,
+                                 const std::vector<std::string>& archs, const std::string& curves,
+                                 const std::string& km) {
+    std::vector<Series> lines, faint, steps;
+    double last = 0;
+    for (size_t k = 0; k < archs.size(); k++) {
+        const RunGroup& g = rep.group(tier, archs[k]);
+        std::map<double, std::vector<double>> at;  // step -> every seed's score there
+        for (const Run* r : g.runs) {
+            Series s{"", {}, {}, {}, {}, (int)k, true};
+            for (size_t i = 0; i < r->curve_steps.size(); i++) {
+                s.x.push_back(r->curve_steps[i]), s.y.push_back(100 * r->curve_acc[i]);
+                at[r->curve_steps[i]].push_back(100 * r->curve_acc[i]);
+                last = std::max(last, r->curve_steps[i]);
+            }
+            faint.push_back(s);
+        }
+        Series m{archs[k] + " (median)", {}, {}, {}, {}, (int)k, false};
+        for (const auto& [x, ys] : at) m.x.push_back(x), m.y.push_back(stats_median(ys));
+        lines.push_back(m);
+        SurvivalResult sv = survival_of(g.runs, rep.threshold);
+        Series st{archs[k], {0}, {1}, {}, {}, (int)k, false};
+        for (const KaplanMeierStep& s : sv.steps)
+            st.x.insert(st.x.end(), {s.t, s.t}), st.y.insert(st.y.end(), {st.y.back(), s.survival});
+        steps.push_back(st);
+    }
+    for (Series& st : steps) st.x.push_back(last), st.y.push_back(st.y.back());
+    faint.insert(faint.end(), lines.begin(), lines.end());
+    faint.push_back(Series{fmt("threshold %.1f%%", 100 * rep.threshold), {0, last},
+                           {100 * rep.threshold, 100 * rep.threshold}, {}, {}, 6, false});
+    std::string err = plot_lines(dir + "/" + curves, "Learning curves, " + rep.label(tier) +
+                                 ": accuracy, each seed faint, the median bold", "step", "accuracy (%)", faint);
+    if (err.empty())
+        err = plot_lines(dir + "/" + km, "Not yet learned (Kaplan-Meier), " + rep.label(tier), "step",
+                         "share of runs not yet learned", steps);
+    return err;
+}
+
+// Who learned first in each seed both models ran: a censored run is later than
+// any that learned, two censored runs (or one step) a tie.
+struct LearnPair {
+    std::string tier, a, b;
+    int a_first = 0, ties = 0, b_first = 0;
+    double p = 1;
+    PairedResult both;  // final accuracy, a - b, over the seeds where both learned
+};
+static LearnPair learn_pair(const Report& rep, const std::string& tier, const std::string& a, const std::string& b) {
+    LearnPair lp;
+    lp.tier = tier, lp.a = a, lp.b = b;
+    std::vector<double> va, vb;
+    for (const Run* ra : rep.group(tier, a).runs)
+        for (const Run* rb : rep.group(tier, b).runs) {
+            if (ra->seed != rb->seed) continue;
+            LearnTime ta = learn_time(*ra, rep.threshold), tb = learn_time(*rb, rep.threshold);
+            if (!std::isfinite(ta.step) || !std::isfinite(tb.step)) continue;
+            double xa = ta.learned ? ta.step : INFINITY, xb = tb.learned ? tb.step : INFINITY;
+            (xa < xb ? lp.a_first : xb < xa ? lp.b_first : lp.ties)++;
+            if (ta.learned && tb.learned && std::isfinite(ra->accuracy) && std::isfinite(rb->accuracy))
+                va.push_back(ra->accuracy), vb.push_back(rb->accuracy);
+        }
+    lp.p = stats_sign_test_p(lp.a_first, lp.b_first);
+    lp.both = stats_paired(va, vb);
+    return lp;
+}
+
+// The section: the threshold and why, per model the share learned and the
+// median time to learn, the Kaplan-Meier table, the paired table, figures.
+static std::string report_learning(std::ostringstream& md, const std::string& dir, const Report& rep,
+                                   std::string* summary) {
+    if (rep.task == "text") return "";
+    md << "\n## Learning speed\n\nEach run's learning curve: " << CURVE_POINTS
+       << " evaluations evenly spaced (`./lime train --curve " << CURVE_POINTS
+       << "`), each the accuracy of greedy decoding on the first `--eval-size` test questions (compare gives "
+       << CURVE_SIZE << " unless `--train-args` gives it); the last, at the final step, on every test question, "
+          "the accuracy of the tables above. A run **learns** at the first evaluation whose accuracy reaches **"
+       << fmt("%.2f%%", 100 * rep.threshold) << "**, the threshold fixed before the runs ("
+       << (std::fabs(rep.threshold - default_threshold(rep.chance)) < 1e-12
+               ? "the default: halfway from chance, " + pct(rep.chance) +
+                     ", to 90%, the middle of a learning run's rise, where the curves are steepest and the time "
+                     "least depends on the exact level"
+               : std::string("`--threshold`"))
+       << "); a run that never reaches it is **censored** at its last step: its time to learn is only known to "
+          "be later. Median steps to learn: the Kaplan-Meier median (the first step at which at most half the "
+          "runs have not learned) with its 95% interval after Brookmeyer and Crowley (the steps whose "
+          "not-yet-learned share the Greenwood interval does not tell from one half); \"not reached\" where the "
+          "share never falls that far.\n\n";
+    size_t fewest = SIZE_MAX;
+    for (const RunGroup& g : rep.groups)
+        for (const Run* r : g.runs) fewest = std::min(fewest, r->curve_acc.size());
+    if (fewest < (size_t)CURVE_MIN_POINTS)
+        md << "Some runs have only " << fewest << " evaluations (`--eval-every` in `--train-args` spaces them, "
+           << "in place of `--curve " << CURVE_POINTS << "`): their time to learn is placed only to within the "
+           << "steps between two of them.\n\n";
+    std::string err;
+    std::vector<LearnPair> pairs;
+    for (const std::string& tier : rep.tiers) {
+        std::vector<std::string> archs;
+        for (const std::string& arch : rep.archs)
+            if (rep.ran(tier, arch)) archs.push_back(arch);
+        md << "| " << rep.label(tier) << ": model | seeds | learned by the end | median steps to learn (95% CI) | "
+              "last step | final accuracy of those that learned (mean ± std) |\n| --- | --- | --- | --- | --- | --- |\n";
+        std::ostringstream km;
+        for (const std::string& arch : archs) {
+            const RunGroup& g = rep.group(tier, arch);
+            SurvivalResult sv = survival_of(g.runs, rep.threshold);
+            std::vector<double> acc;
+            double last = 0;
+            for (const Run* r : g.runs) {
+                LearnTime lt = learn_time(*r, rep.threshold);
+                if (lt.learned && std::isfinite(r->accuracy)) acc.push_back(r->accuracy);
+                if (!r->curve_steps.empty()) last = std::max(last, r->curve_steps.back());
+            }
+            md << "| " << arch << " | " << sv.n << " | " << sv.events << " of " << sv.n << " | " << median_ci(sv)
+               << " | " << fmt("%.0f", last) << " | " << mean_std(acc, true) << " |\n";
+            for (const KaplanMeierStep& k : sv.steps)
+                km << "| " << arch << " | " << fmt("%.0f", k.t) << " | " << k.at_risk << " | " << k.events << " | "
+                   << fmt("%.4f", k.survival) << " | " << fmt("%.4f", k.se) << " |\n";
+        }
+        md << "\nKaplan-Meier, " << rep.label(tier)
+           << ": at each step at which some run learned, the runs still at risk (not learned, not censored "
+              "before it), those that learned there, the share not yet learned after it and its Greenwood "
+              "standard error.\n\n| model | step | at risk | learned | not yet learned | se |\n"
+              "| --- | --- | --- | --- | --- | --- |\n"
+           << (km.str().empty() ? "| (no run learned) | | | | | |\n" : km.str()) << "\n";
+        std::string name = rep.task == "arith" ? "tier" + tier : tier;
+        std::string f1 = "learning_curves_" + name + ".png", f2 = "not_yet_learned_" + name + ".png";
+        if (err.empty()) err = plot_learning(dir, rep, tier, archs, f1, f2);
+        md << "![learning curves](" << f1 << ")\n\n![not yet learned](" << f2 << ")\n\n";
+        for (const auto& [a, b] : rep.pairs())
+            if (rep.ran(tier, a) && rep.ran(tier, b)) pairs.push_back(learn_pair(rep, tier, a, b));
+    }
+    if (pairs.empty()) return err;
+    std::vector<double> ps;
+    for (const LearnPair& lp : pairs) ps.push_back(lp.p);
+    std::vector<double> holm = stats_holm(ps);
+    md << "Paired by seed: in each seed both models ran, which learned first (a censored run is later than any "
+          "that learned; both censored, or both at one step, is a tie), the exact two-sided sign test over the "
+          "seeds that are not ties, that p after Holm's correction over the "
+       << pairs.size()
+       << " pairs of this section, and the paired difference of final (greedy) accuracy over the seeds where both "
+          "learned: mean with its paired-t 95% interval (their count).\n\n"
+          "| a vs b | seeds | a first / tie / b first | sign-test p | Holm p | final accuracy a − b where both "
+          "learned |\n| --- | --- | --- | --- | --- | --- |\n";
+    std::vector<std::string> verdicts;
+    for (size_t i = 0; i < pairs.size(); i++) {
+        const LearnPair& lp = pairs[i];
+        const PairedResult& b = lp.both;
+        std::string diff = b.n == 0 ? "none"
+                           : fmt("%+.2f pts", 100 * b.mean) +
+                                 (std::isfinite(b.lo) ? fmt(" (%+.2f", 100 * b.lo) + fmt(" to %+.2f)", 100 * b.hi) : "") +
+                                 " (" + std::to_string(b.n) + ")";
+        md << "| " << rep.label(lp.tier) << ": " << lp.a << " vs " << lp.b << " | "
+           << lp.a_first + lp.ties + lp.b_first << " | " << lp.a_first << " / " << lp.ties << " / " << lp.b_first
+           << " | " << fmt("%.3g", lp.p) << " | " << fmt("%.3g", holm[i]) << " | " << diff << " |\n";
+        std::string v = rep.label(lp.tier) + ": " +
+                        (holm[i] < 0.05 ? (lp.a_first > lp.b_first ? lp.a + " learns before " + lp.b
+                                                                   : lp.b + " learns before " + lp.a)
+                                        : lp.a + " vs " + lp.b + ": no clear difference in time to learn") +
+                        " (" + std::to_string(lp.a_first) + " / " + std::to_string(lp.ties) + " / " +
+                        std::to_string(lp.b_first) + fmt(", sign-test p = %.3g", lp.p) +
+                        fmt(", %.3g after Holm)", holm[i]);
+        verdicts.push_back(v);
+    }
+    md << "\n";
+    for (const std::string& v : verdicts) { md << "- " << v << ".\n"; *summary += v + "\n"; }
+    return err;
+}
+
+// --lr-grid: each model's rate picked on the tuning seeds (the lowest median
+// time to learn; ties: the higher mean final accuracy; then the first of the
+// grid), and the grid's table.
+struct RateScore {
+    SurvivalResult sv;
+    double accuracy = NAN;  // mean final accuracy over the tuning seeds
+};
+static RateScore rate_score(const std::vector<Run>& tuning, const std::string& tier, const std::string& arch,
+                            const std::string& lr, double threshold) {
+    std::vector<const Run*> runs;
+    std::vector<double> acc;
+    for (const Run& r : tuning)
+        if (r.tier == tier && r.arch == arch && r.lr == lr) {
+            runs.push_back(&r);
+            if (std::isfinite(r.accuracy)) acc.push_back(r.accuracy);
+        }
+    return {survival_of(runs, threshold), acc.empty() ? NAN : stats_mean(acc)};
+}
+static std::string pick_rate(const std::vector<Run>& tuning, const std::vector<std::string>& grid,
+                             const std::string& tier, const std::string& arch, double threshold) {
+    std::string best;
+    RateScore top;
+    for (const std::string& lr : grid) {
+        RateScore s = rate_score(tuning, tier, arch, lr, threshold);
+        double a = std::isfinite(s.accuracy) ? s.accuracy : -1, b = std::isfinite(top.accuracy) ? top.accuracy : -1;
+        if (best.empty() || s.sv.median < top.sv.median || (s.sv.median == top.sv.median && a > b)) best = lr, top = s;
+    }
+    return best;
+}
+static void report_lr_grid(std::ostringstream& md, const Report& rep) {
+    if (!rep.tuning) return;
+    std::string seeds;
+    for (int s : rep.tuning_seeds) seeds += (seeds.empty() ? "" : ", ") + std::to_string(s);
+    md << "\n## Learning rate: each model at its own\n\n`--lr-grid`: each model trained at every rate of the grid "
+          "on the tuning seeds (" << seeds << ", none of them an evaluation seed); its rate is the one with the "
+          "lowest median time to learn over them (ties: the higher mean final accuracy), and every run above "
+          "ran at it. LIMe's routers keep their own rate (`--router-lr`), not scaled with the grid.\n\n"
+          "| tier | model | lr | learned | median steps to learn (95% CI) | final accuracy (mean) | picked |\n"
+          "| --- | --- | --- | --- | --- | --- | --- |\n";
+    for (const std::string& tier : rep.tiers)
+        for (const std::string& arch : rep.archs) {
+            if (!rep.ran(tier, arch)) continue;
+            auto it = rep.lr_of.find(tier + "/" + arch);
+            for (const std::string& lr : rep.lr_grid) {
+                RateScore s = rate_score(*rep.tuning, tier, arch, lr, rep.threshold);
+                md << "| " << rep.label(tier) << " | " << arch << " | " << lr << " | " << s.sv.events << " of "
+                   << s.sv.n << " | " << median_ci(s.sv) << " | " << pct(s.accuracy) << " | "
+                   << (it != rep.lr_of.end() && it->second == lr ? "**yes**" : "") << " |\n";
+            }
+        }
+}
+
 // DIR/report.md (written to a .tmp file, then renamed) and its figures; the
 // paired verdicts also go to *summary.
 static std::string write_report(const std::string& dir, const Preset* preset, const std::string& extra,
@@ -1005,7 +1295,10 @@ static std::string write_report(const std::string& dir, const Preset* preset, co
     report_intro(md, preset, extra, rep);
     report_accuracy(md, rep);
     report_paired(md, rep, summary);
-    std::string err = report_entropy(md, dir, rep, layers);
+    std::string err = report_learning(md, dir, rep, summary);
+    if (!err.empty()) return err;
+    report_lr_grid(md, rep);
+    err = report_entropy(md, dir, rep, layers);
     if (!err.empty()) return err;
     if (!(err = report_entropy_accuracy(md, dir, rep, layers)).empty()) return err;
     report_cost(md, rep);
@@ -1037,6 +1330,9 @@ struct CompareSettings {
     bool gpu = false;
     bool fit = false;        // on the GPU, --jobs 0: as many runs at once as fit in its memory (at most 16)
     bool reuse = false;      // --reuse
+    double threshold = NAN;  // --threshold, a share (NaN: text, which has no accuracy)
+    std::vector<std::string> lr_grid;  // --lr-grid's rates (empty: none), and its tuning seeds
+    std::vector<int> tuning_seeds;
     std::string dir;         // --out
     std::string self;        // this program, run as ./lime train
 };
@@ -1189,7 +1485,7 @@ static CompareSettings compare_settings(Args& a) {
     CompareSettings cs;
     cs.preset = find_preset(a.str("preset"));
     const Preset* preset = cs.preset;
-    if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|cpu-study|paper-aet|referee|reviewers|tiny");
+    if (!preset) a.fail("--preset '" + a.str("preset") + "' is not one of classroom|cpu-study|paper-aet|referee|reviewers|learning-speed|tiny");
     cs.task = a.choice("task", {"arith", "prosqa", "text"});
     cs.alpha = a.number("alpha", 0, 100);
     if (a.err.empty() && !(cs.alpha > 0))
@@ -1252,6 +1548,80 @@ static double chance_of(const CompareSettings& cs) {
     return cs.task == "prosqa" ? 0.5 : 1.0 / std::max(2, run_flag(cs.run_args, "modulus", 11));
 }
 
+// --threshold, --lr-grid and --tuning-seeds, checked before any run starts
+// (one line and exit status 2 at the first problem).
+static void learning_settings(Args& a, CompareSettings* cs) {
+    bool text = cs->task == "text";
+    double chance = chance_of(*cs), def = text ? NAN : default_threshold(chance);
+    if (text && a.has("threshold"))
+        die("compare", "--threshold is a level of accuracy, which --task text has not (it reports validation loss); "
+                       "drop --threshold");
+    cs->threshold = def;
+    if (a.has("threshold")) {
+        std::string v = a.str("threshold");
+        char* end = nullptr;
+        double x = strtod(v.c_str(), &end);
+        if (v.empty() || *end || !std::isfinite(x) || !(x > 100 * chance) || x > 100)
+            die("compare", "--threshold '" + v + "': a run learns when its learning curve reaches it, so it is a " +
+                               "percent above chance (" + fmt("%.2f%%", 100 * chance) + ") and at most 100%; e.g. " +
+                               "--threshold 50 (the default: halfway from chance to 90%, " +
+                               fmt("%.2f%%)", 100 * def));
+        cs->threshold = x / 100;
+    }
+    std::string grid = a.has("lr-grid") ? a.str("lr-grid") : cs->preset && cs->preset->lr_grid ? cs->preset->lr_grid : "";
+    if (a.has("lr-grid") && grid.empty())
+        die("compare", "--lr-grid is empty; give two or more rates, e.g. --lr-grid 2e-3,3e-3,5e-3 (or --lr-grid off)");
+    if (grid == "off") grid.clear();
+    if (a.has("tuning-seeds") && grid.empty())
+        die("compare", "--tuning-seeds is for --lr-grid (the seeds that pick each model's rate); give --lr-grid too, "
+                       "or drop --tuning-seeds");
+    if (grid.empty()) return;
+    if (text)
+        die("compare", "--lr-grid picks each model's rate by its time to learn, which --task text (no accuracy) has "
+                       "not; drop --lr-grid, or give --lr-grid off (learning-speed's grid)");
+    std::vector<std::string> words;
+    shell_words(a.str("train-args"), &words);
+    for (const std::string& w : words)
+        if (w == "--lr" || w.rfind("--lr=", 0) == 0)
+            die("compare", "--train-args gives --lr and --lr-grid picks each model's rate; drop one of them");
+    std::vector<double> rates;
+    if (grid.front() == ',' || grid.back() == ',' || grid.find(",,") != std::string::npos)
+        die("compare", "--lr-grid '" + grid + "' has an empty rate; give rates separated by commas, e.g. 2e-3,3e-3,5e-3");
+    for (const std::string& v : split(grid, ',')) {
+        char* end = nullptr;
+        double x = strtod(v.c_str(), &end);
+        if (*end || !std::isfinite(x) || !(x > 0) || x > 10)
+            die("compare", "--lr-grid '" + grid + "': '" + v + "' is not a learning rate (a finite number > 0, at " +
+                               "most 10 as train's --lr); e.g. --lr-grid 2e-3,3e-3,5e-3");
+        for (size_t i = 0; i < rates.size(); i++)
+            if (rates[i] == x)
+                die("compare", "--lr-grid '" + grid + "' gives the rate " + cs->lr_grid[i] + " twice" +
+                                   (cs->lr_grid[i] == v ? "" : " (as " + v + ")") + "; give each rate once");
+        rates.push_back(x);
+        cs->lr_grid.push_back(v);
+    }
+    std::string seeds = a.has("tuning-seeds") ? a.str("tuning-seeds") : "101,102";
+    int evaluation = cs->seeds;  // the evaluation seeds are 1 .. this (a planned tier's own count included)
+    for (const auto& [tier, n] : cs->tier_seeds) evaluation = std::max(evaluation, n);
+    if (seeds.empty() || seeds.front() == ',' || seeds.back() == ',' || seeds.find(",,") != std::string::npos)
+        die("compare", "--tuning-seeds '" + seeds + "' has an empty seed; give seeds separated by commas, e.g. 101,102");
+    for (const std::string& v : split(seeds, ',')) {
+        if (v.size() > 9 || v.find_first_not_of("0123456789") != std::string::npos)
+            die("compare", "--tuning-seeds '" + seeds + "': '" + v + "' is not a whole number 0 .. 999999999; e.g. "
+                           "--tuning-seeds 101,102");
+        int s = atoi(v.c_str());
+        if (s >= 1 && s <= evaluation)
+            die("compare", "--tuning-seeds '" + seeds + "': seed " + v + " is an evaluation seed (1 .. " +
+                               std::to_string(evaluation) + "): a rate picked on the seeds it is judged on favours " +
+                               "them; use seeds above " + std::to_string(evaluation) + ", e.g. " +
+                               std::to_string(std::max(100, evaluation) + 1) + "," +
+                               std::to_string(std::max(100, evaluation) + 2));
+        if (std::find(cs->tuning_seeds.begin(), cs->tuning_seeds.end(), s) != cs->tuning_seeds.end())
+            die("compare", "--tuning-seeds '" + seeds + "' gives seed " + v + " twice; give each seed once");
+        cs->tuning_seeds.push_back(s);
+    }
+}
+
 // Every (tier, seed, model), each with its own directory, DIR/tierT/MODEL-seedS.
 static std::vector<Run> plan_runs(const CompareSettings& cs) {
     std::vector<Run> runs;
@@ -1266,6 +1636,25 @@ static std::vector<Run> plan_runs(const CompareSettings& cs) {
                         std::to_string(s);
                 runs.push_back(r);
             }
+    return runs;
+}
+
+// --lr-grid: every (tier, tuning seed, model, rate), each in its own
+// directory, DIR/tuning/tierT/MODEL-lrRATE-seedS.
+static std::vector<Run> plan_tuning_runs(const CompareSettings& cs) {
+    std::vector<Run> runs;
+    for (const std::string& tier : cs.tiers)
+        for (int s : cs.tuning_seeds)
+            for (const std::string& arch : cs.tier_archs.count(tier) ? cs.tier_archs.at(tier) : cs.archs)
+                for (const std::string& lr : cs.lr_grid) {
+                    Run r;
+                    r.arch = arch; r.tier = tier; r.seed = s; r.lr = lr;
+                    std::string name = arch;
+                    std::replace(name.begin(), name.end(), ':', '-');
+                    r.dir = cs.dir + "/tuning/" + (cs.task == "arith" ? "tier" + tier : tier) + "/" + name + "-lr" +
+                            lr + "-seed" + std::to_string(s);
+                    runs.push_back(r);
+                }
     return runs;
 }
 
@@ -1315,6 +1704,12 @@ static std::string check_run_dir(const std::string& out, const std::string& dir)
     return "";
 }
 
+// Whether compare gives a run its learning curve (train --curve): on a task with an accuracy,
+// unless --train-args spaces the evaluations itself (--eval-every: the curve is those).
+static bool logs_curve(const CompareSettings& cs, const std::vector<std::string>& args) {
+    return cs.task != "text" && run_flag_text(args, "eval-every", "").empty();
+}
+
 // The flags of one run's ./lime train: the preset's with --train-args (run_args), then the run's own.
 static std::vector<std::string> train_args_of(const CompareSettings& cs, const Run& r) {
     std::vector<std::string> args = cs.tier_run_args.count(r.tier) && cs.task == "arith" ? cs.tier_run_args.at(r.tier)
@@ -1335,6 +1730,17 @@ static std::vector<std::string> train_args_of(const CompareSettings& cs, const R
     if (model.arch == ARCH_HC)
         own.insert(own.end(), {"--hc-rate", std::to_string(model.hc_rate), "--hc-dynamic", model.hc_dynamic ? "1" : "0"});
     if (model.entropy_reg > 0) own.insert(own.end(), {"--entropy-reg", fmt("%.9g", model.entropy_reg)});
+    if (logs_curve(cs, args)) {  // its learning curve
+        own.insert(own.end(), {"--curve", std::to_string(CURVE_POINTS)});
+        if (run_flag_text(args, "eval-size", "").empty()) own.insert(own.end(), {"--eval-size", std::to_string(CURVE_SIZE)});
+    }
+    if (!r.lr.empty()) {  // --lr-grid: the run's own rate in place of the preset's
+        for (size_t i = 0; i < args.size();)
+            if (args[i] == "--lr" && i + 1 < args.size()) args.erase(args.begin() + i, args.begin() + i + 2);
+            else if (args[i].rfind("--lr=", 0) == 0) args.erase(args.begin() + i);
+            else i++;
+        own.insert(own.end(), {"--lr", r.lr});
+    }
     args.insert(args.end(), own.begin(), own.end());
     return args;
 }
@@ -1421,6 +1827,11 @@ static int reuse_runs(const CompareSettings& cs, std::vector<Run>* runs, int* an
         std::string fix = "; remove " + r.dir + " to run it again, drop --reuse to run every run again, or choose "
                           "another --out";
         if (!err.empty()) die("compare", "--reuse: " + err + ": the file was altered or damaged" + fix);
+        if (logs_curve(cs, train_args_of(cs, r)) && r.curve_acc.size() < (size_t)CURVE_MIN_POINTS)  // before its flags
+            die("compare", "--reuse: " + r.dir + "/log.jsonl has no learning curve (" +
+                               std::to_string(r.curve_acc.size()) + " evaluations with an accuracy; compare's " +
+                               "runs log " + std::to_string(CURVE_POINTS) + ", train --curve " +
+                               std::to_string(CURVE_POINTS) + "): its time to learn is unknown, not \"never\"" + fix);
         std::string differ = flags_differ(r.args, flag_values(train_args_of(cs, r)));
         if (!differ.empty())
             die("compare", "--reuse: " + r.dir + " was trained with " + differ + "; give the same flags to reuse "
@@ -1459,7 +1870,8 @@ static void say(const std::string& line) {
 // "tier 2 lime  seed 1": a run as the progress lines name it.
 static std::string run_name(const Run& r) {
     bool tier = r.tier.find_first_not_of("0123456789") == std::string::npos;  // arith's tiers are numbers
-    return (tier ? "tier " : "") + r.tier + " " + strf("%-5s", r.arch.c_str()) + " seed " + std::to_string(r.seed);
+    return (tier ? "tier " : "") + r.tier + " " + strf("%-5s", r.arch.c_str()) + " seed " + std::to_string(r.seed) +
+           (r.lr.empty() ? "" : " lr " + r.lr);
 }
 
 // A run's training has ended (or could not start: status -1, r->failure says
@@ -1664,6 +2076,35 @@ static void run_all(const CompareSettings& cs, std::vector<Run>* runs) {
     }
 }
 
+// --lr-grid: the tuning runs (those --reuse finds done are read), then each
+// model's rate (pick_rate), given to its evaluation runs; *lr_of records them.
+static void tune_rates(const CompareSettings& cs, std::vector<Run>* tuning, std::vector<Run>* runs,
+                       std::map<std::string, std::string>* lr_of) {
+    int analysed_again = 0, reused = cs.reuse ? reuse_runs(cs, tuning, &analysed_again) : 0;
+    std::string grid;
+    for (const std::string& lr : cs.lr_grid) grid += (grid.empty() ? "" : ",") + lr;
+    say("compare: --lr-grid " + grid + ": " + std::to_string(tuning->size()) + " tuning runs" +
+        (cs.reuse ? " (" + std::to_string(reused) + " already done)" : std::string()) + "\n");
+    run_all(cs, tuning);
+    if (g_compare_signal) compare_stopped(g_compare_signal, 0);
+    int failed = 0;
+    for (const Run& r : *tuning) failed += !r.failure.empty();
+    for (const Run& r : *tuning)
+        if (!r.failure.empty())
+            die("compare", std::to_string(failed) + " of " + std::to_string(tuning->size()) + " tuning runs failed; " +
+                               "the first, " + run_name(r) + ": " + r.failure);
+    std::string picked;
+    for (Run& r : *runs) {
+        std::string key = r.tier + "/" + r.arch;
+        if (!lr_of->count(key)) {
+            (*lr_of)[key] = pick_rate(*tuning, cs.lr_grid, r.tier, r.arch, cs.threshold);
+            picked += (picked.empty() ? "" : ", ") + r.arch + " " + (*lr_of)[key];
+        }
+        r.lr = (*lr_of)[key];
+    }
+    say("compare: each model's rate: " + picked + "\n");
+}
+
 int cmd_compare(int argc, char** argv) {
     std::vector<FlagSpec> flags = {
         {"preset", "classroom",
@@ -1671,7 +2112,8 @@ int cmd_compare(int argc, char** argv) {
          "paper-aet (the paper's setting, GPU), referee (2 CPU cores, ~1 hour: llama with the value-entropy "
          "regulariser at 3 lambdas beside llama and lime), reviewers (2 CPU cores, under 3 hours: LIMe against "
          "ResFormer, DenseFormer, HC, the same-head router, frozen routers and the regulariser, 12 seeds at tier 3 "
-         "and 6 at tier 4) or tiny (tests)"},
+         "and 6 at tier 4), learning-speed (2 CPU cores, under 4 hours: how fast each model learns, 36 epochs, "
+         "each model at its own rate) or tiny (tests)"},
         {"task", "arith", "arith, prosqa (exact match on the real test file) or text (validation loss)"},
         {"seeds", "", "seeds per model (default: the preset's)"},
         {"tiers", "", "arith: operators per question, e.g. 4,5,6 (default: the preset's)"},
@@ -1685,6 +2127,11 @@ int cmd_compare(int argc, char** argv) {
         {"out", "runs/compare", "output directory: one subdirectory per run, report.md, figures"},
         {"reuse", nullptr, "read the runs --out already holds, finished with the same train flags, not rerun "
                            "(a finished run of other flags is refused, naming the flag)"},
+        {"threshold", "", "arith, prosqa: the percent of the learning curve at which a run has learned (default: "
+                          "halfway from chance to 90%, 49.55% at modulus 11)"},
+        {"lr-grid", "", "learning rates, e.g. 2e-3,3e-3,5e-3: each model trained at each on --tuning-seeds, then its "
+                        "evaluation seeds at the one it learned fastest with (learning-speed: 2e-3,3e-3,5e-3; off: none)"},
+        {"tuning-seeds", "", "--lr-grid's seeds, none of them an evaluation seed (default: 101,102)"},
     };
     std::string summary_help =
         "Trains LLaMa and LIMe for several seeds, evaluates and analyses them, and writes DIR/report.md:\n"
@@ -1694,12 +2141,16 @@ int cmd_compare(int argc, char** argv) {
     Args a = parse_args("compare", summary_help.c_str(), flags, argc, argv, false);
     signal(SIGPIPE, SIG_IGN);  // a closed stdout is EPIPE in say: the runs are stopped, one line on stderr
     CompareSettings cs = compare_settings(a);
-    std::vector<Run> runs = plan_runs(cs);
+    learning_settings(a, &cs);
+    std::vector<Run> runs = plan_runs(cs), tuning = plan_tuning_runs(cs);
     int lock = lock_out(cs.dir);  // held until compare exits
-    for (const Run& r : runs) {
-        std::string err = check_run_dir(cs.dir, r.dir);
-        if (!err.empty()) die("compare", err);
-    }
+    for (const std::vector<Run>* planned : {&runs, &tuning})
+        for (const Run& r : *planned) {
+            std::string err = check_run_dir(cs.dir, r.dir);
+            if (!err.empty()) die("compare", err);
+        }
+    std::map<std::string, std::string> lr_of;  // --lr-grid: each model's rate, from its tuning runs
+    if (!tuning.empty()) tune_rates(cs, &tuning, &runs, &lr_of);
     int analysed_again = 0, reused = cs.reuse ? reuse_runs(cs, &runs, &analysed_again) : 0;
     if (cs.reuse)
         say("compare: --reuse: " + std::to_string(reused) + " of " + std::to_string(runs.size()) +
@@ -1731,6 +2182,8 @@ int cmd_compare(int argc, char** argv) {
         if (t != run_args) run_args += "` (tier " + tier + ": `" + t + "`) `";
     }
     Report rep(cs.task, cs.tiers, cs.archs, runs, chance_of(cs));
+    rep.threshold = cs.threshold;
+    if (!tuning.empty()) rep.tuning = &tuning, rep.lr_of = lr_of, rep.lr_grid = cs.lr_grid, rep.tuning_seeds = cs.tuning_seeds;
     std::string err = write_report(cs.dir, cs.preset, run_args, rep, run_layers(cs.run_args), &summary);
     if (!err.empty()) die("compare", err);
     say(summary);

@@ -520,25 +520,28 @@ std::string plot_lines(const std::string& path, const std::string& title, const 
     Canvas cv(size.width, size.height, size.scale);
     Box clip = {f.area.x0, f.area.y0 - 4, f.area.x1 + 4, f.area.y1};   // let lines at the top/right edge show whole
     draw_grid(cv, f, &x, y, true);
+    auto colour = [&](size_t i) { return palette(series[i].colour >= 0 ? (size_t)series[i].colour : i); };
     for (size_t i = 0; i < series.size(); i++) {   // bands under every line
         const Series& s = series[i];
         if (s.lo.empty()) continue;
         std::vector<std::vector<Pt>> lo = runs(s.x, s.lo, x, y), hi = runs(s.x, s.hi, x, y);
         for (size_t r = 0; r < lo.size() && r < hi.size(); r++)
-            if (lo[r].size() == hi[r].size()) band(cv, lo[r], hi[r], palette(i), 0.2f, &clip);
+            if (lo[r].size() == hi[r].size()) band(cv, lo[r], hi[r], colour(i), 0.2f, &clip);
     }
     std::vector<LegendEntry> entries;
     for (size_t i = 0; i < series.size(); i++) {
         const Series& s = series[i];
+        Rgb c = colour(i);
+        if (s.faint) c = {0.35f * c.r + 0.65f, 0.35f * c.g + 0.65f, 0.35f * c.b + 0.65f};  // 65% of the way to white
         size_t points = 0;
         for (auto& run : runs(s.x, s.y, x, y)) {
-            polyline(cv, run, 2.5, palette(i), &clip);
+            polyline(cv, run, s.faint ? 1.0 : 2.5, c, &clip);
             points += run.size();
         }
-        if (points <= 30)   // markers where points are few enough to be told apart
+        if (points <= 30 && !s.faint)   // markers where points are few enough to be told apart
             for (auto& run : runs(s.x, s.y, x, y))
-                for (auto& p : run) disc(cv, p, 3.5, palette(i), &clip);
-        entries.push_back({s.label, palette(i), true});
+                for (auto& p : run) disc(cv, p, 3.5, c, &clip);
+        entries.push_back({s.label, c, true});
     }
     draw_axes(cv, f, &x, y, xlabel, ylabel);
     title_text(cv, f.width / 2, 24, f.width - 40, title);

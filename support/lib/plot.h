@@ -18,6 +18,8 @@
 struct Series {
     std::string label;                 // legend entry ("" = not in the legend)
     std::vector<double> x, y, lo, hi;
+    int colour = -1;                   // palette index (-1: the series' own place in the list)
+    bool faint = false;                // thin and pale, no markers: e.g. each seed under its model's bold median
 };
 
 // One group of bars in a bar chart: one value per category, with optional

@@ -2,7 +2,9 @@
 // standard deviation, Welch's t-test (unequal variances) with its two-sided
 // p-value, and the 95% confidence interval of the difference of means; for
 // paired seeds, the paired t interval, median, wins/ties/losses and the
-// exact Wilcoxon signed-rank p.
+// exact Wilcoxon signed-rank p; the exact sign test; and for times with
+// censoring (time to learn), the Kaplan-Meier curve with the median's
+// Brookmeyer-Crowley interval.
 //
 // The Student t distribution comes from the regularized incomplete beta
 // function I_x(a, b), evaluated by its continued fraction (modified Lentz;
@@ -209,4 +211,71 @@ inline std::vector<double> stats_holm(const std::vector<double>& p) {
         out[order[k]] = running;
     }
     return out;
+}
+
+// Exact two-sided p of the sign test: `wins` pairs one way, `losses` the
+// other (ties dropped). Under the null each is a fair coin, so with
+// n = wins + losses and k = min(wins, losses), p = min(1, 2 P(X <= k)),
+// X ~ Binomial(n, 1/2). 1 when n = 0. The terms are summed in logs, exact
+// to rounding for any n.
+inline double stats_sign_test_p(int wins, int losses) {
+    int n = wins + losses, k = std::min(wins, losses);
+    if (n <= 0) return 1;
+    double p = 0;
+    for (int i = 0; i <= k; i++)
+        p += std::exp(std::lgamma(n + 1.0) - std::lgamma(i + 1.0) - std::lgamma(n - i + 1.0) - n * std::log(2.0));
+    return std::min(1.0, 2 * p);
+}
+
+// Time to an event with censoring: the Kaplan-Meier estimate of S(t), the
+// share of subjects whose event has not happened by time t, from times t[i]
+// that are each an event (event[i]) or a censoring (the subject left, the
+// event unseen). At each distinct event time t_j, with n_j subjects still at
+// risk (time >= t_j: one censored at t_j counts as at risk there) and d_j
+// events, S(t_j) = S(t_{j-1}) (1 - d_j / n_j), and Greenwood's variance
+// Var S(t_j) = S(t_j)^2 sum_{i <= j} d_i / (n_i (n_i - d_i)) (0 once S is 0).
+struct KaplanMeierStep {
+    double t = 0;            // an event time
+    int at_risk = 0, events = 0;
+    double survival = 1, se = 0;  // S(t) just after t, and its Greenwood standard error
+};
+struct SurvivalResult {
+    std::vector<KaplanMeierStep> steps;  // one per distinct event time, ascending
+    int n = 0, events = 0;
+    // The median time (the first event time with S <= 1/2) and its 95%
+    // interval after Brookmeyer and Crowley (1982): the times whose S(t) the
+    // test of S = 1/2 does not reject, |S(t) - 1/2| <= z se(t) (z = 1.96, the
+    // linear form): lo the first event time with S - z se <= 1/2, hi the first
+    // with S + z se <= 1/2. Infinity where S never gets there (not reached).
+    double median = 0, lo = 0, hi = 0;
+};
+inline SurvivalResult stats_kaplan_meier(const std::vector<double>& t, const std::vector<bool>& event) {
+    const double inf = std::numeric_limits<double>::infinity(), z = 1.959963984540054;
+    SurvivalResult r;
+    r.n = (int)std::min(t.size(), event.size());
+    std::vector<double> times;
+    for (int i = 0; i < r.n; i++) if (event[i]) times.push_back(t[i]), r.events++;
+    std::sort(times.begin(), times.end());
+    times.erase(std::unique(times.begin(), times.end()), times.end());
+    double s = 1, greenwood = 0;
+    for (double tj : times) {
+        KaplanMeierStep k;
+        k.t = tj;
+        for (int i = 0; i < r.n; i++) {
+            k.at_risk += t[i] >= tj;
+            k.events += event[i] && t[i] == tj;
+        }
+        s *= 1 - (double)k.events / k.at_risk;
+        if (k.at_risk > k.events) greenwood += (double)k.events / ((double)k.at_risk * (k.at_risk - k.events));
+        k.survival = s;
+        k.se = s > 0 ? s * std::sqrt(greenwood) : 0;
+        r.steps.push_back(k);
+    }
+    r.median = r.lo = r.hi = inf;
+    for (const KaplanMeierStep& k : r.steps) {
+        if (k.survival <= 0.5 && r.median == inf) r.median = k.t;
+        if (k.survival - z * k.se <= 0.5 && r.lo == inf) r.lo = k.t;
+        if (k.survival + z * k.se <= 0.5 && r.hi == inf) r.hi = k.t;
+    }
+    return r;
 }

@@ -340,6 +340,8 @@ std::vector<FlagSpec> train_flags() {
         {"log-every", "", "steps between progress lines (default: ~50 lines per run)"},
         {"eval-every", "", "steps between evaluations (default: ~5 per run)"},
         {"eval-size", "200", "test examples scored at each periodic evaluation"},
+        {"curve", "0", "a learning curve: this many evaluations a run, evenly spaced, in place of --eval-every's; "
+                       "checkpoints stay ~5 a run (0: --eval-every's)"},
         {"save-every", "", "steps between checkpoints (default: at each evaluation)"},
         {"stop-after", "0", "stop after this many steps of this run, saving a checkpoint (0: run to the end)"},
         {"skip-bad-steps", nullptr, "skip a step whose loss or gradient is NaN or Inf (default: stop training there)"},
