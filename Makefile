@@ -118,9 +118,14 @@ $(B)/lime_cpu.o: lime.cu $(HEADERS) | $(B)
 $(B)/lime-cpu: $(B)/rel/train.o $(B)/lime_cpu.o $(REL_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@
 
-# The CUDA code compiled by g++ against the harness: kernels run on the CPU.
+# The CUDA code compiled by g++ against the harness: kernels run on the CPU. BANKFLAGS:
+# g++ calls a function before every load and store (kernel-address sanitizer's outlined
+# checks, with no runtime), which the harness defines to count shared-memory bank
+# conflicts (LIME_EMU_BANKS=1; support/harness/cuda_on_cpu.h, section 3b).
+BANKFLAGS = -DLIME_EMU_COUNT_BANKS -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 \
+            --param asan-stack=0 --param asan-globals=0
 $(B)/lime_emu.o: lime.cu $(HEADERS) support/harness/cuda_on_cpu.h | $(B)
-	$(CXX) $(TESTFLAGS) -DLIME_EMU -x c++ -c lime.cu -o $@
+	$(CXX) $(TESTFLAGS) $(BANKFLAGS) -DLIME_EMU -x c++ -c lime.cu -o $@
 
 emu: lime-emu
 lime-emu: $(B)/test/train.o $(B)/lime_emu.o $(TEST_OBJ)
@@ -145,7 +150,7 @@ $(B)/test_cpu: $(addprefix $(B)/test/,$(CPU_TEST_SRC:.cpp=.o)) $(TEST_OBJ) | $(B
 
 # Every GPU test, twice: kernels on the CPU harness (make test), and natively (make test-gpu).
 $(B)/test_gpu_emu: tests/test_gpu.cpp tests/test_main.cpp tests/test.h tests/test_helpers.h support/harness/cuda_on_cpu.h lime.cu $(TEST_OBJ) $(HEADERS) | $(B) deps
-	$(CXX) $(TESTFLAGS) -DLIME_EMU tests/test_gpu.cpp tests/test_main.cpp $(TEST_OBJ) -o $@
+	$(CXX) $(TESTFLAGS) $(BANKFLAGS) -DLIME_EMU tests/test_gpu.cpp tests/test_main.cpp $(TEST_OBJ) -o $@
 
 ifneq ($(NVCC),)
 $(B)/test_gpu_native.o: tests/test_gpu.cpp tests/test.h tests/test_helpers.h lime.cu $(HEADERS) | $(B)
@@ -168,7 +173,7 @@ nvcc-check:
 endif
 
 $(B)/test_emu: tests/test_emu_harness.cpp tests/test_main.cpp tests/test.h support/harness/cuda_on_cpu.h | $(B)
-	$(CXX) $(TESTFLAGS) tests/test_emu_harness.cpp tests/test_main.cpp -o $@
+	$(CXX) $(TESTFLAGS) $(BANKFLAGS) tests/test_emu_harness.cpp tests/test_main.cpp -o $@
 
 # The shell suites' JSON reader: what the commands print is parsed back by json_parse.
 $(B)/json_check: tests/json_check.cpp support/lib/safetensors.cpp support/lib/safetensors.h | $(B)
