@@ -180,6 +180,51 @@ TEST(gpu_attention_offsets_past_2_31_floats_stay_in_bounds) {
 #endif
 }
 
+// The scatter of q, K and V past 2^31 threads: L1 H=R=16 hd64 B=T=1000, a shape launch_check
+// admits (N H hd = 1.02e9), has N H hd/2 + 2 N R hd = 2.56e9 threads; a 32-bit index wrapped
+// negative there and every thread returned, leaving q, K and V unwritten. The arrays (23 GiB)
+// are reserved, not filled (zeros); on the harness only four blocks of the 10^7 run: the first
+// (q), the first of K, the one holding thread 2^31 (V) and the last (V), each checked on a value
+// planted in qkv.
+TEST(gpu_qkv_scatter_past_2_31_threads_writes_q_k_and_v) {
+    NEED_GPU();
+    const int B = 1000, T = 1000, H = 16, R = 16, hd = 64, N = B * T, W = (H + 2 * R) * hd;
+    const size_t nq = (size_t)N * H * hd, nkv = (size_t)N * R * hd, qpairs = nq / 2;
+    float *q = nullptr, *K = nullptr, *V = nullptr, *qkv = nullptr;
+#ifdef LIME_EMU
+    for (auto [p, n] : {std::pair<float**, size_t>{&q, nq}, {&K, nkv}, {&V, nkv}, {&qkv, (size_t)N * W}})
+        CHECK(emu::reserve_device((void**)p, n * sizeof(float)) == cudaSuccess, "reserving: %s",
+              emu::last_error_message());
+    uint64_t mid = ((uint64_t)1 << 31) / 256, last = (qpairs + 2 * nkv - 1) / 256;
+    emu::run_only_blocks({0, qpairs / 256, mid, last});
+    struct AllBlocksOnExit { ~AllBlocksOnExit() { emu::run_only_blocks({}); } } all_blocks_on_exit;
+#else
+    for (auto [p, n] : {std::pair<float**, size_t>{&q, nq}, {&K, nkv}, {&V, nkv}, {&qkv, (size_t)N * W}}) {
+        cudaCheck(cudaMalloc((void**)p, n * sizeof(float)));
+        cudaCheck(cudaMemset(*p, 0, n * sizeof(float)));
+    }
+#endif
+    std::vector<float> cs(T * hd / 2), sn(T * hd / 2);
+    rope_tables(cs.data(), sn.data(), T, hd, 10000.0f);
+    DevF gcs(cs), gsn(sn);
+    // thread 2^31 is V's element (r 0, n 597152, i 0): 2^31 - qpairs - nkv = ((n * R) + r) * hd + i
+    size_t n_mid = ((((size_t)1 << 31) - qpairs - nkv) / hd) / R;
+    struct Planted { size_t from; float* to; float value; const char* what; } planted[] = {  // qkv[from] -> *to
+        {0, q, 1.5f, "q (n 0, head 0, i 0)"},  // t = 0: cos 1, sin 0
+        {(size_t)H * hd, K, 2.5f, "K (r 0, n 0, i 0)"},
+        {n_mid * W + (size_t)(H + R) * hd, V + n_mid * hd, 3.5f, "V at thread 2^31 (r 0, n 597152)"},
+        {(size_t)(N - 1) * W + W - 1, V + nkv - 1, 4.5f, "V's last element (r 15, n N-1, i 63)"}};
+    for (const Planted& p : planted) cudaCheck(cudaMemcpy(qkv + p.from, &p.value, 4, cudaMemcpyHostToDevice));
+    qkv_scatter_gpu(q, K, V, nullptr, qkv, gcs.p, gsn.p, N, T, H, R, hd, false, false, ctx().stream);
+    cudaCheck(cudaStreamSynchronize(ctx().stream));
+    for (const Planted& p : planted) {
+        float got = 0;
+        cudaCheck(cudaMemcpy(&got, p.to, 4, cudaMemcpyDeviceToHost));
+        CHECK(got == p.value, "%s: %g, want %g (the scatter did not write it)", p.what, got, p.value);
+    }
+    for (float* p : {q, K, V, qkv}) cudaCheck(cudaFree(p));
+}
+
 // The attention's inputs: one product and a scatter (with q's rotation, and the
 // keys' into kr) against the CPU's three products and RoPE; backward, a gather
 // and two products. q_grouped: q and dq group-major on the GPU, (R, B, n_rep, T, hd).
