@@ -7,7 +7,8 @@
 #   make ref        ./lime-ref: the CPU path on lime.cu's plain loops alone (REFERENCE=1 makes it the default)
 #   make test-gpu   the GPU tests on a real GPU (skipped, with the reason, without one)
 #   make bench-gpu  step time, MFU and memory of llama vs lime on the GPU (full attention and GQA)
-#   make nvcc-check the CUDA code through nvcc for sm_80 and sm_90, warnings as errors, no register spills
+#   make nvcc-check the CUDA code through nvcc for sm_80 and sm_90, warnings as errors, no register spills,
+#                   the tensor-core flash kernels' SASS instructions per mma (tests/sass_per_mma.sh)
 #   make test-asan  the CPU tests and the CLI suites under AddressSanitizer + UBSan (a few minutes)
 #   make fuzz       libFuzzer on the checkpoint, task, reference-file and lab-5 readers, FUZZ_SECONDS each (not in make test)
 #   make lab1       a classroom lab's checks on the student's file (labs/README.md; lab1 .. lab5)
@@ -165,6 +166,7 @@ $(B)/ptxas.txt: lime.cu $(HEADERS) | $(B)
 nvcc-check: $(B)/lime.o $(B)/test_gpu_native $(B)/ptxas.txt
 	@echo "nvcc: lime.cu and tests/test_gpu.cpp build for sm_80 and sm_90 with no warnings"
 	@bash tests/check_spills.sh $(B)/ptxas.txt
+	@NVCC=$(NVCC) bash tests/sass_per_mma.sh $(B)/lime.o
 else
 $(B)/test_gpu_native:
 	@echo "no nvcc: the native GPU tests are not built"
