@@ -609,9 +609,12 @@ __attribute__((noinline)) inline void start_fiber(int i) {
 // one instruction by each lane of a warp forms one request (a loop's i-th
 // iteration with the others' i-th), its ways counted as above, and the
 // kernel's worst, mean and count of requests kept. cp.async copies count as
-// stores when issued. Not counted: static __shared__ arrays of function
-// templates (g++ drops their section, see above), and accesses g++ merges
-// across lanes' loop iterations (it cannot: each lane is its own fiber).
+// stores when issued. The accesses are g++'s, not nvcc's: a struct (float4)
+// whose fields g++ uses one by one may be loaded as four 4-byte accesses where
+// nvcc makes one 16-byte one; a second access to the same address in one basic
+// block is not checked again (a load then a store of one word count once); and
+// bytes moved by memcpy are not seen. Nor are static __shared__ arrays of
+// function templates (g++ drops their section, see above).
 struct KernelBanks { int worst = 0; double ways = 0; long requests = 0; };
 inline int banks_setting() {  // LIME_EMU_BANKS: 0 (default) or 1; anything else is refused at start
     const char* v = getenv("LIME_EMU_BANKS");
