@@ -7,7 +7,8 @@
 #   make ref        ./lime-ref: the CPU path on lime.cu's plain loops alone (REFERENCE=1 makes it the default)
 #   make test-gpu   the GPU tests on a real GPU (skipped, with the reason, without one)
 #   make bench-gpu  step time, MFU and memory of llama vs lime on the GPU (full attention and GQA)
-#   make nvcc-check the CUDA code through nvcc for sm_80 and sm_90, warnings as errors, no register spills
+#   make nvcc-check the CUDA code through nvcc for sm_80 and sm_90, warnings as errors, no register spills,
+#                   the tensor-core flash kernels' SASS instructions per mma (tests/sass_per_mma.sh)
 #   make test-asan  the CPU tests and the CLI suites under AddressSanitizer + UBSan (a few minutes)
 #   make fuzz       libFuzzer on the checkpoint, task, reference-file and lab-5 readers, FUZZ_SECONDS each (not in make test)
 #   make lab1       a classroom lab's checks on the student's file (labs/README.md; lab1 .. lab5)
@@ -118,9 +119,14 @@ $(B)/lime_cpu.o: lime.cu $(HEADERS) | $(B)
 $(B)/lime-cpu: $(B)/rel/train.o $(B)/lime_cpu.o $(REL_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@
 
-# The CUDA code compiled by g++ against the harness: kernels run on the CPU.
+# The CUDA code compiled by g++ against the harness: kernels run on the CPU. BANKFLAGS:
+# g++ calls a function before every load and store (kernel-address sanitizer's outlined
+# checks, with no runtime), which the harness defines to count shared-memory bank
+# conflicts (LIME_EMU_BANKS=1; support/harness/cuda_on_cpu.h, section 3b).
+BANKFLAGS = -DLIME_EMU_COUNT_BANKS -fsanitize=kernel-address --param asan-instrumentation-with-call-threshold=0 \
+            --param asan-stack=0 --param asan-globals=0
 $(B)/lime_emu.o: lime.cu $(HEADERS) support/harness/cuda_on_cpu.h | $(B)
-	$(CXX) $(TESTFLAGS) -DLIME_EMU -x c++ -c lime.cu -o $@
+	$(CXX) $(TESTFLAGS) $(BANKFLAGS) -DLIME_EMU -x c++ -c lime.cu -o $@
 
 emu: lime-emu
 lime-emu: $(B)/test/train.o $(B)/lime_emu.o $(TEST_OBJ)
@@ -151,7 +157,7 @@ $(B)/test_cpu: $(addprefix $(B)/test/,$(CPU_TEST_SRC:.cpp=.o)) $(TEST_OBJ) | $(B
 
 # Every GPU test, twice: kernels on the CPU harness (make test), and natively (make test-gpu).
 $(B)/test_gpu_emu: tests/test_gpu.cpp tests/test_main.cpp tests/test.h tests/test_helpers.h support/harness/cuda_on_cpu.h lime.cu $(TEST_OBJ) $(HEADERS) | $(B) deps
-	$(CXX) $(TESTFLAGS) -DLIME_EMU tests/test_gpu.cpp tests/test_main.cpp $(TEST_OBJ) -o $@
+	$(CXX) $(TESTFLAGS) $(BANKFLAGS) -DLIME_EMU tests/test_gpu.cpp tests/test_main.cpp $(TEST_OBJ) -o $@
 
 ifneq ($(NVCC),)
 $(B)/test_gpu_native.o: tests/test_gpu.cpp tests/test.h tests/test_helpers.h lime.cu $(HEADERS) | $(B)
@@ -166,6 +172,7 @@ $(B)/ptxas.txt: lime.cu $(HEADERS) | $(B)
 nvcc-check: $(B)/lime.o $(B)/test_gpu_native $(B)/ptxas.txt
 	@echo "nvcc: lime.cu and tests/test_gpu.cpp build for sm_80 and sm_90 with no warnings"
 	@bash tests/check_spills.sh $(B)/ptxas.txt
+	@NVCC=$(NVCC) bash tests/sass_per_mma.sh $(B)/lime.o
 else
 $(B)/test_gpu_native:
 	@echo "no nvcc: the native GPU tests are not built"
@@ -174,7 +181,7 @@ nvcc-check:
 endif
 
 $(B)/test_emu: tests/test_emu_harness.cpp tests/test_main.cpp tests/test.h support/harness/cuda_on_cpu.h | $(B)
-	$(CXX) $(TESTFLAGS) tests/test_emu_harness.cpp tests/test_main.cpp -o $@
+	$(CXX) $(TESTFLAGS) $(BANKFLAGS) tests/test_emu_harness.cpp tests/test_main.cpp -o $@
 
 # The shell suites' JSON reader: what the commands print is parsed back by json_parse.
 $(B)/json_check: tests/json_check.cpp support/lib/safetensors.cpp support/lib/safetensors.h | $(B)

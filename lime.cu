@@ -944,17 +944,17 @@ __global__ void router_backward_buf_kernel(KvPair dbuf, KvConst dout, KvConst W,
         }
     }
 }
-// dW's sums in two fixed-order steps, no atomics. Block (slice s, keys or
-// values) holds all R x cols sums of its ROUTER_SLICE elements in shared
-// memory; tile by tile of `width` elements it stages dout (R, width) and buf
-// (cols, width), each row read once, and thread t adds the tile's dots of
-// pairs t, t + blockDim.x, ... Then partial (slices, 2, R, cols)[s] = the sums,
-// and one thread per weight adds the slices in order into the learned columns.
+// dW's sums in two fixed-order steps, no atomics. Block (slice s, keys or values) holds all R x cols
+// sums of its ROUTER_SLICE elements in shared memory; tile by tile of `width` elements it stages dout
+// (R, width) and buf (cols, width), each row read once and padded to width + 1 floats (a warp's 32
+// pairs' rows start in 32 banks: no conflict), and thread t adds the tile's dots of pairs t, t +
+// blockDim.x, ... Then partial (slices, 2, R, cols)[s] = the sums, and one thread per weight adds the
+// slices in order into the learned columns.
 __global__ void router_weight_partial_kernel(float* partial, KvConst dout, KvConst buf, int cols, int R, size_t row,
                                              int width) {
     DYNAMIC_SHARED(float, smem);
-    int pairs = R * cols;
-    float *sums = smem, *dt = smem + pairs, *bt = dt + R * width;  // (R, cols), (R, width), (cols, width)
+    int pairs = R * cols, pitch = width + 1;  // pitch: a tile row's floats
+    float *sums = smem, *dt = smem + pairs, *bt = dt + R * pitch;  // (R, cols), (R, pitch), (cols, pitch)
     const float *d = blockIdx.y ? dout.v : dout.k, *b = blockIdx.y ? buf.v : buf.k;
     for (int p = threadIdx.x; p < pairs; p += blockDim.x) sums[p] = 0.0f;
     size_t from = (size_t)blockIdx.x * ROUTER_SLICE, to = min(row, from + ROUTER_SLICE);
@@ -964,13 +964,13 @@ __global__ void router_weight_partial_kernel(float* partial, KvConst dout, KvCon
         for (int x = threadIdx.x; x < (R + cols) * width; x += blockDim.x) {
             int k = x / width, i = x % width;
             float v = i < n ? (k < R ? d[k * row + e0 + i] : b[(k - R) * row + e0 + i]) : 0.0f;
-            (k < R ? dt[k * width + i] : bt[(k - R) * width + i]) = v;
+            (k < R ? dt[k * pitch + i] : bt[(k - R) * pitch + i]) = v;
         }
         __syncthreads();
         for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
             int r = p / cols, j = p % cols;
             float s = 0;
-            for (int i = 0; i < width; i++) s += dt[r * width + i] * bt[j * width + i];
+            for (int i = 0; i < width; i++) s += dt[r * pitch + i] * bt[j * pitch + i];
             sums[p] += s;
         }
     }
@@ -991,10 +991,10 @@ __global__ void router_weight_reduce_kernel(KvPair dW, const float* partial, int
     dW.k[p] += sk;  // one W: the same float, keys' sum first
     dW.v[p] += sv;
 }
-// The elements of a tile the weight gradient's shared memory allows; 0: it does not fit.
+// The elements of a tile the weight gradient's shared memory allows (each row padded by one); 0: it does not fit.
 static int router_tile_width(int cols, int R) {
     long room = ROUTER_SHARED - (long)R * cols;
-    return room < R + cols ? 0 : (int)std::min<long>(32, room / (R + cols));
+    return room < 2 * (R + cols) ? 0 : (int)std::min<long>(32, room / (R + cols) - 1);
 }
 // Which router a launcher runs: layer l's, over N positions of R kv heads of hd, learning the columns `learned` says.
 struct RouterAt {
@@ -1007,7 +1007,7 @@ static void router_backward_gpu(KvPair dW, KvPair dbuf, KvConst dout, KvConst W,
     int l = at.l, N = at.N, R = at.R, hd = at.hd;
     RouterSpan learned = at.learned;
     int cols = (l + 1) * R, width = router_tile_width(cols, R), slices = (int)ceil_div((size_t)N * hd, ROUTER_SLICE);
-    size_t row = (size_t)N * hd, shared = ((size_t)R * cols + (size_t)(R + cols) * width) * sizeof(float);
+    size_t row = (size_t)N * hd, shared = ((size_t)R * cols + (size_t)(R + cols) * (width + 1)) * sizeof(float);
     LAUNCH(router_backward_buf_kernel, dim3(ceil_div(row, 256), 2), 256, 0, stream)(dbuf, dout, W, cols, R, row);
     launchCheck();
     if (!learned.any(l)) return;  // frozen, average: no weight learns

@@ -5,7 +5,7 @@
 #      nvcc's warnings left as warnings (NVWERROR=): another nvcc or host compiler must not stop this run;
 #      PREBUILT=1 skips the build and runs ./lime and build/test_gpu_native as they are (built on
 #      another machine, e.g. `make lime build/test_gpu_native ARCH_FLAGS=-march=x86-64-v3`, and copied)
-#   2. runs the native GPU tests (every kernel against the CPU, reference vectors, graphs, determinism);
+#   2. the probe of what cuBLAS's FAST_16BF and TF32 products rounded to (printed), then the native GPU tests (every kernel against the CPU, reference vectors, graphs, determinism);
 #      a device ./lime cannot use (no GPU, a driver older than the CUDA runtime) fails here, with the reason
 #   3. ./lime verify --device gpu --tf32 0 on every reference file (exact float32 tolerances), matmul and flash attention;
 #      then --precision bf16, matmul and flash attention (bf16's tolerances: hc_tiny's and ResFormer's files are
@@ -50,6 +50,11 @@ if echo "$probe" | grep -q -e "no CUDA device" -e "no GPU support"; then
     echo "FAIL: ./lime cannot use a GPU here: $(echo "$probe" | sed 's/.*--device gpu: //')"
     exit 1
 fi
+
+echo "== what cuBLAS rounded (the probe: one FAST_16BF and one TF32 product)"
+out=$(build/test_gpu_native gpu_cublas_rounding_probe 2>&1)
+echo "$out" | grep -E '^(probe|FAIL|SKIP)'
+echo "$out" | grep -q '^probe:' || status=1
 
 echo "== native GPU tests"
 out=$(build/test_gpu_native 2>&1); rc=$?

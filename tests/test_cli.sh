@@ -306,6 +306,17 @@ if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
     expect "its summary lacks ', 0 failed'" has "$out" ", 0 failed"
     expect "it does not say (bf16)" has "$out" "(bf16)"
     verdict "$(echo "$out" | tail -5)"
+    # LIME_EMU_BANKS=1: after verify's table a banks line for each kernel that used shared memory; the router's
+    # weight gradient (padded tiles) and the reductions without a bank conflict
+    out=$(LIME_EMU_BANKS=1 ./lime-emu verify --device gpu --quiet tests/golden/lime_gqa.safetensors 2>&1); status=$?
+    check emu_banks_lines_after_verify
+    expect "verify with LIME_EMU_BANKS=1 exits $status" [ $status -eq 0 ]
+    expect "the banks lines do not come last" [ -n "$(echo "$out" | tail -1 | grep '^banks ')" ]
+    expect "no conflict-free banks line for the router's weight gradient" \
+        has "$out" -E '^banks router_weight_partial_kernel worst 1-way mean [0-9.]+-way accesses [0-9]+$'
+    conflicts=$(grep '^banks ' <<<"$out" | grep -v ' worst 1-way')
+    expect "kernels with bank conflicts: $conflicts" [ -z "$conflicts" ]
+    verdict "$(grep '^banks ' <<<"$out")"
     # head dim 128 on an sm_86's or sm_89's 99 KiB a block: --attention flash on the tensor cores (else refused)
     H128="--layers 1 --dim 128 --heads 1 --ffn 32 --ops 2 --train-size 300 --test-size 20 --batch 4 --quiet"
     for p in float32 bf16; do
@@ -442,6 +453,8 @@ if [ "$LIME" = ./lime ] && [ -x ./lime-emu ]; then
     # head dim 128 ($H128, above) on 64 KiB a block: the tensor-core flash kernels need 99 KiB; the way out
     bad bad_flash_tc_hd128_on_64_kib "use --tf32 0 for the scalar"  env LIME_EMU_SM=75 ./lime-emu train $H128 \
                                      --steps 1 --device gpu --attention flash --out "$tmp/x"
+    bad bad_emu_banks_value   "use 0 or 1"        env LIME_EMU_BANKS=yes ./lime-emu train $TINY --steps 2 --device gpu \
+                                                    --out "$tmp/x"
 fi
 if [ -e "$tmp/x/model.safetensors" ]; then fail bad_input_wrote_nothing "a refused run wrote a model"; else pass bad_input_wrote_nothing; fi
 

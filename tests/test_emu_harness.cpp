@@ -1364,3 +1364,48 @@ TEST(emu_cublas_gemm_ex_bf16_operands_float_sums) {
     cudaFree(dA); cudaFree(dB); cudaFree(dCb); cudaFree(dC); cudaFree(dAf); cudaFree(dBf);
     cublasDestroy(h);
 }
+
+// Each lane reads `words` 32-bit words (1, 2 or 4: one 4-, 8- or 16-byte load) of shared memory,
+// `stride` words from the last lane's, into out (32, 4).
+__global__ void strided_shared_read_kernel(float* out, int stride, int words) {
+    __shared__ float tile[32 * 64];
+    for (int i = threadIdx.x; i < 32 * 64; i += blockDim.x) tile[i] = (float)i;
+    __syncthreads();
+    const float* at = tile + threadIdx.x * stride;
+    float* o = out + threadIdx.x * 4;
+    if (words == 4) *reinterpret_cast<float4*>(o) = *reinterpret_cast<const float4*>(at);
+    else if (words == 2) *reinterpret_cast<float2*>(o) = *reinterpret_cast<const float2*>(at);
+    else o[0] = at[0];
+}
+
+TEST(emu_counts_shared_memory_bank_conflicts) {
+#ifndef LIME_EMU_COUNT_BANKS
+    SKIP("built without BANKFLAGS (Makefile): no bank counts");
+#else
+    emu::set_count_banks(true);
+    float* out = nullptr;
+    cudaMalloc(&out, 32 * 4 * sizeof(float));
+    // stride 32: every lane's word in bank 0, 32 words: 32-way; stride 1: one bank each. 8 bytes
+    // at stride 2: a half-warp's 16 pairs fill the 32 banks once (1-way); at stride 4 twice
+    // (2-way). 16 bytes at stride 4: a quarter-warp's 8 fill them once; at stride 8 twice.
+    struct Case { int stride, words, ways; } cases[] = {{32, 1, 32}, {1, 1, 1}, {2, 2, 1}, {4, 2, 2}, {4, 4, 1}, {8, 4, 2}};
+    for (const Case& c : cases) {
+        emu::clear_bank_counts();
+        LAUNCH(strided_shared_read_kernel, 1, 32, 0, nullptr)(out, c.stride, c.words);
+        CHECK(cudaDeviceSynchronize() == cudaSuccess, "strided read: %s", emu::last_error_message());
+        std::vector<float> h = to_host(out, 32 * 4);
+        CHECK(h[5 * 4 + c.words - 1] == (float)(5 * c.stride + c.words - 1), "strided read: lane 5 read %g",
+              h[5 * 4 + c.words - 1]);
+        emu::detail::KernelBanks k = emu::bank_counts("strided_shared_read_kernel");
+        // the staging stores: 64 requests of 32 consecutive words (1-way), then the one read
+        CHECK(k.requests == 65, "stride %d, %d words: %ld requests, want 65", c.stride, c.words, k.requests);
+        CHECK(k.worst == c.ways, "stride %d, %d words: worst %d-way, want %d", c.stride, c.words, k.worst, c.ways);
+        double mean = (64.0 + c.ways) / 65;
+        CHECK(fabs(k.ways / k.requests - mean) < 1e-12, "stride %d: mean %.4f-way, want %.4f", c.stride,
+              k.ways / k.requests, mean);
+    }
+    emu::set_count_banks(false);
+    emu::clear_bank_counts();
+    cudaFree(out);
+#endif
+}

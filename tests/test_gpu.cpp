@@ -182,6 +182,93 @@ TEST(gpu_attention_offsets_past_2_31_floats_stay_in_bounds) {
 #endif
 }
 
+// What cuBLAS did with a product's float operands: cuBLAS documents CUBLAS_COMPUTE_32F_FAST_16BF
+// and TF32 math only as allowing them to be rounded down, not how or when. One 256^3 product each
+// (tensor-core sized) of A = a in column 0, zeros elsewhere, and B = ones, so that every C = a
+// times 1 plus zeros, a rounded as the operands were: a = 1 + 2^-8 + 2^-10 + 2^-12 gives four
+// distinct answers, bf16 rounded to nearest even (1 + 2^-7), bf16 truncated (1), TF32 (1 + 2^-8 +
+// 2^-10) and float32 (a). Printed (tests/gpu_check.sh runs it first); the harness's must be
+// bf16 nearest-even and TF32, a GPU's one of the four.
+static const char* rounding_of(float c) {
+    const float a = 1.0f + 0x1p-8f + 0x1p-10f + 0x1p-12f;
+    return c == 1.0f + 0x1p-7f ? "bf16-nearest-even" : c == 1.0f ? "bf16-truncated"
+         : c == 1.0f + 0x1p-8f + 0x1p-10f ? "TF32" : c == a ? "float32" : nullptr;
+}
+TEST(gpu_cublas_rounding_probe) {
+    NEED_GPU();
+    const int n = 256;
+    std::vector<float> A((size_t)n * n, 0.0f), B((size_t)n * n, 1.0f);
+    for (int i = 0; i < n; i++) A[(size_t)i * n] = 1.0f + 0x1p-8f + 0x1p-10f + 0x1p-12f;  // row-major A[i][0]
+    DevF gA(A), gB(B), gC((size_t)n * n);
+    cublasHandle_t tf32 = nullptr;
+    cublasCheck(cublasCreate(&tf32));
+    cublasCheck(cublasSetStream(tf32, ctx().stream));
+    cublasCheck(cublasSetMathMode(tf32, CUBLAS_TF32_TENSOR_OP_MATH));  // what --tf32 1 sets
+    std::vector<float> C[2];
+    gemm_nn_gpu(gC.p, gA.p, gB.p, n, n, n, false, ctx().blas, true);  // what --precision bf16 makes
+    C[0] = gC.get();
+    gemm_nn_gpu(gC.p, gA.p, gB.p, n, n, n, false, tf32);  // what --tf32 1 makes
+    C[1] = gC.get();
+    cublasCheck(cublasDestroy(tf32));
+    const char* got[2] = {};
+    for (int k = 0; k < 2; k++) {
+        got[k] = rounding_of(C[k][0]);
+        for (size_t i = 1; i < C[k].size() && got[k]; i++)
+            if (C[k][i] != C[k][0]) got[k] = nullptr;
+        CHECK(got[k], "%s product: C[0] = %.9g, none of the four roundings (or C not uniform)",
+              k ? "TF32" : "FAST_16BF", C[k][0]);
+    }
+    printf("probe: cuBLAS FAST_16BF product: %s; TF32 math product: %s\n", got[0], got[1]);
+#ifdef LIME_EMU
+    CHECK(!strcmp(got[0], "bf16-nearest-even") && !strcmp(got[1], "TF32"), "the harness's products: %s, %s", got[0], got[1]);
+#endif
+}
+
+// The scatter of q, K and V past 2^31 threads: L1 H=R=16 hd64 B=T=1000, a shape launch_check
+// admits (N H hd = 1.02e9), has N H hd/2 + 2 N R hd = 2.56e9 threads; a 32-bit index wrapped
+// negative there and every thread returned, leaving q, K and V unwritten. The arrays (23 GiB)
+// are reserved, not filled (zeros); on the harness only four blocks of the 10^7 run: the first
+// (q), the first of K, the one holding thread 2^31 (V) and the last (V), each checked on a value
+// planted in qkv.
+TEST(gpu_qkv_scatter_past_2_31_threads_writes_q_k_and_v) {
+    NEED_GPU();
+    const int B = 1000, T = 1000, H = 16, R = 16, hd = 64, N = B * T, W = (H + 2 * R) * hd;
+    const size_t nq = (size_t)N * H * hd, nkv = (size_t)N * R * hd, qpairs = nq / 2;
+    float *q = nullptr, *K = nullptr, *V = nullptr, *qkv = nullptr;
+#ifdef LIME_EMU
+    for (auto [p, n] : {std::pair<float**, size_t>{&q, nq}, {&K, nkv}, {&V, nkv}, {&qkv, (size_t)N * W}})
+        CHECK(emu::reserve_device((void**)p, n * sizeof(float)) == cudaSuccess, "reserving: %s",
+              emu::last_error_message());
+    uint64_t mid = ((uint64_t)1 << 31) / 256, last = (qpairs + 2 * nkv - 1) / 256;
+    emu::run_only_blocks({0, qpairs / 256, mid, last});
+    struct AllBlocksOnExit { ~AllBlocksOnExit() { emu::run_only_blocks({}); } } all_blocks_on_exit;
+#else
+    for (auto [p, n] : {std::pair<float**, size_t>{&q, nq}, {&K, nkv}, {&V, nkv}, {&qkv, (size_t)N * W}}) {
+        cudaCheck(cudaMalloc((void**)p, n * sizeof(float)));
+        cudaCheck(cudaMemset(*p, 0, n * sizeof(float)));
+    }
+#endif
+    std::vector<float> cs(T * hd / 2), sn(T * hd / 2);
+    rope_tables(cs.data(), sn.data(), T, hd, 10000.0f);
+    DevF gcs(cs), gsn(sn);
+    // thread 2^31 is V's element (r 0, n 597152, i 0): 2^31 - qpairs - nkv = ((n * R) + r) * hd + i
+    size_t n_mid = ((((size_t)1 << 31) - qpairs - nkv) / hd) / R;
+    struct Planted { size_t from; float* to; float value; const char* what; } planted[] = {  // qkv[from] -> *to
+        {0, q, 1.5f, "q (n 0, head 0, i 0)"},  // t = 0: cos 1, sin 0
+        {(size_t)H * hd, K, 2.5f, "K (r 0, n 0, i 0)"},
+        {n_mid * W + (size_t)(H + R) * hd, V + n_mid * hd, 3.5f, "V at thread 2^31 (r 0, n 597152)"},
+        {(size_t)(N - 1) * W + W - 1, V + nkv - 1, 4.5f, "V's last element (r 15, n N-1, i 63)"}};
+    for (const Planted& p : planted) cudaCheck(cudaMemcpy(qkv + p.from, &p.value, 4, cudaMemcpyHostToDevice));
+    qkv_scatter_gpu(q, K, V, nullptr, qkv, gcs.p, gsn.p, N, T, H, R, hd, false, false, ctx().stream);
+    cudaCheck(cudaStreamSynchronize(ctx().stream));
+    for (const Planted& p : planted) {
+        float got = 0;
+        cudaCheck(cudaMemcpy(&got, p.to, 4, cudaMemcpyDeviceToHost));
+        CHECK(got == p.value, "%s: %g, want %g (the scatter did not write it)", p.what, got, p.value);
+    }
+    for (float* p : {q, K, V, qkv}) cudaCheck(cudaFree(p));
+}
+
 // The attention's inputs: one product and a scatter (with q's rotation, and the
 // keys' into kr) against the CPU's three products and RoPE; backward, a gather
 // and two products. q_grouped: q and dq group-major on the GPU, (R, B, n_rep, T, hd).
@@ -989,7 +1076,8 @@ TEST(gpu_bf16_steps_match_the_cpu_bf16_reference) {
               s + 1, gpu.losses[s], cpu.losses[s]);
     double near = rel_err(gpu.part(0), cpu.part(0), cpu.part_size()), far = rel_err(gpu.part(0), f32.part(0), f32.part_size());
     CHECK(near < TOL_BWD, "parameters after 3 bf16 steps: rel err %.2e against the CPU's bf16 reference", near);
-    CHECK(far > 5 * near, "parameters after 3 steps: bf16 (gpu) vs float32 (cpu) rel err %.2e, not 5x bf16's %.2e", far, near);
+    // 3, not more: the harness gets 6.0, a tensor core's adder (its rounding unspecified) may land lower
+    CHECK(far > 3 * near, "parameters after 3 steps: bf16 (gpu) vs float32 (cpu) rel err %.2e, not 3x bf16's %.2e", far, near);
 }
 
 TEST(gpu_flash_training_steps_match_cpu_lime_gqa) { NEED_GPU(); check_flash_trains_like_cpu(ARCH_LIME, 4, 2, 70); }

@@ -64,7 +64,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) && !defined(LIME_EMU_COUNT_BANKS)  // (the bank counter's build, section 3b, is not ASan)
 #  define LIME_EMU_ASAN 1
 #elif defined(__has_feature)
 #  if __has_feature(address_sanitizer)
@@ -291,6 +291,11 @@ enum WarpKind { W_SYNC, W_SHFL, W_UP, W_DOWN, W_XOR, W_BALLOT, W_ANY, W_ALL, W_M
 // for group `group`, the first src_bytes from src and zeros after them.
 struct AsyncCopy { void* dst; const void* src; int bytes, src_bytes; long group; };
 
+// One shared-memory access of a thread (section 3b): the instruction (its
+// return address), the byte offset in its region (static section: bit 31 set),
+// and its width in bytes.
+struct SharedAccess { const void* site; uint32_t offset, bytes; };
+
 struct Fiber {                  // one CUDA thread
     ucontext_t ctx;
     void* fake_stack = nullptr; // ASan's bookkeeping for this stack
@@ -311,6 +316,7 @@ struct Fiber {                  // one CUDA thread
     float* mma_d = nullptr;
     std::vector<AsyncCopy> copies;    // its cp.async copies not yet waited for
     long groups = 0;                  // the cp.async groups it has committed
+    std::vector<SharedAccess> shared; // its shared-memory accesses since the last barrier (LIME_EMU_BANKS=1)
 };
 
 struct Machine {
@@ -573,6 +579,7 @@ __attribute__((noinline)) inline void start_fiber(int i) {
     f.done_phase = -1;
     f.fake_stack = nullptr;
     f.copies.clear();  // a thread's copies die with its block's shared memory
+    f.shared.clear();
     f.groups = 0;
 #ifdef LIME_EMU_ASAN
     // An abandoned (deadlocked) thread leaves its frames' redzones behind.
@@ -583,6 +590,103 @@ __attribute__((noinline)) inline void start_fiber(int i) {
     f.ctx.uc_stack.ss_size = m.stack_bytes;
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, fiber_main, 0);
+}
+
+// --- 3b. Shared-memory bank conflicts (LIME_EMU_BANKS=1) ---------------------
+// Shared memory is 32 banks of 4-byte words; a warp's request is served in as
+// many wavefronts ("ways") as the most distinct words any one bank is asked
+// for (lanes reading the same word share it: a broadcast). A 64-bit access is
+// served a half-warp at a time, a 128-bit one a quarter-warp at a time, each
+// part counted on its own (the CUDA C++ Programming Guide's "Shared Memory"
+// sections for compute capability 5.x and later, and its 64-bit rule of 3.x).
+// The build that counts (make's lime_emu.o, test_gpu_emu and test_emu)
+// compiles with g++ -fsanitize=kernel-address and outlined checks, so every load
+// and store calls __asan_{load,store}N_noabort (defined below under
+// LIME_EMU_COUNT_BANKS); those inside the block's shared memory are noted on
+// the running thread with the instruction's address. The fibers run from
+// barrier to barrier, so at each __syncthreads and at the block's end every
+// lane of a warp has noted its accesses since the last one: the k-th access of
+// one instruction by each lane of a warp forms one request (a loop's i-th
+// iteration with the others' i-th), its ways counted as above, and the
+// kernel's worst, mean and count of requests kept. cp.async copies count as
+// stores when issued. The accesses are g++'s, not nvcc's: a struct (float4)
+// whose fields g++ uses one by one may be loaded as four 4-byte accesses where
+// nvcc makes one 16-byte one; a second access to the same address in one basic
+// block is not checked again (a load then a store of one word count once); and
+// bytes moved by memcpy are not seen. Nor are static __shared__ arrays of
+// function templates (g++ drops their section, see above).
+struct KernelBanks { int worst = 0; double ways = 0; long requests = 0; };
+inline int banks_setting() {  // LIME_EMU_BANKS: 0 (default) or 1; anything else is refused at start
+    const char* v = getenv("LIME_EMU_BANKS");
+    if (!v || !strcmp(v, "0") || !*v) return 0;
+    if (!strcmp(v, "1")) return 1;
+    fprintf(stderr, "lime-emu: LIME_EMU_BANKS=%s: use 0 or 1 (1 prints each kernel's shared-memory bank conflicts)\n", v);
+    exit(2);
+}
+inline bool count_banks = banks_setting() != 0;
+inline std::map<std::string, KernelBanks> bank_counts;  // per kernel name
+
+// The ways of one request: lanes' (offset, bytes), lane index first.
+inline int request_ways(const std::vector<std::pair<int, SharedAccess>>& lanes) {
+    uint32_t widest = 0;
+    for (const auto& l : lanes) widest = std::max(widest, l.second.bytes);
+    int part = widest > 8 ? 8 : widest > 4 ? 16 : 32;  // lanes served together
+    int ways = 0;
+    for (int p0 = 0; p0 < 32; p0 += part) {
+        std::vector<uint32_t> words[32];  // distinct words asked of each bank
+        for (const auto& l : lanes) {
+            if (l.first < p0 || l.first >= p0 + part) continue;
+            uint32_t first = l.second.offset >> 2, last = (l.second.offset + l.second.bytes - 1) >> 2;
+            for (uint32_t w = first; w <= last; w++) {
+                std::vector<uint32_t>& b = words[w & 31];
+                if (std::find(b.begin(), b.end(), w) == b.end()) b.push_back(w);
+            }
+        }
+        for (const auto& b : words) ways = std::max(ways, (int)b.size());
+    }
+    return ways;
+}
+// Group the block's noted accesses into requests and count them (n threads).
+inline void count_bank_requests(int n) {
+    std::vector<Fiber>& F = machine.fibers;
+    KernelBanks* k = nullptr;
+    for (int w0 = 0; w0 < n; w0 += 32) {
+        std::map<std::pair<const void*, int>, std::vector<std::pair<int, SharedAccess>>> requests;
+        for (int l = 0; l < 32 && w0 + l < n; l++) {
+            std::map<const void*, int> seen;  // how often this lane ran each instruction
+            for (const SharedAccess& a : F[w0 + l].shared) requests[{a.site, seen[a.site]++}].push_back({l, a});
+            F[w0 + l].shared.clear();
+        }
+        if (requests.empty()) continue;
+        if (!k) k = &bank_counts[machine.kernel];
+        for (const auto& r : requests) {
+            int ways = request_ways(r.second);
+            k->worst = std::max(k->worst, ways);
+            k->ways += ways;
+            k->requests++;
+        }
+    }
+}
+// After the program's output: one line per kernel that touched shared memory.
+struct BankReport {
+    ~BankReport() {
+        for (const auto& [name, k] : bank_counts)
+            printf("banks %s worst %d-way mean %.2f-way accesses %ld\n", name.c_str(), k.worst,
+                   k.requests ? k.ways / k.requests : 0.0, k.requests);
+        fflush(stdout);
+    }
+};
+inline BankReport bank_report;
+// A thread's access of [a, a + bytes): noted when it lies in shared memory.
+__attribute__((no_sanitize_address)) inline void note_shared(uintptr_t a, uint32_t bytes, const void* site) {
+    Machine& m = machine;
+    if (!count_banks || !m.cur) return;
+    for (uint32_t k = 1; bytes > 16; k++, a += 16, bytes -= 16)  // g++'s vector of a lane's loop: 16-byte loads
+        note_shared(a, 16, (const void*)((uintptr_t)site ^ ((uintptr_t)k << 56)));  // (a site of their own each)
+    uintptr_t dyn = (uintptr_t)m.dyn.data(), stat = (uintptr_t)__start_lime_emu_shared;
+    if (dyn && a - dyn < m.dyn.size()) m.cur->shared.push_back({site, (uint32_t)(a - dyn), bytes});
+    else if (stat && a - stat < (uintptr_t)(__stop_lime_emu_shared - __start_lime_emu_shared))
+        m.cur->shared.push_back({site, (uint32_t)(a - stat) | 0x80000000u, bytes});
 }
 
 // Run one block to completion. false: it failed (the error is recorded).
@@ -613,6 +717,7 @@ inline bool run_block(int n, uint64_t block_id) {
             done += m.fibers[i].state == State::DONE;
             waiting += same_barrier(m.fibers[0], m.fibers[i]);
         }
+        if (count_banks && (done == n || waiting == n)) count_bank_requests(n);
         if (done == n) return true;
         if (waiting == n) {   // __syncthreads: everyone arrived at the same one
             uint64_t count = 0;
@@ -628,7 +733,13 @@ inline bool run_block(int n, uint64_t block_id) {
 // The order the grid's blocks run in (linear ids x + y*gx + z*gx*gy): forward,
 // reverse, or a permutation seeded by the seed and the count of grids run, so
 // one seed replays one schedule and each launch gets its own.
+inline std::vector<uint64_t> only_blocks;  // emu::run_only_blocks: these blocks of each grid alone
 inline std::vector<uint64_t> block_sequence(uint64_t blocks) {
+    if (!only_blocks.empty()) {
+        std::vector<uint64_t> ids;
+        for (uint64_t id : only_blocks) if (id < blocks) ids.push_back(id);
+        return ids;
+    }
     std::vector<uint64_t> ids(blocks);
     for (uint64_t i = 0; i < blocks; i++) ids[i] = i;
     Order o = settings().block_order;
@@ -726,6 +837,17 @@ inline void set_stack_size(size_t bytes) { detail::settings().stack_bytes = byte
 inline void set_quiet(bool q) { detail::settings().quiet = q; }
 inline const char* last_error_message() { return detail::message.c_str(); }
 inline long kernels_run() { return detail::kernels_run; }  // grids executed so far
+// Shared-memory bank conflicts (section 3b): count them from now on (LIME_EMU_BANKS=1 at start),
+// a kernel's counts so far (zero if it touched no shared memory), and forget them.
+inline void set_count_banks(bool on) { detail::count_banks = on; }
+inline detail::KernelBanks bank_counts(const char* kernel) {
+    auto it = detail::bank_counts.find(kernel);
+    return it == detail::bank_counts.end() ? detail::KernelBanks{} : it->second;
+}
+inline void clear_bank_counts() { detail::bank_counts.clear(); }
+// Run only these blocks (linear ids, in this order) of every grid from now on; {} runs all again.
+// For a test of a grid too large to run whole here: its first and last blocks, say.
+inline void run_only_blocks(std::vector<uint64_t> ids) { detail::only_blocks = std::move(ids); }
 }  // namespace emu
 
 // ===========================================================================
@@ -858,6 +980,7 @@ inline void mma_sync_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32
 // the issue, the earliest (a copy into a buffer other threads still read, with
 // no barrier between, overwrites what they read); random, either, per copy,
 // by the seeded generator. So a kernel right only for one timing fails under some order.
+__attribute__((no_sanitize_address))  // noted below as one store, not as the memcpy's
 inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, size_t size_and_align, size_t zfill = 0,
                                     LIME_EMU_WHERE) {
     using namespace emu::detail;
@@ -871,6 +994,7 @@ inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, si
     if (!in_shared(dst_shared, n)) misuse(f, "__pipeline_memcpy_async: destination %p is not shared memory", dst_shared);
     if (from && !on_device(src_global, from))
         misuse(f, "__pipeline_memcpy_async: source %p is not device memory", src_global);
+    note_shared((uintptr_t)dst_shared, (uint32_t)n, file_ + ((uintptr_t)line_ << 20));  // the call's file and line: its site
     emu::Order o = settings().order;
     if (o == emu::REVERSE || (o == emu::RANDOM && splitmix(machine.copy_rng) % 2)) {  // lands now
         if (from) memcpy(dst_shared, src_global, from);
@@ -880,7 +1004,7 @@ inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, si
     f.copies.push_back({dst_shared, src_global, (int)n, (int)from, f.groups});
 }
 inline void __pipeline_commit() { emu::detail::current("__pipeline_commit").groups++; }
-inline void __pipeline_wait_prior(size_t prior) {
+__attribute__((no_sanitize_address)) inline void __pipeline_wait_prior(size_t prior) {
     emu::detail::Fiber& f = emu::detail::current("__pipeline_wait_prior");
     std::vector<emu::detail::AsyncCopy> later;
     for (const emu::detail::AsyncCopy& c : f.copies) {
@@ -1776,3 +1900,31 @@ inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperati
     return emu::detail::gemm_ex("cublasGemmStridedBatchedEx", h, ta, tb, m, n, k, alpha, A, at, lda, strideA, B, bt,
                                 ldb, strideB, beta, C, ct, ldc, strideC, batch, compute, algo);
 }
+
+// ===========================================================================
+// The bank counter's hooks (section 3b): what g++ -fsanitize=kernel-address
+// with outlined checks calls before every load and store of the code it compiled.
+#ifdef LIME_EMU_COUNT_BANKS
+#define LIME_EMU_BANK_HOOK(n)                                                                                   \
+    extern "C" __attribute__((no_sanitize_address, weak)) void __asan_load##n##_noabort(uintptr_t a) {         \
+        ::emu::detail::note_shared(a, n, __builtin_return_address(0));                                          \
+    }                                                                                                           \
+    extern "C" __attribute__((no_sanitize_address, weak)) void __asan_store##n##_noabort(uintptr_t a) {        \
+        ::emu::detail::note_shared(a, n, __builtin_return_address(0));                                          \
+    }
+LIME_EMU_BANK_HOOK(1)
+LIME_EMU_BANK_HOOK(2)
+LIME_EMU_BANK_HOOK(4)
+LIME_EMU_BANK_HOOK(8)
+LIME_EMU_BANK_HOOK(16)
+#undef LIME_EMU_BANK_HOOK
+extern "C" __attribute__((no_sanitize_address, weak)) void __asan_loadN_noabort(uintptr_t a, size_t n) {
+    ::emu::detail::note_shared(a, (uint32_t)n, __builtin_return_address(0));
+}
+extern "C" __attribute__((no_sanitize_address, weak)) void __asan_storeN_noabort(uintptr_t a, size_t n) {
+    ::emu::detail::note_shared(a, (uint32_t)n, __builtin_return_address(0));
+}
+extern "C" __attribute__((no_sanitize_address, weak)) void __asan_handle_no_return() {}
+extern "C" __attribute__((no_sanitize_address, weak)) void __asan_before_dynamic_init(const char*) {}
+extern "C" __attribute__((no_sanitize_address, weak)) void __asan_after_dynamic_init() {}
+#endif

@@ -56,13 +56,16 @@ static void ungroup_heads_gpu(float* dst, const float* src, int B, int T, int H,
 // (lime.cu's qkv_projection_forward_gpu): q rotated by RoPE (group-major when
 // q_grouped, for the products below), K and V into the KV buffer (head-major),
 // and kr = rope(K) when kr is not nullptr. One thread per q pair (n, h, i < hd/2)
-// or K/V element. backward (gather): the inverse, dq rotated back.
+// or K/V element. backward (gather): the inverse, dq rotated back. The threads' index is 64-bit:
+// there are N H hd/2 + 2 N R hd of them, up to 2.5 N H hd where R = H, and launch_check bounds
+// only N H hd and N L R hd below 2^31 (L1 H=R=16 hd64 B=T=1000 has 2.56e9).
 __global__ void qkv_scatter_kernel(float* q, float* K, float* V, float* kr, float* qkv, const float* cos_t,
                                    const float* sin_t, int N, int T, int H, int R, int hd, int q_grouped, int gather) {
-    int half = hd / 2, qpairs = N * H * half, idx = blockIdx.x * blockDim.x + threadIdx.x, W = (H + 2 * R) * hd;
-    if (idx >= qpairs + 2 * N * R * hd) return;  // 32-bit: see launch_check
-    if (idx < qpairs) {  // q: rotated by position t = n % T (gather: by -t)
-        int i = idx % half, h = idx / half % H, n = idx / half / H, t = n % T;
+    int half = hd / 2, W = (H + 2 * R) * hd;
+    size_t qpairs = (size_t)N * H * half, idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= qpairs + 2 * (size_t)N * R * hd) return;
+    if (idx < qpairs) {  // q: rotated by position t = n % T (gather: by -t); n H half < 2^31 (launch_check)
+        int i = (int)(idx % half), h = (int)(idx / half % H), n = (int)(idx / half / H), t = n % T;
         float c = cos_t[t * half + i], s = (gather ? -1.0f : 1.0f) * sin_t[t * half + i];
         size_t at = q_grouped ? group_major_at(n / T, t, h, N / T, T, H, R, hd) : ((size_t)n * H + h) * hd;
         float* x = gather ? q + at : qkv + (size_t)n * W + h * hd;
@@ -72,7 +75,8 @@ __global__ void qkv_scatter_kernel(float* q, float* K, float* V, float* kr, floa
         y[i + half] = x1 * c + x0 * s;
         return;
     }
-    int e = idx - qpairs, kv = e / (N * R * hd), r = e / hd % R, n = e / hd / R % N, i = e % hd;
+    size_t e = idx - qpairs;  // over (2, N, R, hd): each half < 2^31 (launch_check's key buffer)
+    int kv = (int)(e / ((size_t)N * R * hd)), r = (int)(e / hd % R), n = (int)(e / hd / R % N), i = (int)(e % hd);
     float* buf = (kv ? V : K) + ((size_t)r * N + n) * hd + i;
     float* tok = qkv + (size_t)n * W + (H + kv * R + r) * hd + i;
     if (gather) return (void)(*tok = *buf);

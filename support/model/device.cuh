@@ -122,13 +122,21 @@ __device__ Num block_sum(Num v, Num* shared) {
 // One launch in place of a kernel and a one-block reduction after it: each
 // block writes its partial sums, then counts itself done; the last block to
 // finish (any block order) reads all the partials, which it alone returns true
-// for, and sets the count back to 0 for the next launch on the stream.
+// for, and sets the count back to 0 for the next launch on the stream. The
+// fences are the CUDA C++ Programming Guide's pattern ("Memory Fence Functions",
+// its sum example): each block's writes, then __threadfence, then the atomic
+// count (a release); and in the last block, after the count and the barrier, a
+// __threadfence of every thread before it reads the others' partials (an
+// acquire: the guide reads them through a volatile pointer to the same end), so
+// no load of a partial is served before, or from a cache older than, its write.
 __device__ inline bool last_block_done(unsigned* done) {
     __threadfence();  // this block's partials are seen by the last block
     __syncthreads();
     bool last = false;
     if (threadIdx.x == 0 && (last = atomicAdd(done, 1u) == gridDim.x * gridDim.y * gridDim.z - 1)) *done = 0;
-    return __syncthreads_or(last);  // thread 0's answer, to every thread
+    if (!__syncthreads_or(last)) return false;  // thread 0's answer, to every thread
+    __threadfence();  // the last block: the others' partials, fenced before they are read
+    return true;
 }
 
 // Which of n entries, sorted by their `start`, holds item i: the last one starting

@@ -10,8 +10,11 @@
 // written (beta 0) into a slot of its own; one kernel at the end of backward
 // then adds every split product's slots, in slice order:
 //     dW[i] += slot[0][i] + slot[1][i] + ... + slot[S-1][i]
-// S depends on (OC, C, N) alone, so the sums, and the bits, do not depend on
-// the GPU, the blocks' order or what ran before. The CPU does not split.
+// S depends on (OC, C, N) alone, so the slices, and the order of their sum, do
+// not depend on the GPU, the blocks' order or what ran before; the bits of each
+// slice's product are cuBLAS's, which it promises the same only on the same GPU
+// architecture, SM count and toolkit (cuBLAS's "Results reproducibility"): there,
+// run to run and --jobs N against --jobs 1, the same bits. The CPU does not split.
 #pragma once
 #include <string>
 #include <vector>
