@@ -127,9 +127,11 @@ verdict
 # (censored), a tie at one step and a tie of two censored runs
 check compare_learning_speed_recomputed_from_logs
 expect "compare exits non-zero" $LIME compare --preset tiny --seeds 4 --out "$tmp/speed" >"$tmp/speed.out" 2>&1
-plant_curve() {  # plant_curve RUN STEP: the evaluations' accuracy 0.75 from STEP on, else 0.2 (STEP 0: never)
+plant_curve() {  # plant_curve RUN STEP: the evaluations' accuracy 0.75 from STEP on, else 0.2 (STEP 0: never);
+    # the done line keeps the final evaluation's, as a run writes it (compare checks the two agree)
     awk -v at="$2" '/"type": "eval"/ { match($0, /"step": [0-9]+/); s = substr($0, RSTART + 8, RLENGTH - 8) + 0
-        sub(/"accuracy": [-+0-9.eE]+/, "\"accuracy\": " ((at > 0 && s >= at) ? 0.75 : 0.2)) } { print }' \
+        acc = (at > 0 && s >= at) ? 0.75 : 0.2; sub(/"accuracy": [-+0-9.eE]+/, "\"accuracy\": " acc) }
+        /"type": "done"/ { sub(/"accuracy": [-+0-9.eE]+/, "\"accuracy\": " acc) } { print }' \
         "$tmp/speed/tier2/$1/log.jsonl" >"$tmp/planted" && cat "$tmp/planted" >"$tmp/speed/tier2/$1/log.jsonl"
 }
 for planted in llama-seed1:10 lime-seed1:6 llama-seed2:0 lime-seed2:20 llama-seed3:20 lime-seed3:20 llama-seed4:0 lime-seed4:0; do
@@ -157,7 +159,10 @@ expect "llama's two censored runs are not counted as 2 of 4 learned" has "$repor
 verdict "$(tail -2 "$tmp/speed.out")"
 # --reuse of a run logged without a curve (an older ./lime's): refused, naming the missing curve
 check compare_reuse_refuses_runs_without_curve
-sed -i '/"type": "eval"/s/, "accuracy": [-+0-9.eE]*, "n": [0-9]*//' "$tmp/speed/tier2/lime-seed3/log.jsonl"
+# (its periodic evaluations without an accuracy; the final one, which the done line repeats, keeps its own)
+log=$tmp/speed/tier2/lime-seed3/log.jsonl
+last_eval=$(grep -n '"type": "eval"' "$log" | tail -1 | cut -d: -f1)
+sed -i "1,$((last_eval - 1)){/\"type\": \"eval\"/s/, \"accuracy\": [-+0-9.eE]*, \"n\": [0-9]*//}" "$log"
 out=$($LIME compare --preset tiny --seeds 4 --reuse --out "$tmp/speed" 2>&1); status=$?
 expect "exit status $status, want 2" [ $status -eq 2 ]
 expect "the refusal does not name the missing learning curve of lime-seed3" has "$out" "lime-seed3.*no learning curve"
