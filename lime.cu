@@ -771,73 +771,107 @@ static void op_rope_backward(Model* model, float* dx, const float* dy, int B, in
 //   q    (B, T, H, hd) = rope(a @ Wq^T)
 //   K, V (R, B, T, hd) = the heads of a @ Wk^T and a @ Wv^T, into the KV buffer
 //   kr   (R, B, T, hd) = rope(K), when asked for (a layer that reads its own keys)
+// In LLaMa and LIMe the three products read one array a (in.q == in.k == in.v);
+// a study model may give the keys and values their own (ak, av: study.h's
+// kv_inputs), and then their gradients go to three arrays.
 // Wq, Wk, Wv lie one after another in the parameters (param_specs): W = [Wq; Wk; Wv]
 // ((H + 2R) hd, C). On the CPU they are the ops above, one by one; on the GPU one
-// product into token-major scratch qkv (N, (H + 2R) hd) and one kernel that
-// rotates q and scatters K and V (backward: one kernel that gathers, then one
-// product for dinp and one for dW), so that a layer's projections are a few
-// launches, not one per kv head. That kernel, qkv_scatter_gpu, lives with the
-// attention's layouts (support/model/attention_gpu.cuh): for the matrix-product
-// attention it writes q (and reads dq) group-major, and it rotates the keys into kr.
+// product into token-major scratch qkv (N, (H + 2R) hd) (three, into its column
+// blocks, when the inputs differ) and one kernel that rotates q and scatters K
+// and V (backward: one kernel that gathers, then the products for da and dW),
+// so that a layer's projections are a few launches, not one per kv head. That
+// kernel, qkv_scatter_gpu, lives with the attention's layouts
+// (support/model/attention_gpu.cuh): for the matrix-product attention it
+// writes q (and reads dq) group-major, and it rotates the keys into kr.
 // ---------------------------------------------------------------------------
-static void qkv_projection_forward(Qkv out, const float* a, const float* W, Rope rope, Heads s, bool bf16 = false) {
+static void qkv_projection_forward(Qkv out, QkvInputs in, const float* W, Rope rope, Heads s, bool bf16 = false) {
     int N = s.N(), C = s.C, qd = s.H * s.hd, kvd = s.R * s.hd;
-    matmul_forward(out.q, a, W, N, C, qd, false, bf16);
-    kv_projection_forward(out.K, a, W + (size_t)qd * C, N, C, s.R, s.hd, bf16);
-    kv_projection_forward(out.V, a, W + (size_t)(qd + kvd) * C, N, C, s.R, s.hd, bf16);
+    matmul_forward(out.q, in.q, W, N, C, qd, false, bf16);
+    kv_projection_forward(out.K, in.k, W + (size_t)qd * C, N, C, s.R, s.hd, bf16);
+    kv_projection_forward(out.V, in.v, W + (size_t)(qd + kvd) * C, N, C, s.R, s.hd, bf16);
     rope_forward(out.q, out.q, rope.cos, rope.sin, s.B, s.T, s.H, s.hd);
     if (out.kr) rope_forward(out.kr, out.K, rope.cos, rope.sin, s.R * s.B, s.T, 1, s.hd);  // R*B sequences of one head
 }
-// forward: q = rope(a Wq^T), K and V the heads of a Wk^T and a Wv^T
-// dq = rope's backward of dq (in place); da (N, C) = dq @ Wq + dK @ Wk + dV @ Wv (written);
-// dW ([Wq; Wk; Wv]'s gradient) += [dq | dK | dV]^T @ a.   d: dq, dK, dV (d.kr unused)
-static void qkv_projection_backward(float* da, float* dW, Qkv d, const float* a, const float* W, Rope rope, Heads s,
-                                    bool bf16 = false) {
+// Before K's and V's backward add into their input's gradient: zero it when
+// it is an array of its own (not one the products before wrote).
+static void zero_own_grad(float* da, const float* before1, const float* before2, size_t n) {
+    if (da != before1 && da != before2) memset(da, 0, n * sizeof(float));
+}
+// forward: q = rope(a_q Wq^T), K and V the heads of a_k Wk^T and a_v Wv^T
+// dq = rope's backward of dq (in place); da_q = dq @ Wq, da_k = dK @ Wk, da_v = dV @ Wv
+// (written; one array: their sum); dW ([Wq; Wk; Wv]'s gradient) += [dq | dK | dV]^T @ [a_q | a_k | a_v].
+// d: dq, dK, dV (d.kr unused)
+static void qkv_projection_backward(QkvInputGrads da, float* dW, Qkv d, QkvInputs in, const float* W, Rope rope,
+                                    Heads s, bool bf16 = false) {
     int N = s.N(), C = s.C, qd = s.H * s.hd, kvd = s.R * s.hd;
     rope_backward(d.q, d.q, rope.cos, rope.sin, s.B, s.T, s.H, s.hd, false);
-    matmul_backward(da, dW, d.q, a, W, N, C, qd, false, bf16);  // then K's and V's add
-    kv_projection_backward(da, dW + (size_t)qd * C, d.K, a, W + (size_t)qd * C, N, C, s.R, s.hd, bf16);
-    kv_projection_backward(da, dW + (size_t)(qd + kvd) * C, d.V, a, W + (size_t)(qd + kvd) * C, N, C, s.R, s.hd, bf16);
+    matmul_backward(da.q, dW, d.q, in.q, W, N, C, qd, false, bf16);  // then K's and V's add
+    zero_own_grad(da.k, da.q, da.q, (size_t)N * C);
+    kv_projection_backward(da.k, dW + (size_t)qd * C, d.K, in.k, W + (size_t)qd * C, N, C, s.R, s.hd, bf16);
+    zero_own_grad(da.v, da.q, da.k, (size_t)N * C);
+    kv_projection_backward(da.v, dW + (size_t)(qd + kvd) * C, d.V, in.v, W + (size_t)(qd + kvd) * C, N, C, s.R, s.hd,
+                           bf16);
 }
 #ifdef LIME_GPU
 // qkv: scratch, token-major (N, (H + 2R) hd); q_grouped: q (and dq) group-major, for the matrix-product attention.
-static void qkv_projection_forward_gpu(Qkv out, const float* a, const float* W, Rope rope, Heads s, bool q_grouped,
+// Three inputs: each product writes its block of qkv's columns (leading dimension (H + 2R) hd).
+static void qkv_projection_forward_gpu(Qkv out, QkvInputs in, const float* W, Rope rope, Heads s, bool q_grouped,
                                        float* qkv, const GpuCtx& g) {
-    gemm_nt_gpu(qkv, a, W, s.N(), (s.H + 2 * s.R) * s.hd, s.C, false, g.blas, g.bf16);
+    int N = s.N(), C = s.C, OC = (s.H + 2 * s.R) * s.hd, qd = s.H * s.hd, kvd = s.R * s.hd;
+    if (in.one()) {
+        gemm_nt_gpu(qkv, in.q, W, N, OC, C, false, g.blas, g.bf16);
+    } else {  // as gemm_nt_gpu, on a block of columns: column-major qkv^T rows [o, o + n) = W_b @ a_b^T
+        const float* a[3] = {in.q, in.k, in.v};
+        int o[3] = {0, qd, qd + kvd}, n[3] = {qd, kvd, kvd};
+        for (int b = 0; b < 3; b++)
+            gemm_gpu(g.blas, g.bf16, CUBLAS_OP_T, CUBLAS_OP_N, n[b], N, C, 1.0f, W + (size_t)o[b] * C, C, 0, a[b], C,
+                     0, 0.0f, qkv + o[b], OC, 0, 1);
+    }
     qkv_scatter_gpu(out.q, out.K, out.V, out.kr, qkv, rope.cos, rope.sin, s.N(), s.T, s.H, s.R, s.hd, q_grouped, false,
                     g.stream);
 }
-static void qkv_projection_backward_gpu(float* da, float* dW, Qkv d, const float* a, const float* W, Rope rope,
+static void qkv_projection_backward_gpu(QkvInputGrads da, float* dW, Qkv d, QkvInputs in, const float* W, Rope rope,
                                         Heads s, bool q_grouped, float* qkv, const GpuCtx& g) {
-    int N = s.N(), C = s.C, OC = (s.H + 2 * s.R) * s.hd;
+    int N = s.N(), C = s.C, OC = (s.H + 2 * s.R) * s.hd, qd = s.H * s.hd, kvd = s.R * s.hd;
     qkv_scatter_gpu(d.q, d.K, d.V, nullptr, qkv, rope.cos, rope.sin, N, s.T, s.H, s.R, s.hd, q_grouped, true, g.stream);
-    gemm_nn_gpu(da, qkv, W, N, C, OC, false, g.blas, g.bf16);
-    if (!split_weight_grad_gpu(dW, qkv, a, OC, C, N, *g.split, g.blas, g.bf16))
-        gemm_tn_gpu(dW, qkv, a, OC, C, N, g.blas, g.bf16);
+    if (in.one()) {
+        gemm_nn_gpu(da.q, qkv, W, N, C, OC, false, g.blas, g.bf16);
+        if (!split_weight_grad_gpu(dW, qkv, in.q, OC, C, N, *g.split, g.blas, g.bf16))
+            gemm_tn_gpu(dW, qkv, in.q, OC, C, N, g.blas, g.bf16);
+        return;
+    }
+    const float* a[3] = {in.q, in.k, in.v};
+    float* dab[3] = {da.q, da.k, da.v};
+    int o[3] = {0, qd, qd + kvd}, n[3] = {qd, kvd, kvd};
+    for (int b = 0; b < 3; b++) {  // as gemm_nn_gpu and gemm_tn_gpu on block b's columns of dqkv (leading dimension OC)
+        bool add = (b >= 1 && dab[b] == dab[0]) || (b == 2 && dab[2] == dab[1]);
+        gemm_gpu(g.blas, g.bf16, CUBLAS_OP_N, CUBLAS_OP_N, C, N, n[b], 1.0f, W + (size_t)o[b] * C, C, 0, qkv + o[b], OC,
+                 0, add ? 1.0f : 0.0f, dab[b], C, 0, 1);
+        if (!split_weight_grad_rows_gpu(dW, qkv, a[b], {OC, o[b], n[b]}, C, N, *g.split, g.blas, g.bf16))
+            gemm_gpu(g.blas, g.bf16, CUBLAS_OP_N, CUBLAS_OP_T, C, n[b], N, 1.0f, a[b], C, 0, qkv + o[b], OC, 0, 1.0f,
+                     dW + (size_t)o[b] * C, C, 0, 1);
+    }
 }
 #endif
 // The fast versions (qkv_projection_forward_fast, ..._backward_fast) are the same steps blocked.
 // On the GPU, q and dq are group-major for the matrix-product attention (!A->flash).
-static void op_qkv_projection_forward(Model* model, Qkv out, const float* a, const float* W, int B, int T) {
-    const Config& c = model->c;
+static void op_qkv_projection_forward(Model* model, Qkv out, QkvInputs in, const float* W, int B, int T) {
     const Acts* A = pass_acts(model);
     Rope rope{A->rope_cos, A->rope_sin};
-    DISPATCH_PRODUCT(
-        model, qkv_projection_forward_gpu(out, a, W, rope, heads_of(model, B, T), !A->flash, A->scratch, gpu_of(model)),
-        qkv_projection_forward_fast(out.q, out.K, out.V, out.kr, a, W, rope.cos, rope.sin, B, T, c.d, c.H, c.R, c.hd,
-                                    A->scratch),
-        qkv_projection_forward(out, a, W, rope, heads_of(model, B, T), bf16_products(model)));
+    Heads s = heads_of(model, B, T);
+    DISPATCH_PRODUCT(model, qkv_projection_forward_gpu(out, in, W, rope, s, !A->flash, A->scratch, gpu_of(model)),
+                     qkv_projection_forward_fast(out, in, W, rope, s, A->scratch),
+                     qkv_projection_forward(out, in, W, rope, s, bf16_products(model)));
 }
-static void op_qkv_projection_backward(Model* model, float* da, float* dW, Qkv d, const float* a, const float* W, int B,
-                                       int T) {
-    const Config& c = model->c;
+static void op_qkv_projection_backward(Model* model, QkvInputGrads da, float* dW, Qkv d, QkvInputs in, const float* W,
+                                       int B, int T) {
     const Acts* A = pass_acts(model);
     Rope rope{A->rope_cos, A->rope_sin};
-    DISPATCH_PRODUCT(
-        model,
-        qkv_projection_backward_gpu(da, dW, d, a, W, rope, heads_of(model, B, T), !A->flash, A->scratch, gpu_of(model)),
-        qkv_projection_backward_fast(da, dW, d.q, d.K, d.V, a, W, rope.cos, rope.sin, B, T, c.d, c.H, c.R, c.hd),
-        qkv_projection_backward(da, dW, d, a, W, rope, heads_of(model, B, T), bf16_products(model)));
+    Heads s = heads_of(model, B, T);
+    DISPATCH_PRODUCT(model,
+                     qkv_projection_backward_gpu(da, dW, d, in, W, rope, s, !A->flash, A->scratch, gpu_of(model)),
+                     qkv_projection_backward_fast(da, dW, d, in, W, rope, s),
+                     qkv_projection_backward(da, dW, d, in, W, rope, s, bf16_products(model)));
 }
 
 // ===========================================================================
@@ -1543,7 +1577,7 @@ static void op_adamw(Model* model) {
 // ===========================================================================
 
 // Where a hook runs (support/model/study.h): its part's activations, and what lime.cu lends it.
-static const LimeOps LIME_OPS = {op_matmul_forward, op_rmsnorm_backward};
+static const LimeOps LIME_OPS = {op_matmul_forward, op_matmul_backward, op_rmsnorm_forward, op_rmsnorm_backward};
 static StudyAt study_at(Model* model, int s, int B, int T, bool loss = false) {
     Acts* A = pass_acts(model);
     LimeArrays lime = {A->x, A->Vbuf, A->vr, A->dVbuf, A->dvr, A->dnorm, A->batch.valid};
@@ -1554,12 +1588,24 @@ int stream_count(const Config& c) { return study_hooks(c) && study_hooks(c)->str
 #define HOOK(model, name) ((model)->study && (model)->study->name)  // the study model has this hook
 
 // Sublayer s's norm: out = rmsnorm(what the stream gives the sublayer, g) (N, d),
-// and x copied into xout as it is read: the residual add's first term.
+// and x copied into xout as it is read: the residual add's first term (a
+// separate copy where the norm reads another array).
 static void sublayer_norm(const StudyAt& at, float* out, float* rstd, const float* x, const float* g, float* xout) {
     Model* model = at.model;
     const float* in = HOOK(model, norm_input) ? model->study->norm_input(at, x) : x;
     float* keep = HOOK(model, residual_start) ? model->study->residual_start(at, xout) : xout;
-    op_rmsnorm_forward(model, out, rstd, in, g, at.N(), keep);
+    op_rmsnorm_forward(model, out, rstd, in, g, at.N(), in == x ? keep : nullptr);
+    if (keep && in != x) op_copy(model, keep, x, (size_t)at.N() * model->c.d);
+}
+// What layer l's q, k and v projections read: a = rmsnorm(x) (attn_in), or
+// the study model's own arrays for k and v (kv_inputs); their gradients' arrays alike.
+static QkvInputs attention_inputs(const StudyAt& at, const float* a) {
+    KvInputs kv = HOOK(at.model, kv_inputs) ? at.model->study->kv_inputs(at) : KvInputs{};
+    return QkvInputs{a, kv.k ? kv.k : a, kv.v ? kv.v : a};
+}
+static QkvInputGrads attention_input_grads(const StudyAt& at, float* da) {
+    KvInputs kv = HOOK(at.model, kv_inputs) ? at.model->study->kv_inputs(at) : KvInputs{};
+    return QkvInputGrads{da, kv.dk ? kv.dk : da, kv.dv ? kv.dv : da};
 }
 // forward: out = rmsnorm(x, g): dx += the norm's backward of dout (A->dnorm); dg += its gain's.
 static void sublayer_norm_backward(const StudyAt& at, float* dx, float* dg, const float* x, const float* g,
@@ -1633,7 +1679,8 @@ static void forward_pass(Model* model, int B, int T, bool with_loss) {
         // attention block: xa = x + attention(rmsnorm(x)) @ Wo^T
         sublayer_norm(at, la.attn_in, la.rstd_a, la.x, w.g_attn, la.xa);  // attn_in = rmsnorm(x), x into xa
         bool routed = has_router(c, l);  // else (LLaMa, LIMe's layer 0) its own keys, roped into kr as they are made
-        op_qkv_projection_forward(model, {la.q, la.K, la.V, routed ? nullptr : la.kr}, la.attn_in, w.Wq, B, T);
+        op_qkv_projection_forward(model, {la.q, la.K, la.V, routed ? nullptr : la.kr}, attention_inputs(at, la.attn_in),
+                                  w.Wq, B, T);
         if (model->loss_term_on) model->loss_term->loss_layer(loss_at(model, l, B, T), la.V);  // the loss term reads V
         const float* vr = la.V;
         if (routed) {  // LIMe: mix the buffer of layers 0..l, then rope the mixed keys
@@ -1706,8 +1753,9 @@ static void backward_pass(Model* model, int B, int T) {
         }
         if (valued) model->study->values_backward(at, dV, A->dvr);  // forward: vr = values(V)
         if (model->loss_term_on) model->loss_term->loss_layer_backward(loss_at(model, l, B, T), dV);
-        // forward: q = rope(a Wq^T), K and V = the heads of a Wk^T and a Wv^T, a = rmsnorm(x)
-        op_qkv_projection_backward(model, A->dnorm, gw.Wq, {A->dq, dK, dV, nullptr}, la.attn_in, w.Wq, B, T);
+        // forward: q = rope(a Wq^T), K and V = the heads of a Wk^T and a Wv^T, a = rmsnorm(x) (or kv_inputs')
+        op_qkv_projection_backward(model, attention_input_grads(at, A->dnorm), gw.Wq, {A->dq, dK, dV, nullptr},
+                                   attention_inputs(at, la.attn_in), w.Wq, B, T);
         sublayer_norm_backward(at, A->dx, gw.g_attn, la.x, w.g_attn, la.rstd_a);  // dx: d x[l]
     }
     if (HOOK(model, stream_begin_backward)) model->study->stream_begin_backward(study_at(model, 0, B, T), A->dx);

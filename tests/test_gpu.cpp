@@ -272,20 +272,26 @@ TEST(gpu_qkv_scatter_past_2_31_threads_writes_q_k_and_v) {
 // The attention's inputs: one product and a scatter (with q's rotation, and the
 // keys' into kr) against the CPU's three products and RoPE; backward, a gather
 // and two products. q_grouped: q and dq group-major on the GPU, (R, B, n_rep, T, hd).
-static void check_qkv_projection(bool q_grouped) {
+// three: q, k and v read three arrays (a study model's kv_inputs), each product a
+// block of the scratch's columns, and their gradients go to three arrays.
+static void check_qkv_projection(bool q_grouped, bool three) {
     int B = 2, T = 13, C = 24, H = 4, R = 2, hd = 6, N = B * T, Wn = (H + 2 * R) * hd;
     std::vector<float> cs(T * hd / 2), sn(T * hd / 2);
     rope_tables(cs.data(), sn.data(), T, hd, 10000.0f);
     auto a = randv((size_t)N * C, 1), W = randv((size_t)Wn * C, 2), dq0 = randv((size_t)N * H * hd, 3);
     auto dK = randv((size_t)N * R * hd, 4), dV = randv((size_t)N * R * hd, 5), dW0 = randv((size_t)Wn * C, 6);
+    auto ak = three ? randv((size_t)N * C, 7) : a, av = three ? randv((size_t)N * C, 8) : a;
     std::vector<float> q((size_t)N * H * hd), K((size_t)N * R * hd), V(K.size()), kr(K.size()), da((size_t)N * C);
+    std::vector<float> dak(da.size()), dav(da.size());
     std::vector<float> dW = dW0, dq = dq0;
     Heads s{B, T, H, R, hd, C};
-    qkv_projection_forward({q.data(), K.data(), V.data(), kr.data()}, a.data(), W.data(), {cs.data(), sn.data()}, s);
-    qkv_projection_backward(da.data(), dW.data(), {dq.data(), dK.data(), dV.data(), nullptr}, a.data(), W.data(),
+    QkvInputs in{a.data(), three ? ak.data() : a.data(), three ? av.data() : a.data()};
+    QkvInputGrads din{da.data(), three ? dak.data() : da.data(), three ? dav.data() : da.data()};
+    qkv_projection_forward({q.data(), K.data(), V.data(), kr.data()}, in, W.data(), {cs.data(), sn.data()}, s);
+    qkv_projection_backward(din, dW.data(), {dq.data(), dK.data(), dV.data(), nullptr}, in, W.data(),
                             {cs.data(), sn.data()}, s);
-    DevF ga(a), gW(W), gq(q.size()), gK(K.size()), gV(V.size()), gkr(K.size()), gcs(cs), gsn(sn), tmp((size_t)N * Wn);
-    DevF token_major(q.size());  // q, or dq, back in (B, T, H, hd)
+    DevF ga(a), gak(ak), gav(av), gW(W), gq(q.size()), gK(K.size()), gV(V.size()), gkr(K.size()), gcs(cs), gsn(sn);
+    DevF tmp((size_t)N * Wn), token_major(q.size());  // token_major: q, or dq, back in (B, T, H, hd)
     auto q_token_major = [&](DevF& g) {
         if (!q_grouped) return g.get();
         ungroup_heads_gpu(token_major.p, g.p, B, T, H, R, hd, ctx().stream);
@@ -293,21 +299,28 @@ static void check_qkv_projection(bool q_grouped) {
     };
     SplitK none;
     GpuCtx g{ctx().stream, ctx().blas, &none, false};
-    qkv_projection_forward_gpu({gq.p, gK.p, gV.p, gkr.p}, ga.p, gW.p, {gcs.p, gsn.p}, s, q_grouped, tmp.p, g);
+    QkvInputs gin{ga.p, three ? gak.p : ga.p, three ? gav.p : ga.p};
+    qkv_projection_forward_gpu({gq.p, gK.p, gV.p, gkr.p}, gin, gW.p, {gcs.p, gsn.p}, s, q_grouped, tmp.p, g);
     double eq = err_of(q_token_major(gq), q);
-    CHECK(eq < TOL_FWD, "qkv forward (q grouped %d): q (roped) rel err %.2e", q_grouped, eq);
+    CHECK(eq < TOL_FWD, "qkv forward (q grouped %d, three %d): q (roped) rel err %.2e", q_grouped, three, eq);
     CHECK(err_of(gK.get(), K) < TOL_FWD, "qkv forward: K (R, N, hd) rel err %.2e", err_of(gK.get(), K));
     CHECK(err_of(gV.get(), V) < TOL_FWD, "qkv forward: V (R, N, hd) rel err %.2e", err_of(gV.get(), V));
     CHECK(err_of(gkr.get(), kr) < TOL_FWD, "qkv forward: kr (rope(K)) rel err %.2e", err_of(gkr.get(), kr));
-    DevF gda((size_t)N * C), gdW(dW0), gdq(dq0), gdK(dK), gdV(dV), gdq0(dq0);
+    DevF gda((size_t)N * C), gdak((size_t)N * C), gdav((size_t)N * C), gdW(dW0), gdq(dq0), gdK(dK), gdV(dV), gdq0(dq0);
     if (q_grouped) group_heads_gpu(gdq.p, gdq0.p, B, T, H, R, hd, ctx().stream);
-    qkv_projection_backward_gpu(gda.p, gdW.p, {gdq.p, gdK.p, gdV.p, nullptr}, ga.p, gW.p, {gcs.p, gsn.p}, s, q_grouped,
+    QkvInputGrads gdin{gda.p, three ? gdak.p : gda.p, three ? gdav.p : gda.p};
+    qkv_projection_backward_gpu(gdin, gdW.p, {gdq.p, gdK.p, gdV.p, nullptr}, gin, gW.p, {gcs.p, gsn.p}, s, q_grouped,
                                 tmp.p, g);
-    CHECK(err_of(gda.get(), da) < TOL_BWD, "qkv backward: da rel err %.2e", err_of(gda.get(), da));
+    CHECK(err_of(gda.get(), da) < TOL_BWD, "qkv backward: da (q's input) rel err %.2e", err_of(gda.get(), da));
+    if (three) {
+        CHECK(err_of(gdak.get(), dak) < TOL_BWD, "qkv backward: dak (k's input) rel err %.2e", err_of(gdak.get(), dak));
+        CHECK(err_of(gdav.get(), dav) < TOL_BWD, "qkv backward: dav (v's input) rel err %.2e", err_of(gdav.get(), dav));
+    }
     CHECK(err_of(gdW.get(), dW) < TOL_BWD, "qkv backward: dW ([Wq; Wk; Wv]) rel err %.2e", err_of(gdW.get(), dW));
 }
-TEST(gpu_qkv_projection_forward_backward_match_cpu) { NEED_GPU(); check_qkv_projection(false); }
-TEST(gpu_qkv_projection_group_major_q_matches_cpu) { NEED_GPU(); check_qkv_projection(true); }
+TEST(gpu_qkv_projection_forward_backward_match_cpu) { NEED_GPU(); check_qkv_projection(false, false); }
+TEST(gpu_qkv_projection_group_major_q_matches_cpu) { NEED_GPU(); check_qkv_projection(true, false); }
+TEST(gpu_qkv_projection_of_three_inputs_matches_cpu) { NEED_GPU(); check_qkv_projection(false, true); }
 
 // scratch_floats: room for the chunks' (V, d) partial sums; with none, one chunk
 // adds to dE in the CPU's order, bit for bit.

@@ -1524,24 +1524,27 @@ size_t router_fast_scratch_floats(int L, int R, size_t row) {
 // = qkv_projection_forward, qkv_projection_backward (lime.cu: the attention's
 // inputs, q roped, K and V into the head-major buffer), the same steps on the
 // fast products and rotation. W = [Wq; Wk; Wv]; scratch: the forward's panels.
-void qkv_projection_forward_fast(float* q, float* K, float* V, float* kr, const float* a, const float* W,
-                                 const float* cos_t, const float* sin_t, int B, int T, int C, int H, int R, int hd,
-                                 float* scratch) {
-    int N = B * T, qd = H * hd, kvd = R * hd;
-    matmul_forward_fast(q, a, W, N, C, qd, false, scratch);
-    kv_projection_forward_fast(K, a, W + (size_t)qd * C, N, C, R, hd, scratch);
-    kv_projection_forward_fast(V, a, W + (size_t)(qd + kvd) * C, N, C, R, hd, scratch);
-    rope_rotate_fast(q, q, cos_t, sin_t, B, T, H, hd, 1.0f);
-    if (kr) rope_rotate_fast(kr, K, cos_t, sin_t, R * B, T, 1, hd, 1.0f);  // (R, B, T, hd): R*B sequences of one head
+void qkv_projection_forward_fast(Qkv out, QkvInputs in, const float* W, Rope rope, Heads s, float* scratch) {
+    int N = s.N(), C = s.C, qd = s.H * s.hd, kvd = s.R * s.hd;
+    matmul_forward_fast(out.q, in.q, W, N, C, qd, false, scratch);
+    kv_projection_forward_fast(out.K, in.k, W + (size_t)qd * C, N, C, s.R, s.hd, scratch);
+    kv_projection_forward_fast(out.V, in.v, W + (size_t)(qd + kvd) * C, N, C, s.R, s.hd, scratch);
+    rope_rotate_fast(out.q, out.q, rope.cos, rope.sin, s.B, s.T, s.H, s.hd, 1.0f);
+    if (out.kr)  // (R, B, T, hd): R*B sequences of one head
+        rope_rotate_fast(out.kr, out.K, rope.cos, rope.sin, s.R * s.B, s.T, 1, s.hd, 1.0f);
 }
-void qkv_projection_backward_fast(float* da, float* dW, float* dq, const float* dK, const float* dV, const float* a,
-                                  const float* W, const float* cos_t, const float* sin_t, int B, int T, int C, int H,
-                                  int R, int hd) {
-    int N = B * T, qd = H * hd, kvd = R * hd;
-    rope_rotate_fast(dq, dq, cos_t, sin_t, B, T, H, hd, -1.0f);
-    matmul_backward_fast(da, dW, dq, a, W, N, C, qd, false);  // then K's and V's add
-    kv_projection_backward_fast(da, dW + (size_t)qd * C, dK, a, W + (size_t)qd * C, N, C, R, hd);
-    kv_projection_backward_fast(da, dW + (size_t)(qd + kvd) * C, dV, a, W + (size_t)(qd + kvd) * C, N, C, R, hd);
+// K's and V's backward add into their input's gradient: zeroed first when it is an array of its own.
+void qkv_projection_backward_fast(QkvInputGrads da, float* dW, Qkv d, QkvInputs in, const float* W, Rope rope,
+                                  Heads s) {
+    int N = s.N(), C = s.C, qd = s.H * s.hd, kvd = s.R * s.hd;
+    size_t n = (size_t)N * C;
+    rope_rotate_fast(d.q, d.q, rope.cos, rope.sin, s.B, s.T, s.H, s.hd, -1.0f);
+    matmul_backward_fast(da.q, dW, d.q, in.q, W, N, C, qd, false);  // then K's and V's add
+    if (da.k != da.q) memset(da.k, 0, n * sizeof(float));
+    kv_projection_backward_fast(da.k, dW + (size_t)qd * C, d.K, in.k, W + (size_t)qd * C, N, C, s.R, s.hd);
+    if (da.v != da.q && da.v != da.k) memset(da.v, 0, n * sizeof(float));
+    kv_projection_backward_fast(da.v, dW + (size_t)(qd + kvd) * C, d.V, in.v, W + (size_t)(qd + kvd) * C, N, C, s.R,
+                                s.hd);
 }
 
 // ===========================================================================

@@ -59,12 +59,8 @@ size_t router_fast_scratch_floats(int L, int R, size_t row);
 // = qkv_projection_forward, qkv_projection_backward (lime.cu: q roped, K and V into the
 // head-major buffer, and kr = rope(K) when not nullptr, from a = rmsnorm(x); W = [Wq; Wk; Wv]);
 // scratch: the forward's panels.
-void qkv_projection_forward_fast(float* q, float* K, float* V, float* kr, const float* a, const float* W,
-                                 const float* cos_t, const float* sin_t, int B, int T, int C, int H, int R, int hd,
-                                 float* scratch);
-void qkv_projection_backward_fast(float* da, float* dW, float* dq, const float* dK, const float* dV, const float* a,
-                                  const float* W, const float* cos_t, const float* sin_t, int B, int T, int C, int H,
-                                  int R, int hd);
+void qkv_projection_forward_fast(Qkv out, QkvInputs in, const float* W, Rope rope, Heads s, float* scratch);
+void qkv_projection_backward_fast(QkvInputGrads da, float* dW, Qkv d, QkvInputs in, const float* W, Rope rope, Heads s);
 // The micro-kernel the products use: "avx512", "avx2" or "plain" (the best this build has).
 const char* matmul_fast_kernel();
 #ifdef LIME_TESTING

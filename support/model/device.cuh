@@ -276,24 +276,10 @@ static inline GpuCtx gpu_of(const Model* model) {
 }
 #endif
 
-// Attention's shape: B sequences of T positions, H query heads and R kv heads of
-// hd floats each; C the width the projections read (d).
-struct Heads {
-    int B, T, H, R, hd, C;
-    int N() const { return B * T; }
-};
+// Attention's shape (Heads), RoPE's tables (Rope) and a layer's q, K, V (Qkv): support/model/lime.h.
 static inline Heads heads_of(const Model* model, int B, int T) {
     return Heads{B, T, model->c.H, model->c.R, model->c.hd, model->c.d};
 }
-// RoPE's tables, (T, hd/2) each.
-struct Rope {
-    const float *cos, *sin;
-};
-// A layer's queries, keys and values, or their gradients: q (B, T, H, hd), K and V
-// (R, B, T, hd) head-major, kr the keys as attention reads them (nullptr: none).
-struct Qkv {
-    float *q, *K, *V, *kr;
-};
 struct QkvIn {  // ... read only: q (B, T, H, hd), k and v (R, B, T, hd)
     const float *q, *k, *v;
 };

@@ -119,6 +119,32 @@ struct KvConst {
     const float* k;
     const float* v;
 };
+// Attention's shape: B sequences of T positions, H query heads and R kv heads of
+// hd floats each; C the width the projections read (d).
+struct Heads {
+    int B, T, H, R, hd, C;
+    int N() const { return B * T; }
+};
+// RoPE's tables, (T, hd/2) each.
+struct Rope {
+    const float *cos, *sin;
+};
+// A layer's queries, keys and values, or their gradients: q (B, T, H, hd), K and V
+// (R, B, T, hd) head-major, kr the keys as attention reads them (nullptr: none).
+struct Qkv {
+    float *q, *K, *V, *kr;
+};
+// What the query, key and value projections of a layer read, (N, d) each: one
+// array, a = rmsnorm(x), in LLaMa and LIMe (q == k == v); three in a study model
+// whose keys and values read their own mixtures (support/model/study.h, kv_inputs).
+struct QkvInputs {
+    const float *q, *k, *v;
+    bool one() const { return q == k && k == v; }
+};
+// ... and their gradients, (N, d) each, written: one array (q == k == v) holds their sum.
+struct QkvInputGrads {
+    float *q, *k, *v;
+};
 // One sublayer's Hyper-Connection weights (hc only; else all nullptr). n streams.
 struct HcParams {
     float* static_beta;     // (n)

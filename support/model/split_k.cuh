@@ -91,6 +91,24 @@ static bool split_weight_grad_gpu(float* dW, const float* dout, const float* inp
     return true;
 }
 
+// As split_weight_grad_gpu, for rows [r0, r0 + n) of a split product dW (OC, C)
+// whose inputs differ by rows (the q, k and v projections of a study model with
+// kv_inputs): dout's columns r0.. (leading dimension OC) against inp. The slices
+// are the whole product's, so op_split_sum adds them as it adds any product's.
+struct RowBlock {
+    int OC, r0, n;
+};
+static bool split_weight_grad_rows_gpu(float* dW, const float* dout, const float* inp, RowBlock rows, int C, int N,
+                                       const SplitK& split, cublasHandle_t blas, bool bf16 = false) {
+    const SplitProduct* p = split.find(dW);
+    int S = p ? split_slices(rows.OC, C, N) : 1;
+    if (S == 1) return false;
+    long long k = N / S;
+    gemm_gpu(blas, bf16, CUBLAS_OP_N, CUBLAS_OP_T, C, rows.n, (int)k, 1.0f, inp, C, k * C, dout + rows.r0, rows.OC,
+             k * rows.OC, 0.0f, split.slots + p->slots + (size_t)rows.r0 * C, C, (long long)rows.OC * C, S);
+    return true;
+}
+
 // One thread per output of every split product: its product found by
 // entry_holding (a binary search over `first`), then its S slots added in
 // order. A product that did not split at N (S = 1) went into dW already.

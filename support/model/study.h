@@ -9,7 +9,7 @@
 // Where the hooks run, in lime.cu's forward_pass (backward_pass restates each):
 //   x[0] = embed(E[tokens])                                  stream_begin
 //   for l:  a = rmsnorm(norm_input(x, s = 2l))               norm_input, residual_start
-//           q, k, v = a @ (Wq, Wk, Wv)^T
+//           q, k, v = (a, ak, av) @ (Wq, Wk, Wv)^T            kv_inputs (ak = av = a without it)
 //           attention(q, k, values(v))                       values, loss_layer(v)
 //           xa = x + o @ Wo^T                                residual_add
 //           x[l+1] = xa + swiglu(rmsnorm(...)) @ Wd^T     (s = 2l+1 alike), block_end
@@ -42,7 +42,14 @@ struct LimeOps {
     // out (N, OC) (+)= inp (N, C) @ W^T (op_matmul_forward)
     void (*matmul_forward)(Model* model, float* out, const float* inp, const float* W, int N, int C, int OC,
                            bool accumulate);
-    // dinp = d rmsnorm(inp, g) from dout, dg += its gain's (op_rmsnorm_backward)
+    // forward: out = inp @ W^T. dinp (N, C) (+)= dout @ W, dW (OC, C) += dout^T @ inp; either may be
+    // nullptr (op_matmul_backward)
+    void (*matmul_backward)(Model* model, float* dinp, float* dW, const float* dout, const float* inp,
+                            const float* W, int N, int C, int OC, bool add_dinp);
+    // out (N, d) = rmsnorm(inp, g), rstd (N) its 1/rms (op_rmsnorm_forward)
+    void (*rmsnorm_forward)(Model* model, float* out, float* rstd, const float* inp, const float* g, int N,
+                            float* copy);
+    // dinp += d rmsnorm(inp, g) from dout, dg += its gain's (op_rmsnorm_backward)
     void (*rmsnorm_backward)(Model* model, float* dinp, float* dg, const float* dout, const float* inp,
                              const float* g, const float* rstd, int N);
 };
@@ -61,6 +68,12 @@ struct StudyAt {
 // tensors; next() gives the next one's start in the same order (carve).
 using AddTensor = std::function<void(const std::string& name, std::vector<int> shape, Group group)>;
 using NextTensor = std::function<float*()>;
+
+// The K and V projections' own inputs (N, d) and their gradients' arrays (kv_inputs).
+struct KvInputs {
+    const float *k, *v;
+    float *dk, *dv;
+};
 
 // The norm's backward a hook may take over: dx += d rmsnorm(x, g) from dnorm; dg += its gain's.
 struct NormGrad {
@@ -89,6 +102,13 @@ struct StudyHooks {
     void (*block_end_backward)(const StudyAt& at, float* dx);  // first in layer l's backward
     const float* (*final_input)(const StudyAt& at, float* xL);  // what the final norm reads (xL)
     float* (*final_input_backward)(const StudyAt& at, float* dx);
+    // --- optional: the attention's three inputs (nullptr: q, k and v read one array) --
+    // What layer l's K and V projections read, (N, d) each, and where their
+    // backward writes the gradients: the model fills k and v in its norm_input
+    // (s = 2l, beside the q input it returns for lime.cu's norm) and takes dk
+    // and dv in norm_input_backward (they are written by then). A layer whose k
+    // (or v) is nullptr reads the q input a = rmsnorm(norm_input(x)).
+    KvInputs (*kv_inputs)(const StudyAt& at);
     // --- optional: the values attention reads (nullptr: V[l]) -------------------
     bool (*mixes_values)(const Config& c, int l);             // attention reads values(), not V[l]
     const float* (*values)(const StudyAt& at, const float* V);
@@ -107,7 +127,7 @@ inline std::string study_hooks_check(const StudyHooks& h) {
     if (!h.norm_input != !h.norm_input_backward || !h.residual_add != !h.residual_backward ||
         (h.stream_begin && !h.stream_begin_backward) || !h.final_input != !h.final_input_backward ||
         !h.block_end != !h.block_end_backward || !h.values != !h.values_backward || !h.values != !h.mixes_values ||
-        !h.loss_layer != !h.loss_layer_backward)
+        !h.loss_layer != !h.loss_layer_backward || (h.kv_inputs && !h.norm_input))
         return "has a forward hook without its backward (or a backward without its forward)";
     return "";
 }
