@@ -31,16 +31,19 @@ std::string config_to_json(const Config& c) {
     std::string hc = c.arch != ARCH_HC ? ""
                                        : std::string(", \"hc_dynamic\": ") + (c.hc_dynamic ? "true" : "false") +
                                              ", \"hc_rate\": " + std::to_string(c.hc_rate);
+    // a muddformer config also has "mudd_ways" ("qkvr" or "kv"; written after "max_position_embeddings" in key order)
+    std::string mudd = c.arch != ARCH_MUDDFORMER ? "" : c.mudd_ways == MUDD_KV ? ", \"mudd_ways\": \"kv\"" : ", \"mudd_ways\": \"qkvr\"";
     // the value-entropy regulariser's lambda, only when it is on
     if (c.entropy_reg != 0) router += ", \"entropy_reg\": " + fmt("%.9g", (double)c.entropy_reg);
     char buf[640];
     snprintf(
         buf, sizeof buf,
         "{\"architecture\": \"%s\"%s, \"head_dim\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
-        "\"max_position_embeddings\": %d, \"num_attention_heads\": %d, \"num_hidden_layers\": %d, "
+        "\"max_position_embeddings\": %d%s, \"num_attention_heads\": %d, \"num_hidden_layers\": %d, "
         "\"num_key_value_heads\": %d, \"rms_norm_eps\": %.9g, \"rope_theta\": %.9g%s, \"tie_word_embeddings\": true, "
         "\"vocab_size\": %d}",
-        arch_name(c.arch), hc.c_str(), c.hd, c.d, c.F, c.T, c.H, c.L, c.R, c.eps, c.rope_theta, router.c_str(), c.V);
+        arch_name(c.arch), hc.c_str(), c.hd, c.d, c.F, c.T, mudd.c_str(), c.H, c.L, c.R, c.eps, c.rope_theta,
+        router.c_str(), c.V);
     return buf;
 }
 
@@ -106,6 +109,13 @@ std::string config_from_json(const std::string& text, Config* c) {
     if (rate) c->hc_rate = (int)rate->num;
     if (dynamic && dynamic->kind != Json::BOOL) return "config \"hc_dynamic\" must be true or false";
     c->hc_dynamic = !dynamic || dynamic->b;
+    // MUDDFormer: "mudd_ways" ("qkvr", the default, or "kv"), only in a muddformer config
+    const Json* ways = j.get("mudd_ways");
+    if (ways && c->arch != ARCH_MUDDFORMER)
+        return "config has \"mudd_ways\" but its \"architecture\" is not \"muddformer\"";
+    if (ways && (ways->kind != Json::STR || (ways->str != "qkvr" && ways->str != "kv")))
+        return "config \"mudd_ways\" must be \"qkvr\" or \"kv\"";
+    c->mudd_ways = ways && ways->str == "kv" ? MUDD_KV : MUDD_QKVR;
     double reg = 0;
     if (j.get("entropy_reg")) { err = num("entropy_reg", &reg); if (!err.empty()) return err; }
     if (!entropy_reg_check(reg).empty()) return "config \"entropy_reg\" " + entropy_reg_check(reg);

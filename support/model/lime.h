@@ -14,8 +14,13 @@
 // mixed by small learned weights; ARCH_RESFORMER, value residual learning (Zhou
 // et al., arXiv 2410.17897): the first layer's values mixed into every later
 // layer's; ARCH_DENSEFORMER, depth-weighted averaging (Pagliardini et al.,
-// arXiv 2402.02622): each block reads a learned average of all earlier outputs.
-enum Arch { ARCH_LLAMA = 0, ARCH_LIME = 1, ARCH_HC = 2, ARCH_RESFORMER = 3, ARCH_DENSEFORMER = 4 };
+// arXiv 2402.02622): each block reads a learned average of all earlier outputs;
+// ARCH_MUDDFORMER, multiway dynamic dense connections (Xiao et al., arXiv
+// 2502.12170): per token, each of a block's inputs a weighted sum of all earlier states.
+enum Arch { ARCH_LLAMA = 0, ARCH_LIME = 1, ARCH_HC = 2, ARCH_RESFORMER = 3, ARCH_DENSEFORMER = 4, ARCH_MUDDFORMER = 5 };
+// MUDDFormer's dense ways (support/study/muddformer.cuh): qkvr, the paper's four (Q, K, V and the
+// residual each read their own mixture of the states), or kv (only the keys' and values' inputs).
+enum MuddWays { MUDD_QKVR = 0, MUDD_KV = 1 };
 // Router variants (paper Appendix D, Table 7; lime.cu's router_sources says
 // exactly which weights each one learns): static is Eq. 2 itself.
 enum RouterKind { ROUTER_STATIC = 0, ROUTER_AVERAGE = 1, ROUTER_LAST = 2, ROUTER_FIRST = 3 };
@@ -33,6 +38,7 @@ struct Config {
     bool router_same_head = false;    // the cross-head ablation: kv head r mixes only head r of each layer (same-head)
     int hc_rate = 4;                  // hc: the number n of residual streams (1 .. 16)
     bool hc_dynamic = true;           // hc: the per-token correction of the mixing weights
+    MuddWays mudd_ways = MUDD_QKVR;   // muddformer: which ways read a dynamic mixture of the states
     float entropy_reg = 0.0f;         // lambda of the value-entropy regulariser (support/study/entropy_reg.cuh; 0: off)
 };
 

@@ -160,6 +160,7 @@ std::string model_name(const Config& c) {
     if (c.arch == ARCH_LIME && c.router_same_head) s += ":same-head";
     if (c.arch == ARCH_HC && c.hc_rate != 4) s += ":n" + std::to_string(c.hc_rate);
     if (c.arch == ARCH_HC && !c.hc_dynamic) s += ":static";
+    if (c.arch == ARCH_MUDDFORMER && c.mudd_ways == MUDD_KV) s += ":kv";
     if (c.entropy_reg != 0) s += ":ereg=" + fmt("%g", c.entropy_reg);  // the value-entropy regulariser
     return s;
 }
@@ -187,9 +188,14 @@ bool model_parse(const std::string& name, Config* c) {
     c->router_same_head = false;
     c->hc_rate = 4;  // hc's defaults: 4 streams, dynamic
     c->hc_dynamic = true;
+    c->mudd_ways = MUDD_QKVR;
     if (colon == std::string::npos) return true;
-    if (c->arch != ARCH_LIME && c->arch != ARCH_HC) return false;  // llama and the peers have no variant to name
     std::string rest = s.substr(colon + 1);
+    if (c->arch == ARCH_MUDDFORMER && (rest == "kv" || rest == "qkvr")) {  // muddformer:kv (MUDD-KV)
+        c->mudd_ways = rest == "kv" ? MUDD_KV : MUDD_QKVR;
+        return true;
+    }
+    if (c->arch != ARCH_LIME && c->arch != ARCH_HC) return false;  // llama and the peers have no variant to name
     if (c->arch == ARCH_HC) {  // hc:static, hc:n2, hc:n2:static (config_check checks the rate)
         bool rate = false, kind = false;  // each part at most once: "hc:n2:n3" names no one model
         for (size_t at = 0; at <= rest.size();) {
@@ -241,6 +247,8 @@ const std::vector<FlagSpec> SHAPE_FLAGS = {
                             "ablation: only its own head)"},
     {"hc-rate", "4", "hc: n, the number of residual streams (1 .. 16)"},
     {"hc-dynamic", "1", "hc: 1 adds the per-token correction of the mixing weights, 0 keeps them static"},
+    {"mudd-ways", "qkvr", "muddformer: qkvr (queries, keys, values and the residual read dynamic mixtures of the states) "
+                          "or kv (keys and values only)"},
     {"entropy-reg", "0", "lambda of the value-entropy regulariser: loss - lambda * mean S2 of each layer's values (0: off)"},
 };
 
@@ -277,6 +285,9 @@ Config shape_from_args(Args& a, bool one_model) {
         a.fail("--hc-rate and --hc-dynamic are for --arch hc: " + arch + " has one residual stream");
     c.hc_rate = (int)a.integer("hc-rate", 1, 16);
     c.hc_dynamic = a.choice("hc-dynamic", {"0", "1"}) == "1";
+    if (one_model && c.arch != ARCH_MUDDFORMER && a.has("mudd-ways"))
+        a.fail("--mudd-ways is for --arch muddformer: " + arch + " has no dense ways");
+    c.mudd_ways = a.choice("mudd-ways", {"qkvr", "kv"}) == "kv" ? MUDD_KV : MUDD_QKVR;
     return c;
 }
 
@@ -363,6 +374,7 @@ std::string shape_flag_value(const Config& c, const std::string& flag) {
     if (flag == "router-heads") return lime ? (c.router_same_head ? "same" : "all") : "none";
     if (flag == "hc-rate") return hc ? std::to_string(c.hc_rate) : "none";
     if (flag == "hc-dynamic") return hc ? (c.hc_dynamic ? "1" : "0") : "none";
+    if (flag == "mudd-ways") return c.arch == ARCH_MUDDFORMER ? (c.mudd_ways == MUDD_KV ? "kv" : "qkvr") : "none";
     if (flag == "entropy-reg") return fmt("%.9g", c.entropy_reg);
     return "";
 }

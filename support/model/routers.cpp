@@ -12,6 +12,7 @@
 // A router-group matrix t (R, (l+1)*R) as model_init sets it (the peers' mixing
 // weights get this too, then their own initialisation).
 void router_init(const Config& c, const TensorSpec& t, uint64_t seed, float* p) {
+    if (c.arch != ARCH_LIME) return;  // a peer's mixing weights: its own init sets them (support/study/)
     Rng rng(seed_for(seed, t.name));
     // uniform in [-b, b], b = sqrt(3 / ((l+1) R)), then the last R x R block = I
     int cols = t.shape[1], R = c.R, l = cols / R - 1;

@@ -8,6 +8,7 @@
 #include "support/study/denseformer.cuh"        // defines: DENSEFORMER_HOOKS (--arch denseformer)
 #include "support/study/entropy_reg.cuh"        // defines: EREG_HOOKS (--entropy-reg, a loss term)
 #include "support/study/hyper_connections.cuh"  // defines: HC_HOOKS (--arch hc)
+#include "support/study/muddformer.cuh"         // defines: MUDDFORMER_HOOKS (--arch muddformer)
 #include "support/study/resformer.cuh"          // defines: RESFORMER_HOOKS (--arch resformer)
 
 // The models, in Arch order (lime.h's enum numbers these rows).
@@ -22,6 +23,10 @@ std::vector<ModelEntry>& model_registry() {
          &RESFORMER_HOOKS},
         {"denseformer", "DenseFormer: each block reads a learned average of every earlier block's output", "",
          &DENSEFORMER_HOOKS},
+        {"muddformer",
+         "MUDDFormer: each block's queries, keys, values and residual read their own per-token mixture of every "
+         "earlier state",
+         "muddformer:kv (only the keys' and values' inputs mixed; --mudd-ways kv)", &MUDDFORMER_HOOKS},
     };
     return rows;
 }
