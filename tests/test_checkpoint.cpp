@@ -15,6 +15,7 @@
 
 #include "support/model/lime.h"
 #include "support/lib/safetensors.h"
+#include "support/model/names.h"  // model_name
 #include "test.h"
 #include "test_helpers.h"  // tiny_config, FreeOnReturn
 
@@ -388,5 +389,64 @@ TEST(peer_checkpoint_with_bad_tensors_refused) {
               arch_name(k.tensors->c.arch), arch_name(k.as.arch), k.drop.c_str(), k.reshape.c_str(), k.word.c_str(),
               err.c_str());
         CHECK(!contains(err, "\n"), "the error is more than one line: '%s'", err.c_str());
+    }
+}
+
+// MUDDFormer's tensors (input_layernorm_k/_v, mudd.w1/w2/static): a file missing one,
+// holding one of a wrong shape, or holding the other ways' or another
+// architecture's tensors is refused with one line naming the tensor.
+TEST(muddformer_checkpoint_with_bad_tensors_refused) {
+    Config qkvr = tiny_config(ARCH_MUDDFORMER, 2, 1), kv = qkvr, llama = tiny_config(ARCH_LLAMA, 2, 1);
+    kv.mudd_ways = MUDD_KV;
+    Model mq, mk, ml;
+    FreeOnReturn guard{&mq, &mk, &ml};
+    CHECK(model_create(&mq, qkvr, 2, DEVICE_CPU).empty(), "model_create muddformer");
+    CHECK(model_create(&mk, kv, 2, DEVICE_CPU).empty(), "model_create muddformer:kv");
+    CHECK(model_create(&ml, llama, 2, DEVICE_CPU).empty(), "model_create llama");
+    model_init(&mq, 4), model_init(&mk, 4), model_init(&ml, 4);
+    const std::string W1 = "model.layers.0.mudd.w1.weight", A = "model.layers.1.mudd.static.weight";
+    struct { const Model* tensors; Config as; std::string drop, reshape, word; } cases[] = {
+        {&mq, qkvr, "model.layers.1.input_layernorm_k.weight", "", "model.layers.1.input_layernorm_k.weight"},
+        {&mq, qkvr, A, "", A},                       // missing
+        {&mq, qkvr, "", A, A},                       // of a wrong shape
+        {&mk, qkvr, "", "", W1},                     // kv's (2 ways, 2 s hidden units) under a qkvr config
+        {&mq, kv, "", "", "model.layers.2.mudd."},   // qkvr's (an aggregation after the last block) under kv
+        {&ml, qkvr, "", "", W1},                     // llama's tensors, a muddformer config
+        {&mq, llama, "", "", W1},                    // muddformer's, a llama config
+    };
+    for (auto& k : cases) {
+        TmpFile f;
+        std::string err = write_model_file(*k.tensors, k.as, f.path, k.drop, k.reshape);
+        CHECK(err.empty(), "st_write: %s", err.c_str());
+        Model m2;
+        CHECK(model_create(&m2, k.as, 2, DEVICE_CPU).empty(), "model_create");
+        err = model_load(&m2, f.path, false);
+        model_free(&m2);
+        CHECK(contains(err, k.word), "%s as %s (drop '%s', reshape '%s'): the error does not name %s: '%s'",
+              model_name(k.tensors->c).c_str(), model_name(k.as).c_str(), k.drop.c_str(), k.reshape.c_str(),
+              k.word.c_str(), err.c_str());
+        CHECK(!contains(err, "\n"), "the error is more than one line: '%s'", err.c_str());
+    }
+}
+
+TEST(muddformer_config_json_checked) {
+    Config c, kv = tiny_config(ARCH_MUDDFORMER, 2, 1);
+    kv.mudd_ways = MUDD_KV;
+    std::string base = config_to_json(kv);
+    std::string err = config_from_json(base, &c);
+    CHECK(err.empty() && c.mudd_ways == MUDD_KV, "a muddformer:kv config does not read back as kv: '%s' (%s)", err.c_str(), base.c_str());
+    CHECK(contains(config_to_json(tiny_config(ARCH_MUDDFORMER, 2, 1)), "\"mudd_ways\": \"qkvr\""), "a muddformer config lacks mudd_ways qkvr");
+    CHECK(!contains(config_to_json(tiny_config(ARCH_LIME, 2, 1)), "mudd_ways"), "a lime config names mudd_ways");
+    struct { std::string from, to, word; } bad[] = {
+        {"\"mudd_ways\": \"kv\"", "\"mudd_ways\": \"qkv\"", "\"qkvr\" or \"kv\""},
+        {"\"mudd_ways\": \"kv\"", "\"mudd_ways\": 2", "\"qkvr\" or \"kv\""},
+        {"\"architecture\": \"muddformer\"", "\"architecture\": \"denseformer\"", "is not \"muddformer\""},
+    };
+    for (auto& b : bad) {
+        std::string text = base;
+        text.replace(text.find(b.from), b.from.size(), b.to);
+        err = config_from_json(text, &c);
+        CHECK(contains(err, b.word), "%s: the error lacks '%s': '%s'", b.to.c_str(), b.word.c_str(), err.c_str());
+        CHECK(!contains(err, "\n"), "%s: the error is more than one line: '%s'", b.to.c_str(), err.c_str());
     }
 }

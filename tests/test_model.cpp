@@ -431,7 +431,8 @@ struct TinyBatch {
 };
 
 // Which entries of a router tensor (layer l, R kv heads) its variant learns: 1, or 0 where it holds them fixed.
-static std::vector<char> learned_entries(const Config& c, int l) {
+static std::vector<char> learned_entries(const Config& c, int l, size_t numel) {
+    if (c.arch != ARCH_LIME) return std::vector<char>(numel, 1);  // a peer's mixing weights all learn
     int J = (l + 1) * c.R;
     std::vector<char> on((size_t)c.R * J);
     for (int i = 0; i < c.R * J; i++) on[i] = router_learned(c, l).learns(i / J, i % J, c.R);
@@ -454,7 +455,7 @@ static void check_model_gradients(const Config& c, float spread = 0.05f) {
     for (size_t i = 0; i < m.n_params; i++) m.params[i] += spread * (float)std::sin(1.7 * i);  // away from the init's symmetries
     for (const TensorSpec& t : m.specs)  // ... except the fixed router weights: they stay as initialised
         if (t.group == GROUP_ROUTER) {
-            std::vector<char> on = learned_entries(c, layer_of(t.name));
+            std::vector<char> on = learned_entries(c, layer_of(t.name), t.numel);
             for (size_t i = 0; i < t.numel; i++) if (!on[i]) m.params[t.offset + i] = init[t.offset + i];
         }
     TinyBatch b(c.V);
@@ -470,7 +471,7 @@ static void check_model_gradients(const Config& c, float spread = 0.05f) {
     for (const TensorSpec& t : m.specs) {
         std::vector<float> x(m.params + t.offset, m.params + t.offset + t.numel);
         std::vector<float> g(grads.begin() + t.offset, grads.begin() + t.offset + t.numel);
-        std::vector<char> on = t.group == GROUP_ROUTER ? learned_entries(c, layer_of(t.name)) : std::vector<char>(t.numel, 1);
+        std::vector<char> on = t.group == GROUP_ROUTER ? learned_entries(c, layer_of(t.name), t.numel) : std::vector<char>(t.numel, 1);
         auto loss = [&]() {
             std::copy(x.begin(), x.end(), m.params + t.offset);
             return (double)model_forward(&m, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T, valid);
@@ -522,7 +523,7 @@ TEST(router_variant_gradients_equal_static_on_learned_weights) {
         model_backward(&v);
         model_backward(&st);
         for (const TensorSpec& t : v.specs) {
-            std::vector<char> on = t.group == GROUP_ROUTER ? learned_entries(c, layer_of(t.name)) : std::vector<char>(t.numel, 1);
+            std::vector<char> on = t.group == GROUP_ROUTER ? learned_entries(c, layer_of(t.name), t.numel) : std::vector<char>(t.numel, 1);
             for (size_t i = 0; i < t.numel; i++) {
                 float want = on[i] ? st.grads[t.offset + i] : 0.0f;
                 CHECK(v.grads[t.offset + i] == want, "%s: gradient %zu of %s is %g, want %g", model, i, t.name.c_str(), v.grads[t.offset + i], want);
@@ -587,6 +588,177 @@ TEST(resformer_with_value_residual_1_0_equals_llama) {
     });
 }
 TEST(denseformer_at_initialisation_equals_llama) { check_equals_llama(ARCH_DENSEFORMER, [](Model&) {}); }
+
+// MUDDFormer (support/study/muddformer.cuh). The weighted sums over the
+// history against finite differences: X^c = sum_j (dw[t,c,j] + a[c,j]) Hs[j].
+TEST(mudd_ways_backward_matches_finite_differences) {
+    int N = 70, d = 5;  // several of the CPU's CHUNKS slices
+    MuddShape m{4, 3, 12};
+    size_t n = (size_t)N * d, Cs = 12;
+    std::vector<float> dw = randv(N * Cs, 81), a = randv(Cs, 82), first = randv(n, 83), rest = randv(2 * n, 84);
+    std::vector<float> w = randv(4 * n, 85), X(4 * n);
+    auto loss = [&]() {
+        MuddWays4 out{{X.data(), X.data() + n, X.data() + 2 * n, X.data() + 3 * n}};
+        mudd_ways_forward(out, dw.data(), a.data(), MuddSources{first.data(), rest.data(), n}, m, N, d);
+        return dot(X, w);
+    };
+    std::vector<float> dH(3 * n, 0.0f), ddw(N * Cs), da(Cs, 0.0f), part((size_t)CHUNKS * Cs);
+    MuddWays4 dX{{w.data(), w.data() + n, w.data() + 2 * n, w.data() + 3 * n}};
+    mudd_ways_backward(dH.data(), ddw.data(), dX, dw.data(), a.data(), MuddSources{first.data(), rest.data(), n}, m, N, d);
+    mudd_static_backward(da.data(), ddw.data(), N, (int)Cs, part.data());
+    std::vector<float> dfirst(dH.begin(), dH.begin() + n), drest(dH.begin() + n, dH.end());
+    double e1 = fd_error(dw, ddw, loss), e2 = fd_error(a, da, loss), e3 = fd_error(first, dfirst, loss),
+           e4 = fd_error(rest, drest, loss);
+    CHECK(e1 < FD_TOL, "mudd ddw: rel err %.2e", e1);
+    CHECK(e2 < FD_TOL, "mudd da (mudd.static.weight): rel err %.2e", e2);
+    CHECK(e3 < FD_TOL, "mudd dHs[0]: rel err %.2e", e3);
+    CHECK(e4 < FD_TOL, "mudd dHs[1..2]: rel err %.2e", e4);
+}
+// The norm without gain and the gelu (tanh form) against finite differences.
+TEST(mudd_norm_and_gelu_backward_match_finite_differences) {
+    int N = 9, d = 6;
+    std::vector<float> x = randv(N * d, 86), w = randv(N * d, 87), z(N * d), r(N), dHs(N * d, 0.0f), dx(N * d);
+    auto loss = [&]() {
+        mudd_norm_forward(z.data(), r.data(), x.data(), N, d, 1e-6f);
+        std::vector<float> h(N * d);
+        mudd_gelu_forward(h.data(), z.data(), h.size());
+        return dot(h, w);
+    };
+    loss();
+    std::vector<float> dz(w);
+    mudd_gelu_backward(dz.data(), z.data(), dz.size());  // dz = w * gelu'(z)
+    mudd_norm_backward(dx.data(), nullptr, dHs.data(), dz.data(), x.data(), r.data(), N, d);
+    double e = fd_error(x, dx, loss);
+    CHECK(e < FD_TOL, "mudd norm and gelu: dx rel err %.2e", e);
+}
+// The plain loops share out positions (and a's gradient fixed slices): the same bits for 1, 2 and 3 threads.
+TEST(mudd_ops_same_bits_for_1_to_3_threads) {
+    int N = 53, d = 7;
+    MuddShape m{4, 4, 16};
+    size_t n = (size_t)N * d, Cs = 16;
+    std::vector<float> dw = randv(N * Cs, 91), a = randv(Cs, 92), first = randv(n, 93), rest = randv(3 * n, 94),
+                       dXv = randv(4 * n, 95);
+    std::vector<std::vector<float>> runs;  // X, dH, ddw, da, z for 1, 2 and 3 threads
+    int before = omp_get_max_threads();
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        std::vector<float> X(4 * n), dH(4 * n, 0.5f), ddw(N * Cs), da(Cs, 0.25f), part((size_t)CHUNKS * Cs), z(n), r(N);
+        MuddSources H{first.data(), rest.data(), n};
+        mudd_ways_forward(MuddWays4{{X.data(), X.data() + n, X.data() + 2 * n, X.data() + 3 * n}}, dw.data(), a.data(), H, m, N, d);
+        MuddWays4 dX{{dXv.data(), dXv.data() + n, dXv.data() + 2 * n, dXv.data() + 3 * n}};
+        mudd_ways_backward(dH.data(), ddw.data(), dX, dw.data(), a.data(), H, m, N, d);
+        mudd_static_backward(da.data(), ddw.data(), N, (int)Cs, part.data());
+        mudd_norm_forward(z.data(), r.data(), first.data(), N, d, 1e-6f);
+        X.insert(X.end(), dH.begin(), dH.end());
+        X.insert(X.end(), ddw.begin(), ddw.end());
+        X.insert(X.end(), da.begin(), da.end());
+        X.insert(X.end(), z.begin(), z.end());
+        runs.push_back(X);
+    }
+    omp_set_num_threads(before);
+    for (int threads = 2; threads <= 3; threads++)
+        CHECK(runs[threads - 1] == runs[0], "mudd ops: the ways, dHs, ddw, da (mudd.static.weight) or z differ between 1 and %d threads", threads);
+}
+TEST(muddformer_model_gradients_match_finite_differences) { check_model_gradients(tiny_config(ARCH_MUDDFORMER, 4, 2), 0.2f); }
+TEST(muddformer_kv_model_gradients_match_finite_differences) {
+    Config c = tiny_config(ARCH_MUDDFORMER, 4, 2);
+    c.mudd_ways = MUDD_KV;
+    check_model_gradients(c, 0.2f);
+}
+// At initialisation (W2 = 0, a one-hot on the newest state, g_k = g_v = g_attn = 1) every way is
+// Hs[l+1]: the logits and loss are LLaMa's bit for bit; the gradients are LLaMa's to rounding (the
+// history's sums add zeros in another order), and g_attn's is split into the three gains'.
+static void check_mudd_is_llama_at_init(MuddWays ways) {
+    Config cl = tiny_config(ARCH_LLAMA, 4, 2), cm = tiny_config(ARCH_MUDDFORMER, 4, 2);
+    cm.mudd_ways = ways;
+    Model llama, mudd;
+    FreeOnReturn guard{&llama, &mudd};
+    CHECK(model_create(&llama, cl, 2, DEVICE_CPU).empty(), "model_create llama failed");
+    CHECK(model_create(&mudd, cm, 2, DEVICE_CPU).empty(), "model_create %s failed", model_name(cm).c_str());
+    model_init(&llama, 3);
+    model_init(&mudd, 3);
+    TinyBatch b(cl.V);
+    float l1 = model_forward(&llama, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    float l2 = model_forward(&mudd, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    std::string named = model_name(cm);
+    const char* name = named.c_str();
+    CHECK(memcmp(model_logits(&llama), model_logits(&mudd), (size_t)b.B * b.T * cl.V * sizeof(float)) == 0,
+          "%s logits differ from llama's", name);
+    CHECK(l1 == l2, "%s loss %.9g, llama's %.9g", name, l2, l1);
+    model_backward(&llama);
+    model_backward(&mudd);
+    auto grad = [](Model& m, const std::string& tensor) -> std::vector<float> {
+        for (const TensorSpec& t : m.specs)
+            if (t.name == tensor) return std::vector<float>(m.grads + t.offset, m.grads + t.offset + t.numel);
+        return {};
+    };
+    for (const TensorSpec& t : llama.specs) {
+        std::vector<float> want = grad(llama, t.name), got = grad(mudd, t.name);
+        std::string base = t.name.substr(0, t.name.rfind("input_layernorm.weight"));
+        if (t.name.find("input_layernorm.weight") != std::string::npos && layer_of(t.name) >= 1) {
+            std::vector<float> k = grad(mudd, base + "input_layernorm_k.weight"), v = grad(mudd, base + "input_layernorm_v.weight");
+            CHECK(k.size() == got.size() && v.size() == got.size(), "%s has no input_layernorm_k/_v beside %s", name, t.name.c_str());
+            for (size_t i = 0; i < got.size(); i++) got[i] += k[i] + v[i];  // the three gains' sum is LLaMa's
+        }
+        double e = rel_err(got.data(), want.data(), want.size());
+        CHECK(got.size() == want.size() && e < 1e-5, "%s gradient of %s: rel err %.2e against llama's", name, t.name.c_str(), e);
+    }
+    std::vector<float> w1 = grad(mudd, "model.layers.0.mudd.w1.weight"), w2 = grad(mudd, "model.layers.0.mudd.w2.weight");
+    CHECK(std::all_of(w1.begin(), w1.end(), [](float g) { return g == 0; }), "%s: mudd.w1 of layer 0 has a gradient at the first step (W2 = 0)", name);
+    CHECK(std::any_of(w2.begin(), w2.end(), [](float g) { return g != 0; }), "%s: mudd.w2 of layer 0 has no gradient", name);
+}
+TEST(muddformer_at_initialisation_computes_llamas_logits_exactly) { check_mudd_is_llama_at_init(MUDD_QKVR); }
+TEST(muddformer_kv_at_initialisation_computes_llamas_logits_exactly) { check_mudd_is_llama_at_init(MUDD_KV); }
+
+// MUDD-KV is a qkvr model whose Q and R ways read the newest state: copy a
+// trained-looking kv model's K and V rows into a qkvr model (its W1's first
+// 2s hidden units, W2's K and V rows on them), pin the Q and R rows (W2 = 0,
+// a one-hot on the newest source; the last block's R way too) and the two
+// models give the same logits.
+TEST(muddformer_kv_q_and_r_ways_read_the_newest_state) {
+    Config ck = tiny_config(ARCH_MUDDFORMER, 4, 2), cq = ck;
+    ck.mudd_ways = MUDD_KV;
+    Model kv, qkvr;
+    FreeOnReturn guard{&kv, &qkvr};
+    CHECK(model_create(&kv, ck, 2, DEVICE_CPU).empty(), "model_create muddformer:kv failed");
+    CHECK(model_create(&qkvr, cq, 2, DEVICE_CPU).empty(), "model_create muddformer failed");
+    model_init(&kv, 7);
+    model_init(&qkvr, 7);
+    for (size_t i = 0; i < kv.n_params; i++) kv.params[i] += 0.2f * (float)std::sin(1.3 * i);  // every weight moved
+    auto find = [](Model& m, const std::string& name) -> float* {
+        for (const TensorSpec& t : m.specs) if (t.name == name) return m.params + t.offset;
+        return nullptr;
+    };
+    for (const TensorSpec& t : qkvr.specs)  // the LLaMa tensors and the gains: the same
+        if (t.name.find(".mudd.") == std::string::npos) memcpy(qkvr.params + t.offset, find(kv, t.name), t.numel * sizeof(float));
+    int d = cq.d;
+    for (int l = 0; l < cq.L - 1; l++) {
+        int s = l + 2, Kk = 2 * s, Kq = 4 * s;
+        std::string p = "model.layers." + std::to_string(l) + ".mudd.";
+        float *W1k = find(kv, p + "w1.weight"), *W2k = find(kv, p + "w2.weight"), *ak = find(kv, p + "static.weight");
+        float *W1q = find(qkvr, p + "w1.weight"), *W2q = find(qkvr, p + "w2.weight"), *aq = find(qkvr, p + "static.weight");
+        memcpy(W1q, W1k, (size_t)Kk * d * sizeof(float));  // hidden units 0 .. 2s-1; the rest reach nothing
+        memset(W2q, 0, (size_t)4 * s * Kq * sizeof(float));
+        for (int j = 0; j < s; j++) {
+            for (int c : {0, 3}) aq[c * s + j] = j == s - 1 ? 1.0f : 0.0f;  // Q and R: the newest state
+            for (int c = 0; c < 2; c++) {  // kv's K, V (rows c*s + j) are qkvr's ways 1, 2
+                aq[(c + 1) * s + j] = ak[c * s + j];
+                for (int k = 0; k < Kk; k++) W2q[(size_t)((c + 1) * s + j) * Kq + k] = W2k[(size_t)(c * s + j) * Kk + k];
+            }
+        }
+    }
+    std::string last = "model.layers." + std::to_string(cq.L - 1) + ".mudd.";
+    float *W2l = find(qkvr, last + "w2.weight"), *al = find(qkvr, last + "static.weight");
+    int sl = cq.L + 1;
+    memset(W2l, 0, (size_t)sl * 4 * sl * sizeof(float));
+    for (int j = 0; j < sl; j++) al[j] = j == sl - 1 ? 1.0f : 0.0f;
+    TinyBatch b(ck.V);
+    float l1 = model_forward(&kv, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    float l2 = model_forward(&qkvr, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    double e = rel_err(model_logits(&qkvr), model_logits(&kv), (size_t)b.B * b.T * ck.V);
+    CHECK(e < 1e-6, "muddformer with Q and R pinned to the newest state: logits rel err %.2e against muddformer:kv's", e);
+    CHECK(std::fabs(l1 - l2) <= 1e-6f * std::fabs(l1), "muddformer with Q and R pinned: loss %.9g, muddformer:kv's %.9g", l2, l1);
+}
 
 // The cross-head ablation: the weights that mix kv head r' into head r != r'
 // are 0 from model_init and, trained, stay exactly 0; the learned ones move.
@@ -972,7 +1144,7 @@ TEST(router_variant_fixed_weights_do_not_move_in_training) {
         int moved = 0, fixed = 0;
         for (const TensorSpec& t : m.specs) {
             if (t.group != GROUP_ROUTER) continue;
-            std::vector<char> on = learned_entries(c, layer_of(t.name));
+            std::vector<char> on = learned_entries(c, layer_of(t.name), t.numel);
             for (size_t i = 0; i < t.numel; i++) {
                 float now = m.params[t.offset + i], was = before[t.offset + i];
                 if (on[i]) moved += now != was;

@@ -154,6 +154,7 @@ static void print_cost(const Model& model) {
     const char* what = c.arch == ARCH_HC            ? "hc mixing weights"
                        : c.arch == ARCH_RESFORMER   ? "value-residual weights"
                        : c.arch == ARCH_DENSEFORMER ? "depth-weighted average weights"
+                       : c.arch == ARCH_MUDDFORMER  ? "dense-connection weights and k, v norms"
                                                     : "routers";
     printf("parameters: %zu (%s %zu, %.3f%%)\n", model.n_params, what, extra, 100.0 * extra / model.n_params);
     printf("FLOPs per token, training step at T=%d: %.4g (llama of this shape: %.4g, %+.3f%%)\n", c.T,
@@ -249,6 +250,11 @@ static std::string analyze_entropy(Model* model, const Task& task, int n, double
     std::string tsv = "kind\tlayer\tmean\tstd\talpha\n";  // alpha in every row: compare --reuse checks it
     printf("entropy (Renyi, alpha = %g; features z-scored over all %d sequences), mean ± std over sequences:\n",
            alpha, B);
+    // which values attention attends: the mixture where the model mixes them, else the raw projection
+    // (a muddformer's of its V way's input)
+    printf("  attended: %s\n", mixes_values(c)            ? "routed (the mixture attention reads)"
+                              : c.arch == ARCH_MUDDFORMER ? "raw (W_V of the V way's mixture of the states)"
+                                                          : "raw (W_V of the layer's input)");
     printf("  layer");
     for (const EntropyKind& k : kinds) printf("  %-17s", k.name);
     printf("\n");

@@ -194,7 +194,8 @@ static const char* bench_peers_list() {  // "lime,hc,resformer,denseformer": --m
 
 // The models bench times, of b's shape: llama first (no router), then those --models
 // lists, in BENCH_PEERS' order: lime (the flags' router), hc (the flags' --hc-rate and
-// --hc-dynamic, default 4 streams, dynamic), resformer, denseformer. --arch is refused.
+// --hc-dynamic, default 4 streams, dynamic), resformer, denseformer, muddformer (the flags'
+// --mudd-ways). --arch is refused.
 static std::vector<BenchModel> bench_configs(const BenchSetup& b, const std::vector<std::string>& peers) {
     std::vector<BenchModel> ms(1);
     ms[0].name = "llama", ms[0].c = b.c;
@@ -204,7 +205,7 @@ static std::vector<BenchModel> bench_configs(const BenchSetup& b, const std::vec
         BenchModel m;
         m.name = name, m.c = b.c;
         if (m.name == "lime") m.c.arch = ARCH_LIME;  // the router flags stay
-        else model_parse(name, &m.c), m.c.hc_rate = b.c.hc_rate, m.c.hc_dynamic = b.c.hc_dynamic;
+        else model_parse(name, &m.c), m.c.hc_rate = b.c.hc_rate, m.c.hc_dynamic = b.c.hc_dynamic, m.c.mudd_ways = b.c.mudd_ways;
         ms.push_back(m);
     }
     return ms;

@@ -141,6 +141,7 @@ static const struct { const char* flag; const char* instead; } SET_BY_COMPARE[] 
     {"router-heads", "--archs lime:same-head"},
     {"hc-rate", "--archs hc:nN, e.g. --archs llama,hc:n2"},
     {"hc-dynamic", "--archs hc:static"},
+    {"mudd-ways", "--archs muddformer:kv"},
     {"entropy-reg", "--archs MODEL:ereg=LAMBDA, e.g. --archs llama:ereg=0.5"},
     {"stop-after", "Ctrl-C (each run saves a checkpoint, then compare --reuse keeps the finished runs); compare "
                    "starts each run afresh and runs it to its end"},
@@ -1729,6 +1730,7 @@ static std::vector<std::string> train_args_of(const CompareSettings& cs, const R
     if (model.router_same_head) own.insert(own.end(), {"--router-heads", "same"});
     if (model.arch == ARCH_HC)
         own.insert(own.end(), {"--hc-rate", std::to_string(model.hc_rate), "--hc-dynamic", model.hc_dynamic ? "1" : "0"});
+    if (model.arch == ARCH_MUDDFORMER) own.insert(own.end(), {"--mudd-ways", model.mudd_ways == MUDD_KV ? "kv" : "qkvr"});
     if (model.entropy_reg > 0) own.insert(own.end(), {"--entropy-reg", fmt("%.9g", model.entropy_reg)});
     if (logs_curve(cs, args)) {  // its learning curve
         own.insert(own.end(), {"--curve", std::to_string(CURVE_POINTS)});

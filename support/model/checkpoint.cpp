@@ -317,6 +317,11 @@ std::string model_load(Model* model, const std::string& path, bool with_optim) {
             err += strf("; its config says hc_rate %d, hc_dynamic %s, and its hc tensors must have those shapes: use "
                         "a checkpoint that ./lime train wrote",
                         fc.hc_rate, fc.hc_dynamic ? "true" : "false");
+        if (!err.empty() && t.name.find(".mudd.") != std::string::npos)  // MUDDFormer: the ways and the layer set them
+            err += strf("; its config says mudd_ways %s (after block l: %s ways of l+2 sources, %s x (l+2) hidden "
+                        "units), and its mudd tensors must have those shapes: use a checkpoint that ./lime train wrote",
+                        fc.mudd_ways == MUDD_KV ? "kv" : "qkvr", fc.mudd_ways == MUDD_KV ? "2" : "4 (the last: 1)",
+                        fc.mudd_ways == MUDD_KV ? "2" : "4");
         if (err.empty()) err = finite(t.name, model->params + t.offset, t.numel);
         if (!err.empty()) return err;
         if (with_optim) {

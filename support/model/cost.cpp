@@ -6,6 +6,16 @@
 // Declared in support/model/lime.h; it reads only the Config.
 #include "support/model/lime.h"
 
+// MUDDFormer's aggregation after block l (support/study/muddformer.cuh): C ways
+// over s = l+2 states, K hidden units; false where there is none (other models, kv's last block).
+static bool mudd_aggregation(const Config& c, int l, double* C, double* s, double* K) {
+    bool kv = c.mudd_ways == MUDD_KV, last = l == c.L - 1;
+    *s = l + 2;
+    *C = kv ? (last ? 0 : 2) : (last ? 1 : 4);
+    *K = (kv ? 2 : 4) * *s;
+    return c.arch == ARCH_MUDDFORMER && *C > 0;
+}
+
 // FLOPs per token of one training step (forward + backward = 3x forward).
 double flops_per_token(const Config& c, int T) {
     double d = c.d, qd = (double)c.H * c.hd, kvd = (double)c.R * c.hd, fwd = 0;
@@ -17,6 +27,8 @@ double flops_per_token(const Config& c, int T) {
         if (c.arch == ARCH_HC) fwd += 2 * (2 * (n + 1) * n * d + (c.hc_dynamic ? 2 * (n + 2) * n * d : 0));
         if (c.arch == ARCH_RESFORMER && l >= 1) fwd += 2 * 2 * kvd;  // values: lam[0] V[l] + lam[1] V[0]
         if (c.arch == ARCH_DENSEFORMER) fwd += 2 * (l + 2) * d;       // the average of l+2 hidden states
+        double C, s, K;  // MUDDFormer after block l: z W1^T, hid W2^T, the C ways' sums over s states
+        if (mudd_aggregation(c, l, &C, &s, &K)) fwd += 2 * d * K + 2 * K * C * s + 2 * C * s * d;
     }
     fwd += 2 * d * c.V;  // output layer
     return 3 * fwd;
@@ -47,6 +59,15 @@ double flops_per_token(const Config& c, int T) {
 // average, K d read + d written; backward K d (X) + d (dY) read, K d
 // read-modify-write (dX) plus the copy 2 d, and the zero-fill once (L+1) d;
 // the embedding's gradient add 3 d.
+// MUDDFormer, a layer l >= 1: forward the k and v norms 4 d, the norm's
+// separate copy 2 d, the k and v products' own inputs 2 d; backward the ways'
+// zero-fill W d (W = 3 qkvr, 2 kv), the k and v norms 8 d, the products' own
+// inputs and gradients 4 d. The aggregation after block l (C ways, s states,
+// K hidden units): forward the norm 2 d, z W1^T d + K, the gelu 2 K, hid W2^T
+// K + C s, the ways C s + s d + C d; backward the ways C d + 3 s d + 2 C s (and
+// a's sum C s), W2's product C s + 2 K, the gelu 3 K, W1's product K + 2 d,
+// the norm's backward into dx 4 d (kv 5 d); once the history's zero-fill
+// (L+1) d and the embedding's gradient add 3 d.
 // docs/model.md ("What HC costs") has the numbers at the bench configs.
 double bytes_per_token(const Config& c, int T) {
     double d = c.d, q = (double)c.H * c.hd, kv = (double)c.R * c.hd, F = c.F, S = (double)c.H * T, f = 0;
@@ -57,6 +78,12 @@ double bytes_per_token(const Config& c, int T) {
         if (c.arch == ARCH_RESFORMER && l >= 1) f += 3 * kv + 8 * kv;
         double terms = l + 2;  // DenseFormer's average after block l
         if (c.arch == ARCH_DENSEFORMER) f += 2 * (terms + 1) * d + 2 * terms * d + 2 * d;
+        double mC, ms, mK, mW = c.mudd_ways == MUDD_KV ? 2 : 3;  // MUDDFormer: ways, states, hidden units
+        if (c.arch == ARCH_MUDDFORMER && l >= 1) f += 8 * d + (mW + 12) * d;
+        if (mudd_aggregation(c, l, &mC, &ms, &mK))
+            f += 2 * d + d + mK + 2 * mK + mK + mC * ms + mC * ms + ms * d + mC * d +             // forward
+                 mC * d + 3 * ms * d + 3 * mC * ms + 2 * mK + mC * ms + 3 * mK + mK + 2 * d +  // backward
+                 (mW == 2 ? 5 : 4) * d;
         if (c.arch != ARCH_HC) continue;
         double n = c.hc_rate, K = n + 1, a = n * K, dyn = c.hc_dynamic;
         double weights_f = dyn ? n * d + 2 * a + 3 * n : a + n, weights_b = dyn ? 3 * n * d + 2 * a + 4 * n : a + n;
@@ -65,7 +92,7 @@ double bytes_per_token(const Config& c, int T) {
         f += 2 * (fwd + bwd);  // attention and MLP
     }
     if (c.arch == ARCH_HC) f += 4 * (c.hc_rate + 1) * d;
-    if (c.arch == ARCH_DENSEFORMER) f += (c.L + 1) * d + 3 * d;
+    if (c.arch == ARCH_DENSEFORMER || c.arch == ARCH_MUDDFORMER) f += (c.L + 1) * d + 3 * d;
     f += 15 * d + 7 * c.V;
     return 4 * f;
 }
