@@ -208,20 +208,21 @@ static void mudd_gelu_backward(float* dh, const float* u, size_t n) {
 }
 
 // X^c[t, i] = sum_{j < s} (dw[t, c*s + j] + a[c*s + j]) * Hs[j][t, i], for the C ways (out.w[c]):
-// each source's row read once, the sources in order.
+// each source's row read once, the sources in order (the innermost loop over i vectorises).
 static void mudd_ways_forward(MuddWays4 out, const float* dw, const float* a, MuddSources H, MuddShape m, int N,
                               int d) {
     int C = m.C, s = m.s, Cs = m.C * m.s;
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < N; t++)
-        for (int i = 0; i < d; i++) {
-            size_t e = (size_t)t * d + i;
-            float acc[4] = {0, 0, 0, 0};
-            for (int j = 0; j < s; j++) {
-                float h = H.at(j)[e];
-                for (int c = 0; c < C; c++) acc[c] += (dw[(size_t)t * Cs + c * s + j] + a[c * s + j]) * h;
+        for (int j = 0; j < s; j++) {
+            const float* h = H.at(j) + (size_t)t * d;
+            for (int c = 0; c < C; c++) {
+                float w = dw[(size_t)t * Cs + c * s + j] + a[c * s + j], *o = out.w[c] + (size_t)t * d;
+                if (j == 0)
+                    for (int i = 0; i < d; i++) o[i] = w * h[i];
+                else
+                    for (int i = 0; i < d; i++) o[i] += w * h[i];
             }
-            for (int c = 0; c < C; c++) out.w[c][e] = acc[c];
         }
 }
 // forward: X^c[t] = sum_j w[t,c,j] Hs[j][t],  w = dw + a
@@ -235,18 +236,14 @@ static void mudd_ways_backward(float* dH, float* ddw, MuddWays4 dX, const float*
         for (int j = 0; j < s; j++) {
             const float* h = H.at(j) + (size_t)t * d;
             float* dh = dH + j * H.n + (size_t)t * d;
-            float dot[4] = {0, 0, 0, 0}, w[4];
-            for (int c = 0; c < C; c++) w[c] = dw[(size_t)t * Cs + c * s + j] + a[c * s + j];
-            for (int i = 0; i < d; i++) {
-                float g = 0;
-                for (int c = 0; c < C; c++) {
-                    float dx = dX.w[c][(size_t)t * d + i];
-                    dot[c] += dx * h[i];
-                    g += w[c] * dx;
-                }
-                dh[i] += g;
+            for (int c = 0; c < C; c++) {
+                const float* dx = dX.w[c] + (size_t)t * d;
+                float w = dw[(size_t)t * Cs + c * s + j] + a[c * s + j], dot = 0;
+#pragma omp simd reduction(+ : dot)
+                for (int i = 0; i < d; i++) dot += dx[i] * h[i];
+                for (int i = 0; i < d; i++) dh[i] += w * dx[i];
+                ddw[(size_t)t * Cs + c * s + j] = dot;
             }
-            for (int c = 0; c < C; c++) ddw[(size_t)t * Cs + c * s + j] = dot[c];
         }
 }
 // da[k] += sum_t ddw[t, k]: over CHUNKS fixed slices of the positions, then the slices in order.
