@@ -15,11 +15,13 @@ $LIME train $TINY --steps 2 --out "$tmp/run" >/dev/null 2>&1
 $LIME train $TINY --steps 2 --seed 2 --out "$tmp/run2" >/dev/null 2>&1   # another run, for train_resume_into_other_run
 $LIME train $TINY --steps 2 --arch llama --out "$tmp/llama" >/dev/null 2>&1  # a model with no router
 $LIME train $TINY --steps 2 --arch hc --hc-rate 2 --out "$tmp/hc" >/dev/null 2>&1  # Hyper-Connections
+$LIME train $TINY --steps 2 --arch muddformer --mudd-ways kv --out "$tmp/mudd" >/dev/null 2>&1  # MUDD-KV
 M=$tmp/run/model.safetensors
 L=$tmp/llama/model.safetensors
 C=$tmp/run/checkpoint.safetensors
 HC=$tmp/hc/model.safetensors
-[ -f "$M" ] && [ -f "$C" ] && [ -f "$L" ] && [ -f "$HC" ] || { echo "FAIL flags_setup: could not train the tiny model"; echo "0 passed, 1 failed"; exit 1; }
+MUDD=$tmp/mudd/model.safetensors
+[ -f "$M" ] && [ -f "$C" ] && [ -f "$L" ] && [ -f "$HC" ] && [ -f "$MUDD" ] || { echo "FAIL flags_setup: could not train the tiny model"; echo "0 passed, 1 failed"; exit 1; }
 T="--task text --text-file $tmp/short.txt"
 A="--train-size 300 --test-size 20"     # a small arithmetic task: quick to generate
 LONG_PROMPT="$(printf '1 + %.0s' $(seq 40))1 ="
@@ -84,6 +86,15 @@ bad train_hc_rate_on_llama    "for --arch hc"      train $A --arch llama --hc-ra
 bad train_hc_dynamic_on_lime  "for --arch hc"      train $A --arch lime --hc-dynamic 0
 bad train_hc_dynamic_bogus    "0|1"                train $A --arch hc --hc-dynamic yes
 bad train_router_on_hc        "hc has no router"   train $A --arch hc --router average
+bad train_mudd_ways_on_llama  "for --arch muddformer" train $A --arch llama --mudd-ways kv
+bad train_mudd_ways_bogus     "qkvr|kv"            train $A --arch muddformer --mudd-ways qkv
+bad train_router_on_muddformer "muddformer has no router" train $A --arch muddformer --router average
+bad train_router_kv_on_mudd_kv "muddformer has no router" train $A --arch muddformer --mudd-ways kv --router-kv separate
+bad train_resume_mudd_kv_as_qkvr "different model" train --resume "$tmp/mudd/checkpoint.safetensors" --arch muddformer --mudd-ways qkvr --out "$tmp/cwd/x"
+bad compare_mudd_ways_in_train_args "use --archs muddformer:kv" compare --preset tiny --archs llama,muddformer --train-args "--mudd-ways kv"
+bad compare_mudd_kv_router    "use --archs lime:VARIANT" compare --preset tiny --archs llama,muddformer:kv --train-args "--router average"
+bad compare_archs_mudd_bogus  "muddformer:kv"      compare --preset tiny --archs llama,muddformer:n2
+bad export_muddformer         "muddformer checkpoint (MUDDFormer" export --load "$MUDD" --out hf
 bad train_resume_other_hc_rate "different model"   train --resume "$tmp/hc/checkpoint.safetensors" --arch hc --hc-rate 3 --out "$tmp/cwd/x"
 # a resumed run's typed shape flag is named, never one the checkpoint brought (hc's --hc-rate)
 bad train_resume_hc_as_lime   "than --arch lime describes; drop --arch" train --resume "$tmp/hc/checkpoint.safetensors" --arch lime --out "$tmp/cwd/x"
