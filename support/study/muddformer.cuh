@@ -36,6 +36,7 @@
 #include <cstring>
 #include <string>
 
+#include "support/model/cpu_fast.h"
 #include "support/model/device.cuh"
 #include "support/model/lime.h"
 #include "support/model/study.h"
@@ -189,22 +190,24 @@ static void mudd_norm_backward(float* out, const float* base, const float* dHs, 
     }
 }
 
-// gelu(u) = 0.5 u (1 + tanh(sqrt(2/pi) (u + 0.044715 u^3))), the tanh form
+// gelu(u) = 0.5 u (1 + th),  th = tanh(sqrt(2/pi) (u + 0.044715 u^3)), the tanh form; its derivative
+// gelu'(u) = 0.5 (1 + th) + 0.5 u (1 - th^2) sqrt(2/pi) (1 + 3 * 0.044715 u^2). th: tanhf on the GPU
+// and in ./lime-ref, tanh_fast (support/model/cpu_fast.h, vectorised) in ./lime, as cpu_exp.
 #define MUDD_GELU_K 0.7978845608028654f  // sqrt(2/pi)
-HOST_DEVICE inline float mudd_gelu(float u) { return 0.5f * u * (1.0f + tanhf(MUDD_GELU_K * (u + 0.044715f * u * u * u))); }
-// its derivative: 0.5 (1 + th) + 0.5 u (1 - th^2) sqrt(2/pi) (1 + 3 * 0.044715 u^2)
-HOST_DEVICE inline float mudd_gelu_grad(float u) {
-    float th = tanhf(MUDD_GELU_K * (u + 0.044715f * u * u * u));
+HOST_DEVICE inline float mudd_gelu_arg(float u) { return MUDD_GELU_K * (u + 0.044715f * u * u * u); }
+HOST_DEVICE inline float mudd_gelu_of(float u, float th) { return 0.5f * u * (1.0f + th); }
+HOST_DEVICE inline float mudd_gelu_grad_of(float u, float th) {
     return 0.5f * (1.0f + th) + 0.5f * u * (1.0f - th * th) * MUDD_GELU_K * (1.0f + 3.0f * 0.044715f * u * u);
 }
+static inline float mudd_cpu_tanh(float x) { return FAST_CPU ? tanh_fast(x) : tanhf(x); }
 static void mudd_gelu_forward(float* h, const float* u, size_t n) {
 #pragma omp parallel for schedule(static) if (n > SHARED_FLOATS)
-    for (size_t e = 0; e < n; e++) h[e] = mudd_gelu(u[e]);
+    for (size_t e = 0; e < n; e++) h[e] = mudd_gelu_of(u[e], mudd_cpu_tanh(mudd_gelu_arg(u[e])));
 }
 // forward: h = gelu(u). dh (in place) becomes du = dh * gelu'(u).
 static void mudd_gelu_backward(float* dh, const float* u, size_t n) {
 #pragma omp parallel for schedule(static) if (n > SHARED_FLOATS)
-    for (size_t e = 0; e < n; e++) dh[e] *= mudd_gelu_grad(u[e]);
+    for (size_t e = 0; e < n; e++) dh[e] *= mudd_gelu_grad_of(u[e], mudd_cpu_tanh(mudd_gelu_arg(u[e])));
 }
 
 // X^c[t, i] = sum_{j < s} (dw[t, c*s + j] + a[c*s + j]) * Hs[j][t, i], for the C ways (out.w[c]):
@@ -293,11 +296,11 @@ static void mudd_norm_backward_gpu(float* out, const float* base, const float* d
 }
 __global__ void mudd_gelu_forward_kernel(float* h, const float* u, size_t n) {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e < n) h[e] = mudd_gelu(u[e]);
+    if (e < n) h[e] = mudd_gelu_of(u[e], tanhf(mudd_gelu_arg(u[e])));
 }
 __global__ void mudd_gelu_backward_kernel(float* dh, const float* u, size_t n) {
     size_t e = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e < n) dh[e] *= mudd_gelu_grad(u[e]);
+    if (e < n) dh[e] *= mudd_gelu_grad_of(u[e], tanhf(mudd_gelu_arg(u[e])));
 }
 static void mudd_gelu_forward_gpu(float* h, const float* u, size_t n, cudaStream_t stream) {
     LAUNCH(mudd_gelu_forward_kernel, ceil_div(n, 256), 256, 0, stream)(h, u, n);
