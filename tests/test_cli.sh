@@ -368,6 +368,27 @@ expect "the losses after step 5 differ" [ "$a" == "$b" ]
 expect "$(echo "$a" | wc -l) losses after step 5, want 7" [ "$(echo "$a" | wc -l)" -eq 7 ]
 verdict "full [$a] resumed [$b]"
 
+# --- MUDDFormer (--arch muddformer): train, eval, sample, analyze (the attended values named), resume bit for bit
+check muddformer_trains_evals_samples_analyzes
+expect "train --arch muddformer --mudd-ways kv exits non-zero" \
+    $LIME train $TINY --arch muddformer --mudd-ways kv --steps 6 --out "$tmp/mudd" >"$tmp/mudd.out" 2>&1
+expect "log.jsonl's config lacks \"mudd_ways\": \"kv\"" grep -q '"mudd_ways": "kv"' "$tmp/mudd/log.jsonl"
+expect "eval --json does not name the model muddformer:kv" \
+    has "$($LIME eval --load "$tmp/mudd/model.safetensors" --json 2>&1)" '"model": "muddformer:kv"'
+expect "sample exits non-zero" $LIME sample --load "$tmp/mudd/model.safetensors" --prompt "3 + 4 * 2 =" --max-new 5 >/dev/null 2>&1
+expect "analyze exits non-zero" $LIME analyze --load "$tmp/mudd/model.safetensors" --n 2 --out "$tmp/mudd_an" >>"$tmp/mudd.out" 2>&1
+expect "analyze does not say the attended values are the V way's raw projection" \
+    grep -q "attended: raw (W_V of the V way's mixture" "$tmp/mudd.out"
+verdict "$(tail -3 "$tmp/mudd.out")"
+$LIME train $TINY --arch muddformer --steps 12 --log-every 1 --out "$tmp/mudd_full" >/dev/null 2>&1
+$LIME train $TINY --arch muddformer --steps 12 --log-every 1 --stop-after 5 --out "$tmp/mudd_part" >/dev/null 2>&1
+$LIME train --resume "$tmp/mudd_part/checkpoint.safetensors" --quiet >/dev/null 2>&1
+a=$(losses "$tmp/mudd_full/log.jsonl"); b=$(losses "$tmp/mudd_part/log.jsonl")
+check muddformer_resume_equals_uninterrupted
+expect "the uninterrupted run logged no loss after step 5" [ -n "$a" ]
+expect "the losses after step 5 differ" [ "$a" == "$b" ]
+verdict "full [$a] resumed [$b]"
+
 # --- a checkpoint records the data files it was trained on: eval run from another directory
 # finds the default ProsQA file (beside ./lime), and an edited text file gives one warning line
 lime_abs=$(realpath "$LIME")

@@ -21,7 +21,7 @@
 // after blocks 0 .. L-2; Q and R read the newest state Hs[l] (the plain residual).
 // gelu is the tanh form (the official training code's). Initialisation: W1 ~
 // N(0, 1/d), W2 = 0, a one-hot on the newest source, g_k = g_v = 1: then every
-// way is Hs[l+1] and the model is LLaMa exactly (SPEC.md, "MUDDFormer").
+// way is Hs[l+1] and the model is LLaMa exactly (docs/model.md, "MUDDFormer").
 //
 // In lime.cu's activations x[l] (the stream entering layer l) is XR; with kv
 // ways it is Hs[l] itself. qkvr keeps Hs[1..L] here (the MLP's add lands in
@@ -55,7 +55,7 @@ static MuddShape mudd_shape(const Config& c, int l) {
 static int mudd_own_ways(const Config& c) { return c.mudd_ways == MUDD_KV ? 2 : 3; }
 static int mudd_max_weights(const Config& c) { return 4 * (c.L + 1); }  // C*s and K at most
 
-// --- the tensors (SPEC.md's names) -----------------------------------------------
+// --- the tensors, as checkpoints name them ----------------------------------------
 template <class Add>
 static void mudd_specs(const Config& c, int l, const std::string& layer, Add add) {
     if (c.arch != ARCH_MUDDFORMER) return;
@@ -485,14 +485,14 @@ static void mudd_norm_input_backward(const StudyAt& at, const NormGrad& g) {
     if (at.s % 2 || l == 0) return at.ops->rmsnorm_backward(model, g.dx, g.dg, at.lime.dnorm, g.x, g.g, g.rstd, N);
     MuddLayer y = mudd_layer(at, l);
     MuddActs a = mudd_acts(at);
-    MuddParams w = mudd_params(c, pass_params(model).layer[l], l), dw = mudd_params(c, pass_grads(model).layer[l], l);
+    MuddParams w = mudd_params(c, pass_params(model).layer[l], l), gw = mudd_params(c, pass_grads(model).layer[l], l);
     size_t n = (size_t)N * c.d;
     op_zero(model, a.dX, mudd_own_ways(c) * n);
     bool kv = c.mudd_ways == MUDD_KV;
     at.ops->rmsnorm_backward(model, kv ? g.dx : mudd_way(c, a.dX, 'Q', n), g.dg, at.lime.dnorm,
                              kv ? g.x : mudd_way(c, y.X, 'Q', n), g.g, g.rstd, N);
-    at.ops->rmsnorm_backward(model, mudd_way(c, a.dX, 'K', n), dw.g_k, a.dakv, mudd_way(c, y.X, 'K', n), w.g_k, y.rk, N);
-    at.ops->rmsnorm_backward(model, mudd_way(c, a.dX, 'V', n), dw.g_v, a.dakv + n, mudd_way(c, y.X, 'V', n), w.g_v,
+    at.ops->rmsnorm_backward(model, mudd_way(c, a.dX, 'K', n), gw.g_k, a.dakv, mudd_way(c, y.X, 'K', n), w.g_k, y.rk, N);
+    at.ops->rmsnorm_backward(model, mudd_way(c, a.dX, 'V', n), gw.g_v, a.dakv + n, mudd_way(c, y.X, 'V', n), w.g_v,
                              y.rv, N);
 }
 // After block l: z = Hs[l+1] normed, dw = gelu(z W1^T) W2^T, the ways = sum_j (dw + a) Hs[j].
@@ -524,13 +524,14 @@ static void mudd_block_end_backward(const StudyAt& at, float* dx) {
     size_t n = (size_t)N * c.d;
     if (l == c.L - 1) op_zero(model, a.dHs, (c.L + 1) * n);
     if (!y.m.C) return;
-    MuddParams w = mudd_params(c, pass_params(model).layer[l], l), dw = mudd_params(c, pass_grads(model).layer[l], l);
+    MuddParams w = mudd_params(c, pass_params(model).layer[l], l), gw = mudd_params(c, pass_grads(model).layer[l], l);
     int K = y.m.K, Cs = y.m.C * y.m.s;
-    op_mudd_ways_backward(model, a.dHs, a.ddw, dw.a, mudd_way_targets(c, a.dX, dx, y.m, n), y.dw, w.a, y.H, y.m, N,
+    // forward: X^c = sum_j (dw + a)[c, j] Hs[j]: ddw, a's gradient and dHs[0 .. l+1] from the ways' gradients
+    op_mudd_ways_backward(model, a.dHs, a.ddw, gw.a, mudd_way_targets(c, a.dX, dx, y.m, n), y.dw, w.a, y.H, y.m, N,
                           at.scratch);
-    at.ops->matmul_backward(model, a.dhid, dw.W2, a.ddw, y.hid, w.W2, N, K, Cs, false);  // forward: dw = hid @ W2^T
+    at.ops->matmul_backward(model, a.dhid, gw.W2, a.ddw, y.hid, w.W2, N, K, Cs, false);  // forward: dw = hid @ W2^T
     op_mudd_gelu_backward(model, a.dhid, y.u, (size_t)N * K);                          // forward: hid = gelu(u)
-    at.ops->matmul_backward(model, a.dz, dw.W1, a.dhid, y.z, w.W1, N, c.d, K, false);  // forward: u = z @ W1^T
+    at.ops->matmul_backward(model, a.dz, gw.W1, a.dhid, y.z, w.W1, N, c.d, K, false);  // forward: u = z @ W1^T
     // dx = dHs[l+1] + the norm's backward of dz (kv: + dx, the direct reads)
     op_mudd_norm_backward(model, dx, c.mudd_ways == MUDD_KV ? dx : nullptr, a.dHs + (l + 1) * n, a.dz, y.Hnext, y.rz, N);
 }
