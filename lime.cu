@@ -30,7 +30,7 @@
 #include "support/model/memory_check.h"  // defines: memory_fix, launch_check (what a shape needs, refused early)
 #include "support/model/products.cuh"    // defines: bf16_if, gemm_gpu, DISPATCH_PRODUCT (--precision bf16's products)
 #include "support/model/split_k.cuh"     // defines: split_weight_grad_gpu, op_split_sum (the GPU's weight gradients)
-#include "support/model/attention_gpu.cuh"    // defines: attention_forward_gpu, ..._backward_gpu, qkv_scatter_gpu
+#include "support/model/attention_gpu.cuh"    // defines: attention_forward_gpu, ..._backward_gpu, qkv_projection_*_gpu
 #include "support/model/flash_attention.cuh"  // defines: flash_attention_forward_gpu, ..._backward_gpu (O(T) memory)
 #include "support/model/flash_attention_tc.cuh"  // defines: flash_attention_tc_forward_gpu, flash_on_tensor_cores
 #include "support/model/models.h"  // defines: the registry of models, StudyHooks (the study models' interface)
@@ -780,9 +780,9 @@ static void op_rope_backward(Model* model, float* dx, const float* dy, int B, in
 // blocks, when the inputs differ) and one kernel that rotates q and scatters K
 // and V (backward: one kernel that gathers, then the products for da and dW),
 // so that a layer's projections are a few launches, not one per kv head. That
-// kernel, qkv_scatter_gpu, lives with the attention's layouts
-// (support/model/attention_gpu.cuh): for the matrix-product attention it
-// writes q (and reads dq) group-major, and it rotates the keys into kr.
+// kernel, qkv_scatter_gpu, and the GPU's versions qkv_projection_forward_gpu and
+// ..._backward_gpu live with the attention's layouts (support/model/attention_gpu.cuh):
+// for the matrix-product attention they write q (and read dq) group-major.
 // ---------------------------------------------------------------------------
 static void qkv_projection_forward(Qkv out, QkvInputs in, const float* W, Rope rope, Heads s, bool bf16 = false) {
     int N = s.N(), C = s.C, qd = s.H * s.hd, kvd = s.R * s.hd;
@@ -812,47 +812,6 @@ static void qkv_projection_backward(QkvInputGrads da, float* dW, Qkv d, QkvInput
     kv_projection_backward(da.v, dW + (size_t)(qd + kvd) * C, d.V, in.v, W + (size_t)(qd + kvd) * C, N, C, s.R, s.hd,
                            bf16);
 }
-#ifdef LIME_GPU
-// qkv: scratch, token-major (N, (H + 2R) hd); q_grouped: q (and dq) group-major, for the matrix-product attention.
-// Three inputs: each product writes its block of qkv's columns (leading dimension (H + 2R) hd).
-static void qkv_projection_forward_gpu(Qkv out, QkvInputs in, const float* W, Rope rope, Heads s, bool q_grouped,
-                                       float* qkv, const GpuCtx& g) {
-    int N = s.N(), C = s.C, OC = (s.H + 2 * s.R) * s.hd, qd = s.H * s.hd, kvd = s.R * s.hd;
-    if (in.one()) {
-        gemm_nt_gpu(qkv, in.q, W, N, OC, C, false, g.blas, g.bf16);
-    } else {  // as gemm_nt_gpu, on a block of columns: column-major qkv^T rows [o, o + n) = W_b @ a_b^T
-        const float* a[3] = {in.q, in.k, in.v};
-        int o[3] = {0, qd, qd + kvd}, n[3] = {qd, kvd, kvd};
-        for (int b = 0; b < 3; b++)
-            gemm_gpu(g.blas, g.bf16, CUBLAS_OP_T, CUBLAS_OP_N, n[b], N, C, 1.0f, W + (size_t)o[b] * C, C, 0, a[b], C,
-                     0, 0.0f, qkv + o[b], OC, 0, 1);
-    }
-    qkv_scatter_gpu(out.q, out.K, out.V, out.kr, qkv, rope.cos, rope.sin, s.N(), s.T, s.H, s.R, s.hd, q_grouped, false,
-                    g.stream);
-}
-static void qkv_projection_backward_gpu(QkvInputGrads da, float* dW, Qkv d, QkvInputs in, const float* W, Rope rope,
-                                        Heads s, bool q_grouped, float* qkv, const GpuCtx& g) {
-    int N = s.N(), C = s.C, OC = (s.H + 2 * s.R) * s.hd, qd = s.H * s.hd, kvd = s.R * s.hd;
-    qkv_scatter_gpu(d.q, d.K, d.V, nullptr, qkv, rope.cos, rope.sin, N, s.T, s.H, s.R, s.hd, q_grouped, true, g.stream);
-    if (in.one()) {
-        gemm_nn_gpu(da.q, qkv, W, N, C, OC, false, g.blas, g.bf16);
-        if (!split_weight_grad_gpu(dW, qkv, in.q, OC, C, N, *g.split, g.blas, g.bf16))
-            gemm_tn_gpu(dW, qkv, in.q, OC, C, N, g.blas, g.bf16);
-        return;
-    }
-    const float* a[3] = {in.q, in.k, in.v};
-    float* dab[3] = {da.q, da.k, da.v};
-    int o[3] = {0, qd, qd + kvd}, n[3] = {qd, kvd, kvd};
-    for (int b = 0; b < 3; b++) {  // as gemm_nn_gpu and gemm_tn_gpu on block b's columns of dqkv (leading dimension OC)
-        bool add = (b >= 1 && dab[b] == dab[0]) || (b == 2 && dab[2] == dab[1]);
-        gemm_gpu(g.blas, g.bf16, CUBLAS_OP_N, CUBLAS_OP_N, C, N, n[b], 1.0f, W + (size_t)o[b] * C, C, 0, qkv + o[b], OC,
-                 0, add ? 1.0f : 0.0f, dab[b], C, 0, 1);
-        if (!split_weight_grad_rows_gpu(dW, qkv, a[b], {OC, o[b], n[b]}, C, N, *g.split, g.blas, g.bf16))
-            gemm_gpu(g.blas, g.bf16, CUBLAS_OP_N, CUBLAS_OP_T, C, n[b], N, 1.0f, a[b], C, 0, qkv + o[b], OC, 0, 1.0f,
-                     dW + (size_t)o[b] * C, C, 0, 1);
-    }
-}
-#endif
 // The fast versions (qkv_projection_forward_fast, ..._backward_fast) are the same steps blocked.
 // On the GPU, q and dq are group-major for the matrix-product attention (!A->flash).
 static void op_qkv_projection_forward(Model* model, Qkv out, QkvInputs in, const float* W, int B, int T) {

@@ -152,6 +152,38 @@ TEST(gpu_split_weight_gradient_matches_cpu) {
     cudaCheck(cudaFree(split.table));
 }
 
+// A split product whose row blocks read different inputs (the q, k and v
+// projections of a model with kv_inputs): each block's slices into its rows of
+// the slots, then op_split_sum's kernel adds them as for any product.
+TEST(gpu_split_weight_gradient_by_row_blocks_matches_cpu) {
+    NEED_GPU();
+    int N = 2048, C = 24, OC = 40, S = split_slices(OC, C, N);
+    int r0[3] = {0, 16, 28}, n[3] = {16, 12, 12};
+    std::vector<std::vector<float>> inp = {randv((size_t)N * C, 1), randv((size_t)N * C, 5), randv((size_t)N * C, 6)};
+    auto W = randv((size_t)OC * C, 2), dout = randv((size_t)N * OC, 3), dW0 = randv((size_t)OC * C, 4);
+    std::vector<float> dW = dW0, block_dout((size_t)N * OC);
+    for (int b = 0; b < 3; b++) {  // dW rows [r0, r0 + n) += dout[:, r0 .. r0 + n)^T @ inp_b
+        for (int t = 0; t < N; t++)
+            for (int o = 0; o < n[b]; o++) block_dout[(size_t)t * n[b] + o] = dout[(size_t)t * OC + r0[b] + o];
+        matmul_backward(nullptr, dW.data() + (size_t)r0[b] * C, block_dout.data(), inp[b].data(), W.data(), N, C, n[b],
+                        false);
+    }
+    DevF gdW(dW0), gdout(dout), slots((size_t)S * OC * C);
+    DevF ginp[3] = {DevF(inp[0]), DevF(inp[1]), DevF(inp[2])};
+    SplitK split;
+    split.products = {SplitProduct{0, 0, 0, OC, C}};
+    split.grads = gdW.p, split.slots = slots.p;
+    cudaCheck(cudaMalloc(&split.table, sizeof(SplitProduct)));
+    cudaCheck(cudaMemcpy(split.table, split.products.data(), sizeof(SplitProduct), cudaMemcpyHostToDevice));
+    for (int b = 0; b < 3; b++)
+        CHECK(split_weight_grad_rows_gpu(gdW.p, gdout.p, ginp[b].p, {OC, r0[b], n[b]}, C, N, split, ctx().blas),
+              "row block %d did not split (S = %d)", b, S);
+    split_sum_gpu(split, N, ctx().stream);
+    double e = err_of(gdW.get(), dW);
+    CHECK(e < TOL_BWD, "split dW by row blocks (%d slices): rel err %.2e", S, e);
+    cudaCheck(cudaFree(split.table));
+}
+
 // The matrix-product attention's offsets past 2^31 floats: 2 sequences, one kv head
 // of 8 query heads at T = 16,384 (hd 1): each (kv head, sequence) group's
 // probabilities are (8T, T), 2^31 floats, so the second group starts at 2^31, where

@@ -2303,6 +2303,71 @@ TEST(an_open_peer_trains_three_steps) {
     float s0 = m.p.layer[0].study[0][0];
     CHECK(s0 != 1.0f, "the attention add's scale of layer 0 did not move from 1 (%g)", s0);
 }
+// A second peer defined here alone, through the attention's three inputs
+// (kv_inputs): the keys and values read their own norm of x, with a gain of
+// their own; the queries keep LLaMa's.
+//   q = rmsnorm(x, g_attn) @ Wq^T;  K, V = ak @ (Wk, Wv)^T,  ak = rmsnorm(x, g_kv[l])   g_kv (d), init 1
+// Its activations: ak (L, B, T, d), rstd (L, B, T), dak (B, T, d) (one layer's at a time).
+struct KvNormActs {
+    float *ak, *rstd, *dak;
+};
+static KvNormActs kv_norm_acts(const StudyAt& at) {
+    size_t N = (size_t)at.model->B * at.model->c.T, d = at.model->c.d, L = at.model->c.L;
+    return {at.acts + at.l() * N * d, at.acts + L * N * d + at.l() * N, at.acts + L * N * (d + 1)};
+}
+static StudyHooks kv_norm_peer_hooks() {
+    StudyHooks h = {};
+    h.specs = [](const Config& c, int, const std::string& layer, const AddTensor& add) {
+        add(layer + "input_layernorm_kv.weight", {c.d}, GROUP_EMBED_GAIN);
+    };
+    h.carve = [](const Config&, int l, Params* p, const NextTensor& next) { p->layer[l].study.push_back(next()); };
+    h.init = [](Model* model) {
+        for (LayerParams& w : model->p.layer) std::fill(w.study[0], w.study[0] + model->c.d, 1.0f);
+    };
+    h.acts_floats = [](const Config& c, int B) { return (size_t)B * c.T * (c.L * (c.d + 1) + c.d); };
+    h.scratch_floats = [](const Config&, int, Device) -> size_t { return 0; };
+    h.norm_input = [](const StudyAt& at, const float* x) {  // the attention's: ak beside the q input
+        KvNormActs a = kv_norm_acts(at);
+        if (at.s % 2 == 0)
+            at.ops->rmsnorm_forward(at.model, a.ak, a.rstd, x, pass_params(at.model).layer[at.l()].study[0], at.N(), nullptr);
+        return x;
+    };
+    h.norm_input_backward = [](const StudyAt& at, const NormGrad& g) {  // dx += both norms' backward
+        at.ops->rmsnorm_backward(at.model, g.dx, g.dg, at.lime.dnorm, g.x, g.g, g.rstd, at.N());
+        if (at.s % 2) return;
+        KvNormActs a = kv_norm_acts(at);
+        at.ops->rmsnorm_backward(at.model, g.dx, pass_grads(at.model).layer[at.l()].study[0], a.dak, g.x,
+                                 pass_params(at.model).layer[at.l()].study[0], a.rstd, at.N());
+    };
+    h.kv_inputs = [](const StudyAt& at) {  // K and V read ak; their gradients, summed, go to dak
+        KvNormActs a = kv_norm_acts(at);
+        return KvInputs{a.ak, a.ak, a.dak, a.dak};
+    };
+    return h;
+}
+static const StudyHooks KV_NORM_PEER_HOOKS = kv_norm_peer_hooks();
+static Arch kv_norm_peer_arch() {
+    static int arch = -1;
+    std::string why;
+    if (arch < 0) arch = register_model({"kv-norm", "LLaMa whose keys and values read a norm of their own (a test's peer)",
+                                         "", &KV_NORM_PEER_HOOKS}, &why);
+    return (Arch)arch;
+}
+TEST(an_open_peer_with_its_own_key_and_value_inputs_at_init_is_llama) {
+    Config cp = tiny_config(kv_norm_peer_arch(), 4, 2), cl = tiny_config(ARCH_LLAMA, 4, 2);
+    Model p, l;
+    FreeOnReturn guard{&p, &l};
+    CHECK(model_create(&p, cp, 2, DEVICE_CPU).empty() && model_create(&l, cl, 2, DEVICE_CPU).empty(), "model_create");
+    model_init(&p, 3), model_init(&l, 3);
+    TinyBatch b(cp.V);
+    float lp = model_forward(&p, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    float ll = model_forward(&l, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    CHECK(lp == ll, "the peer's loss at init %.9g, LLaMa's %.9g (g_kv = g_attn = 1: the same inputs)", lp, ll);
+}
+TEST(an_open_peer_with_its_own_key_and_value_inputs_gradients_match_finite_differences) {
+    check_model_gradients(tiny_config(kv_norm_peer_arch(), 4, 2));
+}
+
 TEST(a_registry_row_without_a_required_hook_is_refused) {
     StudyHooks bad = open_peer_hooks();
     bad.carve = nullptr;

@@ -4,11 +4,13 @@
 // its backward one warp per row. The (B, H, T, T) probabilities are kept for
 // the backward (the flash-style kernels of support/model/flash_attention.cuh
 // keep one number per row instead). Here too: the kernel that scatters the
-// q/k/v product into the layouts the attention reads (qkv_scatter_gpu). Read
+// q/k/v product into the layouts the attention reads (qkv_scatter_gpu), and the
+// projections around it (qkv_projection_forward_gpu, ..._backward_gpu). Read
 // lime.cu's attention section first: the math, the plain loops and the dispatchers are there.
 #pragma once
 #include "support/model/device.cuh"
 #include "support/model/products.cuh"
+#include "support/model/split_k.cuh"
 
 #ifdef LIME_GPU
 // The products want each (kv head, sequence) group's positions contiguous.
@@ -170,4 +172,47 @@ static void attention_backward_gpu(float* dqg, float* dk, float* dv, float* datt
     gemm_gpu(blas, bf16, CUBLAS_OP_N, CUBLAS_OP_T, hd, T, M, scale, qg, hd, sq, datt, T, satt, zero, dk, hd, skv, groups);
 }
 
+
+// lime.cu's qkv_projection_forward and ..._backward on the GPU (their math is
+// there): one product into the token-major scratch qkv, then the scatter (backward:
+// the gather, then the products for da and dW).
+// qkv: scratch, token-major (N, (H + 2R) hd); q_grouped: q (and dq) group-major, for the matrix-product attention.
+// Three inputs: each product writes its block of qkv's columns (leading dimension (H + 2R) hd).
+static void qkv_projection_forward_gpu(Qkv out, QkvInputs in, const float* W, Rope rope, Heads s, bool q_grouped,
+                                       float* qkv, const GpuCtx& g) {
+    int N = s.N(), C = s.C, OC = (s.H + 2 * s.R) * s.hd, qd = s.H * s.hd, kvd = s.R * s.hd;
+    if (in.one()) {
+        gemm_nt_gpu(qkv, in.q, W, N, OC, C, false, g.blas, g.bf16);
+    } else {  // as gemm_nt_gpu, on a block of columns: column-major qkv^T rows [o, o + n) = W_b @ a_b^T
+        const float* a[3] = {in.q, in.k, in.v};
+        int o[3] = {0, qd, qd + kvd}, n[3] = {qd, kvd, kvd};
+        for (int b = 0; b < 3; b++)
+            gemm_gpu(g.blas, g.bf16, CUBLAS_OP_T, CUBLAS_OP_N, n[b], N, C, 1.0f, W + (size_t)o[b] * C, C, 0, a[b], C,
+                     0, 0.0f, qkv + o[b], OC, 0, 1);
+    }
+    qkv_scatter_gpu(out.q, out.K, out.V, out.kr, qkv, rope.cos, rope.sin, s.N(), s.T, s.H, s.R, s.hd, q_grouped, false,
+                    g.stream);
+}
+static void qkv_projection_backward_gpu(QkvInputGrads da, float* dW, Qkv d, QkvInputs in, const float* W, Rope rope,
+                                        Heads s, bool q_grouped, float* qkv, const GpuCtx& g) {
+    int N = s.N(), C = s.C, OC = (s.H + 2 * s.R) * s.hd, qd = s.H * s.hd, kvd = s.R * s.hd;
+    qkv_scatter_gpu(d.q, d.K, d.V, nullptr, qkv, rope.cos, rope.sin, N, s.T, s.H, s.R, s.hd, q_grouped, true, g.stream);
+    if (in.one()) {
+        gemm_nn_gpu(da.q, qkv, W, N, C, OC, false, g.blas, g.bf16);
+        if (!split_weight_grad_gpu(dW, qkv, in.q, OC, C, N, *g.split, g.blas, g.bf16))
+            gemm_tn_gpu(dW, qkv, in.q, OC, C, N, g.blas, g.bf16);
+        return;
+    }
+    const float* a[3] = {in.q, in.k, in.v};
+    float* dab[3] = {da.q, da.k, da.v};
+    int o[3] = {0, qd, qd + kvd}, n[3] = {qd, kvd, kvd};
+    for (int b = 0; b < 3; b++) {  // as gemm_nn_gpu and gemm_tn_gpu on block b's columns of dqkv (leading dimension OC)
+        bool add = (b >= 1 && dab[b] == dab[0]) || (b == 2 && dab[2] == dab[1]);
+        gemm_gpu(g.blas, g.bf16, CUBLAS_OP_N, CUBLAS_OP_N, C, N, n[b], 1.0f, W + (size_t)o[b] * C, C, 0, qkv + o[b], OC,
+                 0, add ? 1.0f : 0.0f, dab[b], C, 0, 1);
+        if (!split_weight_grad_rows_gpu(dW, qkv, a[b], {OC, o[b], n[b]}, C, N, *g.split, g.blas, g.bf16))
+            gemm_gpu(g.blas, g.bf16, CUBLAS_OP_N, CUBLAS_OP_T, C, n[b], N, 1.0f, a[b], C, 0, qkv + o[b], OC, 0, 1.0f,
+                     dW + (size_t)o[b] * C, C, 0, 1);
+    }
+}
 #endif

@@ -144,3 +144,21 @@ struct StudyTake {  // the carves take it by value: the count lives with the cal
         *off += (n + 15) & ~(size_t)15;
     }
 };
+
+// A part's activations (a struct A that carve(&a, c, B, take) carves, in the
+// same walk both times): where they lie in its region at.acts, for the model's
+// largest batch, and how many floats they take for batches of up to B (acts_floats).
+template <class A, class Carve>
+A study_acts(const StudyAt& at, Carve carve) {
+    A a = {};
+    size_t off = 0;
+    carve(&a, at.model->c, at.model->B, StudyTake{at.acts, &off});
+    return a;
+}
+template <class A, class Carve>
+size_t study_acts_floats(const Config& c, int B, Carve carve) {
+    A a = {};
+    size_t off = 0;
+    carve(&a, c, B, StudyTake{nullptr, &off});
+    return off;
+}

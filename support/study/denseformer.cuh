@@ -43,8 +43,8 @@ struct DenseActs {
     float* dX;  // (L+1, B, T, d) the gradients of X[0..L], summed over the averages that read them
 };
 template <class Take>
-static void denseformer_acts_carve(DenseActs* a, const Config& c, size_t BT, Take take) {
-    size_t on = c.arch == ARCH_DENSEFORMER ? 1 : 0, L = c.L, d = c.d;
+static void denseformer_acts_carve(DenseActs* a, const Config& c, int B, Take take) {
+    size_t on = c.arch == ARCH_DENSEFORMER ? 1 : 0, L = c.L, d = c.d, BT = (size_t)B * c.T;
     take(&a->X, on * L * BT * d);
     take(&a->dX, on * (L + 1) * BT * d);
 }
@@ -76,13 +76,7 @@ static void dense_average_backward(Model* model, float* dx, const DenseActs& a, 
 }
 
 // --- the study-model interface (support/model/study.h) ------------------------
-static DenseActs dense_acts(const StudyAt& at) {
-    DenseActs a = {};
-    size_t off = 0;
-    StudyTake take{at.acts, &off};
-    denseformer_acts_carve(&a, at.model->c, (size_t)at.model->B * at.model->c.T, take);
-    return a;
-}
+static DenseActs dense_acts(const StudyAt& at) { return study_acts<DenseActs>(at, denseformer_acts_carve<StudyTake>); }
 static StudyHooks denseformer_hooks() {
     StudyHooks h = {};
     h.specs = [](const Config& c, int l, const std::string& layer, const AddTensor& add) {
@@ -91,11 +85,7 @@ static StudyHooks denseformer_hooks() {
     h.carve = [](const Config& c, int l, Params* p, const NextTensor& next) { denseformer_carve(c, &p->layer[l], next); };
     h.init = [](Model* model) { denseformer_init(model->p); };
     h.acts_floats = [](const Config& c, int B) {
-        DenseActs a = {};
-        size_t off = 0;
-        StudyTake take{nullptr, &off};
-        denseformer_acts_carve(&a, c, (size_t)B * c.T, take);
-        return off;
+        return study_acts_floats<DenseActs>(c, B, denseformer_acts_carve<StudyTake>);
     };
     h.scratch_floats = [](const Config& c, int B, Device) { return denseformer_scratch_floats(c, (size_t)B * c.T); };
     // the MLP's add goes to the block's output X[l+1]; then x[l+1] = the average

@@ -279,24 +279,14 @@ static void ereg_layer_backward(Model* model, const EregActs& e, int l, float* d
 }
 
 // --- the study-model interface (support/model/study.h): a loss term ----------
-static EregActs ereg_acts(const StudyAt& at) {
-    EregActs e = {};
-    size_t off = 0;
-    StudyTake take{at.acts, &off};
-    ereg_acts_carve(&e, at.model->c, at.model->B, take);
-    return e;
-}
+static EregActs ereg_acts(const StudyAt& at) { return study_acts<EregActs>(at, ereg_acts_carve<StudyTake>); }
 static StudyHooks ereg_hooks() {
     StudyHooks h = {};
     h.specs = [](const Config&, int, const std::string&, const AddTensor&) {};  // no tensors
     h.carve = [](const Config&, int, Params*, const NextTensor&) {};
     h.init = [](Model*) {};
     h.acts_floats = [](const Config& c, int B) {
-        EregActs e = {};
-        size_t off = 0;
-        StudyTake take{nullptr, &off};
-        ereg_acts_carve(&e, c, B, take);
-        return off;
+        return study_acts_floats<EregActs>(c, B, ereg_acts_carve<StudyTake>);
     };
     h.scratch_floats = [](const Config& c, int B, Device dev) {
         return dev == DEVICE_GPU ? 0 : ereg_cpu_scratch_floats(c, B);

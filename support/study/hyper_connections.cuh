@@ -102,8 +102,8 @@ struct HcActs {
 };
 // take(&p, floats) gives p its floats of the allocation (lime.cu's acts_carve).
 template <class Take>
-static void hc_acts_carve(HcActs* h, const Config& c, size_t BT, Take take) {
-    size_t L = c.L, d = c.d, n = c.hc_rate, hc = c.arch == ARCH_HC ? 1 : 0, dyn = hc && c.hc_dynamic ? 1 : 0;
+static void hc_acts_carve(HcActs* h, const Config& c, int B, Take take) {
+    size_t BT = (size_t)B * c.T, L = c.L, d = c.d, n = c.hc_rate, hc = c.arch == ARCH_HC ? 1 : 0, dyn = hc && c.hc_dynamic ? 1 : 0;
     take(&h->M, hc * 2 * L * (n + 1) * BT * d);
     take(&h->y, hc * 2 * L * BT * d);
     take(&h->alpha, hc * 2 * L * BT * n * (n + 1));
@@ -663,25 +663,13 @@ static void hc_sublayer_input_backward(Model* model, float* dX, const HcActs& a,
 
 // --- the study-model interface (support/model/study.h) ------------------------
 // HC's activations, carved from its region (at.acts) for the model's largest batch.
-static HcActs hc_acts(const StudyAt& at) {
-    HcActs a = {};
-    size_t off = 0;
-    StudyTake take{at.acts, &off};
-    hc_acts_carve(&a, at.model->c, (size_t)at.model->B * at.model->c.T, take);
-    return a;
-}
+static HcActs hc_acts(const StudyAt& at) { return study_acts<HcActs>(at, hc_acts_carve<StudyTake>); }
 static StudyHooks hc_hooks() {
     StudyHooks h = {};
     h.specs = [](const Config& c, int, const std::string& layer, const AddTensor& add) { hc_specs(c, layer, add); };
     h.carve = [](const Config& c, int, Params* p, const NextTensor& next) { hc_carve(c, p, next); };
     h.init = [](Model* model) { hc_init(model->p, model->c); };
-    h.acts_floats = [](const Config& c, int B) {
-        HcActs a = {};
-        size_t off = 0;
-        StudyTake take{nullptr, &off};
-        hc_acts_carve(&a, c, (size_t)B * c.T, take);
-        return off;
-    };
+    h.acts_floats = [](const Config& c, int B) { return study_acts_floats<HcActs>(c, B, hc_acts_carve<StudyTake>); };
     h.scratch_floats = [](const Config& c, int B, Device dev) {
         return dev == DEVICE_GPU ? hc_gpu_scratch_floats(c, (size_t)B * c.T) : hc_cpu_scratch_floats(c);
     };

@@ -123,8 +123,8 @@ struct MuddActs {
     float* dz;     // (N, d)        of z
 };
 template <class Take>
-static void mudd_acts_carve(MuddActs* a, const Config& c, size_t BT, Take take) {
-    size_t on = c.arch == ARCH_MUDDFORMER ? 1 : 0, L = c.L, d = c.d, W = mudd_own_ways(c), Km = mudd_max_weights(c);
+static void mudd_acts_carve(MuddActs* a, const Config& c, int B, Take take) {
+    size_t BT = (size_t)B * c.T, on = c.arch == ARCH_MUDDFORMER ? 1 : 0, L = c.L, d = c.d, W = mudd_own_ways(c), Km = mudd_max_weights(c);
     size_t qkvr = c.mudd_ways == MUDD_QKVR ? 1 : 0;
     take(&a->Hs, on * qkvr * L * BT * d);
     take(&a->X, on * L * W * BT * d);
@@ -413,13 +413,7 @@ static void op_mudd_ways_backward(Model* model, float* dH, float* ddw, float* da
 }
 
 // --- the hooks: lime.cu's passes call these -----------------------------------
-static MuddActs mudd_acts(const StudyAt& at) {
-    MuddActs a = {};
-    size_t off = 0;
-    StudyTake take{at.acts, &off};
-    mudd_acts_carve(&a, at.model->c, (size_t)at.model->B * at.model->c.T, take);
-    return a;
-}
+static MuddActs mudd_acts(const StudyAt& at) { return study_acts<MuddActs>(at, mudd_acts_carve<StudyTake>); }
 // Layer l's arrays for a (B, T) batch (strides N = B*T, as lime.cu's).
 struct MuddLayer {
     MuddShape m;
@@ -541,13 +535,7 @@ static StudyHooks muddformer_hooks() {
     h.specs = [](const Config& c, int l, const std::string& layer, const AddTensor& add) { mudd_specs(c, l, layer, add); };
     h.carve = [](const Config& c, int l, Params* p, const NextTensor& next) { mudd_carve(c, l, &p->layer[l], next); };
     h.init = [](Model* model) { mudd_init(model->p, model->c); };
-    h.acts_floats = [](const Config& c, int B) {
-        MuddActs a = {};
-        size_t off = 0;
-        StudyTake take{nullptr, &off};
-        mudd_acts_carve(&a, c, (size_t)B * c.T, take);
-        return off;
-    };
+    h.acts_floats = [](const Config& c, int B) { return study_acts_floats<MuddActs>(c, B, mudd_acts_carve<StudyTake>); };
     h.scratch_floats = [](const Config& c, int B, Device dev) { return mudd_scratch_floats(c, (size_t)B * c.T, dev); };
     h.norm_input = mudd_norm_input;
     h.norm_input_backward = mudd_norm_input_backward;
