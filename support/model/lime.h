@@ -14,8 +14,10 @@
 // mixed by small learned weights; ARCH_RESFORMER, value residual learning (Zhou
 // et al., arXiv 2410.17897): the first layer's values mixed into every later
 // layer's; ARCH_DENSEFORMER, depth-weighted averaging (Pagliardini et al.,
-// arXiv 2402.02622): each block reads a learned average of all earlier outputs.
-enum Arch { ARCH_LLAMA = 0, ARCH_LIME = 1, ARCH_HC = 2, ARCH_RESFORMER = 3, ARCH_DENSEFORMER = 4 };
+// arXiv 2402.02622): each block reads a learned average of all earlier outputs;
+// ARCH_DCA, DeepCrossAttention (Heddes et al., arXiv 2502.06785): each block's
+// queries, keys and values read their own mixtures of every earlier block's output.
+enum Arch { ARCH_LLAMA = 0, ARCH_LIME = 1, ARCH_HC = 2, ARCH_RESFORMER = 3, ARCH_DENSEFORMER = 4, ARCH_DCA = 5 };
 // Router variants (paper Appendix D, Table 7; lime.cu's router_sources says
 // exactly which weights each one learns): static is Eq. 2 itself.
 enum RouterKind { ROUTER_STATIC = 0, ROUTER_AVERAGE = 1, ROUTER_LAST = 2, ROUTER_FIRST = 3 };
