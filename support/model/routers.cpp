@@ -9,8 +9,8 @@
 #include "support/lib/rng.h"
 #include "support/model/lime.h"
 
-// A router-group matrix t (R, (l+1)*R) as model_init sets it (the peers' mixing
-// weights get this too, then their own initialisation).
+// A router-group matrix t (R, (l+1)*R) as model_init sets it (LIMe's; the peers'
+// mixing weights get the matrices' draw, then their own initialisation).
 void router_init(const Config& c, const TensorSpec& t, uint64_t seed, float* p) {
     Rng rng(seed_for(seed, t.name));
     // uniform in [-b, b], b = sqrt(3 / ((l+1) R)), then the last R x R block = I
