@@ -1377,14 +1377,15 @@ TEST(gpu_router_kernels_and_cublas_train_alike) {
 }
 
 // The nodes one captured training step issues, held at the aims of docs/gpu.md:
-// 150 (llama), 170 (lime), 240 (hc) at the paper's small config (L4 d32 H4, R = 4)
+// 150 (llama), 170 (lime), 240 (hc), 168 (dca: llama's and 4 a layer, 2 for the
+// final GRN) at the paper's small config (L4 d32 H4, R = 4)
 // and 400 at L12 with R = 12 (the counts were 344, 362, 436 and 1,760 with a
 // product per kv head, an AdamW launch per run of tensors and one-block
 // reductions). d and T do not change the count; the tokens B*T do, by two
 // launches: from 512 tokens the weight gradients split (split_k.cuh: one more
 // kernel sums them) and the embedding's backward sums its chunks. llama and lime
-// are counted at 64 x 9 tokens (as the paper's 128 x 88: everything split), hc
-// and L12 at 2 x 9 with llama's measured difference added (the harness takes
+// are counted at 64 x 9 tokens (as the paper's 128 x 88: everything split), hc,
+// dca and L12 at 2 x 9 with llama's measured difference added (the harness takes
 // minutes for them at 576 tokens).
 static size_t step_nodes(const char* model, int L, int d, int H, int R, int B) {
     Config c = tiny_gpu_config(ARCH_LIME, H, R, 9);
@@ -1412,11 +1413,12 @@ TEST(gpu_step_nodes_within_their_targets) {
         {"llama", 4, 32, 4, 4, llama, 150},
         {"lime", 4, 32, 4, 4, step_nodes("lime", 4, 32, 4, 4, 64), 170},
         {"hc", 4, 32, 4, 4, step_nodes("hc", 4, 32, 4, 4, 2) + more, 240},
+        {"dca", 4, 32, 4, 4, step_nodes("dca", 4, 32, 4, 4, 2) + more, 150 + 4 * 4 + 2},  // 4 a layer, 2 the final GRN's
         {"llama", 12, 96, 12, 12, step_nodes("llama", 12, 96, 12, 12, 2) + more, 400}};
     for (auto t : targets)
         CHECK(t.got > more && t.got <= t.most, "%s L%d R%d: %zu nodes a step, over its ceiling %zu (llama %zu, "
-              "lime %zu, hc %zu, L12 %zu)", t.model, t.L, t.R, t.got, t.most, targets[0].got, targets[1].got,
-              targets[2].got, targets[3].got);
+              "lime %zu, hc %zu, dca %zu, L12 %zu)", t.model, t.L, t.R, t.got, t.most, targets[0].got, targets[1].got,
+              targets[2].got, targets[3].got, targets[4].got);
 }
 
 TEST(gpu_forward_without_targets_gives_cpu_logits) {

@@ -154,6 +154,7 @@ static void print_cost(const Model& model) {
     const char* what = c.arch == ARCH_HC            ? "hc mixing weights"
                        : c.arch == ARCH_RESFORMER   ? "value-residual weights"
                        : c.arch == ARCH_DENSEFORMER ? "depth-weighted average weights"
+                       : c.arch == ARCH_DCA         ? "GRN weights and K, V norms"
                                                     : "routers";
     printf("parameters: %zu (%s %zu, %.3f%%)\n", model.n_params, what, extra, 100.0 * extra / model.n_params);
     printf("FLOPs per token, training step at T=%d: %.4g (llama of this shape: %.4g, %+.3f%%)\n", c.T,
@@ -249,6 +250,9 @@ static std::string analyze_entropy(Model* model, const Task& task, int n, double
     std::string tsv = "kind\tlayer\tmean\tstd\talpha\n";  // alpha in every row: compare --reuse checks it
     printf("entropy (Renyi, alpha = %g; features z-scored over all %d sequences), mean ± std over sequences:\n",
            alpha, B);
+    if (c.arch == ARCH_DCA)  // its keys and values read their own mixtures: say which values attention reads
+        printf("  (dca: raw is the V projection of rmsnorm(y_v), the values attention reads; hidden the blocks' "
+               "outputs)\n");
     printf("  layer");
     for (const EntropyKind& k : kinds) printf("  %-17s", k.name);
     printf("\n");
