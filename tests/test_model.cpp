@@ -599,6 +599,42 @@ TEST(resformer_with_value_residual_1_0_equals_llama) {
 }
 TEST(denseformer_at_initialisation_equals_llama) { check_equals_llama(ARCH_DENSEFORMER, [](Model&) {}); }
 
+// DCA's GRN loops (support/study/dca.cuh, the CPU's only path) give the same
+// bits at 1, 2 and 3 threads: the forward splits the tokens, the backward sums
+// the weights' gradients over fixed slices, then the slices in order. 150
+// tokens, d = 70 (a tile of 64 and a partial one), three sources.
+TEST(dca_grn_same_bits_at_1_2_and_3_threads) {
+    int C = 3, S = 3, N = 150, d = 70;
+    size_t Nd = (size_t)N * d, nB = (size_t)S * d;
+    GrnShape s = {C, S, N, d};
+    auto G = randv(S * Nd, 1), B = randv(C * nB, 2), w = randv((size_t)C * d, 3, 0.5f), gain = randv(2 * (size_t)d, 4);
+    auto dy0 = randv(Nd, 5), da = randv(2 * Nd, 6), dG0 = randv(S * Nd, 7);
+    auto tensors = [&](float* Bs, float* ws, float* gains) {
+        GrnTensors t = {};
+        for (int c = 0; c < C; c++) t.B[c] = Bs + c * nB, t.w[c] = ws + (size_t)c * d;
+        t.gain[0] = gains, t.gain[1] = gains + d;
+        return t;
+    };
+    std::vector<float> want;
+    int before = omp_get_max_threads();
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        std::vector<float> y(C * Nd), z((size_t)C * N * S), a(2 * Nd), rstd(2 * N), dy = dy0, dG = dG0;
+        std::vector<float> dB(C * nB, 0.5f), dw((size_t)C * d, 0.5f), dgain(2 * (size_t)d, 0.5f);
+        std::vector<float> part(grn_cpu_scratch_floats(C, S, d));
+        GrnIo io = {G.data(), y.data(), z.data(), a.data(), rstd.data()};
+        dca_grn_forward(io, tensors(B.data(), w.data(), gain.data()), s, 1e-6f);
+        dca_grn_backward(io, {dy.data(), da.data(), dG.data(), false, true}, tensors(B.data(), w.data(), gain.data()),
+                         tensors(dB.data(), dw.data(), dgain.data()), s, part.data());
+        std::vector<float> got;
+        for (const std::vector<float>* v : {&y, &z, &a, &rstd, &dy, &dG, &dB, &dw, &dgain}) got.insert(got.end(), v->begin(), v->end());
+        if (threads == 1) want = got;
+        CHECK(got.size() == want.size() && memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0,
+              "the GRN's forward and backward at %d threads differ from 1 thread's", threads);
+    }
+    omp_set_num_threads(before);
+}
+
 // DeepCrossAttention with B = 1 and w = 0 is LLaMa to rounding (SPEC.md): every
 // GRN is the plain sum of the embedding and the blocks' outputs (a + MLP), where
 // LLaMa adds a and the MLP's output to its state one at a time. Logits, loss and

@@ -147,8 +147,23 @@ HOST_DEVICE inline float* grn_weight_grad(const GrnTensors& dw, int C, int S, in
 }
 HOST_DEVICE inline float relu(float v) { return v > 0 ? v : 0.0f; }
 
+#define DCA_TILE 64  // the CPU loops' tile of a row: its sums stay in registers
+// x . y (d floats) in 8 interleaved partial sums, then those in a fixed tree:
+// the loops vectorise (one chain of adds would wait on each add), and the
+// order is the same at any thread count.
+static inline float dca_dot(const float* x, const float* y, int d) {
+    float acc[8] = {};
+    int i = 0;
+    for (; i + 8 <= d; i += 8)
+#pragma omp simd
+        for (int k = 0; k < 8; k++) acc[k] += x[i + k] * y[i + k];
+    for (int k = 0; i + k < d; k++) acc[k] += x[i + k] * y[i + k];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 // forward, per token t: z_c[t, j] = w_c . g[j][t];  y_c[t] = sum_j (B_c[j] + relu(z_c[t, j])) * g[j][t];
 // C = 3: a_k = rmsnorm(y_k, g_k), a_v = rmsnorm(y_v, g_v), with their 1/rms.
+// Each y_c[t, i] sums its sources in order, j = 0 first.
 static void dca_grn_forward(const GrnIo& io, const GrnTensors& w, GrnShape s, float eps) {
     int d = s.d, S = s.S;
     size_t Nd = (size_t)s.N * d;
@@ -156,22 +171,21 @@ static void dca_grn_forward(const GrnIo& io, const GrnTensors& w, GrnShape s, fl
     for (int t = 0; t < s.N; t++)
         for (int c = 0; c < s.C; c++) {
             float* z = io.z + ((size_t)c * s.N + t) * S;
-            for (int j = 0; j < S; j++) {
-                const float* g = io.G + j * Nd + (size_t)t * d;
-                float dot = 0;
-                for (int i = 0; i < d; i++) dot += w.w[c][i] * g[i];
-                z[j] = dot;
-            }
             float* y = io.y + c * Nd + (size_t)t * d;
-            float ss = 0;
-            for (int i = 0; i < d; i++) {
-                float v = 0;
-                for (int j = 0; j < S; j++) v += (w.B[c][(size_t)j * d + i] + relu(z[j])) * io.G[j * Nd + (size_t)t * d + i];
-                y[i] = v;
-                ss += v * v;
+            for (int j = 0; j < S; j++) z[j] = dca_dot(w.w[c], io.G + j * Nd + (size_t)t * d, d);
+            for (int i0 = 0; i0 < d; i0 += DCA_TILE) {  // a tile of y summed in registers, the sources in order
+                int n = std::min(DCA_TILE, d - i0);
+                float acc[DCA_TILE] = {};
+                for (int j = 0; j < S; j++) {
+                    const float *g = io.G + j * Nd + (size_t)t * d + i0, *B = w.B[c] + (size_t)j * d + i0;
+                    float zr = relu(z[j]);
+#pragma omp simd
+                    for (int i = 0; i < n; i++) acc[i] += (B[i] + zr) * g[i];
+                }
+                for (int i = 0; i < n; i++) y[i0 + i] = acc[i];
             }
             if (c == 0 || !io.a) continue;
-            float r = 1.0f / sqrtf(ss / d + eps), *a = io.a + (c - 1) * Nd + (size_t)t * d;
+            float r = 1.0f / sqrtf(dca_dot(y, y, d) / d + eps), *a = io.a + (c - 1) * Nd + (size_t)t * d;
             for (int i = 0; i < d; i++) a[i] = y[i] * r * w.gain[c - 1][i];
             io.rstd[(size_t)(c - 1) * s.N + t] = r;
         }
@@ -191,12 +205,12 @@ struct GrnGrads {
 // forward (per token):  y_c = sum_j (B_c[j] + relu(z_cj)) g_j,  z_cj = w_c . g_j;  a_c = rmsnorm(y_c, gain_c)
 // the norms (c = k, v):  dy_c = r gain_c da_c - y_c r^3 (sum_i gain_c da_c y_c) / d;  dgain_c += da_c y_c r
 // the mixtures:          p_cj = [z_cj > 0] (dy_c . g_j)
-//                        dG[j] (+)= sum_c (B_c[j] + relu(z_cj)) dy_c + p_cj w_c
+//                        dG[j] (+)= sum_c ((B_c[j] + relu(z_cj)) dy_c + p_cj w_c)   (c in order)
 //                        dB_c[j] += dy_c * g_j;   dw_c += sum_j p_cj g_j
 // The weights' gradients are summed over CHUNKS fixed slices of the tokens,
 // then the slices in order: the same for any thread count. part:
-// grn_cpu_scratch_floats, each slice's sums and its token's dy_c rows.
-static size_t grn_cpu_scratch_floats(int C, int S, int d) { return CHUNKS * (grn_weight_floats(C, S, d) + 3 * (size_t)d); }
+// grn_cpu_scratch_floats, each slice's sums and its token's rows dy_q, dy_k, dy_v and a product's.
+static size_t grn_cpu_scratch_floats(int C, int S, int d) { return CHUNKS * (grn_weight_floats(C, S, d) + 4 * (size_t)d); }
 static void dca_grn_backward(const GrnIo& io, const GrnGrads& g, const GrnTensors& w, const GrnTensors& dw, GrnShape s,
                              float* part) {
     int C = s.C, S = s.S, d = s.d;
@@ -204,15 +218,17 @@ static void dca_grn_backward(const GrnIo& io, const GrnGrads& g, const GrnTensor
 #pragma omp parallel for schedule(static)
     for (int ch = 0; ch < CHUNKS; ch++) {
         float *sums = part + ch * nw, *sB = sums, *sw = sums + (size_t)C * S * d, *sgain = sw + (size_t)C * d;
-        float* dyc = part + CHUNKS * nw + (size_t)ch * 3 * d;  // (3, d) this token's dy_q, dy_k, dy_v
+        float* dyc = part + CHUNKS * nw + (size_t)ch * 4 * d;  // (3, d) this token's dy_q, dy_k, dy_v
+        float* term = dyc + 3 * d;                             // (d) gain * da of a norm
         memset(sums, 0, nw * sizeof(float));
         for (size_t t = (size_t)s.N * ch / CHUNKS; t < (size_t)s.N * (ch + 1) / CHUNKS; t++) {
             memcpy(dyc, g.dy + t * d, d * sizeof(float));
             for (int c = 1; c < C; c++) {  // the K and V norms
                 const float *da = g.da + (c - 1) * Nd + t * d, *y = io.y + c * Nd + t * d, *gain = w.gain[c - 1];
-                float r = io.rstd[(size_t)(c - 1) * s.N + t], dot = 0;
-                for (int i = 0; i < d; i++) dot += gain[i] * da[i] * y[i];
-                float k = r * r * r * dot / d;
+                float r = io.rstd[(size_t)(c - 1) * s.N + t];
+                for (int i = 0; i < d; i++) term[i] = gain[i] * da[i];
+                float k = r * r * r * dca_dot(term, y, d) / d;
+#pragma omp simd
                 for (int i = 0; i < d; i++) {
                     dyc[c * d + i] = r * gain[i] * da[i] - y[i] * k;
                     sgain[(c - 1) * d + i] += da[i] * y[i] * r;
@@ -220,22 +236,28 @@ static void dca_grn_backward(const GrnIo& io, const GrnGrads& g, const GrnTensor
             }
             for (int j = 0; j < S; j++) {
                 const float* gj = io.G + j * Nd + t * d;
+                float* dg = g.dG + j * Nd + t * d;
                 float p[3], zr[3];
                 for (int c = 0; c < C; c++) {
-                    float z = io.z[((size_t)c * s.N + t) * S + j], dot = 0;
-                    for (int i = 0; i < d; i++) dot += dyc[c * d + i] * gj[i];
-                    p[c] = z > 0 ? dot : 0.0f;
+                    float z = io.z[((size_t)c * s.N + t) * S + j];
+                    p[c] = z > 0 ? dca_dot(dyc + c * d, gj, d) : 0.0f;
                     zr[c] = relu(z);
                 }
-                float* dg = g.dG + j * Nd + t * d;
-                for (int i = 0; i < d; i++) {
-                    float v = 0;
+                for (int i0 = 0; i0 < d; i0 += DCA_TILE) {  // a tile of dG's term summed in registers, c in order
+                    int n = std::min(DCA_TILE, d - i0);
+                    float acc[DCA_TILE] = {};
                     for (int c = 0; c < C; c++) {
-                        v += (w.B[c][(size_t)j * d + i] + zr[c]) * dyc[c * d + i] + p[c] * w.w[c][i];
-                        sB[((size_t)c * S + j) * d + i] += dyc[c * d + i] * gj[i];
-                        sw[(size_t)c * d + i] += p[c] * gj[i];
+                        const float *dy = dyc + c * d + i0, *B = w.B[c] + (size_t)j * d + i0, *wc = w.w[c] + i0,
+                                    *gt = gj + i0;
+                        float *sb = sB + ((size_t)c * S + j) * d + i0, *sc = sw + (size_t)c * d + i0;
+#pragma omp simd
+                        for (int i = 0; i < n; i++) {
+                            acc[i] += (B[i] + zr[c]) * dy[i] + p[c] * wc[i];
+                            sb[i] += dy[i] * gt[i];
+                            sc[i] += p[c] * gt[i];
+                        }
                     }
-                    dg[i] = g.first ? v : dg[i] + v;
+                    for (int i = 0; i < n; i++) dg[i0 + i] = g.first ? acc[i] : dg[i0 + i] + acc[i];
                 }
             }
             for (int i = 0; i < d; i++) g.dy[t * d + i] = g.newest ? g.dG[(S - 1) * Nd + t * d + i] : 0.0f;
