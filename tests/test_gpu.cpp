@@ -994,7 +994,7 @@ TEST(gpu_matches_reference_vectors_tf32) {
 // attention path, the same in every block and thread order. HC's and
 // ResFormer's scalar weights are sums that nearly cancel (as under TF32,
 // above): up to 5.5e-2, held to 1e-1 (docs/results.md, bf16); so are DCA's
-// dynamic weights w (SPEC.md's accuracy note): 1.9e-2 on the harness.
+// dynamic weights w (docs/model.md): 1.9e-2 on the harness.
 static void check_reference_vectors_bf16(Attention attention) {
     ScopedPrecision bf16(PRECISION_BF16);
     ScopedAttention scoped(attention);

@@ -635,7 +635,7 @@ TEST(dca_grn_same_bits_at_1_2_and_3_threads) {
     omp_set_num_threads(before);
 }
 
-// DeepCrossAttention with B = 1 and w = 0 is LLaMa to rounding (SPEC.md): every
+// DeepCrossAttention with B = 1 and w = 0 is LLaMa to rounding (docs/model.md): every
 // GRN is the plain sum of the embedding and the blocks' outputs (a + MLP), where
 // LLaMa adds a and the MLP's output to its state one at a time. Logits, loss and
 // the gradients of LLaMa's tensors agree to float32's rounding; the q, k and v

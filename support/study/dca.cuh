@@ -1,5 +1,5 @@
 // support/study/dca.cuh — DeepCrossAttention (--arch dca; Heddes et al., ICML
-// 2025, arXiv 2502.06785, the full-stack GRN-v3 form of ../shared/SPEC.md), a
+// 2025, arXiv 2502.06785, the full-stack GRN-v3 form; docs/model.md has its section), a
 // peer the reviewers asked LIMe to be compared with: the query, key and value
 // inputs of each block are three different mixtures of every earlier block's
 // output, with a per-feature static weight and a per-token score.
@@ -41,7 +41,7 @@
 #include "support/model/lime.h"
 #include "support/model/study.h"
 
-// --- the tensors (SPEC.md's names) -----------------------------------------------
+// --- the tensors (the checkpoint names) -----------------------------------------------
 // Per block l, after its LLaMa tensors: the three GRNs' static weights B [l+1, d]
 // (routers' group), their dynamic weights w [d] (matrices'), the K and V norms'
 // gains [d]; after the last block's, the final GRN's B [L+1, d] and w [d].
@@ -79,7 +79,7 @@ static GrnTensors grn_tensors(const Params& p, const Config& c, int b) {
     t.gain[0] = s[6], t.gain[1] = s[7];
     return t;
 }
-// SPEC's initialisation: B = 1; w ~ N(0, 0.02^2): model_init has drawn each B
+// The initialisation: B = 1; w ~ N(0, 0.02^2): model_init has drawn each B
 // as a matrix, N(0, 0.02^2) from its name's stream of the run's seed; w takes
 // the first row of its GRN's draw (d numbers: its own N(0, 0.02^2)), then B = 1.
 // The gains are 1 already (model_init's 1-D tensors).
