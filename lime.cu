@@ -1844,7 +1844,7 @@ void model_init(Model* model, uint64_t seed) {
     for (const TensorSpec& t : model->specs) {
         float* p = model->params + t.offset;
         Rng rng(seed_for(seed, t.name));
-        if (t.group == GROUP_ROUTER && t.shape.size() == 2) {  // LIMe's (the peers' mixing weights: their init)
+        if (t.group == GROUP_ROUTER && t.shape.size() == 2 && c.arch == ARCH_LIME) {  // LIMe's (the peers': their init)
             router_init(c, t, seed, p);  // support/model/routers.cpp: uniform, the last block I, the variants' fixed entries
         } else if (t.shape.size() == 1) {
             for (size_t i = 0; i < t.numel; i++) p[i] = 1.0f;  // RMSNorm gains

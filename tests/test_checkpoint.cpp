@@ -355,6 +355,62 @@ TEST(hc_checkpoint_with_bad_tensors_refused) {
     }
 }
 
+// DeepCrossAttention's tensors checked as every other: a file missing one,
+// holding one of a wrong shape, another architecture's tensors, or a GRN of
+// another number of sources (a deeper model's final GRN) is refused
+// with one line naming the tensor.
+TEST(dca_checkpoint_with_bad_tensors_refused) {
+    Config dca = tiny_config(ARCH_DCA, 2, 1), deeper = dca, dense = tiny_config(ARCH_DENSEFORMER, 2, 1);
+    deeper.L = dca.L + 1;
+    Model md, mdeep, mdense;
+    FreeOnReturn guard{&md, &mdeep, &mdense};
+    CHECK(model_create(&md, dca, 2, DEVICE_CPU).empty(), "model_create dca");
+    CHECK(model_create(&mdeep, deeper, 2, DEVICE_CPU).empty(), "model_create dca, one layer more");
+    CHECK(model_create(&mdense, dense, 2, DEVICE_CPU).empty(), "model_create denseformer");
+    model_init(&md, 4), model_init(&mdeep, 4), model_init(&mdense, 4);
+    const std::string FINAL = "model.grn_final.static.weight", K1 = "model.layers.1.grn_k.static.weight";
+    struct { const Model* tensors; Config as; std::string drop, reshape, word; } cases[] = {
+        {&md, dca, FINAL, "", FINAL},                                          // missing
+        {&md, dca, "model.layers.2.input_layernorm_v.weight", "", "input_layernorm_v"},
+        {&md, dca, "", K1, K1},                                                // of a wrong shape
+        {&md, dense, "", "", "grn_"},                                          // dca's, a denseformer config
+        {&mdense, dca, "", "", "dwa.weight"},                                  // denseformer's, a dca config
+    };
+    for (auto& k : cases) {
+        TmpFile f;
+        std::string err = write_model_file(*k.tensors, k.as, f.path, k.drop, k.reshape);
+        CHECK(err.empty(), "st_write: %s", err.c_str());
+        Model m2;
+        CHECK(model_create(&m2, k.as, 2, DEVICE_CPU).empty(), "model_create");
+        err = model_load(&m2, f.path, false);
+        model_free(&m2);
+        CHECK(contains(err, k.word), "%s (L%d) as %s (drop '%s', reshape '%s'): the error does not name %s: '%s'",
+              arch_name(k.tensors->c.arch), k.tensors->c.L, arch_name(k.as.arch), k.drop.c_str(), k.reshape.c_str(),
+              k.word.c_str(), err.c_str());
+        CHECK(!contains(err, "\n"), "the error is more than one line: '%s'", err.c_str());
+    }
+    // the final GRN of a model one layer deeper (5 sources where 4 are), the rest this model's
+    StWriter w;
+    w.meta["config"] = config_to_json(dca);
+    for (const TensorSpec& t : md.specs) {
+        const Model& from = t.name == FINAL ? mdeep : md;
+        for (const TensorSpec& u : from.specs)
+            if (u.name == t.name)
+                w.add(u.name, "F32", std::vector<int64_t>(u.shape.begin(), u.shape.end()), from.params + u.offset,
+                      u.numel * sizeof(float));
+    }
+    TmpFile f;
+    std::string err = st_write(f.path, w);
+    CHECK(err.empty(), "st_write: %s", err.c_str());
+    Model m2;
+    CHECK(model_create(&m2, dca, 2, DEVICE_CPU).empty(), "model_create");
+    err = model_load(&m2, f.path, false);
+    model_free(&m2);
+    CHECK(contains(err, FINAL), "a final GRN of 5 sources in a 3-layer dca: the error does not name %s: '%s'",
+          FINAL.c_str(), err.c_str());
+    CHECK(!contains(err, "\n"), "the error is more than one line: '%s'", err.c_str());
+}
+
 // The peers' tensors (ResFormer's value_residual, DenseFormer's dwa) checked as
 // every other: a file missing one, holding one of a wrong shape, or holding
 // another architecture's tensors is refused with one line naming the tensor.

@@ -495,12 +495,12 @@ check bench_json_on_the_cpu
 expect "not one line" [ "$(echo "$out" | wc -l)" -eq 1 ]
 expect "$opens '{' but $closes '}'" [ "$opens" -eq "$closes" ]
 expect "an odd number of quotes ($quotes)" [ $((quotes % 2)) -eq 0 ]
-expect "not 5 models' ms_per_step and tokens_per_s" [ "$(echo "$out" | grep -oE "\"ms_per_step\": $num, \"tokens_per_s\": $num" | wc -l)" -eq 5 ]
-expect "not 5 models' mfu with null GPU memory" \
-    [ "$(echo "$out" | grep -oE "\"mfu\": $num, \"model_gb\": null, \"peak_device_gb\": null" | wc -l)" -eq 5 ]
+expect "not 7 models' ms_per_step and tokens_per_s" [ "$(echo "$out" | grep -oE "\"ms_per_step\": $num, \"tokens_per_s\": $num" | wc -l)" -eq 7 ]
+expect "not 7 models' mfu with null GPU memory" \
+    [ "$(echo "$out" | grep -oE "\"mfu\": $num, \"model_gb\": null, \"peak_device_gb\": null" | wc -l)" -eq 7 ]
 expect "cpu_peak_gflops is not a positive number" awk '{ exit !($2 > 0) }' <<<"$(echo "$out" | grep -oE "\"cpu_peak_gflops\": $num")"
-expect "not 4 ratios to llama (lime, hc, resformer, denseformer)" \
-    [ "$(echo "$out" | grep -oE "\"(lime|hc|resformer|denseformer)_over_llama\": $num" | wc -l)" -eq 4 ]
+expect "not 6 ratios to llama (lime, hc, resformer, denseformer, muddformer, dca)" \
+    [ "$(echo "$out" | grep -oE "\"(lime|hc|resformer|denseformer|muddformer|dca)_over_llama\": $num" | wc -l)" -eq 6 ]
 expect "no \"hc_model\": \"hc\"" has "$out" '"hc_model": "hc"'
 expect "no \"gpu_absent\" reason" has "$out" '"gpu_absent": "a CPU run'
 verdict "$out"

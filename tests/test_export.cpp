@@ -505,7 +505,7 @@ TEST(export_refuses_the_peers_by_name) {
     ArithData data = arith_examples();
     Exported ex("arith", data.vocab, data.seq_len);
     CHECK(ex.err.empty(), "export: %s", ex.err.c_str());
-    for (Arch a : {ARCH_RESFORMER, ARCH_DENSEFORMER}) {
+    for (Arch a : {ARCH_RESFORMER, ARCH_DENSEFORMER, ARCH_DCA}) {
         Config pc = ex.c;
         pc.arch = a;
         Model peer;

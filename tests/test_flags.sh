@@ -72,6 +72,8 @@ bad train_router_on_llama     "for --arch lime"    train $A --arch llama --route
 bad train_router_kv_on_llama  "for --arch lime"    train $A --arch llama --router-kv separate
 bad train_router_on_resformer "resformer has no router" train $A --arch resformer --router last-2
 bad train_router_kv_on_denseformer "denseformer has no router" train $A --arch denseformer --router-kv separate
+bad train_router_on_dca       "dca has no router" train $A --arch dca --router average
+bad compare_dca_router_variant "dca takes no variant" compare --preset tiny --archs llama,dca:last-2
 bad train_router_heads_on_llama "--router-heads is for --arch lime" train $A --arch llama --router-heads same
 bad train_router_heads_average "--router average's weights are fixed" train $A --router average --router-heads same
 # an ablation that selects every weight at the run's shape is lime itself (issue 61, class 4)

@@ -785,6 +785,74 @@ TEST(gpu_mudd_four_ways_match_cpu) { NEED_GPU(); check_mudd(70, 40, MuddShape{4,
 TEST(gpu_mudd_one_way_many_sources_match_cpu) { NEED_GPU(); check_mudd(33, 6, MuddShape{1, 9, 36}); }
 TEST(gpu_mudd_kv_ways_match_cpu) { NEED_GPU(); check_mudd(5, 24, MuddShape{2, 2, 4}); }
 
+// DeepCrossAttention's GRN (support/study/dca.cuh): the kernels against the
+// plain loops. N = 150 tokens: five warps' rows of GRN_ROWS in the backward,
+// the last partial, in two blocks (the last to finish reduces); d = 40: lanes
+// wrap around the row. A block's three mixtures with the K and V norms (its
+// gradients added to dG, dy then 0), and the final GRN's one (dG written, dy
+// then dG[S-1]: the flags block 0's backward and the final's use).
+static void check_dca_grn(int C, int S, bool first, bool newest) {
+    int N = 150, d = 40;
+    size_t Nd = (size_t)N * d;
+    char what[64];
+    snprintf(what, sizeof what, "dca GRN C=%d S=%d", C, S);
+    GrnShape s = {C, S, N, d};
+    size_t nB = (size_t)S * d;
+    // the C mixtures' B (C, S, d) and w (C, d) one after another, the K and V gains (2, d)
+    auto G = randv(S * Nd, 1), B = randv(C * nB, 2), w = randv((size_t)C * d, 3, 0.5f), gain = randv(2 * (size_t)d, 4);
+    DevF gG(G), gB(B), gw(w), ggain(gain);
+    auto tensors = [&](float* Bs, float* ws, float* gains) {
+        GrnTensors t = {};
+        for (int c = 0; c < C; c++) t.B[c] = Bs + c * nB, t.w[c] = ws + (size_t)c * d;
+        if (C == 3) t.gain[0] = gains, t.gain[1] = gains + d;
+        return t;
+    };
+    GrnTensors t = tensors(B.data(), w.data(), gain.data()), gt = tensors(gB.p, gw.p, ggain.p);
+    // forward
+    std::vector<float> y(C * Nd), z((size_t)C * N * S), a(2 * Nd), rstd(2 * N);
+    GrnIo io = {G.data(), y.data(), z.data(), C == 3 ? a.data() : nullptr, C == 3 ? rstd.data() : nullptr};
+    dca_grn_forward(io, t, s, 1e-6f);
+    DevF gy(y.size()), gz(z.size()), ga(a.size()), grstd(rstd.size());
+    GrnIo gio = {gG.p, gy.p, gz.p, C == 3 ? ga.p : nullptr, C == 3 ? grstd.p : nullptr};
+    dca_grn_forward_gpu(gio, gt, s, 1e-6f, ctx().stream);
+    double ey = err_of(gy.get(), y), ez = err_of(gz.get(), z);
+    CHECK(ey < TOL_FWD, "%s forward: y rel err %.2e", what, ey);
+    CHECK(ez < TOL_FWD, "%s forward: the scores z rel err %.2e", what, ez);
+    if (C == 3) {
+        double ea = err_of(ga.get(), a), er = err_of(grstd.get(), rstd);
+        CHECK(ea < TOL_FWD, "%s forward: the K and V inputs rel err %.2e", what, ea);
+        CHECK(er < TOL_FWD, "%s forward: their rstd rel err %.2e", what, er);
+    }
+    // backward, on the CPU's saved values, adding into gradients that hold something already
+    auto dy0 = randv(Nd, 30), da = randv(2 * Nd, 31), dG0 = randv(S * Nd, 32);
+    auto dB = randv(C * nB, 33), dw = randv((size_t)C * d, 34), dgain = randv(2 * (size_t)d, 35);
+    DevF gdB(dB), gdw(dw), gdgain(dgain), gdy(dy0), gda(da), gdG(dG0), cy(y), cz(z), crstd(rstd);
+    GrnTensors dt = tensors(dB.data(), dw.data(), dgain.data()), gdt = tensors(gdB.p, gdw.p, gdgain.p);
+    std::vector<float> dy = dy0, dG = dG0, part(grn_cpu_scratch_floats(C, S, d));
+    dca_grn_backward(io, {dy.data(), da.data(), dG.data(), first, newest}, t, dt, s, part.data());
+    DevF scratch(grn_gpu_scratch_floats(C, S, d, N));
+    DevBuf<unsigned> done(std::vector<unsigned>{0});
+    GrnIo cio = {gG.p, cy.p, cz.p, nullptr, C == 3 ? crstd.p : nullptr};
+    dca_grn_backward_gpu(cio, {gdy.p, gda.p, gdG.p, first, newest}, gt, gdt, s, scratch.p, done.p, ctx().stream);
+    double eG = err_of(gdG.get(), dG), edy = err_of(gdy.get(), dy), eB = err_of(gdB.get(), dB), ew = err_of(gdw.get(), dw);
+    CHECK(eG < TOL_BWD, "%s backward: dG rel err %.2e", what, eG);
+    CHECK(newest ? edy < TOL_BWD : gdy.get() == dy, "%s backward: dy after it (%s) rel err %.2e", what,
+          newest ? "dG[S-1]" : "0", edy);
+    CHECK(eB < TOL_BWD, "%s backward: the static weights' gradient dB rel err %.2e", what, eB);
+    CHECK(ew < TOL_BWD, "%s backward: the dynamic weights' gradient dw rel err %.2e", what, ew);
+    double eg = err_of(gdgain.get(), dgain);
+    CHECK(eg < TOL_BWD, "%s backward: the K and V gains' gradient rel err %.2e", what, eg);
+    CHECK(done.get()[0] == 0, "%s backward: the count of finished blocks was left at %u, not 0", what, done.get()[0]);
+    // the attention's residual add h = y_q + a
+    std::vector<float> h(Nd);
+    dca_sum(h.data(), G.data(), dy0.data(), Nd);
+    DevF gh(Nd), gx(dy0);
+    dca_sum_gpu(gh.p, gG.p, gx.p, Nd, ctx().stream);
+    CHECK(gh.get() == h, "%s: dca_sum differs from the CPU's", what);
+}
+TEST(gpu_dca_block_grn_matches_cpu) { NEED_GPU(); check_dca_grn(3, 3, false, false); }
+TEST(gpu_dca_final_grn_matches_cpu) { NEED_GPU(); check_dca_grn(1, 4, true, false); }
+TEST(gpu_dca_first_block_grn_matches_cpu) { NEED_GPU(); check_dca_grn(3, 1, false, true); }
 TEST(gpu_hc_dynamic_matches_cpu) { NEED_GPU(); check_hc(70, 3, 40, true); }
 TEST(gpu_hc_static_matches_cpu) { NEED_GPU(); check_hc(70, 3, 40, false); }
 TEST(gpu_hc_sixteen_streams_match_cpu) { NEED_GPU(); check_hc(5, 16, 8, true); }
@@ -981,7 +1049,8 @@ static std::string golden_on_gpu(const std::string& path, bool tf32, std::string
 static const char* GOLDEN[] = {"tests/golden/llama_tiny.safetensors", "tests/golden/lime_tiny.safetensors", "tests/golden/lime_gqa.safetensors",
                                "tests/golden/hc_tiny.safetensors", "tests/golden/hc_static_gqa.safetensors",
                                "tests/golden/llama_ereg.safetensors", "tests/golden/resformer_gqa.safetensors",
-                               "tests/golden/denseformer_tiny.safetensors", "tests/golden/muddformer_gqa.safetensors"};
+                               "tests/golden/denseformer_tiny.safetensors", "tests/golden/muddformer_gqa.safetensors",
+                               "tests/golden/dca_tiny.safetensors"};
 
 TEST(gpu_matches_reference_vectors_float32) {
     NEED_GPU();
@@ -1008,12 +1077,14 @@ TEST(gpu_matches_reference_vectors_tf32) {
 // attention path, the same in every block and thread order. HC's and
 // ResFormer's scalar weights are sums that nearly cancel (as under TF32,
 // above): up to 5.5e-2, held to 1e-1 (docs/results.md, bf16); MUDDFormer's
-// W1 and W2 (sums over tokens of nearly parallel states, through bf16 products) 3.5e-2.
+// W1 and W2 (sums over tokens of nearly parallel states, through bf16 products) 3.5e-2; DCA's
+// dynamic weights w (docs/model.md) 1.9e-2 on the harness.
 static void check_reference_vectors_bf16(Attention attention) {
     ScopedPrecision bf16(PRECISION_BF16);
     ScopedAttention scoped(attention);
     for (const char* path : GOLDEN) {
-        bool cancels = strstr(path, "/hc_") || strstr(path, "/resformer_") || strstr(path, "/muddformer_");
+        bool cancels = strstr(path, "/hc_") || strstr(path, "/resformer_") || strstr(path, "/muddformer_") ||
+                       strstr(path, "/dca_");
         std::string worst, err = golden_on_gpu(path, true, &worst, cancels ? 1e-1 : 2e-2);
         CHECK(err.empty(), "%s (bf16, %s attention)", err.c_str(), attention == ATTENTION_FLASH ? "flash" : "matmul");
     }
@@ -1105,6 +1176,7 @@ static Config hc_config(int n, bool dynamic, int H, int R) {
 }
 TEST(gpu_training_steps_match_cpu_hc_dynamic_gqa) { NEED_GPU(); use_tf32(false); check_gpu_trains_like_cpu(hc_config(3, true, 4, 2)); }
 TEST(gpu_training_steps_match_cpu_hc_static) { NEED_GPU(); use_tf32(false); check_gpu_trains_like_cpu(hc_config(2, false, 2, 2)); }
+TEST(gpu_training_steps_match_cpu_dca) { NEED_GPU(); use_tf32(false); check_gpu_trains_like_cpu(ARCH_DCA, 4, 2); }
 // The whole model with flash attention, over more than one tile of positions.
 static void check_flash_trains_like_cpu(Arch arch, int H, int R, int T) {
     use_tf32(false);
@@ -1331,6 +1403,10 @@ TEST(gpu_muddformer_three_steps_bit_identical_across_schedules) {
     check_steps_across_schedules(ATTENTION_MATMUL, peer_config("muddformer"));
     check_steps_across_schedules(ATTENTION_MATMUL, peer_config("muddformer:kv"));
 }
+TEST(gpu_dca_three_steps_bit_identical_across_schedules) {
+    NEED_GPU();
+    check_steps_across_schedules(ATTENTION_MATMUL, peer_config("dca"));
+}
 TEST(gpu_same_head_three_steps_bit_identical_across_schedules) {
     NEED_GPU();
     check_steps_across_schedules(ATTENTION_MATMUL, peer_config("lime:last-2:same-head"));
@@ -1391,14 +1467,16 @@ TEST(gpu_router_kernels_and_cublas_train_alike) {
 }
 
 // The nodes one captured training step issues, held at the aims of docs/gpu.md:
-// 150 (llama), 170 (lime), 240 (hc, muddformer) at the paper's small config (L4 d32 H4, R = 4)
+// 150 (llama), 170 (lime), 240 (hc, muddformer), 192 (dca: llama's, and 10 a layer and 2
+// a step: its GRNs and sums 4 a layer and the final GRN's 2; q, k and v read
+// three arrays, a product each, 6 a layer) at the paper's small config (L4 d32 H4, R = 4)
 // and 400 at L12 with R = 12 (the counts were 344, 362, 436 and 1,760 with a
 // product per kv head, an AdamW launch per run of tensors and one-block
 // reductions). d and T do not change the count; the tokens B*T do, by two
 // launches: from 512 tokens the weight gradients split (split_k.cuh: one more
 // kernel sums them) and the embedding's backward sums its chunks. llama and lime
 // are counted at 64 x 9 tokens (as the paper's 128 x 88: everything split), hc,
-// muddformer and L12 at 2 x 9 with llama's measured difference added (the harness takes
+// muddformer, dca and L12 at 2 x 9 with llama's measured difference added (the harness takes
 // minutes for them at 576 tokens).
 static size_t step_nodes(const char* model, int L, int d, int H, int R, int B) {
     Config c = tiny_gpu_config(ARCH_LIME, H, R, 9);
@@ -1427,11 +1505,12 @@ TEST(gpu_step_nodes_within_their_targets) {
         {"lime", 4, 32, 4, 4, step_nodes("lime", 4, 32, 4, 4, 64), 170},
         {"hc", 4, 32, 4, 4, step_nodes("hc", 4, 32, 4, 4, 2) + more, 240},
         {"muddformer", 4, 32, 4, 4, step_nodes("muddformer", 4, 32, 4, 4, 2) + more, 240},
+        {"dca", 4, 32, 4, 4, step_nodes("dca", 4, 32, 4, 4, 2) + more, 150 + 10 * 4 + 2},
         {"llama", 12, 96, 12, 12, step_nodes("llama", 12, 96, 12, 12, 2) + more, 400}};
     for (auto t : targets)
         CHECK(t.got > more && t.got <= t.most, "%s L%d R%d: %zu nodes a step, over its ceiling %zu (llama %zu, "
-              "lime %zu, hc %zu, muddformer %zu, L12 %zu)", t.model, t.L, t.R, t.got, t.most, targets[0].got,
-              targets[1].got, targets[2].got, targets[3].got, targets[4].got);
+              "lime %zu, hc %zu, muddformer %zu, dca %zu, L12 %zu)", t.model, t.L, t.R, t.got, t.most, targets[0].got,
+              targets[1].got, targets[2].got, targets[3].got, targets[4].got, targets[5].got);
 }
 
 TEST(gpu_forward_without_targets_gives_cpu_logits) {

@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.." || exit 2
 source tests/lib.sh
 
 # The models compared, one per entry: the flags after --arch.
-ARCHS=("llama" "lime" "lime --router-heads same" "hc" "resformer" "denseformer" "llama --entropy-reg 0.1")
+ARCHS=("llama" "lime" "lime --router-heads same" "hc" "resformer" "denseformer" "dca" "llama --entropy-reg 0.1")
 # d 32: whole vectors everywhere; d 36 (hd 12, one kv head): every sum's scalar
 # tail, the 2-lane HC and attention loops and the router's sliced dot products.
 SHAPES=("--dim 32 --heads 4 --ffn 96"

@@ -445,7 +445,7 @@ static int layer_of(const std::string& name) { return atoi(name.c_str() + strlen
 // and must get a gradient of exactly 0. `spread`: how far the weights are moved
 // from the init; the variants need more (0.2), or their small key gradients
 // (average mixes each key in at 1/(l+1)) drown in float32 rounding.
-static void check_model_gradients(const Config& c, float spread = 0.05f) {
+static void check_model_gradients(const Config& c, float spread = 0.05f, const std::function<void(Model&)>& move = nullptr) {
     Model m;
     FreeOnReturn guard{&m};
     std::string err = model_create(&m, c, 2, DEVICE_CPU);
@@ -453,6 +453,7 @@ static void check_model_gradients(const Config& c, float spread = 0.05f) {
     model_init(&m, 5);
     std::vector<float> init(m.params, m.params + m.n_params);
     for (size_t i = 0; i < m.n_params; i++) m.params[i] += spread * (float)std::sin(1.7 * i);  // away from the init's symmetries
+    if (move) move(m);  // a model's own weights moved further
     for (const TensorSpec& t : m.specs)  // ... except the fixed router weights: they stay as initialised
         if (t.group == GROUP_ROUTER) {
             std::vector<char> on = learned_entries(c, layer_of(t.name), t.numel);
@@ -534,6 +535,15 @@ TEST(router_variant_gradients_equal_static_on_learned_weights) {
 
 TEST(resformer_model_gradients_match_finite_differences) { check_model_gradients(tiny_config(ARCH_RESFORMER, 4, 2), 0.2f); }
 TEST(denseformer_model_gradients_match_finite_differences) { check_model_gradients(tiny_config(ARCH_DENSEFORMER, 4, 2), 0.2f); }
+// DCA's scores w . g_j are small (the sources are small): w is moved to N(0, 5^2)
+// as in the reference file, so that the scores matter and the ReLU cuts some.
+TEST(dca_model_gradients_match_finite_differences) {
+    check_model_gradients(tiny_config(ARCH_DCA, 4, 2), 0.2f, [](Model& m) {
+        for (const TensorSpec& t : m.specs)
+            for (size_t i = 0; t.name.find(".dynamic.") != std::string::npos && i < t.numel; i++)
+                m.params[t.offset + i] = 5.0f * (float)std::sin(2.3 * (t.offset + i));
+    });
+}
 TEST(lime_same_head_model_gradients_match_finite_differences) { check_model_gradients(variant_config("lime:same-head", 4, 2), 0.2f); }
 TEST(lime_last2_same_head_model_gradients_match_finite_differences) {
     check_model_gradients(variant_config("lime:last-2:same-head", 4, 2), 0.2f);
@@ -758,6 +768,91 @@ TEST(muddformer_kv_q_and_r_ways_read_the_newest_state) {
     double e = rel_err(model_logits(&qkvr), model_logits(&kv), (size_t)b.B * b.T * ck.V);
     CHECK(e < 1e-6, "muddformer with Q and R pinned to the newest state: logits rel err %.2e against muddformer:kv's", e);
     CHECK(std::fabs(l1 - l2) <= 1e-6f * std::fabs(l1), "muddformer with Q and R pinned: loss %.9g, muddformer:kv's %.9g", l2, l1);
+}
+
+// DCA's GRN loops (support/study/dca.cuh, the CPU's only path) give the same
+// bits at 1, 2 and 3 threads: the forward splits the tokens, the backward sums
+// the weights' gradients over fixed slices, then the slices in order. 150
+// tokens, d = 70 (a tile of 64 and a partial one), three sources.
+TEST(dca_grn_same_bits_at_1_2_and_3_threads) {
+    int C = 3, S = 3, N = 150, d = 70;
+    size_t Nd = (size_t)N * d, nB = (size_t)S * d;
+    GrnShape s = {C, S, N, d};
+    auto G = randv(S * Nd, 1), B = randv(C * nB, 2), w = randv((size_t)C * d, 3, 0.5f), gain = randv(2 * (size_t)d, 4);
+    auto dy0 = randv(Nd, 5), da = randv(2 * Nd, 6), dG0 = randv(S * Nd, 7);
+    auto tensors = [&](float* Bs, float* ws, float* gains) {
+        GrnTensors t = {};
+        for (int c = 0; c < C; c++) t.B[c] = Bs + c * nB, t.w[c] = ws + (size_t)c * d;
+        t.gain[0] = gains, t.gain[1] = gains + d;
+        return t;
+    };
+    std::vector<float> want;
+    int before = omp_get_max_threads();
+    for (int threads = 1; threads <= 3; threads++) {
+        omp_set_num_threads(threads);
+        std::vector<float> y(C * Nd), z((size_t)C * N * S), a(2 * Nd), rstd(2 * N), dy = dy0, dG = dG0;
+        std::vector<float> dB(C * nB, 0.5f), dw((size_t)C * d, 0.5f), dgain(2 * (size_t)d, 0.5f);
+        std::vector<float> part(grn_cpu_scratch_floats(C, S, d));
+        GrnIo io = {G.data(), y.data(), z.data(), a.data(), rstd.data()};
+        dca_grn_forward(io, tensors(B.data(), w.data(), gain.data()), s, 1e-6f);
+        dca_grn_backward(io, {dy.data(), da.data(), dG.data(), false, true}, tensors(B.data(), w.data(), gain.data()),
+                         tensors(dB.data(), dw.data(), dgain.data()), s, part.data());
+        std::vector<float> got;
+        for (const std::vector<float>* v : {&y, &z, &a, &rstd, &dy, &dG, &dB, &dw, &dgain}) got.insert(got.end(), v->begin(), v->end());
+        if (threads == 1) want = got;
+        CHECK(got.size() == want.size() && memcmp(got.data(), want.data(), want.size() * sizeof(float)) == 0,
+              "the GRN's forward and backward at %d threads differ from 1 thread's", threads);
+    }
+    omp_set_num_threads(before);
+}
+
+// DeepCrossAttention with B = 1 and w = 0 is LLaMa to rounding (docs/model.md): every
+// GRN is the plain sum of the embedding and the blocks' outputs (a + MLP), where
+// LLaMa adds a and the MLP's output to its state one at a time. Logits, loss and
+// the gradients of LLaMa's tensors agree to float32's rounding; the q, k and v
+// norms' gains (g_attn, g_k, g_v, all 1) share LLaMa's g_attn gradient between
+// them. With its initial w (N(0, 0.02^2)), DCA is LLaMa up to the small terms
+// relu(w . g_j) g_j: further off than rounding, within 1e-2.
+TEST(dca_with_static_1_and_dynamic_0_computes_llama) {
+    Config cl = tiny_config(ARCH_LLAMA, 4, 2), cd = tiny_config(ARCH_DCA, 4, 2);
+    Model llama, dca;
+    FreeOnReturn guard{&llama, &dca};
+    CHECK(model_create(&llama, cl, 2, DEVICE_CPU).empty(), "model_create llama failed");
+    CHECK(model_create(&dca, cd, 2, DEVICE_CPU).empty(), "model_create dca failed");
+    model_init(&llama, 3);
+    model_init(&dca, 3);  // same seed: every shared tensor gets the same values
+    TinyBatch b(cl.V);
+    size_t n = (size_t)b.B * b.T * cl.V;
+    float l1 = model_forward(&llama, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    std::vector<float> want(model_logits(&llama), model_logits(&llama) + n);
+    float l0 = model_forward(&dca, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    double e0 = rel_err(model_logits(&dca), want.data(), n);
+    CHECK(e0 > 1e-6 && e0 < 1e-2, "dca at initialisation: logits rel err %.2e from llama's, want the dynamic "
+          "term's 1e-6 .. 1e-2 (loss %.9g, llama's %.9g)", e0, l0, l1);
+    for (const TensorSpec& t : dca.specs)
+        if (t.name.find(".dynamic.weight") != std::string::npos) memset(dca.params + t.offset, 0, t.numel * sizeof(float));
+    float l2 = model_forward(&dca, b.tokens.data(), b.targets.data(), b.mask.data(), b.B, b.T);
+    double e = rel_err(model_logits(&dca), want.data(), n);
+    CHECK(e < 1e-6, "dca with w = 0: logits rel err %.2e from llama's", e);
+    CHECK(std::fabs(l2 - l1) < 1e-6 * l1, "dca with w = 0: loss %.9g, llama's %.9g", l2, l1);
+    model_backward(&llama);
+    model_backward(&dca);
+    auto grad = [](Model& m, const std::string& name) {
+        for (const TensorSpec& t : m.specs)
+            if (t.name == name) return std::vector<float>(m.grads + t.offset, m.grads + t.offset + t.numel);
+        return std::vector<float>();
+    };
+    for (const TensorSpec& t : llama.specs) {
+        std::vector<float> got = grad(dca, t.name), ref = grad(llama, t.name);
+        size_t at = t.name.find("input_layernorm.weight");
+        if (at != std::string::npos)  // the three norms' gains: their sum is llama's gain's
+            for (const char* kv : {"input_layernorm_k.weight", "input_layernorm_v.weight"}) {
+                std::vector<float> part = grad(dca, t.name.substr(0, at) + kv);
+                for (size_t i = 0; i < got.size() && i < part.size(); i++) got[i] += part[i];
+            }
+        double eg = got.size() == ref.size() ? rel_err(got.data(), ref.data(), ref.size()) : 1e30;
+        CHECK(eg < 1e-5, "dca with w = 0: gradient of %s rel err %.2e from llama's", t.name.c_str(), eg);
+    }
 }
 
 // The cross-head ablation: the weights that mix kv head r' into head r != r'

@@ -155,6 +155,7 @@ static void print_cost(const Model& model) {
                        : c.arch == ARCH_RESFORMER   ? "value-residual weights"
                        : c.arch == ARCH_DENSEFORMER ? "depth-weighted average weights"
                        : c.arch == ARCH_MUDDFORMER  ? "dense-connection weights and k, v norms"
+                       : c.arch == ARCH_DCA         ? "GRN weights and K, V norms"
                                                     : "routers";
     printf("parameters: %zu (%s %zu, %.3f%%)\n", model.n_params, what, extra, 100.0 * extra / model.n_params);
     printf("FLOPs per token, training step at T=%d: %.4g (llama of this shape: %.4g, %+.3f%%)\n", c.T,
@@ -254,6 +255,7 @@ static std::string analyze_entropy(Model* model, const Task& task, int n, double
     // (a muddformer's of its V way's input)
     printf("  attended: %s\n", mixes_values(c)            ? "routed (the mixture attention reads)"
                               : c.arch == ARCH_MUDDFORMER ? "raw (W_V of the V way's mixture of the states)"
+                              : c.arch == ARCH_DCA        ? "raw (W_V of rmsnorm(y_v), the V input's own mixture of the blocks' outputs)"
                                                           : "raw (W_V of the layer's input)");
     printf("  layer");
     for (const EntropyKind& k : kinds) printf("  %-17s", k.name);

@@ -643,6 +643,10 @@ static void report_intro(std::ostringstream& md, const Preset* preset, const std
     if (has("denseformer"))
         md << "Model `denseformer` is DenseFormer (depth-weighted averaging, `--arch denseformer`): each block reads "
               "a learned average of the embedding and every earlier block's output.\n\n";
+    if (has("dca"))
+        md << "Model `dca` is DeepCrossAttention (`--arch dca`): each block's queries, keys and values read their "
+              "own mixtures of the embedding and every earlier block's output, a per-feature weight plus a "
+              "per-token score each.\n\n";
     if (std::any_of(rep.archs.begin(), rep.archs.end(), [](const std::string& a) { return a.rfind("hc", 0) == 0; }))
         md << "Model `hc` is Hyper-Connections (`--arch hc`, 4 residual streams, dynamic mixing weights), the "
               "paper's other baseline; `hc:nN` trains it with `--hc-rate N`, `hc:static` with `--hc-dynamic 0`: "

@@ -29,7 +29,9 @@ double flops_per_token(const Config& c, int T) {
         if (c.arch == ARCH_DENSEFORMER) fwd += 2 * (l + 2) * d;       // the average of l+2 hidden states
         double C, s, K;  // MUDDFormer after block l: z W1^T, hid W2^T, the C ways' sums over s states
         if (mudd_aggregation(c, l, &C, &s, &K)) fwd += 2 * d * K + 2 * K * C * s + 2 * C * s * d;
+        if (c.arch == ARCH_DCA) fwd += 3 * 5 * d * (l + 1);  // three GRNs over l+1 sources: scores 2 d, sums 3 d each
     }
+    if (c.arch == ARCH_DCA) fwd += 5 * d * (c.L + 1);  // the final GRN
     fwd += 2 * d * c.V;  // output layer
     return 3 * fwd;
 }
@@ -68,6 +70,15 @@ double flops_per_token(const Config& c, int T) {
 // a's sum C s), W2's product C s + 2 K, the gelu 3 K, W1's product K + 2 d,
 // the norm's backward into dx 4 d (kv 5 d); once the history's zero-fill
 // (L+1) d and the embedding's gradient add 3 d.
+// DCA, block l (S = l+1 sources): forward the GRNs read S d and write y_q,
+// y_k, y_v and the K and V inputs 5 d (and 3 S scores, 2 rstd); the
+// projections read two more inputs 2 d; the attention's add writes a, then
+// reads y_q and a and writes h 4 d (LLaMa's 2 d); the norms copy nothing (-2 d):
+// (S + 7) d + 3 S + 2. Backward the GRNs read dy_q, the K and V inputs'
+// gradients and y_k, y_v 5 d, the sources S d, add into dG 2 S d, zero dy_q d,
+// read the scores 3 S and rstd 2; the projections write dk, dv 2 d; d a = d h +
+// dG[l+1] 3 d: (3 S + 11) d + 3 S + 2. The final GRN (L+1 sources): forward
+// (L+2) d + L+1, backward (2 L + 4) d + L+1.
 // docs/model.md ("What HC costs") has the numbers at the bench configs.
 double bytes_per_token(const Config& c, int T) {
     double d = c.d, q = (double)c.H * c.hd, kv = (double)c.R * c.hd, F = c.F, S = (double)c.H * T, f = 0;
@@ -93,6 +104,11 @@ double bytes_per_token(const Config& c, int T) {
     }
     if (c.arch == ARCH_HC) f += 4 * (c.hc_rate + 1) * d;
     if (c.arch == ARCH_DENSEFORMER || c.arch == ARCH_MUDDFORMER) f += (c.L + 1) * d + 3 * d;
+    for (int l = 0; c.arch == ARCH_DCA && l < c.L; l++) {
+        double S = l + 1;
+        f += (S + 7) * d + 3 * S + 2 + (3 * S + 11) * d + 3 * S + 2;
+    }
+    if (c.arch == ARCH_DCA) f += (c.L + 2) * d + (c.L + 1) + (2 * c.L + 4) * d + (c.L + 1);
     f += 15 * d + 7 * c.V;
     return 4 * f;
 }

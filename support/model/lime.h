@@ -16,8 +16,12 @@
 // layer's; ARCH_DENSEFORMER, depth-weighted averaging (Pagliardini et al.,
 // arXiv 2402.02622): each block reads a learned average of all earlier outputs;
 // ARCH_MUDDFORMER, multiway dynamic dense connections (Xiao et al., arXiv
-// 2502.12170): per token, each of a block's inputs a weighted sum of all earlier states.
-enum Arch { ARCH_LLAMA = 0, ARCH_LIME = 1, ARCH_HC = 2, ARCH_RESFORMER = 3, ARCH_DENSEFORMER = 4, ARCH_MUDDFORMER = 5 };
+// 2502.12170): per token, each of a block's inputs a weighted sum of all earlier
+// states; ARCH_DCA, DeepCrossAttention (Heddes et al., arXiv 2502.06785): each
+// block's queries, keys and values read their own mixtures of every earlier block's output.
+enum Arch {
+    ARCH_LLAMA = 0, ARCH_LIME = 1, ARCH_HC = 2, ARCH_RESFORMER = 3, ARCH_DENSEFORMER = 4, ARCH_MUDDFORMER = 5, ARCH_DCA = 6
+};
 // MUDDFormer's dense ways (support/study/muddformer.cuh): qkvr, the paper's four (Q, K, V and the
 // residual each read their own mixture of the states), or kv (only the keys' and values' inputs).
 enum MuddWays { MUDD_QKVR = 0, MUDD_KV = 1 };

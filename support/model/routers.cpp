@@ -9,8 +9,8 @@
 #include "support/lib/rng.h"
 #include "support/model/lime.h"
 
-// A router-group matrix t (R, (l+1)*R) as model_init sets it (the peers' mixing
-// weights get this too, then their own initialisation).
+// A router-group matrix t (R, (l+1)*R) as model_init sets it (LIMe's; the peers'
+// mixing weights get the matrices' draw, then their own initialisation).
 void router_init(const Config& c, const TensorSpec& t, uint64_t seed, float* p) {
     if (c.arch != ARCH_LIME) return;  // a peer's mixing weights: its own init sets them (support/study/)
     Rng rng(seed_for(seed, t.name));

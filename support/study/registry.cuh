@@ -5,6 +5,7 @@
 // A new model: its file's include and its row (support/study/README.md, "Adding a model").
 #pragma once
 #include "support/model/models.h"
+#include "support/study/dca.cuh"                // defines: DCA_HOOKS (--arch dca)
 #include "support/study/denseformer.cuh"        // defines: DENSEFORMER_HOOKS (--arch denseformer)
 #include "support/study/entropy_reg.cuh"        // defines: EREG_HOOKS (--entropy-reg, a loss term)
 #include "support/study/hyper_connections.cuh"  // defines: HC_HOOKS (--arch hc)
@@ -27,6 +28,8 @@ std::vector<ModelEntry>& model_registry() {
          "MUDDFormer: each block's queries, keys, values and residual read their own per-token mixture of every "
          "earlier state",
          "muddformer:kv (only the keys' and values' inputs mixed; --mudd-ways kv)", &MUDDFORMER_HOOKS},
+        {"dca", "DeepCrossAttention: each block's queries, keys and values read their own mixtures of every earlier "
+         "block's output", "", &DCA_HOOKS},
     };
     return rows;
 }
