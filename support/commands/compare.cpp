@@ -65,11 +65,12 @@ struct Preset {
 };
 
 // The reviewers' study (ICLR 2026: LIMe against the peers they named, more
-// seeds, corrected tests): cpu-study's setting at tier 3, 12 seeds of eight
-// models; and tier 4, where a single LLaMa run of 6 epochs (seed 1) leaves
+// seeds, corrected tests): cpu-study's setting at tier 3, 12 seeds of eleven
+// models (MUDDFormer, MUDD-KV and DeepCrossAttention the last peers added); and tier 4, where a single LLaMa run of 6 epochs (seed 1) leaves
 // chance, 6 seeds of six models.
 static const TierPlan REVIEWERS_PLANS[] = {
-    {"3", 12, "llama,lime,lime:frozen,lime:same-head,hc,resformer,denseformer,llama:ereg=0.1", ""},
+    {"3", 12, "llama,lime,lime:frozen,lime:same-head,hc,resformer,denseformer,muddformer,muddformer:kv,dca,llama:ereg=0.1",
+     ""},
     {"4", 6, "llama,lime,hc,resformer,denseformer,llama:ereg=0.1", "--epochs 6"},
 };
 
@@ -92,16 +93,17 @@ static const Preset PRESETS[] = {
      "3", 6, "two-core CPU, about an hour: cpu-study's setting, llama and lime and llama at three entropy-regulariser lambdas"},
     {"reviewers",
      "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 12 --lr 3e-3",
-     "3,4", 12, "two-core CPU, under 3 hours: the reviewers' study, LIMe against ResFormer, DenseFormer, HC, the "
-     "same-head router, frozen routers and the regulariser, tier 3 with 12 seeds and tier 4 with 6",
+     "3,4", 12, "two-core CPU, about 4 hours: the reviewers' study, LIMe against ResFormer, DenseFormer, HC, "
+     "MUDDFormer (and MUDD-KV), DeepCrossAttention, the same-head router, frozen routers and the regulariser, tier 3 "
+     "with 12 seeds and tier 4 with 6",
      REVIEWERS_PLANS, 2},
     // how fast each model learns (issue 60): cpu-study's setting run 3 times as long (LLaMa seed 2, stalled
     // at 12 epochs, learned by 36), each model at its own rate of three, picked on tuning seeds 101 and 102
     {"learning-speed",
      "--layers 4 --dim 32 --heads 4 --train-size 20000 --test-size 500 --batch 64 --epochs 36 --lr 3e-3",
-     "3", 8, "two-core CPU, under 4 hours: how fast each model learns, tier 3 for 36 epochs, each model at its own "
+     "3", 8, "two-core CPU, about 4 hours: how fast each model learns, tier 3 for 36 epochs, each model at its own "
      "rate of 2e-3, 3e-3 and 5e-3 (picked on tuning seeds 101, 102), 8 seeds of llama, lime, lime:frozen, hc, "
-     "resformer, denseformer, llama:ereg=0.1", nullptr, 0, "2e-3,3e-3,5e-3"},
+     "resformer, denseformer, muddformer, muddformer:kv, dca, llama:ereg=0.1", nullptr, 0, "2e-3,3e-3,5e-3"},
     {"tiny", "--layers 2 --dim 16 --heads 2 --ffn 32 --train-size 300 --test-size 20 --batch 16 --steps 30", "2", 2,
      "seconds: for tests"},
 };
@@ -117,7 +119,8 @@ static const TierPlan* plan_of(const Preset* p, const std::string& tier) {
 static const char* preset_archs(const Preset& p) {
     if (p.n_plans) return p.plans[0].archs;  // the first tier's: every planned tier's models are among them
     if (std::string(p.name) == "referee") return "llama,lime,llama:ereg=0.002,llama:ereg=0.01,llama:ereg=0.1";
-    if (std::string(p.name) == "learning-speed") return "llama,lime,lime:frozen,hc,resformer,denseformer,llama:ereg=0.1";
+    if (std::string(p.name) == "learning-speed")
+        return "llama,lime,lime:frozen,hc,resformer,denseformer,muddformer,muddformer:kv,dca,llama:ereg=0.1";
     return std::string(p.name) == "cpu-study" ? "llama,lime,lime:frozen" : "llama,lime";
 }
 
@@ -2116,9 +2119,9 @@ int cmd_compare(int argc, char** argv) {
         {"preset", "classroom",
          "classroom (2 CPU cores, ~10 min), cpu-study (2 CPU cores, ~30 min, with the frozen-router control), "
          "paper-aet (the paper's setting, GPU), referee (2 CPU cores, ~1 hour: llama with the value-entropy "
-         "regulariser at 3 lambdas beside llama and lime), reviewers (2 CPU cores, under 3 hours: LIMe against "
-         "ResFormer, DenseFormer, HC, the same-head router, frozen routers and the regulariser, 12 seeds at tier 3 "
-         "and 6 at tier 4), learning-speed (2 CPU cores, under 4 hours: how fast each model learns, 36 epochs, "
+         "regulariser at 3 lambdas beside llama and lime), reviewers (2 CPU cores, about 4 hours: LIMe against "
+         "ResFormer, DenseFormer, HC, MUDDFormer, DCA, the same-head router, frozen routers and the regulariser, 12 "
+         "seeds at tier 3 and 6 at tier 4), learning-speed (2 CPU cores, about 4 hours: how fast each model learns, 36 epochs, "
          "each model at its own rate) or tiny (tests)"},
         {"task", "arith", "arith, prosqa (exact match on the real test file) or text (validation loss)"},
         {"seeds", "", "seeds per model (default: the preset's)"},
