@@ -15,6 +15,7 @@
 #include "support/lib/cli.h"
 #include "support/lib/plot.h"
 #include "support/lib/stats.h"
+#include "support/model/models.h"  // study_hooks: what a study model names, attends and costs
 #include "support/model/lime.h"
 #include "support/model/names.h"
 
@@ -151,12 +152,8 @@ static void print_cost(const Model& model) {
     Config llama = c;
     model_parse("llama", &llama);
     size_t extra = model.n_params - param_count(llama);  // the routers, or a peer's own mixing weights
-    const char* what = c.arch == ARCH_HC            ? "hc mixing weights"
-                       : c.arch == ARCH_RESFORMER   ? "value-residual weights"
-                       : c.arch == ARCH_DENSEFORMER ? "depth-weighted average weights"
-                       : c.arch == ARCH_MUDDFORMER  ? "dense-connection weights and k, v norms"
-                       : c.arch == ARCH_DCA         ? "GRN weights and K, V norms"
-                                                    : "routers";
+    const StudyHooks* study = study_hooks(c);  // a study model names its own weights (its file's StudyHooks)
+    const char* what = study && study->weights ? study->weights : "routers";
     printf("parameters: %zu (%s %zu, %.3f%%)\n", model.n_params, what, extra, 100.0 * extra / model.n_params);
     printf("FLOPs per token, training step at T=%d: %.4g (llama of this shape: %.4g, %+.3f%%)\n", c.T,
            flops_per_token(c, c.T), flops_per_token(llama, c.T),
@@ -252,11 +249,11 @@ static std::string analyze_entropy(Model* model, const Task& task, int n, double
     printf("entropy (Renyi, alpha = %g; features z-scored over all %d sequences), mean ± std over sequences:\n",
            alpha, B);
     // which values attention attends: the mixture where the model mixes them, else the raw projection
-    // (a muddformer's of its V way's input)
-    printf("  attended: %s\n", mixes_values(c)            ? "routed (the mixture attention reads)"
-                              : c.arch == ARCH_MUDDFORMER ? "raw (W_V of the V way's mixture of the states)"
-                              : c.arch == ARCH_DCA        ? "raw (W_V of rmsnorm(y_v), the V input's own mixture of the blocks' outputs)"
-                                                          : "raw (W_V of the layer's input)");
+    // (a study model's own where its file says: MUDDFormer's V way, DCA's y_v)
+    const StudyHooks* study = study_hooks(c);
+    printf("  attended: %s\n", mixes_values(c)                 ? "routed (the mixture attention reads)"
+                              : study && study->attended ? study->attended
+                                                         : "raw (W_V of the layer's input)");
     printf("  layer");
     for (const EntropyKind& k : kinds) printf("  %-17s", k.name);
     printf("\n");

@@ -639,21 +639,10 @@ static void report_intro(std::ostringstream& md, const Preset* preset, const std
         }))
         md << "Model `lime:same-head` is LIMe with the cross-head ablation (`--router-heads same`): each kv head mixes "
               "only the same head of the earlier layers; the weights that mix across heads are 0 and stay 0.\n\n";
-    if (has("resformer"))
-        md << "Model `resformer` is ResFormer (value residual learning, `--arch resformer`): layer l >= 1 attends "
-              "with its own keys and a learned mixture of its own values and the first layer's (two weights a "
-              "layer).\n\n";
-    if (has("denseformer"))
-        md << "Model `denseformer` is DenseFormer (depth-weighted averaging, `--arch denseformer`): each block reads "
-              "a learned average of the embedding and every earlier block's output.\n\n";
-    if (has("dca"))
-        md << "Model `dca` is DeepCrossAttention (`--arch dca`): each block's queries, keys and values read their "
-              "own mixtures of the embedding and every earlier block's output, a per-feature weight plus a "
-              "per-token score each.\n\n";
-    if (std::any_of(rep.archs.begin(), rep.archs.end(), [](const std::string& a) { return a.rfind("hc", 0) == 0; }))
-        md << "Model `hc` is Hyper-Connections (`--arch hc`, 4 residual streams, dynamic mixing weights), the "
-              "paper's other baseline; `hc:nN` trains it with `--hc-rate N`, `hc:static` with `--hc-dynamic 0`: "
-              "README, `--arch hc`.\n\n";
+    for (const ModelEntry& m : model_registry())  // each study model compared: its registry row's line
+        if (m.hooks && has(m.name))
+            md << "Model `" << m.name << "` (`--arch " << m.name << "`): " << m.about
+               << (*m.variants ? std::string("; its variants: ") + m.variants : std::string()) << ". README, `--arch`.\n\n";
 }
 
 // Accuracy (or, for text, validation loss and perplexity) per tier and model:

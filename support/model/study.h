@@ -113,6 +113,11 @@ struct StudyHooks {
     bool (*mixes_values)(const Config& c, int l);             // attention reads values(), not V[l]
     const float* (*values)(const StudyAt& at, const float* V);
     void (*values_backward)(const StudyAt& at, float* dV, const float* dvr);
+    // --- optional: what the model is and costs (analyze, bench, compare's report) ---
+    const char* weights;   // its own tensors, as analyze's parameter line names them (nullptr: "routers")
+    const char* attended;  // the values attention reads, for analyze's entropy table (nullptr: W_V of the layer's input)
+    double (*flops)(const Config& c, int T);   // the FLOPs per token its ops add to a forward pass (support/model/cost.cpp)
+    double (*floats)(const Config& c, int T);  // the floats per token its ops move, forward and backward (cost.cpp)
     // --- optional: a loss term (the regulariser) ---------------------------------
     void (*loss_layer)(const StudyAt& at, const float* V);    // layer l's raw values V (R, N, hd)
     void (*loss_layer_backward)(const StudyAt& at, float* dV);

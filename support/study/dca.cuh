@@ -467,8 +467,37 @@ static float* dca_stack(const StudyAt& at, int j) { return at.lime.x + (size_t)j
 // Block l's y_q (N, d): the q norm's input.
 static float* dca_yq(const StudyAt& at, const DcaActs& a, int l) { return a.y + (size_t)l * 3 * at.N() * at.model->c.d; }
 
+// --- what DCA costs (support/model/cost.cpp) -----------------------------------
+// FLOPs per token: block l's three GRNs over l+1 sources (scores 2 d, sums 3 d
+// each), and the final GRN's over L+1.
+static double dca_flops(const Config& c, int) {
+    double d = c.d, f = 0;
+    for (int l = 0; l < c.L; l++) f += 3 * 5 * d * (l + 1);
+    return f + 5 * d * (c.L + 1);
+}
+// Floats per token, block l (S = l+1 sources): forward the GRNs read S d and
+// write y_q, y_k, y_v and the K and V inputs 5 d (and 3 S scores, 2 rstd); the
+// projections read two more inputs 2 d; the attention's add writes a, then
+// reads y_q and a and writes h 4 d (LLaMa's 2 d); the norms copy nothing (-2 d):
+// (S + 7) d + 3 S + 2. Backward the GRNs read dy_q, the K and V inputs'
+// gradients and y_k, y_v 5 d, the sources S d, add into dG 2 S d, zero dy_q d,
+// read the scores 3 S and rstd 2; the projections write dk, dv 2 d; d a = d h +
+// dG[l+1] 3 d: (3 S + 11) d + 3 S + 2. The final GRN (L+1 sources): forward
+// (L+2) d + L+1, backward (2 L + 4) d + L+1.
+static double dca_floats(const Config& c, int) {
+    double d = c.d, f = 0;
+    for (int l = 0; l < c.L; l++) {
+        double S = l + 1;
+        f += (S + 7) * d + 3 * S + 2 + (3 * S + 11) * d + 3 * S + 2;
+    }
+    return f + (c.L + 2) * d + (c.L + 1) + (2 * c.L + 4) * d + (c.L + 1);
+}
 static StudyHooks dca_hooks() {
     StudyHooks h = {};
+    h.weights = "GRN weights and K, V norms";
+    h.attended = "raw (W_V of rmsnorm(y_v), the V input's own mixture of the blocks' outputs)";
+    h.flops = dca_flops;
+    h.floats = dca_floats;
     h.specs = dca_specs;
     h.carve = dca_carve;
     h.init = dca_init;

@@ -77,8 +77,31 @@ static void dense_average_backward(Model* model, float* dx, const DenseActs& a, 
 
 // --- the study-model interface (support/model/study.h) ------------------------
 static DenseActs dense_acts(const StudyAt& at) { return study_acts<DenseActs>(at, denseformer_acts_carve<StudyTake>); }
+// --- what DenseFormer costs (support/model/cost.cpp) ---------------------------
+// FLOPs per token: the average of l+2 hidden states after block l.
+static double denseformer_flops(const Config& c, int) {
+    double f = 0;
+    for (int l = 0; l < c.L; l++) f += 2 * (l + 2) * (double)c.d;
+    return f;
+}
+// Floats per token, after block l (K = l+2 arrays): forward the block's output
+// written to its own array (LLaMa's residual add, no more bytes) and the
+// average, K d read + d written; backward K d (X) + d (dY) read, K d
+// read-modify-write (dX) plus the copy 2 d, and the zero-fill once (L+1) d;
+// the embedding's gradient add 3 d.
+static double denseformer_floats(const Config& c, int) {
+    double d = c.d, f = 0;
+    for (int l = 0; l < c.L; l++) {
+        double terms = l + 2;
+        f += 2 * (terms + 1) * d + 2 * terms * d + 2 * d;
+    }
+    return f + (c.L + 1) * d + 3 * d;
+}
 static StudyHooks denseformer_hooks() {
     StudyHooks h = {};
+    h.weights = "depth-weighted average weights";
+    h.flops = denseformer_flops;
+    h.floats = denseformer_floats;
     h.specs = [](const Config& c, int l, const std::string& layer, const AddTensor& add) {
         denseformer_specs(c, l, layer, add);
     };

@@ -664,8 +664,32 @@ static void hc_sublayer_input_backward(Model* model, float* dX, const HcActs& a,
 // --- the study-model interface (support/model/study.h) ------------------------
 // HC's activations, carved from its region (at.acts) for the model's largest batch.
 static HcActs hc_acts(const StudyAt& at) { return study_acts<HcActs>(at, hc_acts_carve<StudyTake>); }
+// --- what HC costs (support/model/cost.cpp) -----------------------------------
+// FLOPs per token, per sublayer: the mixtures (width and depth), the dynamic weights.
+static double hc_flops(const Config& c, int) {
+    double d = c.d, n = c.hc_rate;
+    return c.L * 2 * (2 * (n + 1) * n * d + (c.hc_dynamic ? 2 * (n + 2) * n * d : 0));
+}
+// Floats per token (n streams, K = n+1, a = n K mixing weights a token), per
+// sublayer, in place of LLaMa's residual add (4 d forward):
+//   forward   width K d + n d + a;  weights n d + 2 a + 3 n (static a + n);
+//             depth 2 n d + 2 d + n (with the product's output y)
+//   backward  depth (n + K + 2) d + 3 n;  width (K + 2 n) d + 2 a;
+//             weights 3 n d + 2 a + 4 n (static a + n)
+//   and the embedding's copy into the streams and their sum: 4 (n + 1) d.
+// docs/model.md ("What HC costs") has the numbers at the bench configs.
+static double hc_floats(const Config& c, int) {
+    double d = c.d, n = c.hc_rate, K = n + 1, a = n * K, dyn = c.hc_dynamic;
+    double weights_f = dyn ? n * d + 2 * a + 3 * n : a + n, weights_b = dyn ? 3 * n * d + 2 * a + 4 * n : a + n;
+    double fwd = K * d + n * d + a + weights_f + 2 * n * d + 2 * d + n - 4 * d;
+    double bwd = (n + K + 2) * d + 3 * n + (K + 2 * n) * d + 2 * a + weights_b;
+    return c.L * 2 * (fwd + bwd) + 4 * (n + 1) * d;  // attention and MLP, then the streams' copy and sum
+}
 static StudyHooks hc_hooks() {
     StudyHooks h = {};
+    h.weights = "hc mixing weights";
+    h.flops = hc_flops;
+    h.floats = hc_floats;
     h.specs = [](const Config& c, int, const std::string& layer, const AddTensor& add) { hc_specs(c, layer, add); };
     h.carve = [](const Config& c, int, Params* p, const NextTensor& next) { hc_carve(c, p, next); };
     h.init = [](Model* model) { hc_init(model->p, model->c); };

@@ -530,8 +530,49 @@ static void mudd_block_end_backward(const StudyAt& at, float* dx) {
     op_mudd_norm_backward(model, dx, c.mudd_ways == MUDD_KV ? dx : nullptr, a.dHs + (l + 1) * n, a.dz, y.Hnext, y.rz, N);
 }
 
+// --- what MUDDFormer costs (support/model/cost.cpp) ----------------------------
+// The aggregation after block l: C ways over s = l+2 states, K hidden units;
+// false where there is none (kv's last block).
+static bool mudd_aggregation(const Config& c, int l, double* C, double* s, double* K) {
+    bool kv = c.mudd_ways == MUDD_KV, last = l == c.L - 1;
+    *s = l + 2;
+    *C = kv ? (last ? 0 : 2) : (last ? 1 : 4);
+    *K = (kv ? 2 : 4) * *s;
+    return *C > 0;
+}
+// FLOPs per token after block l: z W1^T, hid W2^T, the C ways' sums over s states.
+static double mudd_flops(const Config& c, int) {
+    double d = c.d, f = 0, C, s, K;
+    for (int l = 0; l < c.L; l++)
+        if (mudd_aggregation(c, l, &C, &s, &K)) f += 2 * d * K + 2 * K * C * s + 2 * C * s * d;
+    return f;
+}
+// Floats per token, a layer l >= 1: forward the k and v norms 4 d, the norm's
+// separate copy 2 d, the k and v products' own inputs 2 d; backward the ways'
+// zero-fill W d (W = 3 qkvr, 2 kv), the k and v norms 8 d, the products' own
+// inputs and gradients 4 d. The aggregation after block l (C ways, s states,
+// K hidden units): forward the norm 2 d, z W1^T d + K, the gelu 2 K, hid W2^T
+// K + C s, the ways C s + s d + C d; backward the ways C d + 3 s d + 2 C s (and
+// a's sum C s), W2's product C s + 2 K, the gelu 3 K, W1's product K + 2 d,
+// the norm's backward into dx 4 d (kv 5 d); once the history's zero-fill
+// (L+1) d and the embedding's gradient add 3 d.
+static double mudd_floats(const Config& c, int) {
+    double d = c.d, f = 0, mC, ms, mK, mW = c.mudd_ways == MUDD_KV ? 2 : 3;
+    for (int l = 0; l < c.L; l++) {
+        if (l >= 1) f += 8 * d + (mW + 12) * d;
+        if (mudd_aggregation(c, l, &mC, &ms, &mK))
+            f += 2 * d + d + mK + 2 * mK + mK + mC * ms + mC * ms + ms * d + mC * d +             // forward
+                 mC * d + 3 * ms * d + 3 * mC * ms + 2 * mK + mC * ms + 3 * mK + mK + 2 * d +  // backward
+                 (mW == 2 ? 5 : 4) * d;
+    }
+    return f + (c.L + 1) * d + 3 * d;
+}
 static StudyHooks muddformer_hooks() {
     StudyHooks h = {};
+    h.weights = "dense-connection weights and k, v norms";
+    h.attended = "raw (W_V of the V way's mixture of the states)";
+    h.flops = mudd_flops;
+    h.floats = mudd_floats;
     h.specs = [](const Config& c, int l, const std::string& layer, const AddTensor& add) { mudd_specs(c, l, layer, add); };
     h.carve = [](const Config& c, int l, Params* p, const NextTensor& next) { mudd_carve(c, l, &p->layer[l], next); };
     h.init = [](Model* model) { mudd_init(model->p, model->c); };

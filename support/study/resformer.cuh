@@ -47,8 +47,18 @@ static void value_residual_backward(Model* model, float* dV, float* dV0, float* 
 }
 
 // --- the study-model interface (support/model/study.h) ------------------------
+// --- what ResFormer costs (support/model/cost.cpp), a layer l >= 1 ----------
+// FLOPs per token: the values' mixture lam[0] V[l] + lam[1] V[0].
+static double resformer_flops(const Config& c, int) { return (c.L - 1) * 2 * 2 * (double)c.R * c.hd; }
+// Floats per token: forward the mixture reads 2 kv, writes kv (vr: 2 kv more
+// than the keys' copy's 0 for values); backward zero dvr kv, read dvr, V[l],
+// V[0] 3 kv, add into dV[l], dV[0] 4 kv: 3 kv + 8 kv.
+static double resformer_floats(const Config& c, int) { return (c.L - 1) * 11 * (double)c.R * c.hd; }
 static StudyHooks resformer_hooks() {
     StudyHooks h = {};
+    h.weights = "value-residual weights";
+    h.flops = resformer_flops;
+    h.floats = resformer_floats;
     h.specs = [](const Config& c, int l, const std::string& layer, const AddTensor& add) {
         resformer_specs(c, l, layer, add);
     };
