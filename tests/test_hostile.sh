@@ -228,7 +228,7 @@ elif ! tail -1 <<<"$out" | grep -q "1 of 2 runs failed; the first, tier 2 lime  
     fail compare_train_out_unwritable_said "last line: $(tail -1 <<<"$out")"
 else pass compare_train_out_unwritable_said; fi
 
-# bench holds llama and its four peers at once: their sum is asked of the memory there is (each
+# bench holds llama and its peers at once (every registered model): their sum is asked of the memory there is (each
 # fits alone in 90% of it; LIME_TEST_MEMINFO: a machine with that much MemAvailable)
 BENCH="bench --layers 1 --dim 64 --heads 2 --ffn 64 --vocab 512 --seq-len 64 --batch 64 --steps 1 --threads 1"
 echo "MemAvailable:       1 kB" >"$tmp/meminfo"
@@ -236,7 +236,7 @@ need=$(LIME_TEST_MEMINFO=$tmp/meminfo $LIME $BENCH 2>&1 | sed -n 's/.*models hel
 if [ -z "$need" ]; then fail bench_models_held_together_checked "no sum named: $(LIME_TEST_MEMINFO=$tmp/meminfo $LIME $BENCH 2>&1 | tail -1)"
 else
     echo "MemAvailable: $(awk -v n="$need" 'BEGIN { printf "%d", n * 0.9 * 1e9 / 1024 }') kB" >"$tmp/meminfo"
-    expect_line bench_models_held_together_checked 2 "the 5 models held at once need .*; lower --" \
+    expect_line bench_models_held_together_checked 2 "the [0-9][0-9]* models held at once need .*; lower --" \
         env LIME_TEST_MEMINFO="$tmp/meminfo" $LIME $BENCH
 fi
 
