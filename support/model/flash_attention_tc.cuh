@@ -45,8 +45,9 @@
 // No atomics: every output float is one lane's sum in a fixed order, and the
 // dK/dV kernel visits its group's query heads, then their query tiles, in
 // order: the same bits for any schedule of blocks and threads.
-// TF32: every operand is rounded with cvt.rna (to_tf32) as it is loaded into a
-// fragment; the sums are float's. Errors are TF32's (about 1e-3 relative), as
+// TF32: every operand is rounded with cvt.rna (to_tf32): a staged tile once, in place, by
+// the threads that copied it (flash_tc_round_rows), the queries of the forward as they are
+// loaded into their fragments, P as it becomes an A operand; the sums are float's. Errors are TF32's (about 1e-3 relative), as
 // cuBLAS's products under --tf32. bf16 (Tc<true>): rounded to nearest even
 // (pack_bf16) as loaded, as the matmul path's bf16 products round them; the
 // forward's P is rounded before it is divided by the row's sum (the products'
@@ -105,6 +106,22 @@ __device__ void flash_tc_copy_rows(float* tile, const float* x, size_t stride, i
     }
 }
 
+// TF32: the rows this thread copied with flash_tc_copy_rows (the same pieces: same tile, rows,
+// threads) rounded in place to TF32 (to_tf32's bits), once, when they have landed (after its
+// __pipeline_wait_prior, before the barrier that hands the tile to the block), so that the
+// warps' fragment loads need no conversion (Tc<false>::staged). bf16 tiles stay float32.
+template <int HD, bool BF16>
+__device__ void flash_tc_round_rows(float* tile, int rows) {
+    if (BF16) return;
+    for (int c = threadIdx.x; c < rows * (HD / 4); c += blockDim.x) {
+        float4* x = reinterpret_cast<float4*>(tile + c / (HD / 4) * FlashTC<HD>::PAD + c % (HD / 4) * 4);
+        float4 v = *x;  // 16 bytes, as copied: a quarter-warp's 8 pieces fill the banks once
+        v.x = __uint_as_float(to_tf32(v.x)), v.y = __uint_as_float(to_tf32(v.y));
+        v.z = __uint_as_float(to_tf32(v.z)), v.w = __uint_as_float(to_tf32(v.w));
+        *x = v;
+    }
+}
+
 // The operands in either precision (--precision): Tc<false> TF32, one float a
 // register, an mma's k = 8; Tc<true> bf16, two a register (pack_bf16), k = 16.
 // The fragments are tensor_cores.cuh's table; x(i, j) reads A's row i, column j
@@ -112,23 +129,27 @@ __device__ void flash_tc_copy_rows(float* tile, const float* x, size_t stride, i
 template <bool BF16> struct Tc;
 template <> struct Tc<false> {
     static constexpr int K = 8;
-    template <class X> __device__ static __forceinline__ void a(unsigned a[4], X x) {
+    // staged: the operand is a tile flash_tc_round_rows rounded already (its bits as they are); else rounded here
+    template <class X> __device__ static __forceinline__ void a(unsigned a[4], X x, bool staged = false) {
         int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-        a[0] = to_tf32(x(g, t)), a[1] = to_tf32(x(g + 8, t));
-        a[2] = to_tf32(x(g, t + 4)), a[3] = to_tf32(x(g + 8, t + 4));
+        a[0] = tf32_bits(x(g, t), staged), a[1] = tf32_bits(x(g + 8, t), staged);
+        a[2] = tf32_bits(x(g, t + 4), staged), a[3] = tf32_bits(x(g + 8, t + 4), staged);
     }
-    template <class Y> __device__ static __forceinline__ void b(unsigned b[2], Y y) {
+    template <class Y> __device__ static __forceinline__ void b(unsigned b[2], Y y) {  // from a staged tile
         int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-        b[0] = to_tf32(y(t, g)), b[1] = to_tf32(y(t + 4, g));
+        b[0] = __float_as_uint(y(t, g)), b[1] = __float_as_uint(y(t + 4, g));
+    }
+    __device__ static __forceinline__ unsigned tf32_bits(float x, bool staged) {
+        return staged ? __float_as_uint(x) : to_tf32(x);
     }
     // a = accumulator p[kk] (16 x 8) as an A fragment, its columns in the order 0 2 4 6 1 3 5 7 (a lane
     // holds columns 2t and 2t + 1, which A wants at t and t + 4); b_paired reads B's rows in that order.
     __device__ static __forceinline__ void as_a(unsigned a[4], const float (*p)[4], int kk) {
         a[0] = to_tf32(p[kk][0]), a[1] = to_tf32(p[kk][2]), a[2] = to_tf32(p[kk][1]), a[3] = to_tf32(p[kk][3]);
     }
-    template <class Y> __device__ static __forceinline__ void b_paired(unsigned b[2], Y y) {
+    template <class Y> __device__ static __forceinline__ void b_paired(unsigned b[2], Y y) {  // a staged tile
         int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-        b[0] = to_tf32(y(2 * t, g)), b[1] = to_tf32(y(2 * t + 1, g));
+        b[0] = __float_as_uint(y(2 * t, g)), b[1] = __float_as_uint(y(2 * t + 1, g));
     }
     __device__ static __forceinline__ void mma(float d[4], const unsigned a[4], const unsigned b[2]) {
         mma_m16n8k8_tf32(d, a, b, d);
@@ -136,7 +157,7 @@ template <> struct Tc<false> {
 };
 template <> struct Tc<true> {
     static constexpr int K = 16;
-    template <class X> __device__ static __forceinline__ void a(unsigned a[4], X x) {
+    template <class X> __device__ static __forceinline__ void a(unsigned a[4], X x, bool = false) {
         int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
         for (int i = 0; i < 4; i++) {  // rows g, g + 8, g, g + 8; columns 2t, 2t, 2t + 8, 2t + 8 (and each + 1)
             int row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
@@ -167,7 +188,7 @@ __device__ __forceinline__ void mma_rows_rows(float s[TILE / 8][4], const float*
     for (int n = 0; n < TILE / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     for (int kk = 0; kk < HD / K; kk++) {
         unsigned a[4], b[2];
-        Op::a(a, [&](int i, int j) { return x[i * PAD + K * kk + j]; });
+        Op::a(a, [&](int i, int j) { return x[i * PAD + K * kk + j]; }, true);
         for (int n = 0; n < TILE / 8; n++) {
             Op::b(b, [&](int j, int c) { return y[(8 * n + c) * PAD + K * kk + j]; });  // B = y^T
             Op::mma(s[n], a, b);
@@ -232,6 +253,8 @@ flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, 
         }
         __pipeline_commit();
         __pipeline_wait_prior(1);  // this thread's copies of tile j have landed (tile j + 1's may not have)
+        flash_tc_round_rows<HD, BF16>(kt, TILE);
+        flash_tc_round_rows<HD, BF16>(vt, TILE);
         __syncthreads();           // ... and every thread's
         int u0 = j * TILE;
         if (u0 <= qw + 15) {  // else all of the tile's keys come after the warp's queries
@@ -344,6 +367,9 @@ flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* 
         }
         __pipeline_commit();
         __pipeline_wait_prior(1);
+        if (j == 0) flash_tc_round_rows<HD, BF16>(qs, 2 * ROWS);  // the queries and their dO, landed with tile 0
+        flash_tc_round_rows<HD, BF16>(kt, TILE);
+        flash_tc_round_rows<HD, BF16>(vt, TILE);
         __syncthreads();
         int u0 = j * TILE;
         if (u0 <= qw + 15) {
@@ -414,6 +440,9 @@ flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float
         if (j + 1 < items) copy_item(j + 1, 1 - stage);
         __pipeline_commit();
         __pipeline_wait_prior(1);
+        if (j == 0) flash_tc_round_rows<HD, BF16>(ks, 2 * ROWS);  // the keys and values, landed with item 0
+        flash_tc_round_rows<HD, BF16>(qt, TILE);
+        flash_tc_round_rows<HD, BF16>(dot, TILE);
         __syncthreads();
         if (t0 + TILE - 1 >= uw) {  // else all of the tile's queries come before the warp's keys
             float st[TILE / 8][4], dpt[TILE / 8][4];
