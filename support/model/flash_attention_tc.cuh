@@ -87,38 +87,44 @@ static const float FLASH_TC_LOG2E = 1.4426950408889634f, FLASH_TC_LN2 = 0.693147
 // g = lane / 4 and t = lane % 4 as in support/model/tensor_cores.cuh.
 
 // tile (rows, PAD) = rows r0 .. r0 + rows - 1 of x (row i at x + i * stride), cp.async copies
-// shared by the block's threads, 4 floats a turn; zeros past row T and past column hd.
+// shared by the block's threads; zeros past row T and past column hd. When hd is a multiple of
+// 4, 16 bytes a turn (a quarter-warp's 8 pieces fill the 32 banks once: free of conflicts); else
+// one float a turn, the warp's lanes on consecutive floats (also free: 4 bytes apart).
 template <int HD>
 __device__ void flash_tc_copy_rows(float* tile, const float* x, size_t stride, int r0, int rows, int T, int hd) {
-    for (int c = threadIdx.x; c < rows * (HD / 4); c += blockDim.x) {
-        int i = c / (HD / 4), col = c % (HD / 4) * 4;
-        size_t at = (size_t)(r0 + i) * stride + col;
-        float* dst = tile + i * FlashTC<HD>::PAD + col;
-        if (hd % 4 == 0) {  // one 16-byte copy: a row of hd floats is whole pieces
+    constexpr int PAD = FlashTC<HD>::PAD;
+    if (hd % 4 == 0) {
+        for (int c = threadIdx.x; c < rows * (HD / 4); c += blockDim.x) {
+            int i = c / (HD / 4), col = c % (HD / 4) * 4;
             bool inside = r0 + i < T && col < hd;
-            copy_async_16(dst, inside ? x + at : x, inside);
-        } else {            // four 4-byte copies
-            for (int e = 0; e < 4; e++) {
-                bool inside = r0 + i < T && col + e < hd;
-                copy_async_4(dst + e, inside ? x + at + e : x, inside);
-            }
+            copy_async_16(tile + i * PAD + col, inside ? x + (size_t)(r0 + i) * stride + col : x, inside);
+        }
+    } else {
+        for (int c = threadIdx.x; c < rows * HD; c += blockDim.x) {
+            int i = c / HD, col = c % HD;
+            bool inside = r0 + i < T && col < hd;
+            copy_async_4(tile + i * PAD + col, inside ? x + (size_t)(r0 + i) * stride + col : x, inside);
         }
     }
 }
 
-// TF32: the rows this thread copied with flash_tc_copy_rows (the same pieces: same tile, rows,
-// threads) rounded in place to TF32 (to_tf32's bits), once, when they have landed (after its
-// __pipeline_wait_prior, before the barrier that hands the tile to the block), so that the
-// warps' fragment loads need no conversion (Tc<false>::staged). bf16 tiles stay float32.
+// TF32: what this thread copied with flash_tc_copy_rows (the same pieces: same tile, rows, hd,
+// threads) rounded in place to TF32 (to_tf32's bits), once, when it has landed (after the
+// thread's __pipeline_wait_prior, before the barrier that hands the tile to the block): the
+// warps' fragment loads need no conversion (Tc<false>::a staged, b, b_paired). Same accesses
+// as the copies, so as free of bank conflicts. bf16 tiles stay float32.
 template <int HD, bool BF16>
-__device__ void flash_tc_round_rows(float* tile, int rows) {
+__device__ void flash_tc_round_rows(float* tile, int rows, int hd) {
+    constexpr int PAD = FlashTC<HD>::PAD;
     if (BF16) return;
-    for (int c = threadIdx.x; c < rows * (HD / 4); c += blockDim.x) {
-        float4* x = reinterpret_cast<float4*>(tile + c / (HD / 4) * FlashTC<HD>::PAD + c % (HD / 4) * 4);
-        float4 v = *x;  // 16 bytes, as copied: a quarter-warp's 8 pieces fill the banks once
-        v.x = __uint_as_float(to_tf32(v.x)), v.y = __uint_as_float(to_tf32(v.y));
-        v.z = __uint_as_float(to_tf32(v.z)), v.w = __uint_as_float(to_tf32(v.w));
-        *x = v;
+    if (hd % 4 == 0) {
+        for (int c = threadIdx.x; c < rows * (HD / 4); c += blockDim.x)
+            round_tf32_16(tile + c / (HD / 4) * PAD + c % (HD / 4) * 4);
+    } else {
+        for (int c = threadIdx.x; c < rows * HD; c += blockDim.x) {
+            float* x = tile + c / HD * PAD + c % HD;
+            *x = __uint_as_float(to_tf32(*x));
+        }
     }
 }
 
@@ -253,8 +259,8 @@ flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, 
         }
         __pipeline_commit();
         __pipeline_wait_prior(1);  // this thread's copies of tile j have landed (tile j + 1's may not have)
-        flash_tc_round_rows<HD, BF16>(kt, TILE);
-        flash_tc_round_rows<HD, BF16>(vt, TILE);
+        flash_tc_round_rows<HD, BF16>(kt, TILE, hd);
+        flash_tc_round_rows<HD, BF16>(vt, TILE, hd);
         __syncthreads();           // ... and every thread's
         int u0 = j * TILE;
         if (u0 <= qw + 15) {  // else all of the tile's keys come after the warp's queries
@@ -367,9 +373,9 @@ flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* 
         }
         __pipeline_commit();
         __pipeline_wait_prior(1);
-        if (j == 0) flash_tc_round_rows<HD, BF16>(qs, 2 * ROWS);  // the queries and their dO, landed with tile 0
-        flash_tc_round_rows<HD, BF16>(kt, TILE);
-        flash_tc_round_rows<HD, BF16>(vt, TILE);
+        if (j == 0) flash_tc_round_rows<HD, BF16>(qs, 2 * ROWS, hd);  // the queries and their dO, landed with tile 0
+        flash_tc_round_rows<HD, BF16>(kt, TILE, hd);
+        flash_tc_round_rows<HD, BF16>(vt, TILE, hd);
         __syncthreads();
         int u0 = j * TILE;
         if (u0 <= qw + 15) {
@@ -440,9 +446,9 @@ flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float
         if (j + 1 < items) copy_item(j + 1, 1 - stage);
         __pipeline_commit();
         __pipeline_wait_prior(1);
-        if (j == 0) flash_tc_round_rows<HD, BF16>(ks, 2 * ROWS);  // the keys and values, landed with item 0
-        flash_tc_round_rows<HD, BF16>(qt, TILE);
-        flash_tc_round_rows<HD, BF16>(dot, TILE);
+        if (j == 0) flash_tc_round_rows<HD, BF16>(ks, 2 * ROWS, hd);  // the keys and values, landed with item 0
+        flash_tc_round_rows<HD, BF16>(qt, TILE, hd);
+        flash_tc_round_rows<HD, BF16>(dot, TILE, hd);
         __syncthreads();
         if (t0 + TILE - 1 >= uw) {  // else all of the tile's queries come before the warp's keys
             float st[TILE / 8][4], dpt[TILE / 8][4];
