@@ -9,20 +9,24 @@
 //   backward   P = e^(S - lse) again,  D[t] = dO[t] . O[t],  dP = dO V^T,  dS = P (dP - D),
 //              dV = P^T dO,  dK = scale dS^T Q,  dQ = scale dS K
 //
-// Tiles. A block is 4 warps and owns 64 rows, 16 a warp: queries in the
-// forward and the dQ kernel, keys in the dK/dV kernel. The other side streams
+// Tiles. A block is 4 warps. In the backward kernels it owns 64 rows, 16 a
+// warp: queries in the dQ kernel, keys in the dK/dV kernel; in the forward 32
+// queries a warp (two blocks of 16 rows, 128 a block) at head dims up to 64, 16
+// at 128 (where 32 would not fit the registers), so that each fragment of K or V
+// read from shared memory feeds two mmas. The other side streams
 // through shared memory in tiles of TILE rows (keys; queries for dK/dV),
 // copied by cp.async: tile j + 1 lands while tile j is used (two stages). A
-// warp's slice of S is (16, TILE): TILE / 8 mma tiles of 16 x 8, HD / k steps
+// 16-row block's slice of S is (16, TILE): TILE / 8 mma tiles of 16 x 8, HD / k steps
 // of the mma's k (8 in TF32, 16 in bf16); a slice of the output (16, HD) is HD / 8 mma tiles.
 //   HD (head dim padded)   8-64     128
+//   rows a warp, forward   32       16
 //   TILE, forward          64       32
 //   TILE, dQ and dK/dV     32       16
 // Everything a lane accumulates stays in its registers: its fragments of S
-// (TILE / 2 floats), of O or dQ or dK and dV (HD / 2 each). Tiles in shared
+// (TILE / 2 floats a 16-row block), of O or dQ or dK and dV (HD / 2 each). Tiles in shared
 // memory have rows of PAD = HD + 4 floats, which makes TF32's fragment loads
 // free of bank conflicts (the 8 groups of a warp read 8 rows at once); bf16's
-// reads of neighbouring columns meet 2-way conflicts (not tuned: no GPU yet).
+// reads of neighbouring columns meet 2-way conflicts (float32 tiles: not yet 16-bit ones).
 //
 // The online softmax (forward), per query row, in base-2 units (x = S log2 e):
 // the running max mx and sum l of 2^(x - mx); each tile raises mx to the
@@ -68,7 +72,9 @@
 template <int HD>
 struct FlashTC {
     static constexpr int WARPS = 4, THREADS = 32 * WARPS;
-    static constexpr int ROWS = 16 * WARPS;                // a block's own rows (queries, or keys for dK/dV)
+    static constexpr int ROWS = 16 * WARPS;                // a block's own rows, backward (queries, or keys for dK/dV)
+    static constexpr int FWD_M = HD <= 64 ? 2 : 1;         // row blocks of 16 a warp owns, forward (registers: qa, o, s)
+    static constexpr int FWD_ROWS = 16 * FWD_M * WARPS;    // a block's own queries, forward
     static constexpr int FWD_TILE = HD >= 128 ? 32 : 64;   // keys a streamed tile holds, forward
     static constexpr int BWD_TILE = HD >= 128 ? 16 : 32;   // keys (dQ) or queries (dK/dV) a streamed tile holds
     static constexpr int PAD = HD + 4;                     // floats a row of a tile takes in shared memory
@@ -79,6 +85,14 @@ struct FlashTC {
     static constexpr int DQ_FLOATS = 2 * ROWS * PAD + 2 * 2 * BWD_TILE * PAD;
     static constexpr int DKV_FLOATS = 2 * ROWS * PAD + 2 * 2 * BWD_TILE * PAD;
 };
+
+// The forward's loops over a warp's row blocks (m) unrolled: left to itself nvcc kept the
+// softmax's (a long body) a loop, and s, o, mx and l, indexed by m, in local memory.
+#ifdef LIME_EMU
+#define FLASH_TC_UNROLL
+#else
+#define FLASH_TC_UNROLL _Pragma("unroll")
+#endif
 
 static const float FLASH_TC_LOG2E = 1.4426950408889634f, FLASH_TC_LN2 = 0.6931471805599453f;
 
@@ -217,38 +231,44 @@ __device__ __forceinline__ void mma_acc_rows(float acc[HD / 8][4], const float p
 }
 
 // ---------------------------------------------------------------------------
-// Forward. grid (ceil(T / 64), H, B), 128 threads: the block's queries
-// q0 .. q0 + 63 of head h, warp w's q0 + 16w .. + 15; key tiles of TILE = FWD_TILE.
+// Forward. grid (ceil(T / FWD_ROWS), H, B), 128 threads: the block's queries
+// q0 .. q0 + FWD_ROWS - 1 of head h, warp w's FWD_M blocks of 16 from q0 + 16 FWD_M w
+// (32 rows a warp at head dims up to 64, 16 at 128); key tiles of TILE = FWD_TILE.
 // q, out (B, T, H, hd); k, v (R, B, T, hd), head-major; lse (B, H, T). The
-// warp's queries are A fragments in registers for the whole kernel.
+// warp's queries are A fragments in registers for the whole kernel; each B fragment
+// read from a tile (a key's or a value's) feeds the warp's FWD_M mmas.
 template <int HD, bool BF16>
 __global__ void __launch_bounds__(FlashTC<HD>::THREADS)
 flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v, int T, int H, int R,
                         int hd, float scale) {
     using F = FlashTC<HD>;
     using Op = Tc<BF16>;
-    constexpr int TILE = F::FWD_TILE, PAD = F::PAD, K = Op::K;
+    constexpr int TILE = F::FWD_TILE, PAD = F::PAD, K = Op::K, M = F::FWD_M;
     DYNAMIC_SHARED(float, smem);
     float *ks = smem, *vs = smem + 2 * TILE * PAD;  // (2, TILE, PAD) each: keys, values; stage j % 2 holds tile j
     int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    int q0 = (gridDim.x - 1 - blockIdx.x) * F::ROWS;  // the last queries, which see the most keys, start first
-    int h = blockIdx.y, b = blockIdx.z, r = h / (H / R), qw = q0 + 16 * warp;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * F::FWD_ROWS;  // the last queries, which see the most keys, start first
+    int h = blockIdx.y, b = blockIdx.z, r = h / (H / R), qw = q0 + 16 * M * warp;  // row block m: qw + 16 m ..
     const float* kb = k + ((size_t)r * gridDim.z + b) * T * hd;  // kv head r's rows of batch entry b
     const float* vb = v + ((size_t)r * gridDim.z + b) * T * hd;
     const float* qb = q + ((size_t)b * T * H + h) * hd;          // query t at qb + t * H * hd
-    int tiles = (min(T, q0 + F::ROWS) + TILE - 1) / TILE;        // the block's last query sees keys < q0 + 64
+    int tiles = (min(T, q0 + F::FWD_ROWS) + TILE - 1) / TILE;    // the block's last query sees keys < q0 + FWD_ROWS
 
     flash_tc_copy_rows<HD>(ks, kb, hd, 0, TILE, T, hd);
     flash_tc_copy_rows<HD>(vs, vb, hd, 0, TILE, T, hd);
     __pipeline_commit();
-    unsigned qa[HD / K][4];  // the warp's queries as A fragments, head dims K kk .. K kk + K - 1
-    for (int kk = 0; kk < HD / K; kk++)
-        Op::a(qa[kk], [&](int i, int j) {
-            int row = qw + i, col = K * kk + j;
-            return row < T && col < hd ? qb[(size_t)row * H * hd + col] : 0.0f;
-        });
-    float o[HD / 8][4] = {};                                   // the warp's rows of O, unnormalised
-    float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8: max, and this lane's part of l
+    unsigned qa[M][HD / K][4];  // the warp's queries as A fragments: row block m, head dims K kk .. K kk + K - 1
+    FLASH_TC_UNROLL
+    for (int m = 0; m < M; m++)
+        for (int kk = 0; kk < HD / K; kk++)
+            Op::a(qa[m][kk], [&](int i, int j) {
+                int row = qw + 16 * m + i, col = K * kk + j;
+                return row < T && col < hd ? qb[(size_t)row * H * hd + col] : 0.0f;
+            });
+    float o[M][HD / 8][4] = {};  // the warp's rows of O, unnormalised
+    float mx[M][2], l[M][2];     // rows g and g + 8 of block m: max, and this lane's part of l
+    FLASH_TC_UNROLL
+    for (int m = 0; m < M; m++) mx[m][0] = mx[m][1] = -INFINITY, l[m][0] = l[m][1] = 0.0f;
     float scale2 = scale * FLASH_TC_LOG2E;
 
     for (int j = 0; j < tiles; j++) {
@@ -263,58 +283,78 @@ flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, 
         flash_tc_round_rows<HD, BF16>(vt, TILE, hd);
         __syncthreads();           // ... and every thread's
         int u0 = j * TILE;
-        if (u0 <= qw + 15) {  // else all of the tile's keys come after the warp's queries
-            // s (16, TILE) = Q K^T, in base-2 units, masked where a key is after its query
-            float s[TILE / 8][4];
-            for (int n = 0; n < TILE / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        if (u0 <= qw + 16 * M - 1) {  // else all of the tile's keys come after the warp's queries
+            // s (16, TILE) a row block = Q K^T, in base-2 units, masked where a key is after its query
+            float s[M][TILE / 8][4];
+            FLASH_TC_UNROLL
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < TILE / 8; n++) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
             for (int kk = 0; kk < HD / K; kk++)
                 for (int n = 0; n < TILE / 8; n++) {
                     unsigned bk[2];
                     Op::b(bk, [&](int j, int c) { return kt[(8 * n + c) * PAD + K * kk + j]; });  // B = K^T
-                    Op::mma(s[n], qa[kk], bk);
+                    FLASH_TC_UNROLL
+                    for (int m = 0; m < M; m++) Op::mma(s[m][n], qa[m][kk], bk);
                 }
             bool diagonal = u0 + TILE - 1 > qw;  // some key of the tile after some query of the warp
-            float tile_mx[2] = {-INFINITY, -INFINITY};
-            for (int n = 0; n < TILE / 8; n++)
-                for (int i = 0; i < 4; i++) {  // element i: row g + 8 (i / 2), key 8n + 2t + i % 2
-                    int row = qw + g + 8 * (i / 2), key = u0 + 8 * n + 2 * t + i % 2;
-                    s[n][i] = diagonal && key > row ? -INFINITY : s[n][i] * scale2;
-                    tile_mx[i / 2] = fmaxf(tile_mx[i / 2], s[n][i]);
+            FLASH_TC_UNROLL
+            for (int m = 0; m < M; m++) {
+                // (a row block whose queries all come before the tile's keys: every s -inf, its max stays,
+                // rescale 1 and P 0: its rows' O and l unchanged, bit for bit, as if the tile were skipped)
+                float tile_mx[2] = {-INFINITY, -INFINITY};
+                for (int n = 0; n < TILE / 8; n++)
+                    for (int i = 0; i < 4; i++) {  // element i: row g + 8 (i / 2), key 8n + 2t + i % 2
+                        int row = qw + 16 * m + g + 8 * (i / 2), key = u0 + 8 * n + 2 * t + i % 2;
+                        s[m][n][i] = diagonal && key > row ? -INFINITY : s[m][n][i] * scale2;
+                        tile_mx[i / 2] = fmaxf(tile_mx[i / 2], s[m][n][i]);
+                    }
+                float rescale[2];
+                for (int i = 0; i < 2; i++) {  // the row's 4 lanes share their maxima; key 0 makes the first finite
+                    tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 1));
+                    tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 2));
+                    float new_mx = fmaxf(mx[m][i], tile_mx[i]);
+                    rescale[i] = exp2f(mx[m][i] - new_mx);
+                    mx[m][i] = new_mx;
+                    l[m][i] *= rescale[i];
                 }
-            float rescale[2];
-            for (int i = 0; i < 2; i++) {  // the row's 4 lanes share their maxima; key 0 makes the first finite
-                tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 1));
-                tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 2));
-                float new_mx = fmaxf(mx[i], tile_mx[i]);
-                rescale[i] = exp2f(mx[i] - new_mx);
-                mx[i] = new_mx;
-                l[i] *= rescale[i];
+                for (int n = 0; n < TILE / 8; n++)
+                    for (int i = 0; i < 4; i++) {
+                        s[m][n][i] = exp2f(s[m][n][i] - mx[m][i / 2]);  // P, unnormalised
+                        l[m][i / 2] += s[m][n][i];
+                    }
+                for (int n = 0; n < HD / 8; n++)
+                    for (int i = 0; i < 4; i++) o[m][n][i] *= rescale[i / 2];
             }
-            for (int n = 0; n < TILE / 8; n++)
-                for (int i = 0; i < 4; i++) {
-                    s[n][i] = exp2f(s[n][i] - mx[i / 2]);  // P, unnormalised
-                    l[i / 2] += s[n][i];
+            for (int kk = 0; kk < TILE / K; kk++) {  // O += P V
+                unsigned pa[M][4], bv[2];
+                FLASH_TC_UNROLL
+                for (int m = 0; m < M; m++) Op::as_a(pa[m], s[m], kk);
+                for (int n = 0; n < HD / 8; n++) {
+                    Op::b_paired(bv, [&](int j, int c) { return vt[(K * kk + j) * PAD + 8 * n + c]; });
+                    FLASH_TC_UNROLL
+                    for (int m = 0; m < M; m++) Op::mma(o[m][n], pa[m], bv);
                 }
-            for (int n = 0; n < HD / 8; n++)
-                for (int i = 0; i < 4; i++) o[n][i] *= rescale[i / 2];
-            mma_acc_rows<HD, TILE, BF16>(o, s, vt);  // O += P V
+            }
         }
         __syncthreads();  // everyone is done with this stage before tile j + 2 is copied into it
     }
 
-    for (int i = 0; i < 2; i++) {  // the row's sum over its 4 lanes (the butterfly leaves it in each)
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    }
     float* ob = out + ((size_t)b * T * H + h) * hd;
-    for (int n = 0; n < HD / 8; n++)
-        for (int i = 0; i < 4; i++) {
-            int row = qw + g + 8 * (i / 2), col = 8 * n + 2 * t + i % 2;
-            if (row < T && col < hd) ob[(size_t)row * H * hd + col] = o[n][i] / l[i / 2];
+    FLASH_TC_UNROLL
+    for (int m = 0; m < M; m++) {
+        for (int i = 0; i < 2; i++) {  // the row's sum over its 4 lanes (the butterfly leaves it in each)
+            l[m][i] += __shfl_xor_sync(0xffffffffu, l[m][i], 1);
+            l[m][i] += __shfl_xor_sync(0xffffffffu, l[m][i], 2);
         }
-    for (int i = 0; i < 2; i++) {
-        int row = qw + g + 8 * i;
-        if (t == 0 && row < T) lse[((size_t)b * H + h) * T + row] = (mx[i] + log2f(l[i])) * FLASH_TC_LN2;
+        for (int n = 0; n < HD / 8; n++)
+            for (int i = 0; i < 4; i++) {
+                int row = qw + 16 * m + g + 8 * (i / 2), col = 8 * n + 2 * t + i % 2;
+                if (row < T && col < hd) ob[(size_t)row * H * hd + col] = o[m][n][i] / l[m][i / 2];
+            }
+        for (int i = 0; i < 2; i++) {
+            int row = qw + 16 * m + g + 8 * i;
+            if (t == 0 && row < T) lse[((size_t)b * H + h) * T + row] = (mx[m][i] + log2f(l[m][i])) * FLASH_TC_LN2;
+        }
     }
 }
 
@@ -563,7 +603,7 @@ inline void flash_attention_tc_forward_gpu(float* out, float* lse, const float* 
         using F = FlashTC<HD>;
         auto* flash_tc_forward = flash_tc_forward_kernel<HD, BF16>;
         flash_tc_allow_shared(flash_tc_forward, F::FWD_FLOATS);
-        LAUNCH(flash_tc_forward, dim3(ceil_div(T, F::ROWS), H, B), F::THREADS,
+        LAUNCH(flash_tc_forward, dim3(ceil_div(T, F::FWD_ROWS), H, B), F::THREADS,
                F::FWD_FLOATS * sizeof(float), stream)
         (out, lse, q, k, v, T, H, R, hd, scale);
     });
