@@ -244,6 +244,9 @@ flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, 
     using F = FlashTC<HD>;
     using Op = Tc<BF16>;
     constexpr int TILE = F::FWD_TILE, PAD = F::PAD, K = Op::K, M = F::FWD_M;
+    // Keys a pass of the online softmax takes: the tile, or half of it in TF32 at head dim 64, where s
+    // (M x KEYS / 2 floats a lane) does not fit beside qa and o at 64 (sm_80's ptxas spilled)
+    constexpr int KEYS = !BF16 && M == 2 && HD == 64 ? TILE / 2 : TILE;
     DYNAMIC_SHARED(float, smem);
     float *ks = smem, *vs = smem + 2 * TILE * PAD;  // (2, TILE, PAD) each: keys, values; stage j % 2 holds tile j
     int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
@@ -282,57 +285,60 @@ flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, 
         flash_tc_round_rows<HD, BF16>(kt, TILE, hd);
         flash_tc_round_rows<HD, BF16>(vt, TILE, hd);
         __syncthreads();           // ... and every thread's
-        int u0 = j * TILE;
-        if (u0 <= qw + 16 * M - 1) {  // else all of the tile's keys come after the warp's queries
-            // s (16, TILE) a row block = Q K^T, in base-2 units, masked where a key is after its query
-            float s[M][TILE / 8][4];
-            FLASH_TC_UNROLL
-            for (int m = 0; m < M; m++)
-                for (int n = 0; n < TILE / 8; n++) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
-            for (int kk = 0; kk < HD / K; kk++)
-                for (int n = 0; n < TILE / 8; n++) {
-                    unsigned bk[2];
-                    Op::b(bk, [&](int j, int c) { return kt[(8 * n + c) * PAD + K * kk + j]; });  // B = K^T
-                    FLASH_TC_UNROLL
-                    for (int m = 0; m < M; m++) Op::mma(s[m][n], qa[m][kk], bk);
-                }
-            bool diagonal = u0 + TILE - 1 > qw;  // some key of the tile after some query of the warp
-            FLASH_TC_UNROLL
-            for (int m = 0; m < M; m++) {
-                // (a row block whose queries all come before the tile's keys: every s -inf, its max stays,
-                // rescale 1 and P 0: its rows' O and l unchanged, bit for bit, as if the tile were skipped)
-                float tile_mx[2] = {-INFINITY, -INFINITY};
-                for (int n = 0; n < TILE / 8; n++)
-                    for (int i = 0; i < 4; i++) {  // element i: row g + 8 (i / 2), key 8n + 2t + i % 2
-                        int row = qw + 16 * m + g + 8 * (i / 2), key = u0 + 8 * n + 2 * t + i % 2;
-                        s[m][n][i] = diagonal && key > row ? -INFINITY : s[m][n][i] * scale2;
-                        tile_mx[i / 2] = fmaxf(tile_mx[i / 2], s[m][n][i]);
-                    }
-                float rescale[2];
-                for (int i = 0; i < 2; i++) {  // the row's 4 lanes share their maxima; key 0 makes the first finite
-                    tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 1));
-                    tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 2));
-                    float new_mx = fmaxf(mx[m][i], tile_mx[i]);
-                    rescale[i] = exp2f(mx[m][i] - new_mx);
-                    mx[m][i] = new_mx;
-                    l[m][i] *= rescale[i];
-                }
-                for (int n = 0; n < TILE / 8; n++)
-                    for (int i = 0; i < 4; i++) {
-                        s[m][n][i] = exp2f(s[m][n][i] - mx[m][i / 2]);  // P, unnormalised
-                        l[m][i / 2] += s[m][n][i];
-                    }
-                for (int n = 0; n < HD / 8; n++)
-                    for (int i = 0; i < 4; i++) o[m][n][i] *= rescale[i / 2];
-            }
-            for (int kk = 0; kk < TILE / K; kk++) {  // O += P V
-                unsigned pa[M][4], bv[2];
+        for (int u1 = 0; u1 < TILE; u1 += KEYS) {  // the tile's keys u1 .. u1 + KEYS - 1: one pass of the softmax
+            int u0 = j * TILE + u1;
+            const float *kp = kt + u1 * PAD, *vp = vt + u1 * PAD;
+            if (u0 <= qw + 16 * M - 1) {  // else all of these keys come after the warp's queries
+                // s (16, KEYS) a row block = Q K^T, in base-2 units, masked where a key is after its query
+                float s[M][KEYS / 8][4];
                 FLASH_TC_UNROLL
-                for (int m = 0; m < M; m++) Op::as_a(pa[m], s[m], kk);
-                for (int n = 0; n < HD / 8; n++) {
-                    Op::b_paired(bv, [&](int j, int c) { return vt[(K * kk + j) * PAD + 8 * n + c]; });
+                for (int m = 0; m < M; m++)
+                    for (int n = 0; n < KEYS / 8; n++) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
+                for (int kk = 0; kk < HD / K; kk++)
+                    for (int n = 0; n < KEYS / 8; n++) {
+                        unsigned bk[2];
+                        Op::b(bk, [&](int j, int c) { return kp[(8 * n + c) * PAD + K * kk + j]; });  // B = K^T
+                        FLASH_TC_UNROLL
+                        for (int m = 0; m < M; m++) Op::mma(s[m][n], qa[m][kk], bk);
+                    }
+                bool diagonal = u0 + KEYS - 1 > qw;  // some key of the pass after some query of the warp
+                FLASH_TC_UNROLL
+                for (int m = 0; m < M; m++) {
+                    // (a row block whose queries all come before the pass's keys: every s -inf, its max stays,
+                    // rescale 1 and P 0: its rows' O and l unchanged, bit for bit, as if the pass were skipped)
+                    float tile_mx[2] = {-INFINITY, -INFINITY};
+                    for (int n = 0; n < KEYS / 8; n++)
+                        for (int i = 0; i < 4; i++) {  // element i: row g + 8 (i / 2), key 8n + 2t + i % 2
+                            int row = qw + 16 * m + g + 8 * (i / 2), key = u0 + 8 * n + 2 * t + i % 2;
+                            s[m][n][i] = diagonal && key > row ? -INFINITY : s[m][n][i] * scale2;
+                            tile_mx[i / 2] = fmaxf(tile_mx[i / 2], s[m][n][i]);
+                        }
+                    float rescale[2];
+                    for (int i = 0; i < 2; i++) {  // the row's 4 lanes share their maxima; key 0 makes the first finite
+                        tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 1));
+                        tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 2));
+                        float new_mx = fmaxf(mx[m][i], tile_mx[i]);
+                        rescale[i] = exp2f(mx[m][i] - new_mx);
+                        mx[m][i] = new_mx;
+                        l[m][i] *= rescale[i];
+                    }
+                    for (int n = 0; n < KEYS / 8; n++)
+                        for (int i = 0; i < 4; i++) {
+                            s[m][n][i] = exp2f(s[m][n][i] - mx[m][i / 2]);  // P, unnormalised
+                            l[m][i / 2] += s[m][n][i];
+                        }
+                    for (int n = 0; n < HD / 8; n++)
+                        for (int i = 0; i < 4; i++) o[m][n][i] *= rescale[i / 2];
+                }
+                for (int kk = 0; kk < KEYS / K; kk++) {  // O += P V
+                    unsigned pa[M][4], bv[2];
                     FLASH_TC_UNROLL
-                    for (int m = 0; m < M; m++) Op::mma(o[m][n], pa[m], bv);
+                    for (int m = 0; m < M; m++) Op::as_a(pa[m], s[m], kk);
+                    for (int n = 0; n < HD / 8; n++) {
+                        Op::b_paired(bv, [&](int j, int c) { return vp[(K * kk + j) * PAD + 8 * n + c]; });
+                        FLASH_TC_UNROLL
+                        for (int m = 0; m < M; m++) Op::mma(o[m][n], pa[m], bv);
+                    }
                 }
             }
         }
