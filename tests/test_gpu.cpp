@@ -1824,6 +1824,29 @@ TEST(gpu_flash_tc_bf16_matches_cpu_hd4_and_hd20) {
 }
 TEST(gpu_flash_tc_bf16_matches_cpu_hd128) { NEED_GPU(); check_flash_tc({1, 45, 2, 1, 128, true}); }
 TEST(gpu_flash_tc_bf16_matches_cpu_T129) { NEED_GPU(); check_flash_tc({1, 129, 2, 1, 32, true}); }
+// Their shared memory on the harness (LIME_EMU_BANKS's count): at most 2-way in the three kernels, TF32 and
+// bf16, at head dim 64 (16-byte copies, TF32's rounding in place, the fragment loads) and 6 (a float a lane).
+TEST(gpu_flash_tc_shared_memory_at_most_2_way) {
+    NEED_GPU();
+#ifndef LIME_EMU_COUNT_BANKS
+    SKIP("not the harness's bank-counting build (BANKFLAGS, Makefile): no bank counts");
+#else
+    emu::set_count_banks(true);
+    for (bool bf16 : {false, true})
+        for (int hd : {64, 6}) {
+            emu::clear_bank_counts();
+            TcCase c = {1, 70, 2, 1, hd, bf16};
+            run_flash_tc(c, tc_inputs(c));
+            for (const char* kernel : {"flash_tc_forward", "flash_tc_backward_q", "flash_tc_backward_kv"}) {
+                emu::detail::KernelBanks k = emu::bank_counts(kernel);
+                CHECK(k.requests > 0 && k.worst <= 2, "%s hd=%d %s: worst %d-way over %ld requests, want at most 2",
+                      kernel, hd, bf16 ? "bf16" : "tf32", k.worst, k.requests);
+            }
+        }
+    emu::set_count_banks(false);
+    emu::clear_bank_counts();
+#endif
+}
 
 // The same bits whatever order the blocks and the threads of a block run in
 // (no atomics; every sum in one order), TF32 and bf16. Natively, two runs give the same bits.

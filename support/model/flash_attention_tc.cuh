@@ -9,20 +9,24 @@
 //   backward   P = e^(S - lse) again,  D[t] = dO[t] . O[t],  dP = dO V^T,  dS = P (dP - D),
 //              dV = P^T dO,  dK = scale dS^T Q,  dQ = scale dS K
 //
-// Tiles. A block is 4 warps and owns 64 rows, 16 a warp: queries in the
-// forward and the dQ kernel, keys in the dK/dV kernel. The other side streams
+// Tiles. A block is 4 warps. In the backward kernels it owns 64 rows, 16 a
+// warp: queries in the dQ kernel, keys in the dK/dV kernel; in the forward 32
+// queries a warp (two blocks of 16 rows, 128 a block) at head dims up to 64, 16
+// at 128 (where 32 would not fit the registers), so that each fragment of K or V
+// read from shared memory feeds two mmas. The other side streams
 // through shared memory in tiles of TILE rows (keys; queries for dK/dV),
 // copied by cp.async: tile j + 1 lands while tile j is used (two stages). A
-// warp's slice of S is (16, TILE): TILE / 8 mma tiles of 16 x 8, HD / k steps
+// 16-row block's slice of S is (16, TILE): TILE / 8 mma tiles of 16 x 8, HD / k steps
 // of the mma's k (8 in TF32, 16 in bf16); a slice of the output (16, HD) is HD / 8 mma tiles.
 //   HD (head dim padded)   8-64     128
+//   rows a warp, forward   32       16
 //   TILE, forward          64       32
 //   TILE, dQ and dK/dV     32       16
 // Everything a lane accumulates stays in its registers: its fragments of S
-// (TILE / 2 floats), of O or dQ or dK and dV (HD / 2 each). Tiles in shared
+// (TILE / 2 floats a 16-row block), of O or dQ or dK and dV (HD / 2 each). Tiles in shared
 // memory have rows of PAD = HD + 4 floats, which makes TF32's fragment loads
 // free of bank conflicts (the 8 groups of a warp read 8 rows at once); bf16's
-// reads of neighbouring columns meet 2-way conflicts (not tuned: no GPU yet).
+// reads of neighbouring columns meet 2-way conflicts (float32 tiles: not yet 16-bit ones).
 //
 // The online softmax (forward), per query row, in base-2 units (x = S log2 e):
 // the running max mx and sum l of 2^(x - mx); each tile raises mx to the
@@ -45,8 +49,9 @@
 // No atomics: every output float is one lane's sum in a fixed order, and the
 // dK/dV kernel visits its group's query heads, then their query tiles, in
 // order: the same bits for any schedule of blocks and threads.
-// TF32: every operand is rounded with cvt.rna (to_tf32) as it is loaded into a
-// fragment; the sums are float's. Errors are TF32's (about 1e-3 relative), as
+// TF32: every operand is rounded with cvt.rna (to_tf32): a staged tile once, in place, by
+// the threads that copied it (flash_tc_round_rows), the queries of the forward as they are
+// loaded into their fragments, P as it becomes an A operand; the sums are float's. Errors are TF32's (about 1e-3 relative), as
 // cuBLAS's products under --tf32. bf16 (Tc<true>): rounded to nearest even
 // (pack_bf16) as loaded, as the matmul path's bf16 products round them; the
 // forward's P is rounded before it is divided by the row's sum (the products'
@@ -67,7 +72,9 @@
 template <int HD>
 struct FlashTC {
     static constexpr int WARPS = 4, THREADS = 32 * WARPS;
-    static constexpr int ROWS = 16 * WARPS;                // a block's own rows (queries, or keys for dK/dV)
+    static constexpr int ROWS = 16 * WARPS;                // a block's own rows, backward (queries, or keys for dK/dV)
+    static constexpr int FWD_M = HD <= 64 ? 2 : 1;         // row blocks of 16 a warp owns, forward (registers: qa, o, s)
+    static constexpr int FWD_ROWS = 16 * FWD_M * WARPS;    // a block's own queries, forward
     static constexpr int FWD_TILE = HD >= 128 ? 32 : 64;   // keys a streamed tile holds, forward
     static constexpr int BWD_TILE = HD >= 128 ? 16 : 32;   // keys (dQ) or queries (dK/dV) a streamed tile holds
     static constexpr int PAD = HD + 4;                     // floats a row of a tile takes in shared memory
@@ -79,6 +86,14 @@ struct FlashTC {
     static constexpr int DKV_FLOATS = 2 * ROWS * PAD + 2 * 2 * BWD_TILE * PAD;
 };
 
+// The forward's loops over a warp's row blocks (m) unrolled: left to itself nvcc kept the
+// softmax's (a long body) a loop, and s, o, mx and l, indexed by m, in local memory.
+#ifdef LIME_EMU
+#define FLASH_TC_UNROLL
+#else
+#define FLASH_TC_UNROLL _Pragma("unroll")
+#endif
+
 static const float FLASH_TC_LOG2E = 1.4426950408889634f, FLASH_TC_LN2 = 0.6931471805599453f;
 
 // ---------------------------------------------------------------------------
@@ -86,21 +101,43 @@ static const float FLASH_TC_LOG2E = 1.4426950408889634f, FLASH_TC_LN2 = 0.693147
 // g = lane / 4 and t = lane % 4 as in support/model/tensor_cores.cuh.
 
 // tile (rows, PAD) = rows r0 .. r0 + rows - 1 of x (row i at x + i * stride), cp.async copies
-// shared by the block's threads, 4 floats a turn; zeros past row T and past column hd.
+// shared by the block's threads; zeros past row T and past column hd. When hd is a multiple of
+// 4, 16 bytes a turn (a quarter-warp's 8 pieces fill the 32 banks once: free of conflicts); else
+// one float a turn, the warp's lanes on consecutive floats (also free: 4 bytes apart).
 template <int HD>
 __device__ void flash_tc_copy_rows(float* tile, const float* x, size_t stride, int r0, int rows, int T, int hd) {
-    for (int c = threadIdx.x; c < rows * (HD / 4); c += blockDim.x) {
-        int i = c / (HD / 4), col = c % (HD / 4) * 4;
-        size_t at = (size_t)(r0 + i) * stride + col;
-        float* dst = tile + i * FlashTC<HD>::PAD + col;
-        if (hd % 4 == 0) {  // one 16-byte copy: a row of hd floats is whole pieces
+    constexpr int PAD = FlashTC<HD>::PAD;
+    if (hd % 4 == 0) {
+        for (int c = threadIdx.x; c < rows * (HD / 4); c += blockDim.x) {
+            int i = c / (HD / 4), col = c % (HD / 4) * 4;
             bool inside = r0 + i < T && col < hd;
-            copy_async_16(dst, inside ? x + at : x, inside);
-        } else {            // four 4-byte copies
-            for (int e = 0; e < 4; e++) {
-                bool inside = r0 + i < T && col + e < hd;
-                copy_async_4(dst + e, inside ? x + at + e : x, inside);
-            }
+            copy_async_16(tile + i * PAD + col, inside ? x + (size_t)(r0 + i) * stride + col : x, inside);
+        }
+    } else {
+        for (int c = threadIdx.x; c < rows * HD; c += blockDim.x) {
+            int i = c / HD, col = c % HD;
+            bool inside = r0 + i < T && col < hd;
+            copy_async_4(tile + i * PAD + col, inside ? x + (size_t)(r0 + i) * stride + col : x, inside);
+        }
+    }
+}
+
+// TF32: what this thread copied with flash_tc_copy_rows (the same pieces: same tile, rows, hd,
+// threads) rounded in place to TF32 (to_tf32's bits), once, when it has landed (after the
+// thread's __pipeline_wait_prior, before the barrier that hands the tile to the block): the
+// warps' fragment loads need no conversion (Tc<false>::a staged, b, b_paired). Same accesses
+// as the copies, so as free of bank conflicts. bf16 tiles stay float32.
+template <int HD, bool BF16>
+__device__ void flash_tc_round_rows(float* tile, int rows, int hd) {
+    constexpr int PAD = FlashTC<HD>::PAD;
+    if (BF16) return;
+    if (hd % 4 == 0) {
+        for (int c = threadIdx.x; c < rows * (HD / 4); c += blockDim.x)
+            round_tf32_16(tile + c / (HD / 4) * PAD + c % (HD / 4) * 4);
+    } else {
+        for (int c = threadIdx.x; c < rows * HD; c += blockDim.x) {
+            float* x = tile + c / HD * PAD + c % HD;
+            *x = __uint_as_float(to_tf32(*x));
         }
     }
 }
@@ -112,23 +149,27 @@ __device__ void flash_tc_copy_rows(float* tile, const float* x, size_t stride, i
 template <bool BF16> struct Tc;
 template <> struct Tc<false> {
     static constexpr int K = 8;
-    template <class X> __device__ static __forceinline__ void a(unsigned a[4], X x) {
+    // staged: the operand is a tile flash_tc_round_rows rounded already (its bits as they are); else rounded here
+    template <class X> __device__ static __forceinline__ void a(unsigned a[4], X x, bool staged = false) {
         int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-        a[0] = to_tf32(x(g, t)), a[1] = to_tf32(x(g + 8, t));
-        a[2] = to_tf32(x(g, t + 4)), a[3] = to_tf32(x(g + 8, t + 4));
+        a[0] = tf32_bits(x(g, t), staged), a[1] = tf32_bits(x(g + 8, t), staged);
+        a[2] = tf32_bits(x(g, t + 4), staged), a[3] = tf32_bits(x(g + 8, t + 4), staged);
     }
-    template <class Y> __device__ static __forceinline__ void b(unsigned b[2], Y y) {
+    template <class Y> __device__ static __forceinline__ void b(unsigned b[2], Y y) {  // from a staged tile
         int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-        b[0] = to_tf32(y(t, g)), b[1] = to_tf32(y(t + 4, g));
+        b[0] = __float_as_uint(y(t, g)), b[1] = __float_as_uint(y(t + 4, g));
+    }
+    __device__ static __forceinline__ unsigned tf32_bits(float x, bool staged) {
+        return staged ? __float_as_uint(x) : to_tf32(x);
     }
     // a = accumulator p[kk] (16 x 8) as an A fragment, its columns in the order 0 2 4 6 1 3 5 7 (a lane
     // holds columns 2t and 2t + 1, which A wants at t and t + 4); b_paired reads B's rows in that order.
     __device__ static __forceinline__ void as_a(unsigned a[4], const float (*p)[4], int kk) {
         a[0] = to_tf32(p[kk][0]), a[1] = to_tf32(p[kk][2]), a[2] = to_tf32(p[kk][1]), a[3] = to_tf32(p[kk][3]);
     }
-    template <class Y> __device__ static __forceinline__ void b_paired(unsigned b[2], Y y) {
+    template <class Y> __device__ static __forceinline__ void b_paired(unsigned b[2], Y y) {  // a staged tile
         int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-        b[0] = to_tf32(y(2 * t, g)), b[1] = to_tf32(y(2 * t + 1, g));
+        b[0] = __float_as_uint(y(2 * t, g)), b[1] = __float_as_uint(y(2 * t + 1, g));
     }
     __device__ static __forceinline__ void mma(float d[4], const unsigned a[4], const unsigned b[2]) {
         mma_m16n8k8_tf32(d, a, b, d);
@@ -136,7 +177,7 @@ template <> struct Tc<false> {
 };
 template <> struct Tc<true> {
     static constexpr int K = 16;
-    template <class X> __device__ static __forceinline__ void a(unsigned a[4], X x) {
+    template <class X> __device__ static __forceinline__ void a(unsigned a[4], X x, bool = false) {
         int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
         for (int i = 0; i < 4; i++) {  // rows g, g + 8, g, g + 8; columns 2t, 2t, 2t + 8, 2t + 8 (and each + 1)
             int row = g + 8 * (i % 2), col = 2 * t + 8 * (i / 2);
@@ -167,7 +208,7 @@ __device__ __forceinline__ void mma_rows_rows(float s[TILE / 8][4], const float*
     for (int n = 0; n < TILE / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     for (int kk = 0; kk < HD / K; kk++) {
         unsigned a[4], b[2];
-        Op::a(a, [&](int i, int j) { return x[i * PAD + K * kk + j]; });
+        Op::a(a, [&](int i, int j) { return x[i * PAD + K * kk + j]; }, true);
         for (int n = 0; n < TILE / 8; n++) {
             Op::b(b, [&](int j, int c) { return y[(8 * n + c) * PAD + K * kk + j]; });  // B = y^T
             Op::mma(s[n], a, b);
@@ -190,38 +231,47 @@ __device__ __forceinline__ void mma_acc_rows(float acc[HD / 8][4], const float p
 }
 
 // ---------------------------------------------------------------------------
-// Forward. grid (ceil(T / 64), H, B), 128 threads: the block's queries
-// q0 .. q0 + 63 of head h, warp w's q0 + 16w .. + 15; key tiles of TILE = FWD_TILE.
+// Forward. grid (ceil(T / FWD_ROWS), H, B), 128 threads: the block's queries
+// q0 .. q0 + FWD_ROWS - 1 of head h, warp w's FWD_M blocks of 16 from q0 + 16 FWD_M w
+// (32 rows a warp at head dims up to 64, 16 at 128); key tiles of TILE = FWD_TILE.
 // q, out (B, T, H, hd); k, v (R, B, T, hd), head-major; lse (B, H, T). The
-// warp's queries are A fragments in registers for the whole kernel.
+// warp's queries are A fragments in registers for the whole kernel; each B fragment
+// read from a tile (a key's or a value's) feeds the warp's FWD_M mmas.
 template <int HD, bool BF16>
 __global__ void __launch_bounds__(FlashTC<HD>::THREADS)
 flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v, int T, int H, int R,
                         int hd, float scale) {
     using F = FlashTC<HD>;
     using Op = Tc<BF16>;
-    constexpr int TILE = F::FWD_TILE, PAD = F::PAD, K = Op::K;
+    constexpr int TILE = F::FWD_TILE, PAD = F::PAD, K = Op::K, M = F::FWD_M;
+    // Keys a pass of the online softmax takes: the tile, or half of it in TF32 at head dim 64, where s
+    // (M x KEYS / 2 floats a lane) does not fit beside qa and o at 64 (sm_80's ptxas spilled)
+    constexpr int KEYS = !BF16 && M == 2 && HD == 64 ? TILE / 2 : TILE;
     DYNAMIC_SHARED(float, smem);
     float *ks = smem, *vs = smem + 2 * TILE * PAD;  // (2, TILE, PAD) each: keys, values; stage j % 2 holds tile j
     int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-    int q0 = (gridDim.x - 1 - blockIdx.x) * F::ROWS;  // the last queries, which see the most keys, start first
-    int h = blockIdx.y, b = blockIdx.z, r = h / (H / R), qw = q0 + 16 * warp;
+    int q0 = (gridDim.x - 1 - blockIdx.x) * F::FWD_ROWS;  // the last queries, which see the most keys, start first
+    int h = blockIdx.y, b = blockIdx.z, r = h / (H / R), qw = q0 + 16 * M * warp;  // row block m: qw + 16 m ..
     const float* kb = k + ((size_t)r * gridDim.z + b) * T * hd;  // kv head r's rows of batch entry b
     const float* vb = v + ((size_t)r * gridDim.z + b) * T * hd;
     const float* qb = q + ((size_t)b * T * H + h) * hd;          // query t at qb + t * H * hd
-    int tiles = (min(T, q0 + F::ROWS) + TILE - 1) / TILE;        // the block's last query sees keys < q0 + 64
+    int tiles = (min(T, q0 + F::FWD_ROWS) + TILE - 1) / TILE;    // the block's last query sees keys < q0 + FWD_ROWS
 
     flash_tc_copy_rows<HD>(ks, kb, hd, 0, TILE, T, hd);
     flash_tc_copy_rows<HD>(vs, vb, hd, 0, TILE, T, hd);
     __pipeline_commit();
-    unsigned qa[HD / K][4];  // the warp's queries as A fragments, head dims K kk .. K kk + K - 1
-    for (int kk = 0; kk < HD / K; kk++)
-        Op::a(qa[kk], [&](int i, int j) {
-            int row = qw + i, col = K * kk + j;
-            return row < T && col < hd ? qb[(size_t)row * H * hd + col] : 0.0f;
-        });
-    float o[HD / 8][4] = {};                                   // the warp's rows of O, unnormalised
-    float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8: max, and this lane's part of l
+    unsigned qa[M][HD / K][4];  // the warp's queries as A fragments: row block m, head dims K kk .. K kk + K - 1
+    FLASH_TC_UNROLL
+    for (int m = 0; m < M; m++)
+        for (int kk = 0; kk < HD / K; kk++)
+            Op::a(qa[m][kk], [&](int i, int j) {
+                int row = qw + 16 * m + i, col = K * kk + j;
+                return row < T && col < hd ? qb[(size_t)row * H * hd + col] : 0.0f;
+            });
+    float o[M][HD / 8][4] = {};  // the warp's rows of O, unnormalised
+    float mx[M][2], l[M][2];     // rows g and g + 8 of block m: max, and this lane's part of l
+    FLASH_TC_UNROLL
+    for (int m = 0; m < M; m++) mx[m][0] = mx[m][1] = -INFINITY, l[m][0] = l[m][1] = 0.0f;
     float scale2 = scale * FLASH_TC_LOG2E;
 
     for (int j = 0; j < tiles; j++) {
@@ -232,60 +282,85 @@ flash_tc_forward_kernel(float* out, float* lse, const float* q, const float* k, 
         }
         __pipeline_commit();
         __pipeline_wait_prior(1);  // this thread's copies of tile j have landed (tile j + 1's may not have)
+        flash_tc_round_rows<HD, BF16>(kt, TILE, hd);
+        flash_tc_round_rows<HD, BF16>(vt, TILE, hd);
         __syncthreads();           // ... and every thread's
-        int u0 = j * TILE;
-        if (u0 <= qw + 15) {  // else all of the tile's keys come after the warp's queries
-            // s (16, TILE) = Q K^T, in base-2 units, masked where a key is after its query
-            float s[TILE / 8][4];
-            for (int n = 0; n < TILE / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-            for (int kk = 0; kk < HD / K; kk++)
-                for (int n = 0; n < TILE / 8; n++) {
-                    unsigned bk[2];
-                    Op::b(bk, [&](int j, int c) { return kt[(8 * n + c) * PAD + K * kk + j]; });  // B = K^T
-                    Op::mma(s[n], qa[kk], bk);
+        for (int u1 = 0; u1 < TILE; u1 += KEYS) {  // the tile's keys u1 .. u1 + KEYS - 1: one pass of the softmax
+            int u0 = j * TILE + u1;
+            const float *kp = kt + u1 * PAD, *vp = vt + u1 * PAD;
+            if (u0 <= qw + 16 * M - 1) {  // else all of these keys come after the warp's queries
+                // s (16, KEYS) a row block = Q K^T, in base-2 units, masked where a key is after its query
+                float s[M][KEYS / 8][4];
+                FLASH_TC_UNROLL
+                for (int m = 0; m < M; m++)
+                    for (int n = 0; n < KEYS / 8; n++) s[m][n][0] = s[m][n][1] = s[m][n][2] = s[m][n][3] = 0.0f;
+                for (int kk = 0; kk < HD / K; kk++)
+                    for (int n = 0; n < KEYS / 8; n++) {
+                        unsigned bk[2];
+                        Op::b(bk, [&](int j, int c) { return kp[(8 * n + c) * PAD + K * kk + j]; });  // B = K^T
+                        FLASH_TC_UNROLL
+                        for (int m = 0; m < M; m++) Op::mma(s[m][n], qa[m][kk], bk);
+                    }
+                bool diagonal = u0 + KEYS - 1 > qw;  // some key of the pass after some query of the warp
+                FLASH_TC_UNROLL
+                for (int m = 0; m < M; m++) {
+                    // (a row block whose queries all come before the pass's keys: every s -inf, its max stays,
+                    // rescale 1 and P 0: its rows' O and l unchanged, bit for bit, as if the pass were skipped)
+                    float tile_mx[2] = {-INFINITY, -INFINITY};
+                    for (int n = 0; n < KEYS / 8; n++)
+                        for (int i = 0; i < 4; i++) {  // element i: row g + 8 (i / 2), key 8n + 2t + i % 2
+                            int row = qw + 16 * m + g + 8 * (i / 2), key = u0 + 8 * n + 2 * t + i % 2;
+                            s[m][n][i] = diagonal && key > row ? -INFINITY : s[m][n][i] * scale2;
+                            tile_mx[i / 2] = fmaxf(tile_mx[i / 2], s[m][n][i]);
+                        }
+                    float rescale[2];
+                    for (int i = 0; i < 2; i++) {  // the row's 4 lanes share their maxima; key 0 makes the first finite
+                        tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 1));
+                        tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 2));
+                        float new_mx = fmaxf(mx[m][i], tile_mx[i]);
+                        rescale[i] = exp2f(mx[m][i] - new_mx);
+                        mx[m][i] = new_mx;
+                        l[m][i] *= rescale[i];
+                    }
+                    for (int n = 0; n < KEYS / 8; n++)
+                        for (int i = 0; i < 4; i++) {
+                            s[m][n][i] = exp2f(s[m][n][i] - mx[m][i / 2]);  // P, unnormalised
+                            l[m][i / 2] += s[m][n][i];
+                        }
+                    for (int n = 0; n < HD / 8; n++)
+                        for (int i = 0; i < 4; i++) o[m][n][i] *= rescale[i / 2];
                 }
-            bool diagonal = u0 + TILE - 1 > qw;  // some key of the tile after some query of the warp
-            float tile_mx[2] = {-INFINITY, -INFINITY};
-            for (int n = 0; n < TILE / 8; n++)
-                for (int i = 0; i < 4; i++) {  // element i: row g + 8 (i / 2), key 8n + 2t + i % 2
-                    int row = qw + g + 8 * (i / 2), key = u0 + 8 * n + 2 * t + i % 2;
-                    s[n][i] = diagonal && key > row ? -INFINITY : s[n][i] * scale2;
-                    tile_mx[i / 2] = fmaxf(tile_mx[i / 2], s[n][i]);
+                for (int kk = 0; kk < KEYS / K; kk++) {  // O += P V
+                    unsigned pa[M][4], bv[2];
+                    FLASH_TC_UNROLL
+                    for (int m = 0; m < M; m++) Op::as_a(pa[m], s[m], kk);
+                    for (int n = 0; n < HD / 8; n++) {
+                        Op::b_paired(bv, [&](int j, int c) { return vp[(K * kk + j) * PAD + 8 * n + c]; });
+                        FLASH_TC_UNROLL
+                        for (int m = 0; m < M; m++) Op::mma(o[m][n], pa[m], bv);
+                    }
                 }
-            float rescale[2];
-            for (int i = 0; i < 2; i++) {  // the row's 4 lanes share their maxima; key 0 makes the first finite
-                tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 1));
-                tile_mx[i] = fmaxf(tile_mx[i], __shfl_xor_sync(0xffffffffu, tile_mx[i], 2));
-                float new_mx = fmaxf(mx[i], tile_mx[i]);
-                rescale[i] = exp2f(mx[i] - new_mx);
-                mx[i] = new_mx;
-                l[i] *= rescale[i];
             }
-            for (int n = 0; n < TILE / 8; n++)
-                for (int i = 0; i < 4; i++) {
-                    s[n][i] = exp2f(s[n][i] - mx[i / 2]);  // P, unnormalised
-                    l[i / 2] += s[n][i];
-                }
-            for (int n = 0; n < HD / 8; n++)
-                for (int i = 0; i < 4; i++) o[n][i] *= rescale[i / 2];
-            mma_acc_rows<HD, TILE, BF16>(o, s, vt);  // O += P V
         }
         __syncthreads();  // everyone is done with this stage before tile j + 2 is copied into it
     }
 
-    for (int i = 0; i < 2; i++) {  // the row's sum over its 4 lanes (the butterfly leaves it in each)
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-    }
     float* ob = out + ((size_t)b * T * H + h) * hd;
-    for (int n = 0; n < HD / 8; n++)
-        for (int i = 0; i < 4; i++) {
-            int row = qw + g + 8 * (i / 2), col = 8 * n + 2 * t + i % 2;
-            if (row < T && col < hd) ob[(size_t)row * H * hd + col] = o[n][i] / l[i / 2];
+    FLASH_TC_UNROLL
+    for (int m = 0; m < M; m++) {
+        for (int i = 0; i < 2; i++) {  // the row's sum over its 4 lanes (the butterfly leaves it in each)
+            l[m][i] += __shfl_xor_sync(0xffffffffu, l[m][i], 1);
+            l[m][i] += __shfl_xor_sync(0xffffffffu, l[m][i], 2);
         }
-    for (int i = 0; i < 2; i++) {
-        int row = qw + g + 8 * i;
-        if (t == 0 && row < T) lse[((size_t)b * H + h) * T + row] = (mx[i] + log2f(l[i])) * FLASH_TC_LN2;
+        for (int n = 0; n < HD / 8; n++)
+            for (int i = 0; i < 4; i++) {
+                int row = qw + 16 * m + g + 8 * (i / 2), col = 8 * n + 2 * t + i % 2;
+                if (row < T && col < hd) ob[(size_t)row * H * hd + col] = o[m][n][i] / l[m][i / 2];
+            }
+        for (int i = 0; i < 2; i++) {
+            int row = qw + 16 * m + g + 8 * i;
+            if (t == 0 && row < T) lse[((size_t)b * H + h) * T + row] = (mx[m][i] + log2f(l[m][i])) * FLASH_TC_LN2;
+        }
     }
 }
 
@@ -344,6 +419,9 @@ flash_tc_backward_q_kernel(float* dq, float* D, const float* dout, const float* 
         }
         __pipeline_commit();
         __pipeline_wait_prior(1);
+        if (j == 0) flash_tc_round_rows<HD, BF16>(qs, 2 * ROWS, hd);  // the queries and their dO, landed with tile 0
+        flash_tc_round_rows<HD, BF16>(kt, TILE, hd);
+        flash_tc_round_rows<HD, BF16>(vt, TILE, hd);
         __syncthreads();
         int u0 = j * TILE;
         if (u0 <= qw + 15) {
@@ -414,6 +492,9 @@ flash_tc_backward_kv_kernel(float* dk, float* dv, const float* dout, const float
         if (j + 1 < items) copy_item(j + 1, 1 - stage);
         __pipeline_commit();
         __pipeline_wait_prior(1);
+        if (j == 0) flash_tc_round_rows<HD, BF16>(ks, 2 * ROWS, hd);  // the keys and values, landed with item 0
+        flash_tc_round_rows<HD, BF16>(qt, TILE, hd);
+        flash_tc_round_rows<HD, BF16>(dot, TILE, hd);
         __syncthreads();
         if (t0 + TILE - 1 >= uw) {  // else all of the tile's queries come before the warp's keys
             float st[TILE / 8][4], dpt[TILE / 8][4];
@@ -528,7 +609,7 @@ inline void flash_attention_tc_forward_gpu(float* out, float* lse, const float* 
         using F = FlashTC<HD>;
         auto* flash_tc_forward = flash_tc_forward_kernel<HD, BF16>;
         flash_tc_allow_shared(flash_tc_forward, F::FWD_FLOATS);
-        LAUNCH(flash_tc_forward, dim3(ceil_div(T, F::ROWS), H, B), F::THREADS,
+        LAUNCH(flash_tc_forward, dim3(ceil_div(T, F::FWD_ROWS), H, B), F::THREADS,
                F::FWD_FLOATS * sizeof(float), stream)
         (out, lse, q, k, v, T, H, R, hd, scale);
     });

@@ -8,6 +8,8 @@
 //   copy_async_16(dst, src, inside) 16 bytes from global to shared memory by cp.async (not through
 //                                   registers; lands by __pipeline_wait_prior), or 16 zeros when !inside;
 //   copy_async_4(dst, src, inside)  the same, 4 bytes
+//   round_tf32_16(p)                4 floats of shared memory rounded to TF32 in place (to_tf32's
+//                                   bits), one 16-byte load and one 16-byte store
 //
 // An mma is one instruction for the whole warp: each of its 32 lanes gives its
 // fragment of a, b and c and gets its fragment of d. Which elements a lane
@@ -85,5 +87,22 @@ __device__ __forceinline__ void copy_async_16(float* dst, const float* src, bool
 __device__ __forceinline__ void copy_async_4(float* dst, const float* src, bool inside) {
     if (inside) __pipeline_memcpy_async(dst, src, 4);
     else __pipeline_memcpy_async(dst, src, 4, 4);
+}
+
+// p 16-byte aligned, in shared memory. Under the harness a vector of g++'s, not a float4: g++ moves a float4
+// field by field (four 4-byte accesses, which its bank counter would count as such), a
+// vector in one 16-byte access, as nvcc's float4 (LDS.128 and STS.128).
+__device__ __forceinline__ void round_tf32_16(float* p) {
+#ifdef LIME_EMU
+    typedef float Floats4 __attribute__((vector_size(16)));
+    Floats4 v = *reinterpret_cast<Floats4*>(p);
+    for (int e = 0; e < 4; e++) v[e] = __uint_as_float(to_tf32(v[e]));
+    *reinterpret_cast<Floats4*>(p) = v;
+#else
+    float4 v = *reinterpret_cast<float4*>(p);
+    v.x = __uint_as_float(to_tf32(v.x)), v.y = __uint_as_float(to_tf32(v.y));
+    v.z = __uint_as_float(to_tf32(v.z)), v.w = __uint_as_float(to_tf32(v.w));
+    *reinterpret_cast<float4*>(p) = v;
+#endif
 }
 #endif  // LIME_GPU
