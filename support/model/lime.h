@@ -19,7 +19,8 @@
 // 2502.12170): per token, each of a block's inputs a weighted sum of all earlier
 // states; ARCH_DCA, DeepCrossAttention (Heddes et al., arXiv 2502.06785): each
 // block's queries, keys and values read their own mixtures of every earlier block's output.
-enum Arch {
+// Fixed as int: the registry may number more models than these (register_model: a test's peer).
+enum Arch : int {
     ARCH_LLAMA = 0, ARCH_LIME = 1, ARCH_HC = 2, ARCH_RESFORMER = 3, ARCH_DENSEFORMER = 4, ARCH_MUDDFORMER = 5, ARCH_DCA = 6
 };
 // MUDDFormer's dense ways (support/study/muddformer.cuh): qkvr, the paper's four (Q, K, V and the
