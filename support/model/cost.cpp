@@ -32,8 +32,8 @@ double flops_per_token(const Config& c, int T) {
 //            backward  29 d + 11 q + 13 kv + 13 F + S, plus 3 kv (the keys'
 //                      add) or a router's 6 (l+1) kv + 5 kv
 //   the embedding, final norm, logits and loss: 15 d + 7 V
-// A study model's own ops add their floats (StudyHooks::floats, in its file).
-// docs/model.md ("What HC costs") has the numbers at the bench configs.
+// A study model's own ops add their floats (StudyHooks::floats, in its file; docs/model.md
+// has each model's numbers at the bench configs).
 double bytes_per_token(const Config& c, int T) {
     double d = c.d, q = (double)c.H * c.hd, kv = (double)c.R * c.hd, F = c.F, S = (double)c.H * T, f = 0;
     for (int l = 0; l < c.L; l++) {
