@@ -630,20 +630,8 @@ __global__ void rmsnorm_backward_kernel(float* dinp, float* dg, float* partial, 
         for (int n = from; n < to; n++) s += dout[(size_t)n * d + i] * inp[(size_t)n * d + i] * rstd[n];
         partial[(size_t)blockIdx.x * d + i] = s;
     }
-    if (!last_block_done(done)) return;
-    __shared__ float sums[GAIN_WARPS][32];
-    int y = threadIdx.x / 32, chunks = gridDim.x;  // blockDim.x = 32 * GAIN_WARPS
-    for (int i = lane; i - lane < d; i += 32) {
-        float s = 0;
-        for (int c = y; c < chunks && i < d; c += GAIN_WARPS) s += partial[(size_t)c * d + i];
-        __syncthreads();  // the previous columns' tree is read
-        sums[y][lane] = s;
-        for (int stride = GAIN_WARPS / 2; stride > 0; stride /= 2) {
-            __syncthreads();
-            if (y < stride) sums[y][lane] += sums[y + stride][lane];
-        }
-        if (y == 0 && i < d) dg[i] += sums[0][lane];
-    }
+    if (!last_block_done(done)) return;  // blockDim.x = 32 * GAIN_WARPS
+    column_sums_tree<GAIN_WARPS>(partial, gridDim.x, d, [&](size_t i, float sum) { dg[i] += sum; });
 }
 // The gain's partial sums, ceil(N / GAIN_ROWS) * d floats, and the count of finished blocks (0, and 0 again after).
 struct GainSums {

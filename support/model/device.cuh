@@ -139,6 +139,27 @@ __device__ inline bool last_block_done(unsigned* done) {
     return true;
 }
 
+// The last block's fixed-order sum of a table of partial sums (rows, cols), 32
+// columns at a time: warp y of WARPS (blockDim.x = 32 WARPS) sums rows y, y +
+// WARPS, ... in order, then a fixed tree over the warps; add(e, sum) takes column
+// e's (RMSNorm's gain gradient, DCA's GRN weights).
+template <int WARPS, class Add>
+__device__ inline void column_sums_tree(const float* partial, int rows, size_t cols, Add add) {
+    __shared__ float tree[WARPS][32];
+    int lane = threadIdx.x % 32, y = threadIdx.x / 32;
+    for (size_t e = lane; e - lane < cols; e += 32) {
+        float sum = 0;
+        for (int r = y; r < rows && e < cols; r += WARPS) sum += partial[(size_t)r * cols + e];
+        __syncthreads();  // the previous columns' tree is read
+        tree[y][lane] = sum;
+        for (int stride = WARPS / 2; stride > 0; stride /= 2) {
+            __syncthreads();
+            if (y < stride) tree[y][lane] += tree[y + stride][lane];
+        }
+        if (y == 0 && e < cols) add(e, tree[0][lane]);
+    }
+}
+
 // Which of n entries, sorted by their `start`, holds item i: the last one starting
 // at or before it, by binary search (adamw_kernel's runs, split_sum_kernel's products).
 template <class Entry>

@@ -373,18 +373,7 @@ __global__ void dca_grn_backward_kernel(GrnIo io, GrnGrads g, GrnTensors w, GrnT
         }
     }
     if (!last_block_done(done)) return;
-    __shared__ float tree[GRN_WARPS][32];
-    for (size_t e = lane; e - lane < nw; e += 32) {
-        float sum = 0;
-        for (int r = y; r < rows && e < nw; r += GRN_WARPS) sum += partial[(size_t)r * nw + e];
-        __syncthreads();  // the previous entries' tree is read
-        tree[y][lane] = sum;
-        for (int stride = GRN_WARPS / 2; stride > 0; stride /= 2) {
-            __syncthreads();
-            if (y < stride) tree[y][lane] += tree[y + stride][lane];
-        }
-        if (y == 0 && e < nw) *grn_weight_grad(dw, C, S, d, e) += tree[0][lane];
-    }
+    column_sums_tree<GRN_WARPS>(partial, rows, nw, [&](size_t e, float sum) { *grn_weight_grad(dw, C, S, d, e) += sum; });
 }
 static size_t grn_gpu_scratch_floats(int C, int S, int d, size_t N) {
     return (size_t)ceil_div(N, GRN_ROWS) * grn_weight_floats(C, S, d);
