@@ -266,6 +266,27 @@ std::string write_model_file(const Model& m, const Config& c, const std::string&
     }
     return st_write(path, w);
 }
+// A bad file: the tensors of `tensors` (less `drop`, `reshape` of a wrong shape) under config
+// `as`; its refusal must name `word`.
+struct BadFile { const Model* tensors; Config as; std::string drop, reshape, word; };
+// What model_load of a model of config k.as says of k's file ("st_write: ..." or
+// "model_create: ..." when the file or the model could not be made).
+std::string load_bad_file(const BadFile& k) {
+    TmpFile f;
+    std::string err = write_model_file(*k.tensors, k.as, f.path, k.drop, k.reshape);
+    if (!err.empty()) return "st_write: " + err;
+    Model m;
+    err = model_create(&m, k.as, 2, DEVICE_CPU);
+    if (!err.empty()) return "model_create: " + err;
+    err = model_load(&m, f.path, false);
+    model_free(&m);
+    return err;
+}
+// "muddformer:kv L2 as muddformer (drop 'X', reshape 'Y')": which case a message is about
+std::string bad_file_case(const BadFile& k) {
+    return model_name(k.tensors->c) + " L" + std::to_string(k.tensors->c.L) + " as " + model_name(k.as) +
+           " (drop '" + k.drop + "', reshape '" + k.reshape + "')";
+}
 }  // namespace
 
 TEST(hc_checkpoint_round_trip) {
@@ -335,23 +356,17 @@ TEST(hc_checkpoint_with_bad_tensors_refused) {
     CHECK(model_create(&other, hc_config(3, true), 2, DEVICE_CPU).empty(), "model_create hc:n3");
     model_init(&m, 4);
     model_init(&other, 4);
-    struct { const Model* tensors; std::string drop, reshape, word; } cases[] = {
-        {&m, "model.layers.1.hc_mlp.static_alpha", "", "model.layers.1.hc_mlp.static_alpha"},
-        {&m, "model.layers.0.hc_attn.dynamic_beta_scale", "", "model.layers.0.hc_attn.dynamic_beta_scale"},
-        {&m, "", "model.layers.0.hc_attn.dynamic_alpha_fn", "model.layers.0.hc_attn.dynamic_alpha_fn"},
-        {&other, "", "", "model.layers.0.hc_attn.static_beta"},  // rate-3 tensors under a rate-2 config
+    BadFile cases[] = {
+        {&m, c, "model.layers.1.hc_mlp.static_alpha", "", "model.layers.1.hc_mlp.static_alpha"},
+        {&m, c, "model.layers.0.hc_attn.dynamic_beta_scale", "", "model.layers.0.hc_attn.dynamic_beta_scale"},
+        {&m, c, "", "model.layers.0.hc_attn.dynamic_alpha_fn", "model.layers.0.hc_attn.dynamic_alpha_fn"},
+        {&other, c, "", "", "model.layers.0.hc_attn.static_beta"},  // rate-3 tensors under a rate-2 config
     };
-    for (auto& k : cases) {
-        TmpFile f;
-        std::string err = write_model_file(*k.tensors, c, f.path, k.drop, k.reshape);
-        CHECK(err.empty(), "st_write: %s", err.c_str());
-        Model m2;
-        CHECK(model_create(&m2, c, 2, DEVICE_CPU).empty(), "model_create");
-        err = model_load(&m2, f.path, false);
-        model_free(&m2);
-        CHECK(contains(err, k.word), "the error does not name %s: '%s'", k.word.c_str(), err.c_str());
-        CHECK(contains(err, "hc_rate"), "the error does not name hc_rate: '%s'", err.c_str());
-        CHECK(!contains(err, "\n"), "the error is more than one line: '%s'", err.c_str());
+    for (const BadFile& k : cases) {
+        std::string err = load_bad_file(k);
+        CHECK(contains(err, k.word) && contains(err, "hc_rate") && !contains(err, "\n"),
+              "%s: the error does not name %s and hc_rate in one line: '%s'", bad_file_case(k).c_str(), k.word.c_str(),
+              err.c_str());
     }
 }
 
@@ -369,25 +384,17 @@ TEST(dca_checkpoint_with_bad_tensors_refused) {
     CHECK(model_create(&mdense, dense, 2, DEVICE_CPU).empty(), "model_create denseformer");
     model_init(&md, 4), model_init(&mdeep, 4), model_init(&mdense, 4);
     const std::string FINAL = "model.grn_final.static.weight", K1 = "model.layers.1.grn_k.static.weight";
-    struct { const Model* tensors; Config as; std::string drop, reshape, word; } cases[] = {
+    BadFile cases[] = {
         {&md, dca, FINAL, "", FINAL},                                          // missing
         {&md, dca, "model.layers.2.input_layernorm_v.weight", "", "input_layernorm_v"},
         {&md, dca, "", K1, K1},                                                // of a wrong shape
         {&md, dense, "", "", "grn_"},                                          // dca's, a denseformer config
         {&mdense, dca, "", "", "dwa.weight"},                                  // denseformer's, a dca config
     };
-    for (auto& k : cases) {
-        TmpFile f;
-        std::string err = write_model_file(*k.tensors, k.as, f.path, k.drop, k.reshape);
-        CHECK(err.empty(), "st_write: %s", err.c_str());
-        Model m2;
-        CHECK(model_create(&m2, k.as, 2, DEVICE_CPU).empty(), "model_create");
-        err = model_load(&m2, f.path, false);
-        model_free(&m2);
-        CHECK(contains(err, k.word), "%s (L%d) as %s (drop '%s', reshape '%s'): the error does not name %s: '%s'",
-              arch_name(k.tensors->c.arch), k.tensors->c.L, arch_name(k.as.arch), k.drop.c_str(), k.reshape.c_str(),
-              k.word.c_str(), err.c_str());
-        CHECK(!contains(err, "\n"), "the error is more than one line: '%s'", err.c_str());
+    for (const BadFile& k : cases) {
+        std::string err = load_bad_file(k);
+        CHECK(contains(err, k.word) && !contains(err, "\n"), "%s: the error does not name %s in one line: '%s'",
+              bad_file_case(k).c_str(), k.word.c_str(), err.c_str());
     }
     // the final GRN of a model one layer deeper (5 sources where 4 are), the rest this model's
     StWriter w;
@@ -424,7 +431,7 @@ TEST(peer_checkpoint_with_bad_tensors_refused) {
     CHECK(model_create(&ml, llama, 2, DEVICE_CPU).empty(), "model_create llama");
     model_init(&mr, 4), model_init(&md, 4), model_init(&ml, 4);
     const std::string VR = "model.layers.1.self_attn.value_residual.weight";
-    struct { const Model* tensors; Config as; std::string drop, reshape, word; } cases[] = {
+    BadFile cases[] = {
         {&mr, res, VR, "", VR},  // missing
         {&mr, res, "", VR, VR},  // of a wrong shape
         {&md, dense, "model.layers.0.dwa.weight", "", "model.layers.0.dwa.weight"},
@@ -433,18 +440,10 @@ TEST(peer_checkpoint_with_bad_tensors_refused) {
         {&mr, llama, "", "", VR},   // resformer's, a llama config
         {&md, res, "", "", "dwa.weight"},  // denseformer's, a resformer config
     };
-    for (auto& k : cases) {
-        TmpFile f;
-        std::string err = write_model_file(*k.tensors, k.as, f.path, k.drop, k.reshape);
-        CHECK(err.empty(), "st_write: %s", err.c_str());
-        Model m2;
-        CHECK(model_create(&m2, k.as, 2, DEVICE_CPU).empty(), "model_create");
-        err = model_load(&m2, f.path, false);
-        model_free(&m2);
-        CHECK(contains(err, k.word), "%s as %s (drop '%s', reshape '%s'): the error does not name %s: '%s'",
-              arch_name(k.tensors->c.arch), arch_name(k.as.arch), k.drop.c_str(), k.reshape.c_str(), k.word.c_str(),
-              err.c_str());
-        CHECK(!contains(err, "\n"), "the error is more than one line: '%s'", err.c_str());
+    for (const BadFile& k : cases) {
+        std::string err = load_bad_file(k);
+        CHECK(contains(err, k.word) && !contains(err, "\n"), "%s: the error does not name %s in one line: '%s'",
+              bad_file_case(k).c_str(), k.word.c_str(), err.c_str());
     }
 }
 
@@ -461,7 +460,7 @@ TEST(muddformer_checkpoint_with_bad_tensors_refused) {
     CHECK(model_create(&ml, llama, 2, DEVICE_CPU).empty(), "model_create llama");
     model_init(&mq, 4), model_init(&mk, 4), model_init(&ml, 4);
     const std::string W1 = "model.layers.0.mudd.w1.weight", A = "model.layers.1.mudd.static.weight";
-    struct { const Model* tensors; Config as; std::string drop, reshape, word; } cases[] = {
+    BadFile cases[] = {
         {&mq, qkvr, "model.layers.1.input_layernorm_k.weight", "", "model.layers.1.input_layernorm_k.weight"},
         {&mq, qkvr, A, "", A},                       // missing
         {&mq, qkvr, "", A, A},                       // of a wrong shape
@@ -470,18 +469,10 @@ TEST(muddformer_checkpoint_with_bad_tensors_refused) {
         {&ml, qkvr, "", "", W1},                     // llama's tensors, a muddformer config
         {&mq, llama, "", "", W1},                    // muddformer's, a llama config
     };
-    for (auto& k : cases) {
-        TmpFile f;
-        std::string err = write_model_file(*k.tensors, k.as, f.path, k.drop, k.reshape);
-        CHECK(err.empty(), "st_write: %s", err.c_str());
-        Model m2;
-        CHECK(model_create(&m2, k.as, 2, DEVICE_CPU).empty(), "model_create");
-        err = model_load(&m2, f.path, false);
-        model_free(&m2);
-        CHECK(contains(err, k.word), "%s as %s (drop '%s', reshape '%s'): the error does not name %s: '%s'",
-              model_name(k.tensors->c).c_str(), model_name(k.as).c_str(), k.drop.c_str(), k.reshape.c_str(),
-              k.word.c_str(), err.c_str());
-        CHECK(!contains(err, "\n"), "the error is more than one line: '%s'", err.c_str());
+    for (const BadFile& k : cases) {
+        std::string err = load_bad_file(k);
+        CHECK(contains(err, k.word) && !contains(err, "\n"), "%s: the error does not name %s in one line: '%s'",
+              bad_file_case(k).c_str(), k.word.c_str(), err.c_str());
     }
 }
 

@@ -1213,7 +1213,7 @@ TEST(gpu_memory_need_counts_what_gpu_create_allocates) {
     Model m;
     FreeOnReturn guard{&m};
     CHECK(model_create(&m, c, 3, DEVICE_GPU, gpu_settings).empty(), "model_create on the GPU failed");
-    CHECK(split_slot_floats(c, 3 * (size_t)c.T) > 0, "no split-k slots at 3 x %d tokens", c.T);
+    CHECK(split_slot_floats(split_products(c, 3 * (size_t)c.T), 3 * (size_t)c.T) > 0, "no split-k slots at 3 x %d tokens", c.T);
     double need = model_device_need(c, 3, gpu_settings), want = (double)m.gpu->device_bytes + GPU_RUN_MARGIN_BYTES;
     CHECK(need == want, "model_device_need %.0f bytes; gpu_create allocated %zu, with the run's margin %zu: %.0f", need,
           m.gpu->device_bytes, GPU_RUN_MARGIN_BYTES, want);

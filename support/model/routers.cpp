@@ -9,10 +9,9 @@
 #include "support/lib/rng.h"
 #include "support/model/lime.h"
 
-// A router-group matrix t (R, (l+1)*R) as model_init sets it (LIMe's; the peers'
-// mixing weights get the matrices' draw, then their own initialisation).
+// A LIMe router t (R, (l+1)*R) as model_init sets it (the peers' router-group weights get
+// model_init's normal draw, then their own initialisation: support/study/).
 void router_init(const Config& c, const TensorSpec& t, uint64_t seed, float* p) {
-    if (c.arch != ARCH_LIME) return;  // a peer's mixing weights: its own init sets them (support/study/)
     Rng rng(seed_for(seed, t.name));
     // uniform in [-b, b], b = sqrt(3 / ((l+1) R)), then the last R x R block = I
     int cols = t.shape[1], R = c.R, l = cols / R - 1;

@@ -42,7 +42,7 @@ HOST_DEVICE inline int split_slices(int OC, int C, size_t N, bool exact = true) 
 // parameter order: the tied embedding's (V, d), then per layer [Wq; Wk; Wv]'s
 // ((H + 2R) hd, d) as one product, Wo's (d, H hd), [Wg; Wu]'s (2F, d) as one,
 // Wd's (d, F). Those that can split at BT tokens get slots, one after another.
-static std::vector<SplitProduct> split_products(const Config& c, size_t BT) {
+inline std::vector<SplitProduct> split_products(const Config& c, size_t BT) {
     std::vector<SplitProduct> out;
     size_t slots = 0, first = 0;
     auto add = [&](size_t grad, int OC, int C) {
@@ -67,12 +67,11 @@ static std::vector<SplitProduct> split_products(const Config& c, size_t BT) {
     return out;
 }
 // The slots' floats (in the GPU's small allocation, gpu_carve_small): where the last product's slots end.
-static size_t split_slot_floats(const std::vector<SplitProduct>& products, size_t BT) {
+inline size_t split_slot_floats(const std::vector<SplitProduct>& products, size_t BT) {
     if (products.empty()) return 0;
     const SplitProduct& p = products.back();
     return p.slots + (size_t)split_slices(p.OC, p.C, BT, false) * p.OC * p.C;
 }
-static size_t split_slot_floats(const Config& c, size_t BT) { return split_slot_floats(split_products(c, BT), BT); }
 
 #ifdef LIME_GPU
 // forward: out = inp @ W^T, inp (N, C), out (N, OC)
