@@ -101,6 +101,19 @@ expect "lime-seed2's entropy.tsv does not have 6 rows of layers 0 and 1" \
 expect "no accuracy.png" [ -s "$tmp/study/accuracy.png" ]
 expect "accuracy.png is not a PNG" [ "$(head -c 4 "$tmp/study/accuracy.png" | tail -c 3)" == "PNG" ]
 verdict "$(tail -3 "$tmp/study.out")"
+# Every model the registry lists (its refusal of an unknown model names them) goes through compare's
+# train, analyze and report: resformer's entropy rows include its mixed ("routed") values
+check compare_runs_every_registered_model
+models=$($LIME compare --archs nosuch 2>&1 | sed -n 's/.*the models are \([^;]*\);.*/\1/p' | sed 's/ or /, /; s/, /,/g')
+expect "no model list in compare's refusal of --archs nosuch" [ -n "$models" ]
+expect "compare --archs $models exits non-zero" $LIME compare --preset tiny --seeds 1 --archs "$models" \
+    --out "$tmp/every" >"$tmp/every.out" 2>&1
+expect "resformer-seed1's entropy.tsv has no routed row of layer 1" \
+    grep -q "^routed	1	" "$tmp/every/tier2/resformer-seed1/entropy.tsv"
+for m in ${models//,/ }; do
+    expect "report.md has no accuracy row of $m" grep -q "^| tier 2 | $m | " "$tmp/every/report.md"
+done
+verdict "$(tail -1 "$tmp/every.out")"
 # --reuse: the finished, analysed runs of the same flags are read, not rerun (a report on fewer seeds)
 check compare_reuse_reads_finished_runs
 expect "compare --reuse exits non-zero" $LIME compare --preset tiny --archs llama,lime,lime:frozen --seeds 1 --reuse \

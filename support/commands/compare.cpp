@@ -448,6 +448,7 @@ static std::string read_entropy(Run* r, double alpha, bool* stale) {
     r->entropy.clear();
     Config model;
     model_parse(r->arch, &model);
+    model.L = r->layers;  // a peer mixes values by its layers (resformer: from layer 1)
     std::set<std::string> kinds = {"raw", "hidden"};
     if (mixes_values(model)) kinds.insert("routed");
     for (fc.line = 2; fc.err.empty() && std::getline(in, line); fc.line++) {
