@@ -128,6 +128,19 @@ TEST(gpu_matmul_forward_backward_match_cpu) {
     }
 }
 
+// A SplitK of one product, dW [OC, C], its S slices into slots [S, OC, C];
+// its table on the device, freed when the test returns (a failed CHECK too).
+struct OneProductSplit {
+    SplitK split;
+    OneProductSplit(float* dW, float* slots, int OC, int C) {
+        split.products = {SplitProduct{0, 0, 0, OC, C}};
+        split.grads = dW, split.slots = slots;
+        cudaCheck(cudaMalloc(&split.table, sizeof(SplitProduct)));
+        cudaCheck(cudaMemcpy(split.table, split.products.data(), sizeof(SplitProduct), cudaMemcpyHostToDevice));
+    }
+    ~OneProductSplit() { cudaCheck(cudaFree(split.table)); }
+};
+
 // A weight gradient with few outputs and many tokens splits: slices of the
 // tokens into slots (dW untouched), then op_split_sum's kernel adds them to dW.
 TEST(gpu_split_weight_gradient_matches_cpu) {
@@ -139,17 +152,13 @@ TEST(gpu_split_weight_gradient_matches_cpu) {
     std::vector<float> dW = dW0;
     matmul_backward(nullptr, dW.data(), dout.data(), inp.data(), W.data(), N, C, OC, false);
     DevF gdW(dW0), gdout(dout), ginp(inp), gW(W), slots((size_t)S * OC * C);
-    SplitK split;
-    split.products = {SplitProduct{0, 0, 0, OC, C}};
-    split.grads = gdW.p, split.slots = slots.p;
-    cudaCheck(cudaMalloc(&split.table, sizeof(SplitProduct)));
-    cudaCheck(cudaMemcpy(split.table, split.products.data(), sizeof(SplitProduct), cudaMemcpyHostToDevice));
+    OneProductSplit one(gdW.p, slots.p, OC, C);
+    const SplitK& split = one.split;
     matmul_backward_gpu(nullptr, gdW.p, gdout.p, ginp.p, gW.p, N, C, OC, false, GpuCtx{ctx().stream, ctx().blas, &split, false});
     CHECK(gdW.get() == dW0, "dW changed before the slots were summed (the product did not split)");
     split_sum_gpu(split, N, ctx().stream);
     double e = err_of(gdW.get(), dW);
     CHECK(e < TOL_BWD, "split dW (%d slices): rel err %.2e", S, e);
-    cudaCheck(cudaFree(split.table));
 }
 
 // A split product whose row blocks read different inputs (the q, k and v
@@ -170,18 +179,14 @@ TEST(gpu_split_weight_gradient_by_row_blocks_matches_cpu) {
     }
     DevF gdW(dW0), gdout(dout), slots((size_t)S * OC * C);
     DevF ginp[3] = {DevF(inp[0]), DevF(inp[1]), DevF(inp[2])};
-    SplitK split;
-    split.products = {SplitProduct{0, 0, 0, OC, C}};
-    split.grads = gdW.p, split.slots = slots.p;
-    cudaCheck(cudaMalloc(&split.table, sizeof(SplitProduct)));
-    cudaCheck(cudaMemcpy(split.table, split.products.data(), sizeof(SplitProduct), cudaMemcpyHostToDevice));
+    OneProductSplit one(gdW.p, slots.p, OC, C);
+    const SplitK& split = one.split;
     for (int b = 0; b < 3; b++)
         CHECK(split_weight_grad_rows_gpu(gdW.p, gdout.p, ginp[b].p, {OC, r0[b], n[b]}, C, N, split, ctx().blas),
               "row block %d did not split (S = %d)", b, S);
     split_sum_gpu(split, N, ctx().stream);
     double e = err_of(gdW.get(), dW);
     CHECK(e < TOL_BWD, "split dW by row blocks (%d slices): rel err %.2e", S, e);
-    cudaCheck(cudaFree(split.table));
 }
 
 // The matrix-product attention's offsets past 2^31 floats: 2 sequences, one kv head
