@@ -7,7 +7,8 @@
 //
 // Text is ASCII (other bytes show as '?'). Colours follow the Okabe-Ito
 // palette (colour-blind safe) in series order: blue, vermillion, green,
-// orange, purple, sky blue, black, yellow; heatmaps use viridis.
+// orange, purple, sky blue, black, yellow, then Paul Tol's wine and olive (10
+// series before a colour repeats); heatmaps use viridis.
 #pragma once
 #include <string>
 #include <vector>
