@@ -262,13 +262,14 @@ std::string write_model_file(const BadFile& k, const std::string& path) {
     w.meta["config"] = config_to_json(k.as);
     for (const TensorSpec& t : k.tensors->specs) {
         if (t.name == k.drop) continue;
-        const Model& from = k.lender && t.name == k.reshape ? *k.lender : *k.tensors;
-        const TensorSpec* u = &t;
-        for (const TensorSpec& v : from.specs)
-            if (v.name == t.name) u = &v;
+        const Model* from = k.tensors;
+        const TensorSpec* u = &t;  // the tensor written: this model's, or the lender's of that name
+        if (t.name == k.reshape && k.lender)
+            for (const TensorSpec& v : k.lender->specs)
+                if (v.name == t.name) from = k.lender, u = &v;
         std::vector<int64_t> shape(u->shape.begin(), u->shape.end());
         if (t.name == k.reshape && !k.lender) shape = {(int64_t)u->numel, 1};
-        w.add(t.name, "F32", shape, from.params + u->offset, u->numel * sizeof(float));
+        w.add(t.name, "F32", shape, from->params + u->offset, u->numel * sizeof(float));
     }
     return st_write(path, w);
 }

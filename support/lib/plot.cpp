@@ -42,7 +42,7 @@ struct Rgb { float r, g, b; };
 Rgb hex(uint32_t h) { return {((h >> 16) & 255) / 255.f, ((h >> 8) & 255) / 255.f, (h & 255) / 255.f}; }
 
 // Okabe & Ito (2008), ordered so the first two (the usual LLaMa vs LIMe pair) contrast most,
-// then Tol's wine and olive: the learning-speed and reviewers' presets plot 10 and 11 models.
+// then Tol's wine and olive: learning-speed's 10 models each their own (reviewers' 11th repeats blue).
 Rgb palette(size_t i) {
     static const uint32_t colours[] = {0x0072B2, 0xD55E00, 0x009E73, 0xE69F00, 0xCC79A7,
                                        0x56B4E9, 0x000000, 0xF0E442, 0x882255, 0x999933};
